@@ -1,0 +1,62 @@
+"""Build a ready-to-train model folder: config, safetensors weights and tokenizer."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .configuration_sharebert import ShareBertConfig, pad_vocab_size
+from .paths import default_vocab
+from .tokenization import hf_tokenizer
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """``["attention=symmetric", "hidden_size=512"]`` -> typed dict (ints, floats, bools, None)."""
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        low = raw.strip().lower()
+        if low in ("true", "false"):
+            value = low == "true"
+        elif low in ("none", "null"):
+            value = None
+        else:
+            try:
+                value = int(raw)
+            except ValueError:
+                try:
+                    value = float(raw)
+                except ValueError:
+                    value = raw
+        out[key.strip().replace("-", "_")] = value
+    return out
+
+
+def config_for_vocab(preset: str, overrides: dict, tokenizer_size: int) -> ShareBertConfig:
+    """Preset config whose vocabulary covers the tokenizer (padded to a multiple of 8 by default)."""
+    overrides = dict(overrides)
+    overrides.setdefault("vocab_size", pad_vocab_size(tokenizer_size))
+    config = ShareBertConfig.from_preset(preset, **overrides)
+    if config.vocab_size < tokenizer_size:
+        raise ValueError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {tokenizer_size} tokens; "
+                         f"set vocab_size >= {tokenizer_size} (e.g. {pad_vocab_size(tokenizer_size)})")
+    return config
+
+
+def build_model(preset: str, out: str | Path, overrides: dict | None = None, vocab: str | Path | None = None,
+                head: str = "mlm", seed: int = 0):
+    """Write a freshly initialised model (``head``: mlm or clm) and its tokenizer to ``out``."""
+    import torch
+
+    from .modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
+
+    tokenizer = hf_tokenizer(vocab or default_vocab())
+    config = config_for_vocab(preset, overrides or {}, len(tokenizer))
+    tokenizer.model_max_length = config.max_position_embeddings
+    torch.manual_seed(seed)
+    model = (ShareBertForCausalLM if head == "clm" else ShareBertForMaskedLM)(config)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return model, tokenizer

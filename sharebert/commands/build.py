@@ -1,0 +1,36 @@
+"""``sharebert build``: write a ready-to-train model folder from a preset."""
+from __future__ import annotations
+
+from pathlib import Path
+
+HELP = "build a model folder (config, safetensors, tokenizer) from a preset"
+
+
+def add_arguments(p):
+    from ..configuration_sharebert import PRESETS
+
+    p.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
+    p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
+                   help="override a config field, e.g. --set attention=symmetric (repeatable)")
+    p.add_argument("--vocab", help="WordPiece vocab.txt (default: ../shared/data/bert-base-uncased/vocab.txt)")
+    p.add_argument("--head", choices=["mlm", "clm"], default="mlm", help="masked-LM (default) or causal-LM head")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
+
+
+def run(args) -> int:
+    from ..accounting import count_params
+    from ..build import build_model, parse_overrides
+
+    out = Path(args.out)
+    if (out / "config.json").exists() and not args.overwrite:
+        raise ValueError(f"{out} already holds a model; pass --overwrite to replace it")
+    model, tok = build_model(args.preset, out, parse_overrides(args.overrides), args.vocab, args.head, args.seed)
+    c = model.config
+    n = count_params(c)
+    print(f"built {args.preset} -> {out}")
+    print(f"  sharing={c.sharing} attention={c.attention} E={c.vocab_size} F={c.word_embedding_size} "
+          f"V={c.hidden_size} N={c.num_hidden_layers} I={c.intermediate_size} heads={c.num_attention_heads}")
+    print(f"  learned parameters (backbone): {n['learned_params']:,}; tokenizer: {len(tok):,} tokens")
+    return 0

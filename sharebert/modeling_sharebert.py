@@ -1,0 +1,450 @@
+"""ShareBERT and BERT-style encoders with shared attention weights, as transformers models.
+
+Data flow (``docs/ARCHITECTURE.md``)::
+
+    config -> column plan -> generated weights (once per forward) -> N layers -> heads
+
+With ``sharing='veps'`` the weights come from the virtual embedding ``M = A @ P + p`` (E x V); with
+``'eps'`` from the word-embedding matrix itself; with ``'none'`` they are learned matrices (one set
+per layer, or one shared set with ``share_layers``). Each layer owns its biases and LayerNorms.
+Only learned tensors are parameters: generated weights are temporaries, cached in eval mode
+(see ``eps._SourceCache``) and never saved.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    CausalLMOutput,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+
+from .attention import SelfAttention
+from .configuration_sharebert import ShareBertConfig
+from .eps import _SourceCache, generate_from_source, generate_virtual
+
+
+class ShareBertEmbeddings(nn.Module):
+    """Token, position and token-type embeddings -> ``(B, T, V)``.
+
+    Factorised (F < V): ``LN_V(W_in LN_F(A[ids]) + pos + type)``; otherwise ``LN_V(A[ids] + pos + type)``.
+    """
+
+    def __init__(self, config: ShareBertConfig):
+        super().__init__()
+        V, Fw = config.hidden_size, config.word_embedding_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, Fw)
+        if config.factorized:
+            self.input_norm = nn.LayerNorm(Fw, eps=config.layer_norm_eps)
+            self.input_projection = nn.Linear(Fw, V)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, V)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, V)
+        self.LayerNorm = nn.LayerNorm(V, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.max_positions = config.max_position_embeddings
+
+    def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None):
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        B, T = inputs_embeds.shape[:2]
+        if T > self.max_positions:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings {self.max_positions}; "
+                             f"truncate the input (tokenizer(..., truncation=True, max_length={self.max_positions}))")
+        x = inputs_embeds
+        if hasattr(self, "input_projection"):
+            x = self.input_projection(self.input_norm(x))
+        x = x + self.position_embeddings.weight[:T]
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class WeightGenerator(nn.Module):
+    """Generates the shared encoder's matrices (and the pooler's) from the embeddings.
+
+    ``veps`` owns the virtual projection ``P`` (F x V) and bias ``p`` (V); ``eps`` owns nothing.
+    ``forward(word_embeddings)`` returns ``{name: (out, in)}`` views of one buffer.
+    """
+
+    def __init__(self, config: ShareBertConfig):
+        super().__init__()
+        self.plan = config.column_plan()
+        self.virtual = config.sharing == "veps"
+        if self.virtual:
+            self.projection = nn.Parameter(torch.empty(config.word_embedding_size, config.hidden_size))
+            self.bias = nn.Parameter(torch.zeros(config.hidden_size))
+        self._cache = _SourceCache()
+
+    def virtual_embeddings(self, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """The full virtual embedding matrix ``A @ P + p`` (E x V); for analysis, not the forward."""
+        return torch.addmm(self.bias, word_embeddings, self.projection) if self.virtual else word_embeddings
+
+    def forward(self, word_embeddings: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.virtual:
+            return self._cache.get([word_embeddings, self.projection, self.bias],
+                                   lambda: generate_virtual(self.plan, word_embeddings, self.projection, self.bias))
+        return self._cache.get([word_embeddings], lambda: generate_from_source(self.plan, word_embeddings))
+
+
+class DenseWeights(nn.Module):
+    """Learned encoder matrices for ``sharing='none'``; ``forward()`` returns them as a dict."""
+
+    def __init__(self, config: ShareBertConfig):
+        super().__init__()
+        self.matrices = nn.ParameterDict({n: nn.Parameter(torch.empty(s)) for n, s in config.layer_matrices()})
+
+    def forward(self) -> dict[str, torch.Tensor]:
+        return dict(self.matrices.items())
+
+
+class ShareBertLayer(GradientCheckpointingLayer):
+    """One encoder layer: attention and feed-forward with its own biases and two LayerNorms."""
+
+    def __init__(self, config: ShareBertConfig):
+        super().__init__()
+        V, I = config.hidden_size, config.intermediate_size
+        self.names = [n for n, _ in config.layer_matrices()]
+        self.attention = SelfAttention(config)
+        self.attention_norm = nn.LayerNorm(V, eps=config.layer_norm_eps)
+        self.ffn_in_bias = nn.Parameter(torch.zeros(I))
+        self.ffn_out_bias = nn.Parameter(torch.zeros(V))
+        self.ffn_norm = nn.LayerNorm(V, eps=config.layer_norm_eps)
+        self.act = ACT2FN[config.hidden_act]
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.pre_norm = config.norm_position == "pre"
+
+    def forward(self, x, mask, *weights, output_attentions=False):
+        """``x`` (B, T, V); ``weights`` positional, in ``self.names`` order (for checkpointing)."""
+        w = dict(zip(self.names, weights))
+        h = self.attention_norm(x) if self.pre_norm else x
+        a, probs = self.attention(h, mask, w, output_attentions)
+        x = x + self.dropout(a)
+        if not self.pre_norm:
+            x = self.attention_norm(x)
+        h = self.ffn_norm(x) if self.pre_norm else x
+        f = F.linear(self.act(F.linear(h, w["ffn_in"], self.ffn_in_bias)), w["ffn_out"], self.ffn_out_bias)
+        x = x + self.dropout(f)
+        if not self.pre_norm:
+            x = self.ffn_norm(x)
+        return x, probs
+
+
+class ShareBertPreTrainedModel(PreTrainedModel):
+    config_class = ShareBertConfig
+    base_model_prefix = "sharebert"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            module.weight.data.normal_(0.0, std)
+            if getattr(module, "bias", None) is not None:
+                module.bias.data.zero_()
+        elif isinstance(module, nn.LayerNorm):
+            module.weight.data.fill_(1.0)
+            module.bias.data.zero_()
+        elif isinstance(module, WeightGenerator) and module.virtual:
+            # A ~ N(0, std) and P ~ N(0, 1/sqrt(F)) give generated weights of std ~ `std`.
+            module.projection.data.normal_(0.0, module.projection.shape[0] ** -0.5)
+            module.bias.data.zero_()
+        elif isinstance(module, DenseWeights):
+            for name, p in module.matrices.items():
+                if name == "pair":  # S_h = I: pairwise starts as symmetric attention
+                    d = p.shape[1]
+                    p.data.copy_(torch.eye(d).repeat(p.shape[0] // d, 1))
+                else:
+                    p.data.normal_(0.0, std)
+        elif isinstance(module, SelfAttention):
+            for p in module.bias.values():
+                p.data.zero_()
+            module.output_bias.data.zero_()
+            if hasattr(module, "scaling"):
+                for p in module.scaling.values():
+                    p.data.fill_(1.0)
+        elif isinstance(module, ShareBertLayer):
+            module.ffn_in_bias.data.zero_()
+            module.ffn_out_bias.data.zero_()
+        elif isinstance(module, ShareBertLMHead):
+            module.bias.data.zero_()
+
+
+class ShareBertModel(ShareBertPreTrainedModel):
+    """The backbone: embeddings, N layers (one shared weight set when sharing), optional pooler."""
+
+    def __init__(self, config: ShareBertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = ShareBertEmbeddings(config)
+        if config.sharing != "none":
+            self.weight_generator = WeightGenerator(config)
+        else:
+            n_sets = 1 if config.share_layers else config.num_hidden_layers
+            self.layer_weights = nn.ModuleList(DenseWeights(config) for _ in range(n_sets))
+        self.layers = nn.ModuleList(ShareBertLayer(config) for _ in range(config.num_hidden_layers))
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        self.causal = bool(config.is_decoder)
+        self.has_pooler = add_pooling_layer and config.pooler != "none"
+        if self.has_pooler:
+            if config.pooler == "dense":
+                self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+            else:  # generated weight, learned bias
+                self.pooler_bias = nn.Parameter(torch.zeros(config.hidden_size))
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def generated_weights(self) -> dict[str, torch.Tensor]:
+        """The generated matrices ``{name: (out, in)}`` (empty without sharing)."""
+        if self.config.sharing == "none":
+            return {}
+        return self.weight_generator(self.embeddings.word_embeddings.weight)
+
+    def virtual_embeddings(self) -> torch.Tensor:
+        """Embeddings the papers evaluate: ``A @ P + p`` for VEPS, else the word embeddings."""
+        A = self.embeddings.word_embeddings.weight
+        return self.weight_generator.virtual_embeddings(A) if self.config.sharing == "veps" else A
+
+    def _attention_mask(self, attention_mask, B, T, device):
+        """Boolean ``(B, 1, T|1, T)`` mask, True where attention is allowed; None if all allowed."""
+        mask = None
+        exporting = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+        if attention_mask is not None and (exporting or not bool(attention_mask.all())):
+            mask = attention_mask.bool()[:, None, None, :]
+        if self.causal:
+            causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()[None, None]
+            mask = causal if mask is None else mask & causal
+        return mask
+
+    def forward(
+        self,
+        input_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        token_type_ids: Optional[torch.Tensor] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        output_attentions: Optional[bool] = None,
+        output_hidden_states: Optional[bool] = None,
+        return_dict: Optional[bool] = None,
+    ):
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
+        B, T = x.shape[:2]
+        mask = self._attention_mask(attention_mask, B, T, x.device)
+
+        generated = self.generated_weights()  # once per forward, shared by every layer
+        all_hidden, all_attn = ([x] if output_hidden_states else None), ([] if output_attentions else None)
+        for i, layer in enumerate(self.layers):
+            w = generated or self.layer_weights[0 if self.config.share_layers else i]()
+            x, probs = layer(x, mask, *(w[n] for n in layer.names), output_attentions=output_attentions)
+            if output_hidden_states:
+                all_hidden.append(x)
+            if output_attentions:
+                all_attn.append(probs)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if output_hidden_states:
+                all_hidden[-1] = x
+
+        pooled = None
+        if self.has_pooler:
+            cls = x[:, 0]
+            if self.config.pooler == "dense":
+                pooled = self.pooler(cls)
+            else:
+                pooled = F.linear(cls, generated["pooler"], self.pooler_bias)
+            if self.config.pooler_activation == "tanh":
+                pooled = torch.tanh(pooled)
+        out = BaseModelOutputWithPooling(
+            last_hidden_state=x,
+            pooler_output=pooled,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_attn) if output_attentions else None,
+        )
+        return out if return_dict else out.to_tuple()
+
+
+class ShareBertLMHead(nn.Module):
+    """Language-model head ``(B, T, V) -> (B, T, E)``.
+
+    ``tied`` (default, ALBERT-like): ``V -> F`` transform, GELU, LayerNorm, decoder tied to the word
+    embeddings ``A`` (E x F); for an unfactorised model this is BERT's head. ``untied`` (the
+    reference's): ``V -> V`` transform and an untied ``V x E`` decoder.
+    """
+
+    def __init__(self, config: ShareBertConfig):
+        super().__init__()
+        width = config.word_embedding_size if config.mlm_head == "tied" else config.hidden_size
+        self.transform = nn.Linear(config.hidden_size, width)
+        self.act = ACT2FN[config.hidden_act]
+        self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(width, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x):
+        return self.decoder(self.norm(self.act(self.transform(x)))) + self.bias
+
+
+class _WithLMHead(ShareBertPreTrainedModel):
+    _tied_weights_keys = ["lm_head.decoder.weight"]
+    accepts_loss_kwargs = False  # our loss is a plain mean; Trainer divides by grad accumulation
+
+    def _build(self, config):
+        self.sharebert = ShareBertModel(config, add_pooling_layer=False)
+        self.lm_head = ShareBertLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new):
+        self.lm_head.decoder = new
+
+
+class ShareBertForMaskedLM(_WithLMHead):
+    def __init__(self, config):
+        super().__init__(config)
+        self._build(config)
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None):
+        """``labels`` (B, T): token ids at masked positions, -100 elsewhere."""
+        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
+                             output_attentions, output_hidden_states, return_dict=True)
+        logits = self.lm_head(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
+        res = MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        return res if return_dict else res.to_tuple()
+
+
+class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
+    """Left-to-right language model (causal mask), e.g. character-level LM in the partial Q-K paper."""
+
+    def __init__(self, config):
+        if not config.is_decoder:
+            config.is_decoder = True
+        super().__init__(config)
+        self._build(config)
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
+        T = self.config.max_position_embeddings
+        mask = None if attention_mask is None else attention_mask[:, -T:]
+        return {"input_ids": input_ids[:, -T:], "attention_mask": mask}
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        """``labels`` (B, T): the inputs themselves (shifted inside), -100 to ignore."""
+        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
+                             output_attentions, output_hidden_states, return_dict=True)
+        logits = self.lm_head(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+        res = CausalLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        return res if return_dict else res.to_tuple()
+
+
+class ShareBertForSequenceClassification(ShareBertPreTrainedModel):
+    """Classifier on the pooled [CLS] vector; regression (MSE) when ``num_labels == 1``."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.sharebert = ShareBertModel(config)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None):
+        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
+                             output_attentions, output_hidden_states, return_dict=True)
+        pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+        logits = self.classifier(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            if self.config.problem_type is None:
+                self.config.problem_type = ("regression" if self.num_labels == 1 else
+                                            "single_label_classification" if labels.dtype in (torch.long, torch.int) else
+                                            "multi_label_classification")
+            if self.config.problem_type == "regression":
+                loss = F.mse_loss(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
+            elif self.config.problem_type == "single_label_classification":
+                loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+        res = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        return res if return_dict else res.to_tuple()
+
+
+class ShareBertForTokenClassification(ShareBertPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.sharebert = ShareBertModel(config, add_pooling_layer=False)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None):
+        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
+                             output_attentions, output_hidden_states, return_dict=True)
+        logits = self.classifier(self.dropout(out.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1), ignore_index=-100)
+        res = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        return res if return_dict else res.to_tuple()
+
+
+class ShareBertForQuestionAnswering(ShareBertPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.sharebert = ShareBertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None,
+                start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None):
+        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
+                             output_attentions, output_hidden_states, return_dict=True)
+        start, end = self.qa_outputs(out.last_hidden_state).split(1, dim=-1)
+        start, end = start.squeeze(-1), end.squeeze(-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            T = start.shape[1]
+            loss = (F.cross_entropy(start, start_positions.clamp(0, T), ignore_index=T)
+                    + F.cross_entropy(end, end_positions.clamp(0, T), ignore_index=T)) / 2
+        res = QuestionAnsweringModelOutput(loss=loss, start_logits=start, end_logits=end,
+                                           hidden_states=out.hidden_states, attentions=out.attentions)
+        return res if return_dict else res.to_tuple()
