@@ -1,0 +1,234 @@
+"""ShareBERT models: BERT equivalence, generation once per forward, eval cache, HF round trips."""
+import copy
+
+import pytest
+import torch
+from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification,
+                          BertConfig, BertForMaskedLM, pipeline)
+
+import sharebert.modeling_sharebert as modeling
+from sharebert import (ShareBertConfig, ShareBertForCausalLM, ShareBertForMaskedLM, ShareBertForQuestionAnswering,
+                       ShareBertForSequenceClassification, ShareBertForTokenClassification, ShareBertModel)
+from sharebert.build import build_model
+from sharebert.paths import default_vocab
+
+TINY = dict(vocab_size=1000, embedding_size=16, hidden_size=64, num_hidden_layers=3, intermediate_size=128,
+            num_attention_heads=4, max_position_embeddings=32)
+
+
+def tiny(**kw):
+    return ShareBertConfig.from_preset("sharebert-tiny", **{**TINY, **kw})
+
+
+def with_labels(config, n):
+    config = copy.deepcopy(config)
+    config.num_labels = n
+    return config
+
+
+def batch(B=2, T=12, vocab=1000, pad=3):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[-1, T - pad:] = 0
+    return ids, mask
+
+
+def test_plain_encoder_equals_transformers_bert():
+    """sharing='none', post-LN, dense tanh pooler: the same function as BertForMaskedLM."""
+    torch.manual_seed(0)
+    bc = BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                    max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    bert = BertForMaskedLM(bc).eval()
+    config = ShareBertConfig.from_preset("bert-base", vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, intermediate_size=128, max_position_embeddings=32,
+                                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ours = ShareBertForMaskedLM(config).eval()
+    assert ours.num_parameters() == bert.num_parameters()
+    sd = bert.state_dict()
+    mine = {"sharebert.embeddings." + k[len("bert.embeddings."):]: v for k, v in sd.items()
+            if k.startswith("bert.embeddings.") and "position_ids" not in k}
+    for i in range(2):
+        b, s = f"bert.encoder.layer.{i}.", f"sharebert.layers.{i}."
+        for name in ("query", "key", "value"):
+            mine[f"sharebert.layer_weights.{i}.matrices.{name}"] = sd[b + f"attention.self.{name}.weight"]
+            mine[s + f"attention.bias.{name}"] = sd[b + f"attention.self.{name}.bias"]
+        mine[f"sharebert.layer_weights.{i}.matrices.output"] = sd[b + "attention.output.dense.weight"]
+        mine[s + "attention.output_bias"] = sd[b + "attention.output.dense.bias"]
+        mine[f"sharebert.layer_weights.{i}.matrices.ffn_in"] = sd[b + "intermediate.dense.weight"]
+        mine[s + "ffn_in_bias"] = sd[b + "intermediate.dense.bias"]
+        mine[f"sharebert.layer_weights.{i}.matrices.ffn_out"] = sd[b + "output.dense.weight"]
+        mine[s + "ffn_out_bias"] = sd[b + "output.dense.bias"]
+        for ln, dst in (("attention.output.LayerNorm", "attention_norm"), ("output.LayerNorm", "ffn_norm")):
+            mine[s + dst + ".weight"], mine[s + dst + ".bias"] = sd[b + ln + ".weight"], sd[b + ln + ".bias"]
+    p = "cls.predictions."
+    mine.update({"lm_head.transform.weight": sd[p + "transform.dense.weight"], "lm_head.transform.bias": sd[p + "transform.dense.bias"],
+                 "lm_head.norm.weight": sd[p + "transform.LayerNorm.weight"], "lm_head.norm.bias": sd[p + "transform.LayerNorm.bias"],
+                 "lm_head.bias": sd[p + "bias"], "lm_head.decoder.weight": sd[p + "decoder.weight"]})
+    missing, unexpected = ours.load_state_dict(mine, strict=False)
+    assert not unexpected and not missing
+    ids, mask = batch()
+    with torch.no_grad():
+        want = bert(input_ids=ids, attention_mask=mask).logits
+        got = ours(input_ids=ids, attention_mask=mask).logits
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], want[keep], atol=1e-5, rtol=1e-5)
+
+
+def _count_generation(monkeypatch):
+    calls = []
+    real = modeling.generate_virtual
+
+    def counting(plan, *args):
+        calls.append(plan.columns_used)
+        return real(plan, *args)
+
+    monkeypatch.setattr(modeling, "generate_virtual", counting)
+    return calls
+
+
+def test_weights_generated_once_per_forward_only_used_columns(monkeypatch):
+    calls = _count_generation(monkeypatch)
+    model = ShareBertForMaskedLM(tiny()).train()
+    ids, mask = batch()
+    model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+    plan = model.config.column_plan()
+    assert calls == [plan.columns_used] and plan.columns_used < model.config.hidden_size
+    model(input_ids=ids, attention_mask=mask)
+    assert len(calls) == 2  # training mode: fresh weights every forward
+
+
+def test_eval_cache_reused_and_never_stale(monkeypatch, tmp_path):
+    calls = _count_generation(monkeypatch)
+    torch.manual_seed(0)
+    model = ShareBertForMaskedLM(tiny(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    ids, mask = batch()
+    model.eval()
+    with torch.no_grad():
+        first = model(input_ids=ids, attention_mask=mask).logits
+        again = model(input_ids=ids, attention_mask=mask).logits
+    assert len(calls) == 1 and torch.equal(first, again)
+
+    # An optimizer step changes the parameters in place: the cache must notice.
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+    opt.step()
+    model.eval()
+    with torch.no_grad():
+        stepped = model(input_ids=ids, attention_mask=mask).logits
+        model.sharebert.weight_generator._cache.key = None  # force a fresh generation for reference
+        fresh = model(input_ids=ids, attention_mask=mask).logits
+    assert not torch.equal(stepped, first)
+    torch.testing.assert_close(stepped, fresh, rtol=0, atol=0)
+
+    # load_state_dict of other weights, then a dtype move.
+    other = ShareBertForMaskedLM(tiny(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
+    model.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits,
+                                   other(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)
+        model.to(torch.float64)
+        assert model(input_ids=ids, attention_mask=mask).logits.dtype == torch.float64
+
+
+def test_no_generated_weight_in_state_dict_and_bit_exact_round_trip(tmp_path):
+    model = ShareBertForMaskedLM(tiny()).eval()
+    learned = {n for n, _ in model.named_parameters()}
+    keys = set(model.state_dict())
+    assert keys - learned == {"lm_head.decoder.weight"}  # the tied alias of the word embeddings
+    model.save_pretrained(tmp_path)
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        stored = set(f.keys())
+    assert stored == learned and sum(1 for _ in stored) == len(learned)
+    loaded = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is ShareBertForMaskedLM
+    assert loaded.lm_head.decoder.weight is loaded.sharebert.embeddings.word_embeddings.weight
+    for (n, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), n
+    ids, mask = batch()
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, loaded(input_ids=ids, attention_mask=mask).logits)
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), ShareBertConfig)
+    assert type(AutoModel.from_pretrained(tmp_path)) is ShareBertModel
+
+
+@pytest.mark.parametrize("sharing,attention", [("veps", "standard"), ("eps", "symmetric"), ("none", "pairwise"),
+                                               ("veps", "shared-qkv"), ("none", "partial-qk")])
+def test_heads_outputs_and_losses(sharing, attention):
+    kw = dict(sharing=sharing, attention=attention)
+    if sharing == "eps":
+        kw.update(embedding_size=None, hidden_size=32, intermediate_size=64)
+    if sharing == "none":
+        kw.update(pooler="dense")
+    config = tiny(**kw)
+    ids, mask = batch()
+    out = ShareBertModel(config)(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+    assert out.last_hidden_state.shape == (2, 12, config.hidden_size)
+    assert len(out.hidden_states) == config.num_hidden_layers + 1 and len(out.attentions) == config.num_hidden_layers
+    assert out.attentions[0].shape == (2, config.num_attention_heads, 12, 12)
+    assert torch.allclose(out.attentions[0][1, :, :, -3:], torch.zeros(()))  # padded keys get no attention
+    mlm = ShareBertForMaskedLM(config)(input_ids=ids, attention_mask=mask, labels=ids)
+    assert mlm.logits.shape == (2, 12, config.vocab_size) and mlm.loss.ndim == 0
+    clf = ShareBertForSequenceClassification(with_labels(config, 3))
+    assert clf(input_ids=ids, labels=torch.tensor([0, 2])).logits.shape == (2, 3)
+    tok = ShareBertForTokenClassification(with_labels(config, 5))
+    assert tok(input_ids=ids, labels=torch.zeros(2, 12, dtype=torch.long)).logits.shape == (2, 12, 5)
+    qa = ShareBertForQuestionAnswering(config)(input_ids=ids, start_positions=torch.tensor([1, 2]), end_positions=torch.tensor([3, 4]))
+    assert qa.start_logits.shape == (2, 12) and qa.loss.ndim == 0
+
+
+def test_regression_when_one_label():
+    model = ShareBertForSequenceClassification(tiny(num_labels=1))
+    ids, _ = batch()
+    target = torch.tensor([0.5, 3.0])
+    out = model(input_ids=ids, labels=target)
+    torch.testing.assert_close(out.loss, torch.nn.functional.mse_loss(out.logits.squeeze(-1), target))
+    assert model.config.problem_type == "regression"
+
+
+def test_causal_lm_does_not_look_ahead():
+    model = ShareBertForCausalLM(tiny()).eval()
+    ids, _ = batch(B=1)
+    changed = ids.clone()
+    changed[0, 8:] = 7
+    with torch.no_grad():
+        a, b = model(input_ids=ids).logits, model(input_ids=changed).logits
+    torch.testing.assert_close(a[:, :8], b[:, :8])
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+    loss = model(input_ids=ids, labels=ids).loss
+    want = torch.nn.functional.cross_entropy(a[0, :-1], ids[0, 1:])
+    torch.testing.assert_close(loss, want)
+
+
+def test_gradient_checkpointing_gives_identical_gradients():
+    torch.manual_seed(0)
+    config = tiny(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ids, mask = batch()
+    grads = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model = ShareBertForMaskedLM(config).train()
+        if ckpt:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], msg=n)
+
+
+def test_too_long_input_is_a_clear_error():
+    model = ShareBertModel(tiny())
+    with pytest.raises(ValueError, match="max_position_embeddings 32"):
+        model(input_ids=torch.ones(1, 40, dtype=torch.long))
+
+
+def test_fill_mask_pipeline_on_a_built_folder(tmp_path):
+    build_model("sharebert-tiny", tmp_path, {"num_hidden_layers": 2}, default_vocab())
+    fill = pipeline("fill-mask", model=str(tmp_path), tokenizer=str(tmp_path))
+    preds = fill("the capital of france is [MASK].", top_k=3)
+    assert len(preds) == 3 and all("token_str" in p for p in preds)
+    clf = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=2)
+    assert type(clf) is ShareBertForSequenceClassification
