@@ -177,8 +177,6 @@ class ShareBertPreTrainedModel(PreTrainedModel):
         elif isinstance(module, ShareBertLayer):
             module.ffn_in_bias.data.zero_()
             module.ffn_out_bias.data.zero_()
-        elif isinstance(module, ShareBertLMHead):
-            module.bias.data.zero_()
 
 
 class ShareBertModel(ShareBertPreTrainedModel):
@@ -297,11 +295,10 @@ class ShareBertLMHead(nn.Module):
         self.transform = nn.Linear(config.hidden_size, width)
         self.act = ACT2FN[config.hidden_act]
         self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(width, config.vocab_size, bias=False)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder = nn.Linear(width, config.vocab_size)
 
     def forward(self, x):
-        return self.decoder(self.norm(self.act(self.transform(x)))) + self.bias
+        return self.decoder(self.norm(self.act(self.transform(x))))
 
 
 class _WithLMHead(ShareBertPreTrainedModel):

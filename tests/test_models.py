@@ -64,7 +64,7 @@ def test_plain_encoder_equals_transformers_bert():
     p = "cls.predictions."
     mine.update({"lm_head.transform.weight": sd[p + "transform.dense.weight"], "lm_head.transform.bias": sd[p + "transform.dense.bias"],
                  "lm_head.norm.weight": sd[p + "transform.LayerNorm.weight"], "lm_head.norm.bias": sd[p + "transform.LayerNorm.bias"],
-                 "lm_head.bias": sd[p + "bias"], "lm_head.decoder.weight": sd[p + "decoder.weight"]})
+                 "lm_head.decoder.bias": sd[p + "bias"], "lm_head.decoder.weight": sd[p + "decoder.weight"]})
     missing, unexpected = ours.load_state_dict(mine, strict=False)
     assert not unexpected and not missing
     ids, mask = batch()
