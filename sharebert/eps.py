@@ -157,14 +157,15 @@ class _SourceCache:
     """Eval-mode cache of generated weights, keyed on every source tensor's identity and version.
 
     Any in-place update (optimizer step, ``load_state_dict``), a move (``to()``) or a swap of
-    ``.data`` changes the key, so the cache cannot go stale. Only used without autograd.
+    ``.data`` changes the key, so the cache cannot go stale. Only used without autograd, and
+    bypassed while tracing (an export must record the generation, not a cached constant).
     """
 
     def __init__(self):
         self.key, self.value = None, None
 
     def get(self, sources: Iterable[torch.Tensor], make: Callable[[], dict[str, torch.Tensor]]):
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
             self.key = self.value = None
             return make()
         key = tuple((t.data_ptr(), t._version, t.device, t.dtype, t.shape) for t in sources)
