@@ -1,0 +1,8 @@
+"""sharebert.deploy: run exported artifacts with ONNX Runtime, numpy and tokenizers only (no torch).
+
+``Runtime(artifact_dir, threads=None, providers=None, ram="fp32"|"int8")`` verifies the artifact and
+answers its task; ``sharebert predict`` and ``sharebert serve`` are built on it.
+"""
+from .runtime import ArtifactError, Predictions, Runtime, quantize_per_channel, verify_artifact
+
+__all__ = ["ArtifactError", "Predictions", "Runtime", "quantize_per_channel", "verify_artifact"]

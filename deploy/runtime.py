@@ -1,0 +1,329 @@
+"""Torch-free inference on an exported sharebert artifact (ONNX Runtime, numpy, tokenizers only).
+
+An artifact is a folder written by ``sharebert export``: ``model.onnx``, ``config.json``, the
+tokenizer files and ``manifest.json`` (task, labels, maximum length, ONNX Runtime session entries and
+the sha256 of every file). :class:`Runtime` verifies every file before it loads anything.
+
+``ram="int8"`` (compact artifacts): rather than letting ONNX Runtime fold the generated weights to
+fp32 (four bytes per generated number), the runtime runs ``ram_int8.generator.onnx`` once, quantizes
+each generated weight per output channel in numpy, frees the fp32 copy and feeds the int8 arrays
+(bound once as ``OrtValue``s) to ``ram_int8.compute.onnx``'s dynamic-int8 MatMuls on every run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+FORMAT = "sharebert-onnx"
+FORMAT_VERSION = 1
+TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
+RAM_MODES = ("fp32", "int8")
+
+
+class ArtifactError(ValueError):
+    """The folder is not a complete, unmodified sharebert artifact (the message names the file)."""
+
+
+class Predictions(list):
+    """One result per input text, in order; ``truncated`` counts inputs cut to the maximum length."""
+
+    def __init__(self, items=(), truncated: int = 0):
+        super().__init__(items)
+        self.truncated = truncated
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_artifact(artifact_dir: str | Path) -> dict:
+    """Check ``manifest.json`` and the size and sha256 of every file it lists; return the manifest.
+
+    Raises :class:`ArtifactError` naming the first missing, truncated or modified file.
+    """
+    root = Path(artifact_dir)
+    if not root.is_dir():
+        raise ArtifactError(f"artifact folder not found: {root}")
+    path = root / "manifest.json"
+    if not path.is_file():
+        raise ArtifactError(f"{path} is missing: not a sharebert artifact (write one with `sharebert export`)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: format is not {FORMAT!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: format_version {manifest.get('format_version')!r} is not supported "
+                            f"(this runtime reads version {FORMAT_VERSION})")
+    if manifest.get("task") not in TASKS:
+        raise ArtifactError(f"{path}: task {manifest.get('task')!r} is not one of {', '.join(TASKS)}")
+    files = manifest.get("files") or {}
+    for required in ("model.onnx", "tokenizer.json"):
+        if required not in files:
+            raise ArtifactError(f"{path} does not list {required}")
+    for name, meta in files.items():
+        file = root / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise ArtifactError(f"{path} lists a file outside the artifact: {name}")
+        if not file.is_file():
+            raise ArtifactError(f"{file} is missing")
+        size = file.stat().st_size
+        if size != meta.get("bytes"):
+            raise ArtifactError(f"{file} has {size} bytes, the manifest says {meta.get('bytes')} (truncated or replaced)")
+        if _sha256(file) != meta.get("sha256"):
+            raise ArtifactError(f"{file} does not match its sha256 in the manifest (modified or corrupted)")
+    return manifest
+
+
+def quantize_per_channel(weight: np.ndarray, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output channel: ``(K, N)`` int8 and ``(N,)`` scales, ``B ~ q * scale``.
+
+    ``weight`` is ``(K, N)`` (``layout="kn"``, a MatMul's B) or ``(N, K)`` (``"nk"``, a Gemm's B with
+    transB); it is overwritten (divided by the scales) to keep one fp32 copy in memory.
+    """
+    if layout == "nk":
+        weight = weight.T
+    scale = np.abs(weight).max(axis=0) / 127.0
+    scale[scale == 0] = 1.0
+    np.divide(weight, scale, out=weight)
+    np.rint(weight, out=weight)
+    return np.ascontiguousarray(weight.astype(np.int8)), scale.astype(np.float32)
+
+
+class Runtime:
+    """Runs an exported artifact: ``fill_mask``, ``classify``, ``embed`` or ``generate`` by task.
+
+    ``threads``: ONNX Runtime intra-op threads (default: ORT's choice). ``providers``: ORT execution
+    providers (default CPU). ``ram``: ``"fp32"`` (ORT folds generated weights to fp32) or ``"int8"``
+    (generated weights held as int8, dynamic-int8 MatMuls; compact artifacts only). Every method takes
+    a list of texts (or one text), pads each batch to its longest input and returns
+    :class:`Predictions`. Safe to call from several threads.
+    """
+
+    def __init__(self, artifact_dir: str | Path, threads: int | None = None, providers: list[str] | None = None,
+                 ram: str = "fp32", batch_size: int = 32):
+        if ram not in RAM_MODES:
+            raise ValueError(f"ram must be one of {', '.join(RAM_MODES)}, got {ram!r}")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.path = Path(artifact_dir)
+        self.manifest = verify_artifact(self.path)
+        self.task = self.manifest["task"]
+        self.labels = self.manifest.get("labels")
+        self.max_length = int(self.manifest["max_length"])
+        self.ram = ram
+        self.batch_size = batch_size
+        self.providers = providers or ["CPUExecutionProvider"]
+        self.threads = threads
+        special = self.manifest.get("special_tokens") or {}
+        self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+        self.pad_id = int(special.get("pad", 0))
+        self.mask_id = special.get("mask")
+        self.cls_id = special.get("cls")
+        self.sep_id = special.get("sep")
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        self._int8_inputs: dict[str, ort.OrtValue] = {}
+        if ram == "int8":
+            self.session = self._load_int8()
+        else:
+            self.session = ort.InferenceSession(str(self.path / "model.onnx"), self._options(), providers=self.providers)
+        self.input_names = [i.name for i in self.session.get_inputs() if i.name not in self._int8_inputs]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    # -- loading ------------------------------------------------------------------------------
+    def _options(self, apply_config: bool = True) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if self.threads:
+            so.intra_op_num_threads = self.threads
+            so.inter_op_num_threads = 1
+        if apply_config:
+            for key, value in (self.manifest.get("session_config") or {}).items():
+                so.add_session_config_entry(str(key), str(value))
+        return so
+
+    def _load_int8(self) -> ort.InferenceSession:
+        """Generate the weights once, quantize them, bind the int8 arrays; return the compute session."""
+        ram = self.manifest.get("ram_int8")
+        if not ram or not ram.get("weights"):
+            raise ArtifactError(f"{self.path / 'manifest.json'} has no ram_int8 graphs: RAM int8 needs a compact export "
+                                f"(`sharebert export --weights compact`); use ram='fp32' for this artifact")
+        so = self._options()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # no folding: one run, then freed
+        so.enable_cpu_mem_arena = False  # give the fp32 weights back to the OS once quantized
+        generator = ort.InferenceSession(str(self.path / ram["generator"]), so, providers=["CPUExecutionProvider"])
+        names = [w["output"] for w in ram["weights"]]
+        generated = dict(zip(names, generator.run(names, {})))
+        del generator
+        for w in ram["weights"]:
+            q, scale = quantize_per_channel(generated.pop(w["output"]), w["layout"])
+            self._int8_inputs[w["int8"]] = ort.OrtValue.ortvalue_from_numpy(q)
+            self._int8_inputs[w["scale"]] = ort.OrtValue.ortvalue_from_numpy(scale)
+        return ort.InferenceSession(str(self.path / ram["compute"]), self._options(), providers=self.providers)
+
+    # -- encoding -----------------------------------------------------------------------------
+    def _encode(self, texts: list[str], special_tokens: bool = True):
+        """Token ids ``(B, T)`` padded to the longest, the attention mask and the truncation count."""
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
+        rows, cut = [], 0
+        for enc in encodings:
+            ids = enc.ids
+            if len(ids) > self.max_length:
+                cut += 1
+                ids = ids[: self.max_length - 1] + [ids[-1]] if special_tokens else ids[-self.max_length:]
+            rows.append(ids)
+        T = max(1, max(len(r) for r in rows))
+        input_ids = np.full((len(rows), T), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), T), dtype=np.int64)
+        for i, r in enumerate(rows):
+            input_ids[i, : len(r)] = r
+            mask[i, : len(r)] = 1
+        return input_ids, mask, cut
+
+    def _run(self, input_ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        feeds = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise ArtifactError(f"{self.path / 'model.onnx'} expects inputs {missing} this runtime cannot provide")
+        feeds = {n: feeds[n] for n in self.input_names}
+        if self._int8_inputs:
+            values = {n: ort.OrtValue.ortvalue_from_numpy(v) for n, v in feeds.items()}
+            values.update(self._int8_inputs)
+            outs = [o.numpy() for o in self.session.run_with_ort_values(self.output_names, values)]
+        else:
+            outs = self.session.run(self.output_names, feeds)
+        return {n: np.asarray(o, dtype=np.float32) for n, o in zip(self.output_names, outs)}
+
+    def _batches(self, texts):
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        for t in texts:
+            if not isinstance(t, str):
+                raise TypeError(f"texts must be strings, got {type(t).__name__}")
+        for start in range(0, len(texts), self.batch_size):
+            yield texts[start: start + self.batch_size]
+
+    def _need(self, *tasks: str) -> None:
+        if self.task not in tasks:
+            raise ValueError(f"this artifact's task is {self.task!r}; this method needs {' or '.join(tasks)}")
+
+    # -- tasks --------------------------------------------------------------------------------
+    def fill_mask(self, texts, top_k: int = 5) -> Predictions:
+        """Per text, per ``[MASK]`` (in order): the ``top_k`` tokens ``{"token", "token_id", "score"}``."""
+        self._need("fill-mask")
+        if self.mask_id is None:
+            raise ArtifactError(f"{self.path / 'manifest.json'} names no mask token")
+        if top_k < 1:
+            raise ValueError(f"top_k must be positive, got {top_k}")
+        out = Predictions()
+        for batch in self._batches(texts):
+            ids, mask, cut = self._encode(batch)
+            out.truncated += cut
+            logits = self._run(ids, mask)[self.output_names[0]]
+            for row in range(len(batch)):
+                answers = []
+                for pos in np.flatnonzero(ids[row] == self.mask_id):
+                    probs = _softmax(logits[row, pos])
+                    best = np.argsort(-probs)[:top_k]
+                    answers.append([{"token": self.tokenizer.id_to_token(int(t)), "token_id": int(t),
+                                     "score": float(probs[t])} for t in best])
+                out.append(answers)
+        return out
+
+    def classify(self, texts) -> Predictions:
+        """Per text ``{"label", "score", "scores": {label: probability}}``; regression: ``{"score"}``."""
+        self._need("text-classification")
+        regression = self.manifest.get("problem_type") == "regression"
+        out = Predictions()
+        for batch in self._batches(texts):
+            ids, mask, cut = self._encode(batch)
+            out.truncated += cut
+            logits = self._run(ids, mask)[self.output_names[0]]
+            for row in logits:
+                if regression:
+                    out.append({"score": float(row[0])})
+                    continue
+                probs = _softmax(row)
+                names = self.labels or [f"LABEL_{i}" for i in range(len(probs))]
+                best = int(np.argmax(probs))
+                out.append({"label": names[best], "score": float(probs[best]),
+                            "scores": {n: float(p) for n, p in zip(names, probs)}})
+        return out
+
+    def embed(self, texts, pooling: str = "cls") -> Predictions:
+        """Per text a float32 vector ``(hidden,)``: the ``[CLS]`` state or the mean over real tokens."""
+        self._need("feature-extraction")
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        out = Predictions()
+        for batch in self._batches(texts):
+            ids, mask, cut = self._encode(batch)
+            out.truncated += cut
+            hidden = self._run(ids, mask)[self.output_names[0]]  # (B, T, V)
+            if pooling == "cls":
+                vectors = hidden[:, 0]
+            else:
+                m = mask[..., None].astype(np.float32)
+                vectors = (hidden * m).sum(1) / np.maximum(m.sum(1), 1.0)
+            out.extend(np.ascontiguousarray(vectors, dtype=np.float32))
+        return out
+
+    def generate(self, prompts, max_new_tokens: int = 20) -> Predictions:
+        """Greedy continuation of each prompt (a causal-LM artifact): the generated text only.
+
+        The window slides to the last ``max_length`` tokens; ``truncated`` counts prompts cut to fit.
+        """
+        self._need("causal-lm")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        start = [self.cls_id] if self.cls_id is not None else []
+        out = Predictions()
+        for batch in self._batches(prompts):
+            seqs = [start + e.ids for e in self.tokenizer.encode_batch(batch, add_special_tokens=False)]
+            seqs = [s or [self.pad_id] for s in seqs]
+            out.truncated += sum(len(s) > self.max_length for s in seqs)
+            new = [[] for _ in seqs]
+            for _ in range(max_new_tokens):
+                window = [(s + n)[-self.max_length:] for s, n in zip(seqs, new)]
+                T = max(len(w) for w in window)
+                ids = np.full((len(window), T), self.pad_id, dtype=np.int64)
+                mask = np.zeros_like(ids)
+                for i, w in enumerate(window):
+                    ids[i, : len(w)], mask[i, : len(w)] = w, 1
+                logits = self._run(ids, mask)[self.output_names[0]]
+                last = mask.sum(1) - 1
+                for i, token in enumerate(np.argmax(logits[np.arange(len(window)), last], axis=-1)):
+                    new[i].append(int(token))
+            out.extend(self.tokenizer.decode(n) for n in new)
+        return out
+
+    def predict(self, texts, **kwargs) -> Predictions:
+        """The artifact's task method: fill_mask, classify, embed or generate."""
+        method = {"fill-mask": self.fill_mask, "text-classification": self.classify,
+                  "feature-extraction": self.embed, "causal-lm": self.generate}[self.task]
+        return method(texts, **kwargs)
+
+    def metadata(self) -> dict:
+        """What a caller needs to know: task, labels, maximum length, quantization, RAM mode."""
+        keys = ("task", "labels", "problem_type", "max_length", "weights", "quantization", "learned_params", "opset")
+        return {**{k: self.manifest.get(k) for k in keys}, "ram": self.ram,
+                "int8_generated_weights": len(self._int8_inputs) // 2}
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)

@@ -1,0 +1,210 @@
+"""Export-side preparation of the device runtime's RAM-int8 mode (``Runtime(..., ram="int8")``).
+
+A compact ``model.onnx`` stores only learned tensors; ONNX Runtime folds the generated weights to
+dense fp32 at load, four bytes per generated number. The device has no ``onnx`` package, so the
+graphs that let it hold them at one byte each are cut from ``model.onnx`` here, at export time:
+
+* ``ram_int8.generator.onnx``: the constant subgraph of ``model.onnx``; its outputs are the distinct
+  generated weights (each ``B`` of a ``MatMul``, ``(K, N)``, or of a ``Gemm`` with ``transB``, ``(N, K)``).
+* ``ram_int8.compute.onnx``: ``model.onnx`` with each of those products replaced by
+  ``com.microsoft.DynamicQuantizeMatMul(x, B_int8, B_scale[, bias])`` whose int8 weight ``(K, N)`` and
+  per-output-channel scale ``(N,)`` are graph inputs; the generator nodes are gone.
+
+Neither graph stores a tensor: every initializer of at least ``MIN_REFERENCE_BYTES`` is an ONNX
+external-data reference to the byte range of ``model.onnx`` that already holds it, so the learned
+tensors are on disk once. The runtime runs the generator once, quantizes in numpy and binds the
+int8 arrays for every run (``deploy/runtime.py``).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+MODEL = "model.onnx"
+GENERATOR = "ram_int8.generator.onnx"
+COMPUTE = "ram_int8.compute.onnx"
+MIN_WEIGHT_NUMEL = 4096  # smaller computed weights stay fp32 (ORT folds them in the compute graph)
+MIN_REFERENCE_BYTES = 256  # smaller initializers (shapes, scalars) are repeated in the small graphs
+
+
+def _constant_keys(graph) -> dict[str, str]:
+    """``{tensor: structural key}`` for every tensor computable from initializers and Constants.
+
+    Two tensors with the same key hold the same value (e.g. one ``Transpose`` of a generated weight
+    per layer), so the generator emits each distinct weight once.
+    """
+    from onnx import helper
+
+    keys = {t.name: f"init:{t.name}" for t in graph.initializer}
+    for node in graph.node:
+        inputs = [i for i in node.input if i]
+        if not all(i in keys for i in inputs):
+            continue
+        attrs = repr(sorted((a.name, repr(helper.get_attribute_value(a))) for a in node.attribute))
+        body = f"{node.domain}:{node.op_type}:{attrs}:{[keys[i] if i else '' for i in node.input]}"
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        for index, out in enumerate(node.output):
+            keys[out] = f"{digest}:{index}"
+    return keys
+
+
+def _products(graph, keys: dict[str, str]) -> list[tuple[object, str]]:
+    """``(node, layout)`` for each MatMul/Gemm of an activation by a computed (non-initializer) weight."""
+    from onnx import helper
+
+    initializers = {t.name for t in graph.initializer}
+    found = []
+    for node in graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx"):
+            continue
+        x, w = node.input[0], node.input[1]
+        if x in keys or w not in keys or w in initializers:
+            continue
+        if node.op_type == "MatMul":
+            found.append((node, "kn"))
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("transA", 0) == 0 and attrs.get("transB", 0) == 1 and attrs.get("alpha", 1.0) == 1.0 \
+                and attrs.get("beta", 1.0) == 1.0:
+            found.append((node, "nk"))
+    return found
+
+
+def _needed_nodes(graph, outputs: set[str]) -> list:
+    """Nodes of ``graph`` (in order) that the tensors ``outputs`` depend on."""
+    producer = {o: n for n in graph.node for o in n.output}
+    wanted, stack = set(), list(outputs)
+    while stack:
+        name = stack.pop()
+        node = producer.get(name)
+        if node is None or id(node) in wanted:
+            continue
+        wanted.add(id(node))
+        stack.extend(i for i in node.input if i)
+    return [n for n in graph.node if id(n) in wanted]
+
+
+def _set_nodes(graph, nodes: list) -> None:
+    """Replace ``graph``'s nodes by copies of ``nodes`` (which may be elements of ``graph.node``)."""
+    from onnx import NodeProto
+
+    copies = []
+    for node in nodes:
+        copy = NodeProto()
+        copy.CopyFrom(node)
+        copies.append(copy)
+    del graph.node[:]
+    graph.node.extend(copies)
+
+
+def _reference_initializers(graph, blob: bytes, used: set[str]) -> None:
+    """Keep the initializers in ``used``; point each large one at its bytes inside ``model.onnx``."""
+    from onnx import TensorProto
+
+    kept = []
+    for t in graph.initializer:
+        if t.name not in used:
+            continue
+        if t.data_location != TensorProto.EXTERNAL and len(t.raw_data) >= MIN_REFERENCE_BYTES:
+            offset = blob.find(t.raw_data)
+            if offset < 0:  # raw_data is stored verbatim by protobuf, so this cannot happen for a valid file
+                raise RuntimeError(f"initializer {t.name!r} not found in {MODEL}")
+            length = len(t.raw_data)
+            t.ClearField("raw_data")
+            t.data_location = TensorProto.EXTERNAL
+            for k, v in (("location", MODEL), ("offset", str(offset)), ("length", str(length))):
+                entry = t.external_data.add()
+                entry.key, entry.value = k, v
+        kept.append(t)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+def _save(model, path: Path, blob: bytes) -> None:
+    graph = model.graph
+    used = {i for n in graph.node for i in n.input if i} | {o.name for o in graph.output}
+    _reference_initializers(graph, blob, used)
+    model.graph.ClearField("value_info")
+    path.write_bytes(model.SerializeToString())
+
+
+def build_int8_ram_graphs(model, task: str, out_dir: str | Path, opset: int) -> dict:
+    """Write the RAM-int8 graphs next to ``out_dir/model.onnx`` (already written, compact).
+
+    ``model`` and ``task`` are the exported torch model and task (kept for the exporter's call
+    signature; the graphs are derived from ``model.onnx`` itself, whatever its storage dtype).
+    Returns the manifest's ``ram_int8`` entry: file names and, per weight, the generator output,
+    the compute graph's int8/scale input names, its layout (``kn`` or ``nk``) and shape ``(K, N)``.
+    Returns ``{}`` when the model has no computed weight large enough (nothing written).
+    """
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    out_dir = Path(out_dir)
+    blob = (out_dir / MODEL).read_bytes()
+    source = onnx.load_from_string(blob)
+    keys = _constant_keys(source.graph)
+    products = _products(source.graph, keys)
+    representative = {}  # structural key -> first tensor name with that value
+    for node, _ in products:
+        representative.setdefault(keys[node.input[1]], node.input[1])
+    if not representative:
+        return {}
+
+    generator = onnx.ModelProto()
+    generator.CopyFrom(source)
+    g = generator.graph
+    del g.input[:], g.output[:]
+    _set_nodes(g, _needed_nodes(source.graph, set(representative.values())))
+    g.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in representative.values())
+    g.name = "sharebert_ram_int8_generator"
+    # Shapes, and whether a weight is big enough to quantize: run the generator once here.
+    session = ort.InferenceSession(generator.SerializeToString(), providers=["CPUExecutionProvider"])
+    shapes = {name: value.shape for name, value in zip(representative.values(), session.run(list(representative.values()), {}))}
+    del session
+    layout_of = {keys[node.input[1]]: layout for node, layout in products}
+    weights, chosen = [], {}
+    for key, name in representative.items():
+        shape = shapes[name]
+        if len(shape) != 2 or int(np.prod(shape)) < MIN_WEIGHT_NUMEL:
+            continue
+        layout = layout_of[key]
+        K, N = shape if layout == "kn" else shape[::-1]
+        entry = {"output": name, "int8": f"ram_int8.{len(weights)}.int8", "scale": f"ram_int8.{len(weights)}.scale",
+                 "layout": layout, "shape": [int(K), int(N)]}
+        weights.append(entry)
+        chosen[key] = entry
+    if not weights:
+        return {}
+    del g.output[:]
+    g.output.extend(helper.make_tensor_value_info(w["output"], TensorProto.FLOAT, shapes[w["output"]]) for w in weights)
+    _set_nodes(g, _needed_nodes(source.graph, {w["output"] for w in weights}))
+    _save(generator, out_dir / GENERATOR, blob)
+
+    compute = onnx.ModelProto()
+    compute.CopyFrom(source)
+    c = compute.graph
+    new_nodes = []
+    for node in c.node:
+        entry = chosen.get(keys.get(node.input[1])) if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 else None
+        if entry is None or node.input[0] in keys:
+            new_nodes.append(node)
+            continue
+        inputs = [node.input[0], entry["int8"], entry["scale"]]
+        if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+            inputs += ["", node.input[2]]
+        new_nodes.append(helper.make_node("DynamicQuantizeMatMul", inputs, list(node.output), name=f"{node.name}_int8",
+                                          domain="com.microsoft"))
+    _set_nodes(c, new_nodes)
+    _set_nodes(c, _needed_nodes(c, {o.name for o in c.output}))
+    for w in weights:
+        c.input.append(helper.make_tensor_value_info(w["int8"], TensorProto.INT8, w["shape"]))
+        c.input.append(helper.make_tensor_value_info(w["scale"], TensorProto.FLOAT, [w["shape"][1]]))
+    c.name = "sharebert_ram_int8_compute"
+    if not any(o.domain == "com.microsoft" for o in compute.opset_import):
+        compute.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    _save(compute, out_dir / COMPUTE, blob)
+    return {"generator": GENERATOR, "compute": COMPUTE, "weights": weights,
+            "generated_numel": int(sum(w["shape"][0] * w["shape"][1] for w in weights))}
