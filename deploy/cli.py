@@ -1,0 +1,157 @@
+"""``sharebert predict``: run an exported artifact on texts, a file or stdin (torch-free).
+
+Input lines are plain text, or JSON objects ``{"text": ..., ...}`` (other keys such as ``id`` are
+copied to the output). Lines are read and answered ``--batch-size`` at a time, so memory stays
+bounded for any input size; a malformed line is reported on stderr with its number and skipped.
+Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` (to ``--output``, written to a
+temporary file and renamed at the end, or stdout); texts given as arguments print readably.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+HELP = "answer the task of an exported artifact (fill-mask, classify, embed, generate) without torch"
+
+
+def add_arguments(p):
+    p.add_argument("artifact", help="artifact folder written by `sharebert export`")
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to answer (or use --input)")
+    p.add_argument("--input", metavar="FILE|-", help="one text (or JSON object with a \"text\" key) per line; - is stdin")
+    p.add_argument("--output", metavar="FILE.jsonl", help="write JSON lines here (default: stdout)")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per ONNX Runtime call (default: 32)")
+    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: ORT's choice)")
+    p.add_argument("--ram", choices=("fp32", "int8"), default="fp32",
+                   help="fp32: generated weights folded to fp32 at load; int8: held as int8, dynamic-int8 MatMuls "
+                        "(compact artifacts; about 4x less RAM for them)")
+    p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default: 5)")
+    p.add_argument("--pooling", choices=("cls", "mean"), default="cls", help="feature-extraction pooling (default: cls)")
+    p.add_argument("--max-new-tokens", type=int, default=20, help="causal-lm: tokens to generate (default: 20)")
+    p.add_argument("--json", action="store_true", help="print JSON lines even for TEXT arguments")
+
+
+def _task_kwargs(runtime, args) -> dict:
+    return {"fill-mask": {"top_k": args.top_k}, "feature-extraction": {"pooling": args.pooling},
+            "causal-lm": {"max_new_tokens": args.max_new_tokens}}.get(runtime.task, {})
+
+
+def _jsonable(result):
+    if hasattr(result, "tolist"):
+        return [round(float(x), 6) for x in result.tolist()]
+    return result
+
+
+def parse_line(raw: bytes) -> dict:
+    """One input line -> ``{"text": str, ...}``; raises ``ValueError`` saying what is wrong."""
+    try:
+        line = raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not line.lstrip().startswith("{"):
+        return {"text": line}
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise ValueError('a JSON line must be an object with a string "text"')
+    return record
+
+
+def _read(stream, progress):
+    """Yield ``(line_number, record or error message)`` for each line of a binary stream."""
+    for number, raw in enumerate(stream, 1):
+        progress.update(len(raw))
+        try:
+            yield number, parse_line(raw)
+        except ValueError as e:
+            yield number, str(e)
+
+
+def _print_readable(task, text, result) -> None:
+    print(text)
+    if task == "fill-mask":
+        for n, candidates in enumerate(result, 1):
+            print(f"  [MASK] {n}: " + ", ".join(f"{c['token']} ({c['score']:.3f})" for c in candidates))
+        if not result:
+            print("  (no [MASK] token)")
+    elif task == "feature-extraction":
+        print(f"  vector of {len(result)}: [{', '.join(f'{x:.4f}' for x in result[:4])}, ...]")
+    else:
+        print(f"  {json.dumps(result)}")
+
+
+def _answer(runtime, args, batch, sink, counts) -> None:
+    preds = runtime.predict([r["text"] for _, r in batch], **_task_kwargs(runtime, args))
+    counts["truncated"] += preds.truncated
+    for (number, record), result in zip(batch, preds):
+        sink.write(json.dumps({"line": number, **record, "result": _jsonable(result)}, ensure_ascii=False) + "\n")
+        counts["written"] += 1
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from .runtime import Runtime
+
+    if not args.texts and not args.input:
+        raise ValueError("give TEXT arguments or --input FILE (- for stdin)")
+    if args.texts and args.input:
+        raise ValueError("give TEXT arguments or --input, not both")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
+    if args.input and args.input != "-" and not Path(args.input).is_file():
+        raise FileNotFoundError(f"--input file not found: {args.input}")
+    runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, batch_size=args.batch_size)
+
+    if args.texts and not (args.output or args.json):
+        preds = runtime.predict(args.texts, **_task_kwargs(runtime, args))
+        for text, result in zip(args.texts, preds):
+            _print_readable(runtime.task, text, _jsonable(result))
+        if preds.truncated:
+            print(f"{preds.truncated} input(s) cut to {runtime.max_length} tokens", file=sys.stderr)
+        return 0
+
+    out_path = Path(args.output) if args.output else None
+    tmp = out_path.with_name(out_path.name + ".partial") if out_path else None
+    sink = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
+    counts = {"written": 0, "malformed": 0, "truncated": 0}
+    stream = None
+    try:
+        if args.texts:
+            lines = ((n, {"text": t}) for n, t in enumerate(args.texts, 1))
+            progress = tqdm(disable=True)
+        else:
+            stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")
+            size = None if args.input == "-" else os.path.getsize(args.input)
+            progress = tqdm(total=size, unit="B", unit_scale=True, desc="predict", file=sys.stderr, disable=None)
+            lines = _read(stream, progress)
+        batch = []
+        for number, item in lines:
+            if isinstance(item, str):
+                counts["malformed"] += 1
+                tqdm.write(f"line {number}: {item}; skipped", file=sys.stderr)
+                continue
+            batch.append((number, item))
+            if len(batch) == args.batch_size:
+                _answer(runtime, args, batch, sink, counts)
+                batch = []
+        if batch:
+            _answer(runtime, args, batch, sink, counts)
+        progress.close()
+    except BaseException:
+        if tmp:
+            sink.close()
+            tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        if stream is not None and stream is not sys.stdin.buffer:
+            stream.close()
+    if tmp:
+        sink.close()
+        os.replace(tmp, out_path)
+    print(f"{counts['written']} results{f' -> {out_path}' if out_path else ''}; {counts['malformed']} malformed line(s) "
+          f"skipped; {counts['truncated']} input(s) cut to {runtime.max_length} tokens", file=sys.stderr)
+    return 0
