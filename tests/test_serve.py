@@ -1,0 +1,88 @@
+"""``sharebert serve`` on 127.0.0.1: endpoints, 4xx for bad input, and a short concurrent load."""
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sharebert.build import build_model
+from sharebert.deploy import Runtime
+from sharebert.deploy.serve import make_server
+from sharebert.export.exporter import export_model
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """(base URL, runtime) of a fill-mask service on a free loopback port."""
+    root = tmp_path_factory.mktemp("serve")
+    build_model("sharebert-tiny", root / "model", TINY, seed=1)
+    export_model(root / "model", root / "artifact", task="fill-mask")
+    runtime = Runtime(root / "artifact", threads=1)
+    server = make_server(runtime, "127.0.0.1", 0, max_batch=8, max_body_bytes=4096, quiet=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", runtime
+    server.shutdown()
+    server.server_close()
+
+
+def _call(url, body=None, method=None, headers=None):
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_health_and_metadata(service):
+    url, runtime = service
+    assert _call(url + "/health") == (200, {"status": "ok"})
+    status, meta = _call(url + "/metadata")
+    assert status == 200 and meta["task"] == "fill-mask" and meta["max_batch"] == 8 and meta["endpoint"] == "/fill-mask"
+    assert meta["max_length"] == runtime.max_length
+
+
+def test_bad_input_gets_4xx_with_a_message(service):
+    url, _ = service
+    cases = [
+        (b"{not json", 400, "not valid UTF-8 JSON"),
+        (b"\xff\xfe", 400, "not valid UTF-8 JSON"),
+        ({"texts": "one string"}, 400, "list of strings"),
+        ({"texts": ["a", 3]}, 400, "list of strings"),
+        ({"text": "a", "texts": ["b"]}, 400, "exactly one"),
+        ([1, 2], 400, "JSON object"),
+        ({"text": "a [MASK]", "top_k": 0}, 400, "top_k"),
+        ({"text": "a [MASK]", "top_k": "3"}, 400, "top_k"),
+        ({"text": "a", "pooling": "mean"}, 400, "unknown field"),
+        ({"texts": ["x"] * 9}, 413, "limit of 8"),
+        ({"text": "y" * 5000}, 413, "exceeds the limit of 4096"),
+    ]
+    for body, code, message in cases:
+        status, reply = _call(url + "/predict", body)
+        assert status == code and message in reply["error"], (body, status, reply)
+    assert _call(url + "/nowhere")[0] == 404
+    assert _call(url + "/predict")[0] == 405
+    assert _call(url + "/classify", {"text": "a"})[0] == 400  # another task's endpoint
+
+
+def test_concurrent_requests_all_answered_correctly(service):
+    url, runtime = service
+    requests = [[f"request {i} says the [MASK] is {'very ' * (i % 5)}near .", ""] for i in range(40)]
+    expected = [runtime.fill_mask(texts, top_k=2) for texts in requests]
+
+    def ask(i):
+        return _call(url + ("/fill-mask" if i % 2 else "/predict"), {"texts": requests[i], "top_k": 2})
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        replies = list(pool.map(ask, range(len(requests))))
+    for (status, reply), want in zip(replies, expected):
+        assert status == 200 and reply["truncated"] == 0
+        assert reply["results"] == json.loads(json.dumps(list(want)))
