@@ -1,0 +1,371 @@
+"""``export_model``: a sharebert (or transformers BERT) model folder -> a verified ONNX artifact folder.
+
+Pipeline: optimum's ``export`` with our ``OnnxConfig`` (TorchScript exporter, no constant folding,
+so the file stores learned tensors only) -> graph clean-up (no initializer as graph input, one node
+per distinct constant) -> optional materialization / quantization -> ONNX Runtime folding check ->
+parity with PyTorch on real sentences -> tokenizer, config, RAM-int8 graphs -> footprint measured in
+a subprocess -> ``manifest.json`` with the sha256 of every file. Everything is written to a
+temporary folder beside ``out_dir`` and renamed at the end.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+FORMAT, FORMAT_VERSION = "sharebert-onnx", 1
+TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
+WEIGHTS = ("compact", "materialized")
+MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
+MODEL_TYPES = ("sharebert", "bert")
+CALIBRATION_SENTENCES = 128
+_AUTO = {"fill-mask": "AutoModelForMaskedLM", "text-classification": "AutoModelForSequenceClassification",
+         "feature-extraction": "AutoModel", "causal-lm": "AutoModelForCausalLM"}
+_ARCH_TASK = {"ForMaskedLM": "fill-mask", "ForSequenceClassification": "text-classification", "ForCausalLM": "causal-lm"}
+_VERSIONED = ("sharebert", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "numpy", "tokenizers")
+
+
+class ParityError(RuntimeError):
+    """An fp32 export whose outputs differ from PyTorch by more than ``parity.FP32_TOLERANCE``."""
+
+
+def default_check_file() -> Path:
+    from sharebert.paths import data_path
+
+    return data_path("glue", "SST-2", "dev.tsv")
+
+
+def _read_model_config(model_dir: Path) -> dict:
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model folder not found: {model_dir}")
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{model_dir} has no config.json: not a sharebert or transformers BERT model folder")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if config.get("model_type") not in MODEL_TYPES:
+        raise ValueError(f"{path}: model_type {config.get('model_type')!r} is not supported "
+                         f"(export handles {', '.join(MODEL_TYPES)} models)")
+    return config
+
+
+def infer_task(config: dict) -> str:
+    """Our task from the saved ``architectures`` (``...ForMaskedLM`` -> fill-mask, ...)."""
+    for arch in config.get("architectures") or []:
+        for suffix, task in _ARCH_TASK.items():
+            if arch.endswith(suffix):
+                return task
+    return "feature-extraction"
+
+
+def load_model(model_dir: Path, task: str):
+    """``(model, tokenizer)`` in eval mode, through the transformers Auto classes."""
+    import transformers
+
+    import sharebert  # noqa: F401  (registers model_type "sharebert")
+
+    model = getattr(transformers, _AUTO[task]).from_pretrained(model_dir).eval()
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{model_dir} has no usable tokenizer files ({e})") from None
+    if not tokenizer.is_fast:
+        raise ValueError(f"{model_dir}: a fast tokenizer (tokenizer.json) is needed for the artifact")
+    if task == "fill-mask" and tokenizer.mask_token_id is None:
+        raise ValueError(f"{model_dir}: the tokenizer has no mask token, needed for fill-mask")
+    return model, tokenizer
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _versions() -> dict:
+    out = {}
+    for name in _VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _session(path: Path, session_config: dict, level=None, optimized: Path | None = None, threads: int | None = None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if level is not None:
+        so.graph_optimization_level = level
+    if optimized is not None:
+        so.optimized_model_filepath = str(optimized)
+    if threads:
+        so.intra_op_num_threads = threads
+    for key, value in session_config.items():
+        so.add_session_config_entry(key, value)
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def check_folding(path: Path, session_config: dict, scratch: Path) -> dict:
+    """Whether ONNX Runtime folds every computed MatMul weight at session creation (ORT_ENABLE_BASIC).
+
+    Returns ``computed_weights`` (in the file), ``unfolded`` (still computed per run after
+    optimization: names) and ``folded`` (True when nothing is left per run).
+    """
+    import onnx
+    import onnxruntime as ort
+
+    from .graph import computed_product_weights
+
+    before = sorted(set(computed_product_weights(onnx.load(str(path)).graph)))
+    optimized = scratch / "optimized.onnx"
+    _session(path, session_config, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, optimized)
+    after = sorted(set(computed_product_weights(onnx.load(str(optimized)).graph)))
+    optimized.unlink()
+    return {"computed_weights": len(before), "unfolded": after, "folded": not after}
+
+
+def _gflops(config, batch: int, seq: int):
+    """GFLOPs per forward from ``sharebert.accounting`` when that module offers it, else None."""
+    try:
+        from sharebert import accounting
+    except ImportError:
+        return None
+    report = getattr(accounting, "report", None)
+    if report is None:
+        return None
+    figures = report(config, seq_len=seq, batch=batch)
+    return (figures.get("gflops") or {}).get("inference") if isinstance(figures, dict) else None
+
+
+def _calibration_feeds(tokenizer, path, max_length: int, input_names: list[str]) -> list[dict]:
+    from .parity import encode, read_sentences
+
+    sentences, _ = read_sentences(path, CALIBRATION_SENTENCES)
+    return [{k: v for k, v in encode(tokenizer, [s], max_length).items() if k in input_names} for s in sentences]
+
+
+def _validate(model_dir, out_dir, task, weights, quantize, calibration, opset, overwrite, check_file):
+    from .quantize import MODES
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    config = _read_model_config(model_dir)
+    task = task or infer_task(config)
+    if task not in TASKS:
+        raise ValueError(f"unsupported task {task!r}; choose one of {', '.join(TASKS)}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    if quantize not in MODES:
+        raise ValueError(f"quantize must be one of {', '.join(MODES)}, got {quantize!r}")
+    if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ValueError(f"unsupported opset {opset!r}; use {MIN_OPSET}..{MAX_OPSET} (default 17)")
+    if quantize == "int8-static" and calibration is None:
+        raise ValueError("--quantize int8-static needs --calibration FILE (sentences, e.g. "
+                         "../shared/data/glue/SST-2/train.tsv)")
+    if calibration is not None and quantize != "int8-static":
+        raise ValueError("--calibration only applies to --quantize int8-static")
+    if calibration is not None:
+        from .parity import read_sentences
+
+        read_sentences(calibration, 1)  # missing or empty: clear error now
+    if out_dir.resolve() == model_dir.resolve():
+        raise ValueError("--out must differ from --model")
+    if out_dir.exists() and not overwrite:
+        raise ValueError(f"{out_dir} exists; pass --overwrite to replace it")
+    check_file = Path(check_file) if check_file else default_check_file()
+    return model_dir, out_dir, task, check_file
+
+
+def export_model(model_dir, out_dir, task: str | None = None, weights: str = "compact", quantize: str = "none",
+                 calibration=None, opset: int = 17, overwrite: bool = False, check_file=None,
+                 check_limit: int | None = None, shapes=("1x128",), threads: int = 1, runs: int = 30,
+                 progress: bool = True) -> dict:
+    """Export ``model_dir`` to the artifact folder ``out_dir``; return its manifest.
+
+    ``task``: inferred from the saved architecture when None. ``weights``: ``compact`` (generated
+    weights computed in-graph from the learned tensors) or ``materialized`` (stored); int8-dynamic
+    and int8-static always materialize. ``check_file``/``check_limit``: parity sentences (default:
+    SST-2 dev). ``shapes``/``threads``/``runs``: latency measurement (``"BxT"`` strings).
+    Raises ``ValueError``/``FileNotFoundError`` for bad input (nothing written) and
+    :class:`ParityError` when an fp32 export differs from PyTorch by more than 1e-3.
+    """
+    from .parity import read_sentences
+
+    model_dir, out_dir, task, check_file = _validate(model_dir, out_dir, task, weights, quantize, calibration,
+                                                     opset, overwrite, check_file)
+    sentences, labels = read_sentences(check_file, check_limit)
+    model, tokenizer = load_model(model_dir, task)
+    if quantize in ("int8-dynamic", "int8-static"):
+        weights = "materialized"
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        manifest = _build(model, tokenizer, tmp, task, weights, quantize, calibration, opset, sentences, labels,
+                          check_file, shapes, threads, runs, progress)
+        _publish(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    """Move the finished folder into place (replacing an old one only once the new one is complete)."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+        out_dir.rename(old)
+    tmp.rename(out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, opset, sentences, labels, check_file,
+           shapes, threads, runs, progress) -> dict:
+    import onnx
+    from optimum.exporters.onnx import export
+    from tqdm import tqdm
+
+    from . import graph, quantize as q
+    from .footprint import measure
+    from .onnx_config import onnx_config_for
+    from .parity import FP32_TOLERANCE, check_parity, encode
+
+    config = model.config
+    max_length = int(config.max_position_embeddings)
+    learned = int(model.num_parameters())
+    path = tmp / "model.onnx"
+    scratch = Path(tempfile.mkdtemp(dir=tmp))
+    steps = tqdm(total=6, desc="export", disable=not progress)
+
+    steps.set_postfix_str("torch -> onnx")
+    onnx_config = onnx_config_for(model, task)
+    inputs, outputs = export(model, onnx_config, path, opset, do_constant_folding=False)
+    proto = onnx.load(str(path))
+    graph.remove_initializer_inputs(proto)
+    graph.dedup_constants(proto)
+    stored_numel = sum(v["numel"] for k, v in graph.stored_tensors(proto).items() if k.startswith("float"))
+    if stored_numel > learned:
+        raise RuntimeError(f"the exported graph stores {stored_numel:,} numbers but the model has {learned:,} learned "
+                           f"parameters: a generated or transposed copy was written")
+    steps.update()
+
+    steps.set_postfix_str(f"{weights}, quantize={quantize}")
+    folded = graph.materialize(proto, views=quantize.startswith("int8-")) if weights == "materialized" else None
+    if quantize in ("int8", "fp16"):
+        q.weight_only(proto, quantize)
+    onnx.save(proto, str(path))
+    if quantize in ("int8-dynamic", "int8-static"):
+        fp32 = scratch / "fp32.onnx"
+        path.rename(fp32)
+        if quantize == "int8-dynamic":
+            q.dynamic_int8(fp32, path)
+        else:
+            q.static_int8(fp32, path, _calibration_feeds(tokenizer, calibration, max_length, inputs))
+        fp32.unlink()
+        proto = onnx.load(str(path))
+    session_config = dict(q.INT8_SESSION_CONFIG) if quantize == "int8" else {}
+    steps.update()
+
+    steps.set_postfix_str("folding check")
+    folding = check_folding(path, session_config, scratch)
+    steps.update()
+
+    steps.set_postfix_str("parity")
+    session = _session(path, session_config, threads=threads)
+    parity = check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=progress)
+    parity["check_file"] = str(check_file)
+    del session
+    if quantize == "none" and parity["max_abs_diff"] > FP32_TOLERANCE:
+        raise ParityError(f"fp32 export differs from PyTorch by {parity['max_abs_diff']:.3g} (> {FP32_TOLERANCE}) "
+                          f"on {parity['sentences']} sentences of {check_file}")
+    steps.update()
+
+    steps.set_postfix_str("tokenizer, config, ram-int8")
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if not (tmp / "tokenizer.json").is_file():
+        raise RuntimeError("the tokenizer did not write tokenizer.json")
+    ram_int8 = None
+    if weights == "compact":
+        try:
+            from . import ram_int8 as ram_module
+        except ImportError:
+            ram_module = None
+        build = getattr(ram_module, "build_int8_ram_graphs", None)
+        if build is not None:
+            ram_int8 = build(model, task, tmp, opset)
+    steps.update()
+
+    steps.set_postfix_str("footprint")
+    shutil.rmtree(scratch)
+    run = measure(path, session_config, shapes, threads, runs, vocab=int(config.vocab_size))
+    file_bytes = path.stat().st_size
+    batch, seq = (int(x) for x in shapes[0].lower().split("x"))
+    footprint = {"file_bytes": file_bytes, "artifact_bytes": sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()),
+                 "learned_params": learned, "bytes_per_learned_param": file_bytes / learned,
+                 "initializer_bytes": {k: v["bytes"] for k, v in graph.stored_tensors(proto).items()},
+                 "folded": folding["folded"], "folding": folding, **run,
+                 "gflops": _gflops(config, batch, seq), "gflops_shape": shapes[0]}
+    if folded is not None:
+        footprint["materialized"] = folded
+    steps.update()
+    steps.close()
+
+    labels_out, problem_type = None, None
+    if task == "text-classification":
+        labels_out = [config.id2label[i] for i in range(config.num_labels)]
+        problem_type = config.problem_type or ("regression" if config.num_labels == 1 else "single_label_classification")
+    special = {name: getattr(tokenizer, f"{name}_token_id") for name in ("pad", "mask", "cls", "sep", "unk")}
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "task": task, "model_type": config.model_type,
+        "inputs": list(inputs), "outputs": list(outputs), "labels": labels_out, "problem_type": problem_type,
+        "max_length": max_length, "opset": opset, "weights": weights, "quantization": quantize,
+        "session_config": session_config, "learned_params": learned,
+        "special_tokens": {k: int(v) for k, v in special.items() if v is not None},
+        "files": {}, "versions": _versions(), "parity": parity, "footprint": footprint,
+        "tensor_dtypes": q.tensor_dtypes(proto),
+    }
+    if ram_int8 is not None:
+        manifest["ram_int8"] = ram_int8
+    for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        rel = file.relative_to(tmp).as_posix()
+        manifest["files"][rel] = {"sha256": _sha256(file), "bytes": file.stat().st_size}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def format_report(manifest: dict) -> str:
+    """The printed export report: artifact, parity and footprint in a few lines."""
+    f, p = manifest["footprint"], manifest["parity"]
+    lines = [f"task {manifest['task']}, weights {manifest['weights']}, quantization {manifest['quantization']}, "
+             f"opset {manifest['opset']}",
+             f"file            {f['file_bytes']:,} B  ({f['bytes_per_learned_param']:.3f} B per learned parameter; "
+             f"{f['learned_params']:,} learned)",
+             "initializers    " + ", ".join(f"{k} {v:,} B" for k, v in f["initializer_bytes"].items()),
+             f"folded at load  {'yes' if f['folded'] else 'NO'} ({f['folding']['computed_weights']} computed weights, "
+             f"{len(f['folding']['unfolded'])} left per run)",
+             f"session create  {f['session_create_s'] * 1e3:.0f} ms; peak RSS {f['rss_baseline_mb']:.0f} MB before, "
+             f"{f['peak_rss_load_mb']:.0f} MB after load, {f['peak_rss_run_mb']:.0f} MB after a run"]
+    for shape, lat in f["latency"].items():
+        lines.append(f"latency {shape:7s} p50 {lat['p50_ms']:.2f} ms, p95 {lat['p95_ms']:.2f} ms ({f['threads']} thread)")
+    if f.get("gflops") is not None:
+        lines.append(f"GFLOPs ({f['gflops_shape']})  {f['gflops']:.3f}")
+    figures = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in p.items() if k != "check_file")
+    lines.append(f"parity          {figures}")
+    dtypes = manifest["tensor_dtypes"]
+    lines.append("stored tensors  " + ", ".join(f"{k}: {len(v)}" for k, v in dtypes["stored"].items())
+                 + f"; ops {dtypes['ops']}")
+    if dtypes["computed_fp32_weights"]:
+        lines.append(f"weights computed in-graph, fp32 at load: {len(dtypes['computed_fp32_weights'])}")
+    return "\n".join(lines)

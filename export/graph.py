@@ -1,0 +1,192 @@
+"""ONNX graph surgery for compact and materialized exports.
+
+A *constant* tensor is computable from initializers and ``Constant`` nodes alone (e.g. a generated
+weight ``Split(MatMul(...))`` or ``Transpose(E)``). Two constants with the same *structural key*
+(same op, attributes and input keys) hold the same value, so each is computed or stored once.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+# Ops that only move or select numbers: a constant built from one learned tensor with these alone
+# is a view of it (materializing it would store a copy of a learned tensor, not a generated weight).
+LAYOUT_OPS = {"Constant", "Identity", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Slice", "Split", "Gather",
+              "Concat", "Shape", "Cast", "Flatten", "Expand"}
+PRODUCT_OPS = ("MatMul", "Gemm")
+
+
+def constant_keys(graph) -> dict[str, str]:
+    """``{tensor name: structural key}`` for every constant tensor of ``graph`` (in node order)."""
+    keys = {t.name: "init:" + t.name for t in graph.initializer}
+    for node in graph.node:
+        inputs = [i for i in node.input if i]
+        if not all(i in keys for i in inputs):
+            continue
+        attrs = sorted((a.name, repr(helper.get_attribute_value(a))) for a in node.attribute)
+        body = repr((node.domain, node.op_type, attrs, [keys.get(i, "") for i in node.input]))
+        digest = hashlib.sha256(body.encode()).hexdigest()[:24]
+        for index, out in enumerate(node.output):
+            keys[out] = f"{digest}:{index}"
+    return keys
+
+
+def computed_product_weights(graph) -> list[str]:
+    """Names of MatMul/Gemm weight inputs that are computed from initializers, not stored.
+
+    ``DequantizeLinear`` of an initializer (a QDQ weight) does not count: it is a stored int8 weight.
+    """
+    keys = constant_keys(graph)
+    stored = {t.name for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    found = []
+    for node in graph.node:
+        if node.op_type not in PRODUCT_OPS or len(node.input) < 2:
+            continue
+        x, w = node.input[0], node.input[1]
+        if x in keys or w not in keys or w in stored:
+            continue
+        p = producer.get(w)
+        if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in stored:
+            continue
+        found.append(w)
+    return found
+
+
+def _prune(model) -> None:
+    """Drop nodes no graph output depends on, and initializers nothing reads."""
+    g = model.graph
+    stored = {t.name for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    wanted, stack = set(), [o.name for o in g.output]
+    while stack:
+        name = stack.pop()
+        node = producer.get(name)
+        if name in stored or node is None or id(node) in wanted:
+            continue
+        wanted.add(id(node))
+        stack.extend(i for i in node.input if i)
+    kept = [n for n in g.node if id(n) in wanted]
+    used = {i for n in kept for i in n.input} | {o.name for o in g.output}
+    inits = [t for t in g.initializer if t.name in used]
+    _replace(g.node, kept)
+    _replace(g.initializer, inits)
+
+
+def _replace(field, items) -> None:
+    copies = [type(i)() for i in items]
+    for c, i in zip(copies, items):
+        c.CopyFrom(i)
+    del field[:]
+    field.extend(copies)
+
+
+def _rewire(model, rename: dict[str, str]) -> None:
+    for node in model.graph.node:
+        for k, name in enumerate(node.input):
+            if name in rename:
+                node.input[k] = rename[name]
+
+
+def remove_initializer_inputs(model) -> int:
+    """Remove graph inputs that are also initializers (they block ORT's constant folding)."""
+    stored = {t.name for t in model.graph.initializer}
+    keep = [i for i in model.graph.input if i.name not in stored]
+    removed = len(model.graph.input) - len(keep)
+    _replace(model.graph.input, keep)
+    return removed
+
+
+def dedup_constants(model) -> int:
+    """Make equal constant subexpressions (e.g. one ``Transpose`` of a generated weight per layer)
+    a single node, so ONNX Runtime folds each generated weight into one tensor. Returns nodes removed."""
+    keys = constant_keys(model.graph)
+    stored = {t.name for t in model.graph.initializer}
+    first, rename = {}, {}
+    for name, key in keys.items():
+        if name in stored:
+            continue
+        if key in first:
+            rename[name] = first[key]
+        else:
+            first[key] = name
+    before = len(model.graph.node)
+    _rewire(model, rename)
+    _prune(model)
+    return before - len(model.graph.node)
+
+
+def evaluate(model, names: list[str]) -> dict[str, np.ndarray]:
+    """Values of constant tensors ``names`` of ``model`` (runs their subgraph in ONNX Runtime)."""
+    import onnxruntime as ort
+
+    sub = onnx.ModelProto()
+    sub.CopyFrom(model)
+    g = sub.graph
+    del g.input[:], g.output[:], g.value_info[:]
+    g.output.extend(onnx.ValueInfoProto(name=n) for n in names)
+    _prune(sub)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    session = ort.InferenceSession(sub.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return dict(zip(names, session.run(names, {})))
+
+
+def materialize(model, views: bool = False) -> dict:
+    """Store every generated weight as an initializer (in place); return what was folded.
+
+    Folds each constant that a runtime node reads and that involves arithmetic. Views of a single
+    learned tensor (such as the tied decoder's ``Transpose(E)``) stay nodes, unless ``views`` is set
+    and they are a MatMul/Gemm weight (so that a quantizer that needs stored weights sees them).
+    Equal constants are stored once.
+    """
+    g = model.graph
+    keys = constant_keys(g)
+    arithmetic = {}
+    for node in g.node:
+        inputs = [i for i in node.input if i]
+        if node.output and node.output[0] in keys:
+            value = node.op_type not in LAYOUT_OPS or any(arithmetic.get(i, False) for i in inputs)
+            for out in node.output:
+                arithmetic[out] = value
+    frontier: dict[str, str] = {}  # name -> representative with the same key
+    representative: dict[str, str] = {}
+    for node in g.node:
+        if node.output and node.output[0] in keys:
+            continue
+        for k, name in enumerate(node.input):
+            view_weight = views and k == 1 and node.op_type in PRODUCT_OPS and name in arithmetic
+            if name and (arithmetic.get(name) or view_weight):
+                frontier[name] = representative.setdefault(keys[name], name)
+    if not representative:
+        return {"folded_tensors": 0, "folded_numel": 0}
+    values = evaluate(model, list(representative.values()))
+    _rewire(model, {n: r for n, r in frontier.items() if n != r})
+    producers = {o for n in g.node for o in n.output}
+    for name, value in values.items():
+        assert name in producers
+        g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+    # The folded names now come from initializers: drop their producer nodes, then what is unused.
+    kept = [n for n in g.node if not any(o in values for o in n.output)]
+    _replace(g.node, kept)
+    _prune(model)
+    return {"folded_tensors": len(values), "folded_numel": int(sum(v.size for v in values.values()))}
+
+
+def stored_tensors(model) -> dict[str, dict]:
+    """``{dtype: {"tensors": n, "numel": n, "bytes": n}}`` over initializers and Constant nodes."""
+    out: dict[str, dict] = {}
+    tensors = list(model.graph.initializer)
+    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
+    for t in tensors:
+        dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+        numel = int(np.prod(t.dims)) if len(t.dims) else 1
+        entry = out.setdefault(np.dtype(dtype).name, {"tensors": 0, "numel": 0, "bytes": 0})
+        entry["tensors"] += 1
+        entry["numel"] += numel
+        entry["bytes"] += numel * np.dtype(dtype).itemsize
+    return out

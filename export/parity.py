@@ -1,0 +1,126 @@
+"""Parity of an exported graph with the PyTorch model on real sentences.
+
+Sentences come from a ``.tsv`` with a ``sentence`` column (and optionally ``label``, as GLUE's
+SST-2) or a text file with one sentence per line. Figures, per task:
+
+* every task: ``max_abs_diff`` and ``mean_abs_diff`` of the outputs at real (non-padding) tokens (at
+  the rows for classification), ``cosine_min`` / ``cosine_mean`` of those output vectors;
+* ``fill-mask``: the middle word of each sentence is masked; ``top1_agreement`` at the masks;
+* ``causal-lm``: ``top1_agreement`` of the next-token predictions at every real position;
+* ``text-classification``: ``agreement`` of the predicted classes, and ``accuracy_torch``,
+  ``accuracy_onnx``, ``accuracy_change`` when the file has labels.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+FP32_TOLERANCE = 1e-3
+
+
+def read_sentences(path: str | Path, limit: int | None = None) -> tuple[list[str], list | None]:
+    """``(sentences, labels or None)`` from ``path`` (see the module docstring); errors if none."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"sentence file not found: {path}")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = [line for line in text.splitlines() if line.strip()]
+    labels = None
+    if lines and "\t" in lines[0] and "sentence" in lines[0].split("\t"):
+        rows = list(csv.DictReader(lines, delimiter="\t", quoting=csv.QUOTE_NONE))
+        sentences = [r["sentence"].strip() for r in rows if (r.get("sentence") or "").strip()]
+        if rows and "label" in rows[0]:
+            labels = [r["label"] for r in rows if (r.get("sentence") or "").strip()]
+    else:
+        sentences = [line.strip() for line in lines]
+    if not sentences:
+        raise ValueError(f"{path} holds no sentences (expected a .tsv with a 'sentence' column or one sentence per line)")
+    if limit:
+        sentences = sentences[:limit]
+        labels = labels[:limit] if labels else None
+    return sentences, labels
+
+
+def encode(tokenizer, sentences: list[str], max_length: int, mask_middle: bool = False) -> dict[str, np.ndarray]:
+    """Padded int64 ``input_ids``, ``attention_mask``, ``token_type_ids`` ``(B, T)``; with
+    ``mask_middle`` the middle non-special token of each row becomes ``[MASK]``."""
+    enc = tokenizer(sentences, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+    feeds = {k: np.asarray(enc[k], dtype=np.int64) for k in ("input_ids", "attention_mask")}
+    feeds["token_type_ids"] = np.asarray(enc["token_type_ids"], dtype=np.int64) if "token_type_ids" in enc \
+        else np.zeros_like(feeds["input_ids"])
+    if mask_middle:
+        lengths = feeds["attention_mask"].sum(1)
+        positions = np.maximum(1, (lengths - 1) // 2)  # inside [CLS] ... [SEP]
+        feeds["input_ids"][np.arange(len(sentences)), positions] = tokenizer.mask_token_id
+    return feeds
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    return (a * b).sum(-1) / np.maximum(den, 1e-30)
+
+
+def check_parity(model, tokenizer, session, task: str, sentences: list[str], labels: list | None = None,
+                 max_length: int = 128, batch_size: int = 32, progress: bool = True) -> dict:
+    """Run ``model`` (torch, eval) and ``session`` (ONNX Runtime) on ``sentences``; return the figures."""
+    import torch
+
+    names = [i.name for i in session.get_inputs()]
+    output = session.get_outputs()[0].name
+    diffs, cosines, agree, n_diff = [], [], [], 0
+    preds_torch, preds_onnx = [], []
+    batches = range(0, len(sentences), batch_size)
+    for start in tqdm(batches, desc=f"parity ({task})", disable=not progress, leave=False):
+        feeds = encode(tokenizer, sentences[start:start + batch_size], max_length, mask_middle=task == "fill-mask")
+        with torch.no_grad():
+            out = model(**{k: torch.from_numpy(feeds[k]) for k in names})
+        ref = (out.logits if task != "feature-extraction" else out.last_hidden_state).float().numpy()
+        got = session.run([output], {k: feeds[k] for k in names})[0].astype(np.float32)
+        real = feeds["attention_mask"].astype(bool)
+        if task == "text-classification":
+            r, o = ref, got
+        else:
+            r, o = ref[real], got[real]
+        diff = np.abs(r - o)
+        diffs.append((float(diff.max()), float(diff.sum())))
+        n_diff += diff.size
+        cosines.append(_cosines(r, o))
+        if task == "fill-mask":
+            at = feeds["input_ids"] == tokenizer.mask_token_id
+            agree.append(ref[at].argmax(-1) == got[at].argmax(-1))
+        elif task == "causal-lm":
+            agree.append(r.argmax(-1) == o.argmax(-1))
+        elif task == "text-classification":
+            preds_torch.append(ref.argmax(-1))
+            preds_onnx.append(got.argmax(-1))
+    cos = np.concatenate(cosines)
+    report = {"sentences": len(sentences), "max_abs_diff": max(d[0] for d in diffs),
+              "mean_abs_diff": sum(d[1] for d in diffs) / max(n_diff, 1),
+              "cosine_min": float(cos.min()), "cosine_mean": float(cos.mean())}
+    if agree:
+        report["top1_agreement"] = float(np.concatenate(agree).mean())
+    if task == "text-classification" and model.config.num_labels > 1:
+        pt, po = np.concatenate(preds_torch), np.concatenate(preds_onnx)
+        report["agreement"] = float((pt == po).mean())
+        gold = _label_ids(labels, model.config)
+        if gold is not None:
+            report["accuracy_torch"] = float((pt == gold).mean())
+            report["accuracy_onnx"] = float((po == gold).mean())
+            report["accuracy_change"] = report["accuracy_onnx"] - report["accuracy_torch"]
+    return report
+
+
+def _label_ids(labels: list | None, config) -> np.ndarray | None:
+    """Gold label ids: integers in range, or names from ``config.label2id``; None if neither fits."""
+    if not labels:
+        return None
+    label2id = {str(k): int(v) for k, v in (config.label2id or {}).items()}
+    try:
+        ids = [int(label) if str(label).lstrip("-").isdigit() else label2id[str(label)] for label in labels]
+    except KeyError:
+        return None
+    ids = np.asarray(ids)
+    return ids if ids.min() >= 0 and ids.max() < config.num_labels else None

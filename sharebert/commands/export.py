@@ -1,0 +1,46 @@
+"""``sharebert export``: a model folder -> an ONNX artifact folder with parity and footprint reports."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "Export a model folder to an ONNX artifact (compact or materialized weights, optional quantization)."
+
+TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sharebert.export.quantize import HELP as QUANTIZE_HELP
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = "quantization modes:\n" + "\n".join(f"  {k:13s} {v}" for k, v in QUANTIZE_HELP.items())
+    p.add_argument("--model", required=True, help="model folder (sharebert or transformers BERT, with tokenizer)")
+    p.add_argument("--out", required=True, help="artifact folder to write (refused if it exists, unless --overwrite)")
+    p.add_argument("--task", choices=TASKS, help="default: from the model's saved architecture")
+    p.add_argument("--weights", choices=("compact", "materialized"), default="compact",
+                   help="compact (default): the file stores only learned tensors, generated weights are graph nodes "
+                        "ONNX Runtime folds at load; materialized: generated weights stored (bigger file)")
+    p.add_argument("--quantize", choices=tuple(QUANTIZE_HELP), default="none", help="see 'quantization modes' below")
+    p.add_argument("--calibration", help="sentence file for int8-static (.tsv with a 'sentence' column, or one per line)")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset, 14..20 (default 17)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    p.add_argument("--check-file", help="parity sentences (default: ../shared/data/glue/SST-2/dev.tsv)")
+    p.add_argument("--check-limit", type=int, help="use only the first N parity sentences")
+    p.add_argument("--shapes", nargs="+", default=["1x128"], metavar="BxT",
+                   help="latency shapes, batch x sequence (default 1x128)")
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads for the latency figures (default 1)")
+
+
+def run(args) -> int:
+    from sharebert.export.exporter import export_model, format_report
+
+    for shape in args.shapes:
+        parts = shape.lower().split("x")
+        if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            raise ValueError(f"--shapes expects BxT such as 1x128, got {shape!r}")
+    manifest = export_model(args.model, args.out, task=args.task, weights=args.weights, quantize=args.quantize,
+                            calibration=args.calibration, opset=args.opset, overwrite=args.overwrite,
+                            check_file=args.check_file, check_limit=args.check_limit, shapes=tuple(args.shapes),
+                            threads=args.threads)
+    print(f"wrote {args.out}")
+    print(format_report(manifest))
+    return 0
