@@ -12,4 +12,11 @@ def export_model(*args, **kwargs) -> dict:
     return _export_model(*args, **kwargs)
 
 
-__all__ = ["export_model"]
+def session_options(artifact_dir):
+    """See :func:`sharebert.export.exporter.session_options`."""
+    from .exporter import session_options as _session_options
+
+    return _session_options(artifact_dir)
+
+
+__all__ = ["export_model", "session_options"]

@@ -116,6 +116,18 @@ def _session(path: Path, session_config: dict, level=None, optimized: Path | Non
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
+def session_options(artifact_dir):
+    """``onnxruntime.SessionOptions`` with the artifact's ``session_config`` applied (e.g. for an
+    ``ORTModel.from_pretrained(dir, session_options=...)``; int8 artifacts need it to fold at load)."""
+    import onnxruntime as ort
+
+    manifest = json.loads((Path(artifact_dir) / "manifest.json").read_text(encoding="utf-8"))
+    so = ort.SessionOptions()
+    for key, value in (manifest.get("session_config") or {}).items():
+        so.add_session_config_entry(key, str(value))
+    return so
+
+
 def check_folding(path: Path, session_config: dict, scratch: Path) -> dict:
     """Whether ONNX Runtime folds every computed MatMul weight at session creation (ORT_ENABLE_BASIC).
 
@@ -254,7 +266,7 @@ def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, op
     proto = onnx.load(str(path))
     graph.remove_initializer_inputs(proto)
     graph.dedup_constants(proto)
-    stored_numel = sum(v["numel"] for k, v in graph.stored_tensors(proto).items() if k.startswith("float"))
+    stored_numel = sum(v["numel"] for k, v in graph.stored_tensors(proto, 2).items() if k.startswith("float"))
     if stored_numel > learned:
         raise RuntimeError(f"the exported graph stores {stored_numel:,} numbers but the model has {learned:,} learned "
                            f"parameters: a generated or transposed copy was written")

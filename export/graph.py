@@ -177,14 +177,17 @@ def materialize(model, views: bool = False) -> dict:
     return {"folded_tensors": len(values), "folded_numel": int(sum(v.size for v in values.values()))}
 
 
-def stored_tensors(model) -> dict[str, dict]:
-    """``{dtype: {"tensors": n, "numel": n, "bytes": n}}`` over initializers and Constant nodes."""
+def stored_tensors(model, min_numel: int = 1) -> dict[str, dict]:
+    """``{dtype: {"tensors": n, "numel": n, "bytes": n}}`` over initializers and Constant nodes
+    holding at least ``min_numel`` numbers (2 leaves out scalars such as a LayerNorm epsilon)."""
     out: dict[str, dict] = {}
     tensors = list(model.graph.initializer)
     tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
     for t in tensors:
         dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
         numel = int(np.prod(t.dims)) if len(t.dims) else 1
+        if numel < min_numel:
+            continue
         entry = out.setdefault(np.dtype(dtype).name, {"tensors": 0, "numel": 0, "bytes": 0})
         entry["tensors"] += 1
         entry["numel"] += numel

@@ -1,0 +1,273 @@
+"""Export: compact vs materialized storage, quantized variants, ORT folding, parity, ORTModel loading,
+the artifact contract and bad input. Tiny models with perturbed (trained-like) weights."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+import sharebert
+from sharebert.cli import main
+from sharebert.export import graph
+from sharebert.export.exporter import ParityError, check_folding, export_model, session_options
+from sharebert.paths import data_path, default_vocab
+from sharebert.tokenization import hf_tokenizer
+
+SST2_DEV = data_path("glue", "SST-2", "dev.tsv")
+SST2_TRAIN = data_path("glue", "SST-2", "train.tsv")
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=32)
+FAST = dict(check_limit=48, runs=3, progress=False)
+
+
+def _save(model, tokenizer, folder: Path) -> Path:
+    torch.manual_seed(1)
+    with torch.no_grad():  # trained-like weights: no zero biases or unit gains that exporters dedup
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = hf_tokenizer(default_vocab())
+    tok.model_max_length = 128
+    return tok
+
+
+def _config(tokenizer, **kw):
+    return sharebert.ShareBertConfig.from_preset("sharebert-tiny", vocab_size=sharebert.configuration_sharebert.pad_vocab_size(len(tokenizer)),
+                                                 **TINY, **kw)
+
+
+@pytest.fixture(scope="module")
+def mlm_dir(tmp_path_factory, tokenizer):
+    torch.manual_seed(0)
+    return _save(sharebert.ShareBertForMaskedLM(_config(tokenizer)), tokenizer, tmp_path_factory.mktemp("mlm"))
+
+
+@pytest.fixture(scope="module")
+def clf_dir(tmp_path_factory, tokenizer):
+    torch.manual_seed(0)
+    config = _config(tokenizer, num_labels=2, id2label={0: "negative", 1: "positive"},
+                     label2id={"negative": 0, "positive": 1})
+    return _save(sharebert.ShareBertForSequenceClassification(config), tokenizer, tmp_path_factory.mktemp("clf"))
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory, mlm_dir):
+    """compact / materialized / int8 / fp16 fill-mask artifacts of the same model."""
+    root = tmp_path_factory.mktemp("artifacts")
+    out = {}
+    for weights, quantize in (("compact", "none"), ("materialized", "none"), ("compact", "int8"), ("compact", "fp16")):
+        name = f"{weights}-{quantize}"
+        out[name] = (root / name, export_model(mlm_dir, root / name, weights=weights, quantize=quantize, **FAST))
+    return out
+
+
+def _sentences(n=16):
+    lines = SST2_DEV.read_text(encoding="utf-8").splitlines()[1:n + 1]
+    return [line.split("\t")[0] for line in lines]
+
+
+def test_compact_stores_exactly_the_learned_tensors(artifacts, mlm_dir):
+    folder, manifest = artifacts["compact-none"]
+    model = onnx.load(str(folder / "model.onnx"))
+    learned = sharebert.ShareBertForMaskedLM.from_pretrained(mlm_dir).num_parameters()
+    assert manifest["learned_params"] == learned
+    stored = graph.stored_tensors(model, min_numel=2)
+    assert stored["float32"]["numel"] == learned  # no generated, transposed or duplicated copy
+    assert (folder / "model.onnx").stat().st_size <= 1.02 * 4 * learned
+    assert not {i.name for i in model.graph.input} & {t.name for t in model.graph.initializer}
+    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask", "token_type_ids"] == manifest["inputs"]
+    folding = manifest["footprint"]["folding"]
+    assert folding["computed_weights"] > 0 and folding["unfolded"] == [] and manifest["footprint"]["folded"]
+
+
+def test_materialized_adds_the_generated_weights(artifacts, mlm_dir):
+    _, compact = artifacts["compact-none"]
+    folder, manifest = artifacts["materialized-none"]
+    config = sharebert.ShareBertConfig.from_pretrained(mlm_dir)
+    generated = sum(o * i for name, (o, i) in config.generated_targets() if name != "pooler")  # MLM: no pooler
+    F, V = config.word_embedding_size, config.hidden_size
+    stored = graph.stored_tensors(onnx.load(str(folder / "model.onnx")), 2)["float32"]["numel"]
+    # The generator's own tensors (projection P: F x V, bias p: V) are no longer needed.
+    assert stored == compact["learned_params"] + generated - F * V - V
+    assert manifest["footprint"]["folding"]["computed_weights"] < compact["footprint"]["folding"]["computed_weights"]
+    feeds = _feeds(folder)
+    a = ort.InferenceSession(str(folder / "model.onnx")).run(None, feeds)[0]
+    b = ort.InferenceSession(str(artifacts["compact-none"][0] / "model.onnx")).run(None, feeds)[0]
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def _feeds(folder, n=8):
+    tok = hf_tokenizer(folder / "vocab.txt") if (folder / "vocab.txt").exists() else None
+    from transformers import AutoTokenizer
+
+    tok = tok or AutoTokenizer.from_pretrained(folder)
+    enc = tok(_sentences(n), padding=True, return_tensors="np")
+    return {k: np.asarray(enc[k], dtype=np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def test_parity_figures_in_manifest(artifacts):
+    _, manifest = artifacts["compact-none"]
+    p = manifest["parity"]
+    assert p["sentences"] == 48 and p["max_abs_diff"] <= 1e-3 and p["cosine_min"] > 0.99999
+    assert p["top1_agreement"] == 1.0
+    q = artifacts["compact-int8"][1]["parity"]
+    assert q["max_abs_diff"] > p["max_abs_diff"] and q["cosine_min"] > 0.99
+
+
+def test_int8_quarter_file_folds_only_with_qdq_disabled(artifacts, tmp_path):
+    fp32 = (artifacts["compact-none"][0] / "model.onnx").stat().st_size
+    folder, manifest = artifacts["compact-int8"]
+    path = folder / "model.onnx"
+    assert path.stat().st_size <= 0.30 * fp32
+    assert manifest["session_config"] == {"session.disable_quant_qdq": "1"}
+    assert manifest["footprint"]["folded"]
+    without = check_folding(path, {}, tmp_path)  # ORT keeps DequantizeLinear: weights recomputed every run
+    assert not without["folded"] and without["unfolded"]
+    dtypes = manifest["tensor_dtypes"]
+    assert "int8" in dtypes["stored"] and dtypes["ops"]["DequantizeLinear"] == len(dtypes["stored"]["int8"])
+    assert dtypes["computed_fp32_weights"]  # generated weights: computed in fp32 at load, reported
+
+
+def test_fp16_half_file(artifacts):
+    fp32 = (artifacts["compact-none"][0] / "model.onnx").stat().st_size
+    folder, manifest = artifacts["compact-fp16"]
+    assert (folder / "model.onnx").stat().st_size <= 0.52 * fp32
+    assert "float16" in manifest["tensor_dtypes"]["stored"] and manifest["footprint"]["folded"]
+    assert manifest["parity"]["max_abs_diff"] < 1e-2 and manifest["parity"]["top1_agreement"] >= 0.95
+
+
+def test_manifest_contract(artifacts):
+    folder, manifest = artifacts["compact-none"]
+    on_disk = json.loads((folder / "manifest.json").read_text())
+    assert on_disk == json.loads(json.dumps(manifest))
+    assert manifest["format"] == "sharebert-onnx" and manifest["format_version"] == 1
+    assert manifest["task"] == "fill-mask" and manifest["labels"] is None and manifest["max_length"] == 128
+    assert manifest["outputs"] == ["logits"] and manifest["opset"] == 17 and manifest["weights"] == "compact"
+    assert set(manifest["special_tokens"]) == {"pad", "mask", "cls", "sep", "unk"}
+    files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert files == set(manifest["files"]) and {"model.onnx", "config.json", "tokenizer.json"} <= files
+    for name, meta in manifest["files"].items():
+        data = (folder / name).read_bytes()
+        assert meta == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    for key in ("torch", "transformers", "onnx", "onnxruntime", "optimum"):
+        assert key in manifest["versions"]
+    f = manifest["footprint"]
+    assert f["file_bytes"] == manifest["files"]["model.onnx"]["bytes"]
+    assert f["peak_rss_run_mb"] >= f["peak_rss_load_mb"] >= f["rss_baseline_mb"] > 0
+    assert f["latency"]["1x128"]["p95_ms"] >= f["latency"]["1x128"]["p50_ms"] > 0
+    assert not list(folder.parent.glob(".*tmp-*"))
+
+
+def test_ortmodel_masked_lm_matches_torch(artifacts, mlm_dir):
+    from optimum.onnxruntime import ORTModelForMaskedLM
+    from transformers import AutoTokenizer
+
+    ref = sharebert.ShareBertForMaskedLM.from_pretrained(mlm_dir).eval()
+    for name in ("compact-none", "compact-int8"):
+        folder = artifacts[name][0]
+        ort_model = ORTModelForMaskedLM.from_pretrained(folder, session_options=session_options(folder))
+        enc = AutoTokenizer.from_pretrained(folder)(_sentences(8), padding=True, return_tensors="pt")
+        with torch.no_grad():
+            diff = (ort_model(**enc).logits - ref(**enc).logits).abs().max().item()
+        assert diff <= (1e-4 if name == "compact-none" else 0.1)
+
+
+def test_classifier_and_features_load_in_ortmodel(tmp_path, clf_dir, mlm_dir):
+    from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTModelForSequenceClassification
+    from transformers import AutoTokenizer
+
+    manifest = export_model(clf_dir, tmp_path / "clf", **FAST)
+    assert manifest["task"] == "text-classification" and manifest["labels"] == ["negative", "positive"]
+    assert manifest["problem_type"] == "single_label_classification"
+    p = manifest["parity"]
+    assert p["agreement"] == 1.0 and p["accuracy_change"] == 0.0 and 0.0 <= p["accuracy_torch"] <= 1.0
+    enc = AutoTokenizer.from_pretrained(tmp_path / "clf")(_sentences(8), padding=True, return_tensors="pt")
+    ref = sharebert.ShareBertForSequenceClassification.from_pretrained(clf_dir).eval()
+    with torch.no_grad():
+        got = ORTModelForSequenceClassification.from_pretrained(tmp_path / "clf")(**enc).logits
+        torch.testing.assert_close(got, ref(**enc).logits, atol=1e-4, rtol=0)
+
+    manifest = export_model(mlm_dir, tmp_path / "feat", task="feature-extraction", **FAST)
+    assert manifest["outputs"] == ["last_hidden_state"] and manifest["parity"]["max_abs_diff"] <= 1e-3
+    ref = sharebert.ShareBertModel.from_pretrained(mlm_dir).eval()
+    with torch.no_grad():
+        got = ORTModelForFeatureExtraction.from_pretrained(tmp_path / "feat")(**enc).last_hidden_state
+        torch.testing.assert_close(got, ref(**enc).last_hidden_state, atol=1e-4, rtol=0)
+
+
+def test_int8_dynamic_and_static_quantize_every_weight(tmp_path, mlm_dir):
+    for quantize, extra in (("int8-dynamic", {}), ("int8-static", {"calibration": SST2_TRAIN})):
+        manifest = export_model(mlm_dir, tmp_path / quantize, quantize=quantize, **extra, **FAST)
+        dtypes = manifest["tensor_dtypes"]
+        assert manifest["weights"] == "materialized" and manifest["session_config"] == {}
+        assert dtypes["computed_fp32_weights"] == []  # nothing skipped by the quantizer
+        assert "ram_int8" not in manifest
+        if quantize == "int8-dynamic":
+            assert dtypes["ops"]["MatMulInteger"] > 0
+        else:
+            assert dtypes["ops"]["QuantizeLinear"] > 0
+        assert manifest["parity"]["cosine_mean"] > 0.95
+
+
+def test_causal_lm_export(tmp_path, tokenizer):
+    torch.manual_seed(0)
+    config = sharebert.ShareBertConfig.from_preset("charlm-tiny", vocab_size=sharebert.configuration_sharebert.pad_vocab_size(len(tokenizer)),
+                                                   hidden_size=64, num_hidden_layers=2, intermediate_size=128)
+    folder = _save(sharebert.ShareBertForCausalLM(config), tokenizer, tmp_path / "clm")
+    manifest = export_model(folder, tmp_path / "out", **FAST)
+    assert manifest["task"] == "causal-lm" and manifest["inputs"] == ["input_ids", "attention_mask"]
+    assert manifest["parity"]["top1_agreement"] == 1.0 and manifest["parity"]["max_abs_diff"] <= 1e-3
+
+
+def test_bad_input_writes_nothing(tmp_path, mlm_dir, monkeypatch):
+    not_model = tmp_path / "gpt"
+    not_model.mkdir()
+    (not_model / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n \n")
+    out = tmp_path / "out"
+    cases = [
+        (dict(model_dir=tmp_path / "missing"), FileNotFoundError, "not found"),
+        (dict(model_dir=not_model), ValueError, "model_type 'gpt2'"),
+        (dict(task="translation"), ValueError, "unsupported task"),
+        (dict(opset=11), ValueError, "unsupported opset"),
+        (dict(quantize="int8-static"), ValueError, "needs --calibration"),
+        (dict(quantize="int8-static", calibration=tmp_path / "nope.tsv"), FileNotFoundError, "not found"),
+        (dict(quantize="int8-static", calibration=empty), ValueError, "no sentences"),
+        (dict(check_file=empty), ValueError, "no sentences"),
+    ]
+    for kwargs, error, message in cases:
+        args = {"model_dir": mlm_dir, "out_dir": out, **FAST, **kwargs}
+        with pytest.raises(error, match=message):
+            export_model(**args)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "gpt"]
+    # An fp32 export over the parity tolerance fails loudly and leaves nothing behind.
+    monkeypatch.setattr("sharebert.export.parity.FP32_TOLERANCE", -1.0)
+    with pytest.raises(ParityError, match="differs from PyTorch"):
+        export_model(mlm_dir, out, **FAST)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "gpt"]
+
+
+def test_cli_refuses_existing_output_unless_overwrite(tmp_path, mlm_dir, capsys):
+    out = tmp_path / "art"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    argv = ["export", "--model", str(mlm_dir), "--out", str(out), "--check-limit", "16"]
+    assert main(argv) == 2
+    assert "--overwrite" in capsys.readouterr().err and (out / "keep.txt").read_text() == "old"
+    assert main(argv + ["--overwrite", "--quantize", "int8"]) == 0
+    printed = capsys.readouterr().out
+    assert "folded at load  yes" in printed and "parity" in printed
+    assert not (out / "keep.txt").exists() and json.loads((out / "manifest.json").read_text())["quantization"] == "int8"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
