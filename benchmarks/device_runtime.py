@@ -34,7 +34,7 @@ sys.meta_path.insert(0, _Block())
 """
 
 CHILD = BLOCK + """
-import json, resource, time
+import json, time
 import numpy as np
 from sharebert.deploy import Runtime
 path, threads, ram, reps, sentences = json.loads(sys.argv[1])
@@ -52,8 +52,9 @@ for n in (1, 8):
         rt.fill_mask(batch)
         times.append(time.perf_counter() - t)
     latency[n] = (float(np.percentile(times, 50)) * 1e3, float(np.percentile(times, 95)) * 1e3)
-rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:")) / 1024
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# /proc VmHWM, not getrusage: ru_maxrss survives exec and would report the parent's peak.
+status = {line.split(":")[0]: int(line.split()[1]) / 1024 for line in open("/proc/self/status") if line.startswith("Vm")}
+rss, peak = status["VmRSS"], status["VmHWM"]
 print("RESULT " + json.dumps({"latency": latency, "rss_mb": rss, "peak_mb": peak}), flush=True)
 """
 
@@ -139,6 +140,24 @@ def measure(path: Path, threads: int, ram: str, reps: int, sentences: list[str])
     return {"cold_s": cold, **result}
 
 
+def ram_parity(path: Path, sentences: list[str]) -> dict:
+    """``ram="int8"`` vs ``ram="fp32"`` logits at the real tokens of ``sentences``: agreement and error."""
+    import numpy as np
+
+    from sharebert.deploy import Runtime
+
+    fp32, int8 = Runtime(path), Runtime(path, ram="int8")
+    ids, mask, _ = fp32._encode(sentences)
+    a, b = fp32._run(ids, mask)["logits"], int8._run(ids, mask)["logits"]
+    real = mask.astype(bool)
+    a, b = a[real], b[real]
+    masked = ids[real] == fp32.mask_id
+    cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    return {"top1_all": float((a.argmax(-1) == b.argmax(-1)).mean()),
+            "top1_mask": float((a[masked].argmax(-1) == b[masked].argmax(-1)).mean()),
+            "max_abs": float(np.abs(a - b).max()), "min_cosine": float(cosine.min())}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="artifacts/device_bench", help="where the artifacts are built (reused if present)")
@@ -176,6 +195,11 @@ def main(argv=None) -> int:
         ratios = [disk[name] / disk[rows[0][0]], r["cold_s"] / d["cold_s"], r["peak_mb"] / d["peak_mb"], r["rss_mb"] / d["rss_mb"]]
         ratios += [r["latency"][n][i] / d["latency"][n][i] for n in ("1", "8") for i in (0, 1)]
         print(f"{name:42s} {threads:3d} " + " ".join(f"{x:6.2f}" for x in ratios))
+    print("\nParity of ram int8 vs ram fp32 (same artifact; 64 SST-2 dev sentences, one [MASK] each)")
+    for quantize, path in small.items():
+        p = ram_parity(path, sst2_masked(64))
+        print(f"sharebert-small {quantize:5s}: top-1 at [MASK] {p['top1_mask']:.3f}, top-1 at all tokens {p['top1_all']:.3f}, "
+              f"max |diff| {p['max_abs']:.4f}, min cosine {p['min_cosine']:.5f}")
     return 0
 
 

@@ -17,6 +17,7 @@ from sharebert.deploy import ArtifactError, Runtime, quantize_per_channel
 from sharebert.export.exporter import export_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
+QUICK = dict(check_limit=16, runs=3, progress=False)  # a short parity check and footprint timing
 SENTENCES = ["the capital of france is [MASK].", "he went to the [MASK] to buy some bread.", "",
              "a [MASK] movie , and a [MASK] one .", "it 's a charming and often affecting journey ."]
 
@@ -36,7 +37,7 @@ def mlm(tmp_path_factory):
     """(model folder, fill-mask artifact) for a tiny ShareBERT (VEPS)."""
     root = tmp_path_factory.mktemp("mlm")
     build_model("sharebert-tiny", root / "model", TINY, seed=0)
-    export_model(root / "model", root / "artifact", task="fill-mask", weights="compact", quantize="none")
+    export_model(root / "model", root / "artifact", task="fill-mask", weights="compact", quantize="none", **QUICK)
     return root / "model", root / "artifact"
 
 
@@ -58,7 +59,7 @@ def classifier(tmp_path_factory):
         model.classifier.weight.normal_(0, 1.0)
     model.save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
-    export_model(root / "model", root / "artifact", task="text-classification")
+    export_model(root / "model", root / "artifact", task="text-classification", **QUICK)
     return root / "model", root / "artifact"
 
 

@@ -15,6 +15,7 @@ from sharebert.deploy.serve import make_server
 from sharebert.export.exporter import export_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
+QUICK = dict(check_limit=16, runs=3, progress=False)  # a short parity check and footprint timing
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def service(tmp_path_factory):
     """(base URL, runtime) of a fill-mask service on a free loopback port."""
     root = tmp_path_factory.mktemp("serve")
     build_model("sharebert-tiny", root / "model", TINY, seed=1)
-    export_model(root / "model", root / "artifact", task="fill-mask")
+    export_model(root / "model", root / "artifact", task="fill-mask", **QUICK)
     runtime = Runtime(root / "artifact", threads=1)
     server = make_server(runtime, "127.0.0.1", 0, max_batch=8, max_body_bytes=4096, quiet=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
