@@ -156,7 +156,10 @@ def _gflops(config, batch: int, seq: int):
     report = getattr(accounting, "report", None)
     if report is None:
         return None
-    figures = report(config, seq_len=seq, batch=batch)
+    try:
+        figures = report(config, seq_len=seq, batch=batch)
+    except TypeError:  # an accounting API with another signature: no figure rather than a failed export
+        return None
     return (figures.get("gflops") or {}).get("inference") if isinstance(figures, dict) else None
 
 
@@ -368,7 +371,8 @@ def format_report(manifest: dict) -> str:
              f"folded at load  {'yes' if f['folded'] else 'NO'} ({f['folding']['computed_weights']} computed weights, "
              f"{len(f['folding']['unfolded'])} left per run)",
              f"session create  {f['session_create_s'] * 1e3:.0f} ms; peak RSS {f['rss_baseline_mb']:.0f} MB before, "
-             f"{f['peak_rss_load_mb']:.0f} MB after load, {f['peak_rss_run_mb']:.0f} MB after a run"]
+             f"{f['peak_rss_load_mb']:.0f} MB after load ({f['rss_after_load_mb']:.0f} MB resident), "
+             f"{f['peak_rss_run_mb']:.0f} MB after a run"]
     for shape, lat in f["latency"].items():
         lines.append(f"latency {shape:7s} p50 {lat['p50_ms']:.2f} ms, p95 {lat['p95_ms']:.2f} ms ({f['threads']} thread)")
     if f.get("gflops") is not None:

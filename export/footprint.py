@@ -2,7 +2,8 @@
 
 ``measure(path, ...)`` runs this file as a script (no torch, no sharebert import), so the resident
 memory it reports is ONNX Runtime's alone: ``rss_baseline_mb`` (after importing onnxruntime),
-``peak_rss_load_mb`` (peak after creating the session: generated weights folded to dense tensors)
+``peak_rss_load_mb`` (peak while creating the session: generated weights folded to dense tensors; ``rss_after_load_mb`` is
+the resident size once it is created)
 and ``peak_rss_run_mb`` (peak after the timed runs), the session creation time and p50/p95 latency
 per shape ``BxT``.
 """
@@ -15,12 +16,12 @@ import sys
 import time
 
 
-def _peak_rss_mb() -> float:
-    """Peak resident set size of this process (VmHWM), in MiB."""
+def _peak_rss_mb(field: str = "VmHWM") -> float:
+    """Peak (``VmHWM``) or current (``VmRSS``) resident set size of this process, in MiB."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -43,7 +44,7 @@ def _child(path: str, session_config: dict, shapes: list[str], threads: int, run
     t0 = time.perf_counter()
     session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     created = time.perf_counter() - t0
-    load_rss = _peak_rss_mb()
+    load_rss, steady_rss = _peak_rss_mb(), _peak_rss_mb("VmRSS")
     rng = np.random.default_rng(0)
     names = [i.name for i in session.get_inputs()]
     latency = {}
@@ -61,7 +62,7 @@ def _child(path: str, session_config: dict, shapes: list[str], threads: int, run
             times.append((time.perf_counter() - t0) * 1e3)
         latency[shape] = {"p50_ms": float(np.percentile(times, 50)), "p95_ms": float(np.percentile(times, 95))}
     return {"session_create_s": created, "rss_baseline_mb": baseline, "peak_rss_load_mb": load_rss,
-            "peak_rss_run_mb": _peak_rss_mb(), "latency": latency, "threads": threads, "runs": runs}
+            "rss_after_load_mb": steady_rss, "peak_rss_run_mb": _peak_rss_mb(), "latency": latency, "threads": threads, "runs": runs}
 
 
 def measure(path, session_config: dict | None = None, shapes=("1x128",), threads: int = 1, runs: int = 30,
