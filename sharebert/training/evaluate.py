@@ -1,0 +1,336 @@
+"""The papers' evaluations: GLUE dev metrics, word similarity and analogy, noise robustness, cross-domain.
+
+- ``evaluate_glue(model_dir, task)``: dev metrics of a fine-tuned classifier (MNLI: matched and mismatched).
+- ``word_similarity(model, tokenizer)``: Spearman between embedding cosines and human scores.
+- ``word_analogy(model, tokenizer)``: 3CosAdd accuracy on the Google analogy set.
+  Both use single-token words only and count the pairs/questions skipped as out-of-vocabulary
+  (the tokenizer gives [UNK]) or multi-token (WordPiece splits the word); VEPS models are scored on
+  their virtual embeddings ``A @ P + p`` (width V), other models on their word embeddings.
+- ``noise_robustness(model_dir, task)``: Kowsher Table 5. Gaussian noise ``N(0, s^2 I)`` is added to
+  every input embedding with ``s = level * mean_norm / sqrt(d)``, so the noise norm is about
+  ``level`` times the mean L2 norm of the eval set's input embeddings (d = embedding width).
+- ``cross_domain({task: model_dir})``: Kowsher Table 6, accuracy of each model on each other task
+  whose labels it can name (same label space; MNLI's contradiction/neutral count as not_entailment).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy import stats
+from tqdm.auto import tqdm
+
+from ..paths import data_path
+from .finetune import EncodedSplit, encode, load_config, load_tokenizer
+from .glue import COLLAPSE, TASKS, GlueTask, get_task, read_split
+from .metrics import predictions_from_logits, task_metrics
+
+NOISE_LEVELS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4)
+WORDSIM_SETS = {  # name -> (path inside data/wordsim, word1 field, word2 field, score field)
+    "wordsim353": ("wordsim353/wordsim353.tsv", 0, 1, 2),
+    "simlex999": ("simlex999/simlex999.txt", 0, 1, 2),
+    "scws": ("SCWS/ratings.txt", 1, 3, 7),
+}
+
+
+# ---------------------------------------------------------------- classification
+
+
+def _batches(ds: EncodedSplit, batch_size: int, pad_id: int, device):
+    """Padded tensors ``(B, T)`` per batch, in dataset order."""
+    keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in ds.encodings]
+    for s in range(0, len(ds), batch_size):
+        rows = {k: ds.encodings[k][s:s + batch_size] for k in keys}
+        T = max(len(r) for r in rows["input_ids"])
+        fill = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
+        yield {k: torch.tensor([r + [fill[k]] * (T - len(r)) for r in v], device=device) for k, v in rows.items()}
+
+
+@torch.no_grad()
+def predict_logits(model, ds: EncodedSplit, batch_size: int = 64, noise: float = 0.0, mean_norm: float | None = None,
+                   seed: int = 0, progress: bool = True) -> np.ndarray:
+    """Logits ``(N, num_labels)``; with ``noise > 0`` Gaussian noise is added to the input embeddings."""
+    model.eval()
+    device = next(model.parameters()).device
+    embed = model.get_input_embeddings()
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for batch in tqdm(_batches(ds, batch_size, model.config.pad_token_id or 0, device), total=math.ceil(len(ds) / batch_size),
+                      desc="evaluate", disable=not progress, leave=False):
+        if noise > 0:
+            x = embed(batch.pop("input_ids"))
+            sigma = noise * mean_norm / math.sqrt(x.shape[-1])
+            batch["inputs_embeds"] = x + sigma * torch.randn(x.shape, generator=gen).to(x)
+        out.append(model(**batch).logits.float().cpu())
+    return torch.cat(out).numpy()
+
+
+@torch.no_grad()
+def mean_embedding_norm(model, ds: EncodedSplit) -> float:
+    """Mean L2 norm of the input embeddings of every real token of ``ds``."""
+    weight = model.get_input_embeddings().weight.float()
+    ids = torch.tensor([i for row in ds.encodings["input_ids"] for i in row], device=weight.device)
+    return float(weight[ids].norm(dim=-1).mean())
+
+
+def label_map(model_config, task: GlueTask) -> np.ndarray:
+    """``map[model_class] -> task_class`` by label names; ValueError when the label spaces differ."""
+    if task.is_regression or model_config.num_labels == 1:
+        if task.is_regression and model_config.num_labels == 1:
+            return np.zeros(1, dtype=np.int64)
+        raise ValueError(f"a {model_config.num_labels}-label model cannot be scored on {task.name} "
+                         f"({'regression' if task.is_regression else 'classification'})")
+    names = [model_config.id2label[i] for i in range(model_config.num_labels)]
+    mapped = [COLLAPSE.get(n, n) if n not in task.label_names else n for n in names]
+    if not all(m in task.label_names for m in mapped):
+        raise ValueError(f"the model's labels {names} are not {task.name}'s label space {list(task.label_names)}")
+    return np.array([task.label_names.index(m) for m in mapped])
+
+
+def evaluate_split(model, ds: EncodedSplit, task: GlueTask, batch_size: int = 64, noise: float = 0.0,
+                   mean_norm: float | None = None, seed: int = 0, progress: bool = True) -> dict[str, float]:
+    """The task's metrics of ``model`` on ``ds`` (model classes mapped onto the task's by label name)."""
+    logits = predict_logits(model, ds, batch_size, noise, mean_norm, seed, progress)
+    preds = predictions_from_logits(logits, task.is_regression)
+    if not task.is_regression:
+        preds = label_map(model.config, task)[preds]
+    return task_metrics(task.metrics, preds, np.asarray(ds.labels))
+
+
+def load_finetuned(model_dir: str | Path):
+    """A fine-tuned ``ShareBertForSequenceClassification`` (eval mode, on GPU when present) and its tokenizer."""
+    from ..modeling_sharebert import ShareBertForSequenceClassification
+
+    config = load_config(model_dir)
+    tokenizer = load_tokenizer(model_dir, config)
+    model = ShareBertForSequenceClassification.from_pretrained(model_dir)
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval(), tokenizer
+
+
+def _dev_sets(task: GlueTask, data_dir, tokenizer, config, max_eval_samples, progress):
+    data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task.folder)
+    seq_len = min(128, config.max_position_embeddings)
+    return {s: encode(read_split(task, data_dir, s).head(max_eval_samples), tokenizer, seq_len, progress=progress)
+            for s in task.dev_splits}
+
+
+def evaluate_glue(model_dir: str | Path, task: str, data_dir: str | Path | None = None, max_eval_samples: int | None = None,
+                  batch_size: int = 64, progress: bool = True) -> dict[str, float]:
+    """Dev metrics of a fine-tuned model; MNLI's mismatched set adds ``<metric>_mismatched`` keys."""
+    task_ = get_task(task)
+    model, tokenizer = load_finetuned(model_dir)
+    label_map(model.config, task_)  # fail before reading data when the model was trained for another space
+    out = {}
+    for i, ds in enumerate(_dev_sets(task_, data_dir, tokenizer, model.config, max_eval_samples, progress).values()):
+        scores = evaluate_split(model, ds, task_, batch_size, progress=progress)
+        out.update({k + ("" if i == 0 else "_mismatched"): v for k, v in scores.items()})
+        out.setdefault("eval_samples", len(ds))
+    return out
+
+
+def noise_robustness(model_dir: str | Path, task: str, data_dir: str | Path | None = None, levels=NOISE_LEVELS,
+                     max_eval_samples: int | None = None, batch_size: int = 64, seed: int = 0,
+                     progress: bool = True) -> dict:
+    """Kowsher Table 5: ``{"task", "mean_norm", "rows": [{"level", <metrics>}...]}`` on the (first) dev set."""
+    task_ = get_task(task)
+    model, tokenizer = load_finetuned(model_dir)
+    ds = next(iter(_dev_sets(task_, data_dir, tokenizer, model.config, max_eval_samples, progress).values()))
+    norm = mean_embedding_norm(model, ds)
+    rows = []
+    for level in tqdm(levels, desc="noise levels", disable=not progress):
+        if not 0 <= level <= 1:
+            raise ValueError(f"noise level {level} is outside 0..1 (a fraction of the mean embedding norm)")
+        rows.append({"level": float(level), **evaluate_split(model, ds, task_, batch_size, level, norm, seed, progress=False)})
+    return {"task": task_.name, "mean_norm": norm, "eval_samples": len(ds), "rows": rows}
+
+
+def cross_domain(models: dict[str, str | Path], data_dirs: dict[str, str | Path] | None = None,
+                 max_eval_samples: int | None = None, batch_size: int = 64, progress: bool = True) -> dict:
+    """Kowsher Table 6: ``{"tasks", "matrix": {trained_on: {evaluated_on: accuracy or None}}}``.
+
+    A cell is None when the model's labels do not fit the evaluated task's label space.
+    """
+    tasks = [get_task(t).name for t in models]
+    data_dirs = {get_task(t).name: d for t, d in (data_dirs or {}).items()}
+    loaded = {get_task(t).name: load_finetuned(d) for t, d in models.items()}
+    matrix = {}
+    for train_task, (model, tokenizer) in loaded.items():
+        row = {}
+        for eval_task in tasks:
+            task = TASKS[eval_task]
+            try:
+                label_map(model.config, task)
+            except ValueError:
+                row[eval_task] = None
+                continue
+            ds = next(iter(_dev_sets(task, data_dirs.get(eval_task), tokenizer, model.config, max_eval_samples, progress).values()))
+            metric = task.main_metric if task.is_regression else "accuracy"
+            row[eval_task] = evaluate_split(model, ds, replace(task, metrics=(metric,)), batch_size, progress=progress)[metric]
+        matrix[train_task] = row
+    return {"tasks": tasks, "matrix": matrix}
+
+
+# ---------------------------------------------------------------- embeddings
+
+
+def embedding_matrix(model) -> torch.Tensor:
+    """``(E, d)`` embeddings the papers evaluate: virtual ``A @ P + p`` for VEPS, else the word embeddings."""
+    base = getattr(model, "sharebert", model)
+    with torch.no_grad():
+        return base.virtual_embeddings().detach().float().cpu()
+
+
+def token_id(tokenizer, word: str) -> tuple[int | None, str]:
+    """``(id, "ok")`` for a single-token word, else ``(None, "oov")`` ([UNK]) or ``(None, "multi")``."""
+    pieces = tokenizer.tokenize(word)
+    if not pieces or tokenizer.unk_token in pieces:
+        return None, "oov"
+    if len(pieces) > 1:
+        return None, "multi"
+    return tokenizer.convert_tokens_to_ids(pieces[0]), "ok"
+
+
+def _skip_reason(status: list[str]) -> str:
+    return "oov" if "oov" in status else "multi" if "multi" in status else "ok"
+
+
+def read_wordsim(path: str | Path, columns: tuple[int, int, int] = (0, 1, 2)) -> list[tuple[str, str, float]]:
+    """``(word1, word2, score)`` rows of a tab/space-separated file; ``#`` lines are comments."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"word-similarity file not found: {path}")
+    a, b, s = columns
+    rows = []
+    with open(path, encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            fields = line.rstrip("\r\n").split("\t") if "\t" in line else line.split()
+            try:
+                rows.append((fields[a], fields[b], float(fields[s])))
+            except (IndexError, ValueError):
+                raise ValueError(f"{path}, line {lineno}: expected word1, word2 and a numeric score in fields "
+                                 f"{a}, {b}, {s}") from None
+    if not rows:
+        raise ValueError(f"{path}: no word pairs")
+    return rows
+
+
+def word_similarity(model, tokenizer, sets: list[str] | None = None) -> dict[str, dict]:
+    """Spearman per set: ``{name: {"spearman", "pairs", "used", "skipped_oov", "skipped_multitoken"}}``.
+
+    ``sets`` are names in :data:`WORDSIM_SETS` present under ``data/wordsim`` (default: all present) or
+    paths to ``word1 word2 score`` files.
+    """
+    if sets is None:
+        sets = [n for n, spec in WORDSIM_SETS.items() if data_path("wordsim", spec[0]).is_file()]
+    emb = torch.nn.functional.normalize(embedding_matrix(model), dim=-1)
+    results = {}
+    for name in sets:
+        if name in WORDSIM_SETS:
+            rel, *cols = WORDSIM_SETS[name]
+            rows = read_wordsim(data_path("wordsim", rel), tuple(cols))
+        else:
+            rows, name = read_wordsim(name), Path(name).stem
+        counts = {"ok": 0, "oov": 0, "multi": 0}
+        sims, gold = [], []
+        for w1, w2, score in rows:
+            (i, s1), (j, s2) = token_id(tokenizer, w1), token_id(tokenizer, w2)
+            reason = _skip_reason([s1, s2])
+            counts[reason] += 1
+            if reason == "ok":
+                sims.append(float(emb[i] @ emb[j]))
+                gold.append(score)
+        rho = float(stats.spearmanr(sims, gold)[0]) if len(sims) > 1 else float("nan")
+        results[name] = {"spearman": rho, "pairs": len(rows), "used": counts["ok"],
+                         "skipped_oov": counts["oov"], "skipped_multitoken": counts["multi"]}
+    return results
+
+
+def read_analogy(path: str | Path) -> list[tuple[str, tuple[str, str, str, str]]]:
+    """``(section, (a, b, c, d))`` for each question ``a b c d`` (a:b = c:d) under ``: section`` lines."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"analogy file not found: {path}")
+    section, out = "", []
+    with open(path, encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.startswith(":"):
+                section = line[1:].strip()
+            elif line.strip():
+                words = line.split()
+                if len(words) != 4:
+                    raise ValueError(f"{path}, line {lineno}: expected four words 'a b c d', got {len(words)}")
+                out.append((section, tuple(words)))
+    if not out:
+        raise ValueError(f"{path}: no analogy questions")
+    return out
+
+
+def _candidate_ids(tokenizer, rows: int) -> torch.Tensor:
+    """Whole-word vocabulary entries (no specials, [unusedN] or ## pieces) that have an embedding row."""
+    special = set(tokenizer.all_special_tokens)
+    ids = [i for t, i in tokenizer.get_vocab().items()
+           if i < rows and t not in special and not t.startswith("##") and not (t.startswith("[") and t.endswith("]"))]
+    return torch.tensor(sorted(ids))
+
+
+@torch.no_grad()
+def word_analogy(model, tokenizer, path: str | Path | None = None, batch_size: int = 512, progress: bool = True) -> dict:
+    """3CosAdd accuracy: ``d* = argmax_w cos(w, b - a + c)`` over whole-word tokens except a, b, c.
+
+    Returns ``{"accuracy", "questions", "used", "skipped_oov", "skipped_multitoken", "sections": {name: acc}}``.
+    """
+    questions = read_analogy(path or data_path("analogy", "questions-words.txt"))
+    emb = torch.nn.functional.normalize(embedding_matrix(model), dim=-1)
+    cand = _candidate_ids(tokenizer, emb.shape[0])
+    cand_emb = emb[cand]
+    ids, used_sections, counts, cache = [], [], {"ok": 0, "oov": 0, "multi": 0}, {}
+    for section, words in questions:
+        looked = [cache.setdefault(w, token_id(tokenizer, w)) for w in words]
+        reason = _skip_reason([s for _, s in looked])
+        counts[reason] += 1
+        if reason == "ok":
+            ids.append([i for i, _ in looked])
+            used_sections.append(section)
+    correct = np.zeros(len(ids), dtype=bool)
+    q = torch.tensor(ids, dtype=torch.long).reshape(-1, 4)
+    for s in tqdm(range(0, len(q), batch_size), desc="analogy", disable=not progress or len(q) <= batch_size, leave=False):
+        a, b, c, d = q[s:s + batch_size].unbind(-1)
+        scores = (emb[b] - emb[a] + emb[c]) @ cand_emb.T  # (B, |cand|)
+        for col in (a, b, c):  # exclude the question words
+            scores[(cand[None, :] == col[:, None])] = -math.inf
+        correct[s:s + len(a)] = (cand[scores.argmax(-1)] == d).numpy()
+    sections = {}
+    for name in dict.fromkeys(used_sections):
+        mask = np.array([u == name for u in used_sections])
+        sections[name] = float(correct[mask].mean())
+    return {"accuracy": float(correct.mean()) if len(ids) else float("nan"), "questions": len(questions),
+            "used": counts["ok"], "skipped_oov": counts["oov"], "skipped_multitoken": counts["multi"], "sections": sections}
+
+
+def load_any(model_dir: str | Path):
+    """The backbone (``ShareBertModel``) of any ShareBERT model folder, for embedding evaluations, and its tokenizer."""
+    from ..modeling_sharebert import ShareBertModel
+
+    config = load_config(model_dir)
+    tokenizer = load_tokenizer(model_dir, config)
+    return ShareBertModel.from_pretrained(model_dir, add_pooling_layer=False).eval(), tokenizer
+
+
+# ---------------------------------------------------------------- tables
+
+
+def format_table(header: list[str], rows: list[list]) -> str:
+    """A plain-text table; floats print with 4 decimals, None as ``-``."""
+    def cell(v):
+        return "-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+    body = [[cell(v) for v in r] for r in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in body]
+    return "\n".join(lines)

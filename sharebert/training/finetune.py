@@ -1,0 +1,211 @@
+"""GLUE fine-tuning with the transformers ``Trainer``: ``finetune(model_dir, task, data_dir, out) -> metrics``.
+
+A pre-trained model folder (a ``ShareBertForMaskedLM`` checkpoint, or any ShareBERT checkpoint) is
+loaded into ``ShareBertForSequenceClassification`` (one output, MSE, for STS-B). Defaults are the
+reference fine-tuning recipe (SPEC section 6): lr 5e-5, batch 64, 5 epochs, polynomial decay,
+50 warm-up steps, sequence length 128. The dev set is scored after every epoch (or every
+``eval_steps``) and the best checkpoint by the task's metric is kept; ``out`` receives that model,
+its tokenizer, ``metrics.json`` (written last) and ``log_history.json``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..paths import data_path
+from .glue import GlueSplit, GlueTask, get_task, read_split
+from .metrics import predictions_from_logits, task_metrics
+
+
+@dataclass(frozen=True)
+class FinetuneArgs:
+    """The reference recipe; every field is a ``sharebert finetune`` option."""
+
+    epochs: float = 5.0
+    batch_size: int = 64
+    lr: float = 5e-5
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    seq_len: int = 128
+    max_steps: int | None = None
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    eval_steps: int | None = None  # None: score the dev set after every epoch
+    seed: int = 0
+
+
+class EncodedSplit(torch.utils.data.Dataset):
+    """Tokenized examples: ``{"input_ids", "token_type_ids", "attention_mask", "labels"}`` per item."""
+
+    def __init__(self, encodings: dict[str, list], labels: list):
+        self.encodings, self.labels = encodings, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        item = {k: v[i] for k, v in self.encodings.items()}
+        item["labels"] = self.labels[i]
+        return item
+
+
+def encode(split: GlueSplit, tokenizer, seq_len: int, chunk: int = 8192, progress: bool = True) -> EncodedSplit:
+    """Tokenize (pairs for two-sentence tasks), truncated to ``seq_len`` tokens; padding happens per batch."""
+    enc: dict[str, list] = {}
+    starts = range(0, len(split), chunk)
+    for s in tqdm(starts, desc=f"tokenize {split.path.name}", disable=not progress or len(starts) < 2, leave=False):
+        a = split.text_a[s:s + chunk]
+        b = split.text_b[s:s + chunk] if split.text_b is not None else None
+        out = tokenizer(a, b, truncation=True, max_length=seq_len)
+        for k, v in out.items():
+            enc.setdefault(k, []).extend(v)
+    return EncodedSplit(enc, list(split.labels))
+
+
+def load_tokenizer(model_dir: str | Path, config):
+    """The model folder's tokenizer; errors when it is missing or larger than ``config.vocab_size``."""
+    from transformers import AutoTokenizer
+
+    model_dir = Path(model_dir)
+    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+        raise FileNotFoundError(f"{model_dir} has no tokenizer files (tokenizer.json); build the folder with `sharebert build`")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but the config's vocab_size is "
+                         f"{config.vocab_size}: they do not belong together (ids >= {config.vocab_size} would crash)")
+    if tokenizer.pad_token_id is None:
+        raise ValueError(f"the tokenizer in {model_dir} has no padding token")
+    return tokenizer
+
+
+def load_config(model_dir: str | Path):
+    from ..configuration_sharebert import ShareBertConfig
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir / 'config.json'} not found: --model must be a ShareBERT model folder")
+    return ShareBertConfig.from_pretrained(model_dir)
+
+
+def load_classifier(model_dir: str | Path, task: GlueTask):
+    """``ShareBertForSequenceClassification`` from ``model_dir`` with the task's labels (head freshly initialised)."""
+    from ..modeling_sharebert import ShareBertForSequenceClassification
+
+    config = load_config(model_dir)
+    labels = {"num_labels": task.num_labels}
+    if not task.is_regression:
+        labels["id2label"] = dict(enumerate(task.label_names))
+        labels["label2id"] = {n: i for i, n in enumerate(task.label_names)}
+    config.update(labels)
+    config.problem_type = "regression" if task.is_regression else "single_label_classification"
+    model, info = ShareBertForSequenceClassification.from_pretrained(model_dir, config=config, ignore_mismatched_sizes=True,
+                                                                     output_loading_info=True)
+    if "sharebert.pooler_bias" in info["missing_keys"]:  # a bare Parameter that _init_weights does not cover
+        with torch.no_grad():
+            model.sharebert.pooler_bias.zero_()
+    return model
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if (out / "metrics.json").exists() and not overwrite:
+        raise ValueError(f"{out} already holds a fine-tuned model; pass --overwrite to replace it")
+
+
+def _finite(obj):
+    """``obj`` with NaN/inf floats replaced by None (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_json(path: str | Path, obj) -> None:
+    """Write ``obj`` as JSON atomically (temporary file, then rename); NaN becomes null."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_finite(obj), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | Path | None = None,
+             args: FinetuneArgs = FinetuneArgs(), overwrite: bool = False, keep_checkpoints: bool = False,
+             progress: bool = True) -> dict:
+    """Fine-tune ``model_dir`` on ``task`` (data from ``data_dir``, default ``glue/<Task>``); returns the metrics.
+
+    The returned dict (also ``out/metrics.json``) holds the task's dev metrics of the best checkpoint
+    (``accuracy``/``f1``/``matthews_correlation``/``pearson``/``spearman``; MNLI adds
+    ``accuracy_mismatched``), plus ``task``, ``train_samples``, ``eval_samples``, ``steps``,
+    ``best_step`` and ``train_seconds``.
+    """
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, set_seed
+
+    from .evaluate import evaluate_split
+
+    task_ = get_task(task)
+    data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
+    out = Path(out)
+    _check_out(out, overwrite)
+    config = load_config(model_dir)
+    tokenizer = load_tokenizer(model_dir, config)
+    seq_len = min(args.seq_len, config.max_position_embeddings)
+    # Read and validate every file before any training starts.
+    train = read_split(task_, data_dir, "train").head(args.max_train_samples)
+    devs = {s: read_split(task_, data_dir, s).head(args.max_eval_samples) for s in task_.dev_splits}
+    if not task_.is_regression and len(set(train.labels)) < 2:
+        raise ValueError(f"{train.path}: the training examples hold a single class; nothing to learn")
+    train_ds = encode(train, tokenizer, seq_len, progress=progress)
+    dev_ds = {s: encode(d, tokenizer, seq_len, progress=progress) for s, d in devs.items()}
+    main_dev = dev_ds[task_.dev_splits[0]]
+
+    set_seed(args.seed)
+    model = load_classifier(model_dir, task_)
+    cuda = torch.cuda.is_available()
+    bf16 = cuda and torch.cuda.is_bf16_supported()
+    strategy = "steps" if args.eval_steps else "epoch"
+    targs = TrainingArguments(
+        output_dir=str(out / "checkpoints"), overwrite_output_dir=True,
+        learning_rate=args.lr, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=max(args.batch_size, 64),
+        num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+        lr_scheduler_type="polynomial", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        eval_strategy=strategy, save_strategy=strategy, eval_steps=args.eval_steps, save_steps=args.eval_steps,
+        load_best_model_at_end=True, metric_for_best_model=task_.main_metric, greater_is_better=True,
+        save_total_limit=1, save_only_model=True, logging_steps=max(1, min(50, args.eval_steps or 50)),
+        seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=not progress,
+        dataloader_num_workers=0,
+    )
+
+    def compute_metrics(pred):
+        scores = task_metrics(task_.metrics, predictions_from_logits(pred.predictions, task_.is_regression), pred.label_ids)
+        return {k: (-1.0 if math.isnan(v) else v) for k, v in scores.items()}  # nan never wins "best"
+
+    trainer = Trainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev,
+                      processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer),
+                      compute_metrics=compute_metrics)
+    result = trainer.train()
+    best = trainer.state.best_model_checkpoint
+
+    metrics = {"task": task_.name}
+    for i, (split, ds) in enumerate(dev_ds.items()):
+        scores = evaluate_split(trainer.model, ds, task_, batch_size=targs.per_device_eval_batch_size, progress=progress)
+        suffix = "" if i == 0 else "_mismatched"
+        metrics.update({f"{k}{suffix}": v for k, v in scores.items()})
+    metrics.update(train_samples=len(train_ds), eval_samples=len(main_dev), steps=trainer.state.global_step,
+                   best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
+                   train_seconds=round(result.metrics.get("train_runtime", 0.0), 1), seed=args.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer.save_model(str(out))
+    write_json(out / "log_history.json", trainer.state.log_history)
+    write_json(out / "metrics.json", metrics)
+    if not keep_checkpoints:
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return json.loads((out / "metrics.json").read_text())
