@@ -153,9 +153,15 @@ def cross_domain(models: dict[str, str | Path], data_dirs: dict[str, str | Path]
 
     A cell is None when the model's labels do not fit the evaluated task's label space.
     """
-    tasks = [get_task(t).name for t in models]
+    models = {get_task(t).name: d for t, d in models.items()}
     data_dirs = {get_task(t).name: d for t, d in (data_dirs or {}).items()}
-    loaded = {get_task(t).name: load_finetuned(d) for t, d in models.items()}
+    tasks = list(models)
+    loaded = {t: load_finetuned(d) for t, d in models.items()}
+    for t, (model, _) in loaded.items():
+        try:
+            label_map(model.config, TASKS[t])
+        except ValueError as e:
+            raise ValueError(f"the model given for {t} ({models[t]}) was not trained on {t}'s labels: {e}") from None
     matrix = {}
     for train_task, (model, tokenizer) in loaded.items():
         row = {}

@@ -1,0 +1,98 @@
+"""``sharebert evaluate MODE``: GLUE dev metrics, word similarity, word analogy, noise robustness, cross-domain."""
+from __future__ import annotations
+
+HELP = "evaluate models: glue | wordsim | analogy | noise | cross-domain"
+
+
+def _common(p, json_out=True):
+    if json_out:
+        p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+
+def add_arguments(p):
+    from ..training.evaluate import NOISE_LEVELS, WORDSIM_SETS
+    from ..training.glue import TASKS
+
+    sub = p.add_subparsers(dest="mode", metavar="MODE", required=True)
+    g = sub.add_parser("glue", help="dev metrics of a fine-tuned model")
+    g.add_argument("--model", required=True, help="fine-tuned model folder (`sharebert finetune --out`)")
+    g.add_argument("--task", required=True, choices=list(TASKS))
+    g.add_argument("--data-dir", help="the task's folder (default ../shared/data/glue/<Task>)")
+    g.add_argument("--max-eval-samples", type=int)
+    g.add_argument("--batch-size", type=int, default=64)
+    _common(g)
+
+    w = sub.add_parser("wordsim", help="word similarity (Spearman) of the (virtual) embeddings")
+    w.add_argument("--model", required=True, help="any ShareBERT model folder")
+    w.add_argument("--sets", nargs="+", help=f"names ({', '.join(WORDSIM_SETS)}) or 'word1 word2 score' files; default: all present")
+    _common(w)
+
+    a = sub.add_parser("analogy", help="word analogy accuracy (3CosAdd) on single-token words")
+    a.add_argument("--model", required=True, help="any ShareBERT model folder")
+    a.add_argument("--file", help="analogy questions (default ../shared/data/analogy/questions-words.txt)")
+    _common(a)
+
+    n = sub.add_parser("noise", help="accuracy under Gaussian noise on the input embeddings (Kowsher Table 5)")
+    n.add_argument("--model", required=True, help="fine-tuned model folder")
+    n.add_argument("--task", required=True, choices=list(TASKS))
+    n.add_argument("--data-dir", help="the task's folder (default ../shared/data/glue/<Task>)")
+    n.add_argument("--levels", default=",".join(f"{x:g}" for x in NOISE_LEVELS),
+                   help="noise levels as fractions of the mean embedding norm (default 0,0.05,...,0.4)")
+    n.add_argument("--max-eval-samples", type=int)
+    n.add_argument("--seed", type=int, default=0)
+    _common(n)
+
+    c = sub.add_parser("cross-domain", help="train-on-A / evaluate-on-B accuracy matrix (Kowsher Table 6)")
+    c.add_argument("--models", nargs="+", required=True, metavar="TASK=DIR", help="fine-tuned model per task, e.g. qnli=runs/qnli rte=runs/rte")
+    c.add_argument("--data-dirs", nargs="*", default=[], metavar="TASK=DIR", help="task folders (default ../shared/data/glue/<Task>)")
+    c.add_argument("--max-eval-samples", type=int)
+    _common(c)
+
+
+def _pairs(items, flag):
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"{flag} expects TASK=DIR, got {item!r}")
+        task, path = item.split("=", 1)
+        out[task.strip()] = path
+    return out
+
+
+def run(args) -> int:
+    from ..training import evaluate as ev
+    from ..training.finetune import write_json
+
+    if args.mode == "glue":
+        result = ev.evaluate_glue(args.model, args.task, args.data_dir, args.max_eval_samples, args.batch_size)
+        print(ev.format_table(["metric", "value"], [[k, v] for k, v in result.items()]))
+    elif args.mode == "wordsim":
+        model, tok = ev.load_any(args.model)
+        result = ev.word_similarity(model, tok, args.sets)
+        keys = ["spearman", "pairs", "used", "skipped_oov", "skipped_multitoken"]
+        print(ev.format_table(["set", *keys], [[name, *(r[k] for k in keys)] for name, r in result.items()]))
+    elif args.mode == "analogy":
+        model, tok = ev.load_any(args.model)
+        result = ev.word_analogy(model, tok, args.file)
+        print(ev.format_table(["section", "accuracy"], [[s, v] for s, v in result["sections"].items()]
+                              + [["all", result["accuracy"]]]))
+        print(f"questions {result['questions']}, used {result['used']}, skipped: out-of-vocabulary "
+              f"{result['skipped_oov']}, multi-token {result['skipped_multitoken']}")
+    elif args.mode == "noise":
+        try:
+            levels = [float(x) for x in args.levels.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--levels expects comma-separated numbers, got {args.levels!r}") from None
+        result = ev.noise_robustness(args.model, args.task, args.data_dir, levels, args.max_eval_samples, seed=args.seed)
+        keys = [k for k in result["rows"][0] if k != "level"]
+        print(ev.format_table(["noise", *keys], [[f"{r['level']:.0%}", *(r[k] for k in keys)] for r in result["rows"]]))
+        print(f"mean input-embedding norm {result['mean_norm']:.4f} over {result['eval_samples']} dev examples")
+    else:
+        result = ev.cross_domain(_pairs(args.models, "--models"), _pairs(args.data_dirs, "--data-dirs"), args.max_eval_samples)
+        tasks = result["tasks"]
+        print(ev.format_table(["trained on \\ evaluated on", *tasks],
+                              [[t, *(result["matrix"][t][e] for e in tasks)] for t in tasks]))
+    if args.json:
+        write_json(args.json, result)
+        print(f"results -> {args.json}")
+    return 0

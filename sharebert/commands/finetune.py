@@ -1,0 +1,48 @@
+"""``sharebert finetune``: fine-tune a pre-trained model folder on one GLUE task."""
+from __future__ import annotations
+
+HELP = "fine-tune a pre-trained model on a GLUE task (best dev checkpoint, metrics.json)"
+
+
+def add_arguments(p):
+    from ..training.finetune import FinetuneArgs
+    from ..training.glue import TASKS
+
+    d = FinetuneArgs()
+    p.add_argument("--model", required=True, help="pre-trained model folder (e.g. a `sharebert pretrain` output)")
+    p.add_argument("--task", required=True, choices=list(TASKS), help="GLUE task")
+    p.add_argument("--data-dir", help="the task's folder holding train.tsv and dev.tsv (MNLI: dev_matched.tsv, "
+                                      "dev_mismatched.tsv); default ../shared/data/glue/<Task>")
+    p.add_argument("--out", required=True, help="output folder: best model, tokenizer, metrics.json")
+    p.add_argument("--epochs", type=float, default=d.epochs, help=f"training epochs (default {d.epochs:g})")
+    p.add_argument("--max-steps", type=int, help="stop after N optimizer steps (overrides --epochs)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"default {d.batch_size}")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr:g}), polynomial decay")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help=f"default {d.warmup_steps}")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"default {d.weight_decay:g}")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"truncate inputs to N tokens (default {d.seq_len})")
+    p.add_argument("--max-train-samples", type=int, help="use the first N training examples")
+    p.add_argument("--max-eval-samples", type=int, help="score the first N dev examples")
+    p.add_argument("--eval-steps", type=int, help="score the dev set every N steps (default: every epoch)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep out/checkpoints after training")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning result in --out")
+
+
+def run(args) -> int:
+    from ..training.evaluate import format_table
+    from ..training.finetune import FinetuneArgs, finetune
+
+    for name in ("epochs", "batch_size", "lr", "seq_len", "max_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    fargs = FinetuneArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+                         weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
+                         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
+                         eval_steps=args.eval_steps, seed=args.seed)
+    metrics = finetune(args.model, args.task, args.out, args.data_dir, fargs, overwrite=args.overwrite,
+                       keep_checkpoints=args.keep_checkpoints)
+    print(format_table(["metric", "value"], [[k, v] for k, v in metrics.items()]))
+    print(f"best model and metrics.json -> {args.out}")
+    return 0
