@@ -181,7 +181,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
         load_best_model_at_end=True, metric_for_best_model=task_.main_metric, greater_is_better=True,
         save_total_limit=1, save_only_model=True, logging_steps=max(1, min(50, args.eval_steps or 50)),
         seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=not progress,
-        dataloader_num_workers=0,
+        dataloader_num_workers=0, dataloader_pin_memory=cuda,
     )
 
     def compute_metrics(pred):

@@ -1,0 +1,88 @@
+"""Short real fine-tunes of a tiny ShareBERT with the transformers Trainer (SST-2, STS-B) and bad input."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from sharebert.build import build_model
+from sharebert.cli import main
+from sharebert.paths import data_path
+from sharebert.training.evaluate import evaluate_glue, load_finetuned, predict_logits
+from sharebert.training.finetune import FinetuneArgs, encode, finetune
+from sharebert.training.glue import read_split
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    out = tmp_path_factory.mktemp("base")
+    build_model("sharebert-tiny", out, TINY, seed=0)
+    return out
+
+
+def test_sst2_finetune_writes_metrics_and_best_model(base, tmp_path):
+    out = tmp_path / "sst2"
+    args = FinetuneArgs(max_steps=20, max_train_samples=320, max_eval_samples=200, batch_size=16, lr=1e-3,
+                        warmup_steps=2, eval_steps=10)
+    metrics = finetune(base, "sst2", out, data_path("glue", "SST-2"), args, progress=False)
+    on_disk = json.loads((out / "metrics.json").read_text())
+    assert on_disk == metrics
+    assert {"accuracy", "task", "steps", "best_step", "train_samples", "eval_samples"} <= set(metrics)
+    assert not {"f1", "matthews_correlation", "pearson", "spearman"} & set(metrics)
+    assert metrics["steps"] == 20 and metrics["train_samples"] == 320 and metrics["eval_samples"] == 200
+    assert metrics["best_step"] in (10, 20)
+    # Trainer logged the dev accuracy at steps 10 and 20; the kept model is the better one.
+    history = json.loads((out / "log_history.json").read_text())
+    evals = {h["step"]: h["eval_accuracy"] for h in history if "eval_accuracy" in h}
+    assert set(evals) == {10, 20}
+    assert metrics["accuracy"] == pytest.approx(max(evals.values()))
+    assert evals[metrics["best_step"]] == max(evals.values())
+    assert not (out / "checkpoints").exists()
+    # The saved folder is a complete, loadable classifier whose dev score reproduces metrics.json.
+    model, tok = load_finetuned(out)
+    assert model.config.id2label == {0: "negative", 1: "positive"} and len(tok) <= model.config.vocab_size
+    assert evaluate_glue(out, "sst2", max_eval_samples=200, progress=False)["accuracy"] == metrics["accuracy"]
+    with pytest.raises(ValueError, match="--overwrite"):
+        finetune(base, "sst2", out, data_path("glue", "SST-2"), args, progress=False)
+
+
+def test_stsb_regression(base, tmp_path):
+    out = tmp_path / "stsb"
+    args = FinetuneArgs(max_steps=6, max_train_samples=96, max_eval_samples=120, batch_size=16, warmup_steps=1)
+    metrics = finetune(base, "stsb", out, data_path("glue", "STS-B"), args, progress=False)
+    assert {"pearson", "spearman"} <= set(metrics) and "accuracy" not in metrics
+    model, tok = load_finetuned(out)
+    assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+    dev = read_split("stsb", data_path("glue", "STS-B"), "dev").head(120)
+    scores = predict_logits(model, encode(dev, tok, 128, progress=False), progress=False).reshape(-1)
+    assert metrics["spearman"] == pytest.approx(stats.spearmanr(scores, dev.labels)[0], abs=1e-6)
+    assert metrics["pearson"] == pytest.approx(np.corrcoef(scores, dev.labels)[0, 1], abs=1e-6)
+
+
+def test_cli_finetune_and_bad_input(base, tmp_path, capsys):
+    rc = main(["finetune", "--model", str(base), "--task", "cola", "--data-dir", str(data_path("glue", "CoLA")),
+               "--out", str(tmp_path / "cola"), "--max-steps", "3", "--max-train-samples", "48",
+               "--max-eval-samples", "64", "--batch-size", "16"])
+    assert rc == 0
+    assert "matthews_correlation" in json.loads((tmp_path / "cola" / "metrics.json").read_text())
+    # Missing and empty data: a clear error before training, nothing written.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "train.tsv").write_text("")
+    (empty / "dev.tsv").write_text("sentence\tlabel\nok\t1\n")
+    assert main(["finetune", "--model", str(base), "--task", "sst2", "--data-dir", str(empty), "--out", str(tmp_path / "x")]) == 2
+    assert "train.tsv: the file is empty" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    assert main(["finetune", "--model", str(base), "--task", "sst2", "--data-dir", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    # A tokenizer larger than the config's vocabulary.
+    bad = tmp_path / "bad"
+    shutil.copytree(base, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["vocab_size"] = 1000
+    (bad / "config.json").write_text(json.dumps(cfg))
+    assert main(["finetune", "--model", str(bad), "--task", "sst2", "--out", str(tmp_path / "y")]) == 2
+    assert "30522 tokens but the config's vocab_size is 1000" in capsys.readouterr().err
