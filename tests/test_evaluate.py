@@ -222,4 +222,7 @@ def test_cli_wordsim_and_errors(tiny, tmp_path, capsys):
     assert "skipped_multitoken" in capsys.readouterr().out
     assert main(["evaluate", "glue", "--model", str(tiny / "missing"), "--task", "sst2"]) == 2
     assert "config.json not found" in capsys.readouterr().err
+    assert main(["evaluate", "glue", "--model", str(tiny), "--task", "sst2"]) == 2
+    assert "ShareBertForMaskedLM model, not a fine-tuned classifier" in capsys.readouterr().err
     assert main(["evaluate", "noise", "--model", str(tiny), "--task", "sst2", "--levels", "0,x"]) == 2
+    assert "--levels expects comma-separated numbers" in capsys.readouterr().err

@@ -1,6 +1,8 @@
 """``sharebert finetune``: fine-tune a pre-trained model folder on one GLUE task."""
 from __future__ import annotations
 
+import os
+
 HELP = "fine-tune a pre-trained model on a GLUE task (best dev checkpoint, metrics.json)"
 
 
@@ -43,6 +45,7 @@ def run(args) -> int:
                          eval_steps=args.eval_steps, seed=args.seed)
     metrics = finetune(args.model, args.task, args.out, args.data_dir, fargs, overwrite=args.overwrite,
                        keep_checkpoints=args.keep_checkpoints)
-    print(format_table(["metric", "value"], [[k, v] for k, v in metrics.items()]))
-    print(f"best model and metrics.json -> {args.out}")
+    if int(os.environ.get("RANK", "0")) == 0:  # one table under torchrun
+        print(format_table(["metric", "value"], [[k, v] for k, v in metrics.items()]))
+        print(f"best model and metrics.json -> {args.out}")
     return 0

@@ -105,6 +105,9 @@ def load_finetuned(model_dir: str | Path):
     from ..modeling_sharebert import ShareBertForSequenceClassification
 
     config = load_config(model_dir)
+    if "ShareBertForSequenceClassification" not in (config.architectures or []):
+        raise ValueError(f"{model_dir} holds a {', '.join(config.architectures or ['bare'])} model, not a fine-tuned "
+                         f"classifier; run `sharebert finetune` first")
     tokenizer = load_tokenizer(model_dir, config)
     model = ShareBertForSequenceClassification.from_pretrained(model_dir)
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval(), tokenizer

@@ -202,10 +202,10 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     metrics.update(train_samples=len(train_ds), eval_samples=len(main_dev), steps=trainer.state.global_step,
                    best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
                    train_seconds=round(result.metrics.get("train_runtime", 0.0), 1), seed=args.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    trainer.save_model(str(out))
-    write_json(out / "log_history.json", trainer.state.log_history)
-    write_json(out / "metrics.json", metrics)
-    if not keep_checkpoints:
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return json.loads((out / "metrics.json").read_text())
+    trainer.save_model(str(out))  # the main process writes; the others wait
+    if trainer.is_world_process_zero():
+        write_json(out / "log_history.json", trainer.state.log_history)
+        write_json(out / "metrics.json", metrics)
+        if not keep_checkpoints:
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return _finite(metrics)
