@@ -1,0 +1,1 @@
+"""Training: corpora and pre-training (``corpus``, ``pretrain``), GLUE fine-tuning and evaluations."""

@@ -1,0 +1,147 @@
+"""Trainer helpers for pre-training: checkpoint completion markers, JSONL logging, signal checkpoints.
+
+A ``checkpoint-N`` folder counts only once :func:`mark_complete` has written its marker (after every
+file in it was flushed to disk), so a save killed halfway is never resumed from and never makes
+rotation delete the previous good checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+MARKER = "sharebert_complete.json"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def mark_complete(folder: str | Path, step: int) -> None:
+    """Flush ``folder`` to disk, then atomically write its completion marker (temp file + rename)."""
+    folder = Path(folder)
+    _fsync_tree(folder)
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
+    tmp = folder / f".{MARKER}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"step": step, "time": time.time(), "files": files}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / MARKER)
+
+
+def is_complete(folder: str | Path) -> bool:
+    """Whether ``folder`` has a marker and still holds every file, at the recorded size."""
+    marker = Path(folder) / MARKER
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return all((Path(folder) / n).is_file() and (Path(folder) / n).stat().st_size == s for n, s in files.items())
+
+
+def checkpoints(out: str | Path) -> list[tuple[int, Path, bool]]:
+    """``(step, folder, complete)`` for every ``checkpoint-N`` in ``out``, by step."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
+    return [(step, p, is_complete(p)) for step, p in sorted(found)]
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The newest complete checkpoint in ``out`` (incomplete ones are ignored)."""
+    complete = [p for _, p, ok in checkpoints(out) if ok]
+    return complete[-1] if complete else None
+
+
+def remove_incomplete(out: str | Path) -> list[Path]:
+    """Delete ``checkpoint-N`` folders without a valid marker (left by a killed save); returns them."""
+    removed = [p for _, p, ok in checkpoints(out) if not ok]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
+def rotate(out: str | Path, keep: int | None) -> None:
+    """Keep the ``keep`` newest complete checkpoints; never touches incomplete ones or the newest."""
+    if not keep:
+        return
+    complete = [p for _, p, ok in checkpoints(out) if ok]
+    for p in complete[: max(0, len(complete) - keep)]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+class JsonlLogger(TrainerCallback):
+    """Appends one JSON object per logging event (train loss, eval loss/perplexity, ...) to ``path``."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, "epoch": state.epoch, "time": round(time.time(), 3)}
+        record.update({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in logs.items()})
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class SignalCheckpoint(TrainerCallback):
+    """On SIGINT/SIGTERM: finish the current step, save a checkpoint and stop (``received`` holds the
+    signal). A second signal aborts at once. In distributed runs the ranks agree before stopping."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return  # handlers can only be installed from the main thread
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.restore()
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        stop = self.received is not None
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([float(stop)], device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            stop = bool(flag.item())
+            if stop and self.received is None:
+                self.received = signal.SIGTERM  # another rank was signalled
+        if stop:
+            control.should_save = True
+            control.should_training_stop = True
+        return control

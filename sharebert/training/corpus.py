@@ -1,0 +1,269 @@
+"""Pre-training corpora: read text, tokenize it with the model folder's tokenizer, pack full sequences.
+
+Sources (``--train`` / ``--valid`` items):
+
+* a plain-text file, any newline style (``\\n``, ``\\r\\n``, ``\\r``), optionally ``.bz2`` / ``.gz``;
+* a MediaWiki XML dump (``.xml``, ``.xml.bz2``, or any file whose content starts with ``<mediawiki``),
+  streamed page by page with the wiki markup stripped (main-namespace articles, no redirects);
+* a folder (its files, sorted by name);
+* ``hf:NAME[:CONFIG][:SPLIT]``, a Hugging Face ``datasets`` dataset (its ``text`` column), only
+  when ``datasets`` is installed and the dataset is reachable.
+
+Every source must exist, be readable and hold text; otherwise ``FileNotFoundError`` / ``ValueError``
+names the file before any training starts.
+"""
+from __future__ import annotations
+
+import bz2
+import gzip
+import html
+import io
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+CHAR_SPECIALS = ("[PAD]", "[UNK]")
+
+
+# -- reading ------------------------------------------------------------------------------------
+def resolve_sources(items: Iterable[str | Path]) -> list[Path | str]:
+    """Expand folders into their files; keep ``hf:`` names; raise for missing paths."""
+    out: list[Path | str] = []
+    for item in items:
+        if isinstance(item, str) and item.startswith("hf:"):
+            out.append(item)
+            continue
+        path = Path(item)
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+            if not files:
+                raise ValueError(f"corpus folder {path} holds no files")
+            out.extend(files)
+        elif path.exists():
+            out.append(path)
+        else:
+            raise FileNotFoundError(f"corpus file not found: {path}")
+    if not out:
+        raise ValueError("no corpus files given")
+    return out
+
+
+def _open_binary(path: Path):
+    with open(path, "rb") as f:
+        magic = f.read(3)
+    if magic == b"BZh":
+        return bz2.open(path, "rb")
+    if magic[:2] == b"\x1f\x8b":
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _is_mediawiki(path: Path) -> bool:
+    with _open_binary(path) as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head.startswith(b"<mediawiki") or (head.startswith(b"<?xml") and b"<mediawiki" in head)
+
+
+def iter_lines(source: Path | str) -> Iterator[str]:
+    """The text of one source as lines ending in ``\\n`` (newlines normalised, markup stripped)."""
+    if isinstance(source, str):
+        yield from _iter_dataset(source)
+        return
+    try:
+        if _is_mediawiki(source):
+            yield from _iter_mediawiki(source)
+        else:
+            with _open_binary(source) as raw:
+                text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
+                for line in text:
+                    yield line if line.endswith("\n") else line + "\n"
+    except (OSError, EOFError, ET.ParseError) as e:
+        raise ValueError(f"cannot read corpus file {source}: {e}") from e
+
+
+def _iter_dataset(spec: str) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError as e:
+        raise ValueError(f"{spec}: reading a datasets name needs `pip install datasets` (and network access)") from e
+    parts = spec[3:].split(":")
+    name, config = parts[0], (parts[1] or None) if len(parts) > 1 else None
+    split = parts[2] if len(parts) > 2 else "train"
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as e:  # network, unknown name, missing config: all mean "cannot use it"
+        raise ValueError(f"cannot load dataset {spec}: {e}") from e
+    if "text" not in ds.column_names:
+        raise ValueError(f"dataset {spec} has no 'text' column (columns: {ds.column_names})")
+    for text in ds["text"]:
+        yield from (line + "\n" for line in text.splitlines())
+
+
+def _iter_mediawiki(path: Path) -> Iterator[str]:
+    with _open_binary(path) as f:
+        context = ET.iterparse(f, events=("start", "end"))
+        _, root = next(context)
+        for event, elem in context:
+            if event != "end" or not elem.tag.endswith("}page") and elem.tag != "page":
+                continue
+            fields = {child.tag.rsplit("}", 1)[-1]: child for child in elem.iter()}
+            ns = fields.get("ns")
+            text = fields.get("text")
+            if (ns is None or (ns.text or "0").strip() == "0") and "redirect" not in fields and text is not None:
+                title = fields["title"].text if "title" in fields else ""
+                body = strip_wiki_markup(text.text or "")
+                if body and not body.lower().startswith(("#redirect", "redirect")):
+                    yield f"{title}\n"
+                    yield from (line + "\n" for line in body.split("\n"))
+            root.clear()
+
+
+_TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
+_TABLE = re.compile(r"\{\|[^{}]*?\|\}", re.S)
+_LINK = re.compile(r"\[\[([^\[\]]*)\]\]")
+_DROPPED_LINK = re.compile(r"^(?:file|image|category|media|[a-z\-]{2,12}):", re.I)  # files, categories, other languages
+
+
+def _link_label(m: re.Match) -> str:
+    """``[[target|label]]`` -> label, ``[[target]]`` -> target, ``[[File:...]]`` -> ''."""
+    inner = m.group(1)
+    return "" if _DROPPED_LINK.match(inner) else inner.rsplit("|", 1)[-1]
+
+
+_FLAT = [
+    (re.compile(r"<!--.*?-->", re.S), ""),
+    (re.compile(r"<ref[^>/]*/>", re.I), ""),
+    (re.compile(r"<ref[^>]*>.*?</ref>", re.I | re.S), ""),
+    (re.compile(r"<(math|gallery|timeline|score|syntaxhighlight|source)[^>]*>.*?</\1>", re.I | re.S), ""),
+    (re.compile(r"\[(?:https?|ftp)://[^\s\]]+\s*([^\]]*)\]"), r"\1"),  # [url label] -> label
+    (re.compile(r"'{2,}"), ""),  # bold / italic
+    (re.compile(r"^=+\s*(.*?)\s*=+\s*$", re.M), r"\1"),  # headings
+    (re.compile(r"^[*#:;]+\s*", re.M), ""),  # list / indent markers
+    (re.compile(r"</?[a-zA-Z][^>]*>"), ""),  # remaining HTML tags
+    (re.compile(r"__[A-Z]+__"), ""),  # magic words (__TOC__)
+    (re.compile(r"[ \t]+"), " "),
+    (re.compile(r"\n\s*\n+"), "\n"),
+]
+
+
+def strip_wiki_markup(text: str) -> str:
+    """Plain prose from MediaWiki markup: templates, tables, refs, files, categories removed; links -> labels."""
+    text = html.unescape(text)
+    n = 1
+    while n:  # innermost templates, tables and links first, until nothing nested is left
+        text, n1 = _TEMPLATE.subn("", text)
+        text, n2 = _TABLE.subn("", text)
+        text, n3 = _LINK.subn(_link_label, text)
+        n = n1 + n2 + n3
+    for pattern, repl in _FLAT:
+        text = pattern.sub(repl, text)
+    text = html.unescape(text)  # entities that were escaped twice (&amp;nbsp;)
+    return "\n".join(line.strip() for line in text.split("\n") if line.strip()).strip()
+
+
+# -- tokenizers ---------------------------------------------------------------------------------
+def load_tokenizer(model_dir: str | Path, vocab_size: int, objective: str = "mlm"):
+    """The model folder's fast tokenizer; ``ValueError`` when it cannot match a ``vocab_size`` model."""
+    from transformers import AutoTokenizer
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "vocab.txt").is_file():
+        raise FileNotFoundError(f"{model_dir} has no tokenizer (tokenizer.json); build it with `sharebert build`")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not tokenizer.is_fast:
+        raise ValueError(f"{model_dir}: a fast tokenizer (tokenizer.json) is needed")
+    if len(tokenizer) > vocab_size:
+        raise ValueError(f"tokenizer in {model_dir} has {len(tokenizer)} tokens but config.vocab_size is {vocab_size}: "
+                         f"ids >= {vocab_size} would index past the embedding table; rebuild the model for this tokenizer")
+    if objective == "mlm" and (tokenizer.mask_token_id is None or tokenizer.cls_token_id is None
+                               or tokenizer.sep_token_id is None):
+        raise ValueError(f"tokenizer in {model_dir} lacks [MASK]/[CLS]/[SEP], which masked-LM pre-training needs")
+    return tokenizer
+
+
+def char_tokenizer(text: str, model_max_length: int = 256):
+    """Character-level ``PreTrainedTokenizerFast``: ``[PAD]`` = 0, ``[UNK]`` = 1, then the sorted characters of ``text``."""
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set(text))
+    if not chars:
+        raise ValueError("cannot build a character vocabulary from empty text")
+    vocab = {tok: i for i, tok in enumerate(CHAR_SPECIALS)}
+    vocab.update({c: i + len(CHAR_SPECIALS) for i, c in enumerate(chars)})
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
+                                   model_max_length=model_max_length)
+
+
+# -- tokenize and pack --------------------------------------------------------------------------
+def read_text(sources: Iterable[Path | str]) -> str:
+    """All sources concatenated (newlines normalised to ``\\n``); used to build a character vocabulary."""
+    return "".join(line for src in sources for line in iter_lines(src))
+
+
+def encode_sources(sources: Iterable[Path | str], tokenizer, char_level: bool = False, chunk: int = 2048,
+                   progress: bool = True) -> np.ndarray:
+    """Token ids of all sources as one stream (int32). Word level skips blank lines; character level keeps
+    every character, newlines included. ``ValueError`` names a source that yields no tokens."""
+    backend = tokenizer.backend_tokenizer
+    parts: list[np.ndarray] = []
+    for src in sources:
+        before = len(parts)
+        lines = iter_lines(src)
+        bar = tqdm(desc=f"tokenize {Path(str(src)).name}", unit=" lines", disable=not progress, leave=False)
+        while True:
+            batch = [line for _, line in zip(range(chunk), lines)]
+            if not batch:
+                break
+            bar.update(len(batch))
+            texts = batch if char_level else [t for t in (line.strip() for line in batch) if t]
+            if texts:
+                ids = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+                parts.append(np.fromiter((i for seq in ids for i in seq), dtype=np.int32))
+        bar.close()
+        if sum(p.size for p in parts[before:]) == 0:
+            raise ValueError(f"corpus file {src} holds no text")
+    return np.concatenate(parts)
+
+
+def pack(ids: np.ndarray, seq_len: int, cls_id: int | None = None, sep_id: int | None = None) -> torch.Tensor:
+    """Full sequences ``(N, seq_len)`` from a token stream; with ``cls_id``/``sep_id`` each is
+    ``[CLS] + (seq_len - 2) tokens + [SEP]``. The remainder that does not fill a sequence is dropped."""
+    wrap = cls_id is not None and sep_id is not None
+    body = seq_len - 2 if wrap else seq_len
+    if body < 1:
+        raise ValueError(f"seq_len {seq_len} is too short")
+    n = ids.size // body
+    if n == 0:
+        raise ValueError(f"the corpus has {ids.size} tokens, fewer than one sequence of {body}; "
+                         f"give more text or a shorter --seq-len")
+    blocks = torch.from_numpy(ids[: n * body].astype(np.int64)).view(n, body)
+    if wrap:
+        blocks = torch.cat([torch.full((n, 1), cls_id), blocks, torch.full((n, 1), sep_id)], dim=1)
+    return blocks
+
+
+class PackedDataset(torch.utils.data.Dataset):
+    """Packed sequences; item ``i`` is ``{"input_ids": LongTensor(seq_len)}``."""
+
+    def __init__(self, blocks: torch.Tensor):
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return self.blocks.shape[0]
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.blocks[i]}
+
+    @property
+    def num_tokens(self) -> int:
+        return self.blocks.numel()
