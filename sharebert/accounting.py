@@ -1,0 +1,162 @@
+"""Parameter, FLOP and memory accounting, computed analytically from a config (no model, no torch).
+
+Everything here reads plain config fields (a ``ShareBertConfig``, a ``config.json`` dict or a preset
+dict), so ``sharebert report`` and ``sharebert budget`` never allocate a model. ``tests/test_accounting.py``
+checks every count against ``sum(p.numel())`` of the instantiated models and the FLOPs against
+``torch.utils.flop_counter``.
+
+Heads (``head=``):
+
+* ``none``: the backbone as the ShareBERT paper counts it: embeddings, encoder, pooler (``ShareBertModel``).
+* ``mlm``: the pre-training model as transformers' ``BertForMaskedLM`` is built: no pooler, MLM head
+  (``ShareBertForMaskedLM``; a tied decoder adds only its bias). This is how the attention papers count.
+* ``classifier``: pooler and a ``V x num_labels`` classifier (``ShareBertForSequenceClassification``).
+
+FLOP convention: FLOPs = 2 x multiply-accumulates of the matrix products (linear layers, weight
+generation, attention scores and context); element-wise work (biases, norms, softmax, GELU, the
+shared-qkv scalings) and embedding lookups count 0, as in ``torch.utils.flop_counter``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+HEADS = ("none", "mlm", "classifier")
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
+
+# ShareBertConfig's defaults, for config dicts that omit a field.
+_DEFAULTS = dict(vocab_size=30528, embedding_size=64, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 intermediate_size=512, max_position_embeddings=128, type_vocab_size=2, sharing="veps",
+                 share_layers=None, attention="standard", qk_share_ratio=0.5, norm_position="pre",
+                 pooler="generated", mlm_head="tied", is_decoder=False)
+_FILL_ORDER = ("qk_shared", "query", "key", "pair", "shared_qkv", "value", "ffn_in", "ffn_out", "output")
+_ATTENTION_MATRICES = frozenset(_FILL_ORDER) - {"ffn_in", "ffn_out"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The config fields accounting needs. ``E`` vocab, ``F`` word-embedding width, ``V`` hidden,
+    ``N`` layers, ``I`` feed-forward, ``P`` positions, ``types`` token types."""
+
+    E: int
+    F: int
+    V: int
+    N: int
+    I: int
+    heads: int
+    P: int
+    types: int
+    sharing: str
+    share_layers: bool
+    attention: str
+    qk_share_ratio: float
+    norm_position: str
+    pooler: str
+    mlm_head: str
+    num_labels: int
+
+    @classmethod
+    def of(cls, config) -> "Shape":
+        """From a ``ShareBertConfig``, a config dict (``config.json``) or a ``Shape``."""
+        if isinstance(config, Shape):
+            return config
+        get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+        f = {k: get(k, d) for k, d in _DEFAULTS.items()}
+        labels = get("id2label")
+        num_labels = len(labels) if labels else (get("num_labels") or 2)
+        return cls(E=f["vocab_size"], F=f["embedding_size"] or f["hidden_size"], V=f["hidden_size"],
+                   N=f["num_hidden_layers"], I=f["intermediate_size"], heads=f["num_attention_heads"],
+                   P=f["max_position_embeddings"], types=f["type_vocab_size"], sharing=f["sharing"],
+                   share_layers=f["sharing"] != "none" if f["share_layers"] is None else bool(f["share_layers"]),
+                   attention=f["attention"], qk_share_ratio=f["qk_share_ratio"], norm_position=f["norm_position"],
+                   pooler=f["pooler"], mlm_head=f["mlm_head"], num_labels=int(num_labels))
+
+    @property
+    def head_dim(self) -> int:
+        return self.V // self.heads
+
+    @property
+    def qk_shared_dim(self) -> int:
+        return {"symmetric": self.head_dim, "partial-qk": round(self.qk_share_ratio * self.head_dim)}.get(self.attention, 0)
+
+    @property
+    def factorized(self) -> bool:
+        return self.F != self.V
+
+    def layer_matrices(self) -> list[tuple[str, tuple[int, int]]]:
+        """One layer's weight matrices ``(name, (out, in))`` (same as ``ShareBertConfig.layer_matrices``)."""
+        V, h, d, ds = self.V, self.heads, self.head_dim, self.qk_shared_dim
+        shapes = {
+            "standard": {"query": (V, V), "key": (V, V), "value": (V, V)},
+            "symmetric": {"query": (V, V), "value": (V, V)},
+            "pairwise": {"query": (V, V), "pair": (h * d, d), "value": (V, V)},
+            "shared-qkv": {"shared_qkv": (V, V)},
+            "partial-qk": {"qk_shared": (h * ds, V), "query": (h * (d - ds), V), "key": (h * (d - ds), V),
+                           "value": (V, V)},
+        }[self.attention]
+        shapes.update(ffn_in=(self.I, V), ffn_out=(V, self.I), output=(V, V))
+        return [(n, shapes[n]) for n in _FILL_ORDER if n in shapes and shapes[n][0] * shapes[n][1] > 0]
+
+    def generated_targets(self) -> list[tuple[str, tuple[int, int]]]:
+        if self.sharing == "none":
+            return []
+        return self.layer_matrices() + ([("pooler", (self.V, self.V))] if self.pooler == "generated" else [])
+
+    def columns_used(self) -> int:
+        """Source columns the EPS plan takes: ``sum(ceil(rows * cols / E))`` (paper eq. 3-4)."""
+        return sum(math.ceil(r * c / self.E) for _, (r, c) in self.generated_targets())
+
+    def attention_vectors(self) -> int:
+        """Per-layer learned attention vectors: Q/K/V biases, shared-qkv scalings, output bias."""
+        V, h, ds = self.V, self.heads, self.qk_shared_dim
+        own = h * (self.head_dim - ds)
+        biases = {"standard": 3 * V, "symmetric": 2 * V, "pairwise": 2 * V, "shared-qkv": V,
+                  "partial-qk": h * ds + 2 * own + V}[self.attention]
+        return biases + (3 * V if self.attention == "shared-qkv" else 0) + V
+
+
+def _numel(matrices) -> int:
+    return sum(r * c for _, (r, c) in matrices)
+
+
+def count_params(config, head: str = "none") -> dict:
+    """Learned and generated parameter counts with a per-component breakdown.
+
+    Returns ``learned_params``, ``learned_params_without_word_embeddings``, ``generated_params``
+    (entries of the materialised EPS/VEPS matrices), ``components`` (name -> learned count, summing
+    to ``learned_params``), ``counted`` (which heads are included) and ``head``.
+    """
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
+    s = Shape.of(config)
+    E, F, V, N, I = s.E, s.F, s.V, s.N, s.I
+    with_pooler = head != "mlm" and s.pooler != "none"
+    c = {"word_embeddings": E * F}
+    if s.factorized:
+        c["input_projection"] = F * V + V + 2 * F  # F -> V linear and the LayerNorm on F before it
+    c["positions_and_token_types"] = (s.P + s.types) * V
+    c["embedding_norm"] = 2 * V
+    if s.sharing == "veps":
+        c["virtual_projection"] = F * V + V  # P and p of M = A @ P + p
+    if s.sharing == "none":
+        c["encoder_matrices"] = (1 if s.share_layers else N) * _numel(s.layer_matrices())
+    c["layer_biases_and_norms"] = N * (s.attention_vectors() + I + V + 4 * V) + (2 * V if s.norm_position == "pre" else 0)
+    if with_pooler:
+        c["pooler"] = V + (V * V if s.pooler == "dense" else 0)  # a generated pooler learns only its bias
+    if head == "mlm":
+        width = F if s.mlm_head == "tied" else V
+        c["mlm_head"] = V * width + width + 2 * width + E + (0 if s.mlm_head == "tied" else width * E)
+    if head == "classifier":
+        c["classifier"] = V * s.num_labels + s.num_labels
+    learned = sum(c.values())
+    generated = _numel(s.generated_targets())
+    return {
+        "head": head,
+        "learned_params": learned,
+        "learned_params_without_word_embeddings": learned - c["word_embeddings"],
+        "generated_params": generated,
+        "columns_used": s.columns_used(),
+        "components": c,
+        "counted": {"pooler": with_pooler and s.pooler, "mlm_head": head == "mlm" and s.mlm_head,
+                    "classifier": head == "classifier"},
+    }
