@@ -49,11 +49,16 @@ PRESETS: dict[str, dict] = {
     "sharebert-f64-v768": _sharebert(embedding_size=64, hidden_size=768, num_hidden_layers=12, intermediate_size=768, num_attention_heads=12),
     # Sized to pre-train on 2 CPU cores.
     "sharebert-tiny": _sharebert(embedding_size=64, hidden_size=256, num_hidden_layers=4, intermediate_size=512, num_attention_heads=4),
-    # ShareBERT paper, Table 2 (BERT + EPS, BERT + EPS + EF).
-    "bert-eps-i1024": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=1024, num_attention_heads=12),
-    "bert-eps-i3072": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=3072, num_attention_heads=12),
-    "bert-eps-i6144": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=6144, num_attention_heads=12),
-    "bert-eps-ef-f1152": _sharebert(sharing="eps", embedding_size=1152, pooler="dense", pooler_activation="tanh"),
+    # ShareBERT paper, Table 2 (BERT + EPS, BERT + EPS + EF): BERT's 512 positions and a dense pooler (the
+    # printed 24.5M / 43.0M and the 'shared dims' 130/233/388/1100 need both; see docs/ACCOUNTING.md).
+    "bert-eps-i1024": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=1024, num_attention_heads=12,
+                                max_position_embeddings=512, pooler="dense", pooler_activation="tanh"),
+    "bert-eps-i3072": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                                max_position_embeddings=512, pooler="dense", pooler_activation="tanh"),
+    "bert-eps-i6144": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=6144, num_attention_heads=12,
+                                max_position_embeddings=512, pooler="dense", pooler_activation="tanh"),
+    "bert-eps-ef-f1152": _sharebert(sharing="eps", embedding_size=1152, max_position_embeddings=512, pooler="dense",
+                                   pooler_activation="tanh"),
     # ShareBERT paper, Table 2 (small BERT baselines: vocab 30528, 128 positions).
     "bert-h128": _bert(vocab_size=30528, hidden_size=128, intermediate_size=512, num_attention_heads=2, max_position_embeddings=128),
     "bert-h256": _bert(vocab_size=30528, hidden_size=256, intermediate_size=1024, num_attention_heads=4, max_position_embeddings=128),
