@@ -328,6 +328,8 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
         "train_tokens": trainer.state.global_step * a.batch_size * a.grad_accum * targs.world_size * seq_len,
         "train_runtime": result.metrics.get("train_runtime"),
         "seq_len": seq_len,
+        "train_sequences": len(train_ds),
+        "valid_sequences": len(eval_ds) if eval_ds is not None else 0,
         "world_size": targs.world_size,
         "args": {k: v for k, v in asdict(a).items() if k != "progress"},
     }

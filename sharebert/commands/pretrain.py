@@ -1,0 +1,80 @@
+"""``sharebert pretrain``: masked-LM (or causal / character-level LM) pre-training with the ``Trainer``."""
+from __future__ import annotations
+
+import os
+import signal
+
+HELP = "pre-train a model folder or a preset on text / MediaWiki XML corpora (runs under torchrun too)"
+
+
+def add_arguments(p):
+    from ..configuration_sharebert import PRESETS
+    from ..training.pretrain import PretrainArgs
+
+    d = PretrainArgs()
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", help="model folder to start from (config.json, weights, tokenizer)")
+    src.add_argument("--preset", help=f"build a fresh model into --out first; one of: {', '.join(PRESETS)}")
+    p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
+                   help="override a preset config field, e.g. --set qk_share_ratio=0.9 (repeatable)")
+    p.add_argument("--vocab", help="WordPiece vocab.txt for --preset (default: bert-base-uncased)")
+    p.add_argument("--train", nargs="+", metavar="FILE",
+                   help="text files, MediaWiki XML dumps (.xml/.xml.bz2), folders or hf:NAME[:CONFIG][:SPLIT] "
+                        "(default with --char-level: tinyshakespeare)")
+    p.add_argument("--valid", nargs="+", metavar="FILE",
+                   help=f"validation corpora (default: the last {d.valid_fraction:.0%} of --train)")
+    p.add_argument("--valid-fraction", type=float, default=d.valid_fraction,
+                   help="share of the train stream held out when --valid is not given (0: no validation)")
+    p.add_argument("--out", required=True, help="output folder: checkpoints, logs, final model, metrics.json")
+    p.add_argument("--objective", choices=["mlm", "clm"], default=d.objective)
+    p.add_argument("--char-level", action="store_true",
+                   help="character tokenizer + causal LM (needs --objective clm; default preset charlm-6l)")
+    p.add_argument("--max-steps", type=int, default=d.max_steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per process and micro-step")
+    p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-steps per optimizer step")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
+    p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence (default 128; with --char-level the model's block size)")
+    p.add_argument("--save-steps", type=int, default=d.save_steps)
+    p.add_argument("--eval-steps", type=int, default=d.eval_steps)
+    p.add_argument("--logging-steps", type=int, default=d.logging_steps)
+    p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    p.add_argument("--max-eval-sequences", type=int, default=None)
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default=d.precision,
+                   help="auto: bf16 (or fp16) on CUDA, fp32 on CPU")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args) -> int:
+    from ..build import parse_overrides
+    from ..training.pretrain import NonFiniteLoss, PretrainArgs, pretrain
+
+    a = PretrainArgs(
+        objective=args.objective, char_level=args.char_level, max_steps=args.max_steps, batch_size=args.batch_size,
+        grad_accum=args.grad_accum, lr=args.lr, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        warmup_ratio=args.warmup_ratio, seq_len=args.seq_len, valid_fraction=args.valid_fraction,
+        max_eval_sequences=args.max_eval_sequences, save_steps=args.save_steps, eval_steps=args.eval_steps,
+        logging_steps=args.logging_steps, keep_checkpoints=args.keep_checkpoints, precision=args.precision,
+        seed=args.seed, resume=args.resume, progress=not args.no_progress, overrides=parse_overrides(args.overrides),
+    )
+    try:
+        m = pretrain(args.train, args.out, model_dir=args.model, preset=args.preset, valid=args.valid, args=a,
+                     vocab=args.vocab)
+    except NonFiniteLoss as e:
+        print(f"sharebert pretrain: stopped: {e}")
+        return 3
+    if os.environ.get("RANK", "0") != "0":
+        return 130 if m["status"] == "interrupted" else 0
+    if m["status"] == "interrupted":
+        name = signal.Signals(m["signal"]).name
+        print(f"{name}: saved {m['checkpoint']} at step {m['global_step']}; continue with the same command plus --resume")
+        return 128 + m["signal"]
+    ev = f", eval loss {m['eval_loss']:.4f} (perplexity {m['eval_perplexity']:.2f})" if "eval_loss" in m else ""
+    print(f"trained {m['global_step']} steps on {m['train_tokens']:,} tokens: train loss {m['train_loss']:.4f}{ev}; "
+          f"model and metrics.json in {args.out}")
+    return 0

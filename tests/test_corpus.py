@@ -1,0 +1,125 @@
+"""Corpora: newline styles, MediaWiki XML streaming and markup stripping, packing, character tokenizer, bad input."""
+import bz2
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from sharebert.paths import data_path, default_vocab
+from sharebert.tokenization import hf_tokenizer
+from sharebert.training.corpus import (
+    char_tokenizer, encode_sources, iter_lines, load_tokenizer, pack, read_text, resolve_sources, strip_wiki_markup,
+)
+
+ENWIKI = data_path("enwiki-sample")
+SHAKESPEARE = data_path("tinyshakespeare", "input.txt")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return hf_tokenizer(default_vocab())
+
+
+def _wikitext_lines(n=200):
+    with open(data_path("wikitext-2-raw", "wiki.valid.raw"), encoding="utf-8", newline=None) as f:
+        return [next(f) for _ in range(n)]
+
+
+def test_newline_styles_give_the_same_tokens(tmp_path, tok):
+    text = "".join(_wikitext_lines())
+    assert "\r" not in text
+    ids = {}
+    for name, nl in (("lf", "\n"), ("crlf", "\r\n"), ("cr", "\r")):
+        path = tmp_path / f"{name}.txt"
+        path.write_bytes(text.replace("\n", nl).encode("utf-8"))
+        ids[name] = encode_sources([path], tok, progress=False)
+    assert ids["lf"].size > 1000
+    assert np.array_equal(ids["lf"], ids["crlf"]) and np.array_equal(ids["lf"], ids["cr"])
+    # the staged WikiText file itself has CRLF endings: no stray \r survives the reader
+    assert all(not line.rstrip("\n").endswith("\r") for line in iter_lines(data_path("wikitext-2-raw", "wiki.valid.raw")))
+    # a bz2-compressed copy (detected by content, not name) reads the same
+    packed = tmp_path / "corpus.dat"
+    packed.write_bytes(bz2.compress(text.encode("utf-8")))
+    assert np.array_equal(encode_sources([packed], tok, progress=False), ids["lf"])
+
+
+def test_mediawiki_dump_is_streamed_without_markup():
+    (src,) = resolve_sources([ENWIKI])  # a folder expands to its file; .bz2 without .xml is sniffed
+    lines = list(iter_lines(src))
+    text = "".join(lines)
+    assert lines[0] == "Anarchism\n"  # the first article after the redirect pages
+    assert "Anarchism is a political philosophy" in text
+    assert len(text) > 2_000_000
+    for markup in ("{{cite", "<ref", "'''", "[[Category:", "&nbsp;", "== ", "#REDIRECT"):
+        assert markup not in text, markup
+    # fewer than one leftover link bracket per 100k characters (only inside image captions)
+    assert text.count("[[") < len(text) / 100_000
+
+
+def test_strip_wiki_markup_rules():
+    src = ("'''Foo''' is a [[bar baz|Bar]] of [[Qux]].{{cite web|url=x|title={{nested}}}}<ref name=a>r</ref>"
+           "[[File:a.jpg|thumb|A [[link]] in a caption]] [http://example.org the label]<!-- hidden -->\n"
+           "== History ==\n* first &amp; second\n{| class=wikitable\n| cell\n|}\n[[de:Foo]][[Category:Things]]")
+    assert strip_wiki_markup(src) == "Foo is a Bar of Qux. the label\nHistory\nfirst & second"
+
+
+def test_packing_keeps_the_stream_and_wraps_sequences(tmp_path, tok):
+    path = tmp_path / "a.txt"
+    path.write_text("".join(_wikitext_lines(60)), encoding="utf-8")
+    ids = encode_sources([path], tok, progress=False)
+    blocks = pack(ids, 16, tok.cls_token_id, tok.sep_token_id)
+    assert blocks.shape == (ids.size // 14, 16)
+    assert (blocks[:, 0] == tok.cls_token_id).all() and (blocks[:, -1] == tok.sep_token_id).all()
+    assert torch.equal(blocks[:, 1:-1].reshape(-1), torch.from_numpy(ids[: blocks.shape[0] * 14].astype(np.int64)))
+    plain = pack(ids, 16)
+    assert plain.shape == (ids.size // 16, 16)
+    with pytest.raises(ValueError, match="fewer than one sequence"):
+        pack(ids[:10], 16)
+
+
+def test_char_tokenizer_round_trips_shakespeare():
+    text = read_text([SHAKESPEARE])
+    tok = char_tokenizer(text)
+    assert len(tok) == len(set(text)) + 2 == 67  # 65 characters + [PAD] + [UNK]
+    assert tok.convert_tokens_to_ids(["[PAD]", "[UNK]"]) == [0, 1]
+    ids = encode_sources([SHAKESPEARE], tok, char_level=True, progress=False)
+    assert ids.size == len(text) == 1_115_394  # one token per character, newlines included
+    assert tok.decode(ids[:500].tolist()) == text[:500]
+    assert tok("Zz\u00e9")["input_ids"][-1] == 1  # unseen character -> [UNK]
+
+
+def test_bad_inputs_are_reported(tmp_path, tok):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        resolve_sources([tmp_path / "missing.txt"])
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\r\n   \n")
+    with pytest.raises(ValueError, match="holds no text"):
+        encode_sources([empty], tok, progress=False)
+    broken = tmp_path / "broken.bz2"
+    whole = bz2.compress(" ".join(str(i * i) for i in range(20000)).encode())
+    broken.write_bytes(whole[: len(whole) // 2])  # a download cut halfway
+    with pytest.raises(ValueError, match="cannot read corpus file"):
+        encode_sources([broken], tok, progress=False)
+    bad_xml = tmp_path / "dump.xml"
+    bad_xml.write_text("<mediawiki><page><title>x</title><revision><text>a")
+    with pytest.raises(ValueError, match="cannot read corpus file"):
+        list(iter_lines(bad_xml))
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ValueError, match="holds no files"):
+        resolve_sources([tmp_path / "folder"])
+    if os.geteuid() != 0:  # root reads anything
+        locked = tmp_path / "locked.txt"
+        locked.write_text("text\n")
+        locked.chmod(0)
+        with pytest.raises(ValueError, match="cannot read corpus file"):
+            encode_sources([locked], tok, progress=False)
+
+
+def test_tokenizer_larger_than_config_vocab_is_refused(tmp_path, tok):
+    tok.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="30522 tokens but config.vocab_size is 1000"):
+        load_tokenizer(tmp_path, 1000)
+    assert len(load_tokenizer(tmp_path, 30528)) == 30522
+    with pytest.raises(FileNotFoundError, match="no tokenizer"):
+        load_tokenizer(tmp_path / "nothing", 30528)
