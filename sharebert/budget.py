@@ -1,0 +1,177 @@
+"""Budget planner: ShareBERT and dense BERT-style configurations under parameter, byte, RAM and FLOP limits.
+
+Candidates are plain config dicts scored analytically (``accounting``); no model is built. Metrics
+per candidate (backbone, ``head='none'``): learned parameters, bytes stored and RAM at load
+(learned + generated weights) at the chosen dtype, and inference GFLOPs at the given sequence length.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+from .accounting import DTYPE_BYTES, Shape, count_flops, count_params
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> float:
+    """``"10M"`` -> 1e7, ``"20MB"`` -> 2e7, ``"1.5G"`` -> 1.5e9, ``"64MiB"`` -> 64 * 2**20."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"cannot read size {text!r}: use a number with an optional k/M/G/T suffix, e.g. 10M, 20MB, 1.5G")
+    number, prefix, binary = float(m.group(1)), m.group(2).lower(), bool(m.group(3))
+    power = "kmgt".index(prefix) + 1 if prefix else 0
+    return number * (1024 if binary else 1000) ** power
+
+
+def candidate_configs(vocab_size: int = 30528) -> list[dict]:
+    """ShareBERT (VEPS) grid over F, V, N, I, heads, attention, and dense BERT baselines, plus the paper's presets."""
+    from .configuration_sharebert import PRESETS  # plain dicts
+
+    out = [(name, dict(preset)) for name, preset in PRESETS.items() if not preset.get("is_decoder")]
+    common = dict(vocab_size=vocab_size, max_position_embeddings=128, type_vocab_size=2, share_layers=None,
+                  qk_share_ratio=0.5, mlm_head="tied", is_decoder=False)
+    for F, V, N, ratio, head_dim, att in itertools.product((16, 32, 64, 128, 256, 384, 768), (256, 512, 768, 1024, 2048),
+                                                          (4, 6, 8, 12), (1, 2, 4), (64, 128),
+                                                          ("standard", "symmetric", "shared-qkv")):
+        c = dict(common, embedding_size=F, hidden_size=V, num_hidden_layers=N, intermediate_size=ratio * V,
+                 num_attention_heads=V // head_dim, attention=att, sharing="veps", pooler="generated", norm_position="pre")
+        if F < V and Shape.of(c).columns_used() <= V:
+            out.append(("sharebert", c))
+    for H, N, att in itertools.product((128, 256, 384, 512, 768), (2, 4, 6, 12), ("standard", "symmetric", "shared-qkv")):
+        out.append(("bert", dict(common, embedding_size=None, hidden_size=H, num_hidden_layers=N, intermediate_size=4 * H,
+                                 num_attention_heads=max(1, H // 64), attention=att, sharing="none", pooler="dense",
+                                 norm_position="post")))
+    seen, unique = set(), []
+    for name, c in out:  # a grid point equal to a preset keeps the preset's name
+        if Shape.of(c) not in seen:
+            seen.add(Shape.of(c))
+            unique.append((name, c))
+    return unique
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str  # preset name, or "sharebert" / "bert" for grid points
+    config: dict
+    params: int
+    stored_bytes: int
+    ram_bytes: int
+    gflops: float
+
+    @property
+    def is_preset(self) -> bool:
+        return self.name not in ("sharebert", "bert")
+
+    def describe(self) -> str:
+        s = Shape.of(self.config)
+        shape = f"F={s.F} V={s.V} N={s.N} I={s.I} heads={s.heads}" if s.sharing != "none" else \
+            f"H={s.V} N={s.N} I={s.I} heads={s.heads}"
+        kind = "ShareBERT" if s.sharing == "veps" else ("BERT+EPS" if s.sharing == "eps" else "BERT")
+        return f"{kind} {shape} {s.attention}"
+
+
+def score(configs, dtype: str = "fp32", seq_len: int = 128) -> list[Candidate]:
+    k = DTYPE_BYTES[dtype]
+    out = []
+    for name, c in configs:
+        n = count_params(c)
+        out.append(Candidate(name, c, n["learned_params"], n["learned_params"] * k,
+                             (n["learned_params"] + n["generated_params"]) * k,
+                             count_flops(c, seq_len=seq_len)["inference"] / 1e9))
+    return out
+
+
+LIMITS = {"max_params": ("learned parameters", "params"), "max_bytes": ("bytes stored", "stored_bytes"),
+          "max_ram": ("RAM at load", "ram_bytes"), "max_gflops": ("GFLOPs per forward", "gflops")}
+
+
+def pareto_front(cands: list[Candidate]) -> list[Candidate]:
+    """Candidates no other candidate beats on (params, RAM at load, GFLOPs): sorted by params, largest first.
+
+    More parameters is better (capacity), less RAM and fewer GFLOPs are better.
+    """
+    def key(c):
+        return (-c.params, c.ram_bytes, c.gflops)
+
+    front = []
+    for c in sorted(cands, key=key):
+        if not any(o.params >= c.params and o.ram_bytes <= c.ram_bytes and o.gflops <= c.gflops and key(o) != key(c)
+                   for o in front):
+            front.append(c)
+    return front
+
+
+def plan(limits: dict, dtype: str = "fp32", seq_len: int = 128) -> dict:
+    """``{"front", "feasible", "total", "presets" (feasible paper presets), "all", "blocking" (why nothing fits), "seq_len"}``.
+
+    ``limits`` maps ``max_params`` / ``max_bytes`` / ``max_ram`` / ``max_gflops`` to a number (or None).
+    """
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    limits = {k: v for k, v in limits.items() if v is not None}
+    cands = score(candidate_configs(), dtype, seq_len)
+
+    def fits(c, skip=None):
+        return all(getattr(c, LIMITS[k][1]) <= v for k, v in limits.items() if k != skip)
+
+    feasible = [c for c in cands if fits(c)]
+    blocking = None
+    if not feasible:
+        reasons = []
+        for k, v in limits.items():
+            others = [c for c in cands if fits(c, skip=k)]
+            if others:
+                need = min(getattr(c, LIMITS[k][1]) for c in others)
+                reasons.append(f"{LIMITS[k][0]} ({k.replace('_', '-')} {v:g}): the smallest candidate meeting the other "
+                               f"limits needs {need:,.4g}, {need / v:.2f}x the limit")
+        for k, v in limits.items():
+            need = min(getattr(c, LIMITS[k][1]) for c in cands)
+            if need > v:
+                reasons.append(f"{LIMITS[k][0]} ({k.replace('_', '-')} {v:g}) rules out every candidate alone: "
+                               f"the smallest needs {need:,.4g}, {need / v:.2f}x the limit")
+        blocking = "no configuration fits; " + "; ".join(reasons)
+    return {"front": pareto_front(feasible), "feasible": len(feasible), "total": len(cands),
+            "presets": [c for c in feasible if c.is_preset], "all": cands, "blocking": blocking, "seq_len": seq_len}
+
+
+def plot(result: dict, path: str) -> None:
+    """Candidates by learned parameters and GFLOPs, the front highlighted, paper presets and Table 1 labelled."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ValueError("--plot needs matplotlib: pip install 'sharebert[plot]'") from e
+    from .accounting import published
+
+    fig, ax = plt.subplots(figsize=(10, 6.5))
+    cands = result["all"]
+    for kind, color in (("veps", "tab:blue"), ("none", "tab:gray")):
+        pts = [c for c in cands if not c.is_preset and c.config["sharing"] == kind]
+        ax.scatter([c.params / 1e6 for c in pts], [c.gflops for c in pts], s=6, alpha=0.3, color=color,
+                   label="ShareBERT grid" if kind == "veps" else "dense BERT grid")
+    front = result["front"]
+    ax.scatter([c.params / 1e6 for c in front], [c.gflops for c in front], s=18, color="tab:orange",
+               label="feasible Pareto front")
+    table2 = published()["table2"]["rows"]
+    for c in cands:
+        if c.name in table2:
+            ax.scatter(c.params / 1e6, c.gflops, marker="*", s=120, color="tab:red", zorder=3)
+            ax.annotate(c.name, (c.params / 1e6, c.gflops), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    for row in published()["compression_methods"]["rows"]:
+        ax.axvline(row["params"] / 1e6, color="tab:green", alpha=0.25, lw=0.8)
+        ax.text(row["params"] / 1e6, 0.98, f" {row['label']} ({row['relative_perf']}%)",
+                transform=ax.get_xaxis_transform(), rotation=90, fontsize=6, va="top", color="tab:green")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("learned parameters (M, backbone)")
+    ax.set_ylabel(f"GFLOPs per forward (batch 1, seq {result.get('seq_len', 128)}, weights materialised)")
+    ax.set_title("sharebert budget: candidates; red stars = ShareBERT Table 2 presets; "
+                 "green lines = ShareBERT Table 1 methods (rel. perf.)", fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,45 @@
+"""``sharebert budget``: the Pareto front of configurations under a device budget (analytic)."""
+from __future__ import annotations
+
+HELP = "find ShareBERT / BERT configurations under a parameter, byte, RAM and FLOP budget"
+
+
+def add_arguments(p):
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--max-params", help="learned parameters, e.g. 10M")
+    g.add_argument("--max-bytes", help="bytes stored at --dtype, e.g. 20MB")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "int8"], default="fp32")
+    p.add_argument("--max-gflops", type=float, help="GFLOPs per forward (batch 1, weights materialised)")
+    p.add_argument("--max-ram", help="RAM at load (learned + generated weights at --dtype), e.g. 64MB")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--top", type=int, default=10, help="rows to print (largest first)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw candidates, front and reference points (needs matplotlib)")
+
+
+def run(args) -> int:
+    from ..budget import parse_size, plan, plot
+
+    size = lambda v: None if v is None else parse_size(v)  # noqa: E731
+    limits = {"max_params": size(args.max_params), "max_bytes": size(args.max_bytes), "max_ram": size(args.max_ram),
+              "max_gflops": args.max_gflops}
+    if args.seq_len < 1 or args.top < 1:
+        raise ValueError("--seq-len and --top must be positive")
+    r = plan(limits, args.dtype, args.seq_len)
+    stated = ", ".join(f"{k.replace('_', '-')} {v:,.4g}" for k, v in limits.items() if v is not None)
+    print(f"{r['feasible']:,} of {r['total']:,} candidates fit ({stated}; {args.dtype}, seq {args.seq_len}); "
+          f"Pareto front of (learned params up, RAM at load down, GFLOPs down): {len(r['front'])}")
+    if r["blocking"]:
+        print(r["blocking"])
+    else:
+        print(f"{'':2}{'learned':>12} {'stored':>10} {'RAM@load':>10} {'GFLOPs':>8}  configuration")
+        for c in r["front"][:args.top]:
+            mark = "*" if c.is_preset else " "
+            name = f" [{c.name}]" if c.is_preset else ""
+            print(f"{mark} {c.params:>12,} {c.stored_bytes / 1e6:>8.2f}MB {c.ram_bytes / 1e6:>8.2f}MB {c.gflops:>8.2f}  "
+                  f"{c.describe()}{name}")
+        off = [c.name for c in r["presets"] if c not in r["front"]]
+        print("* = paper preset" + (f"; feasible presets off the front: {', '.join(off)}" if off else ""))
+    if args.plot:
+        plot(r, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
