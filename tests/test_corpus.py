@@ -123,3 +123,24 @@ def test_tokenizer_larger_than_config_vocab_is_refused(tmp_path, tok):
     assert len(load_tokenizer(tmp_path, 30528)) == 30522
     with pytest.raises(FileNotFoundError, match="no tokenizer"):
         load_tokenizer(tmp_path / "nothing", 30528)
+
+
+def test_dynamic_masking_is_15_percent_80_10_10_and_seeded_per_epoch(tok):
+    from sharebert.training.corpus import PackedDataset
+
+    ids = encode_sources([data_path("wikitext-2-raw", "wiki.valid.raw")], tok, progress=False)[:64 * 400]
+    ds = PackedDataset.for_objective(pack(ids, 64, tok.cls_token_id, tok.sep_token_id), tok, "mlm", seed=3)
+    items = [ds[i] for i in range(len(ds))]
+    inputs = torch.stack([x["input_ids"] for x in items])
+    labels = torch.stack([x["labels"] for x in items])
+    picked = labels != -100
+    assert not picked[:, [0, -1]].any()  # [CLS]/[SEP] are never picked
+    rate = picked.float().mean().item() * 64 / 62
+    assert abs(rate - 0.15) < 0.005  # 24,800 maskable tokens: std of the rate is 0.0023
+    n = picked.sum().item()
+    masked = (inputs[picked] == tok.mask_token_id).sum().item() / n
+    kept = (inputs[picked] == labels[picked]).sum().item() / n
+    assert abs(masked - 0.8) < 0.02 and abs(kept - 0.1) < 0.015 and abs(1 - masked - kept - 0.1) < 0.015
+    assert torch.equal(ds[5]["labels"], labels[5])  # same epoch, same mask
+    ds.epoch = 1
+    assert not torch.equal(ds[5]["labels"], labels[5])  # a new epoch draws a new mask

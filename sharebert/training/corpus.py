@@ -252,18 +252,55 @@ def pack(ids: np.ndarray, seq_len: int, cls_id: int | None = None, sep_id: int |
     return blocks
 
 
-class PackedDataset(torch.utils.data.Dataset):
-    """Packed sequences; item ``i`` is ``{"input_ids": LongTensor(seq_len)}``."""
+def mask_tokens(ids: torch.Tensor, special: torch.Tensor, mask_id: int, vocab_size: int, generator: torch.Generator,
+                probability: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking of ``ids`` (T,): each non-special token is picked with ``probability``; picked tokens
+    become [MASK] (80%), a random token (10%) or stay (10%). Returns ``(input_ids, labels)``, labels -100
+    where not picked."""
+    picked = (torch.rand(ids.shape, generator=generator) < probability) & ~special
+    choice = torch.rand(ids.shape, generator=generator)
+    random_ids = torch.randint(vocab_size, ids.shape, generator=generator)
+    inputs = torch.where(picked & (choice < 0.8), mask_id, ids)
+    inputs = torch.where(picked & (choice >= 0.8) & (choice < 0.9), random_ids, inputs)
+    return inputs, torch.where(picked, ids, -100)
 
-    def __init__(self, blocks: torch.Tensor):
-        self.blocks = blocks
+
+class PackedDataset(torch.utils.data.Dataset):
+    """Packed sequences ``(N, T)`` with language-model labels; item ``i`` is ``{"input_ids", "labels"}``.
+
+    Causal LM: labels are the inputs (the model shifts them). Masked LM: dynamic masking drawn from a
+    generator seeded by ``(seed, epoch, i)``, so a sequence gets a new mask every epoch while the masks
+    depend on nothing else: resuming, prefetching or sharding across processes give the same masks.
+    ``epoch=None`` makes it a fixed-mask (validation) set.
+    """
+
+    def __init__(self, blocks: torch.Tensor, mlm: dict | None = None, seed: int = 0, fixed: bool = False):
+        self.blocks, self.mlm, self.seed, self.fixed = blocks, mlm, seed, fixed
+        self.epoch = 0
+        if mlm is not None:
+            self.special = torch.zeros(int(blocks.max()) + 1 if blocks.numel() else 1, dtype=torch.bool)
+            for i in mlm["special_ids"]:
+                if i < self.special.numel():
+                    self.special[i] = True
+
+    @classmethod
+    def for_objective(cls, blocks: torch.Tensor, tokenizer, objective: str, probability: float = 0.15,
+                      seed: int = 0, fixed: bool = False) -> "PackedDataset":
+        mlm = None
+        if objective == "mlm":
+            mlm = {"mask_id": tokenizer.mask_token_id, "vocab_size": len(tokenizer), "probability": probability,
+                   "special_ids": sorted(set(tokenizer.all_special_ids))}
+        return cls(blocks, mlm, seed, fixed)
 
     def __len__(self) -> int:
         return self.blocks.shape[0]
 
     def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.blocks[i]}
-
-    @property
-    def num_tokens(self) -> int:
-        return self.blocks.numel()
+        ids = self.blocks[i]
+        if self.mlm is None:
+            return {"input_ids": ids, "labels": ids.clone()}
+        epoch = -1 if self.fixed else self.epoch
+        g = torch.Generator().manual_seed(((self.seed * 1_000_003 + epoch) * 1_000_000_007 + i) % (2**63))
+        inputs, labels = mask_tokens(ids, self.special[ids], self.mlm["mask_id"], self.mlm["vocab_size"], g,
+                                     self.mlm["probability"])
+        return {"input_ids": inputs, "labels": labels}

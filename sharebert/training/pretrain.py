@@ -1,6 +1,6 @@
 """Language-model pre-training with the transformers ``Trainer``: ``pretrain(train, out, ...) -> metrics``.
 
-Masked LM (dynamic 15% masking, 80/10/10) or causal LM (``char_level`` builds a character tokenizer).
+Masked LM (dynamic 15% masking, 80/10/10, seeded per sequence and epoch) or causal LM (``char_level`` builds a character tokenizer).
 Defaults are the reference recipe (SPEC section 6): AdamW lr 1e-3, betas (0.9, 0.98), eps 1e-6,
 weight decay 0.01, clipping 0.5, 6% warm-up then linear decay, sequence length 128; bf16 (or fp16)
 on CUDA, fp32 on CPU. The same code runs on one CPU and under ``torchrun`` (gloo on CPU, nccl on GPU).
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
 from .callbacks import JsonlLogger, SignalCheckpoint, checkpoints, latest_checkpoint, mark_complete, remove_incomplete, rotate
 from .corpus import PackedDataset, char_tokenizer, encode_sources, load_tokenizer, pack, read_text, resolve_sources
@@ -71,34 +71,14 @@ class NonFiniteLoss(RuntimeError):
                          f"(lower --lr, or check the data)")
 
 
-class _Collator:
-    """Dynamic masking (or causal labels) for the training stream; pre-built labels pass through."""
+class _MaskEpoch(TrainerCallback):
+    """Tells the training set which epoch starts (before its data loader is iterated) for fresh masks."""
 
-    def __init__(self, tokenizer, objective: str, mlm_probability: float):
-        self.dynamic = DataCollatorForLanguageModeling(tokenizer, mlm=objective == "mlm", mlm_probability=mlm_probability)
+    def __init__(self, dataset: PackedDataset):
+        self.dataset = dataset
 
-    def __call__(self, features: list[dict]) -> dict:
-        if "labels" in features[0]:
-            return {k: torch.stack([f[k] for f in features]) for k in features[0]}
-        return self.dynamic(features)
-
-
-class _FixedMaskDataset(torch.utils.data.Dataset):
-    """Validation sequences masked once with a fixed seed, so every evaluation scores the same positions."""
-
-    def __init__(self, blocks: torch.Tensor, tokenizer, objective: str, mlm_probability: float, seed: int):
-        if objective == "mlm":
-            masker = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability, seed=seed)
-            batch = masker([{"input_ids": b} for b in blocks])
-            self.input_ids, self.labels = batch["input_ids"], batch["labels"]
-        else:
-            self.input_ids, self.labels = blocks, blocks.clone()
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-    def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.dataset.epoch = int(state.epoch or 0)
 
 
 class PretrainTrainer(Trainer):
@@ -195,7 +175,7 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
         lr_scheduler_type="linear", warmup_ratio=a.warmup_ratio,
         logging_steps=a.logging_steps, logging_first_step=True, logging_nan_inf_filter=False,
         logging_dir=str(out / "tb"), report_to=["tensorboard"],
-        eval_strategy="steps" if has_eval else "no", eval_steps=a.eval_steps,
+        eval_strategy="steps" if has_eval else "no", eval_steps=a.eval_steps, eval_on_start=has_eval,
         save_strategy="steps", save_steps=a.save_steps, save_total_limit=None,  # rotation after the marker
         seed=a.seed, data_seed=a.seed, use_cpu=not cuda, ddp_backend="gloo" if multi and not cuda else None,
         ddp_find_unused_parameters=False, dataloader_num_workers=a.dataloader_workers,
@@ -233,11 +213,12 @@ def _datasets(a: PretrainArgs, tokenizer, train_sources, valid_sources, seq_len:
     else:
         valid_ids = None
     wrap = {} if a.objective == "clm" else {"cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id}
-    train = PackedDataset(pack(ids, seq_len, **wrap))
+    lm = dict(tokenizer=tokenizer, objective=a.objective, probability=a.mlm_probability, seed=a.seed)
+    train = PackedDataset.for_objective(pack(ids, seq_len, **wrap), **lm)
     if valid_ids is None:
         return train, None
     blocks = pack(valid_ids, seq_len, **wrap)[: a.max_eval_sequences]
-    return train, _FixedMaskDataset(blocks, tokenizer, a.objective, a.mlm_probability, a.seed)
+    return train, PackedDataset.for_objective(blocks, **lm, fixed=True)
 
 
 def _publish(trainer: Trainer, out: Path) -> None:
@@ -305,9 +286,8 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     targs = _training_args(a, out, has_eval=eval_ds is not None)
     stopper = SignalCheckpoint()
     trainer = PretrainTrainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
-                              data_collator=_Collator(tokenizer, a.objective, a.mlm_probability),
-                              processing_class=tokenizer,
-                              callbacks=[JsonlLogger(out / "log.jsonl"), stopper, *(callbacks or [])])
+                              data_collator=default_data_collator, processing_class=tokenizer,
+                              callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), stopper, *(callbacks or [])])
     trainer.keep_checkpoints = a.keep_checkpoints
     resume_from = latest_checkpoint(out) if a.resume else None
     if a.resume and targs.should_save:

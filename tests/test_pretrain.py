@@ -1,0 +1,218 @@
+"""Pre-training with the real Trainer: exact resume after SIGTERM, NaN stop, partial checkpoints,
+torchrun on 2 CPU processes, character-level CLI, bad input."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from sharebert.build import build_model
+from sharebert.cli import main
+from sharebert.paths import data_path
+from sharebert.training.callbacks import MARKER, checkpoints, is_complete, latest_checkpoint
+from sharebert.training.pretrain import NonFiniteLoss, PretrainArgs, param_digest, pretrain
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
+ARGS = dict(max_steps=6, batch_size=4, seq_len=32, save_steps=2, eval_steps=3, logging_steps=1,
+            max_eval_sequences=16, progress=False)
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    build_model("sharebert-tiny", out, TINY)
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "wiki.txt"
+    with open(data_path("wikitext-2-raw", "wiki.valid.raw"), encoding="utf-8", newline=None) as f:
+        path.write_text("".join(next(f) for _ in range(300)), encoding="utf-8")
+    return path
+
+
+def _log(out):
+    return [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
+
+
+def _losses(out):
+    return {r["step"]: r["loss"] for r in _log(out) if "loss" in r}
+
+
+class SignalAt(TrainerCallback):
+    """Sends a real signal to this process after optimizer step ``step``."""
+
+    def __init__(self, step, signum=signal.SIGTERM):
+        self.step, self.signum = step, signum
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_sigterm_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path, model_dir, corpus):
+    whole = pretrain([corpus], tmp_path / "whole", model_dir, args=PretrainArgs(**ARGS))
+    assert whole["status"] == "completed" and whole["global_step"] == 6
+    log = _log(tmp_path / "whole")
+    evals = [r for r in log if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [0, 3, 6]  # the untrained model is scored first
+    assert all(abs(r["eval_perplexity"] - torch.tensor(r["eval_loss"]).exp().item()) < 1e-2 * r["eval_perplexity"]
+               for r in evals)
+    assert whole["eval_loss"] == evals[-1]["eval_loss"]
+    assert list((tmp_path / "whole" / "tb").glob("events.out.tfevents.*"))
+    lrs = [r["learning_rate"] for r in log if "learning_rate" in r]
+    assert lrs[0] == 0.0 and lrs[1] == pytest.approx(1e-3) and lrs[-1] < lrs[1]  # 6% warm-up, linear decay
+
+    part = tmp_path / "part"
+    stopped = pretrain([corpus], part, model_dir, args=PretrainArgs(**ARGS), callbacks=[SignalAt(3)])
+    assert stopped["status"] == "interrupted" and stopped["signal"] == signal.SIGTERM
+    assert stopped["global_step"] == 4 and stopped["checkpoint"] == str(part / "checkpoint-4")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+    assert not (part / "model.safetensors").exists()  # no final model from an interrupted run
+    assert is_complete(part / "checkpoint-4")
+
+    # A save killed halfway: checkpoint-6 without its marker, checkpoint-5 with a truncated weights file.
+    for step, cut in ((6, True), (5, False)):
+        shutil.copytree(part / "checkpoint-4", part / f"checkpoint-{step}")
+        weights = part / f"checkpoint-{step}" / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+        if cut:
+            (part / f"checkpoint-{step}" / MARKER).unlink()
+    assert [ok for _, _, ok in checkpoints(part)] == [True, True, False, False]
+    assert latest_checkpoint(part) == part / "checkpoint-4"
+    with pytest.raises(ValueError, match="pass --resume"):
+        pretrain([corpus], part, model_dir, args=PretrainArgs(**ARGS))
+
+    resumed = pretrain([corpus], part, model_dir, args=PretrainArgs(**ARGS, resume=True))
+    assert resumed["status"] == "completed" and resumed["global_step"] == 6
+    assert resumed["param_sha256"] == whole["param_sha256"]  # same schedule, data order and masking
+    assert _losses(part) == _losses(tmp_path / "whole")
+    assert resumed["eval_loss"] == whole["eval_loss"]
+    assert [s for s, _, ok in checkpoints(part)] == [2, 4, 6] and latest_checkpoint(part) == part / "checkpoint-6"
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, model_dir, corpus, capsys):
+    out = tmp_path / "nan"
+    rc = main(["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), "--lr", "1e9",
+               "--warmup-ratio", "0", "--max-steps", "5", "--batch-size", "4", "--seq-len", "32", "--save-steps", "1",
+               "--logging-steps", "1", "--max-eval-sequences", "8", "--no-progress"])
+    msg = capsys.readouterr().out
+    assert rc == 3
+    assert "loss became nan at step 2" in msg and "checkpoint-1" in msg
+    assert [(s, ok) for s, _, ok in checkpoints(out)] == [(1, True)]  # nothing saved after the bad step
+    weights = load_file(out / "checkpoint-1" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert not (out / "model.safetensors").exists() and not (out / "metrics.json").exists()
+
+
+def test_injected_inf_raises_non_finite_loss(tmp_path, model_dir, corpus):
+    class Poison(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 3:  # after checkpoint-2, before step 4's forward
+                with torch.no_grad():
+                    model.lm_head.decoder.bias[7] = float("inf")
+
+    with pytest.raises(NonFiniteLoss) as err:
+        pretrain([corpus], tmp_path / "inf", model_dir, args=PretrainArgs(**ARGS), callbacks=[Poison()])
+    assert err.value.step == 4 and err.value.checkpoint == tmp_path / "inf" / "checkpoint-2"
+    assert [s for s, _, ok in checkpoints(tmp_path / "inf") if ok] == [2]
+
+
+def test_torchrun_two_processes_keep_identical_replicas(tmp_path, model_dir, corpus):
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "sharebert",
+           "pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), "--max-steps", "3",
+           "--batch-size", "4", "--seq-len", "32", "--lr", "1e-2", "--warmup-ratio", "0", "--logging-steps", "1",
+           "--save-steps", "2", "--eval-steps", "3", "--max-eval-sequences", "16", "--no-progress"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_step"] == 3
+    rank0, rank1 = metrics["param_sha256"]
+    assert rank0 == rank1  # each rank hashed its own replica
+    from sharebert.modeling_sharebert import ShareBertForMaskedLM
+
+    saved = ShareBertForMaskedLM.from_pretrained(out)
+    assert param_digest(saved) == rank0 != param_digest(ShareBertForMaskedLM.from_pretrained(model_dir))
+    losses = _losses(out)
+    assert sorted(losses) == [1, 2, 3] and losses[3] < losses[1]
+    evals = {r["step"]: r["eval_loss"] for r in _log(out) if "eval_loss" in r}  # same fixed masks each time
+    assert sorted(evals) == [0, 3] and evals[3] < evals[0] - 0.05
+    assert {"rng_state_0.pth", "rng_state_1.pth", MARKER} <= {p.name for p in (out / "checkpoint-2").iterdir()}
+
+
+def test_cli_sigterm_then_resume(tmp_path, model_dir, corpus):
+    out = tmp_path / "cli"
+    common = ["--model", str(model_dir), "--train", str(corpus), "--out", str(out), "--batch-size", "2",
+              "--seq-len", "16", "--save-steps", "1000", "--logging-steps", "1", "--max-eval-sequences", "8",
+              "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "sharebert", "pretrain", *common, "--max-steps", "100000"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "log.jsonl"
+    deadline = time.monotonic() + 90
+    while not (log.exists() and len(log.read_text().splitlines()) >= 2) and proc.poll() is None:
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "SIGTERM: saved" in stdout and "--resume" in stdout
+    ckpt = latest_checkpoint(out)
+    step = int(ckpt.name.split("-")[1])
+    assert step >= 2 and json.loads((out / "metrics.json").read_text())["status"] == "interrupted"
+
+    rc = main(["pretrain", *common, "--max-steps", str(step + 2), "--resume"])
+    assert rc == 0
+    steps = [r["step"] for r in _log(out) if "loss" in r]
+    assert steps[-2:] == [step + 1, step + 2] and steps[:step] == list(range(1, step + 1))
+    assert json.loads((out / "metrics.json").read_text())["global_step"] == step + 2
+
+
+def test_char_level_preset_on_shakespeare(tmp_path):
+    out = tmp_path / "char"
+    rc = main(["pretrain", "--char-level", "--objective", "clm", "--preset", "charlm-tiny", "--set", "hidden_size=32",
+               "--set", "num_hidden_layers=1", "--set", "intermediate_size=64", "--set", "qk_share_ratio=0.9",
+               "--out", str(out), "--max-steps", "2", "--batch-size", "4", "--seq-len", "64", "--eval-steps", "2",
+               "--max-eval-sequences", "4", "--no-progress"])
+    assert rc == 0
+    m = json.loads((out / "metrics.json").read_text())
+    n = 1_115_394  # characters in input.txt = tokens
+    assert m["train_sequences"] == round(0.9 * n) // 64  # 90/10 split of the character stream
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == 72 and config["is_decoder"] and config["qk_share_ratio"] == 0.9
+    assert config["architectures"] == ["ShareBertForCausalLM"]
+    vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    assert len(vocab) == 67 and vocab["[PAD]"] == 0 and vocab["\n"] == 2
+    assert m["eval_loss"] < 4.5  # ln(72) = 4.28 at init; finite and near it after 2 steps
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "sharebert-tiny", "--train", "missing.txt"], "not found"),
+    (["--preset", "sharebert-tiny", "--char-level", "--train", "x"], "--objective clm"),
+    (["--train", "x"], "exactly one of --model"),
+])
+def test_bad_command_lines(tmp_path, capsys, argv, message):
+    rc = main(["pretrain", *argv, "--out", str(tmp_path / "o")])
+    assert rc == 2 and message in capsys.readouterr().err
+
+
+def test_tokenizer_config_mismatch_is_refused_before_training(tmp_path, model_dir, corpus, capsys):
+    bad = tmp_path / "bad"
+    shutil.copytree(model_dir, bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    rc = main(["pretrain", "--model", str(bad), "--train", str(corpus), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "config.vocab_size is 1000" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "log.jsonl").exists()
