@@ -1,0 +1,95 @@
+"""Partial Q-K sharing sweep on Tiny Shakespeare: train a character-level causal LM for each share
+ratio ``p`` (config ``qk_share_ratio``: 0 = separate Q and K, 1 = symmetric) and write the train and
+validation loss curves to ``curves.csv`` and ``curves.png``.
+
+    python examples/partial_qk_sweep.py --out runs/pqk            # CPU-sized: charlm-tiny, 150 steps
+    python examples/partial_qk_sweep.py --out runs/pqk --full     # the paper's length: charlm-6l, 5000 steps
+
+Same data (90/10 split of input.txt), seed, schedule and batch order for every ``p``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from sharebert.paths import data_path
+from sharebert.training.pretrain import PretrainArgs, pretrain
+
+SHORT = dict(preset="charlm-tiny", max_steps=150, batch_size=16, seq_len=128, eval_steps=25, logging_steps=5,
+             max_eval_sequences=64)
+FULL = dict(preset="charlm-6l", max_steps=5000, batch_size=64, seq_len=256, eval_steps=250, logging_steps=50,
+            max_eval_sequences=None)
+
+
+def curves(out: Path) -> list[dict]:
+    """``{"step", "split", "loss"}`` rows from a run's ``log.jsonl``."""
+    rows = []
+    for line in (out / "log.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "loss" in r:
+            rows.append({"step": r["step"], "split": "train", "loss": r["loss"]})
+        if "eval_loss" in r:
+            rows.append({"step": r["step"], "split": "valid", "loss": r["eval_loss"]})
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install sharebert[plot]); skipping the PNG")
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, split in zip(axes, ("train", "valid")):
+        for p in sorted({r["p"] for r in rows}):
+            pts = [(r["step"], r["loss"]) for r in rows if r["p"] == p and r["split"] == split]
+            ax.plot(*zip(*pts), label=f"p = {p:g}", marker="." if split == "valid" else None)
+        ax.set(title=f"{split} loss", xlabel="step", ylabel="cross-entropy (nats/char)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="runs/partial_qk_sweep")
+    ap.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.5, 0.9, 1.0])
+    ap.add_argument("--full", action="store_true", help="charlm-6l, block 256, 5000 steps (the paper's run; GPU)")
+    ap.add_argument("--max-steps", type=int, help="override the number of steps")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    setup = dict(FULL if args.full else SHORT)
+    if args.max_steps:
+        setup["max_steps"] = args.max_steps
+    preset = setup.pop("preset")
+    out = Path(args.out)
+    rows, finals = [], []
+    for p in args.ratios:
+        run = out / f"p{p:g}"
+        a = PretrainArgs(objective="clm", char_level=True, save_steps=10**9, lr=1e-3, seed=args.seed,
+                         overrides={"qk_share_ratio": p}, **setup)
+        m = pretrain([data_path("tinyshakespeare", "input.txt")], run, preset=preset, args=a)
+        rows += [{"p": p, **r} for r in curves(run)]
+        finals.append((p, m["eval_loss"], m["train_runtime"]))
+        print(f"p={p:g}: valid loss {m['eval_loss']:.4f} after {m['global_step']} steps ({m['train_runtime']:.0f} s)")
+    with open(out / "curves.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["p", "step", "split", "loss"])
+        w.writeheader()
+        w.writerows(rows)
+    plotted = plot(rows, out / "curves.png")
+    print(f"wrote {out / 'curves.csv'}" + (f" and {out / 'curves.png'}" if plotted else ""))
+    print("p     valid loss   seconds")
+    for p, loss, secs in finals:
+        print(f"{p:<5g} {loss:<12.4f} {secs:.0f}")
+
+
+if __name__ == "__main__":
+    main()
