@@ -95,6 +95,13 @@ class PretrainTrainer(Trainer):
             raise NonFiniteLoss(self.state.global_step + 1, loss.item(), latest_checkpoint(self.args.output_dir))
         return loss
 
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is None or self.args.world_size == 1 or self.args.device.type != "cpu":
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        # Trainer maps the optimizer state to args.device, "cpu:0" under CPU DDP, which torch.load rejects.
+        self.optimizer.load_state_dict(torch.load(Path(checkpoint) / "optimizer.pt", map_location="cpu", weights_only=True))
+        self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / "scheduler.pt", weights_only=True))
+
     def log(self, logs: dict, start_time=None) -> None:
         if "eval_loss" in logs:
             logs["eval_perplexity"] = perplexity(logs["eval_loss"])
