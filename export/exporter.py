@@ -123,6 +123,7 @@ def session_options(artifact_dir):
 
     manifest = json.loads((Path(artifact_dir) / "manifest.json").read_text(encoding="utf-8"))
     so = ort.SessionOptions()
+    so.log_severity_level = 3  # folding leaves the stored int8 tensors unused: ORT warns once per tensor
     for key, value in (manifest.get("session_config") or {}).items():
         so.add_session_config_entry(key, str(value))
     return so
@@ -147,20 +148,15 @@ def check_folding(path: Path, session_config: dict, scratch: Path) -> dict:
     return {"computed_weights": len(before), "unfolded": after, "folded": not after}
 
 
-def _gflops(config, batch: int, seq: int):
-    """GFLOPs per forward from ``sharebert.accounting`` when that module offers it, else None."""
-    try:
-        from sharebert import accounting
-    except ImportError:
-        return None
-    report = getattr(accounting, "report", None)
-    if report is None:
-        return None
-    try:
-        figures = report(config, seq_len=seq, batch=batch)
-    except TypeError:  # an accounting API with another signature: no figure rather than a failed export
-        return None
-    return (figures.get("gflops") or {}).get("inference") if isinstance(figures, dict) else None
+def _gflops(config, task: str, batch: int, seq: int) -> float:
+    """Inference GFLOPs of one ``batch x seq`` forward, from the config (``sharebert.accounting``)."""
+    from sharebert.accounting import count_flops
+
+    fields = config.to_dict()
+    if config.model_type != "sharebert":  # a transformers BERT: dense, post-LN, tanh pooler
+        fields.update(sharing="none", embedding_size=None, pooler="dense", norm_position="post", attention="standard")
+    head = {"fill-mask": "mlm", "causal-lm": "mlm", "text-classification": "classifier"}.get(task, "none")
+    return count_flops(fields, head, seq, batch)["inference"] / 1e9
 
 
 def _calibration_feeds(tokenizer, path, max_length: int, input_names: list[str]) -> list[dict]:
@@ -331,7 +327,7 @@ def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, op
                  "learned_params": learned, "bytes_per_learned_param": file_bytes / learned,
                  "initializer_bytes": {k: v["bytes"] for k, v in graph.stored_tensors(proto).items()},
                  "folded": folding["folded"], "folding": folding, **run,
-                 "gflops": _gflops(config, batch, seq), "gflops_shape": shapes[0]}
+                 "gflops": _gflops(config, task, batch, seq), "gflops_shape": shapes[0]}
     if folded is not None:
         footprint["materialized"] = folded
     steps.update()

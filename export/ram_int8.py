@@ -161,7 +161,9 @@ def build_int8_ram_graphs(model, task: str, out_dir: str | Path, opset: int) -> 
     g.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in representative.values())
     g.name = "sharebert_ram_int8_generator"
     # Shapes, and whether a weight is big enough to quantize: run the generator once here.
-    session = ort.InferenceSession(generator.SerializeToString(), providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # initializers the generator does not use are dropped with a warning each
+    session = ort.InferenceSession(generator.SerializeToString(), so, providers=["CPUExecutionProvider"])
     shapes = {name: value.shape for name, value in zip(representative.values(), session.run(list(representative.values()), {}))}
     del session
     layout_of = {keys[node.input[1]]: layout for node, layout in products}

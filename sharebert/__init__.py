@@ -1,30 +1,39 @@
 """sharebert: tiny BERT-class models from shared embeddings (EPS/VEPS) and shared attention weights.
 
-Importing ``sharebert`` registers the models with transformers' Auto classes when torch and
-transformers are installed; the device runtime (``sharebert.deploy``) needs neither.
+Importing ``sharebert`` is light: it loads neither torch nor transformers (the device runtime
+``sharebert.deploy`` needs neither, and ``sharebert report`` answers without them). The model classes
+load on first use (``sharebert.ShareBertForMaskedLM``), and the models are registered with
+transformers' Auto classes as soon as those are loaded (see ``sharebert/_registry.py``), so after
+``import sharebert``, ``AutoModel*``, pipelines and optimum's ``ORTModel*`` know ``model_type="sharebert"``.
 """
+from ._registry import install as _install
+
 __version__ = "0.1.0"
 
-try:  # the full toolkit; absent on a device install
-    import torch as _torch  # noqa: F401
-    import transformers as _transformers  # noqa: F401
-except ImportError:  # pragma: no cover - exercised by the torch-free deploy test
-    pass
-else:
-    from ._registry import register as _register
+_LAZY = {
+    "PRESETS": "shape",
+    "ModelShape": "shape",
+    "ShareBertConfig": "configuration_sharebert",
+    "ShareBertModel": "modeling_sharebert",
+    "ShareBertForMaskedLM": "modeling_sharebert",
+    "ShareBertForCausalLM": "modeling_sharebert",
+    "ShareBertForSequenceClassification": "modeling_sharebert",
+    "ShareBertForTokenClassification": "modeling_sharebert",
+    "ShareBertForQuestionAnswering": "modeling_sharebert",
+}
+__all__ = list(_LAZY)
 
-    _register()
-    from .configuration_sharebert import PRESETS, ShareBertConfig
-    from .modeling_sharebert import (
-        ShareBertForCausalLM,
-        ShareBertForMaskedLM,
-        ShareBertForQuestionAnswering,
-        ShareBertForSequenceClassification,
-        ShareBertForTokenClassification,
-        ShareBertModel,
-    )
 
-    __all__ = [
-        "PRESETS", "ShareBertConfig", "ShareBertModel", "ShareBertForMaskedLM", "ShareBertForCausalLM",
-        "ShareBertForSequenceClassification", "ShareBertForTokenClassification", "ShareBertForQuestionAnswering",
-    ]
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'sharebert' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)
+
+
+_install()

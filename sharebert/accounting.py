@@ -21,16 +21,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .shape import FILL_ORDER, ModelShape, ShapeMixin
+
 HEADS = ("none", "mlm", "classifier")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 
-# ShareBertConfig's defaults, for config dicts that omit a field.
-_DEFAULTS = dict(vocab_size=30528, embedding_size=64, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                 intermediate_size=512, max_position_embeddings=128, type_vocab_size=2, sharing="veps",
-                 share_layers=None, attention="standard", qk_share_ratio=0.5, norm_position="pre",
-                 pooler="generated", mlm_head="tied", is_decoder=False)
-_FILL_ORDER = ("qk_shared", "query", "key", "pair", "shared_qkv", "value", "ffn_in", "ffn_out", "output")
-_ATTENTION_MATRICES = frozenset(_FILL_ORDER) - {"ffn_in", "ffn_out"}
+_ATTENTION_MATRICES = frozenset(FILL_ORDER) - {"ffn_in", "ffn_out"}
 
 
 @dataclass(frozen=True)
@@ -54,48 +50,34 @@ class Shape:
     pooler: str
     mlm_head: str
     num_labels: int
+    matrices: tuple  # one layer's weight matrices ((name, (out, in)), ...), from ShapeMixin.layer_matrices
+    qk_shared_dim: int  # per-head query/key dims from the shared matrix (symmetric, partial-qk)
 
     @classmethod
     def of(cls, config) -> "Shape":
-        """From a ``ShareBertConfig``, a config dict (``config.json``) or a ``Shape``."""
+        """From a ``ShareBertConfig``, a ``ModelShape``, a config dict (``config.json``) or a ``Shape``."""
         if isinstance(config, Shape):
             return config
-        get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
-        f = {k: get(k, d) for k, d in _DEFAULTS.items()}
-        labels = get("id2label")
-        num_labels = len(labels) if labels else (get("num_labels") or 2)
-        return cls(E=f["vocab_size"], F=f["embedding_size"] or f["hidden_size"], V=f["hidden_size"],
-                   N=f["num_hidden_layers"], I=f["intermediate_size"], heads=f["num_attention_heads"],
-                   P=f["max_position_embeddings"], types=f["type_vocab_size"], sharing=f["sharing"],
-                   share_layers=f["sharing"] != "none" if f["share_layers"] is None else bool(f["share_layers"]),
-                   attention=f["attention"], qk_share_ratio=f["qk_share_ratio"], norm_position=f["norm_position"],
-                   pooler=f["pooler"], mlm_head=f["mlm_head"], num_labels=int(num_labels))
+        c = config if isinstance(config, ShapeMixin) else ModelShape(validate=False, **config)
+        labels = getattr(c, "id2label", None)
+        num_labels = len(labels) if labels else (getattr(c, "num_labels", None) or 2)
+        return cls(E=c.vocab_size, F=c.word_embedding_size, V=c.hidden_size, N=c.num_hidden_layers,
+                   I=c.intermediate_size, heads=c.num_attention_heads, P=c.max_position_embeddings,
+                   types=c.type_vocab_size, sharing=c.sharing, share_layers=bool(c.share_layers),
+                   attention=c.attention, qk_share_ratio=c.qk_share_ratio, norm_position=c.norm_position,
+                   pooler=c.pooler, mlm_head=c.mlm_head, num_labels=int(num_labels),
+                   matrices=tuple(c.layer_matrices()), qk_shared_dim=c.qk_shared_dim)
 
     @property
     def head_dim(self) -> int:
         return self.V // self.heads
 
     @property
-    def qk_shared_dim(self) -> int:
-        return {"symmetric": self.head_dim, "partial-qk": round(self.qk_share_ratio * self.head_dim)}.get(self.attention, 0)
-
-    @property
     def factorized(self) -> bool:
         return self.F != self.V
 
     def layer_matrices(self) -> list[tuple[str, tuple[int, int]]]:
-        """One layer's weight matrices ``(name, (out, in))`` (same as ``ShareBertConfig.layer_matrices``)."""
-        V, h, d, ds = self.V, self.heads, self.head_dim, self.qk_shared_dim
-        shapes = {
-            "standard": {"query": (V, V), "key": (V, V), "value": (V, V)},
-            "symmetric": {"query": (V, V), "value": (V, V)},
-            "pairwise": {"query": (V, V), "pair": (h * d, d), "value": (V, V)},
-            "shared-qkv": {"shared_qkv": (V, V)},
-            "partial-qk": {"qk_shared": (h * ds, V), "query": (h * (d - ds), V), "key": (h * (d - ds), V),
-                           "value": (V, V)},
-        }[self.attention]
-        shapes.update(ffn_in=(self.I, V), ffn_out=(V, self.I), output=(V, V))
-        return [(n, shapes[n]) for n in _FILL_ORDER if n in shapes and shapes[n][0] * shapes[n][1] > 0]
+        return list(self.matrices)
 
     def generated_targets(self) -> list[tuple[str, tuple[int, int]]]:
         if self.sharing == "none":

@@ -27,7 +27,7 @@ def parse_size(text: str) -> float:
 
 def candidate_configs(vocab_size: int = 30528) -> list[dict]:
     """ShareBERT (VEPS) grid over F, V, N, I, heads, attention, and dense BERT baselines, plus the paper's presets."""
-    from .configuration_sharebert import PRESETS  # plain dicts
+    from .shape import PRESETS
 
     out = [(name, dict(preset)) for name, preset in PRESETS.items() if not preset.get("is_decoder")]
     common = dict(vocab_size=vocab_size, max_position_embeddings=128, type_vocab_size=2, share_layers=None,

@@ -4,32 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from .configuration_sharebert import ShareBertConfig, pad_vocab_size
+from .shape import parse_overrides  # noqa: F401  (the commands' `--set`; kept here for callers)
 from .paths import default_vocab
 from .tokenization import hf_tokenizer
-
-
-def parse_overrides(items: list[str] | None) -> dict:
-    """``["attention=symmetric", "hidden_size=512"]`` -> typed dict (ints, floats, bools, None)."""
-    out = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        key, raw = item.split("=", 1)
-        low = raw.strip().lower()
-        if low in ("true", "false"):
-            value = low == "true"
-        elif low in ("none", "null"):
-            value = None
-        else:
-            try:
-                value = int(raw)
-            except ValueError:
-                try:
-                    value = float(raw)
-                except ValueError:
-                    value = raw
-        out[key.strip().replace("-", "_")] = value
-    return out
 
 
 def config_for_vocab(preset: str, overrides: dict, tokenizer_size: int) -> ShareBertConfig:

@@ -10,76 +10,14 @@
 """
 from __future__ import annotations
 
-import copy
-import math
-
 from transformers import PretrainedConfig
 
-from .eps import ColumnPlan
+from .shape import PRESETS, ShapeMixin, pad_vocab_size, preset_fields
 
-SHARING = ("none", "eps", "veps")
-ATTENTION = ("standard", "symmetric", "pairwise", "shared-qkv", "partial-qk")
-POOLER = ("generated", "dense", "none")
-MLM_HEADS = ("tied", "untied")
-
-# Layer names, in the reference's fill order (Q, K, V, FF-in, FF-out, O, then the pooler).
-_FILL_ORDER = ("qk_shared", "query", "key", "pair", "shared_qkv", "value", "ffn_in", "ffn_out", "output")
+__all__ = ["ShareBertConfig", "PRESETS", "pad_vocab_size"]
 
 
-def _sharebert(**kw):
-    base = dict(vocab_size=30528, hidden_size=2048, num_hidden_layers=12, intermediate_size=4096,
-                num_attention_heads=16, sharing="veps", max_position_embeddings=128, pooler="generated",
-                pooler_activation="none", norm_position="pre")
-    return {**base, **kw}
-
-
-def _bert(**kw):
-    base = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, intermediate_size=3072,
-                num_attention_heads=12, sharing="none", embedding_size=None, max_position_embeddings=512,
-                pooler="dense", pooler_activation="tanh", norm_position="post")
-    return {**base, **kw}
-
-
-PRESETS: dict[str, dict] = {
-    # ShareBERT paper, Table 2 (BERT + VEPS + EF).
-    "sharebert-small": _sharebert(embedding_size=128),
-    "sharebert-base": _sharebert(embedding_size=384),
-    "sharebert-large": _sharebert(embedding_size=768, num_hidden_layers=6),
-    "sharebert-f24-v512": _sharebert(embedding_size=24, hidden_size=512, num_hidden_layers=10, intermediate_size=512, num_attention_heads=8),
-    "sharebert-f64-v768": _sharebert(embedding_size=64, hidden_size=768, num_hidden_layers=12, intermediate_size=768, num_attention_heads=12),
-    # Sized to pre-train on 2 CPU cores.
-    "sharebert-tiny": _sharebert(embedding_size=64, hidden_size=256, num_hidden_layers=4, intermediate_size=512, num_attention_heads=4),
-    # ShareBERT paper, Table 2 (BERT + EPS, BERT + EPS + EF): BERT's 512 positions and a dense pooler (the
-    # printed 24.5M / 43.0M and the 'shared dims' 130/233/388/1100 need both; see docs/ACCOUNTING.md).
-    "bert-eps-i1024": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=1024, num_attention_heads=12,
-                                max_position_embeddings=512, pooler="dense", pooler_activation="tanh"),
-    "bert-eps-i3072": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=3072, num_attention_heads=12,
-                                max_position_embeddings=512, pooler="dense", pooler_activation="tanh"),
-    "bert-eps-i6144": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=6144, num_attention_heads=12,
-                                max_position_embeddings=512, pooler="dense", pooler_activation="tanh"),
-    "bert-eps-ef-f1152": _sharebert(sharing="eps", embedding_size=1152, max_position_embeddings=512, pooler="dense",
-                                   pooler_activation="tanh"),
-    # ShareBERT paper, Table 2 (small BERT baselines: vocab 30528, 128 positions).
-    "bert-h128": _bert(vocab_size=30528, hidden_size=128, intermediate_size=512, num_attention_heads=2, max_position_embeddings=128),
-    "bert-h256": _bert(vocab_size=30528, hidden_size=256, intermediate_size=1024, num_attention_heads=4, max_position_embeddings=128),
-    # Attention papers (Courtois, Kowsher): BERT base and small.
-    "bert-base": _bert(),
-    "bert-small": _bert(hidden_size=512, num_hidden_layers=4, intermediate_size=2048, num_attention_heads=8),
-    # Partial Q-K paper: character-level GPT (6 layers, 6 heads, 384 dims, block 256) and a CPU size.
-    "charlm-6l": _bert(vocab_size=128, hidden_size=384, num_hidden_layers=6, intermediate_size=1536, num_attention_heads=6,
-                       max_position_embeddings=256, pooler="none", norm_position="pre", attention="partial-qk",
-                       hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.2, is_decoder=True),
-    "charlm-tiny": _bert(vocab_size=128, hidden_size=128, num_hidden_layers=4, intermediate_size=512, num_attention_heads=4,
-                         max_position_embeddings=128, pooler="none", norm_position="pre", attention="partial-qk",
-                         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, is_decoder=True),
-}
-# Every BERT preset with each attention variant, e.g. "bert-base-symmetric".
-for _name in ("bert-base", "bert-small"):
-    for _variant in ATTENTION[1:]:
-        PRESETS[f"{_name}-{_variant}"] = {**PRESETS[_name], "attention": _variant}
-
-
-class ShareBertConfig(PretrainedConfig):
+class ShareBertConfig(ShapeMixin, PretrainedConfig):
     """Configuration of ShareBERT and of the BERT-style encoders with shared attention weights.
 
     Shape: ``vocab_size`` E, ``embedding_size`` F (word-embedding width; ``None`` means the hidden
@@ -143,103 +81,12 @@ class ShareBertConfig(PretrainedConfig):
         self.classifier_dropout = classifier_dropout
         self.validate()
 
-    # -- derived shape -------------------------------------------------------------------------
-    @property
-    def word_embedding_size(self) -> int:
-        """Width of the learned word-embedding table (F, or V when not factorised)."""
-        return self.embedding_size or self.hidden_size
-
-    @property
-    def factorized(self) -> bool:
-        """Whether looked-up token vectors are projected ``F -> V`` before the encoder."""
-        return self.word_embedding_size != self.hidden_size
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def qk_shared_dim(self) -> int:
-        """Per-head query/key dims taken from the shared matrix (partial-qk), ``round(p * d_head)``."""
-        return {"symmetric": self.head_dim, "partial-qk": round(self.qk_share_ratio * self.head_dim)}.get(self.attention, 0)
-
-    def layer_matrices(self) -> list[tuple[str, tuple[int, int]]]:
-        """The encoder's weight matrices ``(name, (out, in))`` in fill order, for this attention."""
-        V, I, h, d = self.hidden_size, self.intermediate_size, self.num_attention_heads, self.head_dim
-        ds = self.qk_shared_dim
-        shapes = {
-            "standard": {"query": (V, V), "key": (V, V), "value": (V, V)},
-            "symmetric": {"query": (V, V), "value": (V, V)},
-            "pairwise": {"query": (V, V), "pair": (h * d, d), "value": (V, V)},
-            "shared-qkv": {"shared_qkv": (V, V)},
-            "partial-qk": {"qk_shared": (h * ds, V), "query": (h * (d - ds), V), "key": (h * (d - ds), V), "value": (V, V)},
-        }[self.attention]
-        shapes.update(ffn_in=(I, V), ffn_out=(V, I), output=(V, V))
-        return [(n, shapes[n]) for n in _FILL_ORDER if n in shapes and shapes[n][0] * shapes[n][1] > 0]
-
-    def generated_targets(self) -> list[tuple[str, tuple[int, int]]]:
-        """Targets generated by EPS/VEPS (empty when ``sharing == 'none'``)."""
-        if self.sharing == "none":
-            return []
-        targets = self.layer_matrices()
-        if self.pooler == "generated":
-            targets.append(("pooler", (self.hidden_size, self.hidden_size)))
-        return targets
-
-    def column_plan(self) -> ColumnPlan | None:
-        """EPS column plan over the source matrix, or ``None`` without sharing."""
-        if self.sharing == "none":
-            return None
-        width = self.hidden_size if self.sharing == "veps" else self.word_embedding_size
-        return ColumnPlan.build(self.vocab_size, width, self.generated_targets())
-
-    # -- validation ----------------------------------------------------------------------------
-    def validate(self) -> None:
-        """Raise ``ValueError`` with what is wrong and what to change."""
-
-        def need(ok, msg):
-            if not ok:
-                raise ValueError(f"invalid ShareBertConfig: {msg}")
-
-        for key, allowed in (("sharing", SHARING), ("attention", ATTENTION), ("pooler", POOLER),
-                             ("mlm_head", MLM_HEADS), ("norm_position", ("pre", "post")),
-                             ("pooler_activation", ("tanh", "none"))):
-            need(getattr(self, key) in allowed, f"{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
-        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "max_position_embeddings"):
-            value = getattr(self, key)
-            need(isinstance(value, int) and value > 0, f"{key} must be a positive integer, got {value!r}")
-        need(self.embedding_size is None or (isinstance(self.embedding_size, int) and self.embedding_size > 0),
-             f"embedding_size must be a positive integer or None, got {self.embedding_size!r}")
-        need(self.hidden_size % self.num_attention_heads == 0,
-             f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}; "
-             f"pick heads among the divisors of {self.hidden_size} (e.g. {self.hidden_size // 64 or 1} for 64-dim heads)")
-        need(isinstance(self.qk_share_ratio, (int, float)) and 0.0 <= self.qk_share_ratio <= 1.0,
-             f"qk_share_ratio must lie in [0, 1] (0 = standard, 1 = symmetric), got {self.qk_share_ratio!r}")
-        need(not (self.pooler == "generated" and self.sharing == "none"),
-             "pooler='generated' needs sharing='eps' or 'veps'; use pooler='dense' for a plain encoder")
-        need(not (self.sharing == "veps" and not self.factorized),
-             "sharing='veps' needs embedding_size smaller than hidden_size (the virtual projection maps F -> V); "
-             "use sharing='eps' for an unfactorised embedding")
-        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            need(0.0 <= getattr(self, key) < 1.0, f"{key} must lie in [0, 1), got {getattr(self, key)!r}")
-        self.column_plan()  # raises ValueError with the column shortfall and the ways out
-
     # -- presets -------------------------------------------------------------------------------
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "ShareBertConfig":
         """Build a preset (see ``PRESETS``) with keyword overrides, e.g. ``attention='symmetric'``."""
-        if name not in PRESETS:
-            close = [p for p in PRESETS if name.split("-")[0] in p] or list(PRESETS)
-            raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(close)}")
-        kwargs = copy.deepcopy(PRESETS[name])
-        kwargs.update(overrides)
+        kwargs = preset_fields(name, **overrides)
         kwargs.setdefault("name_or_path", name)
         config = cls(**kwargs)
         config.preset = name
         return config
-
-
-def pad_vocab_size(size: int, multiple: int = 8) -> int:
-    """Round a vocabulary size up to a multiple (bert-base-uncased 30522 -> 30528, as in the paper)."""
-    return int(math.ceil(size / multiple) * multiple)

@@ -57,7 +57,7 @@ class ShareBertEmbeddings(nn.Module):
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
         B, T = inputs_embeds.shape[:2]
-        if T > self.max_positions:
+        if not torch.jit.is_tracing() and T > self.max_positions:  # a traced graph keeps T dynamic
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings {self.max_positions}; "
                              f"truncate the input (tokenizer(..., truncation=True, max_length={self.max_positions}))")
         x = inputs_embeds
@@ -445,3 +445,11 @@ class ShareBertForQuestionAnswering(ShareBertPreTrainedModel):
         res = QuestionAnsweringModelOutput(loss=loss, start_logits=start, end_logits=end,
                                            hidden_states=out.hidden_states, attentions=out.attentions)
         return res if return_dict else res.to_tuple()
+
+
+# Last: with every class defined, make them known to transformers' Auto classes.
+import sys  # noqa: E402
+
+from ._registry import register_models  # noqa: E402
+
+register_models(sys.modules[__name__])

@@ -7,7 +7,7 @@ HELP = "build a model folder (config, safetensors, tokenizer) from a preset"
 
 
 def add_arguments(p):
-    from ..configuration_sharebert import PRESETS
+    from ..shape import PRESETS
 
     p.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],

@@ -21,11 +21,14 @@ def add_arguments(p):
 
 
 def load_config(preset: str | None, model: str | None, overrides: dict):
-    """``(config, preset name or None)``; the preset name is kept only when nothing is overridden."""
-    from ..configuration_sharebert import ShareBertConfig
+    """``(shape, preset name or None)``; the preset name is kept only when nothing is overridden.
+
+    A ``ModelShape`` validates like ``ShareBertConfig`` without importing torch or transformers.
+    """
+    from ..shape import ModelShape
 
     if preset:
-        return ShareBertConfig.from_preset(preset, **overrides), (None if overrides else preset)
+        return ModelShape.from_preset(preset, **overrides), (None if overrides else preset)
     from pathlib import Path
 
     path = Path(model) / "config.json"
@@ -33,7 +36,7 @@ def load_config(preset: str | None, model: str | None, overrides: dict):
         raise FileNotFoundError(f"{path} not found: --model expects a model folder written by `sharebert build`")
     fields = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("model_type", "architectures")}
     fields.update(overrides)
-    return ShareBertConfig(**fields), None
+    return ModelShape(**fields), None
 
 
 def build_report(config, preset: str | None, head: str, seq_len: int, batch: int) -> dict:
@@ -129,7 +132,7 @@ def render(r: dict, fmt: str) -> str:
 
 
 def run(args) -> int:
-    from ..build import parse_overrides
+    from ..shape import parse_overrides
 
     if args.seq_len < 1 or args.batch < 1:
         raise ValueError("--seq-len and --batch must be positive")

@@ -1,0 +1,77 @@
+"""Light imports: shapes, validation and reports without torch; Auto registration however it is imported."""
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sharebert.accounting import count_flops, count_params
+from sharebert.configuration_sharebert import ShareBertConfig
+from sharebert.shape import DEFAULTS, PRESETS, ModelShape
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_config_signature_defaults_are_the_shape_defaults():
+    params = inspect.signature(ShareBertConfig.__init__).parameters
+    assert {k: params[k].default for k in DEFAULTS} == DEFAULTS
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_model_shape_matches_config(name):
+    shape, config = ModelShape.from_preset(name), ShareBertConfig.from_preset(name)
+    assert shape.layer_matrices() == config.layer_matrices()
+    assert shape.generated_targets() == config.generated_targets()
+    assert (shape.column_plan() is None) == (config.column_plan() is None)
+    for head in ("none", "mlm", "classifier"):
+        assert count_params(shape, head) == count_params(config, head)
+    assert count_flops(shape, "mlm", 64, 2) == count_flops(config, "mlm", 64, 2)
+
+
+@pytest.mark.parametrize("bad", [dict(hidden_size=250), dict(qk_share_ratio=1.5), dict(attention="fancy"),
+                                 dict(sharing="eps", embedding_size=None, hidden_size=2048, vocab_size=1000)])
+def test_model_shape_refuses_what_the_config_refuses(bad):
+    with pytest.raises(ValueError) as from_config:
+        ShareBertConfig.from_preset("sharebert-tiny", **bad)
+    with pytest.raises(ValueError) as from_shape:
+        ModelShape.from_preset("sharebert-tiny", **bad)
+    assert str(from_shape.value) == str(from_config.value)
+
+
+def test_report_and_budget_never_import_torch():
+    code = """
+import io, sys, contextlib
+from sharebert.cli import main
+from sharebert.shape import PRESETS
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    for name in PRESETS:
+        assert main(["report", "--preset", name, "--head", "mlm", "--format", "json"]) == 0
+    assert main(["budget", "--max-params", "10M", "--top", "3"]) == 0
+heavy = sorted(m for m in ("torch", "transformers", "onnx", "optimum") if m in sys.modules)
+print(heavy)
+"""
+    assert _run(code).strip() == "[]"
+
+
+@pytest.mark.parametrize("order", ["sharebert first", "transformers first", "model class first"])
+def test_auto_classes_know_sharebert_after_import(order):
+    first = {"sharebert first": "import sharebert",
+             "transformers first": "from transformers import AutoModel; import sharebert",
+             "model class first": "from sharebert.modeling_sharebert import ShareBertModel; import sharebert"}[order]
+    code = first + """
+import json, sys
+from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSequenceClassification
+config = AutoConfig.for_model("sharebert", hidden_size=32, embedding_size=8, num_hidden_layers=1,
+                              intermediate_size=64, num_attention_heads=2, vocab_size=512)
+print(json.dumps([type(AutoModelForMaskedLM.from_config(config)).__name__,
+                  type(AutoModelForSequenceClassification.from_config(config)).__name__]))
+"""
+    assert json.loads(_run(code)) == ["ShareBertForMaskedLM", "ShareBertForSequenceClassification"]
