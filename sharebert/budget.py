@@ -25,6 +25,14 @@ def parse_size(text: str) -> float:
     return number * (1024 if binary else 1000) ** power
 
 
+def human(x: float) -> str:
+    """``1e7`` -> ``"10M"``, ``2.5e7`` -> ``"25M"``, ``0.44`` -> ``"0.44"`` (the suffixes ``parse_size`` reads)."""
+    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
 def candidate_configs(vocab_size: int = 30528) -> list[dict]:
     """ShareBERT (VEPS) grid over F, V, N, I, heads, attention, and dense BERT baselines, plus the paper's presets."""
     from .shape import PRESETS
@@ -121,17 +129,19 @@ def plan(limits: dict, dtype: str = "fp32", seq_len: int = 128) -> dict:
     if not feasible:
         reasons = []
         for k, v in limits.items():
+            label, attr = LIMITS[k]
+            smallest = min(getattr(c, attr) for c in cands)
+            if smallest > v:
+                reasons.append(f"{label} <= {human(v)} rules out every candidate on its own: the smallest needs "
+                               f"{human(smallest)} ({smallest / v:.2f}x the limit)")
+                continue
             others = [c for c in cands if fits(c, skip=k)]
             if others:
-                need = min(getattr(c, LIMITS[k][1]) for c in others)
-                reasons.append(f"{LIMITS[k][0]} ({k.replace('_', '-')} {v:g}): the smallest candidate meeting the other "
-                               f"limits needs {need:,.4g}, {need / v:.2f}x the limit")
-        for k, v in limits.items():
-            need = min(getattr(c, LIMITS[k][1]) for c in cands)
-            if need > v:
-                reasons.append(f"{LIMITS[k][0]} ({k.replace('_', '-')} {v:g}) rules out every candidate alone: "
-                               f"the smallest needs {need:,.4g}, {need / v:.2f}x the limit")
-        blocking = "no configuration fits; " + "; ".join(reasons)
+                need = min(getattr(c, attr) for c in others)
+                reasons.append(f"{label} <= {human(v)}: the candidates within the other limits need at least "
+                               f"{human(need)} ({need / v:.2f}x the limit)")
+        blocking = "no configuration fits. " + ("; ".join(reasons) or "no single limit rules everything out: "
+                                                "only the limits together do; relax any of them")
     return {"front": pareto_front(feasible), "feasible": len(feasible), "total": len(cands),
             "presets": [c for c in feasible if c.is_preset], "all": cands, "blocking": blocking, "seq_len": seq_len}
 

@@ -45,5 +45,5 @@ def test_budget_cli_and_plot(tmp_path, capsys):
     rows = [line for line in out.splitlines() if "heads=" in line]
     assert len(rows) == 3 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["budget", "--max-params", "1k"]) == 0
-    assert "rules out every candidate alone" in capsys.readouterr().out
+    assert "rules out every candidate on its own" in capsys.readouterr().out
     assert main(["budget", "--max-params", "lots"]) == 2

@@ -17,7 +17,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..budget import parse_size, plan, plot
+    from ..budget import human, parse_size, plan, plot
 
     size = lambda v: None if v is None else parse_size(v)  # noqa: E731
     limits = {"max_params": size(args.max_params), "max_bytes": size(args.max_bytes), "max_ram": size(args.max_ram),
@@ -25,7 +25,8 @@ def run(args) -> int:
     if args.seq_len < 1 or args.top < 1:
         raise ValueError("--seq-len and --top must be positive")
     r = plan(limits, args.dtype, args.seq_len)
-    stated = ", ".join(f"{k.replace('_', '-')} {v:,.4g}" for k, v in limits.items() if v is not None)
+    unit = {"max_bytes": "B", "max_ram": "B"}
+    stated = ", ".join(f"{k.replace('_', '-')} {human(v)}{unit.get(k, '')}" for k, v in limits.items() if v is not None)
     print(f"{r['feasible']:,} of {r['total']:,} candidates fit ({stated}; {args.dtype}, seq {args.seq_len}); "
           f"Pareto front of (learned params up, RAM at load down, GFLOPs down): {len(r['front'])}")
     if r["blocking"]:
