@@ -1,0 +1,331 @@
+"""Bounded load test of ``sharebert serve`` on 127.0.0.1: throughput, latency percentiles, correctness, peak RSS.
+
+Starts ``python -m sharebert serve ARTIFACT`` as a subprocess on a loopback port, waits for ``/health``,
+then ``--clients`` threads (one keep-alive ``http.client`` connection each) POST ``/fill-mask`` requests
+of ``--batch`` SST-2 dev sentences with one ``[MASK]`` each until ``--duration`` seconds or
+``--requests`` requests, whichever comes first. Every answer is checked against
+:class:`sharebert.deploy.Runtime` run in this process on the same artifact, RAM mode and batch: the
+top-1 token of every ``[MASK]`` must match (the correctness criterion; scores can move in the last
+bits with the thread count, and with ``--ram int8`` the activation scales depend on the whole batch,
+which is why the reference is computed on exactly the batches sent). The largest score difference is
+printed too. The server is always stopped at the end (also on Ctrl-C or an error); its peak RSS is
+read from ``/proc/<pid>/status`` (VmHWM) just before.
+
+Without ``--artifact`` a random-weight ``--preset`` model is built and exported compact ``--quantize``
+under ``artifacts/serve_bench/`` (reused when present; the figures are about time, not accuracy).
+
+    python benchmarks/serve_load.py --preset sharebert-tiny --duration 10          # quick check
+    python benchmarks/serve_load.py --clients 4 --duration 60 --ram int8            # sharebert-small
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, deque
+from pathlib import Path
+
+import numpy as np
+
+HOST = "127.0.0.1"
+BENCH_DIR = Path("artifacts/serve_bench")
+
+
+def masked_sentences(limit: int) -> list[str]:
+    """Up to ``limit`` SST-2 dev sentences of 6+ words with their middle word replaced by ``[MASK]``."""
+    from sharebert.paths import data_path
+
+    path = data_path("glue", "SST-2", "dev.tsv")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (set SHAREBERT_DATA to the shared data folder)")
+    out = []
+    for row in path.read_text(encoding="utf-8").splitlines()[1:]:
+        words = row.split("\t")[0].split()
+        if len(words) >= 6:
+            words[len(words) // 2] = "[MASK]"
+            out.append(" ".join(words))
+        if len(out) == limit:
+            break
+    return out
+
+
+def ensure_artifact(preset: str, quantize: str) -> Path:
+    """A fill-mask artifact of a random-weight ``preset`` model, built and exported once (torch needed here only)."""
+    from sharebert.build import build_model
+    from sharebert.export.exporter import export_model
+
+    model, art = BENCH_DIR / f"{preset}-model", BENCH_DIR / f"{preset}-{quantize}"
+    if not (art / "manifest.json").is_file():
+        if not (model / "config.json").is_file():
+            print(f"building {preset} -> {model}", flush=True)
+            build_model(preset, model)
+        print(f"exporting compact, quantize {quantize} -> {art}", flush=True)
+        export_model(model, art, task="fill-mask", weights="compact", quantize=quantize, overwrite=True,
+                     check_limit=32, runs=5)
+    return art
+
+
+class Server:
+    """``sharebert serve`` in a subprocess on 127.0.0.1; stderr is drained (last lines kept for errors)."""
+
+    def __init__(self, artifact: Path, port: int, ram: str, threads: int | None, max_batch: int):
+        cmd = [sys.executable, "-m", "sharebert", "serve", str(artifact), "--host", HOST, "--port", str(port),
+               "--ram", ram, "--max-batch", str(max_batch), "--quiet"]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log: deque[str] = deque(maxlen=40)
+        self.port: int | None = port or None
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip())
+            found = re.search(r"on http://127\.0\.0\.1:(\d+) ", line)
+            if found and self.port is None:
+                self.port = int(found.group(1))
+
+    def wait_healthy(self, timeout: float) -> float:
+        """Seconds from spawn until ``GET /health`` answers 200; raises if the server exits or times out."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n" + "\n".join(self.log))
+            if self.port:
+                try:
+                    conn = http.client.HTTPConnection(HOST, self.port, timeout=5)
+                    conn.request("GET", "/health")
+                    if conn.getresponse().status == 200:
+                        conn.close()
+                        return time.perf_counter() - t0
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server not healthy after {timeout:.0f} s:\n" + "\n".join(self.log))
+
+    def memory_mb(self) -> dict[str, float | None]:
+        """VmRSS and VmHWM (peak) of the server process in MB (None once it has exited)."""
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
+        except OSError:
+            status = []
+        found = {line.split(":")[0]: int(line.split()[1]) / 1024 for line in status
+                 if line.startswith(("VmRSS", "VmHWM"))}
+        return {key: round(found[key], 1) if key in found else None for key in ("VmRSS", "VmHWM")}
+
+    def stop(self) -> str:
+        """SIGINT (clean shutdown; ignored when started in the background), then SIGTERM, then SIGKILL."""
+        if self.proc.poll() is not None:
+            return f"exited by itself with code {self.proc.returncode}"
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(5)
+                return f"exit code {self.proc.returncode} after {sig.name}"
+            except subprocess.TimeoutExpired:
+                continue
+        return f"still running after SIGKILL (pid {self.proc.pid})"
+
+
+class Load:
+    """Client threads sharing one request budget; results collected under a lock."""
+
+    def __init__(self, server: Server, requests: list[list[str]], expected: list[list[list[int]]],
+                 expected_scores: list[list[list[float]]], deadline_s: float, max_requests: int, timeout: float):
+        self.server, self.requests, self.expected, self.expected_scores = server, requests, expected, expected_scores
+        self.deadline_s, self.max_requests, self.timeout = deadline_s, max_requests, timeout
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.sent = 0
+        self.latencies: list[float] = []
+        self.outcomes: Counter[str] = Counter()
+        self.max_score_diff = 0.0
+        self.examples: list[str] = []
+
+    def _next(self) -> int | None:
+        with self.lock:
+            if self.stop.is_set() or self.sent >= self.max_requests or time.perf_counter() >= self.end:
+                return None
+            self.sent += 1
+            return self.sent - 1
+
+    def _record(self, outcome: str, latency: float | None = None, note: str = "", diff: float = 0.0) -> None:
+        with self.lock:
+            self.outcomes[outcome] += 1
+            if latency is not None:
+                self.latencies.append(latency)
+            self.max_score_diff = max(self.max_score_diff, diff)
+            if note and len(self.examples) < 5:
+                self.examples.append(note)
+
+    def _check(self, i: int, reply: dict) -> tuple[bool, float]:
+        """Top-1 token ids of every [MASK] equal the in-process ones; also the largest top-1 score difference."""
+        results = reply.get("results")
+        if not isinstance(results, list) or len(results) != len(self.expected[i]):
+            return False, 0.0
+        got = [[answers[0]["token_id"] for answers in text] for text in results]
+        scores = [[answers[0]["score"] for answers in text] for text in results]
+        diff = max((abs(a - b) for s, e in zip(scores, self.expected_scores[i]) for a, b in zip(s, e)), default=0.0)
+        return got == self.expected[i], diff
+
+    def client(self) -> None:
+        conn = http.client.HTTPConnection(HOST, self.server.port, timeout=self.timeout)
+        try:
+            while (n := self._next()) is not None:
+                i = n % len(self.requests)
+                body = json.dumps({"texts": self.requests[i]}).encode("utf-8")
+                t0 = time.perf_counter()
+                try:
+                    conn.request("POST", "/fill-mask", body, {"Content-Type": "application/json"})
+                    response = conn.getresponse()
+                    payload = response.read()
+                except (OSError, http.client.HTTPException) as e:
+                    self._record("connection error", note=f"request {n}: {type(e).__name__}: {e}")
+                    conn.close()  # http.client reconnects on the next request
+                    if self.server.proc.poll() is not None:
+                        self.stop.set()  # the server died: no point in hammering a closed port
+                    continue
+                latency = time.perf_counter() - t0
+                if response.status != 200:
+                    kind = "5xx" if response.status >= 500 else "4xx" if response.status >= 400 else "other status"
+                    self._record(kind, latency, f"request {n}: {response.status} {payload[:200]!r}")
+                    continue
+                try:
+                    ok, diff = self._check(i, json.loads(payload))
+                except (ValueError, KeyError, IndexError, TypeError) as e:
+                    self._record("malformed answer", latency, f"request {n}: {type(e).__name__}: {e}")
+                    continue
+                self._record("correct" if ok else "wrong answer", latency,
+                             "" if ok else f"request {n}: top-1 differs from the in-process runtime", diff)
+        finally:
+            conn.close()
+
+    def run(self, clients: int) -> float:
+        """Run ``clients`` threads to the deadline or the request cap; returns the wall time in seconds."""
+        t0 = time.perf_counter()
+        self.end = t0 + self.deadline_s
+        threads = [threading.Thread(target=self.client, daemon=True) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                # a request in flight at the deadline may take up to its timeout
+                t.join(max(0.0, self.end - time.perf_counter()) + self.timeout + 5)
+        finally:
+            self.stop.set()
+        return time.perf_counter() - t0
+
+
+def reference(artifact: Path, ram: str, threads: int | None, requests: list[list[str]]):
+    """Per request, per text, per [MASK]: the in-process top-1 token id and its score."""
+    from sharebert.deploy import Runtime
+
+    runtime = Runtime(artifact, threads=threads, ram=ram)
+    if runtime.task != "fill-mask":
+        raise ValueError(f"{artifact} is a {runtime.task} artifact; this load test sends fill-mask requests")
+    ids, scores = [], []
+    for texts in requests:
+        preds = runtime.fill_mask(texts, top_k=1)
+        ids.append([[answers[0]["token_id"] for answers in text] for text in preds])
+        scores.append([[answers[0]["score"] for answers in text] for text in preds])
+    return ids, scores
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--artifact", help="an exported fill-mask artifact (default: build and export --preset)")
+    ap.add_argument("--preset", default="sharebert-small",
+                    help="model built without --artifact (default: sharebert-small)")
+    ap.add_argument("--quantize", default="int8", choices=("none", "int8"),
+                    help="export of the built model (default: int8)")
+    ap.add_argument("--clients", type=int, default=4, help="concurrent client threads (default: 4)")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of load (default: 60)")
+    ap.add_argument("--requests", type=int, default=1_000_000, help="hard cap on requests (default: 1e6)")
+    ap.add_argument("--batch", type=int, default=1, help="texts per request (default: 1)")
+    ap.add_argument("--sentences", type=int, default=256, help="distinct SST-2 sentences, cycled (default: 256)")
+    ap.add_argument("--ram", choices=("fp32", "int8"), default="fp32", help="server and reference RAM mode")
+    ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads (server and reference)")
+    ap.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
+    ap.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default: 60)")
+    args = ap.parse_args(argv)
+    if args.clients < 1 or args.batch < 1 or args.requests < 1 or args.duration <= 0 or args.sentences < 1:
+        ap.error("--clients, --batch, --requests, --sentences and --duration must be positive")
+    if not 0 <= args.port < 65536:
+        ap.error("--port must be in [0, 65535]")
+
+    artifact = Path(args.artifact) if args.artifact else ensure_artifact(args.preset, args.quantize)
+    sentences = masked_sentences(args.sentences)
+    requests = [sentences[i: i + args.batch] for i in range(0, len(sentences) - args.batch + 1, args.batch)]
+    if not requests:
+        ap.error(f"--batch {args.batch} exceeds the {len(sentences)} sentences available")
+    requests = requests[: args.requests]
+    print(f"reference answers for {len(requests)} distinct requests of {args.batch} text(s), ram {args.ram} ...",
+          flush=True)
+    expected, expected_scores = reference(artifact, args.ram, args.threads, requests)
+
+    server = Server(artifact, args.port, args.ram, args.threads, max_batch=max(64, args.batch))
+    try:
+        ready_s = server.wait_healthy(timeout=300)
+        print(f"server pid {server.proc.pid} healthy on {HOST}:{server.port} after {ready_s:.2f} s", flush=True)
+        warm = Load(server, requests, expected, expected_scores, 30.0, args.clients, args.timeout)
+        warm.run(args.clients)  # one request per client: connections and first-run allocations
+        warm_rss = server.memory_mb()
+        load = Load(server, requests, expected, expected_scores, args.duration, args.requests, args.timeout)
+        print(f"load: {args.clients} clients, {args.batch} text(s)/request, up to {args.duration:g} s "
+              f"or {args.requests} requests ...", flush=True)
+        wall = load.run(args.clients)
+        memory = server.memory_mb()
+        alive = server.proc.poll() is None
+    finally:
+        stopped = server.stop()
+
+    lat = np.asarray(load.latencies) * 1e3
+    done = sum(load.outcomes.values())
+    answered = load.outcomes["correct"] + load.outcomes["wrong answer"]
+    pct = {p: float(np.percentile(lat, p)) if lat.size else float("nan") for p in (50, 95, 99)}
+    summary = {
+        "artifact": str(artifact), "ram": args.ram, "threads": args.threads, "clients": args.clients,
+        "batch": args.batch,
+        "requests": done, "answered": answered, "texts": answered * args.batch, "wall_s": round(wall, 3),
+        "requests_per_s": round(answered / wall, 2), "texts_per_s": round(answered * args.batch / wall, 2),
+        "latency_ms": {f"p{p}": round(v, 2) for p, v in pct.items()}
+        | {"max": round(float(lat.max()), 2) if lat.size else None},
+        "errors": {k: v for k, v in load.outcomes.items() if k != "correct"},
+        "correct_rate": round(load.outcomes["correct"] / done, 4) if done else None,
+        "max_top1_score_diff": load.max_score_diff,
+        "server_ready_s": round(ready_s, 2), "server_rss_warm_mb": warm_rss["VmRSS"],
+        "server_rss_after_mb": memory["VmRSS"], "server_peak_rss_mb": memory["VmHWM"],
+        "server_alive_after_load": alive, "server_stop": stopped,
+    }
+    print(f"\nrequests        {done} sent, {answered} answered with 200 "
+          f"({args.batch} text(s) each = {answered * args.batch} texts)")
+    print(f"wall time       {wall:.2f} s")
+    print(f"throughput      {summary['requests_per_s']:.2f} requests/s, {summary['texts_per_s']:.2f} texts/s")
+    print(f"latency (ms)    p50 {pct[50]:.1f}  p95 {pct[95]:.1f}  p99 {pct[99]:.1f}  "
+          f"max {summary['latency_ms']['max']}")
+    print(f"errors          {summary['errors'] or 'none'}")
+    print(f"correct (top-1) {summary['correct_rate']}  (largest top-1 score difference {load.max_score_diff:.2e})")
+    print(f"server RSS (MB) after warm-up {warm_rss['VmRSS']}, after load {memory['VmRSS']}, "
+          f"peak (VmHWM) {memory['VmHWM']}")
+    print(f"server          ready after {ready_s:.2f} s, {'alive' if alive else 'DEAD'} after the load, {stopped}")
+    for note in load.examples:
+        print(f"  e.g. {note}")
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    return 0 if done and load.outcomes["correct"] == done else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted (the server was stopped)", file=sys.stderr)
+        sys.exit(130)
+    except (ValueError, FileNotFoundError) as e:  # bad artifact or data: a message, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
