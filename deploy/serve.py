@@ -86,12 +86,15 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     class Handler(BaseHTTPRequestHandler):
         server_version = "sharebert-serve"
         protocol_version = "HTTP/1.1"
+        timeout = 60  # seconds a connection may sit idle or half-sent before its thread gives up
 
         def _send(self, status: int, payload: dict) -> None:
             body = json.dumps(payload).encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            if self.close_connection:
+                self.send_header("Connection", "close")  # the client then reconnects rather than reuse a dead socket
             self.end_headers()
             self.wfile.write(body)
 
@@ -115,19 +118,22 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, max_batch: i
 
         def do_POST(self):
             try:
-                if self.path not in ("/predict", task_path):
-                    raise BadRequest(404 if self.path not in TASK_PATHS.values() else 400,
-                                     f"no endpoint {self.path} for task {runtime.task}; POST /predict or {task_path}")
                 length = self.headers.get("Content-Length")
                 if length is None:
+                    self.close_connection = True  # e.g. a chunked body: never parse it as the next request
                     raise BadRequest(411, "Content-Length is required")
                 if not length.isdigit():
+                    self.close_connection = True
                     raise BadRequest(400, "Content-Length must be a non-negative integer")
                 if int(length) > max_body_bytes:
                     self.close_connection = True
                     self._discard(int(length))
                     raise BadRequest(413, f"body of {length} bytes exceeds the limit of {max_body_bytes}")
-                texts, kwargs = parse_request(self.rfile.read(int(length)), runtime.task, max_batch)
+                body = self.rfile.read(int(length))  # read before any other check: keep-alive stays in step
+                if self.path not in ("/predict", task_path):
+                    raise BadRequest(404 if self.path not in TASK_PATHS.values() else 400,
+                                     f"no endpoint {self.path} for task {runtime.task}; POST /predict or {task_path}")
+                texts, kwargs = parse_request(body, runtime.task, max_batch)
             except BadRequest as e:
                 self._send(e.status, {"error": str(e)})
                 return

@@ -1,6 +1,7 @@
 """``sharebert serve`` on 127.0.0.1: endpoints, 4xx for bad input, and a short concurrent load."""
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import urllib.error
@@ -87,3 +88,25 @@ def test_concurrent_requests_all_answered_correctly(service):
     for (status, reply), want in zip(replies, expected):
         assert status == 200 and reply["truncated"] == 0
         assert reply["results"] == json.loads(json.dumps(list(want)))
+
+
+def test_keep_alive_stays_in_step_after_early_4xx(service):
+    """An error sent before the body is read must not leave that body to be parsed as the next request."""
+    url, runtime = service
+    port = int(url.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    body = json.dumps({"text": "a [MASK] film"}).encode()
+    replies = []
+    for path in ("/nowhere", "/classify", "/fill-mask"):
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        replies.append((r.status, json.loads(r.read())))
+    assert [s for s, _ in replies] == [404, 400, 200]
+    assert "no endpoint /classify" in replies[1][1]["error"]
+    conn2 = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn2.request("POST", "/fill-mask", iter([body]), {"Transfer-Encoding": "chunked"})
+    r = conn2.getresponse()
+    assert r.status == 411 and r.getheader("Connection") == "close"
+    r.read()
+    conn2.request("GET", "/health")
+    assert (lambda r: (r.status, json.loads(r.read())))(conn2.getresponse()) == (200, {"status": "ok"})
