@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HELP = "serve an exported artifact over local HTTP/JSON (/predict, /health, /metadata) without torch"
@@ -97,6 +98,13 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, max_batch: i
                 self.send_header("Connection", "close")  # the client then reconnects rather than reuse a dead socket
             self.end_headers()
             self.wfile.write(body)
+
+        def send_error(self, code, message=None, explain=None):
+            """The stdlib's own refusals (bad request line, unknown method) as JSON 4xx, never HTML or 5xx."""
+            self.close_connection = True
+            if code == HTTPStatus.NOT_IMPLEMENTED:  # an unsupported method is the client's error
+                code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command} not allowed; use GET or POST"
+            self._send(int(code), {"error": message or explain or HTTPStatus(code).phrase})
 
         def _discard(self, length: int) -> None:
             """Read and drop a refused body in chunks (bounded memory) so the client sees the 4xx."""

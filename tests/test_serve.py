@@ -110,3 +110,16 @@ def test_keep_alive_stays_in_step_after_early_4xx(service):
     r.read()
     conn2.request("GET", "/health")
     assert (lambda r: (r.status, json.loads(r.read())))(conn2.getresponse()) == (200, {"status": "ok"})
+
+
+def test_protocol_errors_are_json_4xx(service):
+    url, _ = service
+    assert _call(url + "/health", method="PUT") == (405, {"error": "method PUT not allowed; use GET or POST"})
+    import socket
+
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\n" + b"X-Filler: 1\r\n" * 120 + b"\r\n")  # over the stdlib's 100 headers
+        reply = b"".join(iter(lambda: s.recv(4096), b"")).decode()  # the server closes after a refusal
+    head, _, body = reply.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 431") and "application/json" in head and "error" in json.loads(body)
