@@ -30,6 +30,10 @@ def add_arguments(p):
     p.add_argument("--char-level", action="store_true",
                    help="character tokenizer + causal LM (needs --objective clm; default preset charlm-6l)")
     p.add_argument("--max-steps", type=int, default=d.max_steps)
+    p.add_argument("--max-time", type=float, default=None, metavar="SECONDS",
+                   help="stop (with a checkpoint and the final model) once training has run this many seconds "
+                        "(counted from the start of this run, so a --resume gets a fresh budget); the learning-rate "
+                        "schedule still follows --max-steps")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per process and micro-step")
     p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-steps per optimizer step")
     p.add_argument("--lr", type=float, default=d.lr)
@@ -55,7 +59,8 @@ def run(args) -> int:
     from ..training.pretrain import NonFiniteLoss, PretrainArgs, pretrain
 
     a = PretrainArgs(
-        objective=args.objective, char_level=args.char_level, max_steps=args.max_steps, batch_size=args.batch_size,
+        objective=args.objective, char_level=args.char_level, max_steps=args.max_steps, max_time=args.max_time,
+        batch_size=args.batch_size,
         grad_accum=args.grad_accum, lr=args.lr, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
         warmup_ratio=args.warmup_ratio, seq_len=args.seq_len, valid_fraction=args.valid_fraction,
         max_eval_sequences=args.max_eval_sequences, save_steps=args.save_steps, eval_steps=args.eval_steps,
@@ -75,6 +80,7 @@ def run(args) -> int:
         print(f"{name}: saved {m['checkpoint']} at step {m['global_step']}; continue with the same command plus --resume")
         return 128 + m["signal"]
     ev = f", eval loss {m['eval_loss']:.4f} (perplexity {m['eval_perplexity']:.2f})" if "eval_loss" in m else ""
-    print(f"trained {m['global_step']} steps on {m['train_tokens']:,} tokens: train loss {m['train_loss']:.4f}{ev}; "
+    limit = f" (stopped by --max-time after {m['train_runtime']:.0f} s)" if m["stopped_by"] == "max_time" else ""
+    print(f"trained {m['global_step']} steps{limit} on {m['train_tokens']:,} tokens: train loss {m['train_loss']:.4f}{ev}; "
           f"model and metrics.json in {args.out}")
     return 0

@@ -10,7 +10,9 @@ per logging step), ``tb/`` (TensorBoard), and at the end the trained model, its 
 ``metrics.json``. A non-finite loss raises :class:`NonFiniteLoss` before the optimizer step, so the
 last checkpoint stays the last good one; SIGINT/SIGTERM save a checkpoint and stop (status
 ``interrupted``); ``resume=True`` continues from the newest complete checkpoint with the same
-schedule, data order and masking.
+schedule, data order and masking. ``max_time`` (seconds) ends training at the first optimizer step
+after that much wall-clock time since training began (``stopped_by`` = ``max_time``), saving a
+checkpoint and the model as at a normal end; the schedule still runs to ``max_steps``.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,6 +40,7 @@ class PretrainArgs:
     objective: str = "mlm"  # mlm | clm
     char_level: bool = False
     max_steps: int = 23000
+    max_time: float | None = None  # seconds of training (this process, since train begin) before stopping
     batch_size: int = 32  # per process
     grad_accum: int = 1
     lr: float = 1e-3
@@ -79,6 +83,29 @@ class _MaskEpoch(TrainerCallback):
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self.dataset.epoch = int(state.epoch or 0)
+
+
+class WallClockLimit(TrainerCallback):
+    """Stops training (with a checkpoint) at the first step end once ``seconds`` have passed since train
+    begin; ``reached`` tells whether it did. Distributed ranks agree (MAX) so they stop at the same step."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.reached, self._start = seconds, False, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._start = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        over = time.monotonic() - self._start >= self.seconds
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([float(over)], device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            over = bool(flag.item())
+        if over and not control.should_training_stop:
+            self.reached = True
+            control.should_save = True
+            control.should_training_stop = True
+        return control
 
 
 class PretrainTrainer(Trainer):
@@ -157,6 +184,8 @@ def _check_args(a: PretrainArgs, model_dir, preset) -> None:
             raise ValueError(f"{name} must be at least 1, got {getattr(a, name)}")
     if not (a.lr > 0 and 0 <= a.valid_fraction < 1 and 0 < a.mlm_probability < 1):
         raise ValueError("need lr > 0, 0 <= valid_fraction < 1 and 0 < mlm_probability < 1")
+    if a.max_time is not None and not a.max_time > 0:
+        raise ValueError(f"max_time must be a positive number of seconds, got {a.max_time}")
     if a.precision not in ("auto", "fp32", "bf16", "fp16"):
         raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {a.precision!r}")
 
@@ -253,6 +282,7 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     """Pre-train ``model_dir`` (or a fresh ``preset`` built into ``out``) on the ``train`` sources.
 
     Returns the final metrics (also in ``out/metrics.json``): ``status`` (completed | interrupted),
+    ``stopped_by`` (max_steps | max_time | signal),
     ``global_step``, ``train_loss`` (mean over the run), ``last_loss``, ``eval_loss``,
     ``eval_perplexity``, ``train_tokens``, ``train_runtime``, ``world_size``, ``param_sha256`` (one
     per process; all equal after a correct distributed run), ``checkpoint``.
@@ -292,9 +322,11 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     model = (ShareBertForCausalLM if a.objective == "clm" else ShareBertForMaskedLM).from_pretrained(model_dir)
     targs = _training_args(a, out, has_eval=eval_ds is not None)
     stopper = SignalCheckpoint()
+    clock = [WallClockLimit(a.max_time)] if a.max_time else []
     trainer = PretrainTrainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
                               data_collator=default_data_collator, processing_class=tokenizer,
-                              callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), stopper, *(callbacks or [])])
+                              callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), stopper, *clock,
+                                         *(callbacks or [])])
     trainer.keep_checkpoints = a.keep_checkpoints
     resume_from = latest_checkpoint(out) if a.resume else None
     if a.resume and targs.should_save:
@@ -309,6 +341,7 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     metrics = {
         "status": "interrupted" if interrupted else "completed",
         "signal": stopper.received,
+        "stopped_by": "signal" if interrupted else "max_time" if clock and clock[0].reached else "max_steps",
         "global_step": trainer.state.global_step,
         "train_loss": result.training_loss,
         "last_loss": losses[-1] if losses else None,
