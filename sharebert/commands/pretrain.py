@@ -8,7 +8,7 @@ HELP = "pre-train a model folder or a preset on text / MediaWiki XML corpora (ru
 
 
 def add_arguments(p):
-    from ..configuration_sharebert import PRESETS
+    from ..shape import PRESETS
     from ..training.pretrain import PretrainArgs
 
     d = PretrainArgs()
@@ -22,7 +22,7 @@ def add_arguments(p):
                    help="text files, MediaWiki XML dumps (.xml/.xml.bz2), folders or hf:NAME[:CONFIG][:SPLIT] "
                         "(default with --char-level: tinyshakespeare)")
     p.add_argument("--valid", nargs="+", metavar="FILE",
-                   help=f"validation corpora (default: the last {d.valid_fraction:.0%} of --train)")
+                   help=f"validation corpora (default: the last {d.valid_fraction:.0%}% of --train)")
     p.add_argument("--valid-fraction", type=float, default=d.valid_fraction,
                    help="share of the train stream held out when --valid is not given (0: no validation)")
     p.add_argument("--out", required=True, help="output folder: checkpoints, logs, final model, metrics.json")
