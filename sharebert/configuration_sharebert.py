@@ -50,6 +50,7 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         pooler: str = "generated",
         pooler_activation: str = "none",
         mlm_head: str = "tied",
+        mlm_logits_in_training: str = "all",
         classifier_dropout: float | None = None,
         pad_token_id: int = 0,
         **kwargs,
@@ -78,6 +79,7 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         self.pooler = pooler
         self.pooler_activation = pooler_activation
         self.mlm_head = mlm_head
+        self.mlm_logits_in_training = mlm_logits_in_training
         self.classifier_dropout = classifier_dropout
         self.validate()
 

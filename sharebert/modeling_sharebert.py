@@ -324,14 +324,24 @@ class ShareBertForMaskedLM(_WithLMHead):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None):
-        """``labels`` (B, T): token ids at masked positions, -100 elsewhere."""
+        """``labels`` (B, T): token ids at masked positions, -100 elsewhere.
+
+        ``logits`` is ``(B, T, E)``, as in BERT. With ``config.mlm_logits_in_training == "masked"``
+        (``sharebert pretrain`` sets it), a training forward with labels runs the head only at the
+        labelled positions (~15%): the same loss and gradients for a sixth of the head's work, and
+        ``logits`` is ``None``.
+        """
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
                              output_attentions, output_hidden_states, return_dict=True)
-        logits = self.lm_head(out.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
+        h, logits, loss = out.last_hidden_state, None, None
+        if labels is not None and self.training and self.config.mlm_logits_in_training == "masked":
+            keep = labels.ne(-100)
+            loss = F.cross_entropy(self.lm_head(h[keep]), labels[keep])
+        else:
+            logits = self.lm_head(h)
+            if labels is not None:
+                loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
         res = MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
         return res if return_dict else res.to_tuple()
 

@@ -97,6 +97,7 @@ DEFAULTS = dict(
     pooler="generated",
     pooler_activation="none",
     mlm_head="tied",
+    mlm_logits_in_training="all",
     classifier_dropout=None,
     pad_token_id=0,
 )
@@ -196,7 +197,7 @@ class ShapeMixin:
                 raise ValueError(f"invalid ShareBertConfig: {msg}")
 
         for key, allowed in (("sharing", SHARING), ("attention", ATTENTION), ("pooler", POOLER),
-                             ("mlm_head", MLM_HEADS), ("norm_position", ("pre", "post")),
+                             ("mlm_head", MLM_HEADS), ("mlm_logits_in_training", ("masked", "all")), ("norm_position", ("pre", "post")),
                              ("pooler_activation", ("tanh", "none"))):
             need(getattr(self, key) in allowed, f"{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

@@ -232,3 +232,24 @@ def test_fill_mask_pipeline_on_a_built_folder(tmp_path):
     assert len(preds) == 3 and all("token_str" in p for p in preds)
     clf = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=2)
     assert type(clf) is ShareBertForSequenceClassification
+
+
+@pytest.mark.parametrize("mlm_head", ["tied", "untied"])
+def test_masked_only_logits_in_training_give_the_same_loss_and_gradients(mlm_head):
+    cfg = dict(TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, mlm_head=mlm_head)
+    torch.manual_seed(0)
+    masked = ShareBertForMaskedLM(ShareBertConfig.from_preset("sharebert-tiny", mlm_logits_in_training="masked", **cfg)).train()
+    full = ShareBertForMaskedLM(ShareBertConfig.from_preset("sharebert-tiny", **cfg)).train()
+    full.load_state_dict(masked.state_dict())
+    ids = torch.randint(5, 1000, (3, 20))
+    labels = torch.full_like(ids, -100)
+    labels[:, ::5] = ids[:, ::5]
+    a, b = masked(input_ids=ids, labels=labels), full(input_ids=ids, labels=labels)
+    assert a.logits is None and b.logits.shape == (3, 20, 1000)  # masked: the head ran on 12 of 60 positions
+    torch.testing.assert_close(a.loss, b.loss)
+    a.loss.backward()
+    b.loss.backward()
+    grads = dict(full.named_parameters())
+    for name, p in masked.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
+    assert masked.eval()(input_ids=ids, labels=labels).logits.shape == (3, 20, 1000)  # eval: BERT's full logits
