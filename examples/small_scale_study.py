@@ -135,7 +135,7 @@ def nearby_dense() -> list[dict]:
 
 def calibrate(model_dir: Path, train: PackedDataset, valid: PackedDataset, steps: int) -> dict:
     """Seconds per training step (AdamW, clipping; after one warm-up step) and per full validation pass."""
-    model = ShareBertForMaskedLM.from_pretrained(model_dir).train()
+    model = ShareBertForMaskedLM.from_pretrained(model_dir, mlm_logits_in_training="masked").train()  # as pretrain() runs it
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
     batches = [default_data_collator([train[i] for i in range(s * BATCH, (s + 1) * BATCH)]) for s in range(steps + 1)]
     for s, batch in enumerate(batches):
