@@ -1,5 +1,5 @@
 """Pre-training with the real Trainer: exact resume after SIGTERM, NaN stop, partial checkpoints,
-torchrun on 2 CPU processes, character-level CLI, bad input."""
+torchrun on 2 CPU processes, character-level CLI, bad input, wall-clock budget."""
 import json
 import os
 import shutil
@@ -24,6 +24,8 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_atte
 ARGS = dict(max_steps=6, batch_size=4, seq_len=32, save_steps=2, eval_steps=3, logging_steps=1,
             max_eval_sequences=16, progress=False)
 REPO = Path(__file__).resolve().parent.parent
+MAX_TIME_ARGS = ["--batch-size", "4", "--seq-len", "32", "--logging-steps", "1", "--eval-steps", "100000",
+                 "--save-steps", "100000", "--max-eval-sequences", "8", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +218,33 @@ def test_tokenizer_config_mismatch_is_refused_before_training(tmp_path, model_di
     rc = main(["pretrain", "--model", str(bad), "--train", str(corpus), "--out", str(tmp_path / "o")])
     assert rc == 2 and "config.vocab_size is 1000" in capsys.readouterr().err
     assert not (tmp_path / "o" / "log.jsonl").exists()
+
+
+# max_time: a real tiny run stops on the wall clock, before max_steps, with a checkpoint --resume continues from.
+def test_max_time_stops_before_max_steps_and_resumes(tmp_path, model_dir, corpus, capsys):
+    out = tmp_path / "run"
+    argv = ["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), *MAX_TIME_ARGS,
+            "--max-steps", "1000000", "--max-time", "1.5"]
+    assert main(argv) == 0
+    assert "stopped by --max-time" in capsys.readouterr().out
+    m = json.loads((out / "metrics.json").read_text())
+    step = m["global_step"]
+    assert m["status"] == "completed" and m["stopped_by"] == "max_time" and m["args"]["max_time"] == 1.5
+    assert 1 <= step < 1_000_000 and m["train_runtime"] >= 1.5
+    assert latest_checkpoint(out).name == f"checkpoint-{step}"  # saved where the clock stopped it
+    assert m["eval_loss"] > 0 and (out / "model.safetensors").is_file()  # scored and published as at a normal end
+
+    assert main([*argv, "--resume"]) == 0
+    again = json.loads((out / "metrics.json").read_text())
+    assert again["stopped_by"] == "max_time" and again["global_step"] > step  # a fresh budget from the checkpoint
+    logged = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
+    assert step + 1 in logged
+
+
+def test_max_steps_reached_first_and_bad_max_time(tmp_path, model_dir, corpus):
+    args = PretrainArgs(max_steps=2, max_time=3600.0, batch_size=4, seq_len=32, eval_steps=2, save_steps=2,
+                        max_eval_sequences=8, progress=False)
+    m = pretrain([corpus], tmp_path / "steps", model_dir, args=args)
+    assert m["stopped_by"] == "max_steps" and m["global_step"] == 2
+    with pytest.raises(ValueError, match="max_time must be a positive"):
+        pretrain([corpus], tmp_path / "bad", model_dir, args=PretrainArgs(max_time=0.0, progress=False))
