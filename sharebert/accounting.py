@@ -79,14 +79,16 @@ class Shape:
     def layer_matrices(self) -> list[tuple[str, tuple[int, int]]]:
         return list(self.matrices)
 
-    def generated_targets(self) -> list[tuple[str, tuple[int, int]]]:
+    def generated_targets(self, with_pooler: bool = True) -> list[tuple[str, tuple[int, int]]]:
         if self.sharing == "none":
             return []
-        return self.layer_matrices() + ([("pooler", (self.V, self.V))] if self.pooler == "generated" else [])
+        pooler = self.pooler == "generated" and with_pooler
+        return self.layer_matrices() + ([("pooler", (self.V, self.V))] if pooler else [])
 
-    def columns_used(self) -> int:
-        """Source columns the EPS plan takes: ``sum(ceil(rows * cols / E))`` (paper eq. 3-4)."""
-        return sum(math.ceil(r * c / self.E) for _, (r, c) in self.generated_targets())
+    def columns_used(self, with_pooler: bool = True) -> int:
+        """Source columns the EPS plan takes: ``sum(ceil(rows * cols / E))`` (paper eq. 3-4); a model
+        without a pooler (``with_pooler=False``) leaves the pooler's reserved columns uncomputed."""
+        return sum(math.ceil(r * c / self.E) for _, (r, c) in self.generated_targets(with_pooler))
 
     def attention_vectors(self) -> int:
         """Per-layer learned attention vectors: Q/K/V biases, shared-qkv scalings, output bias."""
@@ -135,7 +137,7 @@ def count_params(config, head: str = "none") -> dict:
     learned = sum(c.values())
     embeddings_module = sum(c.get(k, 0) for k in ("word_embeddings", "input_projection", "positions_and_token_types",
                                                    "embedding_norm"))
-    generated = _numel(s.generated_targets())
+    generated = _numel(s.generated_targets(with_pooler=head != "mlm"))
     return {
         "head": head,
         "learned_params": learned,
@@ -170,7 +172,7 @@ def count_flops(config, head: str = "none", seq_len: int = 128, batch: int = 1) 
     attention_numel = _numel((n, rc) for n, rc in s.layer_matrices() if n in _ATTENTION_MATRICES)
     pooler = 2 * batch * V * V if s.pooler != "none" else 0
     b = {
-        "weight_generation": 2 * E * F * s.columns_used() if s.sharing == "veps" else 0,
+        "weight_generation": 2 * E * F * s.columns_used(with_pooler=head != "mlm") if s.sharing == "veps" else 0,
         "input_projection": 2 * tokens * F * V if s.factorized else 0,
         "projections": N * 2 * tokens * attention_numel,
         "attention": N * 2 * 2 * batch * s.heads * seq_len * seq_len * s.head_dim,

@@ -72,15 +72,17 @@ class ShareBertEmbeddings(nn.Module):
 
 
 class WeightGenerator(nn.Module):
-    """Generates the shared encoder's matrices (and the pooler's) from the embeddings.
+    """Generates the shared encoder's matrices (and the pooler's, when the model has one) from the embeddings.
 
     ``veps`` owns the virtual projection ``P`` (F x V) and bias ``p`` (V); ``eps`` owns nothing.
     ``forward(word_embeddings)`` returns ``{name: (out, in)}`` views of one buffer.
     """
 
-    def __init__(self, config: ShareBertConfig):
+    def __init__(self, config: ShareBertConfig, with_pooler: bool = True):
         super().__init__()
         self.plan = config.column_plan()
+        if not with_pooler and config.pooler == "generated":  # its columns stay reserved, just not computed
+            self.plan = self.plan.without("pooler")
         self.virtual = config.sharing == "veps"
         if self.virtual:
             self.projection = nn.Parameter(torch.empty(config.word_embedding_size, config.hidden_size))
@@ -185,15 +187,15 @@ class ShareBertModel(ShareBertPreTrainedModel):
     def __init__(self, config: ShareBertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = ShareBertEmbeddings(config)
+        self.has_pooler = add_pooling_layer and config.pooler != "none"
         if config.sharing != "none":
-            self.weight_generator = WeightGenerator(config)
+            self.weight_generator = WeightGenerator(config, with_pooler=self.has_pooler)
         else:
             n_sets = 1 if config.share_layers else config.num_hidden_layers
             self.layer_weights = nn.ModuleList(DenseWeights(config) for _ in range(n_sets))
         self.layers = nn.ModuleList(ShareBertLayer(config) for _ in range(config.num_hidden_layers))
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
         self.causal = bool(config.is_decoder)
-        self.has_pooler = add_pooling_layer and config.pooler != "none"
         if self.has_pooler:
             if config.pooler == "dense":
                 self.pooler = nn.Linear(config.hidden_size, config.hidden_size)

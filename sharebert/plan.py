@@ -98,6 +98,14 @@ class ColumnPlan:
     def generated_params(self) -> int:
         return sum(s.numel for s in self.slots)
 
+    def without(self, name: str) -> "ColumnPlan":
+        """The plan minus target ``name``, every other target keeping its columns; only the left-most
+        (last-planned) target can go, so the used columns stay one slice ``M[:, first_column:]``."""
+        dropped = self.slot(name)
+        if dropped.first_column != self.first_column:
+            raise ValueError(f"only the left-most EPS target ({self.slots[-1].name}) can be dropped, not {name!r}")
+        return ColumnPlan(self.source_rows, self.source_width, tuple(s for s in self.slots if s.name != name))
+
     def slot(self, name: str) -> TargetSlot:
         for s in self.slots:
             if s.name == name:

@@ -116,3 +116,11 @@ def test_share_linears_refuses_a_too_narrow_embedding():
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
     with pytest.raises(ValueError, match="column budget exceeded"):
         share_linears_(model, nn.Parameter(torch.randn(100, 50)))
+
+
+def test_without_keeps_every_other_target_in_place():
+    plan = ColumnPlan.build(10, 8, [("A", (4, 4)), ("B", (5, 5))])  # B is planned last: the left-most block
+    smaller = plan.without("B")
+    assert smaller.slot("A") == plan.slot("A") and smaller.columns_used == 2 and smaller.first_column == 6
+    with pytest.raises(ValueError, match="only the left-most"):
+        plan.without("A")

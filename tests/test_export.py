@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import sharebert
+from sharebert.accounting import count_flops
 from sharebert.cli import main
 from sharebert.export import graph
 from sharebert.export.exporter import ParityError, check_folding, export_model, session_options
@@ -166,6 +167,8 @@ def test_manifest_contract(artifacts):
     assert f["file_bytes"] == manifest["files"]["model.onnx"]["bytes"]
     assert f["peak_rss_run_mb"] >= f["peak_rss_load_mb"] >= f["rss_baseline_mb"] > 0
     assert f["latency"]["1x128"]["p95_ms"] >= f["latency"]["1x128"]["p50_ms"] > 0
+    config = json.loads((folder / "config.json").read_text())  # the fill-mask model's FLOPs, as `sharebert report --head mlm`
+    assert f["gflops"] == pytest.approx(count_flops(config, "mlm", 128, 1)["inference"] / 1e9) and f["gflops_shape"] == "1x128"
     assert not list(folder.parent.glob(".*tmp-*"))
 
 

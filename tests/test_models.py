@@ -93,9 +93,15 @@ def test_weights_generated_once_per_forward_only_used_columns(monkeypatch):
     ids, mask = batch()
     model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
     plan = model.config.column_plan()
-    assert calls == [plan.columns_used] and plan.columns_used < model.config.hidden_size
+    pooler = plan.slot("pooler")  # reserved in the plan, not computed: the MLM model has no pooler
+    assert calls == [plan.columns_used - pooler.num_columns] and plan.columns_used < model.config.hidden_size
     model(input_ids=ids, attention_mask=mask)
     assert len(calls) == 2  # training mode: fresh weights every forward
+    backbone = ShareBertModel(model.config)
+    backbone(input_ids=ids, attention_mask=mask)
+    assert calls[-1] == plan.columns_used  # the backbone's pooler is generated too
+    shared = set(backbone.weight_generator.plan.slots) & set(model.sharebert.weight_generator.plan.slots)
+    assert len(shared) == len(plan.slots) - 1  # every other target keeps its columns
 
 
 def test_eval_cache_reused_and_never_stale(monkeypatch, tmp_path):
