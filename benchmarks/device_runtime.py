@@ -1,6 +1,7 @@
 """Device figures for the torch-free runtime, as ratios against a dense BERT Base measured in the same run.
 
-Artifacts (random weights; the figures are about time and memory, not accuracy):
+Artifacts (random weights unless ``--model`` names a trained sharebert-small; time and memory do not
+depend on the weights, the ram int8 vs fp32 parity does):
 
 * ``sharebert-small`` fill-mask, exported compact fp32 and int8 (``sharebert.export.exporter``), each run
   with ``ram="fp32"`` (ORT folds the generated weights to fp32) and ``ram="int8"`` (generated weights
@@ -11,7 +12,7 @@ Each row is a fresh subprocess in which importing torch/transformers/optimum/onn
 cold start (process start to first result), peak RSS, RSS after the runs, p50/p95 latency of
 ``fill_mask`` on 1 and 8 SST-2 dev sentences with one ``[MASK]`` each, at 1 and 2 threads.
 
-    python benchmarks/device_runtime.py [--out artifacts/device_bench] [--reps 30]
+    python benchmarks/device_runtime.py [--model runs/small-pretrained] [--out artifacts/device_bench] [--reps 30]
 """
 from __future__ import annotations
 
@@ -105,14 +106,15 @@ def dense_bert_artifact(out: Path) -> Path:
     return art
 
 
-def sharebert_artifacts(out: Path) -> dict[str, Path]:
-    """sharebert-small (random weights) exported compact fp32 and compact int8 by the real exporter."""
+def sharebert_artifacts(out: Path, model: Path | None = None) -> dict[str, Path]:
+    """sharebert-small (``model``, else random weights) exported compact fp32 and compact int8 by the real exporter."""
     from sharebert.build import build_model
     from sharebert.export.exporter import export_model
 
-    model = out / "sharebert-small-model"
-    if not (model / "config.json").is_file():
-        build_model("sharebert-small", model)
+    if model is None:
+        model = out / "sharebert-small-model"
+        if not (model / "config.json").is_file():
+            build_model("sharebert-small", model)
     arts = {}
     for quantize in ("none", "int8"):
         art = out / f"sharebert-small-{quantize}"
@@ -162,11 +164,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="artifacts/device_bench", help="where the artifacts are built (reused if present)")
     ap.add_argument("--reps", type=int, default=30, help="timed calls per shape (default: 30)")
+    ap.add_argument("--model", help="a trained sharebert-small MLM folder (default: random weights); exported into --out")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sentences = sst2_masked(8)
-    small = sharebert_artifacts(out)
+    small = sharebert_artifacts(out, Path(args.model) if args.model else None)
     rows = [("dense BERT Base fp32", dense_bert_artifact(out), "fp32"),
             ("sharebert-small compact fp32, ram fp32", small["none"], "fp32"),
             ("sharebert-small compact fp32, ram int8", small["none"], "int8"),
