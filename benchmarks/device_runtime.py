@@ -119,7 +119,7 @@ def sharebert_artifacts(out: Path, model: Path | None = None) -> dict[str, Path]
     for quantize in ("none", "int8"):
         art = out / f"sharebert-small-{quantize}"
         if not (art / "manifest.json").is_file():
-            export_model(model, art, task="fill-mask", weights="compact", quantize=quantize, overwrite=True)
+            export_model(model, art, task="fill-mask", weights="compact", quantize=quantize, overwrite=True, check_limit=64)
         arts[quantize] = art
     return arts
 

@@ -4,7 +4,9 @@
 torch), yet ``AutoConfig``/``AutoModel*`` (and so pipelines and optimum's ``ORTModel*``) must know
 ``model_type="sharebert"`` once it is imported. So :func:`install` registers right away when
 transformers' auto modules are already loaded, and otherwise hooks their import: the config is
-registered when ``configuration_auto`` has run, the models when ``modeling_auto`` has.
+registered when ``configuration_auto`` has run, the models when ``modeling_auto`` has. Where that
+happens inside a chain of half-executed transformers modules (``modeling_layers`` imports the auto
+classes, and our models import ``modeling_layers``), the registration is retried at later imports.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+import warnings
 
 _CONFIG_AUTO = "transformers.models.auto.configuration_auto"
 _MODEL_AUTO = "transformers.models.auto.modeling_auto"
@@ -26,15 +29,10 @@ def register_config() -> None:
 
 
 def register_models(m=None) -> None:
-    """Register the model classes of module ``m`` (default: ``sharebert.modeling_sharebert``).
-
-    When ``modeling_sharebert``'s own import pulled in ``modeling_auto``, the hook finds the module
-    half-executed and leaves the work to its last line, which calls this with the finished module.
-    """
+    """Register the model classes of module ``m`` (default: ``sharebert.modeling_sharebert``)."""
     if m is None:
-        loading = sys.modules.get(f"{__package__}.modeling_sharebert")
-        if loading is not None and getattr(loading.__spec__, "_initializing", False):
-            return
+        if _initializing(f"{__package__}.modeling_sharebert"):  # its last line registers it
+            raise ImportError("sharebert.modeling_sharebert is still executing")
         from . import modeling_sharebert as m
     from transformers.models.auto import modeling_auto as auto
 
@@ -47,18 +45,71 @@ def register_models(m=None) -> None:
         getattr(auto, name).register(m.ShareBertConfig, cls, exist_ok=True)
 
 
+def _initializing(name: str) -> bool:
+    """Whether module ``name`` is still executing (importlib flags it while its import runs)."""
+    return getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", False)
+
+
+def _busy() -> bool:
+    """Whether a transformers module or our modeling module is still executing."""
+    return any(_initializing(name) for name in list(sys.modules)
+               if name.startswith("transformers") or name == f"{__package__}.modeling_sharebert")
+
+
+def _try(callback) -> bool:
+    """Run ``callback``; False when a module it imports is still half-executed (try again later)."""
+    try:
+        callback()
+    except ImportError as e:  # e.g. ``transformers.modeling_layers`` imports the auto classes mid-way
+        if _busy():
+            return False
+        warnings.warn(f"sharebert could not register with transformers' Auto classes: {e}", stacklevel=2)
+    return True
+
+
+class _Pending(importlib.abc.MetaPathFinder):
+    """Retries deferred registrations at later imports, once no transformers module is mid-execution.
+
+    Finders here never remove themselves from ``sys.meta_path``: the import system may be iterating
+    it (a removal would make it skip the next finder); a finder with nothing left to do answers None.
+    """
+
+    def __init__(self):
+        self.queue, self.running = [], False
+
+    def find_spec(self, fullname, path, target=None):
+        if self.queue and not self.running and not _busy():
+            self.running = True
+            try:
+                self.queue = [callback for callback in self.queue if not _try(callback)]
+            finally:
+                self.running = False
+        return None  # never imports anything itself
+
+
+_pending = _Pending()
+
+
+def _when_ready(callback) -> None:
+    if _try(callback):
+        return
+    _pending.queue.append(callback)
+    if _pending not in sys.meta_path:
+        sys.meta_path.insert(0, _pending)
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback`` right after module ``name`` has executed, then steps aside.
+    """Runs ``callback`` (as soon as it is safe) once module ``name`` has executed, then steps aside.
 
     ``find_spec`` may also be called by mere probes (``importlib.util.find_spec``): every spec it
-    returns carries the hook, and the finder leaves ``sys.meta_path`` only once the module has run.
+    returns carries the hook, and the finder is done only once the module has run.
     """
 
     def __init__(self, name: str, callback):
-        self.name, self.callback = name, callback
+        self.name, self.callback, self.done = name, callback, False
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
+        if fullname != self.name or self.done:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
@@ -67,9 +118,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_register(module):
             exec_module(module)
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            self.callback()
+            self.done = True
+            _when_ready(self.callback)
 
         spec.loader.exec_module = exec_then_register
         return spec
@@ -84,6 +134,6 @@ def install() -> None:
         return
     for name, callback in ((_CONFIG_AUTO, register_config), (_MODEL_AUTO, register_models)):
         if name in sys.modules:
-            callback()
+            _when_ready(callback)
         elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
             sys.meta_path.insert(0, _AfterImport(name, callback))

@@ -61,11 +61,15 @@ print(heavy)
     assert _run(code).strip() == "[]"
 
 
-@pytest.mark.parametrize("order", ["sharebert first", "transformers first", "model class first"])
+@pytest.mark.parametrize("order", ["sharebert first", "transformers first", "model class first", "optimum exporter",
+                                   "pipeline"])
 def test_auto_classes_know_sharebert_after_import(order):
     first = {"sharebert first": "import sharebert",
              "transformers first": "from transformers import AutoModel; import sharebert",
-             "model class first": "from sharebert.modeling_sharebert import ShareBertModel; import sharebert"}[order]
+             "model class first": "from sharebert.modeling_sharebert import ShareBertModel; import sharebert",
+             # optimum's exporter reaches the auto classes from inside half-executed transformers modules
+             "optimum exporter": "import sharebert; from optimum.exporters.onnx import main_export",
+             "pipeline": "import sharebert; from transformers import pipeline"}[order]
     code = first + """
 import json, sys
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSequenceClassification
