@@ -68,7 +68,9 @@ def load_model(model_dir: Path, task: str):
     """``(model, tokenizer)`` in eval mode, through the transformers Auto classes."""
     import transformers
 
-    import sharebert  # noqa: F401  (registers model_type "sharebert")
+    from sharebert._registry import register_models
+
+    register_models()  # now, even if a registration deferred by an import chain has not run yet
 
     model = getattr(transformers, _AUTO[task]).from_pretrained(model_dir).eval()
     try:
