@@ -72,9 +72,10 @@ def check_parity(model, tokenizer, session, task: str, sentences: list[str], lab
     output = session.get_outputs()[0].name
     diffs, cosines, agree, n_diff = [], [], [], 0
     preds_torch, preds_onnx = [], []
-    batches = range(0, len(sentences), batch_size)
-    for start in tqdm(batches, desc=f"parity ({task})", disable=not progress, leave=False):
-        feeds = encode(tokenizer, sentences[start:start + batch_size], max_length, mask_middle=task == "fill-mask")
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # similar lengths: little padding
+    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+    for batch in tqdm(batches, desc=f"parity ({task})", disable=not progress, leave=False):
+        feeds = encode(tokenizer, [sentences[i] for i in batch], max_length, mask_middle=task == "fill-mask")
         with torch.no_grad():
             out = model(**{k: torch.from_numpy(feeds[k]) for k in names})
         ref = (out.logits if task != "feature-extraction" else out.last_hidden_state).float().numpy()
@@ -103,7 +104,8 @@ def check_parity(model, tokenizer, session, task: str, sentences: list[str], lab
     if agree:
         report["top1_agreement"] = float(np.concatenate(agree).mean())
     if task == "text-classification" and model.config.num_labels > 1:
-        pt, po = np.concatenate(preds_torch), np.concatenate(preds_onnx)
+        back = np.argsort(order)  # predictions in the sentences' own order, to match the labels
+        pt, po = np.concatenate(preds_torch)[back], np.concatenate(preds_onnx)[back]
         report["agreement"] = float((pt == po).mean())
         gold = _label_ids(labels, model.config)
         if gold is not None:

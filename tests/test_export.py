@@ -209,6 +209,22 @@ def test_classifier_and_features_load_in_ortmodel(tmp_path, clf_dir, mlm_dir):
         torch.testing.assert_close(got, ref(**enc).last_hidden_state, atol=1e-4, rtol=0)
 
 
+def test_parity_accuracy_matches_the_labels_in_file_order(tmp_path, tokenizer):
+    """Parity runs length-sorted batches; its accuracy must still pair each prediction with its own label."""
+    torch.manual_seed(0)
+    model = sharebert.ShareBertForSequenceClassification(_config(tokenizer, num_labels=2)).eval()
+    with torch.no_grad():
+        model.sharebert.embeddings.word_embeddings.weight.normal_(0.0, 1.0)  # predictions that vary by sentence
+    folder = _save(model, tokenizer, tmp_path / "model")
+    p = export_model(folder, tmp_path / "artifact", **FAST)["parity"]
+    model = sharebert.ShareBertForSequenceClassification.from_pretrained(folder).eval()
+    rows = [line.split("\t") for line in SST2_DEV.read_text(encoding="utf-8").splitlines()[1:p["sentences"] + 1]]
+    with torch.no_grad():
+        preds = [model(**tokenizer(text, return_tensors="pt")).logits.argmax(-1).item() for text, _ in rows]
+    assert 0 < sum(preds) < len(preds)  # else any pairing would give the same accuracy
+    assert p["accuracy_torch"] == pytest.approx(sum(int(label) == y for (_, label), y in zip(rows, preds)) / len(rows))
+
+
 def test_int8_dynamic_and_static_quantize_every_weight(tmp_path, mlm_dir):
     for quantize, extra in (("int8-dynamic", {}), ("int8-static", {"calibration": SST2_TRAIN})):
         manifest = export_model(mlm_dir, tmp_path / quantize, quantize=quantize, **extra, **FAST)
