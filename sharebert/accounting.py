@@ -51,6 +51,7 @@ class Shape:
     mlm_head: str
     num_labels: int
     matrices: tuple  # one layer's weight matrices ((name, (out, in)), ...), from ShapeMixin.layer_matrices
+    targets: tuple  # the EPS/VEPS-generated ones (pooler included when generated), from ShapeMixin.generated_targets
     qk_shared_dim: int  # per-head query/key dims from the shared matrix (symmetric, partial-qk)
 
     @classmethod
@@ -66,7 +67,8 @@ class Shape:
                    types=c.type_vocab_size, sharing=c.sharing, share_layers=bool(c.share_layers),
                    attention=c.attention, qk_share_ratio=c.qk_share_ratio, norm_position=c.norm_position,
                    pooler=c.pooler, mlm_head=c.mlm_head, num_labels=int(num_labels),
-                   matrices=tuple(c.layer_matrices()), qk_shared_dim=c.qk_shared_dim)
+                   matrices=tuple(c.layer_matrices()), targets=tuple(c.generated_targets()),
+                   qk_shared_dim=c.qk_shared_dim)
 
     @property
     def head_dim(self) -> int:
@@ -80,10 +82,7 @@ class Shape:
         return list(self.matrices)
 
     def generated_targets(self, with_pooler: bool = True) -> list[tuple[str, tuple[int, int]]]:
-        if self.sharing == "none":
-            return []
-        pooler = self.pooler == "generated" and with_pooler
-        return self.layer_matrices() + ([("pooler", (self.V, self.V))] if pooler else [])
+        return [t for t in self.targets if with_pooler or t[0] != "pooler"]
 
     def columns_used(self, with_pooler: bool = True) -> int:
         """Source columns the EPS plan takes: ``sum(ceil(rows * cols / E))`` (paper eq. 3-4); a model

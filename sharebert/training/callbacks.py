@@ -105,6 +105,15 @@ class JsonlLogger(TrainerCallback):
             f.write(json.dumps(record) + "\n")
 
 
+def any_rank(flag: bool, device) -> bool:
+    """Whether ``flag`` holds on any process (a MAX all-reduce), so that every rank stops at the same step."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        t = torch.tensor([float(flag)], device=device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item())
+    return bool(flag)
+
+
 class SignalCheckpoint(TrainerCallback):
     """On SIGINT/SIGTERM: finish the current step, save a checkpoint and stop (``received`` holds the
     signal). A second signal aborts at once. In distributed runs the ranks agree before stopping."""
@@ -134,14 +143,28 @@ class SignalCheckpoint(TrainerCallback):
         self._previous = {}
 
     def on_step_end(self, args, state, control, **kwargs):
-        stop = self.received is not None
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([float(stop)], device=args.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            stop = bool(flag.item())
-            if stop and self.received is None:
-                self.received = signal.SIGTERM  # another rank was signalled
+        stop = any_rank(self.received is not None, args.device)
+        if stop and self.received is None:
+            self.received = signal.SIGTERM  # another rank was signalled
         if stop:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+class WallClockLimit(TrainerCallback):
+    """Stops training (with a checkpoint) at the first step end once ``seconds`` have passed since train
+    begin; ``reached`` tells whether it did. Distributed ranks agree (MAX) so they stop at the same step."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.reached, self._start = seconds, False, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._start = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if any_rank(time.monotonic() - self._start >= self.seconds, args.device) and not control.should_training_stop:
+            self.reached = True
             control.should_save = True
             control.should_training_stop = True
         return control

@@ -22,14 +22,14 @@ import json
 import math
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from .callbacks import JsonlLogger, SignalCheckpoint, checkpoints, latest_checkpoint, mark_complete, remove_incomplete, rotate
+from .callbacks import (JsonlLogger, SignalCheckpoint, WallClockLimit, any_rank, checkpoints, latest_checkpoint,
+                        mark_complete, remove_incomplete, rotate)
 from .corpus import PackedDataset, char_tokenizer, encode_sources, load_tokenizer, pack, read_text, resolve_sources
 
 
@@ -86,29 +86,6 @@ class _MaskEpoch(TrainerCallback):
         self.dataset.epoch = int(state.epoch or 0)
 
 
-class WallClockLimit(TrainerCallback):
-    """Stops training (with a checkpoint) at the first step end once ``seconds`` have passed since train
-    begin; ``reached`` tells whether it did. Distributed ranks agree (MAX) so they stop at the same step."""
-
-    def __init__(self, seconds: float):
-        self.seconds, self.reached, self._start = seconds, False, None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._start = time.monotonic()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        over = time.monotonic() - self._start >= self.seconds
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([float(over)], device=args.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            over = bool(flag.item())
-        if over and not control.should_training_stop:
-            self.reached = True
-            control.should_save = True
-            control.should_training_stop = True
-        return control
-
-
 class PretrainTrainer(Trainer):
     """``Trainer`` that stops on a non-finite loss, logs perplexity and marks finished checkpoints."""
 
@@ -116,10 +93,7 @@ class PretrainTrainer(Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
-        bad = (~torch.isfinite(loss)).float()
-        if self.args.world_size > 1:
-            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-        if bad.item():
+        if any_rank(not torch.isfinite(loss).item(), self.args.device):
             raise NonFiniteLoss(self.state.global_step + 1, loss.item(), latest_checkpoint(self.args.output_dir))
         return loss
 
