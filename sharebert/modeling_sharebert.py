@@ -179,6 +179,22 @@ class ShareBertPreTrainedModel(PreTrainedModel):
         elif isinstance(module, ShareBertLayer):
             module.ffn_in_bias.data.zero_()
             module.ffn_out_bias.data.zero_()
+        elif isinstance(module, ShareBertModel) and hasattr(module, "pooler_bias"):
+            module.pooler_bias.data.zero_()  # a bare Parameter: the only one outside a submodule
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers' resize for ``sharing='none'``; refused where the encoder is generated from the embeddings.
+
+        With EPS/VEPS every encoder weight is cut from columns of length ``vocab_size`` of the embedding
+        (or virtual embedding) matrix, so the vocabulary size is part of the encoder's shape: a resize
+        would change every generated weight. Build a new model with the vocabulary instead.
+        """
+        if self.config.sharing != "none":
+            raise ValueError(f"resize_token_embeddings is not supported with sharing={self.config.sharing!r}: the "
+                             "encoder's weights are generated from the word embeddings, so vocab_size is part of its "
+                             "shape; build a new model with the vocabulary (sharebert build --vocab ... or "
+                             "--set vocab_size=N)")
+        return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
 
 
 class ShareBertModel(ShareBertPreTrainedModel):

@@ -259,3 +259,52 @@ def test_masked_only_logits_in_training_give_the_same_loss_and_gradients(mlm_hea
     for name, p in masked.named_parameters():
         torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
     assert masked.eval()(input_ids=ids, labels=labels).logits.shape == (3, 20, 1000)  # eval: BERT's full logits
+
+
+HEAD_CLASSES = (ShareBertModel, ShareBertForMaskedLM, ShareBertForCausalLM, ShareBertForSequenceClassification,
+                ShareBertForTokenClassification, ShareBertForQuestionAnswering)
+INIT_CONFIGS = {"veps-generated-pooler": {}, "eps-dense-pooler": dict(sharing="eps", embedding_size=None, pooler="dense"),
+                "bert": "bert-small"}
+
+
+def _init_config(name):
+    spec = INIT_CONFIGS[name]
+    if isinstance(spec, str):
+        return ShareBertConfig.from_preset(spec, **{k: v for k, v in TINY.items() if k != "embedding_size"})
+    return tiny(**spec)
+
+
+@pytest.mark.parametrize("cls", HEAD_CLASSES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("config_name", list(INIT_CONFIGS))
+def test_init_weights_covers_every_parameter(cls, config_name):
+    """_init_weights sets every learned tensor: none keeps what was in memory (NaN here) before it ran."""
+    model = cls(_init_config(config_name))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    model.apply(model._init_weights)
+    left = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    assert not left, f"not initialised by _init_weights: {left}"
+
+
+def test_mlm_checkpoint_loads_as_classifier_the_standard_way(tmp_path):
+    """The pooler bias missing from an MLM checkpoint is initialised (zero), so logits and Trainer losses are finite."""
+    ShareBertForMaskedLM(tiny()).save_pretrained(tmp_path)
+    model, info = AutoModelForSequenceClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert "sharebert.pooler_bias" in info["missing_keys"]
+    assert torch.equal(model.sharebert.pooler_bias, torch.zeros_like(model.sharebert.pooler_bias))
+    ids, mask = batch()
+    out = model.eval()(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1]))
+    assert torch.isfinite(out.logits).all() and bool(torch.isfinite(out.loss))
+    assert not (out.loss.item() > 10.0)  # two classes from a fresh head: about ln 2, never 1e13
+
+
+def test_resize_token_embeddings_refused_when_generated_and_works_when_dense():
+    shared = ShareBertForMaskedLM(tiny())
+    with pytest.raises(ValueError, match="vocab_size is part of its shape"):
+        shared.resize_token_embeddings(1100)
+    assert shared.config.vocab_size == 1000 and shared.get_input_embeddings().weight.shape[0] == 1000
+    dense = ShareBertForMaskedLM(_init_config("bert")).eval()
+    dense.resize_token_embeddings(1100)
+    logits = dense(input_ids=torch.randint(0, 1100, (2, 8))).logits
+    assert logits.shape == (2, 8, 1100) and torch.isfinite(logits).all()

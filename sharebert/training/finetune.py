@@ -105,12 +105,7 @@ def load_classifier(model_dir: str | Path, task: GlueTask):
         labels["label2id"] = {n: i for i, n in enumerate(task.label_names)}
     config.update(labels)
     config.problem_type = "regression" if task.is_regression else "single_label_classification"
-    model, info = ShareBertForSequenceClassification.from_pretrained(model_dir, config=config, ignore_mismatched_sizes=True,
-                                                                     output_loading_info=True)
-    if "sharebert.pooler_bias" in info["missing_keys"]:  # a bare Parameter that _init_weights does not cover
-        with torch.no_grad():
-            model.sharebert.pooler_bias.zero_()
-    return model
+    return ShareBertForSequenceClassification.from_pretrained(model_dir, config=config, ignore_mismatched_sizes=True)
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
