@@ -8,6 +8,7 @@ so a shape is defined in one place.
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 
 from .plan import ColumnPlan
@@ -111,8 +112,15 @@ def preset_fields(name: str, **overrides) -> dict:
     return {**copy.deepcopy(PRESETS[name]), **overrides}
 
 
+# Every field ``--set`` may change: the defaults above and what a preset sets besides them (``is_decoder``).
+CONFIG_FIELDS = frozenset(DEFAULTS) | {key for fields in PRESETS.values() for key in fields}
+
+
 def parse_overrides(items: list[str] | None) -> dict:
-    """``["attention=symmetric", "hidden_size=512"]`` -> typed dict (ints, floats, bools, None)."""
+    """``["attention=symmetric", "hidden_size=512"]`` -> typed dict (ints, floats, bools, None).
+
+    ``ValueError`` for a key that is not a config field (a typo would otherwise be stored and ignored).
+    """
     out = {}
     for item in items or []:
         if "=" not in item:
@@ -131,7 +139,12 @@ def parse_overrides(items: list[str] | None) -> dict:
                     value = float(raw)
                 except ValueError:
                     value = raw
-        out[key.strip().replace("-", "_")] = value
+        key = key.strip().replace("-", "_")
+        if key not in CONFIG_FIELDS:
+            close = difflib.get_close_matches(key, CONFIG_FIELDS, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"known fields: {', '.join(sorted(CONFIG_FIELDS))}"
+            raise ValueError(f"--set {key}: not a config field; {hint}")
+        out[key] = value
     return out
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from sharebert import PRESETS, ShareBertConfig, ShareBertForMaskedLM
-from sharebert.build import config_for_vocab, parse_overrides
+from sharebert.build import config_for_vocab
+from sharebert.shape import parse_overrides
 from sharebert.cli import main
 
 
@@ -57,10 +58,23 @@ def test_config_json_round_trip(tmp_path):
 
 
 def test_parse_overrides_types():
-    assert parse_overrides(["a=1", "b=0.5", "c=true", "d=none", "e=symmetric", "f-g=2"]) == \
-        {"a": 1, "b": 0.5, "c": True, "d": None, "e": "symmetric", "f_g": 2}
+    assert parse_overrides(["hidden_size=1", "qk_share_ratio=0.5", "is_decoder=true", "embedding_size=none",
+                            "attention=symmetric", "num-hidden-layers=2"]) == \
+        {"hidden_size": 1, "qk_share_ratio": 0.5, "is_decoder": True, "embedding_size": None, "attention": "symmetric",
+         "num_hidden_layers": 2}
     with pytest.raises(ValueError, match="key=value"):
         parse_overrides(["oops"])
+
+
+@pytest.mark.parametrize("item, message", [
+    ("num_hiden_layers=3", "num_hiden_layers: not a config field; did you mean num_hidden_layers"),
+    ("atention=symmetric", "did you mean attention"),
+    ("zzz=1", "known fields: attention"),
+])
+def test_parse_overrides_refuses_unknown_fields(item, message):
+    """A typo in --set is an error, never a field stored and ignored."""
+    with pytest.raises(ValueError, match=message):
+        parse_overrides([item])
 
 
 def test_build_command_writes_a_ready_to_train_folder(tmp_path, capsys):

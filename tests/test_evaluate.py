@@ -221,7 +221,7 @@ def test_cli_wordsim_and_errors(tiny, tmp_path, capsys):
     assert json.loads(out.read_text())["wordsim353"]["pairs"] == 353
     assert "skipped_multitoken" in capsys.readouterr().out
     assert main(["evaluate", "glue", "--model", str(tiny / "missing"), "--task", "sst2"]) == 2
-    assert "config.json not found" in capsys.readouterr().err
+    assert "model folder not found" in capsys.readouterr().err
     assert main(["evaluate", "glue", "--model", str(tiny), "--task", "sst2"]) == 2
     assert "ShareBertForMaskedLM model, not a fine-tuned classifier" in capsys.readouterr().err
     assert main(["evaluate", "noise", "--model", str(tiny), "--task", "sst2", "--levels", "0,x"]) == 2

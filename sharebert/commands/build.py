@@ -1,8 +1,6 @@
 """``sharebert build``: write a ready-to-train model folder from a preset."""
 from __future__ import annotations
 
-from pathlib import Path
-
 HELP = "build a model folder (config, safetensors, tokenizer) from a preset"
 
 
@@ -21,12 +19,14 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..accounting import count_params
-    from ..build import build_model, parse_overrides
+    from ..build import build_model
+    from ..model_folder import is_model_folder
+    from ..outdir import check_out_dir
+    from ..shape import parse_overrides
 
-    out = Path(args.out)
-    if (out / "config.json").exists() and not args.overwrite:
-        raise ValueError(f"{out} already holds a model; pass --overwrite to replace it")
-    model, tok = build_model(args.preset, out, parse_overrides(args.overrides), args.vocab, args.head, args.seed)
+    overrides = parse_overrides(args.overrides)
+    out = check_out_dir(args.out, "model folder", is_model_folder, args.overwrite, inputs=[args.vocab] if args.vocab else ())
+    model, tok = build_model(args.preset, out, overrides, args.vocab, args.head, args.seed)
     c = model.config
     n = count_params(c)
     print(f"built {args.preset} -> {out}")

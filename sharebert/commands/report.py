@@ -29,13 +29,9 @@ def load_config(preset: str | None, model: str | None, overrides: dict):
 
     if preset:
         return ModelShape.from_preset(preset, **overrides), (None if overrides else preset)
-    from pathlib import Path
+    from ..model_folder import shape_fields
 
-    path = Path(model) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: --model expects a model folder written by `sharebert build`")
-    fields = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("model_type", "architectures")}
-    fields.update(overrides)
+    fields = {**shape_fields(model), **overrides}
     return ModelShape(**fields), None
 
 

@@ -24,7 +24,8 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from ..paths import data_path
-from .finetune import EncodedSplit, encode, load_config, load_tokenizer
+from ..model_folder import load_config, load_model, load_tokenizer
+from .finetune import EncodedSplit, encode
 from .glue import COLLAPSE, TASKS, GlueTask, get_task, read_split
 from .metrics import predictions_from_logits, task_metrics
 
@@ -109,7 +110,7 @@ def load_finetuned(model_dir: str | Path):
         raise ValueError(f"{model_dir} holds a {', '.join(config.architectures or ['bare'])} model, not a fine-tuned "
                          f"classifier; run `sharebert finetune` first")
     tokenizer = load_tokenizer(model_dir, config)
-    model = ShareBertForSequenceClassification.from_pretrained(model_dir)
+    model = load_model(ShareBertForSequenceClassification, model_dir, config)[0]
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval(), tokenizer
 
 
@@ -327,7 +328,7 @@ def load_any(model_dir: str | Path):
 
     config = load_config(model_dir)
     tokenizer = load_tokenizer(model_dir, config)
-    return ShareBertModel.from_pretrained(model_dir, add_pooling_layer=False).eval(), tokenizer
+    return load_model(ShareBertModel, model_dir, config, add_pooling_layer=False)[0].eval(), tokenizer
 
 
 # ---------------------------------------------------------------- tables

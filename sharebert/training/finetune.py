@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..model_folder import load_config, load_model, load_tokenizer
+from ..outdir import check_out_dir
 from ..paths import data_path
 from .glue import GlueSplit, GlueTask, get_task, read_split
 from .metrics import predictions_from_logits, task_metrics
@@ -69,31 +71,6 @@ def encode(split: GlueSplit, tokenizer, seq_len: int, chunk: int = 8192, progres
     return EncodedSplit(enc, list(split.labels))
 
 
-def load_tokenizer(model_dir: str | Path, config):
-    """The model folder's tokenizer; errors when it is missing or larger than ``config.vocab_size``."""
-    from transformers import AutoTokenizer
-
-    model_dir = Path(model_dir)
-    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
-        raise FileNotFoundError(f"{model_dir} has no tokenizer files (tokenizer.json); build the folder with `sharebert build`")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if len(tokenizer) > config.vocab_size:
-        raise ValueError(f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but the config's vocab_size is "
-                         f"{config.vocab_size}: they do not belong together (ids >= {config.vocab_size} would crash)")
-    if tokenizer.pad_token_id is None:
-        raise ValueError(f"the tokenizer in {model_dir} has no padding token")
-    return tokenizer
-
-
-def load_config(model_dir: str | Path):
-    from ..configuration_sharebert import ShareBertConfig
-
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{model_dir / 'config.json'} not found: --model must be a ShareBERT model folder")
-    return ShareBertConfig.from_pretrained(model_dir)
-
-
 def load_classifier(model_dir: str | Path, task: GlueTask):
     """``ShareBertForSequenceClassification`` from ``model_dir`` with the task's labels (head freshly initialised)."""
     from ..modeling_sharebert import ShareBertForSequenceClassification
@@ -105,12 +82,11 @@ def load_classifier(model_dir: str | Path, task: GlueTask):
         labels["label2id"] = {n: i for i, n in enumerate(task.label_names)}
     config.update(labels)
     config.problem_type = "regression" if task.is_regression else "single_label_classification"
-    return ShareBertForSequenceClassification.from_pretrained(model_dir, config=config, ignore_mismatched_sizes=True)
+    return load_model(ShareBertForSequenceClassification, model_dir, config, ignore_mismatched_sizes=True)[0]
 
 
-def _check_out(out: Path, overwrite: bool) -> None:
-    if (out / "metrics.json").exists() and not overwrite:
-        raise ValueError(f"{out} already holds a fine-tuned model; pass --overwrite to replace it")
+def _is_finetune_out(path: Path) -> bool:
+    return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
 
 
 def _finite(obj):
@@ -148,8 +124,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
-    out = Path(out)
-    _check_out(out, overwrite)
+    out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite, inputs=(model_dir, data_dir))
     config = load_config(model_dir)
     tokenizer = load_tokenizer(model_dir, config)
     seq_len = min(args.seq_len, config.max_position_embeddings)

@@ -1,0 +1,182 @@
+"""Reading a model folder: ``config.json``, ``model.safetensors`` and the tokenizer, each error naming its file.
+
+A transformers BERT folder (``model_type="bert"``, e.g. ``bert-base-uncased`` or a fine-tuned
+``BertForSequenceClassification``) is read as what it is: a ShareBERT model with ``sharing='none'``
+in BERT's layout (post-LN, dense tanh pooler), its weights renamed. So ``pretrain``, ``finetune``,
+``evaluate`` and ``report`` use a stock BERT's weights instead of silently building a random model.
+
+The config functions are torch-free (``sharebert report`` uses them); model loading imports torch.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .shape import CONFIG_FIELDS, preset_fields
+
+MODEL_TYPES = ("sharebert", "bert")
+# BERT config fields that carry over unchanged (everything else of the shape is the bert preset's).
+_BERT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+                "type_vocab_size", "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
+                "is_decoder")
+_HEAD_FIELDS = ("architectures", "id2label", "label2id", "problem_type", "num_labels")
+
+
+def read_config(model_dir: str | Path) -> dict:
+    """``config.json`` of ``model_dir`` as a dict; ``FileNotFoundError`` / ``ValueError`` naming the file."""
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model folder not found: {model_dir}")
+    if (model_dir / "manifest.json").is_file() and (model_dir / "model.onnx").is_file():
+        raise ValueError(f"{model_dir} is an exported ONNX artifact, not a model folder; give the model folder it "
+                         "was exported from (artifacts run with `sharebert predict` / `serve`)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: a model folder is written by `sharebert build` (or is a "
+                                "transformers BERT folder)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); the folder is damaged") from None
+    if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
+        kind = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
+        raise ValueError(f"{path}: model_type {kind!r} is not supported (sharebert reads {', '.join(MODEL_TYPES)} "
+                         "model folders)")
+    return raw
+
+
+def sharebert_fields(raw: dict, path: str | Path = "config.json") -> dict:
+    """The ShareBERT config fields of a ``config.json`` dict (a BERT config mapped onto the bert preset)."""
+    if raw["model_type"] == "sharebert":
+        return {k: v for k, v in raw.items() if k != "model_type"}
+    position = raw.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise ValueError(f"{path}: BERT with position_embedding_type={position!r} is not supported (absolute only)")
+    fields = preset_fields("bert-base", **{k: raw[k] for k in _BERT_FIELDS if k in raw})
+    fields.update({k: raw[k] for k in _HEAD_FIELDS if k in raw})
+    fields["architectures"] = [a.replace("Bert", "ShareBert", 1) for a in raw.get("architectures") or []]
+    return fields
+
+
+def shape_fields(model_dir: str | Path) -> dict:
+    """Only the shape fields of a model folder's config (for ``ModelShape``, torch-free)."""
+    fields = sharebert_fields(read_config(model_dir), Path(model_dir) / "config.json")
+    return {k: v for k, v in fields.items() if k in CONFIG_FIELDS}
+
+
+def load_config(model_dir: str | Path):
+    """``ShareBertConfig`` of a sharebert or BERT model folder; a bad config is a ``ValueError`` naming the file."""
+    from .configuration_sharebert import ShareBertConfig
+
+    path = Path(model_dir) / "config.json"
+    raw = read_config(model_dir)
+    try:
+        if raw["model_type"] == "sharebert":
+            return ShareBertConfig.from_pretrained(model_dir)
+        return ShareBertConfig(**sharebert_fields(raw, path))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def is_model_folder(path: Path) -> bool:
+    """True for a folder this toolkit writes or reads as a model (``config.json`` of a known model type)."""
+    try:
+        read_config(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def bert_state_dict(sd: dict, num_layers: int, prefix: str) -> dict:
+    """A transformers BERT state dict renamed to ShareBERT's (``prefix``: ``"sharebert."`` or ``""`` for the backbone)."""
+    out = {}
+    for key, value in sd.items():
+        k = key[len("bert."):] if key.startswith("bert.") else key
+        if k.startswith("embeddings.") and "position_ids" not in k:
+            out[prefix + k] = value
+        elif k.startswith("pooler.dense."):
+            out[prefix + "pooler." + k[len("pooler.dense."):]] = value
+        elif key.startswith("cls.predictions."):
+            rest = key[len("cls.predictions."):]
+            rest = {"bias": "decoder.bias", "transform.dense.weight": "transform.weight",
+                    "transform.dense.bias": "transform.bias", "transform.LayerNorm.weight": "norm.weight",
+                    "transform.LayerNorm.bias": "norm.bias"}.get(rest, rest)
+            out["lm_head." + rest] = value
+        elif key.startswith(("classifier.", "qa_outputs.")):
+            out[key] = value
+    for i in range(num_layers):
+        b, s, w = f"encoder.layer.{i}.", f"{prefix}layers.{i}.", f"{prefix}layer_weights.{i}.matrices."
+        for name in ("query", "key", "value"):
+            _move(sd, out, b + f"attention.self.{name}.weight", w + name)
+            _move(sd, out, b + f"attention.self.{name}.bias", s + f"attention.bias.{name}")
+        for src, dst in (("attention.output.dense", "output"), ("intermediate.dense", "ffn_in"), ("output.dense", "ffn_out")):
+            _move(sd, out, b + src + ".weight", w + dst)
+            _move(sd, out, b + src + ".bias", s + {"output": "attention.output_bias"}.get(dst, dst + "_bias"))
+        for src, dst in (("attention.output.LayerNorm", "attention_norm"), ("output.LayerNorm", "ffn_norm")):
+            for t in ("weight", "bias"):
+                _move(sd, out, b + f"{src}.{t}", s + f"{dst}.{t}")
+    return out
+
+
+def _move(sd: dict, out: dict, bert_key: str, key: str) -> None:
+    for k in (bert_key, "bert." + bert_key):
+        if k in sd:
+            out[key] = sd[k]
+
+
+def load_model(cls, model_dir: str | Path, config=None, **kwargs):
+    """``cls.from_pretrained(model_dir)`` for sharebert folders, a renamed state dict for BERT folders.
+
+    Damaged weights are a ``ValueError`` naming the file. Returns the model (train mode, like
+    transformers) and the list of learned tensors that were not in the folder (freshly initialised).
+    """
+    model_dir = Path(model_dir)
+    raw = read_config(model_dir)
+    config = load_config(model_dir) if config is None else config
+    weights = model_dir / "model.safetensors"
+    if not weights.is_file():
+        other = [p.name for p in model_dir.glob("*.bin")]
+        hint = f" ({', '.join(other)} is a pickle, never loaded: save the model with safetensors)" if other else ""
+        raise FileNotFoundError(f"{weights} not found{hint}")
+    try:
+        if raw["model_type"] == "sharebert":
+            model, info = cls.from_pretrained(model_dir, config=config, output_loading_info=True, **kwargs)
+            return model, info["missing_keys"]
+        from safetensors.torch import load_file
+
+        kwargs.pop("ignore_mismatched_sizes", None)  # a head of another size is left out below, as transformers does
+        model = cls(config, **kwargs)
+        prefix = "" if cls.__name__ == "ShareBertModel" else model.base_model_prefix + "."
+        own = model.state_dict()
+        sd = {k: v for k, v in bert_state_dict(load_file(weights), config.num_hidden_layers, prefix).items()
+              if k in own and own[k].shape == v.shape}
+        missing, _ = model.load_state_dict(sd, strict=False)
+        model.tie_weights()
+    except (OSError, RuntimeError, ValueError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{weights} cannot be loaded ({str(e).splitlines()[0][:200]}); the file is damaged or does "
+                         "not match config.json") from None
+    missing = [k for k in missing if k != "lm_head.decoder.weight" or not config.tie_word_embeddings]
+    return model, missing
+
+
+def load_tokenizer(model_dir: str | Path, config):
+    """The model folder's fast tokenizer; errors when it is missing, damaged or larger than ``config.vocab_size``."""
+    from transformers import AutoTokenizer
+
+    model_dir = Path(model_dir)
+    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+        raise FileNotFoundError(f"{model_dir} has no tokenizer files (tokenizer.json); build the folder with `sharebert build`")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except Exception as e:  # tokenizers raises its own Exception type for a damaged tokenizer.json
+        raise ValueError(f"{model_dir / 'tokenizer.json'} (or its companions) cannot be read: "
+                         f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but the config's vocab_size is "
+                         f"{config.vocab_size}: they do not belong together (ids >= {config.vocab_size} would crash)")
+    if tokenizer.pad_token_id is None:
+        raise ValueError(f"the tokenizer in {model_dir} has no padding token")
+    return tokenizer

@@ -1,0 +1,64 @@
+"""The one rule for every command's ``--out`` folder (stdlib only): check before any work, never lose a file.
+
+``check_out_dir`` refuses, with one line naming the path, an ``--out`` that is a file, lies under a
+file, cannot be written, holds one of the command's inputs (or is one), or is a non-empty folder
+that is not the command's own kind of output. ``--overwrite`` lets a command replace only its own
+kind of folder (``owned(path)`` says which), never anything else. Nothing is created here: a
+command that fails its validation leaves no empty ``--out`` behind.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+
+def _nearest_existing(path: Path) -> Path:
+    for p in (path, *path.parents):
+        if os.path.lexists(p):
+            return p
+    return Path(".")
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    return child == parent or parent in child.parents
+
+
+def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], overwrite: bool = False,
+                  inputs: Iterable[str | Path] = ()) -> Path:
+    """Validate ``out`` for a command writing ``kind`` (e.g. "model folder"); return it resolved.
+
+    Returns normally when ``out`` does not exist yet, is an empty folder, or is a folder ``owned``
+    recognises and ``overwrite`` is set. Raises ``ValueError`` otherwise (the message says why).
+    """
+    out = Path(out).expanduser().absolute()
+    for source in inputs:
+        source = Path(source).expanduser().absolute()
+        if _inside(source.resolve(), out.resolve()):
+            raise ValueError(f"--out {out} is, or holds, the input {source}: writing there would destroy it; "
+                             "choose another folder")
+    existing = _nearest_existing(out)
+    if existing != out:  # out does not exist: its nearest existing ancestor must be a writable folder
+        if not existing.is_dir():
+            raise ValueError(f"--out {out}: {existing} is a file, not a folder")
+        _check_writable(existing, out)
+        return out
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    if any(out.iterdir()):
+        if not owned(out):
+            raise ValueError(f"--out {out} is a non-empty folder that is not a {kind}; refusing to write into it "
+                             "(choose a new or empty folder)")
+        if not overwrite:
+            raise ValueError(f"{out} already holds a {kind}; pass --overwrite to replace it")
+    _check_writable(out, out)
+    return out
+
+
+def _check_writable(folder: Path, out: Path) -> None:
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write in {folder} ({e.strerror or e})") from None

@@ -1,0 +1,79 @@
+"""Stock transformers BERT folders are read as BERT (sharing='none', BERT's layout), never as a random ShareBERT."""
+import json
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel, BertTokenizerFast
+
+from sharebert import ShareBertForMaskedLM, ShareBertForSequenceClassification, ShareBertModel
+from sharebert.cli import main
+from sharebert.model_folder import load_config, load_model
+from sharebert.paths import data_path, default_vocab
+from sharebert.training.finetune import FinetuneArgs, finetune
+
+SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+             max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def _save(model, folder):
+    model.save_pretrained(folder)
+    BertTokenizerFast(str(default_vocab())).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bert_dirs(tmp_path_factory):
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, **SHAPE)
+    root = tmp_path_factory.mktemp("bert")
+    mlm = BertForMaskedLM(config).eval()
+    cls = BertForSequenceClassification(BertConfig(vocab_size=30522, num_labels=2, **SHAPE)).eval()
+    return {"mlm": (_save(mlm, root / "mlm"), mlm), "cls": (_save(cls, root / "cls"), cls)}
+
+
+def _ids():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1000, 30000, (2, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("kind, ours, output", [
+    ("mlm", ShareBertForMaskedLM, "logits"),
+    ("cls", ShareBertForSequenceClassification, "logits"),
+    ("mlm", ShareBertModel, "last_hidden_state"),
+])
+def test_bert_folder_loads_as_the_same_function(bert_dirs, kind, ours, output):
+    folder, bert = bert_dirs[kind]
+    config = load_config(folder)
+    assert (config.sharing, config.norm_position, config.pooler, config.embedding_size) == ("none", "post", "dense", None)
+    model, missing = load_model(ours, folder)
+    assert missing == [] or (ours is ShareBertModel and set(missing) <= {"pooler.weight", "pooler.bias"})
+    ids, mask = _ids()
+    with torch.no_grad():
+        ref = bert if ours is not ShareBertModel else BertModel.from_pretrained(folder).eval()
+        want = getattr(ref(input_ids=ids, attention_mask=mask), output)
+        got = getattr(model.eval()(input_ids=ids, attention_mask=mask), output)
+    keep = mask.bool() if got.dim() == 3 else slice(None)
+    diff = (got[keep] - want[keep]).abs().max().item()
+    assert diff <= 1e-4, diff
+
+
+def test_report_of_a_bert_folder_counts_bert(bert_dirs, capsys):
+    folder, bert = bert_dirs["mlm"]
+    assert main(["report", "--model", str(folder), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"]["sharing"] == "none" and report["config"]["hidden_size"] == 64
+    assert report["learned_params"] == BertModel(bert.config).num_parameters()  # the backbone, pooler included
+
+
+def test_finetune_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path):
+    """One step at learning rate 2e-7: the fine-tuned encoder is the BERT encoder (a random one would differ by ~0.02)."""
+    folder, bert = bert_dirs["mlm"]
+    args = FinetuneArgs(max_steps=1, max_train_samples=16, max_eval_samples=16, batch_size=8, lr=2e-7, warmup_steps=0)
+    finetune(folder, "sst2", tmp_path / "ft", data_path("glue", "SST-2"), args, progress=False)
+    tuned, _ = load_model(ShareBertForSequenceClassification, tmp_path / "ft")
+    want = bert.bert.encoder.layer[1].intermediate.dense.weight
+    diff = (tuned.sharebert.layer_weights[1].matrices["ffn_in"] - want).abs().max().item()
+    assert diff <= 1e-6, diff
