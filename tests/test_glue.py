@@ -107,6 +107,10 @@ def test_errors_name_file_line_and_layout(tmp_path):
     _write(p, ["index\tsentence1\tsentence2\tscore", "0\ta\tb\thigh"])
     with pytest.raises(ValueError, match=r"line 2: score 'high' is not a number"):
         read_split("stsb", tmp_path, "train")
+    for score in ("5.5", "-0.1", "nan", "inf"):
+        _write(p, ["index\tsentence1\tsentence2\tscore", f"0\ta\tb\t{score}"])
+        with pytest.raises(ValueError, match=rf"line 2: score '{score}' is outside \[0, 5\]"):
+            read_split("stsb", tmp_path, "train")
     p.write_bytes(b"")
     with pytest.raises(ValueError, match="empty"):
         read_split("sst2", tmp_path, "train")

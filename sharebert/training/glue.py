@@ -8,6 +8,7 @@ extra columns (STS-B, MNLI) do not matter. Each row must have as many fields as 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ class GlueTask:
     dev_splits: tuple[str, ...] = ("dev",)
     metrics: tuple[str, ...] = ("accuracy",)
     space: str = ""
+    score_range: tuple[float, float] = (-math.inf, math.inf)  # regression: the scale's bounds (nan never fits)
 
     @property
     def is_regression(self) -> bool:
@@ -61,7 +63,7 @@ TASKS: dict[str, GlueTask] = {
     "mrpc": GlueTask("mrpc", "MRPC", ("#1 String", "#2 String"), "Quality", ("not_paraphrase", "paraphrase"),
                      _names(("0", "not_paraphrase"), ("1", "paraphrase")), metrics=("f1", "accuracy"), space="paraphrase"),
     "stsb": GlueTask("stsb", "STS-B", ("sentence1", "sentence2"), "score", None, metrics=("spearman", "pearson"),
-                     space="similarity"),
+                     space="similarity", score_range=(0.0, 5.0)),
     "qqp": GlueTask("qqp", "QQP", ("question1", "question2"), "is_duplicate", ("not_paraphrase", "paraphrase"),
                     _names(("0", "not_paraphrase"), ("1", "paraphrase")), metrics=("f1", "accuracy"), space="paraphrase"),
     "mnli": GlueTask("mnli", "MNLI", ("sentence1", "sentence2"), "gold_label", ("contradiction", "entailment", "neutral"),
@@ -173,9 +175,13 @@ def _label(task: GlueTask, raw: str, path: Path, lineno: int):
     raw = raw.strip()
     if task.is_regression:
         try:
-            return float(raw)
+            score = float(raw)
         except ValueError:
             raise ValueError(f"{path}, line {lineno}: score {raw!r} is not a number ({task.name} is a regression task)") from None
+        low, high = task.score_range
+        if not low <= score <= high:  # also refuses nan and inf
+            raise ValueError(f"{path}, line {lineno}: score {raw!r} is outside [{low:g}, {high:g}], the {task.name} scale")
+        return score
     name = task.labels.get(raw)
     if name is None:
         raise ValueError(f"{path}, line {lineno}: label {raw!r} is not one of {sorted(task.labels)} for {task.name}"
