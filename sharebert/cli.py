@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -23,8 +24,23 @@ COMMANDS = {
 }
 
 
+# Packages of the extras that a device install (`pip install sharebert`, runtime only) lacks.
+EXTRAS = {"full": ("torch", "transformers", "optimum", "onnx", "safetensors", "accelerate", "scipy", "tensorboard"),
+          "plot": ("matplotlib",)}
+
+
 def _load(name: str):
     return importlib.import_module(COMMANDS[name])
+
+
+def _missing_extra(e: ModuleNotFoundError) -> str | None:
+    top = (e.name or "").split(".")[0]
+    return next((extra for extra, packages in EXTRAS.items() if top in packages), None)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,28 +49,42 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen command's module is imported (the others may need torch).
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name in COMMANDS:
-        if name == chosen:
-            module = _load(name)
-            p = sub.add_parser(name, help=module.HELP, description=module.HELP)
-            module.add_arguments(p)
-        else:
-            sub.add_parser(name, help=f"see `sharebert {name} --help`", add_help=False)
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
     try:
+        for name in COMMANDS:
+            if name == chosen:
+                module = _load(name)
+                p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+                module.add_arguments(p)
+            else:
+                sub.add_parser(name, help=f"see `sharebert {name} --help`", add_help=False)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
         return int(_load(args.command).run(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError) as e:
-        print(f"sharebert {args.command}: error: {e}", file=sys.stderr)
+    except ModuleNotFoundError as e:
+        extra = _missing_extra(e)
+        if extra is None:
+            raise
+        print(f"sharebert {chosen}: error: needs the {e.name.split('.')[0]} package, which this install lacks: "
+              f"pip install 'sharebert[{extra}]' (a device install holds only predict and serve)", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # output piped into `head` and the like
-        sys.stderr.close()
-        return 0
+    except (ValueError, OSError, KeyError) as e:  # bad input, a missing or unwritable path, a full disk
+        if isinstance(e, BrokenPipeError):  # output piped into `head` and the like
+            sys.stderr.close()
+            return 0
+        message = e.args[0] if isinstance(e, KeyError) and e.args else _one_line(e)
+        print(f"sharebert {chosen}: error: {message}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print(f"sharebert {args.command}: interrupted", file=sys.stderr)
+        print(f"sharebert {chosen}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug of ours: one line, the traceback on request
+        if os.environ.get("SHAREBERT_DEBUG"):
+            raise
+        print(f"sharebert {chosen}: internal error: {type(e).__name__}: {_one_line(e)} "
+              "(set SHAREBERT_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -139,6 +139,8 @@ def load_model(cls, model_dir: str | Path, config=None, **kwargs):
         other = [p.name for p in model_dir.glob("*.bin")]
         hint = f" ({', '.join(other)} is a pickle, never loaded: save the model with safetensors)" if other else ""
         raise FileNotFoundError(f"{weights} not found{hint}")
+    from safetensors import SafetensorError
+
     try:
         if raw["model_type"] == "sharebert":
             model, info = cls.from_pretrained(model_dir, config=config, output_loading_info=True, **kwargs)
@@ -153,7 +155,7 @@ def load_model(cls, model_dir: str | Path, config=None, **kwargs):
               if k in own and own[k].shape == v.shape}
         missing, _ = model.load_state_dict(sd, strict=False)
         model.tie_weights()
-    except (OSError, RuntimeError, ValueError) as e:
+    except (OSError, RuntimeError, ValueError, SafetensorError) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise ValueError(f"{weights} cannot be loaded ({str(e).splitlines()[0][:200]}); the file is damaged or does "

@@ -128,6 +128,8 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     config = load_config(model_dir)
     tokenizer = load_tokenizer(model_dir, config)
     seq_len = min(args.seq_len, config.max_position_embeddings)
+    set_seed(args.seed)
+    model = load_classifier(model_dir, task_)
     # Read and validate every file before any training starts.
     train = read_split(task_, data_dir, "train").head(args.max_train_samples)
     devs = {s: read_split(task_, data_dir, s).head(args.max_eval_samples) for s in task_.dev_splits}
@@ -137,8 +139,6 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     dev_ds = {s: encode(d, tokenizer, seq_len, progress=progress) for s, d in devs.items()}
     main_dev = dev_ds[task_.dev_splits[0]]
 
-    set_seed(args.seed)
-    model = load_classifier(model_dir, task_)
     cuda = torch.cuda.is_available()
     bf16 = cuda and torch.cuda.is_bf16_supported()
     strategy = "steps" if args.eval_steps else "epoch"

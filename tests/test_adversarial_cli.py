@@ -1,0 +1,116 @@
+"""A careless or hostile user at the workstation commands: one line naming the problem, exit 2, nothing lost.
+
+Each row: the command (with placeholders for the fixture's paths), what the one-line message must say,
+and which of the user's paths must be byte-identical afterwards. Export, predict, serve and pretrain
+have their own tables beside their tests.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from sharebert.build import build_model
+from sharebert.cli import main
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A model folder, damaged copies of it, a user's file and a user's unrelated folder."""
+    root = tmp_path_factory.mktemp("world")
+    model = root / "model"
+    build_model("sharebert-tiny", model, TINY, seed=0)
+    damaged = {
+        "bad_config": ("config.json", b'{"model_type": "sharebert", "hidden_size": 6'),
+        "alien_config": ("config.json", json.dumps({"model_type": "gpt2"}).encode()),
+        "bad_weights": ("model.safetensors", None),  # truncated below
+        "bad_tokenizer": ("tokenizer.json", b"\x00\x01 not a tokenizer"),
+    }
+    for name, (file, data) in damaged.items():
+        shutil.copytree(model, root / name)
+        path = root / name / file
+        path.write_bytes(data if data is not None else path.read_bytes()[: path.stat().st_size // 2])
+    artifact = root / "artifact"
+    artifact.mkdir()
+    (artifact / "manifest.json").write_text('{"format": "sharebert-onnx"}')
+    (artifact / "model.onnx").write_bytes(b"onnx")
+    (root / "notes.txt").write_text("my notes\n")
+    (root / "mine").mkdir()
+    (root / "mine" / "thesis.tex").write_text("\\documentclass{article}\n")
+    stsb = root / "stsb"
+    stsb.mkdir()
+    (stsb / "train.tsv").write_text("index\tsentence1\tsentence2\tscore\n0\ta cat\ta dog\t7.5\n")
+    (stsb / "dev.tsv").write_text("index\tsentence1\tsentence2\tscore\n0\ta cat\ta dog\t2.5\n")
+    return root
+
+
+def _snapshot(path):
+    if not path.exists():
+        return None
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+FT = ["--max-steps", "1", "--max-train-samples", "8", "--max-eval-samples", "8"]
+CASES = [
+    # (id, argv, message, paths that must be unchanged, path that must not be created)
+    ("set-typo", ["build", "--preset", "sharebert-tiny", "--out", "{root}/new1", "--set", "num_hiden_layers=3"],
+     "did you mean num_hidden_layers", [], "new1"),
+    ("out-is-file", ["build", "--preset", "sharebert-tiny", "--out", "{root}/notes.txt"], "is a file, not a folder",
+     ["notes.txt"], None),
+    ("out-under-file", ["build", "--preset", "sharebert-tiny", "--out", "{root}/notes.txt/sub"],
+     "notes.txt is a file, not a folder", ["notes.txt"], None),
+    ("out-foreign", ["build", "--preset", "sharebert-tiny", "--out", "{root}/mine"], "not a model folder", ["mine"], None),
+    ("out-foreign-overwrite", ["build", "--preset", "sharebert-tiny", "--out", "{root}/mine", "--overwrite"],
+     "not a model folder", ["mine"], None),
+    ("out-existing-model", ["build", "--preset", "sharebert-tiny", "--out", "{root}/model"],
+     "already holds a model folder; pass --overwrite", ["model"], None),
+    ("out-unwritable", ["build", "--preset", "sharebert-tiny", "--out", "/proc/sharebert-test"], "cannot write", [], None),
+    ("report-bad-config", ["report", "--model", "{root}/bad_config"], "config.json is not valid JSON", ["bad_config"], None),
+    ("report-alien-config", ["report", "--model", "{root}/alien_config"], "model_type 'gpt2' is not supported",
+     ["alien_config"], None),
+    ("report-artifact", ["report", "--model", "{root}/artifact"], "is an exported ONNX artifact", ["artifact"], None),
+    ("evaluate-bad-config", ["evaluate", "glue", "--model", "{root}/bad_config", "--task", "sst2"],
+     "config.json is not valid JSON", ["bad_config"], None),
+    ("finetune-bad-weights", ["finetune", "--model", "{root}/bad_weights", "--task", "sst2", "--out", "{root}/ft1", *FT],
+     "model.safetensors cannot be loaded", ["bad_weights"], "ft1"),
+    ("finetune-bad-tokenizer", ["finetune", "--model", "{root}/bad_tokenizer", "--task", "sst2", "--out", "{root}/ft2", *FT],
+     "tokenizer.json (or its companions) cannot be read", ["bad_tokenizer"], "ft2"),
+    ("finetune-into-model", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}/model", *FT],
+     "is, or holds, the input", ["model"], None),
+    ("finetune-into-parent", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}", "--overwrite", *FT],
+     "is, or holds, the input", ["model", "mine", "notes.txt"], None),
+    ("finetune-artifact", ["finetune", "--model", "{root}/artifact", "--task", "sst2", "--out", "{root}/ft3", *FT],
+     "is an exported ONNX artifact", ["artifact"], "ft3"),
+    ("stsb-out-of-scale", ["finetune", "--model", "{root}/model", "--task", "stsb", "--data-dir", "{root}/stsb",
+                           "--out", "{root}/ft4", *FT], "score '7.5' is outside [0, 5]", ["stsb", "model"], "ft4"),
+]
+
+
+@pytest.mark.parametrize("argv, message, intact, absent", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_lost(world, capsys, argv, message, intact, absent):
+    argv = [a.format(root=world) for a in argv]
+    before = {p: _snapshot(world / p) for p in intact}
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
+    assert {p: _snapshot(world / p) for p in intact} == before
+    if absent:
+        assert not (world / absent).exists()
+
+
+def test_device_install_names_the_extra_to_install(world):
+    """Without torch (a `pip install sharebert` device install), a workstation command says what to install."""
+    code = ("import sys; sys.modules.update(torch=None, transformers=None); from sharebert.cli import main; "
+            f"sys.exit(main(['build', '--preset', 'sharebert-tiny', '--out', {str(world / 'dev')!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'sharebert[full]'" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (world / "dev").exists()
