@@ -154,7 +154,7 @@ def calibrate(model_dir: Path, train: PackedDataset, valid: PackedDataset, steps
     return {"seconds_per_step": step_s, "seconds_per_validation": eval_s}
 
 
-def plan(budget_s: float, rate: dict) -> tuple[int, int]:
+def steps_for_budget(budget_s: float, rate: dict) -> tuple[int, int]:
     """``(max_steps, eval_steps)``: the steps that fit the budget after ``EVALS + 1`` validation passes."""
     train_s = SAFETY * budget_s - (EVALS + 1) * rate["seconds_per_validation"]
     steps = max(EVALS, int(train_s / rate["seconds_per_step"]))
@@ -229,7 +229,7 @@ def study_model(name: str, init: Path, params: dict, setup: dict, data: dict, ou
     seed, budget = setup["seed"], setup["pretrain_minutes"] * 60
     t = time.perf_counter()
     rate = calibrate(init, data["calibration"], data["valid"], setup["calibration_steps"])
-    steps, eval_steps = plan(budget, rate)
+    steps, eval_steps = steps_for_budget(budget, rate)
     timer[f"{name}: calibrate"] = time.perf_counter() - t
     log(f"{name}: {params['learned_params_mlm']:,} learned parameters (MLM head); "
         f"{rate['seconds_per_step']:.3f} s/step, {rate['seconds_per_validation']:.1f} s/validation -> {steps} steps")

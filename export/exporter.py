@@ -68,9 +68,7 @@ def load_model(model_dir: Path, task: str):
     """``(model, tokenizer)`` in eval mode, through the transformers Auto classes."""
     import transformers
 
-    from sharebert._registry import register_models
-
-    register_models()  # now, even if a registration deferred by an import chain has not run yet
+    import sharebert.modeling_sharebert  # noqa: F401  (registers the models with the Auto classes)
 
     model = getattr(transformers, _AUTO[task]).from_pretrained(model_dir).eval()
     try:

@@ -2,11 +2,11 @@
 
 Importing ``sharebert`` is light: it loads neither torch nor transformers (the device runtime
 ``sharebert.deploy`` needs neither, and ``sharebert report`` answers without them). The model classes
-load on first use (``sharebert.ShareBertForMaskedLM``), and the models are registered with
-transformers' Auto classes as soon as those are loaded (see ``sharebert/_registry.py``), so after
-``import sharebert``, ``AutoModel*``, pipelines and optimum's ``ORTModel*`` know ``model_type="sharebert"``.
+load on first use (``from sharebert import ShareBertForMaskedLM``). The module that defines them,
+``sharebert.modeling_sharebert``, registers them with transformers' Auto classes when it is imported:
+after ``import sharebert.modeling_sharebert`` (or importing any model class), ``AutoConfig``,
+``AutoModel*``, pipelines and optimum's ``ORTModel*`` know ``model_type="sharebert"``.
 """
-from ._registry import install as _install
 
 __version__ = "0.1.0"
 
@@ -34,6 +34,3 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(list(globals()) + __all__)
-
-
-_install()

@@ -18,9 +18,6 @@ shared-qkv scalings) and embedding lookups count 0, as in ``torch.utils.flop_cou
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from .shape import FILL_ORDER, ModelShape, ShapeMixin
 
 HEADS = ("none", "mlm", "classifier")
@@ -29,73 +26,9 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 _ATTENTION_MATRICES = frozenset(FILL_ORDER) - {"ffn_in", "ffn_out"}
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The config fields accounting needs. ``E`` vocab, ``F`` word-embedding width, ``V`` hidden,
-    ``N`` layers, ``I`` feed-forward, ``P`` positions, ``types`` token types."""
-
-    E: int
-    F: int
-    V: int
-    N: int
-    I: int
-    heads: int
-    P: int
-    types: int
-    sharing: str
-    share_layers: bool
-    attention: str
-    qk_share_ratio: float
-    norm_position: str
-    pooler: str
-    mlm_head: str
-    num_labels: int
-    matrices: tuple  # one layer's weight matrices ((name, (out, in)), ...), from ShapeMixin.layer_matrices
-    targets: tuple  # the EPS/VEPS-generated ones (pooler included when generated), from ShapeMixin.generated_targets
-    qk_shared_dim: int  # per-head query/key dims from the shared matrix (symmetric, partial-qk)
-
-    @classmethod
-    def of(cls, config) -> "Shape":
-        """From a ``ShareBertConfig``, a ``ModelShape``, a config dict (``config.json``) or a ``Shape``."""
-        if isinstance(config, Shape):
-            return config
-        c = config if isinstance(config, ShapeMixin) else ModelShape(validate=False, **config)
-        labels = getattr(c, "id2label", None)
-        num_labels = len(labels) if labels else (getattr(c, "num_labels", None) or 2)
-        return cls(E=c.vocab_size, F=c.word_embedding_size, V=c.hidden_size, N=c.num_hidden_layers,
-                   I=c.intermediate_size, heads=c.num_attention_heads, P=c.max_position_embeddings,
-                   types=c.type_vocab_size, sharing=c.sharing, share_layers=bool(c.share_layers),
-                   attention=c.attention, qk_share_ratio=c.qk_share_ratio, norm_position=c.norm_position,
-                   pooler=c.pooler, mlm_head=c.mlm_head, num_labels=int(num_labels),
-                   matrices=tuple(c.layer_matrices()), targets=tuple(c.generated_targets()),
-                   qk_shared_dim=c.qk_shared_dim)
-
-    @property
-    def head_dim(self) -> int:
-        return self.V // self.heads
-
-    @property
-    def factorized(self) -> bool:
-        return self.F != self.V
-
-    def layer_matrices(self) -> list[tuple[str, tuple[int, int]]]:
-        return list(self.matrices)
-
-    def generated_targets(self, with_pooler: bool = True) -> list[tuple[str, tuple[int, int]]]:
-        return [t for t in self.targets if with_pooler or t[0] != "pooler"]
-
-    def columns_used(self, with_pooler: bool = True) -> int:
-        """Source columns the EPS plan takes: ``sum(ceil(rows * cols / E))`` (paper eq. 3-4); a model
-        without a pooler (``with_pooler=False``) leaves the pooler's reserved columns uncomputed."""
-        return sum(math.ceil(r * c / self.E) for _, (r, c) in self.generated_targets(with_pooler))
-
-    def attention_vectors(self) -> int:
-        """Per-layer learned attention vectors: Q/K/V biases, shared-qkv scalings, output bias."""
-        V, h, ds = self.V, self.heads, self.qk_shared_dim
-        own = h * (self.head_dim - ds)
-        biases = {"standard": 3 * V, "symmetric": 2 * V, "pairwise": 2 * V, "shared-qkv": V,
-                  "partial-qk": h * ds + 2 * own + V}[self.attention]
-        return biases + (3 * V if self.attention == "shared-qkv" else 0) + V
+def as_shape(config) -> ShapeMixin:
+    """The one shape type: a ``ShareBertConfig`` or ``ModelShape`` as it is, a config dict (``config.json``) as a ``ModelShape``."""
+    return config if isinstance(config, ShapeMixin) else ModelShape(validate=False, **config)
 
 
 def _numel(matrices) -> int:
@@ -113,13 +46,13 @@ def count_params(config, head: str = "none") -> dict:
     """
     if head not in HEADS:
         raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
-    s = Shape.of(config)
-    E, F, V, N, I = s.E, s.F, s.V, s.N, s.I
+    s = as_shape(config)
+    E, F, V, N, I = s.vocab_size, s.word_embedding_size, s.hidden_size, s.num_hidden_layers, s.intermediate_size
     with_pooler = head != "mlm" and s.pooler != "none"
     c = {"word_embeddings": E * F}
     if s.factorized:
         c["input_projection"] = F * V + V + 2 * F  # F -> V linear and the LayerNorm on F before it
-    c["positions_and_token_types"] = (s.P + s.types) * V
+    c["positions_and_token_types"] = (s.max_position_embeddings + s.type_vocab_size) * V
     c["embedding_norm"] = 2 * V
     if s.sharing == "veps":
         c["virtual_projection"] = F * V + V  # P and p of M = A @ P + p
@@ -132,7 +65,7 @@ def count_params(config, head: str = "none") -> dict:
         width = F if s.mlm_head == "tied" else V
         c["mlm_head"] = V * width + width + 2 * width + E + (0 if s.mlm_head == "tied" else width * E)
     if head == "classifier":
-        c["classifier"] = V * s.num_labels + s.num_labels
+        c["classifier"] = V * s.labels_count + s.labels_count
     learned = sum(c.values())
     embeddings_module = sum(c.get(k, 0) for k in ("word_embeddings", "input_projection", "positions_and_token_types",
                                                    "embedding_norm"))
@@ -166,15 +99,16 @@ def count_flops(config, head: str = "none", seq_len: int = 128, batch: int = 1) 
         raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
     if seq_len < 1 or batch < 1:
         raise ValueError(f"seq_len and batch must be positive, got seq_len={seq_len}, batch={batch}")
-    s = Shape.of(config)
-    E, F, V, N, I, tokens = s.E, s.F, s.V, s.N, s.I, batch * seq_len
+    s = as_shape(config)
+    E, F, V, N, I = s.vocab_size, s.word_embedding_size, s.hidden_size, s.num_hidden_layers, s.intermediate_size
+    tokens = batch * seq_len
     attention_numel = _numel((n, rc) for n, rc in s.layer_matrices() if n in _ATTENTION_MATRICES)
     pooler = 2 * batch * V * V if s.pooler != "none" else 0
     b = {
         "weight_generation": 2 * E * F * s.columns_used(with_pooler=head != "mlm") if s.sharing == "veps" else 0,
         "input_projection": 2 * tokens * F * V if s.factorized else 0,
         "projections": N * 2 * tokens * attention_numel,
-        "attention": N * 2 * 2 * batch * s.heads * seq_len * seq_len * s.head_dim,
+        "attention": N * 2 * 2 * batch * s.num_attention_heads * seq_len * seq_len * s.head_dim,
         "feed_forward": N * 2 * tokens * 2 * V * I,
         "pooler": pooler if head != "mlm" else 0,
         "head": 0,
@@ -183,7 +117,7 @@ def count_flops(config, head: str = "none", seq_len: int = 128, batch: int = 1) 
         width = F if s.mlm_head == "tied" else V
         b["head"] = 2 * tokens * (V * width + width * E)
     elif head == "classifier":
-        b["head"] = 2 * batch * V * s.num_labels
+        b["head"] = 2 * batch * V * s.labels_count
     encoder = b["input_projection"] + b["projections"] + b["attention"] + b["feed_forward"]
     inference = sum(b.values()) - b["weight_generation"]
     return {

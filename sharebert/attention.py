@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .shape import ATTENTION_SCALINGS
+
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention; ``forward(x, mask, w)`` with ``w`` a dict of ``(out, in)`` matrices."""
@@ -32,17 +34,10 @@ class SelfAttention(nn.Module):
         self.shared_dim = config.qk_shared_dim
         self.scale = self.head_dim ** -config.attention_scale_power
         self.dropout = config.attention_probs_dropout_prob
-        own = h * (self.head_dim - self.shared_dim)
-        biases = {
-            "standard": {"query": V, "key": V, "value": V},
-            "symmetric": {"query": V, "value": V},
-            "pairwise": {"query": V, "value": V},
-            "shared-qkv": {"shared_qkv": V},
-            "partial-qk": {"qk_shared": h * self.shared_dim, "query": own, "key": own, "value": V},
-        }[self.variant]
-        self.bias = nn.ParameterDict({k: nn.Parameter(torch.zeros(n)) for k, n in biases.items() if n > 0})
-        if self.variant == "shared-qkv":  # diagonal scalings D_q, D_k, D_v
-            self.scaling = nn.ParameterDict({k: nn.Parameter(torch.ones(V)) for k in ("query", "key", "value")})
+        self.bias = nn.ParameterDict({name: nn.Parameter(torch.zeros(n))
+                                      for name, (_, n) in config.attention_projections().items() if n > 0})
+        if self.variant in ATTENTION_SCALINGS:  # diagonal scalings D_q, D_k, D_v
+            self.scaling = nn.ParameterDict({k: nn.Parameter(torch.ones(V)) for k in ATTENTION_SCALINGS[self.variant]})
         self.output_bias = nn.Parameter(torch.zeros(V))
 
     def _proj(self, x, w, name):

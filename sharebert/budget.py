@@ -1,4 +1,4 @@
-"""Budget planner: ShareBERT and dense BERT-style configurations under parameter, byte, RAM and FLOP limits.
+"""Budget search: ShareBERT and dense BERT-style configurations under parameter, byte, RAM and FLOP limits.
 
 Candidates are plain config dicts scored analytically (``accounting``); no model is built. Metrics
 per candidate (backbone, ``head='none'``): learned parameters, bytes stored and RAM at load
@@ -10,7 +10,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from .accounting import DTYPE_BYTES, Shape, count_flops, count_params
+from .accounting import DTYPE_BYTES, as_shape, count_flops, count_params
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 
@@ -33,6 +33,12 @@ def human(x: float) -> str:
     return f"{x:.3g}"
 
 
+# The fields the counts depend on: candidates equal on these are one candidate.
+_COUNTED_FIELDS = ("vocab_size", "word_embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size",
+                   "num_attention_heads", "max_position_embeddings", "type_vocab_size", "sharing", "share_layers",
+                   "attention", "qk_share_ratio", "norm_position", "pooler", "mlm_head")
+
+
 def candidate_configs(vocab_size: int = 30528) -> list[dict]:
     """ShareBERT (VEPS) grid over F, V, N, I, heads, attention, and dense BERT baselines, plus the paper's presets."""
     from .shape import PRESETS
@@ -45,7 +51,7 @@ def candidate_configs(vocab_size: int = 30528) -> list[dict]:
                                                           ("standard", "symmetric", "shared-qkv")):
         c = dict(common, embedding_size=F, hidden_size=V, num_hidden_layers=N, intermediate_size=ratio * V,
                  num_attention_heads=V // head_dim, attention=att, sharing="veps", pooler="generated", norm_position="pre")
-        if F < V and Shape.of(c).columns_used() <= V:
+        if F < V and as_shape(c).columns_used() <= V:
             out.append(("sharebert", c))
     for H, N, att in itertools.product((128, 256, 384, 512, 768), (2, 4, 6, 12), ("standard", "symmetric", "shared-qkv")):
         out.append(("bert", dict(common, embedding_size=None, hidden_size=H, num_hidden_layers=N, intermediate_size=4 * H,
@@ -53,8 +59,10 @@ def candidate_configs(vocab_size: int = 30528) -> list[dict]:
                                  norm_position="post")))
     seen, unique = set(), []
     for name, c in out:  # a grid point equal to a preset keeps the preset's name
-        if Shape.of(c) not in seen:
-            seen.add(Shape.of(c))
+        s = as_shape(c)
+        key = tuple(getattr(s, field) for field in _COUNTED_FIELDS)
+        if key not in seen:
+            seen.add(key)
             unique.append((name, c))
     return unique
 
@@ -73,9 +81,9 @@ class Candidate:
         return self.name not in ("sharebert", "bert")
 
     def describe(self) -> str:
-        s = Shape.of(self.config)
-        shape = f"F={s.F} V={s.V} N={s.N} I={s.I} heads={s.heads}" if s.sharing != "none" else \
-            f"H={s.V} N={s.N} I={s.I} heads={s.heads}"
+        s = as_shape(self.config)
+        sizes = f"N={s.num_hidden_layers} I={s.intermediate_size} heads={s.num_attention_heads}"
+        shape = f"F={s.word_embedding_size} V={s.hidden_size} {sizes}" if s.sharing != "none" else f"H={s.hidden_size} {sizes}"
         kind = "ShareBERT" if s.sharing == "veps" else ("BERT+EPS" if s.sharing == "eps" else "BERT")
         return f"{kind} {shape} {s.attention}"
 
@@ -111,7 +119,7 @@ def pareto_front(cands: list[Candidate]) -> list[Candidate]:
     return front
 
 
-def plan(limits: dict, dtype: str = "fp32", seq_len: int = 128) -> dict:
+def search_candidates(limits: dict, dtype: str = "fp32", seq_len: int = 128) -> dict:
     """``{"front", "feasible", "total", "presets" (feasible paper presets), "all", "blocking" (why nothing fits), "seq_len"}``.
 
     ``limits`` maps ``max_params`` / ``max_bytes`` / ``max_ram`` / ``max_gflops`` to a number (or None).

@@ -10,7 +10,7 @@
 """
 from __future__ import annotations
 
-from transformers import PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from .shape import PRESETS, ShapeMixin, pad_vocab_size, preset_fields
 
@@ -92,3 +92,6 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         config = cls(**kwargs)
         config.preset = name
         return config
+
+
+AutoConfig.register(ShareBertConfig.model_type, ShareBertConfig, exist_ok=True)  # AutoConfig reads sharebert folders

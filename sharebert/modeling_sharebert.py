@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
@@ -475,9 +476,12 @@ class ShareBertForQuestionAnswering(ShareBertPreTrainedModel):
         return res if return_dict else res.to_tuple()
 
 
-# Last: with every class defined, make them known to transformers' Auto classes.
-import sys  # noqa: E402
-
-from ._registry import register_models  # noqa: E402
-
-register_models(sys.modules[__name__])
+# Importing this module makes the models known to transformers' Auto classes (and so to pipelines
+# and optimum's ORTModel*): transformers' documented extension point, one call per class.
+AUTO_CLASSES = {"AutoModel": ShareBertModel, "AutoModelForMaskedLM": ShareBertForMaskedLM,
+                "AutoModelForCausalLM": ShareBertForCausalLM,
+                "AutoModelForSequenceClassification": ShareBertForSequenceClassification,
+                "AutoModelForTokenClassification": ShareBertForTokenClassification,
+                "AutoModelForQuestionAnswering": ShareBertForQuestionAnswering}
+for _auto, _cls in AUTO_CLASSES.items():
+    getattr(transformers, _auto).register(ShareBertConfig, _cls, exist_ok=True)

@@ -2,7 +2,7 @@
 import pytest
 
 from sharebert.accounting import count_params
-from sharebert.budget import parse_size, plan
+from sharebert.budget import parse_size, search_candidates
 from sharebert.cli import main
 
 
@@ -19,7 +19,7 @@ def _dominates(o, c):
 
 
 def test_front_is_feasible_and_pareto():
-    r = plan({"max_params": 10e6, "max_ram": 200e6}, "fp16")
+    r = search_candidates({"max_params": 10e6, "max_ram": 200e6}, "fp16")
     feasible = [c for c in r["all"] if c.params <= 10e6 and c.ram_bytes <= 200e6]
     assert r["feasible"] == len(feasible) > 0 and r["front"]
     front = set(map(id, r["front"]))
@@ -32,7 +32,7 @@ def test_front_is_feasible_and_pareto():
 
 
 def test_nothing_fits_names_the_constraint():
-    r = plan({"max_params": 20e6, "max_gflops": 0.01})
+    r = search_candidates({"max_params": 20e6, "max_gflops": 0.01})
     smallest = min(c.gflops for c in r["all"] if c.params <= 20e6)
     assert r["feasible"] == 0 and "GFLOPs per forward" in r["blocking"]
     assert f"{smallest / 0.01:.2f}x the limit" in r["blocking"] and "learned parameters" not in r["blocking"]

@@ -61,15 +61,18 @@ print(heavy)
     assert _run(code).strip() == "[]"
 
 
+REGISTER = "import sharebert.modeling_sharebert"  # the documented import
+
+
 @pytest.mark.parametrize("order", ["sharebert first", "transformers first", "model class first", "optimum exporter",
-                                   "pipeline"])
+                                   "pipeline", "optimum ORTModel first"])
 def test_auto_classes_know_sharebert_after_import(order):
-    first = {"sharebert first": "import sharebert",
-             "transformers first": "from transformers import AutoModel; import sharebert",
-             "model class first": "from sharebert.modeling_sharebert import ShareBertModel; import sharebert",
-             # optimum's exporter reaches the auto classes from inside half-executed transformers modules
-             "optimum exporter": "import sharebert; from optimum.exporters.onnx import main_export",
-             "pipeline": "import sharebert; from transformers import pipeline"}[order]
+    first = {"sharebert first": REGISTER,
+             "transformers first": "from transformers import AutoModel; " + REGISTER,
+             "model class first": "from sharebert import ShareBertModel",
+             "optimum exporter": REGISTER + "; from optimum.exporters.onnx import main_export",
+             "pipeline": REGISTER + "; from transformers import pipeline",
+             "optimum ORTModel first": "from optimum.onnxruntime import ORTModelForMaskedLM; " + REGISTER}[order]
     code = first + """
 import json, sys
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSequenceClassification
@@ -79,3 +82,9 @@ print(json.dumps([type(AutoModelForMaskedLM.from_config(config)).__name__,
                   type(AutoModelForSequenceClassification.from_config(config)).__name__]))
 """
     assert json.loads(_run(code)) == ["ShareBertForMaskedLM", "ShareBertForSequenceClassification"]
+
+
+def test_auto_config_knows_sharebert_after_importing_the_config_class():
+    code = ("from sharebert import ShareBertConfig; from transformers import AutoConfig; import sys; "
+            "print(type(AutoConfig.for_model('sharebert')).__name__, 'sharebert.modeling_sharebert' in sys.modules)")
+    assert _run(code).split() == ["ShareBertConfig", "False"]

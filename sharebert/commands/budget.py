@@ -17,14 +17,14 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..budget import human, parse_size, plan, plot
+    from ..budget import human, parse_size, plot, search_candidates
 
     size = lambda v: None if v is None else parse_size(v)  # noqa: E731
     limits = {"max_params": size(args.max_params), "max_bytes": size(args.max_bytes), "max_ram": size(args.max_ram),
               "max_gflops": args.max_gflops}
     if args.seq_len < 1 or args.top < 1:
         raise ValueError("--seq-len and --top must be positive")
-    r = plan(limits, args.dtype, args.seq_len)
+    r = search_candidates(limits, args.dtype, args.seq_len)
     unit = {"max_bytes": "B", "max_ram": "B"}
     stated = ", ".join(f"{k.replace('_', '-')} {human(v)}{unit.get(k, '')}" for k, v in limits.items() if v is not None)
     print(f"{r['feasible']:,} of {r['total']:,} candidates fit ({stated}; {args.dtype}, seq {args.seq_len}); "
