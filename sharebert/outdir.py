@@ -1,4 +1,4 @@
-"""The one rule for every command's ``--out`` folder (stdlib only): check before any work, never lose a file.
+"""Output folders and files (stdlib only): the one ``--out`` rule, checked before any work, and atomic JSON.
 
 ``check_out_dir`` refuses, with one line naming the path, an ``--out`` that is a file, lies under a
 file, cannot be written, holds one of the command's inputs (or is one), or is a non-empty folder
@@ -8,6 +8,8 @@ command that fails its validation leaves no empty ``--out`` behind.
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable
@@ -62,3 +64,22 @@ def _check_writable(folder: Path, out: Path) -> None:
             pass
     except OSError as e:
         raise ValueError(f"--out {out}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+def finite(obj):
+    """``obj`` with NaN/inf floats replaced by None (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def write_json(path: str | Path, obj) -> None:
+    """Write ``obj`` as JSON atomically (temporary file, then rename); NaN becomes null."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)

@@ -11,12 +11,13 @@ from sharebert.build import build_model
 from sharebert.cli import main
 from sharebert.paths import data_path, default_vocab
 from sharebert.training import metrics as M
+from sharebert.training.encoded import encode, label_map, mean_embedding_norm, predict_logits
 from sharebert.training.evaluate import (
-    cross_domain, embedding_matrix, evaluate_glue, label_map, load_any, load_finetuned, mean_embedding_norm,
-    noise_robustness, predict_logits, read_wordsim, word_analogy, word_similarity,
+    cross_domain, embedding_matrix, evaluate_glue, load_any, load_finetuned, noise_robustness, read_wordsim,
+    word_analogy, word_similarity,
 )
 from sharebert.configuration_sharebert import ShareBertConfig
-from sharebert.training.finetune import encode, load_classifier
+from sharebert.training.finetune import load_classifier
 from sharebert.training.glue import get_task, read_split
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)

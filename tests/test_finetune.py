@@ -9,8 +9,9 @@ from scipy import stats
 from sharebert.build import build_model
 from sharebert.cli import main
 from sharebert.paths import data_path
-from sharebert.training.evaluate import evaluate_glue, load_finetuned, predict_logits
-from sharebert.training.finetune import FinetuneArgs, encode, finetune
+from sharebert.training.encoded import encode, predict_logits
+from sharebert.training.evaluate import evaluate_glue, load_finetuned
+from sharebert.training.finetune import FinetuneArgs, finetune
 from sharebert.training.glue import read_split
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)

@@ -61,20 +61,21 @@ def _pairs(items, flag):
 
 def run(args) -> int:
     from ..training import evaluate as ev
-    from ..training.finetune import write_json
+    from ..outdir import write_json
+    from .tables import format_table
 
     if args.mode == "glue":
         result = ev.evaluate_glue(args.model, args.task, args.data_dir, args.max_eval_samples, args.batch_size)
-        print(ev.format_table(["metric", "value"], [[k, v] for k, v in result.items()]))
+        print(format_table(["metric", "value"], [[k, v] for k, v in result.items()]))
     elif args.mode == "wordsim":
         model, tok = ev.load_any(args.model)
         result = ev.word_similarity(model, tok, args.sets)
         keys = ["spearman", "pairs", "used", "skipped_oov", "skipped_multitoken"]
-        print(ev.format_table(["set", *keys], [[name, *(r[k] for k in keys)] for name, r in result.items()]))
+        print(format_table(["set", *keys], [[name, *(r[k] for k in keys)] for name, r in result.items()]))
     elif args.mode == "analogy":
         model, tok = ev.load_any(args.model)
         result = ev.word_analogy(model, tok, args.file)
-        print(ev.format_table(["section", "accuracy"], [[s, v] for s, v in result["sections"].items()]
+        print(format_table(["section", "accuracy"], [[s, v] for s, v in result["sections"].items()]
                               + [["all", result["accuracy"]]]))
         print(f"questions {result['questions']}, used {result['used']}, skipped: out-of-vocabulary "
               f"{result['skipped_oov']}, multi-token {result['skipped_multitoken']}")
@@ -85,12 +86,12 @@ def run(args) -> int:
             raise ValueError(f"--levels expects comma-separated numbers, got {args.levels!r}") from None
         result = ev.noise_robustness(args.model, args.task, args.data_dir, levels, args.max_eval_samples, seed=args.seed)
         keys = [k for k in result["rows"][0] if k != "level"]
-        print(ev.format_table(["noise", *keys], [[f"{r['level']:.0%}", *(r[k] for k in keys)] for r in result["rows"]]))
+        print(format_table(["noise", *keys], [[f"{r['level']:.0%}", *(r[k] for k in keys)] for r in result["rows"]]))
         print(f"mean input-embedding norm {result['mean_norm']:.4f} over {result['eval_samples']} dev examples")
     else:
         result = ev.cross_domain(_pairs(args.models, "--models"), _pairs(args.data_dirs, "--data-dirs"), args.max_eval_samples)
         tasks = result["tasks"]
-        print(ev.format_table(["trained on \\ evaluated on", *tasks],
+        print(format_table(["trained on \\ evaluated on", *tasks],
                               [[t, *(result["matrix"][t][e] for e in tasks)] for t in tasks]))
     if args.json:
         write_json(args.json, result)

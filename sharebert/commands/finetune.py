@@ -32,7 +32,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..training.evaluate import format_table
+    from .tables import format_table
     from ..training.finetune import FinetuneArgs, finetune
 
     for name in ("epochs", "batch_size", "lr", "seq_len", "max_steps", "max_train_samples", "max_eval_samples", "eval_steps"):

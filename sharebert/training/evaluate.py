@@ -23,11 +23,10 @@ import torch
 from scipy import stats
 from tqdm.auto import tqdm
 
-from ..paths import data_path
 from ..model_folder import load_config, load_model, load_tokenizer
-from .finetune import EncodedSplit, encode
-from .glue import COLLAPSE, TASKS, GlueTask, get_task, read_split
-from .metrics import predictions_from_logits, task_metrics
+from ..paths import data_path
+from .encoded import encode, evaluate_split, label_map, mean_embedding_norm
+from .glue import TASKS, GlueTask, get_task, read_split
 
 NOISE_LEVELS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4)
 WORDSIM_SETS = {  # name -> (path inside data/wordsim, word1 field, word2 field, score field)
@@ -38,68 +37,6 @@ WORDSIM_SETS = {  # name -> (path inside data/wordsim, word1 field, word2 field,
 
 
 # ---------------------------------------------------------------- classification
-
-
-def _batches(ds: EncodedSplit, batch_size: int, pad_id: int, device):
-    """Padded tensors ``(B, T)`` per batch, in dataset order."""
-    keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in ds.encodings]
-    for s in range(0, len(ds), batch_size):
-        rows = {k: ds.encodings[k][s:s + batch_size] for k in keys}
-        T = max(len(r) for r in rows["input_ids"])
-        fill = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
-        yield {k: torch.tensor([r + [fill[k]] * (T - len(r)) for r in v], device=device) for k, v in rows.items()}
-
-
-@torch.no_grad()
-def predict_logits(model, ds: EncodedSplit, batch_size: int = 64, noise: float = 0.0, mean_norm: float | None = None,
-                   seed: int = 0, progress: bool = True) -> np.ndarray:
-    """Logits ``(N, num_labels)``; with ``noise > 0`` Gaussian noise is added to the input embeddings."""
-    model.eval()
-    device = next(model.parameters()).device
-    embed = model.get_input_embeddings()
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for batch in tqdm(_batches(ds, batch_size, model.config.pad_token_id or 0, device), total=math.ceil(len(ds) / batch_size),
-                      desc="evaluate", disable=not progress, leave=False):
-        if noise > 0:
-            x = embed(batch.pop("input_ids"))
-            sigma = noise * mean_norm / math.sqrt(x.shape[-1])
-            batch["inputs_embeds"] = x + sigma * torch.randn(x.shape, generator=gen).to(x)
-        out.append(model(**batch).logits.float().cpu())
-    return torch.cat(out).numpy()
-
-
-@torch.no_grad()
-def mean_embedding_norm(model, ds: EncodedSplit) -> float:
-    """Mean L2 norm of the input embeddings of every real token of ``ds``."""
-    weight = model.get_input_embeddings().weight.float()
-    ids = torch.tensor([i for row in ds.encodings["input_ids"] for i in row], device=weight.device)
-    return float(weight[ids].norm(dim=-1).mean())
-
-
-def label_map(model_config, task: GlueTask) -> np.ndarray:
-    """``map[model_class] -> task_class`` by label names; ValueError when the label spaces differ."""
-    if task.is_regression or model_config.num_labels == 1:
-        if task.is_regression and model_config.num_labels == 1:
-            return np.zeros(1, dtype=np.int64)
-        raise ValueError(f"a {model_config.num_labels}-label model cannot be scored on {task.name} "
-                         f"({'regression' if task.is_regression else 'classification'})")
-    names = [model_config.id2label[i] for i in range(model_config.num_labels)]
-    mapped = [COLLAPSE.get(n, n) if n not in task.label_names else n for n in names]
-    if not all(m in task.label_names for m in mapped):
-        raise ValueError(f"the model's labels {names} are not {task.name}'s label space {list(task.label_names)}")
-    return np.array([task.label_names.index(m) for m in mapped])
-
-
-def evaluate_split(model, ds: EncodedSplit, task: GlueTask, batch_size: int = 64, noise: float = 0.0,
-                   mean_norm: float | None = None, seed: int = 0, progress: bool = True) -> dict[str, float]:
-    """The task's metrics of ``model`` on ``ds`` (model classes mapped onto the task's by label name)."""
-    logits = predict_logits(model, ds, batch_size, noise, mean_norm, seed, progress)
-    preds = predictions_from_logits(logits, task.is_regression)
-    if not task.is_regression:
-        preds = label_map(model.config, task)[preds]
-    return task_metrics(task.metrics, preds, np.asarray(ds.labels))
-
 
 def load_finetuned(model_dir: str | Path):
     """A fine-tuned ``ShareBertForSequenceClassification`` (eval mode, on GPU when present) and its tokenizer."""
@@ -330,17 +267,3 @@ def load_any(model_dir: str | Path):
     tokenizer = load_tokenizer(model_dir, config)
     return load_model(ShareBertModel, model_dir, config, add_pooling_layer=False)[0].eval(), tokenizer
 
-
-# ---------------------------------------------------------------- tables
-
-
-def format_table(header: list[str], rows: list[list]) -> str:
-    """A plain-text table; floats print with 4 decimals, None as ``-``."""
-    def cell(v):
-        return "-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
-
-    body = [[cell(v) for v in r] for r in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
-    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in body]
-    return "\n".join(lines)

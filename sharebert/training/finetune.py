@@ -9,20 +9,18 @@ its tokenizer, ``metrics.json`` (written last) and ``log_history.json``.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ..model_folder import load_config, load_model, load_tokenizer
-from ..outdir import check_out_dir
+from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
-from .glue import GlueSplit, GlueTask, get_task, read_split
+from .encoded import encode, evaluate_split
+from .glue import GlueTask, get_task, read_split
 from .metrics import predictions_from_logits, task_metrics
 
 
@@ -43,34 +41,6 @@ class FinetuneArgs:
     seed: int = 0
 
 
-class EncodedSplit(torch.utils.data.Dataset):
-    """Tokenized examples: ``{"input_ids", "token_type_ids", "attention_mask", "labels"}`` per item."""
-
-    def __init__(self, encodings: dict[str, list], labels: list):
-        self.encodings, self.labels = encodings, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> dict:
-        item = {k: v[i] for k, v in self.encodings.items()}
-        item["labels"] = self.labels[i]
-        return item
-
-
-def encode(split: GlueSplit, tokenizer, seq_len: int, chunk: int = 8192, progress: bool = True) -> EncodedSplit:
-    """Tokenize (pairs for two-sentence tasks), truncated to ``seq_len`` tokens; padding happens per batch."""
-    enc: dict[str, list] = {}
-    starts = range(0, len(split), chunk)
-    for s in tqdm(starts, desc=f"tokenize {split.path.name}", disable=not progress or len(starts) < 2, leave=False):
-        a = split.text_a[s:s + chunk]
-        b = split.text_b[s:s + chunk] if split.text_b is not None else None
-        out = tokenizer(a, b, truncation=True, max_length=seq_len)
-        for k, v in out.items():
-            enc.setdefault(k, []).extend(v)
-    return EncodedSplit(enc, list(split.labels))
-
-
 def load_classifier(model_dir: str | Path, task: GlueTask):
     """``ShareBertForSequenceClassification`` from ``model_dir`` with the task's labels (head freshly initialised)."""
     from ..modeling_sharebert import ShareBertForSequenceClassification
@@ -89,25 +59,6 @@ def _is_finetune_out(path: Path) -> bool:
     return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
 
 
-def _finite(obj):
-    """``obj`` with NaN/inf floats replaced by None (strict JSON)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def write_json(path: str | Path, obj) -> None:
-    """Write ``obj`` as JSON atomically (temporary file, then rename); NaN becomes null."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_finite(obj), indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-
-
 def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | Path | None = None,
              args: FinetuneArgs = FinetuneArgs(), overwrite: bool = False, keep_checkpoints: bool = False,
              progress: bool = True) -> dict:
@@ -119,8 +70,6 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     ``best_step`` and ``train_seconds``.
     """
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, set_seed
-
-    from .evaluate import evaluate_split
 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
@@ -178,4 +127,4 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
         write_json(out / "metrics.json", metrics)
         if not keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return _finite(metrics)
+    return finite(metrics)
