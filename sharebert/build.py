@@ -21,13 +21,19 @@ def config_for_vocab(preset: str, overrides: dict, tokenizer_size: int) -> Share
 
 
 def build_model(preset: str, out: str | Path, overrides: dict | None = None, vocab: str | Path | None = None,
-                head: str = "mlm", seed: int = 0):
-    """Write a freshly initialised model (``head``: mlm or clm) and its tokenizer to ``out``."""
+                head: str = "mlm", seed: int = 0, tokenizer=None):
+    """Write a freshly initialised model (``head``: mlm or clm) and its tokenizer to ``out``.
+
+    The tokenizer is ``tokenizer`` (e.g. a character tokenizer) or WordPiece over ``vocab`` (default:
+    bert-base-uncased's); the vocabulary size follows it.
+    """
     import torch
 
     from .modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
 
-    tokenizer = hf_tokenizer(vocab or default_vocab())
+    if tokenizer is not None and vocab is not None:
+        raise ValueError("give a tokenizer or a vocab file, not both")
+    tokenizer = tokenizer if tokenizer is not None else hf_tokenizer(vocab or default_vocab())
     config = config_for_vocab(preset, overrides or {}, len(tokenizer))
     tokenizer.model_max_length = config.max_position_embeddings
     torch.manual_seed(seed)
