@@ -78,19 +78,30 @@ class SelfAttention(nn.Module):
         q, k, _ = self.qkv(x, w)
         return torch.matmul(q, k.transpose(-1, -2)) * self.scale
 
-    def forward(self, x, mask, w, output_attentions=False):
-        """``mask``: boolean ``(B, 1, T|1, T)``, True where attention is allowed, or None."""
+    def forward(self, x, mask, w, output_attentions=False, cache=None, layer_idx=0, head_mask=None):
+        """``mask``: boolean ``(B, 1, T|1, S)``, True where attention is allowed, or None (S: keys, past included).
+
+        ``cache``: a transformers ``Cache``; this layer's keys and values are appended at ``layer_idx``
+        and attention runs over all of them. ``head_mask`` (heads,): multiplies each head's attention
+        probabilities (0 switches a head off), as transformers' BERT does.
+        """
         q, k, v = self.qkv(x, w)
+        if cache is not None:
+            k, v = cache.update(k, v, layer_idx)
         p = self.dropout if self.training else 0.0
         if output_attentions:
             scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = F.dropout(scores.softmax(-1), p, self.training)
+            if head_mask is not None:
+                probs = probs * head_mask.view(1, -1, 1, 1)
             ctx = torch.matmul(probs, v)
         else:
             probs = None
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=self.scale)
+            if head_mask is not None:  # probs * m_h, then @ V, is ctx_h * m_h
+                ctx = ctx * head_mask.view(1, -1, 1, 1)
         B, _, T, _ = ctx.shape
         ctx = ctx.transpose(1, 2).reshape(B, T, -1)
         return F.linear(ctx, w["output"], self.output_bias), probs

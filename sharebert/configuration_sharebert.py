@@ -53,6 +53,7 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         mlm_logits_in_training: str = "all",
         classifier_dropout: float | None = None,
         pad_token_id: int = 0,
+        use_cache: bool = True,
         **kwargs,
     ):
         kwargs.setdefault("tie_word_embeddings", mlm_head == "tied")
@@ -81,6 +82,7 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         self.mlm_head = mlm_head
         self.mlm_logits_in_training = mlm_logits_in_training
         self.classifier_dropout = classifier_dropout
+        self.use_cache = use_cache  # causal LM generation keeps a key/value cache
         self.validate()
 
     # -- presets -------------------------------------------------------------------------------

@@ -36,6 +36,12 @@ def generate_virtual(
     return plan.split(buffer)
 
 
+def tracing() -> bool:
+    """Whether the forward is being recorded (TorchScript trace, ONNX export, torch.compile / torch.export):
+    then no data-dependent shortcut and no cached constant may be taken."""
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+
+
 class _SourceCache:
     """Eval-mode cache of generated weights, keyed on every source tensor's identity and version.
 
@@ -48,7 +54,7 @@ class _SourceCache:
         self.key, self.value = None, None
 
     def get(self, sources: Iterable[torch.Tensor], make: Callable[[], dict[str, torch.Tensor]]):
-        if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        if torch.is_grad_enabled() or tracing():
             self.key = self.value = None
             return make()
         key = tuple((t.data_ptr(), t._version, t.device, t.dtype, t.shape) for t in sources)

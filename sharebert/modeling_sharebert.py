@@ -21,9 +21,10 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import (
-    BaseModelOutputWithPooling,
-    CausalLMOutput,
+    BaseModelOutputWithPoolingAndCrossAttentions,
+    CausalLMOutputWithPast,
     MaskedLMOutput,
     QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
@@ -32,7 +33,7 @@ from transformers.modeling_outputs import (
 
 from .attention import SelfAttention
 from .configuration_sharebert import ShareBertConfig
-from .eps import _SourceCache, generate_from_source, generate_virtual
+from .eps import _SourceCache, generate_from_source, generate_virtual, tracing
 
 
 class ShareBertEmbeddings(nn.Module):
@@ -54,17 +55,21 @@ class ShareBertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.max_positions = config.max_position_embeddings
 
-    def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None):
+    def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None, position_ids=None, past_length: int = 0):
+        """``position_ids`` (B, T), default ``past_length .. past_length + T - 1`` (after a key/value cache)."""
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
         B, T = inputs_embeds.shape[:2]
-        if not torch.jit.is_tracing() and T > self.max_positions:  # a traced graph keeps T dynamic
-            raise ValueError(f"sequence length {T} exceeds max_position_embeddings {self.max_positions}; "
+        if position_ids is None and not tracing() and past_length + T > self.max_positions:  # traced: T stays dynamic
+            raise ValueError(f"sequence length {past_length + T} exceeds max_position_embeddings {self.max_positions}; "
                              f"truncate the input (tokenizer(..., truncation=True, max_length={self.max_positions}))")
         x = inputs_embeds
         if hasattr(self, "input_projection"):
             x = self.input_projection(self.input_norm(x))
-        x = x + self.position_embeddings.weight[:T]
+        if position_ids is None:
+            x = x + self.position_embeddings.weight[past_length:past_length + T]
+        else:
+            x = x + self.position_embeddings(position_ids)
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
         else:
@@ -128,11 +133,12 @@ class ShareBertLayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.pre_norm = config.norm_position == "pre"
 
-    def forward(self, x, mask, *weights, output_attentions=False):
-        """``x`` (B, T, V); ``weights`` positional, in ``self.names`` order (for checkpointing)."""
+    def forward(self, x, mask, *weights, output_attentions=False, cache=None, layer_idx=0, head_mask=None):
+        """``x`` (B, T, V); ``weights`` positional, in ``self.names`` order (for checkpointing); ``cache``: a
+        transformers ``Cache`` this layer's keys and values are appended to (slot ``layer_idx``)."""
         w = dict(zip(self.names, weights))
         h = self.attention_norm(x) if self.pre_norm else x
-        a, probs = self.attention(h, mask, w, output_attentions)
+        a, probs = self.attention(h, mask, w, output_attentions, cache, layer_idx, head_mask)
         x = x + self.dropout(a)
         if not self.pre_norm:
             x = self.attention_norm(x)
@@ -149,6 +155,11 @@ class ShareBertPreTrainedModel(PreTrainedModel):
     base_model_prefix = "sharebert"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+
+    def prune_heads(self, heads_to_prune):
+        """Not supported: every layer runs the same generated (or shared) weights, so a head cannot leave one layer."""
+        raise NotImplementedError("head pruning is not supported by sharebert models: their layers share generated "
+                                  "weights; mask heads with head_mask instead")
 
     def _init_weights(self, module):
         std = self.config.initializer_range
@@ -224,6 +235,17 @@ class ShareBertModel(ShareBertPreTrainedModel):
     def get_input_embeddings(self):
         return self.embeddings.word_embeddings
 
+    def _head_masks(self, head_mask) -> list:
+        """Per layer: ``None`` or the ``(heads,)`` mask of that layer."""
+        N = self.config.num_hidden_layers
+        if head_mask is None:
+            return [None] * N
+        if head_mask.dim() == 1:
+            return [head_mask] * N
+        if head_mask.shape[0] != N:
+            raise ValueError(f"head_mask has {head_mask.shape[0]} rows for {N} layers")
+        return list(head_mask)
+
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
@@ -238,15 +260,22 @@ class ShareBertModel(ShareBertPreTrainedModel):
         A = self.embeddings.word_embeddings.weight
         return self.weight_generator.virtual_embeddings(A) if self.config.sharing == "veps" else A
 
-    def _attention_mask(self, attention_mask, B, T, device):
-        """Boolean ``(B, 1, T|1, T)`` mask, True where attention is allowed; None if all allowed."""
+    def _attention_mask(self, attention_mask, T, past, device):
+        """Boolean ``(B, 1, T|1, S)`` mask over ``S = past + T`` keys, True where attention is allowed; None if all are.
+
+        Causal: query ``i`` sees keys ``<= past + i``, and always itself, so a left-padding query (whose
+        earlier keys are all padding) gets no empty row (an empty row would make NaN that 0-weights spread).
+        """
         mask = None
-        exporting = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-        if attention_mask is not None and (exporting or not bool(attention_mask.all())):
+        if attention_mask is not None and (tracing() or not bool(attention_mask.all())):
             mask = attention_mask.bool()[:, None, None, :]
         if self.causal:
-            causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()[None, None]
-            mask = causal if mask is None else mask & causal
+            S = past + T
+            causal = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=past)[None, None]
+            if mask is None:
+                return causal
+            own = torch.arange(S, device=device)[None, :] == torch.arange(past, S, device=device)[:, None]
+            mask = (mask & causal) | own[None, None]
         return mask
 
     def forward(
@@ -258,21 +287,39 @@ class ShareBertModel(ShareBertPreTrainedModel):
         output_attentions: Optional[bool] = None,
         output_hidden_states: Optional[bool] = None,
         return_dict: Optional[bool] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        past_key_values: Optional[Cache] = None,
+        use_cache: Optional[bool] = None,
+        head_mask: Optional[torch.Tensor] = None,
+        **kwargs,
     ):
+        """``past_key_values``/``use_cache``: a transformers ``Cache`` of earlier keys and values (causal models;
+        a ``DynamicCache`` is made when ``use_cache`` and none is given). ``head_mask``: ``(heads,)`` or
+        ``(layers, heads)``, multiplies attention probabilities per head. ``cache_position`` and other
+        generation keyword arguments are accepted and unused."""
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
-        B, T = x.shape[:2]
-        mask = self._attention_mask(attention_mask, B, T, x.device)
+        if use_cache is None:  # by default only where it helps: generating, not training or exporting
+            use_cache = self.config.use_cache and not self.training and not tracing()
+        use_cache = self.causal and use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        cache = past_key_values if use_cache else None
+        past = cache.get_seq_length() if cache is not None else 0
+        x = self.embeddings(input_ids, token_type_ids, inputs_embeds, position_ids, past)
+        T = x.shape[1]
+        mask = self._attention_mask(attention_mask, T, past, x.device)
+        head_masks = self._head_masks(head_mask)
 
         generated = self.generated_weights()  # once per forward, shared by every layer
         all_hidden, all_attn = ([x] if output_hidden_states else None), ([] if output_attentions else None)
         for i, layer in enumerate(self.layers):
             w = generated or self.layer_weights[0 if self.config.share_layers else i]()
-            x, probs = layer(x, mask, *(w[n] for n in layer.names), output_attentions=output_attentions)
+            x, probs = layer(x, mask, *(w[n] for n in layer.names), output_attentions=output_attentions, cache=cache,
+                             layer_idx=i, head_mask=head_masks[i])
             if output_hidden_states:
                 all_hidden.append(x)
             if output_attentions:
@@ -291,9 +338,10 @@ class ShareBertModel(ShareBertPreTrainedModel):
                 pooled = F.linear(cls, generated["pooler"], self.pooler_bias)
             if self.config.pooler_activation == "tanh":
                 pooled = torch.tanh(pooled)
-        out = BaseModelOutputWithPooling(
+        out = BaseModelOutputWithPoolingAndCrossAttentions(
             last_hidden_state=x,
             pooler_output=pooled,
+            past_key_values=cache,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attn) if output_attentions else None,
         )
@@ -342,7 +390,7 @@ class ShareBertForMaskedLM(_WithLMHead):
         self._build(config)
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None):
+                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None):
         """``labels`` (B, T): token ids at masked positions, -100 elsewhere.
 
         ``logits`` is ``(B, T, E)``, as in BERT. With ``config.mlm_logits_in_training == "masked"``
@@ -351,8 +399,8 @@ class ShareBertForMaskedLM(_WithLMHead):
         ``logits`` is ``None``.
         """
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
-        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
-                             output_attentions, output_hidden_states, return_dict=True)
+        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
+                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask)
         h, logits, loss = out.last_hidden_state, None, None
         if labels is not None and self.training and self.config.mlm_logits_in_training == "masked":
             keep = labels.ne(-100)
@@ -374,22 +422,40 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         super().__init__(config)
         self._build(config)
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
-        T = self.config.max_position_embeddings
-        mask = None if attention_mask is None else attention_mask[:, -T:]
-        return {"input_ids": input_ids[:, -T:], "attention_mask": mask}
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, **kwargs):
+        """One generation step's inputs: the tokens the cache has not seen, their positions counted over the
+        attention mask (so left padding does not shift them), and every other model keyword.
+
+        Beyond ``max_position_embeddings`` tokens the context is a sliding window of the last ones, run
+        again from an empty cache (positions cannot grow further).
+        """
+        P = self.config.max_position_embeddings
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if input_ids.shape[1] > P:
+            input_ids, attention_mask, past = input_ids[:, -P:], attention_mask[:, -P:], 0
+            past_key_values = DynamicCache() if past_key_values is not None else None
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        kwargs.pop("position_ids", None)  # generate's own, counted without the mask
+        return {**kwargs, "input_ids": input_ids[:, past:], "attention_mask": attention_mask,
+                "position_ids": position_ids[:, past:], "past_key_values": past_key_values}
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
-        """``labels`` (B, T): the inputs themselves (shifted inside), -100 to ignore."""
+                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None,
+                past_key_values=None, use_cache=None, head_mask=None, **kwargs):
+        """``labels`` (B, T): the inputs themselves (shifted inside), -100 to ignore. ``past_key_values``: a
+        transformers ``Cache`` (returned, extended, in the output when ``use_cache``)."""
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
-        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
-                             output_attentions, output_hidden_states, return_dict=True)
+        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
+                             output_hidden_states, return_dict=True, position_ids=position_ids,
+                             past_key_values=past_key_values, use_cache=use_cache, head_mask=head_mask)
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-        res = CausalLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        res = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                                     hidden_states=out.hidden_states, attentions=out.attentions)
         return res if return_dict else res.to_tuple()
 
 
@@ -406,10 +472,10 @@ class ShareBertForSequenceClassification(ShareBertPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None):
+                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None):
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
-        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
-                             output_attentions, output_hidden_states, return_dict=True)
+        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
+                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask)
         pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
         logits = self.classifier(self.dropout(pooled))
         loss = None
@@ -439,10 +505,10 @@ class ShareBertForTokenClassification(ShareBertPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None):
+                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None):
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
-        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
-                             output_attentions, output_hidden_states, return_dict=True)
+        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
+                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask)
         logits = self.classifier(self.dropout(out.last_hidden_state))
         loss = None
         if labels is not None:
@@ -460,10 +526,10 @@ class ShareBertForQuestionAnswering(ShareBertPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None,
                 start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None):
+                return_dict=None, position_ids=None, head_mask=None):
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
-        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds,
-                             output_attentions, output_hidden_states, return_dict=True)
+        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
+                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask)
         start, end = self.qa_outputs(out.last_hidden_state).split(1, dim=-1)
         start, end = start.squeeze(-1), end.squeeze(-1)
         loss = None
