@@ -270,12 +270,10 @@ class ShareBertModel(ShareBertPreTrainedModel):
         if attention_mask is not None and (tracing() or not bool(attention_mask.all())):
             mask = attention_mask.bool()[:, None, None, :]
         if self.causal:
-            S = past + T
-            causal = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=past)[None, None]
-            if mask is None:
-                return causal
-            own = torch.arange(S, device=device)[None, :] == torch.arange(past, S, device=device)[:, None]
-            mask = (mask & causal) | own[None, None]
+            keys = torch.arange(past + T, device=device)[None, :]
+            queries = (torch.arange(T, device=device) + past)[:, None]  # positions stay traced, not constants
+            causal = (keys <= queries)[None, None]
+            mask = causal if mask is None else (mask & causal) | (keys == queries)[None, None]
         return mask
 
     def forward(
