@@ -10,6 +10,8 @@ import importlib
 import os
 import sys
 
+from . import __version__
+
 COMMANDS = {
     "build": "sharebert.commands.build",
     "report": "sharebert.commands.report",
@@ -33,6 +35,13 @@ def _load(name: str):
     return importlib.import_module(COMMANDS[name])
 
 
+def _help_line(name: str) -> str:
+    try:
+        return _load(name).HELP
+    except ImportError as e:
+        return f"(needs {e.name}: pip install 'sharebert[full]')"
+
+
 def _missing_extra(e: ModuleNotFoundError) -> str | None:
     top = (e.name or "").split(".")[0]
     return next((extra for extra, packages in EXTRAS.items() if top in packages), None)
@@ -46,8 +55,10 @@ def _one_line(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="sharebert", description="Build, train, export and run tiny BERT-class models.")
+    parser.add_argument("--version", action="version", version=f"sharebert {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    # Only the chosen command's module is imported (the others may need torch).
+    # Only the chosen command's module is imported (the others may need torch); the overview imports all
+    # (their module level is light) for their one-line descriptions.
     chosen = next((a for a in argv if not a.startswith("-")), None)
     try:
         for name in COMMANDS:
@@ -56,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 p = sub.add_parser(name, help=module.HELP, description=module.HELP)
                 module.add_arguments(p)
             else:
-                sub.add_parser(name, help=f"see `sharebert {name} --help`", add_help=False)
+                sub.add_parser(name, help=_help_line(name) if chosen is None else None, add_help=False)
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
