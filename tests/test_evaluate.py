@@ -87,7 +87,7 @@ def test_word_similarity_counts_follow_from_the_vocab(tiny, tmp_path, whole_word
         model_dir = tiny
     model, tok = load_any(model_dir)
     vocab = set(tok.get_vocab())
-    result = word_similarity(model, tok, ["wordsim353", "simlex999"])
+    result = word_similarity(model, tok, ["wordsim353", "simlex999"], multi_token="skip")
     for name, rel in (("wordsim353", "wordsim353/wordsim353.tsv"), ("simlex999", "simlex999/simlex999.txt")):
         rows = read_wordsim(data_path("wordsim", rel))
         used, skipped = _expected_counts(rows, vocab)
@@ -100,6 +100,26 @@ def test_word_similarity_counts_follow_from_the_vocab(tiny, tmp_path, whole_word
         ids = tok.convert_tokens_to_ids
         cos = [emb[ids(a)] @ emb[ids(b)] / np.linalg.norm(emb[ids(a)]) / np.linalg.norm(emb[ids(b)]) for a, b, _ in ok]
         assert r["spearman"] == pytest.approx(stats.spearmanr(cos, [s for *_, s in ok])[0], abs=1e-5)
+
+
+def _unit(v):
+    return v / np.linalg.norm(v)
+
+
+@pytest.mark.parametrize("mode", ["mean", "first"])
+def test_word_similarity_scores_split_words_by_their_pieces(tiny, mode):
+    """Every pair is used (the full vocab has no [UNK] here); a split word is the mean / first of its pieces' rows."""
+    model, tok = load_any(tiny)
+    r = word_similarity(model, tok, ["wordsim353"], multi_token=mode)["wordsim353"]
+    rows = read_wordsim(data_path("wordsim", "wordsim353/wordsim353.tsv"))
+    emb = embedding_matrix(model).numpy()
+    pieces = {w: tok.convert_tokens_to_ids(tok.tokenize(w)) for row in rows for w in row[:2]}
+    vec = {w: _unit(emb[ids].mean(0) if mode == "mean" else emb[ids[0]]) for w, ids in pieces.items()}
+    split = sum(len(pieces[a]) > 1 or len(pieces[b]) > 1 for a, b, _ in rows)
+    assert (r["pairs"], r["used"], r["used_multitoken"], r["skipped_oov"], r["skipped_multitoken"]) == \
+        (353, 353, split, 0, 0) and split > 0
+    want = stats.spearmanr([vec[a] @ vec[b] for a, b, _ in rows], [s for *_, s in rows])[0]
+    assert r["spearman"] == pytest.approx(want, abs=1e-5)
 
 
 def test_veps_models_are_scored_on_virtual_embeddings(tiny):
@@ -132,9 +152,36 @@ def test_word_analogy_3cosadd(tiny, tmp_path):
     path = tmp_path / "q.txt"
     path.write_text(": family\nKing Queen Man Woman\n: capitals\nParis France Rome Italy\n"
                     "King Queen Man Womanhood\nzyxwvq queen man woman\n")
-    r = word_analogy(model, tok, path, progress=False)
+    r = word_analogy(model, tok, path, progress=False, multi_token="skip")
     assert (r["questions"], r["used"], r["skipped_multitoken"], r["skipped_oov"]) == (4, 2, 2, 0)
     assert r["accuracy"] == 0.5 and r["sections"] == {"family": 1.0, "capitals": 0.0}
+
+
+def test_word_analogy_with_split_question_words_by_hand(tiny, tmp_path):
+    """a, b, c that WordPiece splits get their pieces' mean; the argmax is checked against numpy over the candidates."""
+    model, tok = load_any(tiny)
+    questions = [("zyxwvq", "queen", "man", "woman"), ("paris", "quxbarland", "rome", "italy"),
+                 ("king", "queen", "man", "womanhood")]  # the last: d is split, so it cannot be answered
+    path = tmp_path / "q.txt"
+    path.write_text(": mixed\n" + "\n".join(" ".join(q) for q in questions) + "\n")
+    r = word_analogy(model, tok, path, progress=False)
+    assert (r["questions"], r["used"], r["used_multitoken"], r["skipped_multitoken"], r["skipped_oov"]) == (3, 2, 2, 1, 0)
+    emb = embedding_matrix(model).numpy()
+    vocab = tok.get_vocab()
+    special = set(tok.all_special_tokens)
+    cand = np.array(sorted(i for t, i in vocab.items() if t not in special and not t.startswith("##")
+                           and not (t.startswith("[") and t.endswith("]"))))
+    cand_emb = np.stack([_unit(emb[i]) for i in cand])
+    correct = []
+    for q in questions[:2]:
+        ids = [tok.convert_tokens_to_ids(tok.tokenize(w)) for w in q]
+        a, b, c = (_unit(emb[i].mean(0)) for i in ids[:3])
+        scores = cand_emb @ (b - a + c)
+        for i in ids[:3]:
+            if len(i) == 1:
+                scores[cand == i[0]] = -np.inf
+        correct.append(cand[np.argmax(scores)] == ids[3][0])
+    assert r["accuracy"] == pytest.approx(np.mean(correct))
 
 
 def test_word_analogy_counts_on_the_google_set(tiny, tmp_path):
@@ -146,7 +193,7 @@ def test_word_analogy_counts_on_the_google_set(tiny, tmp_path):
     vocab = set(tok.get_vocab())
     qs = [ln.split() for ln in subset if not ln.startswith(":")]
     used = sum(all(w.lower() in vocab for w in q) for q in qs)
-    r = word_analogy(model, tok, path, progress=False)
+    r = word_analogy(model, tok, path, progress=False, multi_token="skip")
     assert (r["questions"], r["used"], r["skipped_multitoken"], r["skipped_oov"]) == (len(qs), used, len(qs) - used, 0)
     assert 0 <= r["accuracy"] <= 1
 

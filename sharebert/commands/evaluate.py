@@ -10,7 +10,7 @@ def _common(p, json_out=True):
 
 
 def add_arguments(p):
-    from ..training.evaluate import NOISE_LEVELS, WORDSIM_SETS
+    from ..training.evaluate import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
     from ..training.glue import TASKS
 
     sub = p.add_subparsers(dest="mode", metavar="MODE", required=True)
@@ -25,11 +25,15 @@ def add_arguments(p):
     w = sub.add_parser("wordsim", help="word similarity (Spearman) of the (virtual) embeddings")
     w.add_argument("--model", required=True, help="any ShareBERT model folder")
     w.add_argument("--sets", nargs="+", help=f"names ({', '.join(WORDSIM_SETS)}) or 'word1 word2 score' files; default: all present")
+    multi = dict(choices=MULTI_TOKEN, default="mean",
+                 help="a word WordPiece splits: the mean of its pieces' vectors (default), the first piece, or skip it")
+    w.add_argument("--multi-token", **multi)
     _common(w)
 
-    a = sub.add_parser("analogy", help="word analogy accuracy (3CosAdd) on single-token words")
+    a = sub.add_parser("analogy", help="word analogy accuracy (3CosAdd); answers are single-token words")
     a.add_argument("--model", required=True, help="any ShareBERT model folder")
     a.add_argument("--file", help="analogy questions (default ../shared/data/analogy/questions-words.txt)")
+    a.add_argument("--multi-token", **multi)
     _common(a)
 
     n = sub.add_parser("noise", help="accuracy under Gaussian noise on the input embeddings (Kowsher Table 5)")
@@ -42,7 +46,8 @@ def add_arguments(p):
     n.add_argument("--seed", type=int, default=0)
     _common(n)
 
-    c = sub.add_parser("cross-domain", help="train-on-A / evaluate-on-B accuracy matrix (Kowsher Table 6)")
+    c = sub.add_parser("cross-domain", help="train-on-A / evaluate-on-B accuracy matrix (Kowsher Table 6); needs two "
+                                            "tasks of one label space, e.g. QNLI and RTE, each fine-tuned and with a dev set")
     c.add_argument("--models", nargs="+", required=True, metavar="TASK=DIR", help="fine-tuned model per task, e.g. qnli=runs/qnli rte=runs/rte")
     c.add_argument("--data-dirs", nargs="*", default=[], metavar="TASK=DIR", help="task folders (default ../shared/data/glue/<Task>)")
     c.add_argument("--max-eval-samples", type=int)
@@ -69,16 +74,17 @@ def run(args) -> int:
         print(format_table(["metric", "value"], [[k, v] for k, v in result.items()]))
     elif args.mode == "wordsim":
         model, tok = ev.load_any(args.model)
-        result = ev.word_similarity(model, tok, args.sets)
-        keys = ["spearman", "pairs", "used", "skipped_oov", "skipped_multitoken"]
+        result = ev.word_similarity(model, tok, args.sets, args.multi_token)
+        keys = ["spearman", "pairs", "used", "used_multitoken", "skipped_oov", "skipped_multitoken"]
         print(format_table(["set", *keys], [[name, *(r[k] for k in keys)] for name, r in result.items()]))
     elif args.mode == "analogy":
         model, tok = ev.load_any(args.model)
-        result = ev.word_analogy(model, tok, args.file)
+        result = ev.word_analogy(model, tok, args.file, multi_token=args.multi_token)
         print(format_table(["section", "accuracy"], [[s, v] for s, v in result["sections"].items()]
                               + [["all", result["accuracy"]]]))
-        print(f"questions {result['questions']}, used {result['used']}, skipped: out-of-vocabulary "
-              f"{result['skipped_oov']}, multi-token {result['skipped_multitoken']}")
+        print(f"questions {result['questions']}, used {result['used']} ({result['used_multitoken']} with split words, "
+              f"--multi-token {args.multi_token}), skipped: out-of-vocabulary {result['skipped_oov']}, "
+              f"multi-token {result['skipped_multitoken']}")
     elif args.mode == "noise":
         try:
             levels = [float(x) for x in args.levels.split(",") if x.strip()]

@@ -130,18 +130,28 @@ def embedding_matrix(model) -> torch.Tensor:
         return base.virtual_embeddings().detach().float().cpu()
 
 
-def token_id(tokenizer, word: str) -> tuple[int | None, str]:
-    """``(id, "ok")`` for a single-token word, else ``(None, "oov")`` ([UNK]) or ``(None, "multi")``."""
+MULTI_TOKEN = ("mean", "first", "skip")  # how a word that WordPiece splits gets a vector
+
+
+def word_ids(tokenizer, word: str) -> tuple[list[int], str]:
+    """The word's token ids and ``"ok"`` (one token), ``"multi"`` (several) or ``"oov"`` (``[UNK]``, no ids)."""
     pieces = tokenizer.tokenize(word)
     if not pieces or tokenizer.unk_token in pieces:
-        return None, "oov"
-    if len(pieces) > 1:
-        return None, "multi"
-    return tokenizer.convert_tokens_to_ids(pieces[0]), "ok"
+        return [], "oov"
+    return tokenizer.convert_tokens_to_ids(pieces), "ok" if len(pieces) == 1 else "multi"
 
 
-def _skip_reason(status: list[str]) -> str:
-    return "oov" if "oov" in status else "multi" if "multi" in status else "ok"
+def word_vector(emb: torch.Tensor, ids: list[int], status: str, multi_token: str) -> torch.Tensor | None:
+    """Unit vector of a word in the embedding space of single tokens: its row, or for a split word the mean
+    (``mean``) or first (``first``) of its pieces' rows; None when it is skipped (``oov``, or ``skip``)."""
+    if status == "oov" or (status == "multi" and multi_token == "skip"):
+        return None
+    v = emb[ids].mean(0) if multi_token == "mean" else emb[ids[0]]
+    return torch.nn.functional.normalize(v, dim=-1)
+
+
+def _skip_reason(status: list[str], multi_token: str) -> str:
+    return "oov" if "oov" in status else "multi" if "multi" in status and multi_token == "skip" else "ok"
 
 
 def read_wordsim(path: str | Path, columns: tuple[int, int, int] = (0, 1, 2)) -> list[tuple[str, str, float]]:
@@ -166,15 +176,19 @@ def read_wordsim(path: str | Path, columns: tuple[int, int, int] = (0, 1, 2)) ->
     return rows
 
 
-def word_similarity(model, tokenizer, sets: list[str] | None = None) -> dict[str, dict]:
-    """Spearman per set: ``{name: {"spearman", "pairs", "used", "skipped_oov", "skipped_multitoken"}}``.
+def word_similarity(model, tokenizer, sets: list[str] | None = None, multi_token: str = "mean") -> dict[str, dict]:
+    """Spearman per set: ``{name: {"spearman", "pairs", "used", "used_multitoken", "skipped_oov",
+    "skipped_multitoken"}}``.
 
     ``sets`` are names in :data:`WORDSIM_SETS` present under ``data/wordsim`` (default: all present) or
-    paths to ``word1 word2 score`` files.
+    paths to ``word1 word2 score`` files. ``multi_token``: how words WordPiece splits are scored
+    (:data:`MULTI_TOKEN`; ``used_multitoken`` counts the pairs with such a word that were used).
     """
+    if multi_token not in MULTI_TOKEN:
+        raise ValueError(f"multi_token must be one of {', '.join(MULTI_TOKEN)}, got {multi_token!r}")
     if sets is None:
         sets = [n for n, spec in WORDSIM_SETS.items() if data_path("wordsim", spec[0]).is_file()]
-    emb = torch.nn.functional.normalize(embedding_matrix(model), dim=-1)
+    emb = embedding_matrix(model)
     results = {}
     for name in sets:
         if name in WORDSIM_SETS:
@@ -182,17 +196,18 @@ def word_similarity(model, tokenizer, sets: list[str] | None = None) -> dict[str
             rows = read_wordsim(data_path("wordsim", rel), tuple(cols))
         else:
             rows, name = read_wordsim(name), Path(name).stem
-        counts = {"ok": 0, "oov": 0, "multi": 0}
+        counts = {"ok": 0, "oov": 0, "multi": 0, "used_multi": 0}
         sims, gold = [], []
         for w1, w2, score in rows:
-            (i, s1), (j, s2) = token_id(tokenizer, w1), token_id(tokenizer, w2)
-            reason = _skip_reason([s1, s2])
+            (i, s1), (j, s2) = word_ids(tokenizer, w1), word_ids(tokenizer, w2)
+            reason = _skip_reason([s1, s2], multi_token)
             counts[reason] += 1
             if reason == "ok":
-                sims.append(float(emb[i] @ emb[j]))
+                sims.append(float(word_vector(emb, i, s1, multi_token) @ word_vector(emb, j, s2, multi_token)))
                 gold.append(score)
+                counts["used_multi"] += "multi" in (s1, s2)
         rho = float(stats.spearmanr(sims, gold)[0]) if len(sims) > 1 else float("nan")
-        results[name] = {"spearman": rho, "pairs": len(rows), "used": counts["ok"],
+        results[name] = {"spearman": rho, "pairs": len(rows), "used": counts["ok"], "used_multitoken": counts["used_multi"],
                          "skipped_oov": counts["oov"], "skipped_multitoken": counts["multi"]}
     return results
 
@@ -226,37 +241,50 @@ def _candidate_ids(tokenizer, rows: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def word_analogy(model, tokenizer, path: str | Path | None = None, batch_size: int = 512, progress: bool = True) -> dict:
+def word_analogy(model, tokenizer, path: str | Path | None = None, batch_size: int = 512, progress: bool = True,
+                 multi_token: str = "mean") -> dict:
     """3CosAdd accuracy: ``d* = argmax_w cos(w, b - a + c)`` over whole-word tokens except a, b, c.
 
-    Returns ``{"accuracy", "questions", "used", "skipped_oov", "skipped_multitoken", "sections": {name: acc}}``.
+    ``a``, ``b``, ``c`` that WordPiece splits get vectors by ``multi_token`` (:data:`MULTI_TOKEN`); the
+    answer ``d`` must be one token (the candidates are whole-word tokens), else the question is skipped.
+    Returns ``{"accuracy", "questions", "used", "used_multitoken", "skipped_oov", "skipped_multitoken",
+    "sections": {name: acc}}``.
     """
+    if multi_token not in MULTI_TOKEN:
+        raise ValueError(f"multi_token must be one of {', '.join(MULTI_TOKEN)}, got {multi_token!r}")
     questions = read_analogy(path or data_path("analogy", "questions-words.txt"))
-    emb = torch.nn.functional.normalize(embedding_matrix(model), dim=-1)
+    emb = embedding_matrix(model)
     cand = _candidate_ids(tokenizer, emb.shape[0])
-    cand_emb = emb[cand]
-    ids, used_sections, counts, cache = [], [], {"ok": 0, "oov": 0, "multi": 0}, {}
+    cand_emb = torch.nn.functional.normalize(emb[cand], dim=-1)
+    vectors, answers, excluded, used_sections, cache = [], [], [], [], {}
+    counts = {"ok": 0, "oov": 0, "multi": 0, "used_multi": 0}
     for section, words in questions:
-        looked = [cache.setdefault(w, token_id(tokenizer, w)) for w in words]
-        reason = _skip_reason([s for _, s in looked])
+        looked = [cache.setdefault(w, word_ids(tokenizer, w)) for w in words]
+        status = [st for _, st in looked]
+        reason = _skip_reason(status, "skip" if status[3] == "multi" else multi_token)  # d must be one token
         counts[reason] += 1
         if reason == "ok":
-            ids.append([i for i, _ in looked])
+            a, b, c = (word_vector(emb, ids, st, multi_token) for ids, st in looked[:3])
+            vectors.append(b - a + c)
+            answers.append(looked[3][0][0])
+            excluded.append([ids[0] if st == "ok" else -1 for ids, st in looked[:3]])
             used_sections.append(section)
-    correct = np.zeros(len(ids), dtype=bool)
-    q = torch.tensor(ids, dtype=torch.long).reshape(-1, 4)
-    for s in tqdm(range(0, len(q), batch_size), desc="analogy", disable=not progress or len(q) <= batch_size, leave=False):
-        a, b, c, d = q[s:s + batch_size].unbind(-1)
-        scores = (emb[b] - emb[a] + emb[c]) @ cand_emb.T  # (B, |cand|)
-        for col in (a, b, c):  # exclude the question words
+            counts["used_multi"] += "multi" in status
+    correct = np.zeros(len(answers), dtype=bool)
+    for s in tqdm(range(0, len(answers), batch_size), desc="analogy", disable=not progress or len(answers) <= batch_size,
+                  leave=False):
+        scores = torch.stack(vectors[s:s + batch_size]) @ cand_emb.T  # (B, |cand|)
+        skip = torch.tensor(excluded[s:s + batch_size])
+        for col in skip.unbind(-1):  # exclude the question words (those that are one token)
             scores[(cand[None, :] == col[:, None])] = -math.inf
-        correct[s:s + len(a)] = (cand[scores.argmax(-1)] == d).numpy()
+        correct[s:s + len(skip)] = (cand[scores.argmax(-1)] == torch.tensor(answers[s:s + batch_size])).numpy()
     sections = {}
     for name in dict.fromkeys(used_sections):
         mask = np.array([u == name for u in used_sections])
         sections[name] = float(correct[mask].mean())
-    return {"accuracy": float(correct.mean()) if len(ids) else float("nan"), "questions": len(questions),
-            "used": counts["ok"], "skipped_oov": counts["oov"], "skipped_multitoken": counts["multi"], "sections": sections}
+    return {"accuracy": float(correct.mean()) if len(answers) else float("nan"), "questions": len(questions),
+            "used": counts["ok"], "used_multitoken": counts["used_multi"], "skipped_oov": counts["oov"],
+            "skipped_multitoken": counts["multi"], "sections": sections}
 
 
 def load_any(model_dir: str | Path):
