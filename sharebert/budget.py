@@ -151,11 +151,25 @@ def search_candidates(limits: dict, dtype: str = "fp32", seq_len: int = 128) -> 
         blocking = "no configuration fits. " + ("; ".join(reasons) or "no single limit rules everything out: "
                                                 "only the limits together do; relax any of them")
     return {"front": pareto_front(feasible), "feasible": len(feasible), "total": len(cands),
-            "presets": [c for c in feasible if c.is_preset], "all": cands, "blocking": blocking, "seq_len": seq_len}
+            "presets": [c for c in feasible if c.is_preset], "all": cands, "fits": [fits(c) for c in cands],
+            "limits": limits, "dtype": dtype, "blocking": blocking, "seq_len": seq_len}
+
+
+def _clusters(rows: list[dict], ratio: float = 1.12) -> list[list[dict]]:
+    """Reference methods grouped where their sizes are within ``ratio`` of each other (one line, one label)."""
+    groups: list[list[dict]] = []
+    for row in sorted(rows, key=lambda r: r["params"]):
+        if groups and row["params"] <= groups[-1][0]["params"] * ratio:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
 
 
 def plot(result: dict, path: str) -> None:
-    """Candidates by learned parameters and GFLOPs, the front highlighted, paper presets and Table 1 labelled."""
+    """Candidates by learned parameters and GFLOPs: inside the limits in colour, outside faded, the limits
+    drawn, the front highlighted, paper presets starred; ShareBERT Table 1 methods as lettered lines with
+    their key beside the plot (methods of about one size share a line, so no label covers another)."""
     try:
         import matplotlib
 
@@ -165,31 +179,77 @@ def plot(result: dict, path: str) -> None:
         raise ValueError("--plot needs matplotlib: pip install 'sharebert[plot]'") from e
     from .accounting import published
 
-    fig, ax = plt.subplots(figsize=(10, 6.5))
-    cands = result["all"]
-    for kind, color in (("veps", "tab:blue"), ("none", "tab:gray")):
-        pts = [c for c in cands if not c.is_preset and c.config["sharing"] == kind]
-        ax.scatter([c.params / 1e6 for c in pts], [c.gflops for c in pts], s=6, alpha=0.3, color=color,
-                   label="ShareBERT grid" if kind == "veps" else "dense BERT grid")
+    fig, ax = plt.subplots(figsize=(12, 6.5))
+    fig.subplots_adjust(left=0.07, right=0.72, top=0.9, bottom=0.09)
+    cands, fits, limits = result["all"], result["fits"], result.get("limits", {})
+    for kind, color, name in (("veps", "tab:blue", "ShareBERT grid"), ("none", "tab:gray", "dense BERT grid")):
+        for inside in (True, False):
+            pts = [c for c, ok in zip(cands, fits) if ok == inside and not c.is_preset and c.config["sharing"] == kind]
+            ax.scatter([c.params / 1e6 for c in pts], [c.gflops for c in pts], s=7, color=color,
+                       alpha=0.45 if inside else 0.07, label=f"{name}, {'within' if inside else 'outside'} the limits")
     front = result["front"]
-    ax.scatter([c.params / 1e6 for c in front], [c.gflops for c in front], s=18, color="tab:orange",
-               label="feasible Pareto front")
-    table2 = published()["table2"]["rows"]
-    for c in cands:
-        if c.name in table2:
-            ax.scatter(c.params / 1e6, c.gflops, marker="*", s=120, color="tab:red", zorder=3)
-            ax.annotate(c.name, (c.params / 1e6, c.gflops), fontsize=7, xytext=(4, 3), textcoords="offset points")
-    for row in published()["compression_methods"]["rows"]:
-        ax.axvline(row["params"] / 1e6, color="tab:green", alpha=0.25, lw=0.8)
-        ax.text(row["params"] / 1e6, 0.98, f" {row['label']} ({row['relative_perf']}%)",
-                transform=ax.get_xaxis_transform(), rotation=90, fontsize=6, va="top", color="tab:green")
+    ax.scatter([c.params / 1e6 for c in front], [c.gflops for c in front], s=22, color="tab:orange", zorder=3,
+               label="Pareto front within the limits")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xlim(min(c.params for c in cands) / 1e6 * 0.8, max(c.params for c in cands) / 1e6 * 1.25)
+    ax.set_ylim(min(c.gflops for c in cands) * 0.7, max(c.gflops for c in cands) * 1.6)
+    table2 = published()["table2"]["rows"]
+    stars = [(c, ok) for c, ok in zip(cands, fits) if c.name in table2]
+    for c, ok in stars:
+        ax.scatter(c.params / 1e6, c.gflops, marker="*", s=130, zorder=4, color="tab:red" if ok else "white",
+                   edgecolors="tab:red")
+    _label_without_overlap(ax, [(c.name, c.params / 1e6, c.gflops) for c, _ in stars])
+    # Learned parameters are the x axis, and bytes stored are parameters x bytes per number: both are vertical lines.
+    k = DTYPE_BYTES[result.get("dtype", "fp32")]
+    for x in [limits[n] / d for n, d in (("max_params", 1), ("max_bytes", k)) if n in limits]:
+        ax.axvline(x / 1e6, color="tab:red", ls="--", lw=1.2)
+        ax.axvspan(x / 1e6, 1e4, color="tab:red", alpha=0.04)
+    if "max_gflops" in limits:
+        ax.axhline(limits["max_gflops"], color="tab:red", ls="--", lw=1.2)
+        ax.axhspan(limits["max_gflops"], 1e6, color="tab:red", alpha=0.04)
+    key = []
+    for letter, group in zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ", _clusters(published()["compression_methods"]["rows"])):
+        x = sum(r["params"] for r in group) / len(group) / 1e6
+        ax.axvline(x, color="tab:green", alpha=0.35, lw=0.9)
+        ax.text(x, 1.01, letter, transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=8,
+                color="tab:green", fontweight="bold")
+        key.append(f"{letter}  " + "; ".join(f"{r['label']} {r['params'] / 1e6:.3g}M ({r['relative_perf']}%)" for r in group))
+    fig.text(0.735, 0.9, "ShareBERT Table 1 methods (green lines;\nrelative GLUE score vs BERT Base):\n\n" +
+             "\n".join(_wrap(k, 48) for k in key), fontsize=7, va="top", family="monospace")
+    shown = {"max_params": "params", "max_bytes": "bytes", "max_gflops": "GFLOPs"}
+    words = [f"{LIMITS[k][0]} <= {human(v)}" for k, v in limits.items()]
     ax.set_xlabel("learned parameters (M, backbone)")
     ax.set_ylabel(f"GFLOPs per forward (batch 1, seq {result.get('seq_len', 128)}, weights materialised)")
-    ax.set_title("sharebert budget: candidates; red stars = ShareBERT Table 2 presets; "
-                 "green lines = ShareBERT Table 1 methods (rel. perf.)", fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
+    drawn = " and ".join(shown[k] for k in limits if k in shown)
+    ax.set_title(f"sharebert budget: {result['feasible']:,} of {result['total']:,} candidates within "
+                 f"{', '.join(words) or 'no limits'} ({result.get('dtype', 'fp32')})\n"
+                 f"{'red dashes: the ' + drawn + (' limits' if ' and ' in drawn else ' limit') + ' (shaded: outside); ' if drawn else ''}"
+                 "stars: ShareBERT Table 2 presets (hollow: outside the limits)", fontsize=8, pad=16)
+    ax.legend(loc="lower right", fontsize=7, framealpha=0.9)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _label_without_overlap(ax, points: list[tuple[str, float, float]], fontsize: int = 7) -> None:
+    """Annotate each ``(text, x, y)`` at the first offset around it whose box meets no earlier label's box."""
+    dpi = ax.figure.dpi
+    char, line = fontsize * 0.62 * dpi / 72, fontsize * 1.3 * dpi / 72  # pixels per character and per line
+    offsets = [(5, 4), (5, -11), (-5, 4), (-5, -11), (5, 15), (5, -22), (-5, 15), (-5, -22)]
+    placed = []
+    for text, x, y in sorted(points, key=lambda p: (p[1], p[2])):
+        px, py = ax.transData.transform((x, y))
+        for dx, dy in offsets:
+            left = px + dx * dpi / 72 - (len(text) * char if dx < 0 else 0)
+            box = (left, py + dy * dpi / 72, left + len(text) * char, py + dy * dpi / 72 + line)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+                break
+        placed.append(box)
+        ax.annotate(text, (x, y), fontsize=fontsize, zorder=5, textcoords="offset points", xytext=(dx, dy),
+                    ha="right" if dx < 0 else "left")
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n   ".join(textwrap.wrap(text, width))

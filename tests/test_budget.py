@@ -22,6 +22,7 @@ def test_front_is_feasible_and_pareto():
     r = search_candidates({"max_params": 10e6, "max_ram": 200e6}, "fp16")
     feasible = [c for c in r["all"] if c.params <= 10e6 and c.ram_bytes <= 200e6]
     assert r["feasible"] == len(feasible) > 0 and r["front"]
+    assert r["fits"] == [c.params <= 10e6 and c.ram_bytes <= 200e6 for c in r["all"]]  # what the plot fades
     front = set(map(id, r["front"]))
     for c in feasible:
         beaten = any(_dominates(o, c) for o in feasible)
