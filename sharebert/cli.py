@@ -20,6 +20,7 @@ COMMANDS = {
     "finetune": "sharebert.commands.finetune",
     "evaluate": "sharebert.commands.evaluate",
     "export": "sharebert.commands.export",
+    "plot": "sharebert.commands.plot",
     "predict": "sharebert.deploy.cli",
     "serve": "sharebert.deploy.serve",
     "demo": "sharebert.commands.demo",

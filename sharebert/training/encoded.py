@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from .glue import COLLAPSE, GlueSplit, GlueTask
 from .metrics import predictions_from_logits, task_metrics
 
@@ -34,7 +34,7 @@ def encode(split: GlueSplit, tokenizer, seq_len: int, chunk: int = 8192, progres
     """Tokenize (pairs for two-sentence tasks), truncated to ``seq_len`` tokens; padding happens per batch."""
     enc: dict[str, list] = {}
     starts = range(0, len(split), chunk)
-    for s in tqdm(starts, desc=f"tokenize {split.path.name}", disable=not progress or len(starts) < 2, leave=False):
+    for s in bar(starts, desc=f"tokenize {split.path.name}", progress=progress and len(starts) > 1, leave=False):
         a = split.text_a[s:s + chunk]
         b = split.text_b[s:s + chunk] if split.text_b is not None else None
         out = tokenizer(a, b, truncation=True, max_length=seq_len)
@@ -62,8 +62,8 @@ def predict_logits(model, ds: EncodedSplit, batch_size: int = 64, noise: float =
     embed = model.get_input_embeddings()
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for batch in tqdm(_batches(ds, batch_size, model.config.pad_token_id or 0, device), total=math.ceil(len(ds) / batch_size),
-                      desc="evaluate", disable=not progress, leave=False):
+    for batch in bar(_batches(ds, batch_size, model.config.pad_token_id or 0, device), total=math.ceil(len(ds) / batch_size),
+                     desc="evaluate", progress=progress, leave=False):
         if noise > 0:
             x = embed(batch.pop("input_ids"))
             sigma = noise * mean_norm / math.sqrt(x.shape[-1])

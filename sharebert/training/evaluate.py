@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from scipy import stats
-from tqdm.auto import tqdm
 
 from ..model_folder import load_config, load_model, load_tokenizer
 from ..paths import data_path
 from .encoded import encode, evaluate_split, label_map, mean_embedding_norm
+from ..progress import bar
 from .glue import TASKS, GlueTask, get_task, read_split
 
 NOISE_LEVELS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4)
@@ -81,7 +81,7 @@ def noise_robustness(model_dir: str | Path, task: str, data_dir: str | Path | No
     ds = next(iter(_dev_sets(task_, data_dir, tokenizer, model.config, max_eval_samples, progress).values()))
     norm = mean_embedding_norm(model, ds)
     rows = []
-    for level in tqdm(levels, desc="noise levels", disable=not progress):
+    for level in bar(levels, desc="noise levels", progress=progress):
         if not 0 <= level <= 1:
             raise ValueError(f"noise level {level} is outside 0..1 (a fraction of the mean embedding norm)")
         rows.append({"level": float(level), **evaluate_split(model, ds, task_, batch_size, level, norm, seed, progress=False)})
@@ -271,8 +271,8 @@ def word_analogy(model, tokenizer, path: str | Path | None = None, batch_size: i
             used_sections.append(section)
             counts["used_multi"] += "multi" in status
     correct = np.zeros(len(answers), dtype=bool)
-    for s in tqdm(range(0, len(answers), batch_size), desc="analogy", disable=not progress or len(answers) <= batch_size,
-                  leave=False):
+    for s in bar(range(0, len(answers), batch_size), desc="analogy", progress=progress and len(answers) > batch_size,
+                 leave=False):
         scores = torch.stack(vectors[s:s + batch_size]) @ cand_emb.T  # (B, |cand|)
         skip = torch.tensor(excluded[s:s + batch_size])
         for col in skip.unbind(-1):  # exclude the question words (those that are one token)

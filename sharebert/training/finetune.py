@@ -16,12 +16,14 @@ from pathlib import Path
 
 import torch
 
+from ..curves import write_curves
 from ..model_folder import load_config, load_model, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .encoded import encode, evaluate_split
 from .glue import GlueTask, get_task, read_split
 from .metrics import predictions_from_logits, task_metrics
+from .progress import trainer_progress
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     cuda = torch.cuda.is_available()
     bf16 = cuda and torch.cuda.is_bf16_supported()
     strategy = "steps" if args.eval_steps else "epoch"
+    disable_tqdm, progress_callbacks = trainer_progress(progress)
     targs = TrainingArguments(
         output_dir=str(out / "checkpoints"), overwrite_output_dir=True,
         learning_rate=args.lr, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=max(args.batch_size, 64),
@@ -99,7 +102,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
         eval_strategy=strategy, save_strategy=strategy, eval_steps=args.eval_steps, save_steps=args.eval_steps,
         load_best_model_at_end=True, metric_for_best_model=task_.main_metric, greater_is_better=True,
         save_total_limit=1, save_only_model=True, logging_steps=max(1, min(50, args.eval_steps or 50)),
-        seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=not progress,
+        seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=disable_tqdm,
         dataloader_num_workers=0, dataloader_pin_memory=cuda,
     )
 
@@ -109,7 +112,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
 
     trainer = Trainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev,
                       processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer),
-                      compute_metrics=compute_metrics)
+                      compute_metrics=compute_metrics, callbacks=progress_callbacks)
     result = trainer.train()
     best = trainer.state.best_model_checkpoint
 
@@ -124,6 +127,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     trainer.save_model(str(out))  # the main process writes; the others wait
     if trainer.is_world_process_zero():
         write_json(out / "log_history.json", trainer.state.log_history)
+        write_curves(out)
         write_json(out / "metrics.json", metrics)
         if not keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)

@@ -1,0 +1,22 @@
+"""``sharebert plot RUN_DIR``: (re)draw a run's training curves."""
+from __future__ import annotations
+
+HELP = "draw a pretrain/finetune run's loss and learning-rate curves (curves.png) from its log"
+
+
+def add_arguments(p):
+    p.add_argument("run", help="a `sharebert pretrain` or `finetune` output folder (log.jsonl / log_history.json)")
+    p.add_argument("--out", help="image to write (default RUN/curves.png)")
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from ..curves import plot_curves, read_log
+
+    out = Path(args.out) if args.out else Path(args.run) / "curves.png"
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give an image file name")
+    plot_curves(read_log(args.run), out, title=str(args.run))
+    print(f"curves -> {out}")
+    return 0

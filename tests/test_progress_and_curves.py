@@ -1,0 +1,64 @@
+"""Progress in logs that are not a terminal (plain lines, no bar codes) and training curves (curves.png, `sharebert plot`)."""
+import json
+import re
+
+import pytest
+
+from sharebert.build import build_model
+from sharebert.cli import main
+from sharebert.curves import _series, read_log
+from sharebert.paths import data_path
+from sharebert.training.finetune import FinetuneArgs, finetune
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A 6-step SST-2 fine-tune with progress on, its standard error captured (not a terminal)."""
+    root = tmp_path_factory.mktemp("run")
+    build_model("sharebert-tiny", root / "base", TINY, seed=0)
+    return root
+
+
+def test_finetune_logs_plain_lines_and_draws_curves(run, capfd):
+    args = FinetuneArgs(max_steps=6, max_train_samples=96, max_eval_samples=64, batch_size=16, lr=1e-3,
+                        warmup_steps=1, eval_steps=3)
+    finetune(run / "base", "sst2", run / "ft", data_path("glue", "SST-2"), args, progress=True)
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("step ")]
+    assert "\r" not in err and "\x1b[" not in err  # no bar redraws, no cursor codes
+    # a train log and an eval log every 3 steps, then the run's summary
+    assert [int(re.match(r"step (\d+)/6 ", ln).group(1)) for ln in lines] == [3, 3, 6, 6, 6] and "train_loss" in lines[-1]
+    assert all(re.search(r"steps/s ETA \d+m\d\ds", ln) for ln in lines)
+    assert re.search(r"loss \d+\.\d{4} lr \d\.\d\de-\d\d", lines[0]) and "eval_accuracy" in lines[1]
+    assert (run / "ft" / "curves.png").read_bytes()[:8] == PNG
+
+
+def test_plot_command_redraws_from_either_log(run, tmp_path, capsys):
+    history = json.loads((run / "ft" / "log_history.json").read_text())
+    events = read_log(run / "ft")
+    assert _series(events, "eval_loss")[0] == [h["step"] for h in history if "eval_loss" in h] == [3, 6]
+    assert main(["plot", str(run / "ft"), "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG
+    pre = tmp_path / "pre"
+    pre.mkdir()
+    (pre / "log.jsonl").write_text("\n".join(json.dumps(e) for e in (
+        {"step": 1, "loss": 9.1, "learning_rate": 1e-4}, {"step": 2, "loss": None}, {"step": 2, "eval_loss": 8.7})) + "\n")
+    assert _series(read_log(pre), "loss") == ([1], [9.1])  # a non-finite loss is logged as null and left out
+    assert main(["plot", str(pre)]) == 0 and (pre / "curves.png").read_bytes()[:8] == PNG
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda d: None, "holds no log.jsonl or log_history.json"),
+    (lambda d: (d / "log.jsonl").write_text("{not json\n"), "log.jsonl is not valid JSON"),
+    (lambda d: (d / "log_history.json").write_text('{"step": 1}'), "expected log events"),
+    (lambda d: (d / "log.jsonl").write_text('{"step": 1, "learning_rate": 0.1}\n'), "holds no loss yet"),
+])
+def test_plot_bad_input(tmp_path, capsys, setup, message):
+    setup(tmp_path)
+    assert main(["plot", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "curves.png").exists()
