@@ -64,6 +64,10 @@ def parse_line(raw: bytes) -> dict:
         return {"text": line}
     if not isinstance(record["text"], str):
         raise ValueError(f'"text" must be a string, got {type(record["text"]).__name__}')
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the JSON holds a lone surrogate escape (such as \\ud800), not a character") from None
     return record
 
 

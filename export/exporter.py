@@ -89,11 +89,15 @@ def load_model(model_dir: Path, task: str):
 
     register_models()  # now, even if a registration deferred by an import chain has not run yet
 
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # missing weights are refused below, in one line
     try:
         model, info = getattr(transformers, _AUTO[task]).from_pretrained(model_dir, output_loading_info=True)
-    except (OSError, ValueError, RuntimeError, TypeError, KeyError) as e:
+    except Exception as e:  # OSError, size mismatches, safetensors' own SafetensorError for a corrupt file
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"cannot load the weights in {model_dir} (model.safetensors): {first}") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
     missing = [k for k in info["missing_keys"] if not (task == "feature-extraction" and "pooler" in k)]
     if missing:
         raise ValueError(f"{model_dir} holds no trained weights for {len(missing)} tensors the {task} model needs "
@@ -281,6 +285,7 @@ def export_model(model_dir, out_dir, task: str | None = None, weights: str = "co
                           check_file, shapes, threads, runs, progress)
         _publish(tmp, out_dir)
     except BaseException as e:
+        full = _disk_full(e, tmp)  # before the clean-up frees the space
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         for folder in created:  # the parents this call made, innermost first, if still empty
@@ -288,22 +293,34 @@ def export_model(model_dir, out_dir, task: str | None = None, weights: str = "co
                 folder.rmdir()
             except OSError:
                 break
-        if _disk_full(e):
+        if full:
             raise ValueError(f"no space left on the device (or file size limit reached) while writing {out_dir}: "
                              f"nothing was written") from None
         raise
     return manifest
 
 
-def _disk_full(error: BaseException) -> bool:
-    """Whether ``error`` (or what caused it) is a full disk, a quota or a file size limit."""
+def _disk_full(error: BaseException, folder: Path | None) -> bool:
+    """Whether ``error`` (or what caused it) is a full disk, a quota or a file size limit. Libraries that
+    hide the cause (ONNX Runtime: "Protobuf serialization failed") are recognized by writing 1 MiB in
+    ``folder``."""
     full = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in full:
+    cause = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in full:
             return True
-        if any(os.strerror(code) in str(error) for code in full):
+        if any(os.strerror(code) in str(cause) for code in full):
             return True
-        error = error.__cause__ or error.__context__
+        cause = cause.__cause__ or cause.__context__
+    if folder is None or not isinstance(error, Exception):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"\0" * (1 << 20))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as e:
+        return e.errno in full
     return False
 
 
