@@ -218,7 +218,7 @@ class Runtime:
         if ram == "int8":
             self.session = self._load_int8()
         else:
-            self.session = ort.InferenceSession(str(self.path / "model.onnx"), self._options(), providers=self.providers)
+            self.session = _open_session(self.path / "model.onnx", self._options(), self.providers)
         self.input_names = [i.name for i in self.session.get_inputs() if i.name not in self._int8_inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -243,7 +243,7 @@ class Runtime:
         so = self._options()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # no folding: one run, then freed
         so.enable_cpu_mem_arena = False  # give the fp32 weights back to the OS once quantized
-        generator = ort.InferenceSession(str(self.path / ram["generator"]), so, providers=["CPUExecutionProvider"])
+        generator = _open_session(self.path / ram["generator"], so, ["CPUExecutionProvider"])
         names = [w["output"] for w in ram["weights"]]
         generated = dict(zip(names, generator.run(names, {})))
         del generator
@@ -251,7 +251,7 @@ class Runtime:
             q, scale = quantize_per_channel(generated.pop(w["output"]), w["layout"])
             self._int8_inputs[w["int8"]] = ort.OrtValue.ortvalue_from_numpy(q)
             self._int8_inputs[w["scale"]] = ort.OrtValue.ortvalue_from_numpy(scale)
-        return ort.InferenceSession(str(self.path / ram["compute"]), self._options(), providers=self.providers)
+        return _open_session(self.path / ram["compute"], self._options(), self.providers)
 
     # -- encoding -----------------------------------------------------------------------------
     def _encode(self, texts: list[str], special_tokens: bool = True):
@@ -401,6 +401,14 @@ class Runtime:
         keys = ("task", "labels", "problem_type", "max_length", "weights", "quantization", "learned_params", "opset")
         return {**{k: self.manifest.get(k) for k in keys}, "ram": self.ram,
                 "int8_generated_weights": len(self._int8_inputs) // 2}
+
+
+def _open_session(path: Path, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    """An ONNX Runtime session of ``path``; ``ArtifactError`` naming it when ORT cannot load the graph."""
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers)
+    except Exception as e:  # ORT's own error classes (InvalidProtobuf, Fail, ...) derive from Exception only
+        raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime: {str(e).splitlines()[0]}") from None
 
 
 def _load_tokenizer(path: Path) -> Tokenizer:

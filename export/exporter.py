@@ -152,7 +152,9 @@ def session_options(artifact_dir):
     ``ORTModel.from_pretrained(dir, session_options=...)``; int8 artifacts need it to fold at load)."""
     import onnxruntime as ort
 
-    manifest = json.loads((Path(artifact_dir) / "manifest.json").read_text(encoding="utf-8"))
+    from sharebert.deploy.runtime import verify_artifact
+
+    manifest = verify_artifact(artifact_dir)  # session entries only from the runtime's allow-list
     so = ort.SessionOptions()
     so.log_severity_level = 3  # folding leaves the stored int8 tensors unused: ORT warns once per tensor
     for key, value in (manifest.get("session_config") or {}).items():

@@ -289,6 +289,19 @@ def test_runtime_refuses_a_bad_manifest(tmp_path, artifact, change, fragment):
     assert fragment in str(e.value) and str(folder) in str(e.value)
 
 
+def test_runtime_names_a_graph_onnx_runtime_cannot_load(tmp_path, artifact):
+    """A consistently re-hashed model.onnx that is not a graph: an ArtifactError naming it, not ORT's."""
+    folder = tmp_path / "art"
+    shutil.copytree(artifact, folder)
+    (folder / "model.onnx").write_bytes(b"not a graph")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    _rehash(folder, manifest, "model.onnx")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="model.onnx cannot be loaded by ONNX Runtime"):
+        Runtime(folder)
+    _assert_refused(_cli("predict", folder, "x", cwd=tmp_path), "model.onnx cannot be loaded")
+
+
 @pytest.mark.parametrize("text", ["{", "[" * 100_000, "\xff", '{"format": "sharebert-onnx", "format_version": 1}'])
 def test_runtime_refuses_an_unreadable_manifest(tmp_path, artifact, text):
     folder = tmp_path / "art"
