@@ -89,13 +89,17 @@ def load_model(model_dir: Path, task: str):
 
     register_models()  # now, even if a registration deferred by an import chain has not run yet
 
+    try:
+        config = transformers.AutoConfig.from_pretrained(model_dir)
+    except Exception as e:  # ValueError or TypeError for a field out of range
+        raise ValueError(f"{model_dir / 'config.json'} is not a valid model config: {_first_line(e)}") from None
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # missing weights are refused below, in one line
     try:
-        model, info = getattr(transformers, _AUTO[task]).from_pretrained(model_dir, output_loading_info=True)
+        model, info = getattr(transformers, _AUTO[task]).from_pretrained(model_dir, config=config,
+                                                                         output_loading_info=True)
     except Exception as e:  # OSError, size mismatches, safetensors' own SafetensorError for a corrupt file
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"cannot load the weights in {model_dir} (model.safetensors): {first}") from None
+        raise ValueError(f"cannot load the weights in {model_dir} (model.safetensors): {_first_line(e)}") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
     missing = [k for k in info["missing_keys"] if not (task == "feature-extraction" and "pooler" in k)]
@@ -108,9 +112,13 @@ def load_model(model_dir: Path, task: str):
     except ValueError:
         raise
     except Exception as e:  # OSError, or the tokenizers library's own error for a corrupt tokenizer.json
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read: {first}") from None
+        raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read: {_first_line(e)}") from None
     return model.eval(), tokenizer
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _sha256(path: Path) -> str:
