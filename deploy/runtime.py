@@ -140,8 +140,10 @@ def verify_artifact(artifact_dir: str | Path, manifest_sha256: str | None = None
     if not root.is_dir():
         raise ArtifactError(f"artifact folder not found: {root}")
     path = root / "manifest.json"
-    if not path.is_file() or not path.resolve().is_relative_to(root.resolve()):
+    if not path.is_file():
         raise ArtifactError(f"{path} is missing: not a sharebert artifact (write one with `sharebert export`)")
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise ArtifactError(f"{path} leads outside the artifact folder (a link to {path.resolve()})")
     data = path.read_bytes()
     if manifest_sha256 is not None:
         pin = str(manifest_sha256).strip().lower()
