@@ -159,6 +159,11 @@ def run(args) -> int:
         raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
     if args.input and args.input != "-" and not Path(args.input).is_file():
         raise FileNotFoundError(f"--input file not found: {args.input}")
+    for number, text in enumerate(args.texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 reach argv as lone surrogates
+            raise ValueError(f"TEXT argument {number} is not valid UTF-8") from None
     if args.top_k < 1 or args.max_new_tokens < 0:
         raise ValueError(f"--top-k must be >= 1 and --max-new-tokens >= 0, got {args.top_k} and {args.max_new_tokens}")
     if args.output:

@@ -344,6 +344,12 @@ PREDICT_CASES = [
 ]
 
 
+def test_predict_refuses_a_text_argument_that_is_not_utf8(tmp_path, artifact):
+    proc = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(artifact).encode(), b"ok", b"\xff [MASK]"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    _assert_refused(proc, "TEXT argument 2 is not valid UTF-8")
+
+
 @pytest.mark.parametrize("args, fragment", [c[1:] for c in PREDICT_CASES], ids=[c[0] for c in PREDICT_CASES])
 def test_predict_refuses_before_work(tmp_path, artifact, args, fragment):
     (tmp_path / "in.txt").write_text("a [MASK] .\n")
