@@ -1,9 +1,13 @@
 """``sharebert predict``: run an exported artifact on texts, a file or stdin (torch-free).
 
 Input lines are plain text, or JSON objects ``{"text": ..., ...}`` (other keys such as ``id`` are
-copied to the output). Lines are read and answered ``--batch-size`` at a time, so memory stays
-bounded for any input size; a malformed line is reported on stderr with its number and skipped.
-Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` (to ``--output``, written to a
+copied to the output). The rule: a line is a JSON record when it parses as a JSON object with a
+``"text"`` key (whose value must then be a string); any other line, ``{`` at its start or not, is the
+text itself. Lines are read and answered ``--batch-size`` at a time, so memory stays bounded for any
+input size. A line that cannot be answered (not UTF-8, a non-string ``"text"``, a result that is not
+finite) is reported on stderr with its number and skipped; the run goes on and exits with status 1
+at the end when any line was skipped (0 when all were answered). Output: JSON lines
+``{"line": n, "text": ..., "result": ...}`` (strict JSON, never NaN; to ``--output``, written to a
 temporary file and renamed at the end, or stdout); texts given as arguments print readably.
 """
 from __future__ import annotations
@@ -30,6 +34,7 @@ def add_arguments(p):
     p.add_argument("--pooling", choices=("cls", "mean"), default="cls", help="feature-extraction pooling (default: cls)")
     p.add_argument("--max-new-tokens", type=int, default=20, help="causal-lm: tokens to generate (default: 20)")
     p.add_argument("--json", action="store_true", help="print JSON lines even for TEXT arguments")
+    p.add_argument("--pin", metavar="SHA256", help="refuse the artifact unless manifest.json has this sha256")
 
 
 def _task_kwargs(runtime, args) -> dict:
@@ -53,10 +58,16 @@ def parse_line(raw: bytes) -> dict:
         return {"text": line}
     try:
         record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"invalid JSON: {e.msg} (column {e.colno})") from None
-    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise ValueError('a JSON line must be an object with a string "text"')
+    except (json.JSONDecodeError, RecursionError):
+        return {"text": line}  # text that happens to start with "{"
+    if not isinstance(record, dict) or "text" not in record:
+        return {"text": line}
+    if not isinstance(record["text"], str):
+        raise ValueError(f'"text" must be a string, got {type(record["text"]).__name__}')
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the JSON holds a lone surrogate escape (such as \\ud800), not a character") from None
     return record
 
 
@@ -80,15 +91,59 @@ def _print_readable(task, text, result) -> None:
     elif task == "feature-extraction":
         print(f"  vector of {len(result)}: [{', '.join(f'{x:.4f}' for x in result[:4])}, ...]")
     else:
-        print(f"  {json.dumps(result)}")
+        print(f"  {_dumps(result)}")
+
+
+def _dumps(obj) -> str:
+    """Strict JSON (``ValueError`` for NaN or infinity)."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False)
 
 
 def _answer(runtime, args, batch, sink, counts) -> None:
-    preds = runtime.predict([r["text"] for _, r in batch], **_task_kwargs(runtime, args))
-    counts["truncated"] += preds.truncated
-    for (number, record), result in zip(batch, preds):
-        sink.write(json.dumps({"line": number, **record, "result": _jsonable(result)}, ensure_ascii=False) + "\n")
+    """Answer a batch; when it fails, each line alone, so one bad line costs only itself."""
+    kwargs = _task_kwargs(runtime, args)
+    try:
+        preds = runtime.predict([r["text"] for _, r in batch], **kwargs)
+        results = [(number, record, result) for (number, record), result in zip(batch, preds)]
+        counts["truncated"] += preds.truncated
+    except Exception as e:
+        if len(batch) == 1:
+            _skip(batch[0][0], f"cannot be answered ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+                  counts)
+            return
+        for item in batch:
+            _answer(runtime, args, [item], sink, counts)
+        return
+    for number, record, result in results:
+        try:
+            line = _dumps({"line": number, **record, "result": _jsonable(result)})
+            line.encode("utf-8")  # a lone surrogate from a JSON escape cannot be written
+        except ValueError as e:
+            why = "the result is not finite (NaN or infinity)" if "JSON compliant" in str(e) else str(e)
+            _skip(number, f"{why}; not written", counts)
+            continue
+        sink.write(line + "\n")
         counts["written"] += 1
+
+
+def _skip(number, message, counts) -> None:
+    from tqdm import tqdm
+
+    counts["skipped"] += 1
+    tqdm.write(f"line {number}: {message}; skipped", file=sys.stderr)
+
+
+def _check_output(output, input_file) -> None:
+    """Refuse an ``--output`` that cannot be written (a folder, no writable folder) or is the input."""
+    out = Path(output)
+    if out.is_dir():
+        raise ValueError(f"--output {output} is a folder; give a file path")
+    if not out.parent.is_dir():
+        raise ValueError(f"--output {output}: folder {out.parent} does not exist")
+    if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ValueError(f"--output {output} is not writable")
+    if input_file and input_file != "-" and out.resolve() == Path(input_file).resolve():
+        raise ValueError(f"--output {output} is the --input file; write the results elsewhere")
 
 
 def run(args) -> int:
@@ -104,7 +159,17 @@ def run(args) -> int:
         raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
     if args.input and args.input != "-" and not Path(args.input).is_file():
         raise FileNotFoundError(f"--input file not found: {args.input}")
-    runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, batch_size=args.batch_size)
+    for number, text in enumerate(args.texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 reach argv as lone surrogates
+            raise ValueError(f"TEXT argument {number} is not valid UTF-8") from None
+    if args.top_k < 1 or args.max_new_tokens < 0:
+        raise ValueError(f"--top-k must be >= 1 and --max-new-tokens >= 0, got {args.top_k} and {args.max_new_tokens}")
+    if args.output:
+        _check_output(args.output, args.input)
+    runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, batch_size=args.batch_size,
+                      manifest_sha256=args.pin)
 
     if args.texts and not (args.output or args.json):
         preds = runtime.predict(args.texts, **_task_kwargs(runtime, args))
@@ -117,7 +182,7 @@ def run(args) -> int:
     out_path = Path(args.output) if args.output else None
     tmp = out_path.with_name(out_path.name + ".partial") if out_path else None
     sink = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
-    counts = {"written": 0, "malformed": 0, "truncated": 0}
+    counts = {"written": 0, "skipped": 0, "truncated": 0}
     stream = None
     try:
         if args.texts:
@@ -131,8 +196,7 @@ def run(args) -> int:
         batch = []
         for number, item in lines:
             if isinstance(item, str):
-                counts["malformed"] += 1
-                tqdm.write(f"line {number}: {item}; skipped", file=sys.stderr)
+                _skip(number, item, counts)
                 continue
             batch.append((number, item))
             if len(batch) == args.batch_size:
@@ -152,6 +216,6 @@ def run(args) -> int:
     if tmp:
         sink.close()
         os.replace(tmp, out_path)
-    print(f"{counts['written']} results{f' -> {out_path}' if out_path else ''}; {counts['malformed']} malformed line(s) "
+    print(f"{counts['written']} results{f' -> {out_path}' if out_path else ''}; {counts['skipped']} line(s) "
           f"skipped; {counts['truncated']} input(s) cut to {runtime.max_length} tokens", file=sys.stderr)
-    return 0
+    return 1 if counts["skipped"] else 0

@@ -45,10 +45,96 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def verify_artifact(artifact_dir: str | Path) -> dict:
-    """Check ``manifest.json`` and the size and sha256 of every file it lists; return the manifest.
+SESSION_CONFIG_KEYS = frozenset({  # ORT session entries an artifact may set: numerics-preserving ones only
+    "session.disable_quant_qdq", "session.disable_prepacking", "session.use_env_allocators",
+    "session.disable_aot_function_inlining", "session.qdqisint8allowed", "session.disable_double_qdq_remover"})
+PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
+MAX_LENGTH_LIMIT = 1 << 16
+_HEX = frozenset("0123456789abcdef")
 
-    Raises :class:`ArtifactError` naming the first missing, truncated or modified file.
+
+def _is_int(value, low: int = 0, high: int | None = None) -> bool:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    return ok and (high is None or value <= high)
+
+
+def _check_fields(manifest, path: Path) -> None:
+    """Every manifest field the runtime uses has the right type and range (``ArtifactError`` naming it)."""
+    def bad(field, why):
+        raise ArtifactError(f"{path}: {field} {why}")
+
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        bad("format", f"is not {FORMAT!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        bad("format_version", f"{manifest.get('format_version')!r} is not supported (this runtime reads version "
+                              f"{FORMAT_VERSION})")
+    task = manifest.get("task")
+    if task not in TASKS:
+        bad("task", f"{task!r} is not one of {', '.join(TASKS)}")
+    if not _is_int(manifest.get("max_length"), 1, MAX_LENGTH_LIMIT):
+        bad("max_length", f"{manifest.get('max_length')!r} is not an integer in 1..{MAX_LENGTH_LIMIT}")
+    special = manifest.get("special_tokens", {})
+    if not isinstance(special, dict) or not all(isinstance(k, str) and _is_int(v) for k, v in special.items()):
+        bad("special_tokens", "must map token names to non-negative integer ids")
+    if manifest.get("problem_type") not in PROBLEM_TYPES:
+        bad("problem_type", f"{manifest.get('problem_type')!r} is not one of {PROBLEM_TYPES}")
+    labels = manifest.get("labels")
+    if labels is not None and not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
+        bad("labels", "must be a non-empty list of strings (or null)")
+    if task == "text-classification" and manifest.get("problem_type") != "regression" and labels is None:
+        bad("labels", "are missing for a classification artifact")
+    config = manifest.get("session_config", {})
+    if not isinstance(config, dict) or not all(isinstance(v, (str, int)) and not isinstance(v, bool)
+                                               for v in config.values()):
+        bad("session_config", "must map entry names to strings")
+    unknown = sorted(set(config) - SESSION_CONFIG_KEYS)
+    if unknown:
+        bad("session_config", f"sets {unknown}, not among the allowed entries {sorted(SESSION_CONFIG_KEYS)}")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        bad("files", "must map file names to their sha256 and size")
+    for name, meta in files.items():
+        if not (isinstance(meta, dict) and _is_int(meta.get("bytes")) and isinstance(meta.get("sha256"), str)
+                and len(meta["sha256"]) == 64 and set(meta["sha256"]) <= _HEX):
+            bad("files", f"entry {name!r} needs an integer bytes and a 64-digit sha256")
+    needed = ["model.onnx", "tokenizer.json"]
+    ram = manifest.get("ram_int8")
+    if ram is not None:
+        weights = ram.get("weights") if isinstance(ram, dict) else None
+        if not (isinstance(weights, list) and all(
+                isinstance(w, dict) and all(isinstance(w.get(k), str) for k in ("output", "int8", "scale"))
+                and w.get("layout") in ("kn", "nk") for w in weights)):
+            bad("ram_int8", "weights must list {output, int8, scale, layout kn|nk}")
+        if not all(isinstance(ram.get(k), str) for k in ("generator", "compute")):
+            bad("ram_int8", "must name its generator and compute files")
+        needed += [ram["generator"], ram["compute"]]
+    for name in needed:
+        if name not in files:
+            bad("files", f"does not list {name}, which the runtime opens")
+
+
+def _check_file(root: Path, name: str, meta: dict, path: Path) -> None:
+    """``name`` lies inside ``root`` (no ``..``, no link leading out) with the listed size and sha256."""
+    file = root / name
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ArtifactError(f"{path} lists a file outside the artifact: {name}")
+    if not file.resolve().is_relative_to(root.resolve()):
+        raise ArtifactError(f"{file} leads outside the artifact folder (a link to {file.resolve()})")
+    if not file.is_file():
+        raise ArtifactError(f"{file} is missing")
+    size = file.stat().st_size
+    if size != meta["bytes"]:
+        raise ArtifactError(f"{file} has {size} bytes, the manifest says {meta['bytes']} (truncated or replaced)")
+    if _sha256(file) != meta["sha256"]:
+        raise ArtifactError(f"{file} does not match its sha256 in the manifest (modified or corrupted)")
+
+
+def verify_artifact(artifact_dir: str | Path, manifest_sha256: str | None = None) -> dict:
+    """Check ``manifest.json`` field by field and the size and sha256 of every file it lists; return it.
+
+    ``manifest_sha256``: pin the artifact: the manifest file's own sha256 must equal it (the manifest's
+    checksums then vouch for every other file). Raises :class:`ArtifactError` naming the first bad
+    field or the missing, truncated, modified or outside file.
     """
     root = Path(artifact_dir)
     if not root.is_dir():
@@ -56,32 +142,22 @@ def verify_artifact(artifact_dir: str | Path) -> dict:
     path = root / "manifest.json"
     if not path.is_file():
         raise ArtifactError(f"{path} is missing: not a sharebert artifact (write one with `sharebert export`)")
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise ArtifactError(f"{path} leads outside the artifact folder (a link to {path.resolve()})")
+    data = path.read_bytes()
+    if manifest_sha256 is not None:
+        pin = str(manifest_sha256).strip().lower()
+        if not (len(pin) == 64 and set(pin) <= _HEX):
+            raise ValueError(f"the pinned manifest sha256 must be 64 hexadecimal digits, got {manifest_sha256!r}")
+        if hashlib.sha256(data).hexdigest() != pin:
+            raise ArtifactError(f"{path} does not match the pinned sha256 {pin} (a different or rewritten artifact)")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        manifest = json.loads(data.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ArtifactError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{path}: format is not {FORMAT!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{path}: format_version {manifest.get('format_version')!r} is not supported "
-                            f"(this runtime reads version {FORMAT_VERSION})")
-    if manifest.get("task") not in TASKS:
-        raise ArtifactError(f"{path}: task {manifest.get('task')!r} is not one of {', '.join(TASKS)}")
-    files = manifest.get("files") or {}
-    for required in ("model.onnx", "tokenizer.json"):
-        if required not in files:
-            raise ArtifactError(f"{path} does not list {required}")
-    for name, meta in files.items():
-        file = root / name
-        if ".." in Path(name).parts or Path(name).is_absolute():
-            raise ArtifactError(f"{path} lists a file outside the artifact: {name}")
-        if not file.is_file():
-            raise ArtifactError(f"{file} is missing")
-        size = file.stat().st_size
-        if size != meta.get("bytes"):
-            raise ArtifactError(f"{file} has {size} bytes, the manifest says {meta.get('bytes')} (truncated or replaced)")
-        if _sha256(file) != meta.get("sha256"):
-            raise ArtifactError(f"{file} does not match its sha256 in the manifest (modified or corrupted)")
+    _check_fields(manifest, path)
+    for name, meta in manifest["files"].items():
+        _check_file(root, name, meta, path)
     return manifest
 
 
@@ -111,7 +187,7 @@ class Runtime:
     """
 
     def __init__(self, artifact_dir: str | Path, threads: int | None = None, providers: list[str] | None = None,
-                 ram: str = "fp32", batch_size: int = 32):
+                 ram: str = "fp32", batch_size: int = 32, manifest_sha256: str | None = None):
         if ram not in RAM_MODES:
             raise ValueError(f"ram must be one of {', '.join(RAM_MODES)}, got {ram!r}")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -119,7 +195,7 @@ class Runtime:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.path = Path(artifact_dir)
-        self.manifest = verify_artifact(self.path)
+        self.manifest = verify_artifact(self.path, manifest_sha256)
         self.task = self.manifest["task"]
         self.labels = self.manifest.get("labels")
         self.max_length = int(self.manifest["max_length"])
@@ -128,7 +204,12 @@ class Runtime:
         self.providers = providers or ["CPUExecutionProvider"]
         self.threads = threads
         special = self.manifest.get("special_tokens") or {}
-        self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+        self.tokenizer = _load_tokenizer(self.path / "tokenizer.json")
+        vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        for name, token_id in special.items():
+            if token_id >= vocab:
+                raise ArtifactError(f"{self.path / 'manifest.json'}: special_tokens {name} = {token_id} is not an id of "
+                                    f"tokenizer.json ({vocab} tokens)")
         self.pad_id = int(special.get("pad", 0))
         self.mask_id = special.get("mask")
         self.cls_id = special.get("cls")
@@ -139,7 +220,7 @@ class Runtime:
         if ram == "int8":
             self.session = self._load_int8()
         else:
-            self.session = ort.InferenceSession(str(self.path / "model.onnx"), self._options(), providers=self.providers)
+            self.session = _open_session(self.path / "model.onnx", self._options(), self.providers)
         self.input_names = [i.name for i in self.session.get_inputs() if i.name not in self._int8_inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -164,7 +245,7 @@ class Runtime:
         so = self._options()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # no folding: one run, then freed
         so.enable_cpu_mem_arena = False  # give the fp32 weights back to the OS once quantized
-        generator = ort.InferenceSession(str(self.path / ram["generator"]), so, providers=["CPUExecutionProvider"])
+        generator = _open_session(self.path / ram["generator"], so, ["CPUExecutionProvider"])
         names = [w["output"] for w in ram["weights"]]
         generated = dict(zip(names, generator.run(names, {})))
         del generator
@@ -172,7 +253,7 @@ class Runtime:
             q, scale = quantize_per_channel(generated.pop(w["output"]), w["layout"])
             self._int8_inputs[w["int8"]] = ort.OrtValue.ortvalue_from_numpy(q)
             self._int8_inputs[w["scale"]] = ort.OrtValue.ortvalue_from_numpy(scale)
-        return ort.InferenceSession(str(self.path / ram["compute"]), self._options(), providers=self.providers)
+        return _open_session(self.path / ram["compute"], self._options(), self.providers)
 
     # -- encoding -----------------------------------------------------------------------------
     def _encode(self, texts: list[str], special_tokens: bool = True):
@@ -322,6 +403,21 @@ class Runtime:
         keys = ("task", "labels", "problem_type", "max_length", "weights", "quantization", "learned_params", "opset")
         return {**{k: self.manifest.get(k) for k in keys}, "ram": self.ram,
                 "int8_generated_weights": len(self._int8_inputs) // 2}
+
+
+def _open_session(path: Path, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    """An ONNX Runtime session of ``path``; ``ArtifactError`` naming it when ORT cannot load the graph."""
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers)
+    except Exception as e:  # ORT's own error classes (InvalidProtobuf, Fail, ...) derive from Exception only
+        raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime: {str(e).splitlines()[0]}") from None
+
+
+def _load_tokenizer(path: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises its own base Exception
+        raise ArtifactError(f"{path} cannot be read as a tokenizer: {str(e).splitlines()[0] if str(e) else e}") from None
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -42,6 +42,7 @@ def add_arguments(p):
     p.add_argument("--max-batch", type=int, default=64, help="most texts per request (default: 64)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default: 1 MiB)")
     p.add_argument("--quiet", action="store_true", help="do not log each request")
+    p.add_argument("--pin", metavar="SHA256", help="refuse the artifact unless manifest.json has this sha256")
 
 
 def parse_request(body: bytes, task: str, max_batch: int) -> tuple[list[str], dict]:
@@ -165,7 +166,7 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, max_batch: i
 def run(args) -> int:
     from .runtime import Runtime
 
-    runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram)
+    runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, manifest_sha256=args.pin)
     server = make_server(runtime, args.host, args.port, args.max_batch, args.max_body_bytes, args.quiet)
     host, port = server.server_address[:2]
     print(f"serving {runtime.task} from {args.artifact} on http://{host}:{port} "

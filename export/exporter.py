@@ -9,6 +9,7 @@ temporary folder beside ``out_dir`` and renamed at the end.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -29,8 +30,8 @@ _ARCH_TASK = {"ForMaskedLM": "fill-mask", "ForSequenceClassification": "text-cla
 _VERSIONED = ("sharebert", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "numpy", "tokenizers")
 
 
-class ParityError(RuntimeError):
-    """An fp32 export whose outputs differ from PyTorch by more than ``parity.FP32_TOLERANCE``."""
+class ParityError(ValueError):
+    """An export whose outputs are not finite, or (fp32) differ from PyTorch by more than ``parity.FP32_TOLERANCE``."""
 
 
 def default_check_file() -> Path:
@@ -47,12 +48,23 @@ def _read_model_config(model_dir: Path) -> dict:
         raise ValueError(f"{model_dir} has no config.json: not a sharebert or transformers BERT model folder")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a JSON object: not a model config")
     if config.get("model_type") not in MODEL_TYPES:
         raise ValueError(f"{path}: model_type {config.get('model_type')!r} is not supported "
                          f"(export handles {', '.join(MODEL_TYPES)} models)")
     return config
+
+
+def is_artifact(folder: Path) -> bool:
+    """Whether ``folder`` holds a ``manifest.json`` whose format is ours (an artifact ``export`` wrote)."""
+    try:
+        manifest = json.loads((Path(folder) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
 def infer_task(config: dict) -> str:
@@ -65,21 +77,46 @@ def infer_task(config: dict) -> str:
 
 
 def load_model(model_dir: Path, task: str):
-    """``(model, tokenizer)`` in eval mode, through the transformers Auto classes."""
+    """``(model, tokenizer)`` in eval mode, through the transformers Auto classes.
+
+    Refuses weights that are unreadable, a head the checkpoint does not hold (it would be random) and a
+    tokenizer larger than the model's vocabulary.
+    """
     import transformers
 
     import sharebert.modeling_sharebert  # noqa: F401  (registers the models with the Auto classes)
+    from sharebert.training.corpus import load_tokenizer
 
-    model = getattr(transformers, _AUTO[task]).from_pretrained(model_dir).eval()
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{model_dir} has no usable tokenizer files ({e})") from None
-    if not tokenizer.is_fast:
-        raise ValueError(f"{model_dir}: a fast tokenizer (tokenizer.json) is needed for the artifact")
-    if task == "fill-mask" and tokenizer.mask_token_id is None:
-        raise ValueError(f"{model_dir}: the tokenizer has no mask token, needed for fill-mask")
-    return model, tokenizer
+        config = transformers.AutoConfig.from_pretrained(model_dir)
+    except Exception as e:  # ValueError or TypeError for a field out of range
+        raise ValueError(f"{model_dir / 'config.json'} is not a valid model config: {_first_line(e)}") from None
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # missing weights are refused below, in one line
+    try:
+        model, info = getattr(transformers, _AUTO[task]).from_pretrained(model_dir, config=config,
+                                                                         output_loading_info=True)
+    except Exception as e:  # OSError, size mismatches, safetensors' own SafetensorError for a corrupt file
+        raise ValueError(f"cannot load the weights in {model_dir} (model.safetensors): {_first_line(e)}") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    missing = [k for k in info["missing_keys"] if not (task == "feature-extraction" and "pooler" in k)]
+    if missing:
+        raise ValueError(f"{model_dir} holds no trained weights for {len(missing)} tensors the {task} model needs "
+                         f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they would be random; "
+                         f"export the task the folder was trained for (--task {infer_task(model.config.to_dict())})")
+    try:  # the training commands' check: a tokenizer that fits the vocabulary, with [MASK] for fill-mask
+        tokenizer = load_tokenizer(model_dir, int(model.config.vocab_size), "mlm" if task == "fill-mask" else "clm")
+    except ValueError:
+        raise
+    except Exception as e:  # OSError, or the tokenizers library's own error for a corrupt tokenizer.json
+        raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read: {_first_line(e)}") from None
+    return model.eval(), tokenizer
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _sha256(path: Path) -> str:
@@ -121,7 +158,9 @@ def session_options(artifact_dir):
     ``ORTModel.from_pretrained(dir, session_options=...)``; int8 artifacts need it to fold at load)."""
     import onnxruntime as ort
 
-    manifest = json.loads((Path(artifact_dir) / "manifest.json").read_text(encoding="utf-8"))
+    from sharebert.deploy.runtime import verify_artifact
+
+    manifest = verify_artifact(artifact_dir)  # session entries only from the runtime's allow-list
     so = ort.SessionOptions()
     so.log_severity_level = 3  # folding leaves the stored int8 tensors unused: ORT warns once per tensor
     for key, value in (manifest.get("session_config") or {}).items():
@@ -166,7 +205,7 @@ def _calibration_feeds(tokenizer, path, max_length: int, input_names: list[str])
     return [{k: v for k, v in encode(tokenizer, [s], max_length).items() if k in input_names} for s in sentences]
 
 
-def _validate(model_dir, out_dir, task, weights, quantize, calibration, opset, overwrite, check_file):
+def _validate(model_dir, out_dir, task, weights, quantize, calibration, opset, overwrite, check_file, check_limit):
     from .quantize import MODES
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -188,13 +227,37 @@ def _validate(model_dir, out_dir, task, weights, quantize, calibration, opset, o
     if calibration is not None:
         from .parity import read_sentences
 
-        read_sentences(calibration, 1)  # missing or empty: clear error now
-    if out_dir.resolve() == model_dir.resolve():
-        raise ValueError("--out must differ from --model")
-    if out_dir.exists() and not overwrite:
-        raise ValueError(f"{out_dir} exists; pass --overwrite to replace it")
+        read_sentences(calibration, 1)  # missing, empty or not text: clear error now
+    if check_limit is not None and not (isinstance(check_limit, int) and check_limit > 0):
+        raise ValueError(f"--check-limit must be a positive number of sentences, got {check_limit!r}")
+    if is_artifact(model_dir):
+        raise ValueError(f"{model_dir} is an exported artifact, not a model folder: give --model the folder it was "
+                         f"exported from (run an artifact with `sharebert predict`)")
+    _check_out(out_dir, model_dir, overwrite)
     check_file = Path(check_file) if check_file else default_check_file()
     return model_dir, out_dir, task, check_file
+
+
+def _check_out(out_dir: Path, model_dir: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` that would lose anything: the source model or a folder holding it, a file,
+    a path under a file, an unwritable place, or a non-empty folder that is not an artifact of ours."""
+    out, model = out_dir.resolve(), model_dir.resolve()
+    if out == model or model.is_relative_to(out):
+        raise ValueError(f"--out {out_dir} is the model folder or holds it: choose a new folder for the artifact")
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if existing != out and not existing.is_dir():
+        raise ValueError(f"--out {out_dir}: {existing} is a file, not a folder")
+    if existing == out and not out.is_dir():
+        raise ValueError(f"--out {out_dir} is a file; give a folder path")
+    place = out.parent if existing == out else existing
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out_dir}: {place} is not writable")
+    if existing == out and any(out.iterdir()):
+        if not is_artifact(out):
+            raise ValueError(f"--out {out_dir} is a non-empty folder that is not a sharebert artifact; "
+                             f"--overwrite only replaces artifacts: choose a new folder")
+        if not overwrite:
+            raise ValueError(f"{out_dir} exists; pass --overwrite to replace it")
 
 
 def export_model(model_dir, out_dir, task: str | None = None, weights: str = "compact", quantize: str = "none",
@@ -213,21 +276,60 @@ def export_model(model_dir, out_dir, task: str | None = None, weights: str = "co
     from .parity import read_sentences
 
     model_dir, out_dir, task, check_file = _validate(model_dir, out_dir, task, weights, quantize, calibration,
-                                                     opset, overwrite, check_file)
+                                                     opset, overwrite, check_file, check_limit)
     sentences, labels = read_sentences(check_file, check_limit)
     model, tokenizer = load_model(model_dir, task)
     if quantize in ("int8-dynamic", "int8-static"):
         weights = "materialized"
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    created = [p for p in (out_dir.parent, *out_dir.parent.parents) if not p.exists()]
+    tmp = None
     try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the published artifact from other users
         manifest = _build(model, tokenizer, tmp, task, weights, quantize, calibration, opset, sentences, labels,
                           check_file, shapes, threads, runs, progress)
         _publish(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        full = _disk_full(e, tmp)  # before the clean-up frees the space
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for folder in created:  # the parents this call made, innermost first, if still empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        if full:
+            raise ValueError(f"no space left on the device (or file size limit reached) while writing {out_dir}: "
+                             f"nothing was written") from None
         raise
     return manifest
+
+
+def _disk_full(error: BaseException, folder: Path | None) -> bool:
+    """Whether ``error`` (or what caused it) is a full disk, a quota or a file size limit. Libraries that
+    hide the cause (ONNX Runtime: "Protobuf serialization failed") are recognized by writing 1 MiB in
+    ``folder``."""
+    full = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+    cause = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in full:
+            return True
+        if any(os.strerror(code) in str(cause) for code in full):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    if folder is None or not isinstance(error, Exception):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"\0" * (1 << 20))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as e:
+        return e.errno in full
+    return False
 
 
 def _publish(tmp: Path, out_dir: Path) -> None:
@@ -243,6 +345,7 @@ def _publish(tmp: Path, out_dir: Path) -> None:
 
 def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, opset, sentences, labels, check_file,
            shapes, threads, runs, progress) -> dict:
+    import numpy as np
     import onnx
     from optimum.exporters.onnx import export
     from tqdm import tqdm
@@ -266,7 +369,7 @@ def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, op
     graph.remove_initializer_inputs(proto)
     graph.dedup_constants(proto)
     stored_numel = sum(v["numel"] for k, v in graph.stored_tensors(proto, 2).items() if k.startswith("float"))
-    if stored_numel > learned:
+    if not stored_numel <= learned:
         raise RuntimeError(f"the exported graph stores {stored_numel:,} numbers but the model has {learned:,} learned "
                            f"parameters: a generated or transposed copy was written")
     steps.update()
@@ -297,7 +400,11 @@ def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, op
     parity = check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=progress)
     parity["check_file"] = str(check_file)
     del session
-    if quantize == "none" and parity["max_abs_diff"] > FP32_TOLERANCE:
+    figures = [v for k, v in parity.items() if isinstance(v, float)]
+    if not np.isfinite(figures).all():
+        raise ParityError(f"the export's outputs or PyTorch's are not finite (NaN or inf) on {check_file}: "
+                          f"{', '.join(f'{k} {v}' for k, v in parity.items() if isinstance(v, float))}")
+    if quantize == "none" and not parity["max_abs_diff"] <= FP32_TOLERANCE:
         raise ParityError(f"fp32 export differs from PyTorch by {parity['max_abs_diff']:.3g} (> {FP32_TOLERANCE}) "
                           f"on {parity['sentences']} sentences of {check_file}")
     steps.update()

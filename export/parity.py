@@ -26,7 +26,13 @@ def read_sentences(path: str | Path, limit: int | None = None) -> tuple[list[str
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"sentence file not found: {path}")
-    text = path.read_text(encoding="utf-8", errors="replace")
+    data = path.read_bytes()
+    try:
+        if b"\0" in data:
+            raise UnicodeError("NUL bytes")
+        text = data.decode("utf-8")
+    except UnicodeError as e:
+        raise ValueError(f"{path} is not a UTF-8 text file ({e}): expected sentences, one per line or a .tsv") from None
     lines = [line for line in text.splitlines() if line.strip()]
     labels = None
     if lines and "\t" in lines[0] and "sentence" in lines[0].split("\t"):

@@ -226,12 +226,12 @@ def test_predict_cli_streams_and_reports_malformed_lines(mlm, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_bytes(b"\n".join(lines) + b"\n")
     out = tmp_path / "out.jsonl"
-    assert main(["predict", str(artifact), "--input", str(src), "--output", str(out), "--batch-size", "2", "--top-k", "1"]) == 0
+    # exit status 1: a line was skipped (the others are answered all the same)
+    assert main(["predict", str(artifact), "--input", str(src), "--output", str(out), "--batch-size", "2", "--top-k", "1"]) == 1
     records = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [r["line"] for r in records] == [1, 2, 5, 7]
-    assert records[1]["id"] == 7 and records[2]["result"] == [] and len(records[0]["result"][0]) == 1
+    assert [r["line"] for r in records] == [1, 2, 3, 5, 6, 7]  # lines 3 and 6 start with "{" but are text
+    assert records[1]["id"] == 7 and records[3]["result"] == [] and len(records[0]["result"][0]) == 1
+    assert records[2]["text"] == "{not json" and records[4]["text"] == '{"txt": "x"}'
     err = capsys.readouterr().err
-    for n in (3, 4, 6):
-        assert f"line {n}:" in err
-    assert "3 malformed line(s)" in err and not (tmp_path / "out.jsonl.partial").exists()
+    assert "line 4:" in err and "1 line(s) skipped" in err and not (tmp_path / "out.jsonl.partial").exists()
     assert main(["predict", str(artifact)]) == 2  # no texts, no --input: a clear error

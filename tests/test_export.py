@@ -283,10 +283,14 @@ def test_cli_refuses_existing_output_unless_overwrite(tmp_path, mlm_dir, capsys)
     out.mkdir()
     (out / "keep.txt").write_text("old")
     argv = ["export", "--model", str(mlm_dir), "--out", str(out), "--check-limit", "16"]
+    assert main(argv + ["--overwrite"]) == 2  # a folder that is not an artifact is never replaced
+    assert "not a sharebert artifact" in capsys.readouterr().err and (out / "keep.txt").read_text() == "old"
+    (out / "keep.txt").unlink()
+    assert main(argv) == 0  # an empty folder is taken
     assert main(argv) == 2
-    assert "--overwrite" in capsys.readouterr().err and (out / "keep.txt").read_text() == "old"
+    assert "--overwrite" in capsys.readouterr().err
     assert main(argv + ["--overwrite", "--quantize", "int8"]) == 0
     printed = capsys.readouterr().out
     assert "folded at load  yes" in printed and "parity" in printed
-    assert not (out / "keep.txt").exists() and json.loads((out / "manifest.json").read_text())["quantization"] == "int8"
+    assert json.loads((out / "manifest.json").read_text())["quantization"] == "int8"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]

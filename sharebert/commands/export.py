@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 HELP = "Export a model folder to an ONNX artifact (compact or materialized weights, optional quantization)."
 
-TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sharebert.export.exporter import TASKS
     from sharebert.export.quantize import HELP as QUANTIZE_HELP
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -40,7 +39,7 @@ def run(args) -> int:
     manifest = export_model(args.model, args.out, task=args.task, weights=args.weights, quantize=args.quantize,
                             calibration=args.calibration, opset=args.opset, overwrite=args.overwrite,
                             check_file=args.check_file, check_limit=args.check_limit, shapes=tuple(args.shapes),
-                            threads=args.threads)
+                            threads=args.threads, progress=sys.stderr.isatty())
     print(f"wrote {args.out}")
     print(format_report(manifest))
     return 0

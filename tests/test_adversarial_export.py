@@ -1,0 +1,402 @@
+"""Bad input against `sharebert export`, the artifact runtime and `sharebert predict`, as tables.
+
+Every CLI row runs the real command in a subprocess and asserts: exit status 2, one stderr line naming
+the problem, no traceback, and every file of the user's still there, byte-identical, with nothing new
+left beside them. Runtime rows rewrite one manifest field (or file) of a copied artifact and assert
+the refusal names the manifest or the file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sharebert.build import build_model
+from sharebert.deploy import ArtifactError, Runtime
+from sharebert.export.exporter import ParityError, export_model
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
+QUICK = dict(check_limit=8, runs=2, progress=False)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model") / "model"
+    build_model("sharebert-tiny", folder, TINY, seed=0)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, model_dir):
+    folder = tmp_path_factory.mktemp("artifact") / "artifact"
+    export_model(model_dir, folder, **QUICK)
+    return folder
+
+
+def _cli(*argv, cwd, preexec=None):
+    return subprocess.run([sys.executable, "-m", "sharebert", *map(str, argv)], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, preexec_fn=preexec, timeout=600)
+
+
+def _snapshot(root: Path) -> dict:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+def _assert_refused(proc, *fragments):
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+
+
+def _half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _set_config(folder: Path, **fields) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def _small_vocab_model(folder: Path) -> None:
+    """A model with a 1024-id embedding beside the 30,522-token tokenizer."""
+    import sharebert
+
+    config = sharebert.ShareBertConfig.from_preset("sharebert-tiny", vocab_size=1024, **TINY)
+    sharebert.ShareBertForMaskedLM(config).save_pretrained(folder)
+
+
+# (id, preparation of the user's folder U (holding the model folder U/P/model, U/P/notes.txt, an artifact
+#  U/art and a file U/notes.txt), export arguments, fragments the one-line message must hold)
+EXPORT_CASES = [
+    ("out-is-parent-of-model", None, ["--out", "P", "--overwrite"], ["--out P", "holds it"]),
+    ("out-is-model", None, ["--out", "P/model", "--overwrite"], ["--out P/model", "model folder"]),
+    ("out-is-a-file", None, ["--out", "notes.txt", "--overwrite"], ["notes.txt is a file"]),
+    ("out-under-a-file", None, ["--out", "notes.txt/art"], ["notes.txt is a file, not a folder"]),
+    ("out-not-ours", None, ["--out", "P/..", "--overwrite"], ["holds it"]),
+    ("out-nonempty-not-ours", lambda u: (u / "mine").mkdir() or _write(u / "mine" / "a.txt", b"mine"),
+     ["--out", "mine", "--overwrite"], ["mine is a non-empty folder that is not a sharebert artifact"]),
+    ("out-artifact-without-overwrite", None, ["--out", "art"], ["art exists", "--overwrite"]),
+    ("model-is-an-artifact", None, ["--model", "art", "--out", "new"], ["art is an exported artifact"]),
+    ("check-limit-zero", None, ["--out", "new", "--check-limit", "0"], ["--check-limit", "got 0"]),
+    ("check-limit-negative", None, ["--out", "new", "--check-limit", "-5"], ["--check-limit", "got -5"]),
+    ("calibration-binary", lambda u: _write(u / "cal.tsv", bytes(range(256)) * 8),
+     ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.tsv"], ["cal.tsv is not a UTF-8 text file"]),
+    ("calibration-latin1", lambda u: _write(u / "cal.txt", "caf\xe9 au lait\n".encode("latin-1")),
+     ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"], ["cal.txt is not a UTF-8 text file"]),
+    ("calibration-empty", lambda u: _write(u / "cal.txt", b""),
+     ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"], ["cal.txt holds no sentences"]),
+    ("check-file-binary", lambda u: _write(u / "check.txt", b"\x00\x01\x02abc\n"),
+     ["--out", "new", "--check-file", "check.txt"], ["check.txt is not a UTF-8 text file"]),
+    ("config-truncated", lambda u: _half(u / "P/model/config.json"), ["--out", "new"], ["config.json is not valid JSON"]),
+    ("config-a-list", lambda u: _write(u / "P/model/config.json", b"[1, 2]"), ["--out", "new"],
+     ["config.json is not a JSON object"]),
+    ("config-field-out-of-range", lambda u: _set_config(u / "P/model", hidden_size="abc"), ["--out", "new"],
+     ["config.json is not a valid model config", "hidden_size"]),
+    ("safetensors-missing", lambda u: (u / "P/model/model.safetensors").unlink(), ["--out", "new"],
+     ["cannot load the weights"]),
+    ("safetensors-truncated", lambda u: _half(u / "P/model/model.safetensors"), ["--out", "new"],
+     ["model.safetensors", "cannot load the weights"]),
+    ("tokenizer-truncated", lambda u: _half(u / "P/model/tokenizer.json"), ["--out", "new"],
+     ["tokenizer.json cannot be read"]),
+    ("tokenizer-larger-than-vocab", lambda u: _small_vocab_model(u / "P/model"), ["--out", "new"],
+     ["30522 tokens but config.vocab_size is 1024"]),
+    ("mlm-exported-as-classifier", None, ["--out", "new", "--task", "text-classification"],
+     ["no trained weights", "classifier.weight", "--task fill-mask"]),
+]
+
+
+@pytest.fixture
+def user(tmp_path, model_dir, artifact):
+    """The user's folder: U/P/model (a model), U/P/notes.txt, U/art (an artifact), U/notes.txt."""
+    shutil.copytree(model_dir, tmp_path / "P" / "model")
+    (tmp_path / "P" / "notes.txt").write_text("my notes\n")
+    shutil.copytree(artifact, tmp_path / "art")
+    (tmp_path / "notes.txt").write_text("keep me\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("prepare, args, fragments", [c[1:] for c in EXPORT_CASES], ids=[c[0] for c in EXPORT_CASES])
+def test_export_refuses_bad_input_and_keeps_every_file(user, prepare, args, fragments):
+    if prepare:
+        prepare(user)
+    before = _snapshot(user)
+    argv = ["export", *(["--model", "P/model"] if "--model" not in args else []), *args]
+    argv += ["--check-limit", "4"] if "--check-limit" not in args else []
+    _assert_refused(_cli(*argv, cwd=user), *fragments)
+    assert _snapshot(user) == before  # nothing lost, changed, or left behind (no empty --out, no temporary folder)
+
+
+def test_export_disk_full_leaves_nothing(user):
+    """A file size limit (as a full disk) met while writing: one line, and no --out or temporary folder."""
+    def limit():
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    before = _snapshot(user)
+    proc = _cli("export", "--model", "P/model", "--out", "deep/new", "--check-limit", "4", cwd=user, preexec=limit)
+    _assert_refused(proc, "no space left", "deep/new")
+    assert _snapshot(user) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_export_refuses_unwritable_out(user):
+    (user / "ro").mkdir(mode=0o555)
+    _assert_refused(_cli("export", "--model", "P/model", "--out", "ro/new", cwd=user), "is not writable")
+
+
+def test_overwrite_replaces_only_an_artifact(user, artifact):
+    before = (user / "art" / "manifest.json").read_bytes()
+    proc = _cli("export", "--model", "P/model", "--out", "art", "--overwrite", "--check-limit", "4", "--quantize", "int8",
+                cwd=user)
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((user / "art" / "manifest.json").read_text())
+    assert manifest["quantization"] == "int8" and (user / "art" / "manifest.json").read_bytes() != before
+    assert sorted(p.name for p in user.iterdir()) == ["P", "art", "notes.txt"]
+    assert (user / "P" / "notes.txt").read_text() == "my notes\n"
+
+
+def test_artifact_is_published_with_the_umask_permissions(artifact):
+    umask = os.umask(0)
+    os.umask(umask)
+    assert artifact.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700
+    for file in artifact.iterdir():
+        assert file.stat().st_mode & 0o666 == 0o666 & ~umask
+
+
+def _nan_model(model_dir: Path, folder: Path) -> Path:
+    import torch
+
+    from sharebert import ShareBertForMaskedLM
+
+    shutil.copytree(model_dir, folder)
+    model = ShareBertForMaskedLM.from_pretrained(folder)
+    with torch.no_grad():
+        model.sharebert.embeddings.LayerNorm.weight[0] = float("nan")
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_parity_fails_on_nan(tmp_path, model_dir):
+    """A model whose outputs are NaN: `nan > 1e-3` is False, the check must still fail (and write nothing)."""
+    folder = _nan_model(model_dir, tmp_path / "nan")
+    for quantize in ("none", "int8"):
+        with pytest.raises(ParityError, match="not finite"):
+            export_model(folder, tmp_path / "out", quantize=quantize, **QUICK)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nan"]
+
+
+def test_char_level_causal_lm_exports(tmp_path):
+    """A 60-odd character vocabulary: the footprint's random ids must lie inside it."""
+    from sharebert.training.pretrain import build_char_model
+
+    text = "the quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX! 0123456789,;:?'"
+    _, tokenizer = build_char_model("charlm-tiny", tmp_path / "char", text, dict(hidden_size=64, num_hidden_layers=2,
+                                                                                   intermediate_size=128))
+    assert len(tokenizer) < 100
+    manifest = export_model(tmp_path / "char", tmp_path / "art", **QUICK)
+    assert manifest["task"] == "causal-lm" and manifest["parity"]["max_abs_diff"] <= 1e-3
+    assert len(Runtime(tmp_path / "art").generate("the quick", max_new_tokens=5)[0]) > 0
+
+
+# -- the runtime: the manifest is checked field by field ---------------------------------------------------------
+def _rehash(folder: Path, manifest: dict, name: str) -> None:
+    data = (folder / name).read_bytes()
+    manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def _outside_generator(folder: Path, manifest: dict) -> None:
+    """``ram_int8.generator`` moved beside the artifact, named by ``..``, consistently hashed."""
+    shutil.copy(folder / manifest["ram_int8"]["generator"], folder.parent / "gen.onnx")
+    manifest["ram_int8"]["generator"] = "../gen.onnx"
+    data = (folder.parent / "gen.onnx").read_bytes()
+    manifest["files"]["../gen.onnx"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def _unlisted_generator(folder: Path, manifest: dict) -> None:
+    """``ram_int8.generator`` not listed in ``files`` (and then truncated: nothing would notice)."""
+    name = manifest["ram_int8"]["generator"]
+    del manifest["files"][name]
+    _half(folder / name)
+
+
+def _symlinked_tokenizer(folder: Path, manifest: dict) -> None:
+    """tokenizer.json replaced by a link to an identical file outside the artifact."""
+    shutil.copy(folder / "tokenizer.json", folder.parent / "tokenizer.json")
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer.json").symlink_to(folder.parent / "tokenizer.json")
+
+
+def _field(**fields):
+    return lambda folder, manifest: manifest.update(fields)
+
+
+def _special(**ids):
+    return lambda folder, manifest: manifest["special_tokens"].update(ids)
+
+
+# (id, change to the copied artifact (folder, manifest dict; the manifest is written after), fragment of the message)
+RUNTIME_CASES = [
+    ("max-length-string", _field(max_length="128"), "max_length"),
+    ("max-length-zero", _field(max_length=0), "max_length"),
+    ("max-length-huge", _field(max_length=10 ** 12), "max_length"),
+    ("max-length-bool", _field(max_length=True), "max_length"),
+    ("pad-negative", _special(pad=-1), "special_tokens"),
+    ("pad-string", _special(pad="0"), "special_tokens"),
+    ("mask-beyond-vocab", _special(mask=10 ** 6), "special_tokens mask"),
+    ("task-unknown", _field(task="translation"), "task"),
+    ("labels-number", _field(labels=5), "labels"),
+    ("labels-empty", _field(labels=[]), "labels"),
+    ("problem-type-unknown", _field(problem_type="ranking"), "problem_type"),
+    ("format-version-2", _field(format_version=2), "format_version"),
+    ("session-config-not-allowed", _field(session_config={"session.load_model_format": "ORT"}), "session_config"),
+    ("session-config-list", _field(session_config=["x"]), "session_config"),
+    ("files-not-a-dict", _field(files=["model.onnx"]), "files"),
+    ("model-not-listed", lambda f, m: m["files"].pop("model.onnx"), "does not list model.onnx"),
+    ("sha256-missing", lambda f, m: m["files"]["model.onnx"].pop("sha256"), "'model.onnx'"),
+    ("bytes-string", lambda f, m: m["files"]["tokenizer.json"].update(bytes="12"), "'tokenizer.json'"),
+    ("absolute-file", lambda f, m: m["files"].update({"/etc/hostname": m["files"]["config.json"]}), "/etc/hostname"),
+    ("generator-outside", _outside_generator, "../gen.onnx"),
+    ("generator-unlisted", _unlisted_generator, "ram_int8.generator.onnx"),
+    ("generator-not-a-string", lambda f, m: m["ram_int8"].update(generator=["a"]), "ram_int8"),
+    ("ram-int8-layout", lambda f, m: m["ram_int8"]["weights"][0].update(layout="xx"), "ram_int8"),
+    ("tokenizer-symlink-outside", _symlinked_tokenizer, "tokenizer.json leads outside"),
+]
+
+
+@pytest.mark.parametrize("change, fragment", [c[1:] for c in RUNTIME_CASES], ids=[c[0] for c in RUNTIME_CASES])
+def test_runtime_refuses_a_bad_manifest(tmp_path, artifact, change, fragment):
+    folder = tmp_path / "art"
+    shutil.copytree(artifact, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    change(folder, manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError) as e:
+        Runtime(folder, ram="int8" if "generator" in fragment or "ram_int8" in fragment else "fp32")
+    assert fragment in str(e.value) and str(folder) in str(e.value)
+
+
+def test_runtime_names_a_graph_onnx_runtime_cannot_load(tmp_path, artifact):
+    """A consistently re-hashed model.onnx that is not a graph: an ArtifactError naming it, not ORT's."""
+    folder = tmp_path / "art"
+    shutil.copytree(artifact, folder)
+    (folder / "model.onnx").write_bytes(b"not a graph")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    _rehash(folder, manifest, "model.onnx")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="model.onnx cannot be loaded by ONNX Runtime"):
+        Runtime(folder)
+    _assert_refused(_cli("predict", folder, "x", cwd=tmp_path), "model.onnx cannot be loaded")
+
+
+@pytest.mark.parametrize("text", ["{", "[" * 100_000, "\xff", '{"format": "sharebert-onnx", "format_version": 1}'])
+def test_runtime_refuses_an_unreadable_manifest(tmp_path, artifact, text):
+    folder = tmp_path / "art"
+    shutil.copytree(artifact, folder)
+    (folder / "manifest.json").write_text(text, encoding="latin-1")
+    with pytest.raises(ArtifactError, match="manifest.json"):
+        Runtime(folder)
+
+
+def test_pinning(artifact, tmp_path):
+    """The manifest's sha256 pins the artifact, also against a consistently rewritten manifest."""
+    pin = hashlib.sha256((artifact / "manifest.json").read_bytes()).hexdigest()
+    assert Runtime(artifact, manifest_sha256=pin.upper()).task == "fill-mask"
+    folder = tmp_path / "art"
+    shutil.copytree(artifact, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["special_tokens"]["pad"] = manifest["special_tokens"]["unk"]  # valid, consistent, but not the same
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    Runtime(folder)  # the checksums alone cannot tell
+    with pytest.raises(ArtifactError, match="pinned sha256"):
+        Runtime(folder, manifest_sha256=pin)
+    for command in ("predict", "serve"):
+        proc = _cli(command, folder, *(["x"] if command == "predict" else []), "--pin", pin, cwd=tmp_path)
+        _assert_refused(proc, "manifest.json does not match the pinned sha256")
+    _assert_refused(_cli("predict", artifact, "x", "--pin", "abc", cwd=tmp_path), "64 hexadecimal digits")
+    proc = _cli("predict", artifact, "a [MASK] .", "--pin", pin, "--json", cwd=tmp_path)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["line"] == 1
+
+
+# -- predict -------------------------------------------------------------------------------------------------------
+PREDICT_CASES = [
+    ("output-is-a-folder", ["--output", "."], "is a folder"),
+    ("output-in-missing-folder", ["--output", "nope/out.jsonl"], "does not exist"),
+    ("output-is-the-input", ["--output", "in.txt"], "is the --input file"),
+    ("top-k-zero", ["--top-k", "0"], "--top-k"),
+]
+
+
+def test_predict_refuses_a_text_argument_that_is_not_utf8(tmp_path, artifact):
+    proc = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(artifact).encode(), b"ok", b"\xff [MASK]"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    _assert_refused(proc, "TEXT argument 2 is not valid UTF-8")
+
+
+@pytest.mark.parametrize("args, fragment", [c[1:] for c in PREDICT_CASES], ids=[c[0] for c in PREDICT_CASES])
+def test_predict_refuses_before_work(tmp_path, artifact, args, fragment):
+    (tmp_path / "in.txt").write_text("a [MASK] .\n")
+    before = _snapshot(tmp_path)
+    _assert_refused(_cli("predict", artifact, "--input", "in.txt", *args, cwd=tmp_path), fragment)
+    assert _snapshot(tmp_path) == before
+
+
+def _nan_artifact(artifact: Path, folder: Path) -> Path:
+    """The artifact with one LayerNorm gain set to NaN in model.onnx, consistently re-hashed (predicts NaN)."""
+    import onnx
+    from onnx import numpy_helper
+
+    shutil.copytree(artifact, folder)
+    proto = onnx.load(str(folder / "model.onnx"))
+    init = next(i for i in proto.graph.initializer if "LayerNorm.weight" in i.name)
+    values = numpy_helper.to_array(init).copy()
+    values[:] = np.nan
+    init.CopyFrom(numpy_helper.from_array(values, init.name))
+    onnx.save(proto, str(folder / "model.onnx"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    _rehash(folder, manifest, "model.onnx")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_predict_never_writes_nan(tmp_path, artifact):
+    folder = _nan_artifact(artifact, tmp_path / "nan")
+    (tmp_path / "in.txt").write_text("a [MASK] .\nno mask here\n")
+    proc = _cli("predict", folder, "--input", "in.txt", "--output", "out.jsonl", cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "line 1: the result is not finite" in proc.stderr
+    records = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]  # strict JSON parses
+    assert [r["line"] for r in records] == [2] and records[0]["result"] == []
+
+
+def test_predict_goes_on_after_bad_lines(tmp_path, artifact):
+    lines = [b"the [MASK] is red .", b"{not json [MASK]", b'{"txt": "x"}', b'{"text": 5}', b"\xff\xfe bad",
+             b'{"text": "a \\ud800 [MASK]"}', b'{"text": "fine [MASK]", "id": 3}', b'["text"]']
+    (tmp_path / "in.txt").write_bytes(b"\n".join(lines) + b"\n")
+    proc = _cli("predict", artifact, "--input", "in.txt", "--output", "out.jsonl", "--batch-size", "3", "--top-k", "1",
+                cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    records = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3, 7, 8]
+    assert records[1]["text"] == "{not json [MASK]" and records[2]["text"] == '{"txt": "x"}'  # text starting with {
+    assert records[3]["id"] == 3 and records[4]["text"] == '["text"]'
+    for number, message in ((4, '"text" must be a string'), (5, "not valid UTF-8"), (6, "the JSON holds a lone surrogate")):
+        assert f"line {number}: {message}" in proc.stderr
+    assert "3 line(s) skipped" in proc.stderr
