@@ -3,6 +3,7 @@
 ``Runtime(artifact_dir, threads=None, providers=None, ram="fp32"|"int8")`` verifies the artifact and
 answers its task; ``sharebert predict`` and ``sharebert serve`` are built on it.
 """
-from .runtime import ArtifactError, Predictions, Runtime, quantize_per_channel, verify_artifact
+from .artifact import ArtifactError, quantize_per_channel, verify_artifact
+from .runtime import Predictions, Runtime
 
 __all__ = ["ArtifactError", "Predictions", "Runtime", "quantize_per_channel", "verify_artifact"]

@@ -11,22 +11,15 @@ each generated weight per output channel in numpy, frees the fp32 copy and feeds
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-FORMAT = "sharebert-onnx"
-FORMAT_VERSION = 1
-TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
+from .artifact import ArtifactError, quantize_per_channel, verify_artifact
+
 RAM_MODES = ("fp32", "int8")
-
-
-class ArtifactError(ValueError):
-    """The folder is not a complete, unmodified sharebert artifact (the message names the file)."""
 
 
 class Predictions(list):
@@ -35,145 +28,6 @@ class Predictions(list):
     def __init__(self, items=(), truncated: int = 0):
         super().__init__(items)
         self.truncated = truncated
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-SESSION_CONFIG_KEYS = frozenset({  # ORT session entries an artifact may set: numerics-preserving ones only
-    "session.disable_quant_qdq", "session.disable_prepacking", "session.use_env_allocators",
-    "session.disable_aot_function_inlining", "session.qdqisint8allowed", "session.disable_double_qdq_remover"})
-PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
-MAX_LENGTH_LIMIT = 1 << 16
-_HEX = frozenset("0123456789abcdef")
-
-
-def _is_int(value, low: int = 0, high: int | None = None) -> bool:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    return ok and (high is None or value <= high)
-
-
-def _check_fields(manifest, path: Path) -> None:
-    """Every manifest field the runtime uses has the right type and range (``ArtifactError`` naming it)."""
-    def bad(field, why):
-        raise ArtifactError(f"{path}: {field} {why}")
-
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        bad("format", f"is not {FORMAT!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        bad("format_version", f"{manifest.get('format_version')!r} is not supported (this runtime reads version "
-                              f"{FORMAT_VERSION})")
-    task = manifest.get("task")
-    if task not in TASKS:
-        bad("task", f"{task!r} is not one of {', '.join(TASKS)}")
-    if not _is_int(manifest.get("max_length"), 1, MAX_LENGTH_LIMIT):
-        bad("max_length", f"{manifest.get('max_length')!r} is not an integer in 1..{MAX_LENGTH_LIMIT}")
-    special = manifest.get("special_tokens", {})
-    if not isinstance(special, dict) or not all(isinstance(k, str) and _is_int(v) for k, v in special.items()):
-        bad("special_tokens", "must map token names to non-negative integer ids")
-    if manifest.get("problem_type") not in PROBLEM_TYPES:
-        bad("problem_type", f"{manifest.get('problem_type')!r} is not one of {PROBLEM_TYPES}")
-    labels = manifest.get("labels")
-    if labels is not None and not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
-        bad("labels", "must be a non-empty list of strings (or null)")
-    if task == "text-classification" and manifest.get("problem_type") != "regression" and labels is None:
-        bad("labels", "are missing for a classification artifact")
-    config = manifest.get("session_config", {})
-    if not isinstance(config, dict) or not all(isinstance(v, (str, int)) and not isinstance(v, bool)
-                                               for v in config.values()):
-        bad("session_config", "must map entry names to strings")
-    unknown = sorted(set(config) - SESSION_CONFIG_KEYS)
-    if unknown:
-        bad("session_config", f"sets {unknown}, not among the allowed entries {sorted(SESSION_CONFIG_KEYS)}")
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        bad("files", "must map file names to their sha256 and size")
-    for name, meta in files.items():
-        if not (isinstance(meta, dict) and _is_int(meta.get("bytes")) and isinstance(meta.get("sha256"), str)
-                and len(meta["sha256"]) == 64 and set(meta["sha256"]) <= _HEX):
-            bad("files", f"entry {name!r} needs an integer bytes and a 64-digit sha256")
-    needed = ["model.onnx", "tokenizer.json"]
-    ram = manifest.get("ram_int8")
-    if ram is not None:
-        weights = ram.get("weights") if isinstance(ram, dict) else None
-        if not (isinstance(weights, list) and all(
-                isinstance(w, dict) and all(isinstance(w.get(k), str) for k in ("output", "int8", "scale"))
-                and w.get("layout") in ("kn", "nk") for w in weights)):
-            bad("ram_int8", "weights must list {output, int8, scale, layout kn|nk}")
-        if not all(isinstance(ram.get(k), str) for k in ("generator", "compute")):
-            bad("ram_int8", "must name its generator and compute files")
-        needed += [ram["generator"], ram["compute"]]
-    for name in needed:
-        if name not in files:
-            bad("files", f"does not list {name}, which the runtime opens")
-
-
-def _check_file(root: Path, name: str, meta: dict, path: Path) -> None:
-    """``name`` lies inside ``root`` (no ``..``, no link leading out) with the listed size and sha256."""
-    file = root / name
-    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
-        raise ArtifactError(f"{path} lists a file outside the artifact: {name}")
-    if not file.resolve().is_relative_to(root.resolve()):
-        raise ArtifactError(f"{file} leads outside the artifact folder (a link to {file.resolve()})")
-    if not file.is_file():
-        raise ArtifactError(f"{file} is missing")
-    size = file.stat().st_size
-    if size != meta["bytes"]:
-        raise ArtifactError(f"{file} has {size} bytes, the manifest says {meta['bytes']} (truncated or replaced)")
-    if _sha256(file) != meta["sha256"]:
-        raise ArtifactError(f"{file} does not match its sha256 in the manifest (modified or corrupted)")
-
-
-def verify_artifact(artifact_dir: str | Path, manifest_sha256: str | None = None) -> dict:
-    """Check ``manifest.json`` field by field and the size and sha256 of every file it lists; return it.
-
-    ``manifest_sha256``: pin the artifact: the manifest file's own sha256 must equal it (the manifest's
-    checksums then vouch for every other file). Raises :class:`ArtifactError` naming the first bad
-    field or the missing, truncated, modified or outside file.
-    """
-    root = Path(artifact_dir)
-    if not root.is_dir():
-        raise ArtifactError(f"artifact folder not found: {root}")
-    path = root / "manifest.json"
-    if not path.is_file():
-        raise ArtifactError(f"{path} is missing: not a sharebert artifact (write one with `sharebert export`)")
-    if not path.resolve().is_relative_to(root.resolve()):
-        raise ArtifactError(f"{path} leads outside the artifact folder (a link to {path.resolve()})")
-    data = path.read_bytes()
-    if manifest_sha256 is not None:
-        pin = str(manifest_sha256).strip().lower()
-        if not (len(pin) == 64 and set(pin) <= _HEX):
-            raise ValueError(f"the pinned manifest sha256 must be 64 hexadecimal digits, got {manifest_sha256!r}")
-        if hashlib.sha256(data).hexdigest() != pin:
-            raise ArtifactError(f"{path} does not match the pinned sha256 {pin} (a different or rewritten artifact)")
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ArtifactError(f"{path} is not valid JSON: {e}") from None
-    _check_fields(manifest, path)
-    for name, meta in manifest["files"].items():
-        _check_file(root, name, meta, path)
-    return manifest
-
-
-def quantize_per_channel(weight: np.ndarray, layout: str) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per output channel: ``(K, N)`` int8 and ``(N,)`` scales, ``B ~ q * scale``.
-
-    ``weight`` is ``(K, N)`` (``layout="kn"``, a MatMul's B) or ``(N, K)`` (``"nk"``, a Gemm's B with
-    transB); it is overwritten (divided by the scales) to keep one fp32 copy in memory.
-    """
-    if layout == "nk":
-        weight = weight.T
-    scale = np.abs(weight).max(axis=0) / 127.0
-    scale[scale == 0] = 1.0
-    np.divide(weight, scale, out=weight)
-    np.rint(weight, out=weight)
-    return np.ascontiguousarray(weight.astype(np.int8)), scale.astype(np.float32)
 
 
 class Runtime:

@@ -10,7 +10,6 @@ temporary folder beside ``out_dir`` and renamed at the end.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -18,11 +17,12 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-FORMAT, FORMAT_VERSION = "sharebert-onnx", 1
-TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
+from sharebert.deploy import artifact
+from sharebert.model_folder import read_config
+from sharebert.outdir import check_out_dir
+
 WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
-MODEL_TYPES = ("sharebert", "bert")
 CALIBRATION_SENTENCES = 128
 _AUTO = {"fill-mask": "AutoModelForMaskedLM", "text-classification": "AutoModelForSequenceClassification",
          "feature-extraction": "AutoModel", "causal-lm": "AutoModelForCausalLM"}
@@ -38,33 +38,6 @@ def default_check_file() -> Path:
     from sharebert.paths import data_path
 
     return data_path("glue", "SST-2", "dev.tsv")
-
-
-def _read_model_config(model_dir: Path) -> dict:
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model folder not found: {model_dir}")
-    path = model_dir / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{model_dir} has no config.json: not a sharebert or transformers BERT model folder")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path} is not a JSON object: not a model config")
-    if config.get("model_type") not in MODEL_TYPES:
-        raise ValueError(f"{path}: model_type {config.get('model_type')!r} is not supported "
-                         f"(export handles {', '.join(MODEL_TYPES)} models)")
-    return config
-
-
-def is_artifact(folder: Path) -> bool:
-    """Whether ``folder`` holds a ``manifest.json`` whose format is ours (an artifact ``export`` wrote)."""
-    try:
-        manifest = json.loads((Path(folder) / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
 def infer_task(config: dict) -> str:
@@ -119,14 +92,6 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _versions() -> dict:
     out = {}
     for name in _VERSIONED:
@@ -140,32 +105,15 @@ def _versions() -> dict:
 def _session(path: Path, session_config: dict, level=None, optimized: Path | None = None, threads: int | None = None):
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if level is not None:
-        so.graph_optimization_level = level
-    if optimized is not None:
-        so.optimized_model_filepath = str(optimized)
-    if threads:
-        so.intra_op_num_threads = threads
-    for key, value in session_config.items():
-        so.add_session_config_entry(key, value)
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    options = artifact.session_options(session_config, threads, level, optimized)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def session_options(artifact_dir):
     """``onnxruntime.SessionOptions`` with the artifact's ``session_config`` applied (e.g. for an
-    ``ORTModel.from_pretrained(dir, session_options=...)``; int8 artifacts need it to fold at load)."""
-    import onnxruntime as ort
-
-    from sharebert.deploy.runtime import verify_artifact
-
-    manifest = verify_artifact(artifact_dir)  # session entries only from the runtime's allow-list
-    so = ort.SessionOptions()
-    so.log_severity_level = 3  # folding leaves the stored int8 tensors unused: ORT warns once per tensor
-    for key, value in (manifest.get("session_config") or {}).items():
-        so.add_session_config_entry(key, str(value))
-    return so
+    ``ORTModel.from_pretrained(dir, session_options=...)``; int8 artifacts need it to fold at load).
+    The artifact is verified first: session entries come only from the runtime's allow-list."""
+    return artifact.session_options(artifact.verify_artifact(artifact_dir).get("session_config"))
 
 
 def check_folding(path: Path, session_config: dict, scratch: Path) -> dict:
@@ -209,10 +157,10 @@ def _validate(model_dir, out_dir, task, weights, quantize, calibration, opset, o
     from .quantize import MODES
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    config = _read_model_config(model_dir)
+    config = read_config(model_dir)  # also refuses an artifact given as --model
     task = task or infer_task(config)
-    if task not in TASKS:
-        raise ValueError(f"unsupported task {task!r}; choose one of {', '.join(TASKS)}")
+    if task not in artifact.TASKS:
+        raise ValueError(f"unsupported task {task!r}; choose one of {', '.join(artifact.TASKS)}")
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if quantize not in MODES:
@@ -230,34 +178,9 @@ def _validate(model_dir, out_dir, task, weights, quantize, calibration, opset, o
         read_sentences(calibration, 1)  # missing, empty or not text: clear error now
     if check_limit is not None and not (isinstance(check_limit, int) and check_limit > 0):
         raise ValueError(f"--check-limit must be a positive number of sentences, got {check_limit!r}")
-    if is_artifact(model_dir):
-        raise ValueError(f"{model_dir} is an exported artifact, not a model folder: give --model the folder it was "
-                         f"exported from (run an artifact with `sharebert predict`)")
-    _check_out(out_dir, model_dir, overwrite)
+    out_dir = check_out_dir(out_dir, "sharebert artifact", artifact.is_artifact, overwrite, inputs=[model_dir])
     check_file = Path(check_file) if check_file else default_check_file()
     return model_dir, out_dir, task, check_file
-
-
-def _check_out(out_dir: Path, model_dir: Path, overwrite: bool) -> None:
-    """Refuse an ``--out`` that would lose anything: the source model or a folder holding it, a file,
-    a path under a file, an unwritable place, or a non-empty folder that is not an artifact of ours."""
-    out, model = out_dir.resolve(), model_dir.resolve()
-    if out == model or model.is_relative_to(out):
-        raise ValueError(f"--out {out_dir} is the model folder or holds it: choose a new folder for the artifact")
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if existing != out and not existing.is_dir():
-        raise ValueError(f"--out {out_dir}: {existing} is a file, not a folder")
-    if existing == out and not out.is_dir():
-        raise ValueError(f"--out {out_dir} is a file; give a folder path")
-    place = out.parent if existing == out else existing
-    if not os.access(place, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out_dir}: {place} is not writable")
-    if existing == out and any(out.iterdir()):
-        if not is_artifact(out):
-            raise ValueError(f"--out {out_dir} is a non-empty folder that is not a sharebert artifact; "
-                             f"--overwrite only replaces artifacts: choose a new folder")
-        if not overwrite:
-            raise ValueError(f"{out_dir} exists; pass --overwrite to replace it")
 
 
 def export_model(model_dir, out_dir, task: str | None = None, weights: str = "compact", quantize: str = "none",
@@ -388,7 +311,7 @@ def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, op
             q.static_int8(fp32, path, _calibration_feeds(tokenizer, calibration, max_length, inputs))
         fp32.unlink()
         proto = onnx.load(str(path))
-    session_config = dict(q.INT8_SESSION_CONFIG) if quantize == "int8" else {}
+    session_config = dict(artifact.INT8_SESSION_CONFIG) if quantize == "int8" else {}
     steps.update()
 
     steps.set_postfix_str("folding check")
@@ -446,7 +369,7 @@ def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, op
         problem_type = config.problem_type or ("regression" if config.num_labels == 1 else "single_label_classification")
     special = {name: getattr(tokenizer, f"{name}_token_id") for name in ("pad", "mask", "cls", "sep", "unk")}
     manifest = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "task": task, "model_type": config.model_type,
+        "format": artifact.FORMAT, "format_version": artifact.FORMAT_VERSION, "task": task, "model_type": config.model_type,
         "inputs": list(inputs), "outputs": list(outputs), "labels": labels_out, "problem_type": problem_type,
         "max_length": max_length, "opset": opset, "weights": weights, "quantization": quantize,
         "session_config": session_config, "learned_params": learned,
@@ -458,8 +381,8 @@ def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, op
         manifest["ram_int8"] = ram_int8
     for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
         rel = file.relative_to(tmp).as_posix()
-        manifest["files"][rel] = {"sha256": _sha256(file), "bytes": file.stat().st_size}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        manifest["files"][rel] = {"sha256": artifact.sha256(file), "bytes": file.stat().st_size}
+    (tmp / artifact.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
 
 

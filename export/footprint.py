@@ -1,7 +1,7 @@
 """Footprint of an exported graph: disk, RAM and time, measured in a fresh process.
 
-``measure(path, ...)`` runs this file as a script (no torch, no sharebert import), so the resident
-memory it reports is ONNX Runtime's alone: ``rss_baseline_mb`` (after importing onnxruntime),
+``measure(path, ...)`` runs this file as a script (no torch; of sharebert only the torch-free
+``sharebert.deploy``), so the resident memory it reports is ONNX Runtime's alone: ``rss_baseline_mb`` (after importing onnxruntime),
 ``peak_rss_load_mb`` (peak while creating the session: generated weights folded to dense tensors; ``rss_after_load_mb`` is
 the resident size once it is created)
 and ``peak_rss_run_mb`` (peak after the timed runs), the session creation time and p50/p95 latency
@@ -34,13 +34,10 @@ def _child(path: str, session_config: dict, shapes: list[str], threads: int, run
     import numpy as np
     import onnxruntime as ort
 
+    from sharebert.deploy.artifact import session_options  # the sessions' options, as the runtime builds them
+
     baseline = _peak_rss_mb()
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    for key, value in session_config.items():
-        so.add_session_config_entry(key, str(value))
+    so = session_options(session_config, threads)
     t0 = time.perf_counter()
     session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     created = time.perf_counter() - t0

@@ -12,6 +12,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from sharebert.deploy.artifact import session_options
+
 # Ops that only move or select numbers: a constant built from one learned tensor with these alone
 # is a view of it (materializing it would store a copy of a learned tensor, not a generated weight).
 LAYOUT_OPS = {"Constant", "Identity", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Slice", "Split", "Gather",
@@ -129,9 +131,7 @@ def evaluate(model, names: list[str]) -> dict[str, np.ndarray]:
     del g.input[:], g.output[:], g.value_info[:]
     g.output.extend(onnx.ValueInfoProto(name=n) for n in names)
     _prune(sub)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
+    so = session_options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     session = ort.InferenceSession(sub.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return dict(zip(names, session.run(names, {})))
 

@@ -27,7 +27,6 @@ HELP = {
     "int8-static": "generated weights materialized, then static int8 QDQ calibrated on --calibration sentences",
     "fp16": "learned tensors stored as float16 (Cast to fp32 at load): half the fp32 file, fp32 compute",
 }
-INT8_SESSION_CONFIG = {"session.disable_quant_qdq": "1"}
 MIN_NUMEL = 256  # smaller tensors (scalars, shape constants, short vectors) stay fp32
 
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-MODEL = "model.onnx"
-GENERATOR = "ram_int8.generator.onnx"
-COMPUTE = "ram_int8.compute.onnx"
+from sharebert.deploy.artifact import MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR, session_options
+
 MIN_WEIGHT_NUMEL = 4096  # smaller computed weights stay fp32 (ORT folds them in the compute graph)
 MIN_REFERENCE_BYTES = 256  # smaller initializers (shapes, scalars) are repeated in the small graphs
 
@@ -161,9 +160,7 @@ def build_int8_ram_graphs(model, task: str, out_dir: str | Path, opset: int) -> 
     g.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in representative.values())
     g.name = "sharebert_ram_int8_generator"
     # Shapes, and whether a weight is big enough to quantize: run the generator once here.
-    so = ort.SessionOptions()
-    so.log_severity_level = 3  # initializers the generator does not use are dropped with a warning each
-    session = ort.InferenceSession(generator.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(generator.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
     shapes = {name: value.shape for name, value in zip(representative.values(), session.run(list(representative.values()), {}))}
     del session
     layout_of = {keys[node.input[1]]: layout for node, layout in products}

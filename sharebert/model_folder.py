@@ -39,8 +39,10 @@ def read_config(model_dir: str | Path) -> dict:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e}); the folder is damaged") from None
-    if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
-        kind = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} is not a JSON object: not a model config")
+    if raw.get("model_type") not in MODEL_TYPES:
+        kind = raw.get("model_type")
         raise ValueError(f"{path}: model_type {kind!r} is not supported (sharebert reads {', '.join(MODEL_TYPES)} "
                          "model folders)")
     return raw

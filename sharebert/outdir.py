@@ -29,41 +29,41 @@ def _inside(child: Path, parent: Path) -> bool:
 
 def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], overwrite: bool = False,
                   inputs: Iterable[str | Path] = ()) -> Path:
-    """Validate ``out`` for a command writing ``kind`` (e.g. "model folder"); return it resolved.
+    """Validate ``out`` for a command writing ``kind`` (e.g. "model folder"); return it as an absolute path.
 
     Returns normally when ``out`` does not exist yet, is an empty folder, or is a folder ``owned``
-    recognises and ``overwrite`` is set. Raises ``ValueError`` otherwise (the message says why).
+    recognises and ``overwrite`` is set. Raises ``ValueError`` otherwise; messages name the paths as given.
     """
+    given = out
     out = Path(out).expanduser().absolute()
     for source in inputs:
-        source = Path(source).expanduser().absolute()
-        if _inside(source.resolve(), out.resolve()):
-            raise ValueError(f"--out {out} is, or holds, the input {source}: writing there would destroy it; "
+        if _inside(Path(source).expanduser().resolve(), out.resolve()):
+            raise ValueError(f"--out {given} is, or holds, the input {source}: writing there would destroy it; "
                              "choose another folder")
     existing = _nearest_existing(out)
     if existing != out:  # out does not exist: its nearest existing ancestor must be a writable folder
         if not existing.is_dir():
-            raise ValueError(f"--out {out}: {existing} is a file, not a folder")
-        _check_writable(existing, out)
+            raise ValueError(f"--out {given}: {existing} is a file, not a folder")
+        _check_writable(existing, given)
         return out
     if not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder")
+        raise ValueError(f"--out {given} is a file, not a folder")
     if any(out.iterdir()):
         if not owned(out):
-            raise ValueError(f"--out {out} is a non-empty folder that is not a {kind}; refusing to write into it "
+            raise ValueError(f"--out {given} is a non-empty folder that is not a {kind}; refusing to write into it "
                              "(choose a new or empty folder)")
         if not overwrite:
-            raise ValueError(f"{out} already holds a {kind}; pass --overwrite to replace it")
-    _check_writable(out, out)
+            raise ValueError(f"{given} already holds a {kind}; pass --overwrite to replace it")
+    _check_writable(out, given)
     return out
 
 
-def _check_writable(folder: Path, out: Path) -> None:
+def _check_writable(folder: Path, given) -> None:
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
-        raise ValueError(f"--out {out}: cannot write in {folder} ({e.strerror or e})") from None
+        raise ValueError(f"--out {given}: cannot write in {folder} ({e.strerror or e})") from None
 
 
 def finite(obj):

@@ -83,15 +83,15 @@ def _small_vocab_model(folder: Path) -> None:
 # (id, preparation of the user's folder U (holding the model folder U/P/model, U/P/notes.txt, an artifact
 #  U/art and a file U/notes.txt), export arguments, fragments the one-line message must hold)
 EXPORT_CASES = [
-    ("out-is-parent-of-model", None, ["--out", "P", "--overwrite"], ["--out P", "holds it"]),
-    ("out-is-model", None, ["--out", "P/model", "--overwrite"], ["--out P/model", "model folder"]),
+    ("out-is-parent-of-model", None, ["--out", "P", "--overwrite"], ["--out P", "is, or holds, the input"]),
+    ("out-is-model", None, ["--out", "P/model", "--overwrite"], ["--out P/model", "is, or holds, the input"]),
     ("out-is-a-file", None, ["--out", "notes.txt", "--overwrite"], ["notes.txt is a file"]),
     ("out-under-a-file", None, ["--out", "notes.txt/art"], ["notes.txt is a file, not a folder"]),
-    ("out-not-ours", None, ["--out", "P/..", "--overwrite"], ["holds it"]),
+    ("out-not-ours", None, ["--out", "P/..", "--overwrite"], ["is, or holds, the input"]),
     ("out-nonempty-not-ours", lambda u: (u / "mine").mkdir() or _write(u / "mine" / "a.txt", b"mine"),
      ["--out", "mine", "--overwrite"], ["mine is a non-empty folder that is not a sharebert artifact"]),
-    ("out-artifact-without-overwrite", None, ["--out", "art"], ["art exists", "--overwrite"]),
-    ("model-is-an-artifact", None, ["--model", "art", "--out", "new"], ["art is an exported artifact"]),
+    ("out-artifact-without-overwrite", None, ["--out", "art"], ["art already holds a sharebert artifact", "--overwrite"]),
+    ("model-is-an-artifact", None, ["--model", "art", "--out", "new"], ["art is an exported ONNX artifact"]),
     ("check-limit-zero", None, ["--out", "new", "--check-limit", "0"], ["--check-limit", "got 0"]),
     ("check-limit-negative", None, ["--out", "new", "--check-limit", "-5"], ["--check-limit", "got -5"]),
     ("calibration-binary", lambda u: _write(u / "cal.tsv", bytes(range(256)) * 8),

@@ -7,7 +7,7 @@ import sys
 HELP = "Export a model folder to an ONNX artifact (compact or materialized weights, optional quantization)."
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sharebert.export.exporter import TASKS
+    from sharebert.deploy.artifact import TASKS
     from sharebert.export.quantize import HELP as QUANTIZE_HELP
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
