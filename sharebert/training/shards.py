@@ -77,6 +77,16 @@ def resolve_tokenizer(spec: str | Path):
     raise FileNotFoundError(f"--tokenizer {spec} is neither a model folder nor a preset ({', '.join(PRESETS)})")
 
 
+def save_tokenizer(tok, folder: Path) -> None:
+    """``save_pretrained`` plus, for WordPiece, a ``vocab.txt`` (ids in order) that ``--preset`` builds from."""
+    from tokenizers.models import WordPiece
+
+    tok.save_pretrained(folder)
+    if isinstance(tok.backend_tokenizer.model, WordPiece) and not (folder / "vocab.txt").exists():
+        tokens = [t for t, _ in sorted(tok.backend_tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])]
+        (folder / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+
+
 # -- sources ------------------------------------------------------------------------------------
 def source_record(src: Path | str) -> dict:
     """``{"path", "bytes", "sha256"}`` of a source file (``hf:`` names: the name only)."""
@@ -229,7 +239,7 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
             raise ValueError(f"{out} holds an unfinished prepare of other sources or another tokenizer; "
                              f"rerun that command or choose another --out")
         state = saved
-    tok.save_pretrained(out / "tokenizer")
+    save_tokenizer(tok, out / "tokenizer")
     dtype = np.dtype(ident["dtype"])
     ctx = multiprocessing.get_context("fork")
     pool = ctx.Pool(workers, _init_worker, (tok.backend_tokenizer.to_str(), dtype.name)) if workers > 1 else None
