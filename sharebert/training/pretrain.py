@@ -39,6 +39,7 @@ from .corpus import (PackedDataset, char_tokenizer, encode_sources, load_tokeniz
 from .shards import StreamBlocks, TokenStream, check_out_folder, read_manifest, vocab_sha256
 
 LOSSES = "sharebert_losses.json"  # in each checkpoint: the run's loss sum so far, for metrics after a resume
+EVAL_BATCH = 8  # evaluation scores every position: (B, T, V) fp32 logits, ~125 MB per sequence-batch of 8 at V=30528
 RUN_FILES = ("log.jsonl", "metrics.json", "config.json")  # an --out holding one of these is a pretrain run
 
 
@@ -231,12 +232,13 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
     return TrainingArguments(
         output_dir=str(out), overwrite_output_dir=True, max_steps=a.max_steps,
-        per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=a.batch_size,
+        per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=min(a.batch_size, EVAL_BATCH),
         gradient_accumulation_steps=a.grad_accum, learning_rate=a.lr, adam_beta1=a.betas[0], adam_beta2=a.betas[1],
         adam_epsilon=a.eps, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm,
         lr_scheduler_type="linear", warmup_ratio=a.warmup_ratio,
         logging_steps=a.logging_steps, logging_first_step=True, logging_nan_inf_filter=False,
         logging_dir=str(out / "tb"), report_to=["tensorboard"],
+        prediction_loss_only=True,  # evaluation keeps the loss, never every batch's (B, T, V) logits
         eval_strategy="steps" if has_eval else "no", eval_steps=a.eval_steps, eval_on_start=has_eval and a.eval_on_start,
         save_strategy="steps", save_steps=a.save_steps, save_total_limit=None,  # rotation after the marker
         seed=a.seed, data_seed=a.seed, use_cpu=not cuda, ddp_backend="gloo" if multi and not cuda else None,
