@@ -26,6 +26,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -203,7 +204,7 @@ def prepare(train, out, tokenizer="sharebert-tiny", valid=None, workers: int = 1
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
     out = Path(out)
-    check_out_folder(out, (MANIFEST, PROGRESS), "a prepared data folder")
+    check_out_folder(out, (MANIFEST, PROGRESS, ".lock"), "a prepared data folder")
     tok = resolve_tokenizer(tokenizer)
     sources = {"train": resolve_sources(train), "valid": resolve_sources(valid) if valid else []}
     for src in sources["train"] + sources["valid"]:
@@ -241,8 +242,10 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
         state = saved
     save_tokenizer(tok, out / "tokenizer")
     dtype = np.dtype(ident["dtype"])
-    ctx = multiprocessing.get_context("fork")
-    pool = ctx.Pool(workers, _init_worker, (tok.backend_tokenizer.to_str(), dtype.name)) if workers > 1 else None
+    pool = None
+    if workers > 1:  # spawn: fork may deadlock on locks held by threads (torch, tokenizers)
+        pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _init_worker,
+                                   (tok.backend_tokenizer.to_str(), dtype.name))
     if pool is None:
         _init_worker_here(tok, dtype)
     started, nbytes = time.perf_counter(), 0
@@ -261,8 +264,7 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
     finally:
         bar.close()
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.shutdown(wait=True, cancel_futures=True)
     for split in SPLITS:
         if sources[split] and sum(r["tokens"] for r in state["splits"][split]) == 0:
             raise ValueError(f"the {split} sources hold no text")
@@ -296,10 +298,12 @@ def _prepare_source(out, split, i, src, state, pool, workers, dtype, bar, stop) 
     def take() -> None:
         nonlocal lines_end, read
         n, chars, res = pending.popleft()
-        buffer.append(res.get() if pool is not None else res)
+        buffer.append(res.result() if pool is not None else res)
         lines_end += n
         read += chars
         bar.update(chars)
+        if sum(b.size for b in buffer) >= SHARD_TOKENS:  # after whole chunks only: the same shards for any --workers
+            flush()
 
     def flush() -> None:
         if buffer and sum(b.size for b in buffer):
@@ -314,12 +318,10 @@ def _prepare_source(out, split, i, src, state, pool, workers, dtype, bar, stop) 
             flush()
             raise _Stopped(signum)
         chars = sum(map(len, chunk))
-        res = pool.apply_async(_encode_chunk, (chunk,)) if pool is not None else _encode_chunk(chunk)
+        res = pool.submit(_encode_chunk, chunk) if pool is not None else _encode_chunk(chunk)
         pending.append((len(chunk), chars, res))
         while len(pending) > (2 * workers if pool is not None else 0):
             take()
-        if sum(b.size for b in buffer) >= SHARD_TOKENS:
-            flush()
     while pending:
         take()
     flush()
