@@ -78,20 +78,21 @@ def test_sigterm_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path, mode
     part = tmp_path / "part"
     stopped = pretrain([corpus], part, model_dir, args=PretrainArgs(**ARGS), callbacks=[SignalAt(3)])
     assert stopped["status"] == "interrupted" and stopped["signal"] == signal.SIGTERM
-    assert stopped["global_step"] == 4 and stopped["checkpoint"] == str(part / "checkpoint-4")
+    # sent after step 3, caught inside the evaluation at step 3: that step is saved
+    assert stopped["global_step"] == 3 and stopped["checkpoint"] == str(part / "checkpoint-3")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
     assert not (part / "model.safetensors").exists()  # no final model from an interrupted run
-    assert is_complete(part / "checkpoint-4")
+    assert is_complete(part / "checkpoint-3")
 
     # A save killed halfway: checkpoint-6 without its marker, checkpoint-5 with a truncated weights file.
     for step, cut in ((6, True), (5, False)):
-        shutil.copytree(part / "checkpoint-4", part / f"checkpoint-{step}")
+        shutil.copytree(part / "checkpoint-3", part / f"checkpoint-{step}")
         weights = part / f"checkpoint-{step}" / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:1000])
         if cut:
             (part / f"checkpoint-{step}" / MARKER).unlink()
     assert [ok for _, _, ok in checkpoints(part)] == [True, True, False, False]
-    assert latest_checkpoint(part) == part / "checkpoint-4"
+    assert latest_checkpoint(part) == part / "checkpoint-3"
     with pytest.raises(ValueError, match="pass --resume"):
         pretrain([corpus], part, model_dir, args=PretrainArgs(**ARGS))
 
@@ -100,7 +101,7 @@ def test_sigterm_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path, mode
     assert resumed["param_sha256"] == whole["param_sha256"]  # same schedule, data order and masking
     assert _losses(part) == _losses(tmp_path / "whole")
     assert resumed["eval_loss"] == whole["eval_loss"]
-    assert [s for s, _, ok in checkpoints(part)] == [2, 4, 6] and latest_checkpoint(part) == part / "checkpoint-6"
+    assert [s for s, _, ok in checkpoints(part)] == [3, 4, 6] and latest_checkpoint(part) == part / "checkpoint-6"
 
 
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, model_dir, corpus, capsys):
