@@ -316,7 +316,7 @@ def test_prepared_data_sigterm_in_evaluation_corrupt_checkpoint_and_exact_resume
     raw = bytearray(opt.read_bytes())
     raw[-100] ^= 0xFF
     opt.write_bytes(bytes(raw))
-    resumed = pretrain(None, part, model_dir, data=data_dir, args=PretrainArgs(**args, resume=True, logging_steps=100))
+    resumed = pretrain(None, part, model_dir, data=data_dir, args=PretrainArgs(**{**args, "resume": True, "logging_steps": 100}))
     assert (part / "corrupt-checkpoint-3").is_dir()
     assert resumed["param_sha256"] == whole["param_sha256"] and resumed["eval_loss"] == whole["eval_loss"]
     # metrics over the whole run, though this part ran steps 3-6 and logged none of them

@@ -281,13 +281,15 @@ def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, tra
 
 
 def load_model_folder(model_dir: Path, objective: str):
-    """``(config, model)`` of the folder training starts from (its config is the model's shape)."""
+    """``(config, tokenizer, model)`` of the folder training starts from (its config is the model's shape);
+    the tokenizer is checked against the config before the weights are loaded."""
     from ..configuration_sharebert import ShareBertConfig
     from ..modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
 
     config = ShareBertConfig.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir, config.vocab_size, objective)
     model = (ShareBertForCausalLM if objective == "clm" else ShareBertForMaskedLM).from_pretrained(model_dir)
-    return config, model
+    return config, tokenizer, model
 
 
 def _datasets(a: PretrainArgs, tokenizer, train_sources, valid_sources, seq_len: int, stop):
@@ -405,8 +407,7 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
                 remove_incomplete(out)
             resume_from = resume_checkpoint(out, say=print if probe.should_save else lambda m: None)
         model_dir = _prepare_model_dir(a, out, model_dir, preset, vocab, train_sources, data)
-    config, model = load_model_folder(model_dir, a.objective)
-    tokenizer = load_tokenizer(model_dir, config.vocab_size, a.objective)
+    config, tokenizer, model = load_model_folder(model_dir, a.objective)
     seq_len = a.seq_len or (config.max_position_embeddings if a.char_level else min(128, config.max_position_embeddings))
     if seq_len > config.max_position_embeddings:
         raise ValueError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {config.max_position_embeddings}")
