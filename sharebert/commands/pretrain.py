@@ -82,7 +82,8 @@ def run(args) -> int:
         print(f"sharebert pretrain: stopped: {e}")
         return 3
     except StopRequested as e:
-        print(f"sharebert pretrain: {e}: stopped before the first training step; nothing to save", file=sys.stderr)
+        print(f"sharebert pretrain: {e}: stopped before the first training step (nothing to save); "
+              f"rerun with --resume", file=sys.stderr)
         return 128 + e.signum
     if os.environ.get("RANK", "0") != "0":
         return 130 if m["status"] == "interrupted" else 0

@@ -38,7 +38,7 @@ FORMAT = "sharebert-tokens"
 VERSION = 1
 MANIFEST = "manifest.json"
 PROGRESS = ".progress.json"
-SHARD_TOKENS = 1 << 26  # 64M tokens (128 MB as uint16) per shard at most
+SHARD_TOKENS = 1 << 24  # 16M tokens (32 MB as uint16) per shard at most: a kill -9 loses at most that much work
 CHUNK_CHARS = 1 << 20  # text handed to a worker at once (~0.2 s of tokenizing)
 SPLITS = ("train", "valid")
 
@@ -248,7 +248,7 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
                                    (tok.backend_tokenizer.to_str(), dtype.name))
     if pool is None:
         _init_worker_here(tok, dtype)
-    started, nbytes = time.perf_counter(), 0
+    started = time.perf_counter()
     total = sum(len(v) for v in sources.values())
     bar = tqdm(desc="prepare", unit="B", unit_scale=True, disable=not progress)
     try:
@@ -257,7 +257,7 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
             for i, src in enumerate(sources[split]):
                 if i in state["finished"][split]:
                     continue
-                nbytes += _prepare_source(out, split, i, src, state, pool, workers, dtype, bar, stop)
+                _prepare_source(out, split, i, src, state, pool, workers, dtype, bar, stop)
     except _Stopped as s:
         done = sum(len(v) for v in state["finished"].values())
         raise Interrupted(s.signum, done, total) from None
@@ -287,20 +287,18 @@ def _init_worker_here(tok, dtype) -> None:
     _WORKER.update(tok=tok.backend_tokenizer, dtype=dtype)
 
 
-def _prepare_source(out, split, i, src, state, pool, workers, dtype, bar, stop) -> int:
-    """Tokenize source ``i`` of ``split`` from where its last saved shard ended; returns characters read."""
+def _prepare_source(out, split, i, src, state, pool, workers, dtype, bar, stop) -> None:
+    """Tokenize source ``i`` of ``split`` from where its last saved shard ended, saving shards as they fill."""
     mine = [r for r in state["splits"][split] if r["source"] == i]
     lines_end = mine[-1]["lines_end"] if mine else 0
     buffer: list[np.ndarray] = []
     pending: deque = deque()  # (lines, characters, result) in source order
-    read = 0
 
     def take() -> None:
-        nonlocal lines_end, read
+        nonlocal lines_end
         n, chars, res = pending.popleft()
         buffer.append(res.result() if pool is not None else res)
         lines_end += n
-        read += chars
         bar.update(chars)
         if sum(b.size for b in buffer) >= SHARD_TOKENS:  # after whole chunks only: the same shards for any --workers
             flush()
@@ -329,7 +327,6 @@ def _prepare_source(out, split, i, src, state, pool, workers, dtype, bar, stop) 
         raise ValueError(f"corpus file {src} holds no text")
     state["finished"][split].append(i)
     _write_json(out / PROGRESS, state)
-    return read
 
 
 def _save_shard(out: Path, split: str, source: int, ids: np.ndarray, lines_end: int, state: dict) -> None:
