@@ -16,6 +16,7 @@ COMMANDS = {
     "build": "sharebert.commands.build",
     "report": "sharebert.commands.report",
     "budget": "sharebert.commands.budget",
+    "prepare": "sharebert.commands.prepare",
     "pretrain": "sharebert.commands.pretrain",
     "finetune": "sharebert.commands.finetune",
     "evaluate": "sharebert.commands.evaluate",

@@ -22,7 +22,7 @@ from sharebert.training.pretrain import NonFiniteLoss, PretrainArgs, param_diges
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 ARGS = dict(max_steps=6, batch_size=4, seq_len=32, save_steps=2, eval_steps=3, logging_steps=1,
-            max_eval_sequences=16, progress=False)
+            max_eval_sequences=16, eval_on_start=True, progress=False)
 REPO = Path(__file__).resolve().parent.parent
 MAX_TIME_ARGS = ["--batch-size", "4", "--seq-len", "32", "--logging-steps", "1", "--eval-steps", "100000",
                  "--save-steps", "100000", "--max-eval-sequences", "8", "--no-progress"]
@@ -78,20 +78,21 @@ def test_sigterm_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path, mode
     part = tmp_path / "part"
     stopped = pretrain([corpus], part, model_dir, args=PretrainArgs(**ARGS), callbacks=[SignalAt(3)])
     assert stopped["status"] == "interrupted" and stopped["signal"] == signal.SIGTERM
-    assert stopped["global_step"] == 4 and stopped["checkpoint"] == str(part / "checkpoint-4")
+    # sent after step 3, caught inside the evaluation at step 3: that step is saved
+    assert stopped["global_step"] == 3 and stopped["checkpoint"] == str(part / "checkpoint-3")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
     assert not (part / "model.safetensors").exists()  # no final model from an interrupted run
-    assert is_complete(part / "checkpoint-4")
+    assert is_complete(part / "checkpoint-3")
 
     # A save killed halfway: checkpoint-6 without its marker, checkpoint-5 with a truncated weights file.
     for step, cut in ((6, True), (5, False)):
-        shutil.copytree(part / "checkpoint-4", part / f"checkpoint-{step}")
+        shutil.copytree(part / "checkpoint-3", part / f"checkpoint-{step}")
         weights = part / f"checkpoint-{step}" / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:1000])
         if cut:
             (part / f"checkpoint-{step}" / MARKER).unlink()
     assert [ok for _, _, ok in checkpoints(part)] == [True, True, False, False]
-    assert latest_checkpoint(part) == part / "checkpoint-4"
+    assert latest_checkpoint(part) == part / "checkpoint-3"
     with pytest.raises(ValueError, match="pass --resume"):
         pretrain([corpus], part, model_dir, args=PretrainArgs(**ARGS))
 
@@ -100,7 +101,7 @@ def test_sigterm_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path, mode
     assert resumed["param_sha256"] == whole["param_sha256"]  # same schedule, data order and masking
     assert _losses(part) == _losses(tmp_path / "whole")
     assert resumed["eval_loss"] == whole["eval_loss"]
-    assert [s for s, _, ok in checkpoints(part)] == [2, 4, 6] and latest_checkpoint(part) == part / "checkpoint-6"
+    assert [s for s, _, ok in checkpoints(part)] == [3, 4, 6] and latest_checkpoint(part) == part / "checkpoint-6"
 
 
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, model_dir, corpus, capsys):
@@ -133,10 +134,11 @@ def test_injected_inf_raises_non_finite_loss(tmp_path, model_dir, corpus):
 def test_torchrun_two_processes_keep_identical_replicas(tmp_path, model_dir, corpus):
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    tiny = [x for k, v in TINY.items() for x in ("--set", f"{k}={v}")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "sharebert",
-           "pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), "--max-steps", "3",
+           "pretrain", "--preset", "sharebert-tiny", *tiny, "--train", str(corpus), "--out", str(out), "--max-steps", "3",
            "--batch-size", "4", "--seq-len", "32", "--lr", "1e-2", "--warmup-ratio", "0", "--logging-steps", "1",
-           "--save-steps", "2", "--eval-steps", "3", "--max-eval-sequences", "16", "--no-progress"]
+           "--save-steps", "2", "--eval-steps", "3", "--eval-samples", "16", "--eval-on-start", "--no-progress"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -145,8 +147,8 @@ def test_torchrun_two_processes_keep_identical_replicas(tmp_path, model_dir, cor
     assert rank0 == rank1  # each rank hashed its own replica
     from sharebert.modeling_sharebert import ShareBertForMaskedLM
 
-    saved = ShareBertForMaskedLM.from_pretrained(out)
-    assert param_digest(saved) == rank0 != param_digest(ShareBertForMaskedLM.from_pretrained(model_dir))
+    saved = ShareBertForMaskedLM.from_pretrained(out)  # rank 0 built the preset, rank 1 loaded it
+    assert param_digest(saved) == rank0
     losses = _losses(out)
     assert sorted(losses) == [1, 2, 3] and losses[3] < losses[1]
     evals = {r["step"]: r["eval_loss"] for r in _log(out) if "eval_loss" in r}  # same fixed masks each time
@@ -248,3 +250,136 @@ def test_max_steps_reached_first_and_bad_max_time(tmp_path, model_dir, corpus):
     assert m["stopped_by"] == "max_steps" and m["global_step"] == 2
     with pytest.raises(ValueError, match="max_time must be a positive"):
         pretrain([corpus], tmp_path / "bad", model_dir, args=PretrainArgs(max_time=0.0, progress=False))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, model_dir, corpus):
+    from sharebert.training.shards import prepare
+
+    out = tmp_path_factory.mktemp("prepared") / "data"
+    prepare([corpus], out, model_dir, progress=False)
+    return out
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_localhost_train_from_prepared_data(tmp_path, model_dir, data_dir):
+    out, port = tmp_path / "nodes", _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
+         "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "sharebert", "pretrain", "--model", str(model_dir),
+         "--data", str(data_dir), "--out", str(out), "--max-steps", "3", "--batch-size", "4", "--seq-len", "32",
+         "--lr", "1e-2", "--warmup-ratio", "0", "--logging-steps", "1", "--save-steps", "3", "--eval-samples", "8",
+         "--no-progress"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)]
+    results = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["world_size"] == 2 and m["global_step"] == 3
+    assert m["param_sha256"][0] == m["param_sha256"][1]  # identical replicas on both nodes
+    assert sorted(_losses(out)) == [1, 2, 3]
+
+
+class SignalInEval(TrainerCallback):
+    """Sends SIGTERM from inside the first evaluation at optimizer step ``step``."""
+
+    def __init__(self, step):
+        self.step, self.sent = step, False
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if state.global_step == self.step and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_prepared_data_sigterm_in_evaluation_corrupt_checkpoint_and_exact_resume(tmp_path, model_dir, data_dir, corpus):
+    args = dict(ARGS, eval_on_start=False, max_eval_sequences=64, eval_steps=3)
+    whole = pretrain(None, tmp_path / "whole", model_dir, data=data_dir, args=PretrainArgs(**args))
+    # the same sequences and masks as tokenizing in memory: --train with the same held-out share
+    in_memory = pretrain([corpus], tmp_path / "mem", model_dir, args=PretrainArgs(**args, valid_fraction=0.0))
+    nothing_held = pretrain(None, tmp_path / "d0", model_dir, data=data_dir, args=PretrainArgs(**args, valid_fraction=0.0))
+    assert nothing_held["param_sha256"] == in_memory["param_sha256"]
+
+    part = tmp_path / "part"
+    stopped = pretrain(None, part, model_dir, data=data_dir, args=PretrainArgs(**args), callbacks=[SignalInEval(3)])
+    assert stopped["status"] == "interrupted" and stopped["global_step"] == 3
+    assert stopped["checkpoint"] == str(part / "checkpoint-3")  # the step before the evaluation, saved
+    # same-size corruption of the newest checkpoint: set aside, resume from the one before, saying so
+    opt = part / "checkpoint-3" / "optimizer.pt"
+    raw = bytearray(opt.read_bytes())
+    raw[-100] ^= 0xFF
+    opt.write_bytes(bytes(raw))
+    resumed = pretrain(None, part, model_dir, data=data_dir, args=PretrainArgs(**{**args, "resume": True, "logging_steps": 100}))
+    assert (part / "corrupt-checkpoint-3").is_dir()
+    assert resumed["param_sha256"] == whole["param_sha256"] and resumed["eval_loss"] == whole["eval_loss"]
+    # metrics over the whole run, though this part ran steps 3-6 and logged none of them
+    assert abs(resumed["train_loss"] - whole["train_loss"]) < 1e-9
+    assert abs(resumed["last_loss"] - _losses(tmp_path / "whole")[6]) < 1e-4
+
+
+def test_rotation_never_deletes_the_newest_checkpoint(tmp_path):
+    from sharebert.training.callbacks import mark_complete, rotate
+
+    for step in (1, 2, 3):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "w.bin").write_bytes(b"x" * step)
+        mark_complete(tmp_path / f"checkpoint-{step}", step)
+    rotate(tmp_path, -1)
+    assert [s for s, _, ok in checkpoints(tmp_path) if ok] == [3]
+
+
+def _tokenizer_mismatch(tmp_path, model_dir, data_dir, corpus):
+    small = tmp_path / "vocab.txt"
+    small.write_text("".join(default_vocab_lines()[:3000]))
+    other = tmp_path / "other"
+    build_model("sharebert-tiny", other, TINY, vocab=small)
+    return ["--model", str(other), "--data", str(data_dir)]
+
+
+def default_vocab_lines():
+    from sharebert.paths import default_vocab
+
+    return default_vocab().read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+def _binary_corpus(tmp_path, model_dir, data_dir, corpus):
+    (tmp_path / "w.bin").write_bytes(bytes(range(256)) * 40)
+    return ["--model", str(model_dir), "--train", str(tmp_path / "w.bin")]
+
+
+def _plain(extra):
+    return lambda tmp_path, model_dir, data_dir, corpus: ["--model", str(model_dir), "--train", str(corpus), *extra]
+
+
+@pytest.mark.parametrize("make_argv, out_kind, message", [
+    (_plain(["--keep-checkpoints", "-1"]), "new", "keep_checkpoints must be at least 1"),
+    (_plain(["--keep-checkpoints", "0"]), "new", "keep_checkpoints must be at least 1"),
+    (_plain(["--set", "hidden_size=32"]), "new", "--set changes a --preset build"),
+    (_plain(["--eval-samples", "0"]), "new", "eval_samples must be at least 1"),
+    (_binary_corpus, "new", "w.bin is binary, not UTF-8 text"),
+    (_tokenizer_mismatch, "new", "was prepared with another tokenizer"),
+    (_plain([]), "file", "is a file; give a folder"),
+    (_plain([]), "under_file", "is a file, not a folder"),
+    (_plain([]), "foreign", "is a non-empty folder that is not a pretrain run"),
+    (lambda t, m, d, c: ["--model", str(m), "--data", str(t)], "new", "is not a prepared data folder"),
+])
+def test_bad_input_is_one_line_and_leaves_no_out(tmp_path, capsys, model_dir, data_dir, corpus, make_argv, out_kind,
+                                                  message):
+    argv = make_argv(tmp_path, model_dir, data_dir, corpus)
+    (tmp_path / "f.txt").write_text("mine\n")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine\n")
+    out = {"new": tmp_path / "new", "file": tmp_path / "f.txt", "under_file": tmp_path / "f.txt" / "o",
+           "foreign": tmp_path / "foreign"}[out_kind]
+    rc = main(["pretrain", *argv, "--out", str(out), "--max-steps", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "new").exists()
+    assert (tmp_path / "f.txt").read_text() == "mine\n" and (tmp_path / "foreign" / "notes.txt").read_text() == "mine\n"

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
-HELP = "pre-train a model folder or a preset on text / MediaWiki XML corpora (runs under torchrun too)"
+HELP = ("pre-train a model folder or a preset on text / MediaWiki XML corpora or on a `sharebert prepare` folder "
+        "(runs under torchrun too)")
 
 
 def add_arguments(p):
@@ -16,11 +18,13 @@ def add_arguments(p):
     src.add_argument("--model", help="model folder to start from (config.json, weights, tokenizer)")
     src.add_argument("--preset", help=f"build a fresh model into --out first; one of: {', '.join(PRESETS)}")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
-                   help="override a preset config field, e.g. --set qk_share_ratio=0.9 (repeatable)")
+                   help="override a preset config field, e.g. --set qk_share_ratio=0.9 (repeatable; --preset only)")
     p.add_argument("--vocab", help="WordPiece vocab.txt for --preset (default: bert-base-uncased)")
     p.add_argument("--train", nargs="+", metavar="FILE",
                    help="text files, MediaWiki XML dumps (.xml/.xml.bz2), folders or hf:NAME[:CONFIG][:SPLIT] "
                         "(default with --char-level: tinyshakespeare)")
+    p.add_argument("--data", metavar="DATA_DIR",
+                   help="a data folder from `sharebert prepare` (memory-mapped token shards) instead of --train")
     p.add_argument("--valid", nargs="+", metavar="FILE",
                    help=f"validation corpora (default: the last {d.valid_fraction:.0%}% of --train)")
     p.add_argument("--valid-fraction", type=float, default=d.valid_fraction,
@@ -45,8 +49,11 @@ def add_arguments(p):
     p.add_argument("--save-steps", type=int, default=d.save_steps)
     p.add_argument("--eval-steps", type=int, default=d.eval_steps)
     p.add_argument("--logging-steps", type=int, default=d.logging_steps)
-    p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
-    p.add_argument("--max-eval-sequences", type=int, default=None)
+    p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
+                   help="newest complete checkpoints kept (at least 1; the newest is never deleted)")
+    p.add_argument("--eval-samples", "--max-eval-sequences", dest="max_eval_sequences", type=int,
+                   default=d.max_eval_sequences, help="validation sequences scored at each evaluation")
+    p.add_argument("--eval-on-start", action="store_true", help="also score the untrained model at step 0")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default=d.precision,
                    help="auto: bf16 (or fp16) on CUDA, fp32 on CPU")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -56,6 +63,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..build import parse_overrides
+    from ..training.callbacks import StopRequested
     from ..training.pretrain import NonFiniteLoss, PretrainArgs, pretrain
 
     a = PretrainArgs(
@@ -63,21 +71,26 @@ def run(args) -> int:
         batch_size=args.batch_size,
         grad_accum=args.grad_accum, lr=args.lr, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
         warmup_ratio=args.warmup_ratio, seq_len=args.seq_len, valid_fraction=args.valid_fraction,
-        max_eval_sequences=args.max_eval_sequences, save_steps=args.save_steps, eval_steps=args.eval_steps,
+        max_eval_sequences=args.max_eval_sequences, eval_on_start=args.eval_on_start, save_steps=args.save_steps, eval_steps=args.eval_steps,
         logging_steps=args.logging_steps, keep_checkpoints=args.keep_checkpoints, precision=args.precision,
         seed=args.seed, resume=args.resume, progress=not args.no_progress, overrides=parse_overrides(args.overrides),
     )
     try:
         m = pretrain(args.train, args.out, model_dir=args.model, preset=args.preset, valid=args.valid, args=a,
-                     vocab=args.vocab)
+                     vocab=args.vocab, data=args.data)
     except NonFiniteLoss as e:
         print(f"sharebert pretrain: stopped: {e}")
         return 3
+    except StopRequested as e:
+        print(f"sharebert pretrain: {e}: stopped before the first training step (nothing to save); "
+              f"rerun with --resume", file=sys.stderr)
+        return 128 + e.signum
     if os.environ.get("RANK", "0") != "0":
         return 130 if m["status"] == "interrupted" else 0
     if m["status"] == "interrupted":
         name = signal.Signals(m["signal"]).name
-        print(f"{name}: saved {m['checkpoint']} at step {m['global_step']}; continue with the same command plus --resume")
+        saved = f"saved {m['checkpoint']}" if m["checkpoint"] else "no step completed, nothing saved"
+        print(f"{name}: {saved} at step {m['global_step']}; continue with the same command plus --resume")
         return 128 + m["signal"]
     ev = f", eval loss {m['eval_loss']:.4f} (perplexity {m['eval_perplexity']:.2f})" if "eval_loss" in m else ""
     limit = f" (stopped by --max-time after {m['train_runtime']:.0f} s)" if m["stopped_by"] == "max_time" else ""

@@ -2,10 +2,12 @@
 
 A ``checkpoint-N`` folder counts only once :func:`mark_complete` has written its marker (after every
 file in it was flushed to disk), so a save killed halfway is never resumed from and never makes
-rotation delete the previous good checkpoint.
+rotation delete the previous good checkpoint. The marker records each file's size (checked whenever
+checkpoints are listed) and SHA-256 (checked by :func:`resume_checkpoint` before a resume).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -39,7 +41,8 @@ def mark_complete(folder: str | Path, step: int) -> None:
     """Flush ``folder`` to disk, then atomically write its completion marker (temp file + rename)."""
     folder = Path(folder)
     _fsync_tree(folder)
-    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
+    files = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
     tmp = folder / f".{MARKER}.tmp"
     with open(tmp, "w") as f:
         json.dump({"step": step, "time": time.time(), "files": files}, f)
@@ -48,14 +51,57 @@ def mark_complete(folder: str | Path, step: int) -> None:
     os.replace(tmp, folder / MARKER)
 
 
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _recorded(folder: Path) -> dict | None:
+    """``{name: {"size", "sha256"}}`` from the marker, or None without a readable marker."""
+    try:
+        files = json.loads((folder / MARKER).read_text())["files"]
+        return {n: r if isinstance(r, dict) else {"size": r} for n, r in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def is_complete(folder: str | Path) -> bool:
     """Whether ``folder`` has a marker and still holds every file, at the recorded size."""
-    marker = Path(folder) / MARKER
-    try:
-        files = json.loads(marker.read_text())["files"]
-    except (OSError, ValueError, KeyError):
-        return False
-    return all((Path(folder) / n).is_file() and (Path(folder) / n).stat().st_size == s for n, s in files.items())
+    folder = Path(folder)
+    files = _recorded(folder)
+    return files is not None and all((folder / n).is_file() and (folder / n).stat().st_size == r.get("size")
+                                     for n, r in files.items())
+
+
+def corrupt_file(folder: str | Path) -> Path | None:
+    """The first file of a complete checkpoint whose SHA-256 differs from its marker's, else None."""
+    folder = Path(folder)
+    for name, r in (_recorded(folder) or {}).items():
+        if "sha256" in r and file_sha256(folder / name) != r["sha256"]:
+            return folder / name
+    return None
+
+
+def resume_checkpoint(out: str | Path, say=print) -> Path | None:
+    """The newest complete checkpoint whose files match their hashes. A corrupt one is renamed
+    ``corrupt-checkpoint-N`` (kept, never resumed from) and the previous one is tried, saying so;
+    ``ValueError`` naming the file when no intact checkpoint is left."""
+    complete = [p for _, p, ok in checkpoints(out) if ok]
+    bad = None
+    for ckpt in reversed(complete):
+        bad = corrupt_file(ckpt)
+        if bad is None:
+            return ckpt
+        aside = ckpt.with_name(f"corrupt-{ckpt.name}")
+        os.replace(ckpt, aside)
+        say(f"{bad} does not match the SHA-256 recorded when it was saved; set aside as {aside.name}, "
+            f"trying the previous checkpoint")
+    if bad is not None:
+        raise ValueError(f"no intact checkpoint left in {out} ({bad.name} was corrupt); start a new --out")
+    return None
 
 
 def checkpoints(out: str | Path) -> list[tuple[int, Path, bool]]:
@@ -82,11 +128,12 @@ def remove_incomplete(out: str | Path) -> list[Path]:
 
 
 def rotate(out: str | Path, keep: int | None) -> None:
-    """Keep the ``keep`` newest complete checkpoints; never touches incomplete ones or the newest."""
-    if not keep:
+    """Keep the ``keep`` newest complete checkpoints (None: all); never touches incomplete ones and
+    always keeps the newest, whatever ``keep`` says."""
+    if keep is None:
         return
     complete = [p for _, p, ok in checkpoints(out) if ok]
-    for p in complete[: max(0, len(complete) - keep)]:
+    for p in complete[: max(0, len(complete) - max(1, keep))]:
         shutil.rmtree(p, ignore_errors=True)
 
 
@@ -114,9 +161,19 @@ def any_rank(flag: bool, device) -> bool:
     return bool(flag)
 
 
+class StopRequested(Exception):
+    """A SIGINT/SIGTERM arrived where no step can be finished (tokenizing, evaluating): stop now."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
 class SignalCheckpoint(TrainerCallback):
     """On SIGINT/SIGTERM: finish the current step, save a checkpoint and stop (``received`` holds the
-    signal). A second signal aborts at once. In distributed runs the ranks agree before stopping."""
+    signal). During evaluation (checked at each batch) or before training (``check()``, polled by the
+    tokenizer loop) it raises :class:`StopRequested` instead. A second signal aborts at once. In
+    distributed runs the ranks agree before stopping. Use as a context manager around the whole run."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -129,12 +186,12 @@ class SignalCheckpoint(TrainerCallback):
             raise KeyboardInterrupt
         self.received = signum
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        if threading.current_thread() is not threading.main_thread():
-            return  # handlers can only be installed from the main thread
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # handlers need the main thread
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def __exit__(self, *exc):
         self.restore()
 
     def restore(self) -> None:
@@ -142,14 +199,25 @@ class SignalCheckpoint(TrainerCallback):
             signal.signal(s, handler)
         self._previous = {}
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def check(self) -> None:
+        if self.received is not None:
+            raise StopRequested(self.received)
+
+    def _agreed(self, args) -> bool:
         stop = any_rank(self.received is not None, args.device)
         if stop and self.received is None:
             self.received = signal.SIGTERM  # another rank was signalled
-        if stop:
+        return stop
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._agreed(args):
             control.should_save = True
             control.should_training_stop = True
         return control
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if self._agreed(args):
+            raise StopRequested(self.received)
 
 
 class WallClockLimit(TrainerCallback):

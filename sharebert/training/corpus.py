@@ -18,6 +18,7 @@ import bz2
 import gzip
 import html
 import io
+import itertools
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Iterator
@@ -69,11 +70,28 @@ def _is_mediawiki(path: Path) -> bool:
     return head.startswith(b"<mediawiki") or (head.startswith(b"<?xml") and b"<mediawiki" in head)
 
 
+def sniff_text(path: Path) -> None:
+    """``ValueError`` naming ``path`` when its (decompressed) start holds NUL bytes or is not UTF-8."""
+    try:
+        with _open_binary(path) as f:
+            head = f.read(1 << 16)
+    except (OSError, EOFError) as e:
+        raise ValueError(f"cannot read corpus file {path}: {e}") from e
+    try:
+        head.decode("utf-8")
+        utf8 = True
+    except UnicodeDecodeError as e:
+        utf8 = e.start >= len(head) - 3  # only a character cut at the end of the sample
+    if b"\x00" in head or not utf8:
+        raise ValueError(f"corpus file {path} is binary, not UTF-8 text")
+
+
 def iter_lines(source: Path | str) -> Iterator[str]:
     """The text of one source as lines ending in ``\\n`` (newlines normalised, markup stripped)."""
     if isinstance(source, str):
         yield from _iter_dataset(source)
         return
+    sniff_text(source)
     try:
         if _is_mediawiki(source):
             yield from _iter_mediawiki(source)
@@ -210,10 +228,20 @@ def read_text(sources: Iterable[Path | str]) -> str:
     return "".join(line for src in sources for line in iter_lines(src))
 
 
+def encode_lines(backend, lines: list[str], char_level: bool = False) -> np.ndarray:
+    """Token ids (int32) of ``lines`` with a ``tokenizers.Tokenizer``, no special tokens. Word level skips
+    blank lines and strips each line; character level keeps every character, newlines included."""
+    texts = lines if char_level else [t for t in (line.strip() for line in lines) if t]
+    if not texts:
+        return np.zeros(0, np.int32)
+    encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
+    return np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32)
+
+
 def encode_sources(sources: Iterable[Path | str], tokenizer, char_level: bool = False, chunk: int = 2048,
-                   progress: bool = True) -> np.ndarray:
-    """Token ids of all sources as one stream (int32). Word level skips blank lines; character level keeps
-    every character, newlines included. ``ValueError`` names a source that yields no tokens."""
+                   progress: bool = True, stop=lambda: None) -> np.ndarray:
+    """Token ids of all sources as one stream (int32), as :func:`encode_lines` gives them. ``ValueError``
+    names a source that yields no tokens; ``stop()`` is polled per chunk (see :class:`StopRequested`)."""
     backend = tokenizer.backend_tokenizer
     parts: list[np.ndarray] = []
     for src in sources:
@@ -225,10 +253,8 @@ def encode_sources(sources: Iterable[Path | str], tokenizer, char_level: bool = 
             if not batch:
                 break
             bar.update(len(batch))
-            texts = batch if char_level else [t for t in (line.strip() for line in batch) if t]
-            if texts:
-                ids = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
-                parts.append(np.fromiter((i for seq in ids for i in seq), dtype=np.int32))
+            stop()
+            parts.append(encode_lines(backend, batch, char_level))
         bar.close()
         if sum(p.size for p in parts[before:]) == 0:
             raise ValueError(f"corpus file {src} holds no text")
@@ -266,25 +292,24 @@ def mask_tokens(ids: torch.Tensor, special: torch.Tensor, mask_id: int, vocab_si
 
 
 class PackedDataset(torch.utils.data.Dataset):
-    """Packed sequences ``(N, T)`` with language-model labels; item ``i`` is ``{"input_ids", "labels"}``.
+    """Packed sequences with language-model labels; item ``i`` is ``{"input_ids", "labels"}``.
 
+    ``blocks`` is an ``(N, T)`` tensor (:func:`pack`) or anything with ``len`` whose item ``i`` is a ``(T,)``
+    tensor (:class:`~sharebert.training.shards.StreamBlocks`, read from memory-mapped shards).
     Causal LM: labels are the inputs (the model shifts them). Masked LM: dynamic masking drawn from a
     generator seeded by ``(seed, epoch, i)``, so a sequence gets a new mask every epoch while the masks
     depend on nothing else: resuming, prefetching or sharding across processes give the same masks.
     ``epoch=None`` makes it a fixed-mask (validation) set.
     """
 
-    def __init__(self, blocks: torch.Tensor, mlm: dict | None = None, seed: int = 0, fixed: bool = False):
+    def __init__(self, blocks, mlm: dict | None = None, seed: int = 0, fixed: bool = False):
         self.blocks, self.mlm, self.seed, self.fixed = blocks, mlm, seed, fixed
         self.epoch = 0
         if mlm is not None:
-            self.special = torch.zeros(int(blocks.max()) + 1 if blocks.numel() else 1, dtype=torch.bool)
-            for i in mlm["special_ids"]:
-                if i < self.special.numel():
-                    self.special[i] = True
+            self.special = torch.tensor(mlm["special_ids"], dtype=torch.long)
 
     @classmethod
-    def for_objective(cls, blocks: torch.Tensor, tokenizer, objective: str, probability: float = 0.15,
+    def for_objective(cls, blocks, tokenizer, objective: str, probability: float = 0.15,
                       seed: int = 0, fixed: bool = False) -> "PackedDataset":
         mlm = None
         if objective == "mlm":
@@ -293,7 +318,7 @@ class PackedDataset(torch.utils.data.Dataset):
         return cls(blocks, mlm, seed, fixed)
 
     def __len__(self) -> int:
-        return self.blocks.shape[0]
+        return len(self.blocks)
 
     def __getitem__(self, i: int) -> dict:
         ids = self.blocks[i]
@@ -301,6 +326,6 @@ class PackedDataset(torch.utils.data.Dataset):
             return {"input_ids": ids, "labels": ids.clone()}
         epoch = -1 if self.fixed else self.epoch
         g = torch.Generator().manual_seed(((self.seed * 1_000_003 + epoch) * 1_000_000_007 + i) % (2**63))
-        inputs, labels = mask_tokens(ids, self.special[ids], self.mlm["mask_id"], self.mlm["vocab_size"], g,
+        inputs, labels = mask_tokens(ids, torch.isin(ids, self.special), self.mlm["mask_id"], self.mlm["vocab_size"], g,
                                      self.mlm["probability"])
         return {"input_ids": inputs, "labels": labels}

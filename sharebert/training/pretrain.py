@@ -6,12 +6,15 @@ Defaults are the reference recipe (SPEC section 6): AdamW lr 1e-3, betas (0.9, 0
 weight decay 0.01, clipping 0.5, 6% warm-up then linear decay, sequence length 128; bf16 (or fp16)
 on CUDA, fp32 on CPU. The same code runs on one CPU and under ``torchrun`` (gloo on CPU, nccl on GPU).
 
-``out`` receives: ``checkpoint-N/`` (resumable, each with a completion marker), ``log.jsonl`` (one JSON
-per logging step), ``tb/`` (TensorBoard), and at the end the trained model, its tokenizer and
-``metrics.json``. A non-finite loss raises :class:`NonFiniteLoss` before the optimizer step, so the
-last checkpoint stays the last good one; SIGINT/SIGTERM save a checkpoint and stop (status
-``interrupted``); ``resume=True`` continues from the newest complete checkpoint with the same
-schedule, data order and masking. ``max_time`` (seconds) ends training at the first optimizer step
+Text comes from ``train`` sources (tokenized in memory) or from a ``data`` folder made by ``sharebert
+prepare`` (memory-mapped shards: each process reads only the sequences of its share of each batch).
+``out`` receives: ``checkpoint-N/`` (resumable, each with a completion marker holding its files'
+SHA-256), ``log.jsonl`` (one JSON per logging step and evaluation, with ``eval_runtime``), ``tb/``
+(TensorBoard), and at the end the trained model, its tokenizer and ``metrics.json``. A non-finite loss
+raises :class:`NonFiniteLoss` before the optimizer step, so the last checkpoint stays the last good
+one; SIGINT/SIGTERM save a checkpoint of the last complete step and stop (status ``interrupted``),
+also from inside an evaluation; before training starts they raise :class:`StopRequested`.
+``resume=True`` continues from the newest intact checkpoint with the same schedule, data order and masking. ``max_time`` (seconds) ends training at the first optimizer step
 after that much wall-clock time since training began (``stopped_by`` = ``max_time``), saving a
 checkpoint and the model as at a normal end; the schedule still runs to ``max_steps``.
 """
@@ -22,15 +25,22 @@ import json
 import math
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from .callbacks import (JsonlLogger, SignalCheckpoint, WallClockLimit, any_rank, checkpoints, latest_checkpoint,
-                        mark_complete, remove_incomplete, rotate)
-from .corpus import PackedDataset, char_tokenizer, encode_sources, load_tokenizer, pack, read_text, resolve_sources
+from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, WallClockLimit, any_rank, checkpoints,
+                        latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint, rotate)
+from .corpus import (PackedDataset, char_tokenizer, encode_sources, load_tokenizer, pack, read_text, resolve_sources,
+                     sniff_text)
+from .shards import StreamBlocks, TokenStream, check_out_folder, read_manifest, vocab_sha256
+
+LOSSES = "sharebert_losses.json"  # in each checkpoint: the run's loss sum so far, for metrics after a resume
+EVAL_BATCH = 8  # evaluation scores every position: (B, T, V) fp32 logits, ~125 MB per sequence-batch of 8 at V=30528
+RUN_FILES = ("log.jsonl", "metrics.json", "config.json")  # an --out holding one of these is a pretrain run
 
 
 @dataclass
@@ -53,7 +63,8 @@ class PretrainArgs:
     seq_len: int | None = None  # None: 128 (capped by the model), or the model's block size when char_level
     mlm_probability: float = 0.15
     valid_fraction: float = 0.1  # held out from the end of the train stream when no valid files are given
-    max_eval_sequences: int | None = None
+    max_eval_sequences: int | None = 2048  # --eval-samples: validation sequences scored (None: all)
+    eval_on_start: bool = False  # also score the untrained model at step 0
     save_steps: int = 1000
     eval_steps: int = 1000
     logging_steps: int = 50
@@ -87,15 +98,40 @@ class _MaskEpoch(TrainerCallback):
 
 
 class PretrainTrainer(Trainer):
-    """``Trainer`` that stops on a non-finite loss, logs perplexity and marks finished checkpoints."""
+    """``Trainer`` that stops on a non-finite loss, logs perplexity, marks finished checkpoints and keeps
+    the loss sum of the whole run (across resumes) for ``metrics.json``."""
 
     keep_checkpoints: int | None = None
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.saved_step = 0
+        self.before = {"loss_sum": 0.0, "last_loss": None, "step": 0}  # from the checkpoint resumed
+        self._sum, self._micro = 0.0, []  # this process, since this run began
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
-        if any_rank(not torch.isfinite(loss).item(), self.args.device):
-            raise NonFiniteLoss(self.state.global_step + 1, loss.item(), latest_checkpoint(self.args.output_dir))
+        value = loss.item()
+        if any_rank(not math.isfinite(value), self.args.device):
+            raise NonFiniteLoss(self.state.global_step + 1, value, latest_checkpoint(self.args.output_dir))
+        self._sum += value
+        self._micro = (self._micro + [value])[-self.args.gradient_accumulation_steps:]
         return loss
+
+    def resumed_from(self, checkpoint: Path | None) -> None:
+        if checkpoint is not None:
+            self.before = json.loads((checkpoint / LOSSES).read_text())
+            self.saved_step = self.before["step"]
+
+    def run_losses(self) -> dict:
+        """``loss_sum`` over every step of the run so far (mean over processes), ``last_loss``, ``step``."""
+        t = torch.tensor([self._sum, sum(self._micro)], dtype=torch.float64, device=self.args.device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(t)
+            t /= torch.distributed.get_world_size()
+        ran = self.state.global_step > self.before["step"]
+        return {"loss_sum": self.before["loss_sum"] + t[0].item(), "step": self.state.global_step,
+                "last_loss": t[1].item() if ran else self.before["last_loss"]}
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None or self.args.world_size == 1 or self.args.device.type != "cpu":
@@ -112,9 +148,13 @@ class PretrainTrainer(Trainer):
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         self.accelerator.wait_for_everyone()  # every rank has written its files (rng states)
+        losses = self.run_losses()
         if self.args.should_save:
-            mark_complete(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}", self.state.global_step)
+            folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+            (folder / LOSSES).write_text(json.dumps(losses))
+            mark_complete(folder, self.state.global_step)
             rotate(self.args.output_dir, self.keep_checkpoints)
+        self.saved_step = self.state.global_step
         self.accelerator.wait_for_everyone()
 
 
@@ -147,9 +187,21 @@ def param_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _check_args(a: PretrainArgs, model_dir, preset) -> None:
+def _check_args(a: PretrainArgs, model_dir, preset, train, data) -> None:
     if (model_dir is None) == (preset is None) and not (a.char_level and model_dir is None):
         raise ValueError("give exactly one of --model DIR or --preset NAME")
+    if model_dir is not None and a.overrides:
+        raise ValueError("--set changes a --preset build; a --model folder's config.json is its shape "
+                         "(build a new folder with `sharebert build --set ...` instead)")
+    if data is not None and train:
+        raise ValueError("give --train (text, tokenized now) or --data (a `sharebert prepare` folder), not both")
+    if data is not None and a.char_level:
+        raise ValueError("--char-level tokenizes its text itself: give --train, not --data")
+    if a.keep_checkpoints is not None and a.keep_checkpoints < 1:
+        raise ValueError(f"keep_checkpoints must be at least 1 (the newest checkpoint is always kept), "
+                         f"got {a.keep_checkpoints}")
+    if a.max_eval_sequences is not None and a.max_eval_sequences < 1:
+        raise ValueError(f"eval_samples must be at least 1, got {a.max_eval_sequences}")
     if a.objective not in ("mlm", "clm"):
         raise ValueError(f"objective must be mlm or clm, got {a.objective!r}")
     if a.char_level and a.objective != "clm":
@@ -180,13 +232,14 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
     return TrainingArguments(
         output_dir=str(out), overwrite_output_dir=True, max_steps=a.max_steps,
-        per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=a.batch_size,
+        per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=min(a.batch_size, EVAL_BATCH),
         gradient_accumulation_steps=a.grad_accum, learning_rate=a.lr, adam_beta1=a.betas[0], adam_beta2=a.betas[1],
         adam_epsilon=a.eps, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm,
         lr_scheduler_type="linear", warmup_ratio=a.warmup_ratio,
         logging_steps=a.logging_steps, logging_first_step=True, logging_nan_inf_filter=False,
         logging_dir=str(out / "tb"), report_to=["tensorboard"],
-        eval_strategy="steps" if has_eval else "no", eval_steps=a.eval_steps, eval_on_start=has_eval,
+        prediction_loss_only=True,  # evaluation keeps the loss, never every batch's (B, T, V) logits
+        eval_strategy="steps" if has_eval else "no", eval_steps=a.eval_steps, eval_on_start=has_eval and a.eval_on_start,
         save_strategy="steps", save_steps=a.save_steps, save_total_limit=None,  # rotation after the marker
         seed=a.seed, data_seed=a.seed, use_cpu=not cuda, ddp_backend="gloo" if multi and not cuda else None,
         ddp_find_unused_parameters=False, dataloader_num_workers=a.dataloader_workers,
@@ -194,30 +247,55 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
     )
 
 
-def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, train_sources) -> Path:
+def _check_out(out: Path, a: PretrainArgs) -> None:
+    """One-line errors for an unusable ``--out``, before any work; run once, before any rank writes."""
+    check_out_folder(out, RUN_FILES, "a pretrain run")
+    if a.resume:
+        return
+    done = checkpoints(out)
+    if done:
+        raise ValueError(f"{out} already holds checkpoints ({done[-1][1].name}); pass --resume or choose another --out")
+    if (out / "config.json").is_file():
+        raise ValueError(f"{out} already holds a model; pass --resume to continue it or choose another --out")
+    if out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"{out} already holds a pretrain run; pass --resume to continue it or choose another --out")
+
+
+def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, train_sources, data) -> Path:
     """The folder to start from; with a preset, build it into ``out`` (unless resuming a built one)."""
     if model_dir is not None:
-        model_dir = Path(model_dir)
-        if not (model_dir / "config.json").is_file():
-            raise FileNotFoundError(f"{model_dir} is not a model folder (no config.json); build one with `sharebert build`")
-        return model_dir
+        return Path(model_dir)
     if (out / "config.json").is_file():
-        if a.resume:
-            return out
-        raise ValueError(f"{out} already holds a model; pass --resume to continue it or choose another --out")
+        return out  # --resume of a run that built its preset (checked once in _check_out)
     if a.char_level:
         build_char_model(preset, out, read_text(train_sources), a.overrides, a.seed)
-    else:
-        from ..build import build_model
+        return out
+    from ..build import build_model
 
-        build_model(preset, out, a.overrides, vocab, head=a.objective, seed=a.seed)
+    if data is not None and vocab is None:
+        vocab = Path(data) / "tokenizer" / "vocab.txt"
+        if not vocab.is_file():
+            raise ValueError(f"{data}'s tokenizer has no vocab.txt to build --preset {preset} from; give --vocab")
+    build_model(preset, out, a.overrides, vocab, head=a.objective, seed=a.seed)
     return out
 
 
-def _datasets(a: PretrainArgs, tokenizer, train_sources, valid_sources, seq_len: int):
-    ids = encode_sources(train_sources, tokenizer, a.char_level, progress=a.progress)
+def load_model_folder(model_dir: Path, objective: str):
+    """``(config, tokenizer, model)`` of the folder training starts from (its config is the model's shape);
+    the tokenizer is checked against the config before the weights are loaded."""
+    from ..configuration_sharebert import ShareBertConfig
+    from ..modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
+
+    config = ShareBertConfig.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir, config.vocab_size, objective)
+    model = (ShareBertForCausalLM if objective == "clm" else ShareBertForMaskedLM).from_pretrained(model_dir)
+    return config, tokenizer, model
+
+
+def _datasets(a: PretrainArgs, tokenizer, train_sources, valid_sources, seq_len: int, stop):
+    ids = encode_sources(train_sources, tokenizer, a.char_level, progress=a.progress, stop=stop)
     if valid_sources:
-        valid_ids = encode_sources(valid_sources, tokenizer, a.char_level, progress=a.progress)
+        valid_ids = encode_sources(valid_sources, tokenizer, a.char_level, progress=a.progress, stop=stop)
     elif a.valid_fraction > 0:
         cut = int(round(ids.size * (1 - a.valid_fraction)))
         ids, valid_ids = ids[:cut], ids[cut:]
@@ -230,6 +308,25 @@ def _datasets(a: PretrainArgs, tokenizer, train_sources, valid_sources, seq_len:
         return train, None
     blocks = pack(valid_ids, seq_len, **wrap)[: a.max_eval_sequences]
     return train, PackedDataset.for_objective(blocks, **lm, fixed=True)
+
+
+def _prepared_datasets(a: PretrainArgs, tokenizer, data: Path, manifest: dict, seq_len: int):
+    """Train and validation sets read from memory-mapped shards. Without a valid split, the last
+    ``valid_fraction`` of the train sequences is held out; at most ``max_eval_sequences`` are scored."""
+    wrap = {} if a.objective == "clm" else {"cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id}
+    lm = dict(tokenizer=tokenizer, objective=a.objective, probability=a.mlm_probability, seed=a.seed)
+    stream = TokenStream(data, manifest, "train")
+    if "valid" in manifest["splits"]:
+        held = 0
+        valid = StreamBlocks(TokenStream(data, manifest, "valid"), seq_len, count=a.max_eval_sequences, **wrap)
+    else:
+        total = StreamBlocks.sequences(stream, seq_len, bool(wrap))
+        held = int(round(total * a.valid_fraction))
+        valid = StreamBlocks(stream, seq_len, total - held, min(held, a.max_eval_sequences or held), **wrap) \
+            if held else None
+    train = StreamBlocks(stream, seq_len, count=StreamBlocks.sequences(stream, seq_len, bool(wrap)) - held, **wrap)
+    train_ds = PackedDataset.for_objective(train, **lm)
+    return train_ds, PackedDataset.for_objective(valid, **lm, fixed=True) if valid is not None else None
 
 
 def _publish(trainer: Trainer, out: Path) -> None:
@@ -253,86 +350,118 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, args: PretrainArgs | None = None,
-             vocab=None, callbacks=None) -> dict:
-    """Pre-train ``model_dir`` (or a fresh ``preset`` built into ``out``) on the ``train`` sources.
+             vocab=None, callbacks=None, data=None) -> dict:
+    """Pre-train ``model_dir`` (or a fresh ``preset`` built into ``out``) on the ``train`` sources or on
+    a prepared ``data`` folder (``sharebert prepare``).
 
     Returns the final metrics (also in ``out/metrics.json``): ``status`` (completed | interrupted),
-    ``stopped_by`` (max_steps | max_time | signal),
-    ``global_step``, ``train_loss`` (mean over the run), ``last_loss``, ``eval_loss``,
+    ``stopped_by`` (max_steps | max_time | signal), ``global_step``, ``train_loss`` (mean over every
+    step of the run, resumed parts included), ``last_loss`` (the last step's), ``eval_loss``,
     ``eval_perplexity``, ``train_tokens``, ``train_runtime``, ``world_size``, ``param_sha256`` (one
-    per process; all equal after a correct distributed run), ``checkpoint``.
+    per process; all equal after a correct distributed run), ``checkpoint``. Bad input raises
+    ``ValueError`` / ``FileNotFoundError`` before anything is written (an ``out`` this call created is removed).
     """
-    from ..modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
     from ..paths import data_path
 
     a = args or PretrainArgs()
     if a.char_level and preset is None and model_dir is None:
         preset = "charlm-6l"
-    _check_args(a, model_dir, preset)
+    _check_args(a, model_dir, preset, train, data)
     out = Path(out)
-    train = train or ([data_path("tinyshakespeare", "input.txt")] if a.char_level else None)
-    if not train:
-        raise ValueError("give at least one --train file")
-    train_sources = resolve_sources(train)
-    valid_sources = resolve_sources(valid) if valid else []
-    done = checkpoints(out)
-    if done and not a.resume:
-        raise ValueError(f"{out} already holds checkpoints ({done[-1][1].name}); pass --resume or choose another --out")
+    manifest, train_sources, valid_sources = None, [], []
+    if data is not None:
+        manifest = read_manifest(data)
+    else:
+        train = train or ([data_path("tinyshakespeare", "input.txt")] if a.char_level else None)
+        if not train:
+            raise ValueError("give --train files or --data DIR (from `sharebert prepare`)")
+        train_sources = resolve_sources(train)
+        valid_sources = resolve_sources(valid) if valid else []
+        for src in train_sources + valid_sources:
+            if not isinstance(src, str):
+                sniff_text(src)
+    if model_dir is not None and not (Path(model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} is not a model folder (no config.json); build one with `sharebert build`")
+    _check_out(out, a)
+    created = not out.exists()
+    stage = {"training": False}
+    with SignalCheckpoint() as stopper:
+        try:
+            return _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper,
+                        callbacks, stage)
+        except (ValueError, FileNotFoundError):
+            if created and not stage["training"] and os.environ.get("RANK", "0") == "0":
+                shutil.rmtree(out, ignore_errors=True)  # failed before training: leave no half-made --out
+            raise
 
+
+def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper, callbacks, stage):
     out.mkdir(parents=True, exist_ok=True)
     probe = _training_args(a, out, has_eval=False)  # sets up the process group under torchrun
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # every rank checked --out before rank 0 builds into it
+    resume_from = None
     with probe.main_process_first(desc="prepare the model folder"):
-        if probe.should_save and a.resume:
-            remove_incomplete(out)
-        model_dir = _prepare_model_dir(a, out, model_dir, preset, vocab, train_sources)
-    from ..configuration_sharebert import ShareBertConfig
-
-    config = ShareBertConfig.from_pretrained(model_dir)
-    tokenizer = load_tokenizer(model_dir, config.vocab_size, a.objective)
+        if a.resume:
+            if probe.should_save:
+                remove_incomplete(out)
+            resume_from = resume_checkpoint(out, say=print if probe.should_save else lambda m: None)
+        model_dir = _prepare_model_dir(a, out, model_dir, preset, vocab, train_sources, data)
+    config, tokenizer, model = load_model_folder(model_dir, a.objective)
     seq_len = a.seq_len or (config.max_position_embeddings if a.char_level else min(128, config.max_position_embeddings))
     if seq_len > config.max_position_embeddings:
         raise ValueError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {config.max_position_embeddings}")
-    train_ds, eval_ds = _datasets(a, tokenizer, train_sources, valid_sources, seq_len)
+    if manifest is not None:
+        want = manifest["tokenizer"]
+        if vocab_sha256(tokenizer) != want["vocab_sha256"]:
+            raise ValueError(f"--data {data} was prepared with another tokenizer ({want['vocab_size']} tokens) than "
+                             f"{model_dir}'s ({len(tokenizer)} tokens, a different vocabulary); "
+                             f"prepare it with --tokenizer {model_dir}")
+        train_ds, eval_ds = _prepared_datasets(a, tokenizer, Path(data), manifest, seq_len)
+    else:
+        train_ds, eval_ds = _datasets(a, tokenizer, train_sources, valid_sources, seq_len, stopper.check)
 
-    model = (ShareBertForCausalLM if a.objective == "clm" else ShareBertForMaskedLM).from_pretrained(model_dir)
     if a.objective == "mlm":  # the head runs only at masked positions in training: same loss, ~1/6 of its work
         model.config.mlm_logits_in_training = "masked"
     targs = _training_args(a, out, has_eval=eval_ds is not None)
-    stopper = SignalCheckpoint()
     clock = [WallClockLimit(a.max_time)] if a.max_time else []
     trainer = PretrainTrainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
                               data_collator=default_data_collator, processing_class=tokenizer,
                               callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), stopper, *clock,
                                          *(callbacks or [])])
     trainer.keep_checkpoints = a.keep_checkpoints
-    resume_from = latest_checkpoint(out) if a.resume else None
+    trainer.resumed_from(resume_from)
     if a.resume and targs.should_save:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0")
+    stage["training"] = True
+    started, ev = time.monotonic(), None
     try:
-        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    finally:
-        stopper.restore()
-
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        if eval_ds is not None and stopper.received is None:
+            last = [h for h in trainer.state.log_history if "eval_loss" in h]
+            ev = last[-1] if last and last[-1]["step"] == trainer.state.global_step else trainer.evaluate()
+    except StopRequested:  # inside an evaluation: keep the last complete step
+        if trainer.state.global_step > trainer.saved_step:
+            trainer._save_checkpoint(trainer.model, None)
+    runtime = time.monotonic() - started
     interrupted = stopper.received is not None
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    losses = trainer.run_losses()
     metrics = {
         "status": "interrupted" if interrupted else "completed",
         "signal": stopper.received,
         "stopped_by": "signal" if interrupted else "max_time" if clock and clock[0].reached else "max_steps",
         "global_step": trainer.state.global_step,
-        "train_loss": result.training_loss,
-        "last_loss": losses[-1] if losses else None,
+        "train_loss": losses["loss_sum"] / trainer.state.global_step if trainer.state.global_step else None,
+        "last_loss": losses["last_loss"],
         "train_tokens": trainer.state.global_step * a.batch_size * a.grad_accum * targs.world_size * seq_len,
-        "train_runtime": result.metrics.get("train_runtime"),
+        "train_runtime": runtime,
         "seq_len": seq_len,
         "train_sequences": len(train_ds),
         "valid_sequences": len(eval_ds) if eval_ds is not None else 0,
         "world_size": targs.world_size,
         "args": {k: v for k, v in asdict(a).items() if k != "progress"},
     }
-    if eval_ds is not None and not interrupted:
-        last = [h for h in trainer.state.log_history if "eval_loss" in h]
-        ev = last[-1] if last and last[-1]["step"] == trainer.state.global_step else trainer.evaluate()
+    if ev is not None:
         metrics.update(eval_loss=ev["eval_loss"], eval_perplexity=perplexity(ev["eval_loss"]))
     digest = param_digest(trainer.model)
     if targs.world_size > 1:
