@@ -58,7 +58,7 @@ def load_model(model_dir: Path, task: str):
     import transformers
 
     import sharebert.modeling_sharebert  # noqa: F401  (registers the models with the Auto classes)
-    from sharebert.training.corpus import load_tokenizer
+    from sharebert.model_folder import load_tokenizer
 
     try:
         config = transformers.AutoConfig.from_pretrained(model_dir)
@@ -79,7 +79,7 @@ def load_model(model_dir: Path, task: str):
                          f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they would be random; "
                          f"export the task the folder was trained for (--task {infer_task(model.config.to_dict())})")
     try:  # the training commands' check: a tokenizer that fits the vocabulary, with [MASK] for fill-mask
-        tokenizer = load_tokenizer(model_dir, int(model.config.vocab_size), "mlm" if task == "fill-mask" else "clm")
+        tokenizer = load_tokenizer(model_dir, int(model.config.vocab_size), ("mask",) if task == "fill-mask" else ())
     except ValueError:
         raise
     except Exception as e:  # OSError, or the tokenizers library's own error for a corrupt tokenizer.json
@@ -271,19 +271,19 @@ def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, op
     import numpy as np
     import onnx
     from optimum.exporters.onnx import export
-    from tqdm import tqdm
+    from sharebert.progress import bar
 
     from . import graph, quantize as q
     from .footprint import measure
     from .onnx_config import onnx_config_for
-    from .parity import FP32_TOLERANCE, check_parity, encode
+    from .parity import FP32_TOLERANCE, check_parity
 
     config = model.config
     max_length = int(config.max_position_embeddings)
     learned = int(model.num_parameters())
     path = tmp / "model.onnx"
     scratch = Path(tempfile.mkdtemp(dir=tmp))
-    steps = tqdm(total=6, desc="export", disable=not progress)
+    steps = bar(total=6, desc="export", progress=progress)
 
     steps.set_postfix_str("torch -> onnx")
     onnx_config = onnx_config_for(model, task)

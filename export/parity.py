@@ -16,7 +16,7 @@ import csv
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
+from sharebert.progress import bar
 
 FP32_TOLERANCE = 1e-3
 
@@ -80,7 +80,7 @@ def check_parity(model, tokenizer, session, task: str, sentences: list[str], lab
     preds_torch, preds_onnx = [], []
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # similar lengths: little padding
     batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-    for batch in tqdm(batches, desc=f"parity ({task})", disable=not progress, leave=False):
+    for batch in bar(batches, desc=f"parity ({task})", progress=progress, leave=False):
         feeds = encode(tokenizer, [sentences[i] for i in batch], max_length, mask_middle=task == "fill-mask")
         with torch.no_grad():
             out = model(**{k: torch.from_numpy(feeds[k]) for k in names})

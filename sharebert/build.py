@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from .configuration_sharebert import ShareBertConfig, pad_vocab_size
-from .shape import parse_overrides  # noqa: F401  (the commands' `--set`; kept here for callers)
 from .paths import default_vocab
 from .tokenization import hf_tokenizer
 

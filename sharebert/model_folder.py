@@ -10,6 +10,7 @@ The config functions are torch-free (``sharebert report`` uses them); model load
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 from .shape import CONFIG_FIELDS, preset_fields
@@ -27,8 +28,14 @@ def read_config(model_dir: str | Path) -> dict:
     """``config.json`` of ``model_dir`` as a dict; ``FileNotFoundError`` / ``ValueError`` naming the file."""
     model_dir = Path(model_dir)
     path = model_dir / "config.json"
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model folder not found: {model_dir}")
+    try:
+        is_dir = stat.S_ISDIR(model_dir.stat().st_mode)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"model folder not found: {model_dir}") from None
+    except OSError as e:  # a symlink loop, a path through a file, no permission
+        raise ValueError(f"model folder {model_dir} cannot be opened ({e.strerror or e})") from None
+    if not is_dir:
+        raise ValueError(f"{model_dir} is a file, not a model folder")
     if (model_dir / "manifest.json").is_file() and (model_dir / "model.onnx").is_file():
         raise ValueError(f"{model_dir} is an exported ONNX artifact, not a model folder; give the model folder it "
                          "was exported from (artifacts run with `sharebert predict` / `serve`)")
@@ -166,8 +173,10 @@ def load_model(cls, model_dir: str | Path, config=None, **kwargs):
     return model, missing
 
 
-def load_tokenizer(model_dir: str | Path, config):
-    """The model folder's fast tokenizer; errors when it is missing, damaged or larger than ``config.vocab_size``."""
+def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...] = ()):
+    """The model folder's fast tokenizer; a clear error when it is missing, damaged, larger than a
+    ``vocab_size`` model (ids past the embedding table) or lacks a special token the caller ``needs``
+    (``"pad"``, ``"mask"``, ``"cls"``, ``"sep"``)."""
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
@@ -176,11 +185,15 @@ def load_tokenizer(model_dir: str | Path, config):
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except Exception as e:  # tokenizers raises its own Exception type for a damaged tokenizer.json
-        raise ValueError(f"{model_dir / 'tokenizer.json'} (or its companions) cannot be read: "
+        raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read (the tokenizer files are damaged): "
                          f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
-    if len(tokenizer) > config.vocab_size:
-        raise ValueError(f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but the config's vocab_size is "
-                         f"{config.vocab_size}: they do not belong together (ids >= {config.vocab_size} would crash)")
-    if tokenizer.pad_token_id is None:
-        raise ValueError(f"the tokenizer in {model_dir} has no padding token")
+    if not tokenizer.is_fast:
+        raise ValueError(f"{model_dir}: a fast tokenizer (tokenizer.json) is needed")
+    if len(tokenizer) > vocab_size:
+        raise ValueError(f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but config.vocab_size is "
+                         f"{vocab_size}: they do not belong together (ids >= {vocab_size} would index past the "
+                         "embedding table); rebuild the model for this tokenizer")
+    missing = [f"[{name.upper()}]" for name in needs if getattr(tokenizer, f"{name}_token_id") is None]
+    if missing:
+        raise ValueError(f"the tokenizer in {model_dir} lacks {', '.join(missing)}, which this command needs")
     return tokenizer

@@ -78,8 +78,11 @@ def finite(obj):
 
 
 def write_json(path: str | Path, obj) -> None:
-    """Write ``obj`` as JSON atomically (temporary file, then rename); NaN becomes null."""
+    """Write ``obj`` as JSON atomically and durably (temporary file, fsync, rename); NaN becomes null."""
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -42,6 +42,8 @@ def world(tmp_path_factory):
     (root / "notes.txt").write_text("my notes\n")
     (root / "mine").mkdir()
     (root / "mine" / "thesis.tex").write_text("\\documentclass{article}\n")
+    (root / "loop1").symlink_to(root / "loop2")
+    (root / "loop2").symlink_to(root / "loop1")
     stsb = root / "stsb"
     stsb.mkdir()
     (stsb / "train.tsv").write_text("index\tsentence1\tsentence2\tscore\n0\ta cat\ta dog\t7.5\n")
@@ -76,12 +78,15 @@ CASES = [
     ("report-alien-config", ["report", "--model", "{root}/alien_config"], "model_type 'gpt2' is not supported",
      ["alien_config"], None),
     ("report-artifact", ["report", "--model", "{root}/artifact"], "is an exported ONNX artifact", ["artifact"], None),
+    ("report-model-is-a-file", ["report", "--model", "{root}/notes.txt"], "notes.txt is a file, not a model folder",
+     ["notes.txt"], None),
+    ("report-symlink-loop", ["report", "--model", "{root}/loop1"], "Too many levels of symbolic links", [], None),
     ("evaluate-bad-config", ["evaluate", "glue", "--model", "{root}/bad_config", "--task", "sst2"],
      "config.json is not valid JSON", ["bad_config"], None),
     ("finetune-bad-weights", ["finetune", "--model", "{root}/bad_weights", "--task", "sst2", "--out", "{root}/ft1", *FT],
      "model.safetensors cannot be loaded", ["bad_weights"], "ft1"),
     ("finetune-bad-tokenizer", ["finetune", "--model", "{root}/bad_tokenizer", "--task", "sst2", "--out", "{root}/ft2", *FT],
-     "tokenizer.json (or its companions) cannot be read", ["bad_tokenizer"], "ft2"),
+     "tokenizer.json cannot be read", ["bad_tokenizer"], "ft2"),
     ("finetune-into-model", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}/model", *FT],
      "is, or holds, the input", ["model"], None),
     ("finetune-into-parent", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}", "--overwrite", *FT],

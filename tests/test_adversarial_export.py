@@ -205,11 +205,12 @@ def test_parity_fails_on_nan(tmp_path, model_dir):
 
 def test_char_level_causal_lm_exports(tmp_path):
     """A 60-odd character vocabulary: the footprint's random ids must lie inside it."""
-    from sharebert.training.pretrain import build_char_model
+    from sharebert.build import build_model
+    from sharebert.training.corpus import char_tokenizer
 
     text = "the quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX! 0123456789,;:?'"
-    _, tokenizer = build_char_model("charlm-tiny", tmp_path / "char", text, dict(hidden_size=64, num_hidden_layers=2,
-                                                                                   intermediate_size=128))
+    _, tokenizer = build_model("charlm-tiny", tmp_path / "char", dict(hidden_size=64, num_hidden_layers=2,
+                               intermediate_size=128), head="clm", tokenizer=char_tokenizer(text))
     assert len(tokenizer) < 100
     manifest = export_model(tmp_path / "char", tmp_path / "art", **QUICK)
     assert manifest["task"] == "causal-lm" and manifest["parity"]["max_abs_diff"] <= 1e-3

@@ -9,8 +9,9 @@ import torch
 from sharebert.paths import data_path, default_vocab
 from sharebert.tokenization import hf_tokenizer
 from sharebert.training.corpus import (
-    char_tokenizer, encode_sources, iter_lines, load_tokenizer, pack, read_text, resolve_sources, strip_wiki_markup,
+    char_tokenizer, encode_sources, iter_lines, pack, read_text, resolve_sources, strip_wiki_markup,
 )
+from sharebert.model_folder import load_tokenizer
 
 ENWIKI = data_path("enwiki-sample")
 SHAKESPEARE = data_path("tinyshakespeare", "input.txt")
@@ -123,6 +124,10 @@ def test_tokenizer_larger_than_config_vocab_is_refused(tmp_path, tok):
     assert len(load_tokenizer(tmp_path, 30528)) == 30522
     with pytest.raises(FileNotFoundError, match="no tokenizer"):
         load_tokenizer(tmp_path / "nothing", 30528)
+    char = char_tokenizer("abc")
+    char.save_pretrained(tmp_path / "char")
+    with pytest.raises(ValueError, match=r"lacks \[MASK\], \[CLS\], \[SEP\], which this command needs"):
+        load_tokenizer(tmp_path / "char", 1000, needs=("mask", "cls", "sep"))
 
 
 def test_dynamic_masking_is_15_percent_80_10_10_and_seeded_per_epoch(tok):

@@ -86,4 +86,4 @@ def test_cli_finetune_and_bad_input(base, tmp_path, capsys):
     cfg["vocab_size"] = 1000
     (bad / "config.json").write_text(json.dumps(cfg))
     assert main(["finetune", "--model", str(bad), "--task", "sst2", "--out", str(tmp_path / "y")]) == 2
-    assert "30522 tokens but the config's vocab_size is 1000" in capsys.readouterr().err
+    assert "30522 tokens but config.vocab_size is 1000" in capsys.readouterr().err

@@ -365,7 +365,7 @@ def _plain(extra):
     (_plain(["--eval-samples", "0"]), "new", "eval_samples must be at least 1"),
     (_binary_corpus, "new", "w.bin is binary, not UTF-8 text"),
     (_tokenizer_mismatch, "new", "was prepared with another tokenizer"),
-    (_plain([]), "file", "is a file; give a folder"),
+    (_plain([]), "file", "is a file, not a folder"),
     (_plain([]), "under_file", "is a file, not a folder"),
     (_plain([]), "foreign", "is a non-empty folder that is not a pretrain run"),
     (lambda t, m, d, c: ["--model", str(m), "--data", str(t)], "new", "is not a prepared data folder"),

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 HELP = "Export a model folder to an ONNX artifact (compact or materialized weights, optional quantization)."
 
@@ -39,7 +38,7 @@ def run(args) -> int:
     manifest = export_model(args.model, args.out, task=args.task, weights=args.weights, quantize=args.quantize,
                             calibration=args.calibration, opset=args.opset, overwrite=args.overwrite,
                             check_file=args.check_file, check_limit=args.check_limit, shapes=tuple(args.shapes),
-                            threads=args.threads, progress=sys.stderr.isatty())
+                            threads=args.threads, progress=True)
     print(f"wrote {args.out}")
     print(format_report(manifest))
     return 0

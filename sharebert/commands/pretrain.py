@@ -62,7 +62,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..build import parse_overrides
+    from ..shape import parse_overrides
     from ..training.callbacks import StopRequested
     from ..training.pretrain import NonFiniteLoss, PretrainArgs, pretrain
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+
+from ..progress import bar as progress_bar
 
 CHAR_SPECIALS = ("[PAD]", "[UNK]")
 
@@ -185,25 +186,6 @@ def strip_wiki_markup(text: str) -> str:
 
 
 # -- tokenizers ---------------------------------------------------------------------------------
-def load_tokenizer(model_dir: str | Path, vocab_size: int, objective: str = "mlm"):
-    """The model folder's fast tokenizer; ``ValueError`` when it cannot match a ``vocab_size`` model."""
-    from transformers import AutoTokenizer
-
-    model_dir = Path(model_dir)
-    if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "vocab.txt").is_file():
-        raise FileNotFoundError(f"{model_dir} has no tokenizer (tokenizer.json); build it with `sharebert build`")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if not tokenizer.is_fast:
-        raise ValueError(f"{model_dir}: a fast tokenizer (tokenizer.json) is needed")
-    if len(tokenizer) > vocab_size:
-        raise ValueError(f"tokenizer in {model_dir} has {len(tokenizer)} tokens but config.vocab_size is {vocab_size}: "
-                         f"ids >= {vocab_size} would index past the embedding table; rebuild the model for this tokenizer")
-    if objective == "mlm" and (tokenizer.mask_token_id is None or tokenizer.cls_token_id is None
-                               or tokenizer.sep_token_id is None):
-        raise ValueError(f"tokenizer in {model_dir} lacks [MASK]/[CLS]/[SEP], which masked-LM pre-training needs")
-    return tokenizer
-
-
 def char_tokenizer(text: str, model_max_length: int = 256):
     """Character-level ``PreTrainedTokenizerFast``: ``[PAD]`` = 0, ``[UNK]`` = 1, then the sorted characters of ``text``."""
     from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
@@ -247,7 +229,7 @@ def encode_sources(sources: Iterable[Path | str], tokenizer, char_level: bool = 
     for src in sources:
         before = len(parts)
         lines = iter_lines(src)
-        bar = tqdm(desc=f"tokenize {Path(str(src)).name}", unit=" lines", disable=not progress, leave=False)
+        bar = progress_bar(desc=f"tokenize {Path(str(src)).name}", unit=" lines", progress=progress, leave=False)
         while True:
             batch = [line for _, line in zip(range(chunk), lines)]
             if not batch:

@@ -46,7 +46,7 @@ def load_finetuned(model_dir: str | Path):
     if "ShareBertForSequenceClassification" not in (config.architectures or []):
         raise ValueError(f"{model_dir} holds a {', '.join(config.architectures or ['bare'])} model, not a fine-tuned "
                          f"classifier; run `sharebert finetune` first")
-    tokenizer = load_tokenizer(model_dir, config)
+    tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))
     model = load_model(ShareBertForSequenceClassification, model_dir, config)[0]
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval(), tokenizer
 
@@ -292,6 +292,6 @@ def load_any(model_dir: str | Path):
     from ..modeling_sharebert import ShareBertModel
 
     config = load_config(model_dir)
-    tokenizer = load_tokenizer(model_dir, config)
+    tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))
     return load_model(ShareBertModel, model_dir, config, add_pooling_layer=False)[0].eval(), tokenizer
 

@@ -77,7 +77,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite, inputs=(model_dir, data_dir))
     config = load_config(model_dir)
-    tokenizer = load_tokenizer(model_dir, config)
+    tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))
     seq_len = min(args.seq_len, config.max_position_embeddings)
     set_seed(args.seed)
     model = load_classifier(model_dir, task_)

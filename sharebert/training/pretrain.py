@@ -32,11 +32,15 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
+from ..model_folder import read_config
+from ..curves import write_curves
+from ..outdir import check_out_dir, write_json
 from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, WallClockLimit, any_rank, checkpoints,
                         latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint, rotate)
-from .corpus import (PackedDataset, char_tokenizer, encode_sources, load_tokenizer, pack, read_text, resolve_sources,
+from .corpus import (PackedDataset, char_tokenizer, encode_sources, pack, read_text, resolve_sources,
                      sniff_text)
-from .shards import StreamBlocks, TokenStream, check_out_folder, read_manifest, vocab_sha256
+from .progress import trainer_progress
+from .shards import StreamBlocks, TokenStream, read_manifest, vocab_sha256
 
 LOSSES = "sharebert_losses.json"  # in each checkpoint: the run's loss sum so far, for metrics after a resume
 EVAL_BATCH = 8  # evaluation scores every position: (B, T, V) fp32 logits, ~125 MB per sequence-batch of 8 at V=30528
@@ -162,22 +166,6 @@ def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else float("inf")
 
 
-def build_char_model(preset: str, out: str | Path, text: str, overrides: dict | None = None, seed: int = 0):
-    """A ``ShareBertForCausalLM`` folder with a character tokenizer over the characters of ``text``."""
-    from ..build import config_for_vocab
-    from ..modeling_sharebert import ShareBertForCausalLM
-
-    tokenizer = char_tokenizer(text)
-    config = config_for_vocab(preset, overrides or {}, len(tokenizer))
-    tokenizer.model_max_length = config.max_position_embeddings
-    torch.manual_seed(seed)
-    model = ShareBertForCausalLM(config)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return model, tokenizer
-
-
 def param_digest(model: torch.nn.Module) -> str:
     """SHA-256 of every parameter (fp32 bytes, by name): equal digests mean identical replicas."""
     h = hashlib.sha256()
@@ -243,13 +231,17 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
         save_strategy="steps", save_steps=a.save_steps, save_total_limit=None,  # rotation after the marker
         seed=a.seed, data_seed=a.seed, use_cpu=not cuda, ddp_backend="gloo" if multi and not cuda else None,
         ddp_find_unused_parameters=False, dataloader_num_workers=a.dataloader_workers,
-        remove_unused_columns=False, disable_tqdm=not a.progress, **_precision(a),
+        remove_unused_columns=False, disable_tqdm=trainer_progress(a.progress)[0], **_precision(a),
     )
 
 
-def _check_out(out: Path, a: PretrainArgs) -> None:
+def _is_run(folder: Path) -> bool:
+    return any((folder / name).exists() for name in RUN_FILES) or bool(checkpoints(folder))
+
+
+def _check_out(out: Path, a: PretrainArgs, inputs) -> None:
     """One-line errors for an unusable ``--out``, before any work; run once, before any rank writes."""
-    check_out_folder(out, RUN_FILES, "a pretrain run")
+    check_out_dir(out, "pretrain run", _is_run, overwrite=True, inputs=inputs)  # our own run: --resume decides
     if a.resume:
         return
     done = checkpoints(out)
@@ -267,10 +259,11 @@ def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, tra
         return Path(model_dir)
     if (out / "config.json").is_file():
         return out  # --resume of a run that built its preset (checked once in _check_out)
-    if a.char_level:
-        build_char_model(preset, out, read_text(train_sources), a.overrides, a.seed)
-        return out
     from ..build import build_model
+
+    if a.char_level:  # a character tokenizer over the training text
+        build_model(preset, out, a.overrides, head="clm", seed=a.seed, tokenizer=char_tokenizer(read_text(train_sources)))
+        return out
 
     if data is not None and vocab is None:
         vocab = Path(data) / "tokenizer" / "vocab.txt"
@@ -281,14 +274,14 @@ def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, tra
 
 
 def load_model_folder(model_dir: Path, objective: str):
-    """``(config, tokenizer, model)`` of the folder training starts from (its config is the model's shape);
-    the tokenizer is checked against the config before the weights are loaded."""
-    from ..configuration_sharebert import ShareBertConfig
+    """``(config, tokenizer, model)`` of the folder training starts from (its config is the model's shape; a
+    transformers BERT folder is BERT); the tokenizer is checked against the config before the weights load."""
+    from ..model_folder import load_config, load_model, load_tokenizer
     from ..modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
 
-    config = ShareBertConfig.from_pretrained(model_dir)
-    tokenizer = load_tokenizer(model_dir, config.vocab_size, objective)
-    model = (ShareBertForCausalLM if objective == "clm" else ShareBertForMaskedLM).from_pretrained(model_dir)
+    config = load_config(model_dir)
+    tokenizer = load_tokenizer(model_dir, config.vocab_size, ("mask", "cls", "sep") if objective == "mlm" else ())
+    model, _ = load_model(ShareBertForCausalLM if objective == "clm" else ShareBertForMaskedLM, model_dir, config)
     return config, tokenizer, model
 
 
@@ -343,12 +336,6 @@ def _publish(trainer: Trainer, out: Path) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, args: PretrainArgs | None = None,
              vocab=None, callbacks=None, data=None) -> dict:
     """Pre-train ``model_dir`` (or a fresh ``preset`` built into ``out``) on the ``train`` sources or on
@@ -380,9 +367,10 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
         for src in train_sources + valid_sources:
             if not isinstance(src, str):
                 sniff_text(src)
-    if model_dir is not None and not (Path(model_dir) / "config.json").is_file():
-        raise FileNotFoundError(f"{model_dir} is not a model folder (no config.json); build one with `sharebert build`")
-    _check_out(out, a)
+    if model_dir is not None:
+        read_config(model_dir)  # a missing, damaged or foreign config.json, or an artifact: one line now
+    inputs = [p for p in (model_dir, data, *train_sources, *valid_sources) if p is not None and not isinstance(p, str)]
+    _check_out(out, a, inputs)
     created = not out.exists()
     stage = {"training": False}
     with SignalCheckpoint() as stopper:
@@ -428,6 +416,7 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     trainer = PretrainTrainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
                               data_collator=default_data_collator, processing_class=tokenizer,
                               callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), stopper, *clock,
+                                         *trainer_progress(a.progress)[1],
                                          *(callbacks or [])])
     trainer.keep_checkpoints = a.keep_checkpoints
     trainer.resumed_from(resume_from)
@@ -475,5 +464,6 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     ckpt = latest_checkpoint(out)
     metrics["checkpoint"] = str(ckpt) if ckpt else None
     if targs.should_save:
-        _write_json(out / "metrics.json", metrics)
+        write_curves(out)
+        write_json(out / "metrics.json", metrics)
     return metrics

@@ -30,8 +30,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from ..outdir import check_out_dir, write_json
+from ..progress import bar as progress_bar
 from .corpus import encode_lines, iter_lines, resolve_sources, sniff_text
 
 FORMAT = "sharebert-tokens"
@@ -101,32 +102,6 @@ def source_record(src: Path | str) -> dict:
 
 
 # -- the output folder ---------------------------------------------------------------------------
-def check_out_folder(out: Path, marker_names: tuple[str, ...], what: str) -> None:
-    """One-line errors for an ``--out`` that cannot be used: a file, under a file, unwritable, or a
-    non-empty folder holding none of ``marker_names`` (so not one of ours)."""
-    if out.is_file():
-        raise ValueError(f"--out {out} is a file; give a folder")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"--out {out}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: {parent} is not writable")
-    if out.is_dir() and any(out.iterdir()) and not any((out / n).exists() for n in marker_names) \
-            and not any(out.glob("checkpoint-*")):
-        raise ValueError(f"--out {out} is a non-empty folder that is not {what}; choose a new or empty folder")
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _checksum(manifest: dict) -> str:
     body = {k: v for k, v in manifest.items() if k != "checksum"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -204,9 +179,11 @@ def prepare(train, out, tokenizer="sharebert-tiny", valid=None, workers: int = 1
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
     out = Path(out)
-    check_out_folder(out, (MANIFEST, PROGRESS, ".lock"), "a prepared data folder")
     tok = resolve_tokenizer(tokenizer)
     sources = {"train": resolve_sources(train), "valid": resolve_sources(valid) if valid else []}
+    inputs = [src for srcs in sources.values() for src in srcs if not isinstance(src, str)]
+    check_out_dir(out, "prepared data folder", lambda p: any((p / n).exists() for n in (MANIFEST, PROGRESS, ".lock")),
+                  overwrite=True, inputs=inputs)  # our own folder: continued or returned as it is
     for src in sources["train"] + sources["valid"]:
         if not isinstance(src, str):
             sniff_text(src)
@@ -250,7 +227,7 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
         _init_worker_here(tok, dtype)
     started = time.perf_counter()
     total = sum(len(v) for v in sources.values())
-    bar = tqdm(desc="prepare", unit="B", unit_scale=True, disable=not progress)
+    bar = progress_bar(desc="prepare", unit="B", unit_scale=True, progress=progress)
     try:
         for split in SPLITS:
             (out / split).mkdir(exist_ok=True)
@@ -273,7 +250,7 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
                                     for split, shards in state["splits"].items() if shards},
                 "seconds": round(time.perf_counter() - started, 2)}
     manifest["checksum"] = _checksum(manifest)
-    _write_json(out / MANIFEST, manifest)
+    write_json(out / MANIFEST, manifest)
     (out / PROGRESS).unlink()
     return manifest
 
@@ -326,7 +303,7 @@ def _prepare_source(out, split, i, src, state, pool, workers, dtype, bar, stop) 
     if not any(r["source"] == i for r in state["splits"][split]):
         raise ValueError(f"corpus file {src} holds no text")
     state["finished"][split].append(i)
-    _write_json(out / PROGRESS, state)
+    write_json(out / PROGRESS, state)
 
 
 def _save_shard(out: Path, split: str, source: int, ids: np.ndarray, lines_end: int, state: dict) -> None:
@@ -341,7 +318,7 @@ def _save_shard(out: Path, split: str, source: int, ids: np.ndarray, lines_end: 
     os.replace(tmp, out / name)
     state["splits"][split].append({"file": name, "tokens": int(ids.size), "sha256": hashlib.sha256(data).hexdigest(),
                                    "source": source, "lines_end": lines_end})
-    _write_json(out / PROGRESS, state)
+    write_json(out / PROGRESS, state)
 
 
 # -- reading --------------------------------------------------------------------------------------
