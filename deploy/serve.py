@@ -230,6 +230,7 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
             words = self.raw_requestline.split()
             if len(words) != 3:  # blank, HTTP/0.9 (no version: no status line either) or garbage
                 self.command, self.request_version = None, self.default_request_version
+                self.requestline = str(self.raw_requestline[:80], "iso-8859-1").rstrip("\r\n")  # for the log line
                 self.send_error(400, f"bad request line {self.raw_requestline[:80]!r}; expected METHOD PATH HTTP/1.1")
                 return False
             return super().parse_request()
@@ -334,7 +335,7 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
                 sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
 
     server = Server((host, port), Handler, limits["max_connections"])
-    server.quiet = quiet
+    server.quiet, server.admission = quiet, admission
     return server
 
 
