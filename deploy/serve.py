@@ -18,6 +18,7 @@ call of at most ``--max-batch-tokens`` padded tokens at a time (see docs/DEVICE.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 import sys
@@ -46,6 +47,19 @@ LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
     "max_connections": (128, "open connections (one thread each); more get 503 + Retry-After"),
     "timeout": (30, "seconds a connection may take to send a request, or sit idle"),
 }
+
+
+def _libc():
+    """glibc's malloc controls, or None elsewhere (musl, macOS): used to give freed memory back."""
+    try:
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+LIBC = _libc()
+M_ARENA_MAX = -8  # glibc mallopt parameter: at most this many malloc arenas (default 8 per core, one per thread)
 
 
 class BadRequest(Exception):
@@ -321,6 +335,8 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
                     raise BadRequest(413, f"{tokens} tokens exceed the limit of {limits['max_tokens']} per request")
                 with admission.slot():
                     preds = runtime.predict(texts, **kwargs)
+                    if LIBC and tokens > limits["max_batch_tokens"]:
+                        LIBC.malloc_trim(0)  # a large request's freed blocks go back to the OS
             except BadRequest as e:
                 self._send(e.status, {"error": str(e)})
                 return
@@ -348,6 +364,8 @@ def run(args) -> int:
     for name, value in limits.items():  # before loading the model: a typo costs no wait
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if LIBC:  # before any thread: one malloc arena per connection thread would keep each one's freed memory
+        LIBC.mallopt(M_ARENA_MAX, 2)
     runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram)
     try:
         server = make_server(runtime, args.host, args.port, args.quiet, **limits)
