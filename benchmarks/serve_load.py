@@ -16,6 +16,8 @@ under ``artifacts/serve_bench/`` (reused when present; the figures are about tim
 
     python benchmarks/serve_load.py --preset sharebert-tiny --duration 10          # quick check
     python benchmarks/serve_load.py --clients 4 --duration 60 --ram int8            # sharebert-small
+    python benchmarks/serve_load.py --preset sharebert-tiny --quantize none --clients 80 --hostile 20 \
+        --duration 20 --threads 1 --max-memory 990                                  # hostile mix, 100 clients
 """
 from __future__ import annotations
 
