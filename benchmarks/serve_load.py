@@ -16,6 +16,8 @@ under ``artifacts/serve_bench/`` (reused when present; the figures are about tim
 
     python benchmarks/serve_load.py --preset sharebert-tiny --duration 10          # quick check
     python benchmarks/serve_load.py --clients 4 --duration 60 --ram int8            # sharebert-small
+    python benchmarks/serve_load.py --preset sharebert-tiny --quantize none --clients 80 --hostile 20 \
+        --duration 20 --threads 1 --max-memory 990                                  # hostile mix, 100 clients
 """
 from __future__ import annotations
 
@@ -74,9 +76,9 @@ def ensure_artifact(preset: str, quantize: str) -> Path:
 class Server:
     """``sharebert serve`` in a subprocess on 127.0.0.1; stderr is drained (last lines kept for errors)."""
 
-    def __init__(self, artifact: Path, port: int, ram: str, threads: int | None, max_batch: int):
+    def __init__(self, artifact: Path, port: int, ram: str, threads: int | None, limits: list[str]):
         cmd = [sys.executable, "-m", "sharebert", "serve", str(artifact), "--host", HOST, "--port", str(port),
-               "--ram", ram, "--max-batch", str(max_batch), "--quiet"]
+               "--ram", ram, "--quiet", *limits]
         if threads:
             cmd += ["--threads", str(threads)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -222,6 +224,77 @@ class Load:
         return time.perf_counter() - t0
 
 
+HEAVY = json.dumps({"texts": [" ".join(["[MASK]"] * 126)] * 64, "top_k": 20}).encode()  # 8,192 tokens, all [MASK]
+MALFORMED = [
+    b"POST /fill-mask HTTP/1.1\r\nContent-Length: 8000\r\n\r\n" + b"[" * 4000 + b"]" * 4000,
+    b'POST /fill-mask HTTP/1.1\r\nContent-Length: 27\r\n\r\n{"text": "a \\ud800 [MASK]"}',
+    b"POST /fill-mask HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    b"\x16\x03\x01\x00\xa5\x01\r\n\r\n",
+    b"GET /health HTTP/2.0\r\n\r\n",
+    b"GET /nowhere HTTP/1.1\r\nConnection: close\r\n\r\n",
+]
+
+
+class Hostile:
+    """Threads sending, in turn: a declared 1 GB body (413 expected), a half-sent body left hanging (408),
+    a malformed request (4xx) and the heaviest allowed request (64 all-[MASK] texts, top_k 20: 200).
+    Outcomes are counted as ``kind status`` ('kind reset' for a connection that got no answer)."""
+
+    KINDS = ("oversize", "slow", "malformed", "heavy")
+
+    def __init__(self, port: int, end: float, timeout: float):
+        self.port, self.end, self.timeout = port, end, timeout
+        self.outcomes: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def _exchange(self, kind: str, n: int) -> str:
+        import socket
+
+        with socket.create_connection((HOST, self.port), timeout=self.timeout) as s:
+            if kind == "oversize":
+                s.sendall(b"POST /fill-mask HTTP/1.1\r\nContent-Length: 1000000000\r\n\r\n")
+            elif kind == "slow":
+                s.sendall(b'POST /fill-mask HTTP/1.1\r\nContent-Length: 40\r\n\r\n{"text": ')
+            elif kind == "malformed":
+                s.sendall(MALFORMED[n % len(MALFORMED)])
+            else:
+                s.sendall(b"POST /fill-mask HTTP/1.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(HEAVY)
+                          + HEAVY)
+            reply = b""
+            while not reply.startswith(b"HTTP/1.1 ") or b"\r\n\r\n" not in reply:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    break
+                reply += chunk
+            if kind == "heavy":  # read the whole answer: its size is part of the memory the server holds
+                while s.recv(1 << 20):
+                    pass
+        return reply[9:12].decode() if reply.startswith(b"HTTP/1.1 ") else "reset"
+
+    def client(self, index: int) -> None:
+        n = index
+        while time.perf_counter() < self.end:
+            kind = self.KINDS[n % len(self.KINDS)]
+            try:
+                status = self._exchange(kind, n // len(self.KINDS))
+            except OSError as e:
+                status = f"error {type(e).__name__}"
+            with self.lock:
+                self.outcomes[f"{kind} {status}"] += 1
+            n += 1
+
+    def start(self, clients: int) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self.client, args=(i,), daemon=True) for i in range(clients)]
+        for t in threads:
+            t.start()
+        return threads
+
+    def bad(self) -> dict[str, int]:
+        """Outcomes that miss what HTTP says: 5xx, resets, or the wrong status for the kind."""
+        want = {"oversize": {"413"}, "slow": {"408"}, "malformed": {"400", "404"}, "heavy": {"200"}}
+        return {k: v for k, v in self.outcomes.items() if k.split(" ", 1)[1] not in want[k.split(" ")[0]]}
+
+
 def reference(artifact: Path, ram: str, threads: int | None, requests: list[list[str]]):
     """Per request, per text, per [MASK]: the in-process top-1 token id and its score."""
     from sharebert.deploy import Runtime
@@ -253,6 +326,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads (server and reference)")
     ap.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
     ap.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default: 60)")
+    ap.add_argument("--hostile", type=int, default=0,
+                    help="extra client threads sending oversize, half-sent, malformed and heaviest requests (default: 0)")
+    ap.add_argument("--workers", type=int, default=2, help="server --workers (default: 2)")
+    ap.add_argument("--max-batch-tokens", type=int, default=1024, help="server --max-batch-tokens (default: 1024)")
+    ap.add_argument("--server-timeout", type=int, default=5, help="server --timeout, what a half-sent body waits (default: 5)")
+    ap.add_argument("--max-memory", type=float, default=None,
+                    help="MB: fail when the server's peak RSS exceeds it (docs/DEVICE.md derives it from the limits)")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.batch < 1 or args.requests < 1 or args.duration <= 0 or args.sentences < 1:
         ap.error("--clients, --batch, --requests, --sentences and --duration must be positive")
@@ -269,7 +349,10 @@ def main(argv=None) -> int:
           flush=True)
     expected, expected_scores = reference(artifact, args.ram, args.threads, requests)
 
-    server = Server(artifact, args.port, args.ram, args.threads, max_batch=max(64, args.batch))
+    limits = ["--max-batch", str(max(64, args.batch)), "--workers", str(args.workers), "--max-batch-tokens",
+              str(args.max_batch_tokens), "--timeout", str(args.server_timeout),
+              "--max-queue", str(args.clients + args.hostile), "--max-connections", str(2 * (args.clients + args.hostile))]
+    server = Server(artifact, args.port, args.ram, args.threads, limits)
     try:
         ready_s = server.wait_healthy(timeout=300)
         print(f"server pid {server.proc.pid} healthy on {HOST}:{server.port} after {ready_s:.2f} s", flush=True)
@@ -278,8 +361,12 @@ def main(argv=None) -> int:
         warm_rss = server.memory_mb()
         load = Load(server, requests, expected, expected_scores, args.duration, args.requests, args.timeout)
         print(f"load: {args.clients} clients, {args.batch} text(s)/request, up to {args.duration:g} s "
-              f"or {args.requests} requests ...", flush=True)
+              f"or {args.requests} requests; {args.hostile} hostile clients ...", flush=True)
+        hostile = Hostile(server.port, time.perf_counter() + args.duration, args.timeout)
+        hostile_threads = hostile.start(args.hostile)
         wall = load.run(args.clients)
+        for t in hostile_threads:
+            t.join(args.timeout + args.server_timeout + 5)
         memory = server.memory_mb()
         alive = server.proc.poll() is None
     finally:
@@ -302,6 +389,7 @@ def main(argv=None) -> int:
         "server_ready_s": round(ready_s, 2), "server_rss_warm_mb": warm_rss["VmRSS"],
         "server_rss_after_mb": memory["VmRSS"], "server_peak_rss_mb": memory["VmHWM"],
         "server_alive_after_load": alive, "server_stop": stopped,
+        "hostile": dict(hostile.outcomes), "hostile_wrong_status": hostile.bad(), "max_memory_mb": args.max_memory,
     }
     print(f"\nrequests        {done} sent, {answered} answered with 200 "
           f"({args.batch} text(s) each = {answered * args.batch} texts)")
@@ -314,10 +402,16 @@ def main(argv=None) -> int:
     print(f"server RSS (MB) after warm-up {warm_rss['VmRSS']}, after load {memory['VmRSS']}, "
           f"peak (VmHWM) {memory['VmHWM']}")
     print(f"server          ready after {ready_s:.2f} s, {'alive' if alive else 'DEAD'} after the load, {stopped}")
+    if args.hostile:
+        print(f"hostile         {dict(sorted(hostile.outcomes.items()))}")
+        print(f"hostile wrong   {hostile.bad() or 'none'} (5xx, resets, or a status other than HTTP's for the kind)")
+    over = args.max_memory is not None and not (memory["VmHWM"] or float("inf")) <= args.max_memory
+    if args.max_memory is not None:
+        print(f"memory bound    peak {memory['VmHWM']} MB {'EXCEEDS' if over else 'within'} --max-memory {args.max_memory:g} MB")
     for note in load.examples:
         print(f"  e.g. {note}")
     print("SUMMARY " + json.dumps(summary), flush=True)
-    return 0 if done and load.outcomes["correct"] == done else 1
+    return 0 if done and load.outcomes["correct"] == done and not hostile.bad() and not over else 1
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from .artifact import ArtifactError, quantize_per_channel, verify_artifact
+from .artifact import MODEL, TOKENIZER, ArtifactError, quantize_per_channel, session_options, verify_artifact
 
 RAM_MODES = ("fp32", "int8")
 
@@ -37,8 +37,11 @@ class Runtime:
     providers (default CPU). ``ram``: ``"fp32"`` (ORT folds generated weights to fp32) or ``"int8"``
     (generated weights held as int8, dynamic-int8 MatMuls; compact artifacts only). Every method takes
     a list of texts (or one text), pads each batch to its longest input and returns
-    :class:`Predictions`. Safe to call from several threads.
+    :class:`Predictions`. Safe to call from several threads. Each ONNX Runtime call holds at most
+    ``batch_size`` texts and ``max_batch_tokens`` padded tokens (set it on the instance to change it).
     """
+
+    max_batch_tokens = 2048  # padded tokens per ONNX Runtime call: bounds its (B, T, vocabulary) outputs
 
     def __init__(self, artifact_dir: str | Path, threads: int | None = None, providers: list[str] | None = None,
                  ram: str = "fp32", batch_size: int = 32, manifest_sha256: str | None = None):
@@ -58,7 +61,7 @@ class Runtime:
         self.providers = providers or ["CPUExecutionProvider"]
         self.threads = threads
         special = self.manifest.get("special_tokens") or {}
-        self.tokenizer = _load_tokenizer(self.path / "tokenizer.json")
+        self.tokenizer = _load_tokenizer(self.path / TOKENIZER)
         vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
         for name, token_id in special.items():
             if token_id >= vocab:
@@ -74,21 +77,14 @@ class Runtime:
         if ram == "int8":
             self.session = self._load_int8()
         else:
-            self.session = _open_session(self.path / "model.onnx", self._options(), self.providers)
+            self.session = _open_session(self.path / MODEL, self._options(), self.providers)
         self.input_names = [i.name for i in self.session.get_inputs() if i.name not in self._int8_inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     # -- loading ------------------------------------------------------------------------------
-    def _options(self, apply_config: bool = True) -> ort.SessionOptions:
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        if self.threads:
-            so.intra_op_num_threads = self.threads
-            so.inter_op_num_threads = 1
-        if apply_config:
-            for key, value in (self.manifest.get("session_config") or {}).items():
-                so.add_session_config_entry(str(key), str(value))
-        return so
+    def _options(self, **kwargs) -> ort.SessionOptions:
+        """The artifact's session options; no CPU arena, so a large batch's activations are given back."""
+        return session_options(self.manifest.get("session_config"), self.threads, arena=False, **kwargs)
 
     def _load_int8(self) -> ort.InferenceSession:
         """Generate the weights once, quantize them, bind the int8 arrays; return the compute session."""
@@ -96,9 +92,7 @@ class Runtime:
         if not ram or not ram.get("weights"):
             raise ArtifactError(f"{self.path / 'manifest.json'} has no ram_int8 graphs: RAM int8 needs a compact export "
                                 f"(`sharebert export --weights compact`); use ram='fp32' for this artifact")
-        so = self._options()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # no folding: one run, then freed
-        so.enable_cpu_mem_arena = False  # give the fp32 weights back to the OS once quantized
+        so = self._options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)  # no folding: one run, then freed
         generator = _open_session(self.path / ram["generator"], so, ["CPUExecutionProvider"])
         names = [w["output"] for w in ram["weights"]]
         generated = dict(zip(names, generator.run(names, {})))
@@ -110,23 +104,49 @@ class Runtime:
         return _open_session(self.path / ram["compute"], self._options(), self.providers)
 
     # -- encoding -----------------------------------------------------------------------------
-    def _encode(self, texts: list[str], special_tokens: bool = True):
-        """Token ids ``(B, T)`` padded to the longest, the attention mask and the truncation count."""
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
-        rows, cut = [], 0
-        for enc in encodings:
-            ids = enc.ids
-            if len(ids) > self.max_length:
-                cut += 1
-                ids = ids[: self.max_length - 1] + [ids[-1]] if special_tokens else ids[-self.max_length:]
-            rows.append(ids)
+    def _truncate(self, ids: list[int], special_tokens: bool) -> list[int]:
+        """Cut one encoding to ``max_length`` (keeping the final ``[SEP]`` when special tokens are added)."""
+        if len(ids) <= self.max_length:
+            return ids
+        return ids[: self.max_length - 1] + [ids[-1]] if special_tokens else ids[-self.max_length:]
+
+    def _pad(self, rows: list[list[int]]):
+        """Token ids ``(B, T)`` padded to the longest row, and the attention mask."""
         T = max(1, max(len(r) for r in rows))
         input_ids = np.full((len(rows), T), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(rows), T), dtype=np.int64)
         for i, r in enumerate(rows):
             input_ids[i, : len(r)] = r
             mask[i, : len(r)] = 1
-        return input_ids, mask, cut
+        return input_ids, mask
+
+    def _encode(self, texts: list[str], special_tokens: bool = True):
+        """One padded batch of all ``texts``: token ids ``(B, T)``, the attention mask, the truncation count."""
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
+        rows = [self._truncate(e.ids, special_tokens) for e in encodings]
+        return (*self._pad(rows), sum(len(r) < len(e.ids) for r, e in zip(rows, encodings)))
+
+    def _encoded(self, texts, special_tokens: bool = True):
+        """Yield ``(input_ids, attention_mask, cut)`` per ONNX Runtime call, in input order.
+
+        A call holds at most ``batch_size`` texts and ``max_batch_tokens`` padded tokens (one text
+        at least), so the outputs' memory is bounded by the budget, not by the request.
+        """
+        for texts in self._batches(texts):
+            rows, cut = [], 0
+            for enc in self.tokenizer.encode_batch(texts, add_special_tokens=special_tokens):
+                ids = self._truncate(enc.ids, special_tokens)
+                if rows and (len(rows) + 1) * max(len(ids), max(map(len, rows))) > self.max_batch_tokens:
+                    yield (*self._pad(rows), cut)
+                    rows, cut = [], 0
+                rows.append(ids)
+                cut += len(ids) < len(enc.ids)
+            yield (*self._pad(rows), cut)
+
+    def token_count(self, texts, special_tokens: bool = True) -> int:
+        """Tokens the model will see for ``texts`` (each cut to ``max_length``), padding not counted."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        return sum(min(len(e.ids), self.max_length) for e in self.tokenizer.encode_batch(texts, add_special_tokens=special_tokens))
 
     def _run(self, input_ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
         feeds = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
@@ -142,15 +162,17 @@ class Runtime:
             outs = self.session.run(self.output_names, feeds)
         return {n: np.asarray(o, dtype=np.float32) for n, o in zip(self.output_names, outs)}
 
-    def _batches(self, texts):
+    def _batches(self, texts, size: int | None = None):
+        """Lists of at most ``size`` (default ``batch_size``) texts; raises ``TypeError`` for a non-string."""
         if isinstance(texts, str):
             texts = [texts]
         texts = list(texts)
         for t in texts:
             if not isinstance(t, str):
                 raise TypeError(f"texts must be strings, got {type(t).__name__}")
-        for start in range(0, len(texts), self.batch_size):
-            yield texts[start: start + self.batch_size]
+        size = size or self.batch_size
+        for start in range(0, len(texts), size):
+            yield texts[start: start + size]
 
     def _need(self, *tasks: str) -> None:
         if self.task not in tasks:
@@ -158,25 +180,31 @@ class Runtime:
 
     # -- tasks --------------------------------------------------------------------------------
     def fill_mask(self, texts, top_k: int = 5) -> Predictions:
-        """Per text, per ``[MASK]`` (in order): the ``top_k`` tokens ``{"token", "token_id", "score"}``."""
+        """Per text, per ``[MASK]`` (in order): the ``top_k`` tokens ``{"token", "token_id", "score"}``.
+
+        Only the rows at ``[MASK]`` positions are kept from each call's logits, and only their
+        ``top_k`` survive it: the full ``(B, T, vocabulary)`` array lives for one call of at most
+        ``max_batch_tokens`` padded tokens.
+        """
         self._need("fill-mask")
         if self.mask_id is None:
             raise ArtifactError(f"{self.path / 'manifest.json'} names no mask token")
         if top_k < 1:
             raise ValueError(f"top_k must be positive, got {top_k}")
         out = Predictions()
-        for batch in self._batches(texts):
-            ids, mask, cut = self._encode(batch)
+        for ids, mask, cut in self._encoded(texts):
             out.truncated += cut
+            rows, cols = np.nonzero(ids == self.mask_id)
             logits = self._run(ids, mask)[self.output_names[0]]
-            for row in range(len(batch)):
-                answers = []
-                for pos in np.flatnonzero(ids[row] == self.mask_id):
-                    probs = _softmax(logits[row, pos])
-                    best = np.argsort(-probs)[:top_k]
-                    answers.append([{"token": self.tokenizer.id_to_token(int(t)), "token_id": int(t),
-                                     "score": float(probs[t])} for t in best])
-                out.append(answers)
+            picked = [top_k_softmax(logits[rows[i: i + 64], cols[i: i + 64]], top_k) for i in range(0, len(rows), 64)]
+            del logits
+            best = [t for tokens, _ in picked for t in tokens]
+            scores = [p for _, probs in picked for p in probs]
+            answers = [[] for _ in range(len(ids))]
+            for row, tokens, probs in zip(rows, best, scores):
+                answers[row].append([{"token": self.tokenizer.id_to_token(int(t)), "token_id": int(t),
+                                      "score": float(p)} for t, p in zip(tokens, probs)])
+            out.extend(answers)
         return out
 
     def classify(self, texts) -> Predictions:
@@ -184,8 +212,7 @@ class Runtime:
         self._need("text-classification")
         regression = self.manifest.get("problem_type") == "regression"
         out = Predictions()
-        for batch in self._batches(texts):
-            ids, mask, cut = self._encode(batch)
+        for ids, mask, cut in self._encoded(texts):
             out.truncated += cut
             logits = self._run(ids, mask)[self.output_names[0]]
             for row in logits:
@@ -205,16 +232,15 @@ class Runtime:
         if pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
         out = Predictions()
-        for batch in self._batches(texts):
-            ids, mask, cut = self._encode(batch)
+        for ids, mask, cut in self._encoded(texts):
             out.truncated += cut
-            hidden = self._run(ids, mask)[self.output_names[0]]  # (B, T, V)
+            hidden = self._run(ids, mask)[self.output_names[0]]  # (B, T, H)
             if pooling == "cls":
                 vectors = hidden[:, 0]
             else:
                 m = mask[..., None].astype(np.float32)
                 vectors = (hidden * m).sum(1) / np.maximum(m.sum(1), 1.0)
-            out.extend(np.ascontiguousarray(vectors, dtype=np.float32))
+            out.extend(np.array(vectors, dtype=np.float32))  # copies: the (B, T, H) states are freed
         return out
 
     def generate(self, prompts, max_new_tokens: int = 20) -> Predictions:
@@ -227,7 +253,8 @@ class Runtime:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         start = [self.cls_id] if self.cls_id is not None else []
         out = Predictions()
-        for batch in self._batches(prompts):
+        rows = max(1, min(self.batch_size, self.max_batch_tokens // self.max_length))  # windows grow to max_length
+        for batch in self._batches(prompts, rows):
             seqs = [start + e.ids for e in self.tokenizer.encode_batch(batch, add_special_tokens=False)]
             seqs = [s or [self.pad_id] for s in seqs]
             out.truncated += sum(len(s) > self.max_length for s in seqs)
@@ -272,6 +299,21 @@ def _load_tokenizer(path: Path) -> Tokenizer:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the tokenizers library raises its own base Exception
         raise ArtifactError(f"{path} cannot be read as a tokenizer: {str(e).splitlines()[0] if str(e) else e}") from None
+
+
+def top_k_softmax(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``(N, V)`` logits: the ``k`` most probable ids (best first, ties by lower id) and
+    their softmax probabilities, without sorting or normalising a second ``(N, V)`` array."""
+    k = min(k, logits.shape[-1])
+    if logits.shape[0] == 0:
+        return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
+    top = np.sort(np.argpartition(-logits, k - 1, axis=-1)[:, :k], axis=-1)  # ascending ids: a stable order
+    picked = np.take_along_axis(logits, top, axis=-1)
+    order = np.argsort(-picked, axis=-1, kind="stable")
+    top, picked = np.take_along_axis(top, order, axis=-1), np.take_along_axis(picked, order, axis=-1)
+    peak = logits.max(axis=-1, keepdims=True)
+    total = np.exp(logits - peak).sum(axis=-1, keepdims=True)
+    return top, np.exp(picked - peak) / total
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

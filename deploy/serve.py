@@ -7,13 +7,24 @@ Endpoints:
   ``/generate``) with ``{"texts": [...]}`` or ``{"text": "..."}`` and optional ``top_k``,
   ``pooling`` or ``max_new_tokens`` -> ``{"results": [...], "truncated": n}``.
 
-Bad input gets a 4xx with ``{"error": message}``: 400 bad JSON or fields, 404/405 wrong path or
-method, 411 no length, 413 body or batch over the limits.
+Bad input of any shape gets a 4xx with ``{"error": message}`` and a valid status line: 400 bad JSON,
+fields, headers or request line (an unsupported HTTP version included), 404/405 wrong path or method,
+408 a request not sent within ``--timeout``, 411 no length, 413 body, texts, tokens or ``top_k`` over
+the limits (an oversize body is refused before it is read). Overload gets 503 with ``Retry-After``:
+more than ``--workers`` + ``--max-queue`` requests admitted, or ``--max-connections`` open.
+
+Memory is bounded by the limits: at most ``--workers`` requests run at once, each one ONNX Runtime
+call of at most ``--max-batch-tokens`` padded tokens at a time (see docs/DEVICE.md for the bound).
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import re
 import sys
+import threading
+import time
+from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -21,10 +32,34 @@ HELP = "serve an exported artifact over local HTTP/JSON (/predict, /health, /met
 
 TASK_PATHS = {"fill-mask": "/fill-mask", "text-classification": "/classify", "feature-extraction": "/embed",
               "causal-lm": "/generate"}
-# Optional request fields per task: (name, type, lowest, highest) or (name, allowed values).
-PARAMS = {"fill-mask": [("top_k", int, 1, 100)], "feature-extraction": [("pooling", ("cls", "mean"))],
-          "causal-lm": [("max_new_tokens", int, 0, 256)], "text-classification": []}
-DISCARD_LIMIT = 64 << 20  # refused bodies up to this size are drained; larger ones just close the connection
+MAX_NEW_TOKENS = 256
+RETRY_AFTER_S = 1  # what a 503 asks the client to wait
+DRAIN_BYTES = 1 << 16  # after refusing a body, read at most this much of it so the client sees the answer
+DIGITS = re.compile(r"[0-9]{1,18}")
+LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
+    "max_batch": (64, "texts per request"),
+    "max_tokens": (8192, "tokens per request, after each text is cut to the artifact's max_length"),
+    "max_top_k": (20, "fill-mask: largest top_k"),
+    "max_body_bytes": (1 << 20, "request body bytes"),
+    "max_batch_tokens": (1024, "padded tokens per ONNX Runtime call (bounds each call's memory)"),
+    "workers": (2, "requests computed at once"),
+    "max_queue": (16, "admitted requests waiting for a worker; more get 503 + Retry-After"),
+    "max_connections": (128, "open connections (one thread each); more get 503 + Retry-After"),
+    "timeout": (30, "seconds a connection may take to send a request, or sit idle"),
+}
+
+
+def _libc():
+    """glibc's malloc controls, or None elsewhere (musl, macOS): used to give freed memory back."""
+    try:
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+LIBC = _libc()
+M_ARENA_MAX = -8  # glibc mallopt parameter: at most this many malloc arenas (default 8 per core, one per thread)
 
 
 class BadRequest(Exception):
@@ -39,18 +74,28 @@ def add_arguments(p):
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per request")
     p.add_argument("--ram", choices=("fp32", "int8"), default="fp32", help="see `sharebert predict --help`")
-    p.add_argument("--max-batch", type=int, default=64, help="most texts per request (default: 64)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default: 1 MiB)")
+    for name, (default, what) in LIMITS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=default, help=f"most {what} (default: {default})")
     p.add_argument("--quiet", action="store_true", help="do not log each request")
     p.add_argument("--pin", metavar="SHA256", help="refuse the artifact unless manifest.json has this sha256")
 
 
-def parse_request(body: bytes, task: str, max_batch: int) -> tuple[list[str], dict]:
+def params(task: str, max_top_k: int) -> list[tuple]:
+    """The task's optional request fields: ``(name, type, lowest, highest)`` or ``(name, allowed values)``."""
+    return {"fill-mask": [("top_k", int, 1, max_top_k)], "feature-extraction": [("pooling", ("cls", "mean"))],
+            "causal-lm": [("max_new_tokens", int, 0, MAX_NEW_TOKENS)], "text-classification": []}[task]
+
+
+def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMITS["max_top_k"][0]) -> tuple[list[str], dict]:
     """Request body -> ``(texts, task keyword arguments)``; raises :class:`BadRequest`."""
     try:
         payload = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except UnicodeDecodeError as e:
         raise BadRequest(400, f"body is not valid UTF-8 JSON: {e}") from None
+    except ValueError as e:  # also numbers of more than 4300 digits
+        raise BadRequest(400, f"body is not valid UTF-8 JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest(400, "body is not valid UTF-8 JSON: nested too deeply") from None
     if not isinstance(payload, dict):
         raise BadRequest(400, 'body must be a JSON object, e.g. {"texts": ["..."]}')
     if ("texts" in payload) == ("text" in payload):
@@ -60,8 +105,14 @@ def parse_request(body: bytes, task: str, max_batch: int) -> tuple[list[str], di
         raise BadRequest(400, '"texts" must be a list of strings and "text" a string')
     if len(texts) > max_batch:
         raise BadRequest(413, f"{len(texts)} texts exceed the limit of {max_batch} per request")
+    for i, t in enumerate(texts):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(400, f"text {i} is not valid Unicode (a lone surrogate escape)") from None
     kwargs = {}
-    for spec in PARAMS[task]:
+    specs = params(task, max_top_k)
+    for spec in specs:
         name = spec[0]
         if name not in payload:
             continue
@@ -71,30 +122,111 @@ def parse_request(body: bytes, task: str, max_batch: int) -> tuple[list[str], di
         if len(spec) == 4 and (type(value) is not int or not spec[2] <= value <= spec[3]):
             raise BadRequest(400, f'"{name}" must be an integer in [{spec[2]}, {spec[3]}]')
         kwargs[name] = value
-    unknown = set(payload) - {"text", "texts"} - {s[0] for s in PARAMS[task]}
+    unknown = set(payload) - {"text", "texts"} - {s[0] for s in specs}
     if unknown:
-        raise BadRequest(400, f"unknown field(s) for task {task}: {', '.join(sorted(unknown))}")
+        raise BadRequest(400, f"unknown field(s) for task {task}: {', '.join(sorted(map(ascii, unknown)))}")
     return texts, kwargs
 
 
-def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 64,
-                max_body_bytes: int = 1 << 20, quiet: bool = False) -> ThreadingHTTPServer:
-    """A threading HTTP server answering ``runtime``'s task (call ``serve_forever()``)."""
-    if max_batch < 1 or max_body_bytes < 1:
-        raise ValueError("--max-batch and --max-body-bytes must be positive")
+class Admission:
+    """At most ``workers`` requests computed at once and ``queue`` more waiting; beyond, :class:`BadRequest` 503."""
+
+    def __init__(self, workers: int, queue: int):
+        self.limit = workers + queue
+        self.admitted = 0
+        self.lock = threading.Lock()
+        self.slots = threading.BoundedSemaphore(workers)
+
+    @contextmanager
+    def slot(self):
+        with self.lock:
+            if self.admitted >= self.limit:
+                raise BadRequest(503, f"busy: {self.limit} requests already running or queued; retry later")
+            self.admitted += 1
+        try:
+            with self.slots:
+                yield
+        finally:
+            with self.lock:
+                self.admitted -= 1
+
+
+class Server(ThreadingHTTPServer):
+    """One thread per connection, at most ``max_connections``; a larger listen backlog than the stdlib's 5."""
+
+    daemon_threads = True
+    request_queue_size = 1024
+    quiet = False
+
+    def __init__(self, address, handler, max_connections: int):
+        self.connections = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if self.connections.acquire(blocking=False):
+            super().process_request(request, client_address)
+            return
+        try:  # over the cap: a short 503 from the accepting thread, no new thread
+            request.settimeout(1)
+            request.sendall(_raw_response(503, {"error": "busy: too many open connections; retry later"}))
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
+
+    def handle_error(self, request, client_address):
+        """One line on stderr (a client that went away, say), never a traceback."""
+        if not self.quiet:
+            error = sys.exc_info()[1]
+            sys.stderr.write(f"{client_address[0]} - connection error: {type(error).__name__}: {error}\n")
+
+
+def _raw_response(status: int, payload: dict) -> bytes:
+    body = json.dumps(payload).encode("utf-8")
+    return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool = False, **limits) -> Server:
+    """A threading HTTP server answering ``runtime``'s task (call ``serve_forever()``).
+
+    ``limits``: any of :data:`LIMITS` (``max_batch=64``, ``max_tokens=8192``, ...), each a positive
+    integer; ``max_batch_tokens`` is set on ``runtime``.
+    """
+    unknown = set(limits) - set(LIMITS)
+    if unknown:
+        raise TypeError(f"unknown limit(s): {', '.join(sorted(unknown))}")
+    limits = {name: limits.get(name, default) for name, (default, _) in LIMITS.items()}
+    for name, value in limits.items():
+        if type(value) is not int or value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    runtime.max_batch_tokens = limits["max_batch_tokens"]
     task_path = TASK_PATHS[runtime.task]
-    metadata = {**runtime.metadata(), "endpoint": task_path, "max_batch": max_batch, "max_body_bytes": max_body_bytes}
+    metadata = {**runtime.metadata(), "endpoint": task_path, **limits}
+    admission = Admission(limits["workers"], limits["max_queue"])
+    timeout = limits["timeout"]
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "sharebert-serve"
         protocol_version = "HTTP/1.1"
-        timeout = 60  # seconds a connection may sit idle or half-sent before its thread gives up
+        default_request_version = "HTTP/1.0"  # refusals of unreadable request lines still get a status line
+
+        def setup(self):
+            self.timeout = timeout  # seconds a connection may sit idle or half-sent
+            super().setup()
 
         def _send(self, status: int, payload: dict) -> None:
             body = json.dumps(payload).encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            if status == 503:
+                self.send_header("Retry-After", str(RETRY_AFTER_S))
             if self.close_connection:
                 self.send_header("Connection", "close")  # the client then reconnects rather than reuse a dead socket
             self.end_headers()
@@ -105,15 +237,76 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, max_batch: i
             self.close_connection = True
             if code == HTTPStatus.NOT_IMPLEMENTED:  # an unsupported method is the client's error
                 code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command} not allowed; use GET or POST"
+            elif code == HTTPStatus.HTTP_VERSION_NOT_SUPPORTED:
+                code, message = HTTPStatus.BAD_REQUEST, f"{message}; this server speaks HTTP/1.0 and HTTP/1.1"
             self._send(int(code), {"error": message or explain or HTTPStatus(code).phrase})
 
-        def _discard(self, length: int) -> None:
-            """Read and drop a refused body in chunks (bounded memory) so the client sees the 4xx."""
-            while 0 < length <= DISCARD_LIMIT:
-                chunk = self.rfile.read(min(length, 1 << 16))
-                if not chunk:
-                    break
-                length -= len(chunk)
+        def parse_request(self):
+            words = self.raw_requestline.split()
+            if len(words) != 3:  # blank, HTTP/0.9 (no version: no status line either) or garbage
+                self.command, self.request_version = None, self.default_request_version
+                self.requestline = str(self.raw_requestline[:80], "iso-8859-1").rstrip("\r\n")  # for the log line
+                self.send_error(400, f"bad request line {self.raw_requestline[:80]!r}; expected METHOD PATH HTTP/1.1")
+                return False
+            return super().parse_request()
+
+        def handle_expect_100(self):
+            """``100 Continue`` only for a body that will be read; a refused one is answered at once."""
+            try:
+                self._length()
+            except BadRequest:
+                return True  # do_POST sends the refusal; the client never sends the body
+            return super().handle_expect_100()
+
+        def _length(self) -> int:
+            """The declared body length; raises :class:`BadRequest` (and marks the connection for closing)."""
+            lengths = self.headers.get_all("Content-Length") or []
+            if self.headers.get("Transfer-Encoding") is not None:
+                self.close_connection = True  # a chunked body must never be parsed as the next request
+                raise BadRequest(411 if not lengths else 400, "Transfer-Encoding is not supported: send a Content-Length")
+            if not lengths:
+                self.close_connection = True
+                raise BadRequest(411, "Content-Length is required")
+            if len(lengths) > 1 or not DIGITS.fullmatch(lengths[0].strip()):
+                self.close_connection = True
+                raise BadRequest(400, "Content-Length must be one non-negative integer of at most 18 digits")
+            length = int(lengths[0])
+            if length > limits["max_body_bytes"]:
+                self.close_connection = True
+                raise BadRequest(413, f"body of {length} bytes exceeds the limit of {limits['max_body_bytes']}")
+            return length
+
+        def _read_body(self, length: int) -> bytes:
+            """The body, read within ``timeout`` seconds in all (a slow sender gets 408, not a thread forever)."""
+            deadline, chunks, left = time.monotonic() + timeout, [], length
+            try:
+                while left > 0:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError
+                    self.connection.settimeout(remaining)
+                    chunk = self.rfile.read1(min(left, 1 << 16))
+                    if not chunk:
+                        raise BadRequest(400, f"body ended after {length - left} of {length} bytes")
+                    chunks.append(chunk)
+                    left -= len(chunk)
+            except TimeoutError:
+                self.close_connection = True
+                raise BadRequest(408, f"body not received within {timeout} s ({length - left} of {length} bytes)") from None
+            except BadRequest:
+                self.close_connection = True
+                raise
+            finally:
+                self.connection.settimeout(timeout)
+            return b"".join(chunks)
+
+        def _drain(self) -> None:
+            """After a refusal sent before the body: read a little of it so the client sees the answer, not a reset."""
+            try:
+                self.connection.settimeout(1)
+                self.rfile.read1(DRAIN_BYTES)
+            except OSError:
+                pass
 
         def do_GET(self):
             if self.path == "/health":
@@ -123,31 +316,31 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, max_batch: i
             elif self.path in ("/predict", task_path):
                 self._send(405, {"error": f"use POST for {self.path}"})
             else:
-                self._send(404, {"error": f"no endpoint {self.path}; try /health, /metadata, POST {task_path}"})
+                self._send(404, {"error": f"no endpoint {self.path[:200]}; try /health, /metadata, POST {task_path}"})
 
         def do_POST(self):
             try:
-                length = self.headers.get("Content-Length")
-                if length is None:
-                    self.close_connection = True  # e.g. a chunked body: never parse it as the next request
-                    raise BadRequest(411, "Content-Length is required")
-                if not length.isdigit():
-                    self.close_connection = True
-                    raise BadRequest(400, "Content-Length must be a non-negative integer")
-                if int(length) > max_body_bytes:
-                    self.close_connection = True
-                    self._discard(int(length))
-                    raise BadRequest(413, f"body of {length} bytes exceeds the limit of {max_body_bytes}")
-                body = self.rfile.read(int(length))  # read before any other check: keep-alive stays in step
+                try:
+                    length = self._length()
+                except BadRequest as e:
+                    self._send(e.status, {"error": str(e)})
+                    self._drain()
+                    return
+                body = self._read_body(length)  # read before any other check: keep-alive stays in step
                 if self.path not in ("/predict", task_path):
                     raise BadRequest(404 if self.path not in TASK_PATHS.values() else 400,
-                                     f"no endpoint {self.path} for task {runtime.task}; POST /predict or {task_path}")
-                texts, kwargs = parse_request(body, runtime.task, max_batch)
+                                     f"no endpoint {self.path[:200]} for task {runtime.task}; POST /predict or {task_path}")
+                texts, kwargs = parse_request(body, runtime.task, limits["max_batch"], limits["max_top_k"])
+                tokens = runtime.token_count(texts)
+                if tokens > limits["max_tokens"]:
+                    raise BadRequest(413, f"{tokens} tokens exceed the limit of {limits['max_tokens']} per request")
+                with admission.slot():
+                    preds = runtime.predict(texts, **kwargs)
+                    if LIBC and tokens > limits["max_batch_tokens"]:
+                        LIBC.malloc_trim(0)  # a large request's freed blocks go back to the OS
             except BadRequest as e:
                 self._send(e.status, {"error": str(e)})
                 return
-            try:
-                preds = runtime.predict(texts, **kwargs)
             except Exception as e:  # input was validated above: this is the server's fault
                 self._send(500, {"error": f"internal error: {type(e).__name__}: {e}"})
                 return
@@ -158,16 +351,27 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, max_batch: i
             if not quiet:
                 sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = Server((host, port), Handler, limits["max_connections"])
+    server.quiet, server.admission = quiet, admission
     return server
 
 
 def run(args) -> int:
     from .runtime import Runtime
 
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    limits = {name: getattr(args, name) for name in LIMITS}
+    for name, value in limits.items():  # before loading the model: a typo costs no wait
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if LIBC:  # before any thread: one malloc arena per connection thread would keep each one's freed memory
+        LIBC.mallopt(M_ARENA_MAX, 2)
     runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, manifest_sha256=args.pin)
-    server = make_server(runtime, args.host, args.port, args.max_batch, args.max_body_bytes, args.quiet)
+    try:
+        server = make_server(runtime, args.host, args.port, args.quiet, **limits)
+    except OSError as e:  # port in use, address not on this machine, unknown host
+        raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     host, port = server.server_address[:2]
     print(f"serving {runtime.task} from {args.artifact} on http://{host}:{port} "
           f"(POST {TASK_PATHS[runtime.task]} or /predict; GET /health, /metadata); Ctrl-C stops", file=sys.stderr, flush=True)

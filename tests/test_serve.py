@@ -26,7 +26,7 @@ def service(tmp_path_factory):
     build_model("sharebert-tiny", root / "model", TINY, seed=1)
     export_model(root / "model", root / "artifact", task="fill-mask", **QUICK)
     runtime = Runtime(root / "artifact", threads=1)
-    server = make_server(runtime, "127.0.0.1", 0, max_batch=8, max_body_bytes=4096, quiet=True)
+    server = make_server(runtime, "127.0.0.1", 0, quiet=True, max_batch=8, max_body_bytes=4096)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", runtime

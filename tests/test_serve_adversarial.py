@@ -1,0 +1,247 @@
+"""``sharebert serve`` against hostile input on 127.0.0.1: every case gets a valid status line and a
+JSON 4xx (never a reset, a hang or a 5xx other than the 503 of overload); limits; startup errors."""
+from __future__ import annotations
+
+import json
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from sharebert.build import build_model
+from sharebert.deploy import Runtime
+from sharebert.deploy.runtime import top_k_softmax
+from sharebert.deploy.serve import make_server
+from sharebert.export.exporter import export_model
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
+LIMITS = dict(max_batch=8, max_body_bytes=12000, max_tokens=200, max_top_k=5, timeout=2, workers=1, max_queue=1,
+              max_connections=16)
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    build_model("sharebert-tiny", root / "model", TINY, seed=2)
+    export_model(root / "model", root / "artifact", task="fill-mask", check_limit=16, runs=3, progress=False)
+    return root / "artifact"
+
+
+@pytest.fixture
+def serve(artifact):
+    """Start servers with the given limits on free loopback ports; all stopped after the test."""
+    servers = []
+
+    def start(**limits):
+        runtime = Runtime(artifact, threads=1)
+        server = make_server(runtime, "127.0.0.1", 0, quiet=True, **limits)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server, runtime
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def exchange(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict, str]:
+    """Send raw bytes, read until the server closes or one full response arrived: (status, JSON body, head)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < _length(reply):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n")[0].decode("latin-1")
+    assert status_line.startswith("HTTP/1.1 ") and status_line[9:12].isdigit(), reply[:200]
+    assert b"Content-Type: application/json" in head, head
+    return int(status_line[9:12]), json.loads(body), head.decode("latin-1")
+
+
+def _length(reply: bytes) -> int:
+    for line in reply.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 1 << 30
+
+
+def post(body: bytes, headers: bytes = b"", path: bytes = b"/fill-mask") -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n%s\r\n%s" % (path, len(body), headers, body)
+
+
+HOSTILE = [  # (case, raw request, status, part of the error message)
+    ("deeply nested list", post(b"[" * 5000 + b"]" * 5000), 400, "nested too deeply"),
+    ("deeply nested value", post(b'{"text": ' + b"[" * 2000 + b"]" * 2000 + b"}"), 400, "nested too deeply"),
+    ("5000-digit number", post(b'{"text": "a [MASK]", "top_k": ' + b"9" * 5000 + b"}"), 400, "4300 digits"),
+    ("1e999 (inf) top_k", post(b'{"text": "a [MASK]", "top_k": 1e999}'), 400, "top_k"),
+    ("NaN top_k", post(b'{"text": "a [MASK]", "top_k": NaN}'), 400, "top_k"),
+    ("top_k over the cap", post(b'{"text": "a [MASK]", "top_k": 6}'), 400, "[1, 5]"),
+    ("lone surrogate in text", post(b'{"text": "a \\ud800 [MASK]"}'), 400, "lone surrogate"),
+    ("lone surrogate as a key", post(b'{"text": "a", "\\udc00": 1}'), 400, "unknown field"),
+    ("not UTF-8", post(b'{"text": "\xff"}'), 400, "UTF-8"),
+    ("texts over the cap", post(json.dumps({"texts": ["a"] * 9}).encode()), 413, "limit of 8"),
+    ("tokens over the cap", post(json.dumps({"texts": ["word " * 60] * 4}).encode()), 413, "limit of 200"),
+    ("body over the cap", post(json.dumps({"text": "y" * 13000}).encode()), 413, "limit of 12000"),
+    ("declared 1 GB, nothing sent", b"POST /fill-mask HTTP/1.1\r\nContent-Length: 1000000000\r\n\r\n", 413, "limit of 12000"),
+    ("Expect 100-continue, oversize", b"POST /fill-mask HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 99999\r\n\r\n",
+     413, "limit of 12000"),
+    ("Content-Length not a number", b"POST /fill-mask HTTP/1.1\r\nContent-Length: abc\r\n\r\n{}", 400, "Content-Length"),
+    ("Content-Length negative", b"POST /fill-mask HTTP/1.1\r\nContent-Length: -1\r\n\r\n{}", 400, "Content-Length"),
+    ("Content-Length superscript digit", b"POST /fill-mask HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n{}", 400, "Content-Length"),
+    ("Content-Length 30 digits", b"POST /fill-mask HTTP/1.1\r\nContent-Length: " + b"9" * 30 + b"\r\n\r\n", 400, "Content-Length"),
+    ("Content-Length twice", b"POST /fill-mask HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400, "Content-Length"),
+    ("chunked and Content-Length", b"POST /fill-mask HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}",
+     400, "Transfer-Encoding"),
+    ("chunked only", b"POST /fill-mask HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 411, "Content-Length"),
+    ("no Content-Length", b"POST /fill-mask HTTP/1.1\r\n\r\n", 411, "Content-Length"),
+    ("body shorter than declared", b"POST /fill-mask HTTP/1.1\r\nContent-Length: 100\r\n\r\n{}", 408, "2 of 100 bytes"),
+    ("binary bytes", b"\x00\xff\xfe\x16\x03\r\n\r\n", 400, "bad request line"),
+    ("blank line", b"\r\n", 400, "bad request line"),
+    ("HTTP/0.9", b"GET /health\r\n", 400, "bad request line"),
+    ("HTTP/2.0", b"GET /health HTTP/2.0\r\n\r\n", 400, "HTTP/1.1"),
+    ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, "HTTP/1.1"),
+    ("HTTP/1.1.1", b"GET /health HTTP/1.1.1\r\n\r\n", 400, "version"),
+    ("FTP/1.0", b"GET /health FTP/1.0\r\n\r\n", 400, "version"),
+    ("request line of 70 kB", b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414, "URI Too Long"),
+    ("unknown method", b"BREW /health HTTP/1.1\r\n\r\n", 405, "BREW"),
+    ("wrong path GET", b"GET /../../etc/passwd HTTP/1.1\r\n\r\n", 404, "no endpoint"),
+    ("wrong path POST", post(b'{"text": "a"}', path=b"/admin"), 404, "no endpoint"),
+    ("another task's path", post(b'{"text": "a"}', path=b"/classify"), 400, "no endpoint"),
+]
+
+
+@pytest.mark.parametrize("case, request_bytes, status, message", HOSTILE, ids=[row[0] for row in HOSTILE])
+def test_hostile_input_gets_json_4xx(serve, case, request_bytes, status, message):
+    server, _ = serve(**LIMITS)
+    t0 = time.monotonic()
+    got, body, head = exchange(server.server_address[1], request_bytes)
+    assert (got, message in body["error"]) == (status, True), (case, got, body)
+    assert time.monotonic() - t0 < LIMITS["timeout"] + 3  # answered, not left to hang
+    got, body, _ = exchange(server.server_address[1], b"GET /health HTTP/1.1\r\n\r\n")  # and the server lives on
+    assert (got, body) == (200, {"status": "ok"})
+
+
+def test_fill_mask_top_k_is_the_full_logits_top_k(serve, artifact):
+    """The [MASK]-only top_k in token-budgeted calls equals softmax + sort over the full logits of one call."""
+    rt = Runtime(artifact, threads=1)
+    texts = ["a [MASK] film .", "[MASK] [MASK] is " + "very " * 40 + "[MASK] .", "no mask here", ""]
+    ids, mask, _ = rt._encode(texts)
+    logits = rt._run(ids, mask)["logits"].astype(np.float64)
+    rt.max_batch_tokens = 16  # several calls, each a few texts
+    got = rt.fill_mask(texts, top_k=4)
+    for row, answers in enumerate(got):
+        positions = np.flatnonzero(ids[row] == rt.mask_id)
+        assert len(answers) == len(positions)
+        for pos, candidates in zip(positions, answers):
+            probs = np.exp(logits[row, pos] - logits[row, pos].max())
+            probs /= probs.sum()
+            best = np.argsort(-probs, kind="stable")[:4]
+            assert [c["token_id"] for c in candidates] == best.tolist()
+            assert np.abs(np.array([c["score"] for c in candidates]) - probs[best]).max() <= 1e-5
+
+
+def test_top_k_softmax_follows_the_math():
+    logits = np.log(np.array([[1.0, 3.0, 2.0, 2.0], [4.0, 1.0, 1.0, 2.0]], dtype=np.float32))
+    ids, probs = top_k_softmax(logits, 3)
+    assert ids.tolist() == [[1, 2, 3], [0, 3, 1]]  # ties in id order
+    np.testing.assert_allclose(probs, [[3 / 8, 2 / 8, 2 / 8], [4 / 8, 2 / 8, 1 / 8]], rtol=1e-6)
+    assert top_k_softmax(np.zeros((0, 5), np.float32), 2)[0].shape == (0, 2)
+
+
+def test_full_queue_gets_503_with_retry_after(serve):
+    server, _ = serve(**LIMITS)
+    port, request = server.server_address[1], post(b'{"text": "a [MASK] film"}')
+    with server.admission.slot():  # the one worker is busy ...
+        waiting = ThreadPoolExecutor(1).submit(exchange, port, request)  # ... and this one fills the queue
+        time.sleep(0.3)
+        status, body, head = exchange(port, request)
+        assert status == 503 and "Retry-After: 1" in head and "busy" in body["error"]
+    assert waiting.result()[0] == 200  # the queued one is answered once the worker is free
+    assert exchange(port, request)[0] == 200
+
+
+def test_connections_over_the_cap_get_503(serve):
+    server, _ = serve(**{**LIMITS, "max_connections": 3})
+    port = server.server_address[1]
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    try:
+        time.sleep(0.2)
+        status, body, head = exchange(port, b"GET /health HTTP/1.1\r\n\r\n")
+        assert status == 503 and "Retry-After" in head and "connections" in body["error"]
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.3)
+    assert exchange(port, b"GET /health HTTP/1.1\r\n\r\n")[0] == 200
+
+
+def test_many_simultaneous_clients_all_answered(artifact):
+    """80 clients connect while the server is not yet accepting: the backlog holds them all (the stdlib's
+    5 held 6 and left the others' handshakes unanswered), then every one gets its right answer."""
+    runtime = Runtime(artifact, threads=1)
+    server = make_server(runtime, "127.0.0.1", 0, quiet=True, max_queue=100)  # listening, not yet accepting
+    port, n = server.server_address[1], 80
+    want = json.loads(json.dumps(list(runtime.fill_mask(["a [MASK] film"], top_k=2))))
+    clients, serving = [socket.socket() for _ in range(n)], None
+    try:
+        for s in clients:
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+        _, connected, _ = select.select([], clients, [], 2.0)  # handshakes the kernel completed for the backlog
+        assert len(connected) == n
+        serving = threading.Thread(target=server.serve_forever, daemon=True)
+        serving.start()
+        request = post(b'{"text": "a [MASK] film", "top_k": 2}', b"Connection: close\r\n")
+        for s in clients:
+            s.setblocking(True)
+            s.sendall(request)
+        replies = [_read_reply(s) for s in clients]
+    finally:
+        for s in clients:
+            s.close()
+        if serving is not None:
+            server.shutdown()
+        server.server_close()
+    assert [status for status, _ in replies] == [200] * n
+    assert all(body["results"] == want for _, body in replies)
+
+
+def _read_reply(s: socket.socket) -> tuple[int, dict]:
+    s.settimeout(15)
+    reply = b"".join(iter(lambda: s.recv(65536), b""))  # Connection: close: the server ends the reply
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head[9:12]), json.loads(body)
+
+
+STARTUP = [  # (case, arguments after the artifact, message)
+    ("port out of range", ["--port", "70000"], "--port must be in [0, 65535]"),
+    ("unknown host", ["--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid"),
+    ("address not here", ["--host", "192.0.2.1"], "cannot listen on 192.0.2.1"),
+    ("zero workers", ["--workers", "0"], "--workers must be a positive integer"),
+    ("missing artifact", None, "artifact folder not found"),
+    ("port in use", ["--port", "IN_USE"], "Address already in use"),
+]
+
+
+@pytest.mark.parametrize("case, extra, message", STARTUP, ids=[row[0] for row in STARTUP])
+def test_startup_errors_are_one_line_exit_2(artifact, tmp_path, case, extra, message):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        args = [str(tmp_path / "none")] if extra is None else [str(artifact)] + [
+            str(taken.getsockname()[1]) if a == "IN_USE" else a for a in extra]
+        done = subprocess.run([sys.executable, "-m", "sharebert", "serve", *args], capture_output=True, text=True,
+                              timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr, done.stderr
