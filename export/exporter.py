@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -28,6 +29,31 @@ _AUTO = {"fill-mask": "AutoModelForMaskedLM", "text-classification": "AutoModelF
          "feature-extraction": "AutoModel", "causal-lm": "AutoModelForCausalLM"}
 _ARCH_TASK = {"ForMaskedLM": "fill-mask", "ForSequenceClassification": "text-classification", "ForCausalLM": "causal-lm"}
 _VERSIONED = ("sharebert", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "numpy", "tokenizers")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Everything ``export_model`` can be asked for; every field is a ``sharebert export`` option.
+
+    ``task``: inferred from the saved architecture when None. ``weights``: ``compact`` (generated
+    weights computed in-graph from the learned tensors) or ``materialized`` (stored); int8-dynamic
+    and int8-static always materialize. ``calibration``: sentences for int8-static.
+    ``check_file``/``check_limit``: parity sentences (default: SST-2 dev). ``shapes``/``threads``/``runs``:
+    latency measurement (``"BxT"`` strings).
+    """
+
+    task: str | None = None
+    weights: str = "compact"
+    quantize: str = "none"
+    calibration: str | Path | None = None
+    opset: int = 17
+    overwrite: bool = False
+    check_file: str | Path | None = None
+    check_limit: int | None = None
+    shapes: tuple[str, ...] = ("1x128",)
+    threads: int = 1
+    runs: int = 30
+    progress: bool = True
 
 
 class ParityError(ValueError):
@@ -153,12 +179,14 @@ def _calibration_feeds(tokenizer, path, max_length: int, input_names: list[str])
     return [{k: v for k, v in encode(tokenizer, [s], max_length).items() if k in input_names} for s in sentences]
 
 
-def _validate(model_dir, out_dir, task, weights, quantize, calibration, opset, overwrite, check_file, check_limit):
+def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportOptions]:
+    """Every check that needs no model loaded; returns the paths and the options with task and check file resolved."""
     from .quantize import MODES
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     config = read_config(model_dir)  # also refuses an artifact given as --model
-    task = task or infer_task(config)
+    task = o.task or infer_task(config)
+    weights, quantize, calibration, opset, check_limit = o.weights, o.quantize, o.calibration, o.opset, o.check_limit
     if task not in artifact.TASKS:
         raise ValueError(f"unsupported task {task!r}; choose one of {', '.join(artifact.TASKS)}")
     if weights not in WEIGHTS:
@@ -178,32 +206,26 @@ def _validate(model_dir, out_dir, task, weights, quantize, calibration, opset, o
         read_sentences(calibration, 1)  # missing, empty or not text: clear error now
     if check_limit is not None and not (isinstance(check_limit, int) and check_limit > 0):
         raise ValueError(f"--check-limit must be a positive number of sentences, got {check_limit!r}")
-    out_dir = check_out_dir(out_dir, "sharebert artifact", artifact.is_artifact, overwrite, inputs=[model_dir])
-    check_file = Path(check_file) if check_file else default_check_file()
-    return model_dir, out_dir, task, check_file
+    out_dir = check_out_dir(out_dir, "sharebert artifact", artifact.is_artifact, o.overwrite, inputs=[model_dir])
+    check_file = Path(o.check_file) if o.check_file else default_check_file()
+    if quantize in ("int8-dynamic", "int8-static"):
+        weights = "materialized"
+    return model_dir, out_dir, replace(o, task=task, check_file=check_file, weights=weights)
 
 
-def export_model(model_dir, out_dir, task: str | None = None, weights: str = "compact", quantize: str = "none",
-                 calibration=None, opset: int = 17, overwrite: bool = False, check_file=None,
-                 check_limit: int | None = None, shapes=("1x128",), threads: int = 1, runs: int = 30,
-                 progress: bool = True) -> dict:
+def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fields) -> dict:
     """Export ``model_dir`` to the artifact folder ``out_dir``; return its manifest.
 
-    ``task``: inferred from the saved architecture when None. ``weights``: ``compact`` (generated
-    weights computed in-graph from the learned tensors) or ``materialized`` (stored); int8-dynamic
-    and int8-static always materialize. ``check_file``/``check_limit``: parity sentences (default:
-    SST-2 dev). ``shapes``/``threads``/``runs``: latency measurement (``"BxT"`` strings).
+    ``options`` (:class:`ExportOptions`), or its fields as keywords (``task="fill-mask"``, ...).
     Raises ``ValueError``/``FileNotFoundError`` for bad input (nothing written) and
-    :class:`ParityError` when an fp32 export differs from PyTorch by more than 1e-3.
+    :class:`ParityError` when an export's outputs are not finite or (fp32) differ from PyTorch by more than 1e-3.
     """
     from .parity import read_sentences
 
-    model_dir, out_dir, task, check_file = _validate(model_dir, out_dir, task, weights, quantize, calibration,
-                                                     opset, overwrite, check_file, check_limit)
-    sentences, labels = read_sentences(check_file, check_limit)
-    model, tokenizer = load_model(model_dir, task)
-    if quantize in ("int8-dynamic", "int8-static"):
-        weights = "materialized"
+    options = replace(options or ExportOptions(), **fields)
+    model_dir, out_dir, o = _validate(model_dir, out_dir, options)
+    sentences, labels = read_sentences(o.check_file, o.check_limit)
+    model, tokenizer = load_model(model_dir, o.task)
     created = [p for p in (out_dir.parent, *out_dir.parent.parents) if not p.exists()]
     tmp = None
     try:
@@ -212,8 +234,7 @@ def export_model(model_dir, out_dir, task: str | None = None, weights: str = "co
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the published artifact from other users
-        manifest = _build(model, tokenizer, tmp, task, weights, quantize, calibration, opset, sentences, labels,
-                          check_file, shapes, threads, runs, progress)
+        manifest = _build(model, tokenizer, tmp, o, sentences, labels)
         _publish(tmp, out_dir)
     except BaseException as e:
         full = _disk_full(e, tmp)  # before the clean-up frees the space
@@ -266,8 +287,8 @@ def _publish(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, opset, sentences, labels, check_file,
-           shapes, threads, runs, progress) -> dict:
+def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], labels) -> dict:
+    """Write the artifact into ``tmp`` (graph, checks, tokenizer, config, RAM-int8 graphs, footprint, manifest)."""
     import numpy as np
     import onnx
     from optimum.exporters.onnx import export
@@ -277,7 +298,10 @@ def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, op
     from .footprint import measure
     from .onnx_config import onnx_config_for
     from .parity import FP32_TOLERANCE, check_parity
+    from .ram_int8 import build_int8_ram_graphs
 
+    task, weights, quantize, calibration, opset = o.task, o.weights, o.quantize, o.calibration, o.opset
+    check_file, shapes, threads, runs, progress = o.check_file, o.shapes, o.threads, o.runs, o.progress
     config = model.config
     max_length = int(config.max_position_embeddings)
     learned = int(model.num_parameters())
@@ -337,15 +361,7 @@ def _build(model, tokenizer, tmp: Path, task, weights, quantize, calibration, op
     tokenizer.save_pretrained(tmp)
     if not (tmp / "tokenizer.json").is_file():
         raise RuntimeError("the tokenizer did not write tokenizer.json")
-    ram_int8 = None
-    if weights == "compact":
-        try:
-            from . import ram_int8 as ram_module
-        except ImportError:
-            ram_module = None
-        build = getattr(ram_module, "build_int8_ram_graphs", None)
-        if build is not None:
-            ram_int8 = build(model, task, tmp, opset)
+    ram_int8 = build_int8_ram_graphs(tmp) if weights == "compact" else None
     steps.update()
 
     steps.set_postfix_str("footprint")

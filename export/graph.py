@@ -36,17 +36,19 @@ def constant_keys(graph) -> dict[str, str]:
     return keys
 
 
-def computed_product_weights(graph) -> list[str]:
-    """Names of MatMul/Gemm weight inputs that are computed from initializers, not stored.
+def computed_products(graph, keys: dict[str, str] | None = None) -> list[tuple[object, str | None]]:
+    """``(node, layout)`` for each MatMul/Gemm of an activation by a weight computed from initializers.
 
-    ``DequantizeLinear`` of an initializer (a QDQ weight) does not count: it is a stored int8 weight.
+    ``layout``: ``"kn"`` for a MatMul's ``B`` ``(K, N)``, ``"nk"`` for a plain Gemm with ``transB``
+    ``(N, K)``, None for another Gemm. ``DequantizeLinear`` of an initializer (a QDQ weight) does not
+    count: it is a stored int8 weight.
     """
-    keys = constant_keys(graph)
+    keys = constant_keys(graph) if keys is None else keys
     stored = {t.name for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
     found = []
     for node in graph.node:
-        if node.op_type not in PRODUCT_OPS or len(node.input) < 2:
+        if node.op_type not in PRODUCT_OPS or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
             continue
         x, w = node.input[0], node.input[1]
         if x in keys or w not in keys or w in stored:
@@ -54,11 +56,21 @@ def computed_product_weights(graph) -> list[str]:
         p = producer.get(w)
         if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in stored:
             continue
-        found.append(w)
+        layout = "kn" if node.op_type == "MatMul" else None
+        if node.op_type == "Gemm":
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0
+            layout = "nk" if plain and attrs.get("transB", 0) == 1 else None
+        found.append((node, layout))
     return found
 
 
-def _prune(model) -> None:
+def computed_product_weights(graph) -> list[str]:
+    """Names of MatMul/Gemm weight inputs that are computed from initializers, not stored."""
+    return [node.input[1] for node, _ in computed_products(graph)]
+
+
+def prune(model) -> None:
     """Drop nodes no graph output depends on, and initializers nothing reads."""
     g = model.graph
     stored = {t.name for t in g.initializer}
@@ -74,11 +86,12 @@ def _prune(model) -> None:
     kept = [n for n in g.node if id(n) in wanted]
     used = {i for n in kept for i in n.input} | {o.name for o in g.output}
     inits = [t for t in g.initializer if t.name in used]
-    _replace(g.node, kept)
-    _replace(g.initializer, inits)
+    replace_all(g.node, kept)
+    replace_all(g.initializer, inits)
 
 
-def _replace(field, items) -> None:
+def replace_all(field, items) -> None:
+    """Make the repeated proto ``field`` hold copies of ``items`` (which may be its own elements)."""
     copies = [type(i)() for i in items]
     for c, i in zip(copies, items):
         c.CopyFrom(i)
@@ -98,7 +111,7 @@ def remove_initializer_inputs(model) -> int:
     stored = {t.name for t in model.graph.initializer}
     keep = [i for i in model.graph.input if i.name not in stored]
     removed = len(model.graph.input) - len(keep)
-    _replace(model.graph.input, keep)
+    replace_all(model.graph.input, keep)
     return removed
 
 
@@ -117,7 +130,7 @@ def dedup_constants(model) -> int:
             first[key] = name
     before = len(model.graph.node)
     _rewire(model, rename)
-    _prune(model)
+    prune(model)
     return before - len(model.graph.node)
 
 
@@ -130,7 +143,7 @@ def evaluate(model, names: list[str]) -> dict[str, np.ndarray]:
     g = sub.graph
     del g.input[:], g.output[:], g.value_info[:]
     g.output.extend(onnx.ValueInfoProto(name=n) for n in names)
-    _prune(sub)
+    prune(sub)
     so = session_options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     session = ort.InferenceSession(sub.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return dict(zip(names, session.run(names, {})))
@@ -172,8 +185,8 @@ def materialize(model, views: bool = False) -> dict:
         g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
     # The folded names now come from initializers: drop their producer nodes, then what is unused.
     kept = [n for n in g.node if not any(o in values for o in n.output)]
-    _replace(g.node, kept)
-    _prune(model)
+    replace_all(g.node, kept)
+    prune(model)
     return {"folded_tensors": len(values), "folded_numel": int(sum(v.size for v in values.values()))}
 
 

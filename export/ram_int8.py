@@ -17,83 +17,14 @@ int8 arrays for every run (``deploy/runtime.py``).
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from sharebert.deploy.artifact import MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR, session_options
 
+from .graph import computed_products, constant_keys, prune, replace_all
+
 MIN_WEIGHT_NUMEL = 4096  # smaller computed weights stay fp32 (ORT folds them in the compute graph)
 MIN_REFERENCE_BYTES = 256  # smaller initializers (shapes, scalars) are repeated in the small graphs
-
-
-def _constant_keys(graph) -> dict[str, str]:
-    """``{tensor: structural key}`` for every tensor computable from initializers and Constants.
-
-    Two tensors with the same key hold the same value (e.g. one ``Transpose`` of a generated weight
-    per layer), so the generator emits each distinct weight once.
-    """
-    from onnx import helper
-
-    keys = {t.name: f"init:{t.name}" for t in graph.initializer}
-    for node in graph.node:
-        inputs = [i for i in node.input if i]
-        if not all(i in keys for i in inputs):
-            continue
-        attrs = repr(sorted((a.name, repr(helper.get_attribute_value(a))) for a in node.attribute))
-        body = f"{node.domain}:{node.op_type}:{attrs}:{[keys[i] if i else '' for i in node.input]}"
-        digest = hashlib.sha256(body.encode()).hexdigest()
-        for index, out in enumerate(node.output):
-            keys[out] = f"{digest}:{index}"
-    return keys
-
-
-def _products(graph, keys: dict[str, str]) -> list[tuple[object, str]]:
-    """``(node, layout)`` for each MatMul/Gemm of an activation by a computed (non-initializer) weight."""
-    from onnx import helper
-
-    initializers = {t.name for t in graph.initializer}
-    found = []
-    for node in graph.node:
-        if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx"):
-            continue
-        x, w = node.input[0], node.input[1]
-        if x in keys or w not in keys or w in initializers:
-            continue
-        if node.op_type == "MatMul":
-            found.append((node, "kn"))
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if attrs.get("transA", 0) == 0 and attrs.get("transB", 0) == 1 and attrs.get("alpha", 1.0) == 1.0 \
-                and attrs.get("beta", 1.0) == 1.0:
-            found.append((node, "nk"))
-    return found
-
-
-def _needed_nodes(graph, outputs: set[str]) -> list:
-    """Nodes of ``graph`` (in order) that the tensors ``outputs`` depend on."""
-    producer = {o: n for n in graph.node for o in n.output}
-    wanted, stack = set(), list(outputs)
-    while stack:
-        name = stack.pop()
-        node = producer.get(name)
-        if node is None or id(node) in wanted:
-            continue
-        wanted.add(id(node))
-        stack.extend(i for i in node.input if i)
-    return [n for n in graph.node if id(n) in wanted]
-
-
-def _set_nodes(graph, nodes: list) -> None:
-    """Replace ``graph``'s nodes by copies of ``nodes`` (which may be elements of ``graph.node``)."""
-    from onnx import NodeProto
-
-    copies = []
-    for node in nodes:
-        copy = NodeProto()
-        copy.CopyFrom(node)
-        copies.append(copy)
-    del graph.node[:]
-    graph.node.extend(copies)
 
 
 def _reference_initializers(graph, blob: bytes, used: set[str]) -> None:
@@ -127,11 +58,10 @@ def _save(model, path: Path, blob: bytes) -> None:
     path.write_bytes(model.SerializeToString())
 
 
-def build_int8_ram_graphs(model, task: str, out_dir: str | Path, opset: int) -> dict:
-    """Write the RAM-int8 graphs next to ``out_dir/model.onnx`` (already written, compact).
+def build_int8_ram_graphs(out_dir: str | Path) -> dict:
+    """Write the RAM-int8 graphs next to ``out_dir/model.onnx`` (already written, compact), derived from
+    that file alone (whatever its storage dtype), with ``graph.py``'s passes.
 
-    ``model`` and ``task`` are the exported torch model and task (kept for the exporter's call
-    signature; the graphs are derived from ``model.onnx`` itself, whatever its storage dtype).
     Returns the manifest's ``ram_int8`` entry: file names and, per weight, the generator output,
     the compute graph's int8/scale input names, its layout (``kn`` or ``nk``) and shape ``(K, N)``.
     Returns ``{}`` when the model has no computed weight large enough (nothing written).
@@ -144,8 +74,8 @@ def build_int8_ram_graphs(model, task: str, out_dir: str | Path, opset: int) -> 
     out_dir = Path(out_dir)
     blob = (out_dir / MODEL).read_bytes()
     source = onnx.load_from_string(blob)
-    keys = _constant_keys(source.graph)
-    products = _products(source.graph, keys)
+    keys = constant_keys(source.graph)
+    products = [(node, layout) for node, layout in computed_products(source.graph, keys) if layout is not None]
     representative = {}  # structural key -> first tensor name with that value
     for node, _ in products:
         representative.setdefault(keys[node.input[1]], node.input[1])
@@ -156,8 +86,8 @@ def build_int8_ram_graphs(model, task: str, out_dir: str | Path, opset: int) -> 
     generator.CopyFrom(source)
     g = generator.graph
     del g.input[:], g.output[:]
-    _set_nodes(g, _needed_nodes(source.graph, set(representative.values())))
     g.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in representative.values())
+    prune(generator)
     g.name = "sharebert_ram_int8_generator"
     # Shapes, and whether a weight is big enough to quantize: run the generator once here.
     session = ort.InferenceSession(generator.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
@@ -179,7 +109,7 @@ def build_int8_ram_graphs(model, task: str, out_dir: str | Path, opset: int) -> 
         return {}
     del g.output[:]
     g.output.extend(helper.make_tensor_value_info(w["output"], TensorProto.FLOAT, shapes[w["output"]]) for w in weights)
-    _set_nodes(g, _needed_nodes(source.graph, {w["output"] for w in weights}))
+    prune(generator)
     _save(generator, out_dir / GENERATOR, blob)
 
     compute = onnx.ModelProto()
@@ -196,8 +126,8 @@ def build_int8_ram_graphs(model, task: str, out_dir: str | Path, opset: int) -> 
             inputs += ["", node.input[2]]
         new_nodes.append(helper.make_node("DynamicQuantizeMatMul", inputs, list(node.output), name=f"{node.name}_int8",
                                           domain="com.microsoft"))
-    _set_nodes(c, new_nodes)
-    _set_nodes(c, _needed_nodes(c, {o.name for o in c.output}))
+    replace_all(c.node, new_nodes)
+    prune(compute)
     for w in weights:
         c.input.append(helper.make_tensor_value_info(w["int8"], TensorProto.INT8, w["shape"]))
         c.input.append(helper.make_tensor_value_info(w["scale"], TensorProto.FLOAT, [w["shape"][1]]))
