@@ -21,6 +21,7 @@ TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
 MANIFEST, MODEL, TOKENIZER = "manifest.json", "model.onnx", "tokenizer.json"
 RAM_INT8_GENERATOR, RAM_INT8_COMPUTE = "ram_int8.generator.onnx", "ram_int8.compute.onnx"
 INT8_SESSION_CONFIG = {"session.disable_quant_qdq": "1"}  # int8-stored weights dequantized and folded at load
+PAST, PRESENT = "past_key_values.", "present."  # a causal LM's cache inputs and outputs (optimum's names)
 
 
 class ArtifactError(ValueError):
@@ -198,3 +199,17 @@ def session_options(session_config: dict | None = None, threads: int | None = No
     for key, value in (session_config or {}).items():
         so.add_session_config_entry(str(key), str(value))
     return so
+
+
+def model_feeds(inputs, input_ids: np.ndarray, attention_mask: np.ndarray, past: dict | None = None) -> dict:
+    """Feeds for an exported graph's ``inputs`` (``session.get_inputs()``) from token ids ``(B, T)`` and the
+    attention mask ``(B, S)`` over past and new tokens: ``token_type_ids`` zeros, ``position_ids`` counted
+    over the mask (so left padding does not shift them), and a causal LM's ``past_key_values.{i}.key|value``
+    from ``past`` (``{input name: (B, heads, S - T, head_dim)}``) or empty ones for a first step."""
+    B, T = input_ids.shape
+    feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": np.zeros_like(input_ids),
+             "position_ids": np.maximum(attention_mask.cumsum(-1) - 1, 0)[:, -T:]}
+    for i in inputs:
+        if i.name.startswith(PAST):
+            feeds[i.name] = past[i.name] if past else np.zeros((B, i.shape[1], 0, i.shape[3]), np.float32)
+    return {i.name: feeds[i.name] for i in inputs if i.name in feeds}

@@ -17,7 +17,8 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from .artifact import MODEL, TOKENIZER, ArtifactError, quantize_per_channel, session_options, verify_artifact
+from .artifact import (MODEL, PAST, PRESENT, TOKENIZER, ArtifactError, model_feeds, quantize_per_channel, session_options,
+                       verify_artifact)
 
 RAM_MODES = ("fp32", "int8")
 
@@ -78,8 +79,10 @@ class Runtime:
             self.session = self._load_int8()
         else:
             self.session = _open_session(self.path / MODEL, self._options(), self.providers)
-        self.input_names = [i.name for i in self.session.get_inputs() if i.name not in self._int8_inputs]
+        self.inputs = [i for i in self.session.get_inputs() if i.name not in self._int8_inputs]
+        self.input_names = [i.name for i in self.inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self.cached = any(n.startswith(PAST) for n in self.input_names)  # a causal LM exported with its cache
 
     # -- loading ------------------------------------------------------------------------------
     def _options(self, **kwargs) -> ort.SessionOptions:
@@ -148,12 +151,12 @@ class Runtime:
         texts = [texts] if isinstance(texts, str) else list(texts)
         return sum(min(len(e.ids), self.max_length) for e in self.tokenizer.encode_batch(texts, add_special_tokens=special_tokens))
 
-    def _run(self, input_ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-        feeds = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+    def _run(self, input_ids: np.ndarray, mask: np.ndarray, past: dict | None = None) -> dict[str, np.ndarray]:
+        """One ONNX Runtime call: every output by name (a causal LM's ``present.*`` too)."""
+        feeds = model_feeds(self.inputs, input_ids, mask, past)
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
-            raise ArtifactError(f"{self.path / 'model.onnx'} expects inputs {missing} this runtime cannot provide")
-        feeds = {n: feeds[n] for n in self.input_names}
+            raise ArtifactError(f"{self.path / MODEL} expects inputs {missing} this runtime cannot provide")
         if self._int8_inputs:
             values = {n: ort.OrtValue.ortvalue_from_numpy(v) for n, v in feeds.items()}
             values.update(self._int8_inputs)
@@ -243,10 +246,13 @@ class Runtime:
             out.extend(np.array(vectors, dtype=np.float32))  # copies: the (B, T, H) states are freed
         return out
 
-    def generate(self, prompts, max_new_tokens: int = 20) -> Predictions:
+    def generate(self, prompts, max_new_tokens: int = 20, use_cache: bool = True) -> Predictions:
         """Greedy continuation of each prompt (a causal-LM artifact): the generated text only.
 
-        The window slides to the last ``max_length`` tokens; ``truncated`` counts prompts cut to fit.
+        With the artifact's key/value cache (``use_cache``, artifacts exported with one) each new token
+        costs one position's work; without, the whole window is run again per token. Past
+        ``max_length`` tokens the window slides (run again from an empty cache); ``truncated`` counts
+        prompts cut to fit.
         """
         self._need("causal-lm")
         if max_new_tokens < 0:
@@ -258,20 +264,45 @@ class Runtime:
             seqs = [start + e.ids for e in self.tokenizer.encode_batch(batch, add_special_tokens=False)]
             seqs = [s or [self.pad_id] for s in seqs]
             out.truncated += sum(len(s) > self.max_length for s in seqs)
-            new = [[] for _ in seqs]
-            for _ in range(max_new_tokens):
-                window = [(s + n)[-self.max_length:] for s, n in zip(seqs, new)]
-                T = max(len(w) for w in window)
-                ids = np.full((len(window), T), self.pad_id, dtype=np.int64)
-                mask = np.zeros_like(ids)
-                for i, w in enumerate(window):
-                    ids[i, : len(w)], mask[i, : len(w)] = w, 1
-                logits = self._run(ids, mask)[self.output_names[0]]
-                last = mask.sum(1) - 1
-                for i, token in enumerate(np.argmax(logits[np.arange(len(window)), last], axis=-1)):
-                    new[i].append(int(token))
-            out.extend(self.tokenizer.decode(n) for n in new)
+            step = self._cached_steps if use_cache and self.cached else self._window_steps
+            out.extend(self.tokenizer.decode(n) for n in step(seqs, max_new_tokens))
         return out
+
+    def _windows(self, seqs, new, left: bool):
+        """The last ``max_length`` tokens of each sequence, padded left or right: ids and mask ``(B, T)``."""
+        window = [(s + n)[-self.max_length:] for s, n in zip(seqs, new)]
+        T = max(len(w) for w in window)
+        ids = np.full((len(window), T), self.pad_id, dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for i, w in enumerate(window):
+            cols = slice(T - len(w), T) if left else slice(0, len(w))
+            ids[i, cols], mask[i, cols] = w, 1
+        return ids, mask
+
+    def _window_steps(self, seqs, steps: int) -> list[list[int]]:
+        new = [[] for _ in seqs]
+        for _ in range(steps):
+            ids, mask = self._windows(seqs, new, left=False)
+            logits = self._run(ids, mask)[self.output_names[0]]
+            for i, token in enumerate(np.argmax(logits[np.arange(len(seqs)), mask.sum(1) - 1], axis=-1)):
+                new[i].append(int(token))
+        return new
+
+    def _cached_steps(self, seqs, steps: int) -> list[list[int]]:
+        """Left-padded windows, then one token per call against the returned keys and values."""
+        new, past = [[] for _ in seqs], None
+        ids, mask = self._windows(seqs, new, left=True)
+        for _ in range(steps):
+            outs = self._run(ids, mask, past)
+            tokens = np.argmax(outs[self.output_names[0]][:, -1], axis=-1)
+            for i, token in enumerate(tokens):
+                new[i].append(int(token))
+            if mask.shape[1] + 1 > self.max_length:  # no position left: slide the window, empty cache
+                ids, mask, past = *self._windows(seqs, new, left=True), None
+            else:
+                past = {PAST + n[len(PRESENT):]: v for n, v in outs.items() if n.startswith(PRESENT)}
+                ids, mask = tokens[:, None].astype(np.int64), np.concatenate([mask, np.ones_like(mask[:, :1])], 1)
+        return new
 
     def predict(self, texts, **kwargs) -> Predictions:
         """The artifact's task method: fill_mask, classify, embed or generate."""

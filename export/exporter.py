@@ -172,11 +172,17 @@ def _gflops(config, task: str, batch: int, seq: int) -> float:
     return count_flops(fields, head, seq, batch)["inference"] / 1e9
 
 
-def _calibration_feeds(tokenizer, path, max_length: int, input_names: list[str]) -> list[dict]:
+def _calibration_feeds(tokenizer, path, max_length: int, graph: Path) -> list[dict]:
+    """One feed per calibration sentence, with every input ``graph`` takes (a causal LM's empty cache too)."""
+    import onnxruntime as ort
+
     from .parity import encode, read_sentences
 
     sentences, _ = read_sentences(path, CALIBRATION_SENTENCES)
-    return [{k: v for k, v in encode(tokenizer, [s], max_length).items() if k in input_names} for s in sentences]
+    inputs = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"]).get_inputs()
+    feeds = [encode(tokenizer, [s], max_length) for s in sentences]
+    return [{**artifact.model_feeds(inputs, f["input_ids"], f["attention_mask"]),
+             **{k: v for k, v in f.items() if k in {i.name for i in inputs}}} for f in feeds]
 
 
 def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportOptions]:
@@ -206,6 +212,14 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
         read_sentences(calibration, 1)  # missing, empty or not text: clear error now
     if check_limit is not None and not (isinstance(check_limit, int) and check_limit > 0):
         raise ValueError(f"--check-limit must be a positive number of sentences, got {check_limit!r}")
+    positions = config.get("max_position_embeddings")
+    for shape in o.shapes:
+        parts = str(shape).lower().split("x")
+        if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            raise ValueError(f"--shapes expects BxT such as 1x128, got {shape!r}")
+        if isinstance(positions, int) and int(parts[1]) > positions:
+            raise ValueError(f"--shapes {shape}: the model has {positions} positions; measure sequences of at most "
+                             f"{positions} tokens (e.g. 1x{positions})")
     out_dir = check_out_dir(out_dir, "sharebert artifact", artifact.is_artifact, o.overwrite, inputs=[model_dir])
     check_file = Path(o.check_file) if o.check_file else default_check_file()
     if quantize in ("int8-dynamic", "int8-static"):
@@ -332,7 +346,7 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
         if quantize == "int8-dynamic":
             q.dynamic_int8(fp32, path)
         else:
-            q.static_int8(fp32, path, _calibration_feeds(tokenizer, calibration, max_length, inputs))
+            q.static_int8(fp32, path, _calibration_feeds(tokenizer, calibration, max_length, fp32))
         fp32.unlink()
         proto = onnx.load(str(path))
     session_config = dict(artifact.INT8_SESSION_CONFIG) if quantize == "int8" else {}

@@ -34,7 +34,7 @@ def _child(path: str, session_config: dict, shapes: list[str], threads: int, run
     import numpy as np
     import onnxruntime as ort
 
-    from sharebert.deploy.artifact import session_options  # the sessions' options, as the runtime builds them
+    from sharebert.deploy.artifact import model_feeds, session_options  # as the runtime builds them
 
     baseline = _peak_rss_mb()
     so = session_options(session_config, threads)
@@ -43,14 +43,12 @@ def _child(path: str, session_config: dict, shapes: list[str], threads: int, run
     created = time.perf_counter() - t0
     load_rss, steady_rss = _peak_rss_mb(), _peak_rss_mb("VmRSS")
     rng = np.random.default_rng(0)
-    names = [i.name for i in session.get_inputs()]
     latency = {}
     for shape in shapes:
         B, T = (int(x) for x in shape.lower().split("x"))
         low = 1000 if vocab > 2000 else 0  # past BERT's special and unused ids; a character vocabulary: all of it
-        feeds = {"input_ids": rng.integers(low, vocab, size=(B, T), dtype=np.int64),
-                 "attention_mask": np.ones((B, T), np.int64), "token_type_ids": np.zeros((B, T), np.int64)}
-        feeds = {n: feeds[n] for n in names}
+        feeds = model_feeds(session.get_inputs(), rng.integers(low, vocab, size=(B, T), dtype=np.int64),
+                            np.ones((B, T), np.int64))
         for _ in range(3):
             session.run(None, feeds)
         times = []

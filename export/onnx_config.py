@@ -1,13 +1,15 @@
-"""optimum ``OnnxConfig`` for model_type ``"sharebert"``, registered with optimum's ``TasksManager``.
+"""optimum ``OnnxConfig``s for model_type ``"sharebert"``, registered with optimum's ``TasksManager``.
 
-Importing this module registers the config for the tasks below, so optimum's tooling (and
+Importing this module registers the configs for the tasks below, so optimum's tooling (and
 ``TasksManager.get_exporter_config_constructor``) knows sharebert. Our tasks map to optimum's:
-``causal-lm`` is optimum's ``text-generation`` (no past key/values: the runtime recomputes the window).
+``causal-lm`` is optimum's ``text-generation-with-past``: one graph with optimum's decoder inputs and
+outputs (``past_key_values.{i}.key|value`` in, ``present.{i}.key|value`` out, ``position_ids``), which
+also runs the first step, with past keys and values of length 0.
 """
 from __future__ import annotations
 
 import optimum.exporters.onnx.model_configs  # noqa: F401  (registers the stock configs, BERT included)
-from optimum.exporters.onnx.config import TextEncoderOnnxConfig
+from optimum.exporters.onnx.config import TextDecoderWithPositionIdsOnnxConfig, TextEncoderOnnxConfig
 from optimum.exporters.tasks import TasksManager
 from optimum.utils import NormalizedTextConfig
 
@@ -15,13 +17,13 @@ OPTIMUM_TASKS = {
     "fill-mask": "fill-mask",
     "text-classification": "text-classification",
     "feature-extraction": "feature-extraction",
-    "causal-lm": "text-generation",
+    "causal-lm": "text-generation-with-past",
 }
 
 _register = TasksManager.create_register("onnx", overwrite_existing=True)
 
 
-@_register("sharebert", *OPTIMUM_TASKS.values())
+@_register("sharebert", "fill-mask", "text-classification", "feature-extraction")
 class ShareBertOnnxConfig(TextEncoderOnnxConfig):
     """Inputs ``input_ids``, ``attention_mask`` (and ``token_type_ids`` for encoders), each
     ``(batch_size, sequence_length)``; outputs from optimum's task table (``logits`` or
@@ -34,10 +36,19 @@ class ShareBertOnnxConfig(TextEncoderOnnxConfig):
     @property
     def inputs(self) -> dict[str, dict[int, str]]:
         axes = {0: "batch_size", 1: "sequence_length"}
-        names = ["input_ids", "attention_mask"]
-        if self.task != "text-generation":
-            names.append("token_type_ids")
-        return {name: dict(axes) for name in names}
+        return {name: dict(axes) for name in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+@_register("sharebert", "text-generation", "text-generation-with-past")
+class ShareBertDecoderOnnxConfig(TextDecoderWithPositionIdsOnnxConfig):
+    """The causal LM with a key/value cache, as optimum exports decoders: ``input_ids`` and ``position_ids``
+    ``(batch_size, sequence_length)``, ``attention_mask`` over past and new tokens, per layer
+    ``past_key_values.{i}.key|value`` ``(batch_size, heads, past_sequence_length, head_dim)`` in and
+    ``present.{i}.key|value`` out, and ``logits``."""
+
+    NORMALIZED_CONFIG_CLASS = NormalizedTextConfig
+    DEFAULT_ONNX_OPSET = 17
+    ATOL_FOR_VALIDATION = 1e-4
 
 
 def onnx_config_for(model, task: str):
@@ -46,4 +57,6 @@ def onnx_config_for(model, task: str):
     model_type = model.config.model_type
     constructor = TasksManager.get_exporter_config_constructor(
         exporter="onnx", model_type=model_type, task=optimum_task, library_name="transformers")
+    if optimum_task.endswith("-with-past"):  # one graph for every step: past inputs always present
+        return constructor(model.config, use_past_in_inputs=True)
     return constructor(model.config)

@@ -74,7 +74,10 @@ def check_parity(model, tokenizer, session, task: str, sentences: list[str], lab
     """Run ``model`` (torch, eval) and ``session`` (ONNX Runtime) on ``sentences``; return the figures."""
     import torch
 
+    from sharebert.deploy.artifact import model_feeds
+
     names = [i.name for i in session.get_inputs()]
+    torch_names = [n for n in ("input_ids", "attention_mask", "token_type_ids", "position_ids") if n in names]
     output = session.get_outputs()[0].name
     diffs, cosines, agree, n_diff = [], [], [], 0
     preds_torch, preds_onnx = [], []
@@ -82,10 +85,12 @@ def check_parity(model, tokenizer, session, task: str, sentences: list[str], lab
     batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
     for batch in bar(batches, desc=f"parity ({task})", progress=progress, leave=False):
         feeds = encode(tokenizer, [sentences[i] for i in batch], max_length, mask_middle=task == "fill-mask")
+        feeds = {**model_feeds(session.get_inputs(), feeds["input_ids"], feeds["attention_mask"]),
+                 **{k: v for k, v in feeds.items() if k in names}}  # the tokenizer's own token_type_ids
         with torch.no_grad():
-            out = model(**{k: torch.from_numpy(feeds[k]) for k in names})
+            out = model(**{k: torch.from_numpy(feeds[k]) for k in torch_names})
         ref = (out.logits if task != "feature-extraction" else out.last_hidden_state).float().numpy()
-        got = session.run([output], {k: feeds[k] for k in names})[0].astype(np.float32)
+        got = session.run([output], feeds)[0].astype(np.float32)
         real = feeds["attention_mask"].astype(bool)
         if task == "text-classification":
             r, o = ref, got

@@ -31,10 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from sharebert.export.exporter import export_model, format_report
 
-    for shape in args.shapes:
-        parts = shape.lower().split("x")
-        if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
-            raise ValueError(f"--shapes expects BxT such as 1x128, got {shape!r}")
     manifest = export_model(args.model, args.out, task=args.task, weights=args.weights, quantize=args.quantize,
                             calibration=args.calibration, opset=args.opset, overwrite=args.overwrite,
                             check_file=args.check_file, check_limit=args.check_limit, shapes=tuple(args.shapes),
