@@ -85,13 +85,18 @@ def _print_readable(task, text, result) -> None:
     print(text)
     if task == "fill-mask":
         for n, candidates in enumerate(result, 1):
-            print(f"  [MASK] {n}: " + ", ".join(f"{c['token']} ({c['score']:.3f})" for c in candidates))
+            print(f"  [MASK] {n}: " + ", ".join(f"{c['token']} ({_score(c['score'])})" for c in candidates))
         if not result:
             print("  (no [MASK] token)")
     elif task == "feature-extraction":
         print(f"  vector of {len(result)}: [{', '.join(f'{x:.4f}' for x in result[:4])}, ...]")
     else:
         print(f"  {_dumps(result)}")
+
+
+def _score(p: float) -> str:
+    """A probability readable at any size: ``0.612``, ``0.0421``, ``3.2e-05`` (never a run of ``0.000``)."""
+    return f"{p:.3f}" if p >= 0.1 else f"{p:.3g}" if p >= 1e-3 else f"{p:.2g}"
 
 
 def _dumps(obj) -> str:

@@ -235,3 +235,11 @@ def test_predict_cli_streams_and_reports_malformed_lines(mlm, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "line 4:" in err and "1 line(s) skipped" in err and not (tmp_path / "out.jsonl.partial").exists()
     assert main(["predict", str(artifact)]) == 2  # no texts, no --input: a clear error
+
+
+@pytest.mark.parametrize("p, text", [(0.6123, "0.612"), (0.1, "0.100"), (0.0421, "0.0421"), (0.00123, "0.00123"),
+                                     (3.2e-05, "3.2e-05"), (0.0, "0")])
+def test_predict_prints_small_probabilities_readably(p, text):
+    from sharebert.deploy.cli import _score
+
+    assert _score(p) == text
