@@ -131,7 +131,7 @@ def _versions() -> dict:
 def _session(path: Path, session_config: dict, level=None, optimized: Path | None = None, threads: int | None = None):
     import onnxruntime as ort
 
-    options = artifact.session_options(session_config, threads, level, optimized)
+    options = artifact.session_options(session_config, threads, level, optimized, arena=False)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

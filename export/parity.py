@@ -69,6 +69,23 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / np.maximum(den, 1e-30)
 
 
+OUTPUT_BUDGET = 64 << 20  # bytes of one batch's fp32 outputs, per side: bounds the export's peak memory
+
+
+def _batches(tokenizer, sentences: list[str], order: list[int], max_length: int, width: int, batch_size: int):
+    """``order`` cut into batches of at most ``batch_size`` sentences whose padded ``(B, T, width)`` fp32
+    outputs stay within ``OUTPUT_BUDGET`` (a 30k-word vocabulary allows about 16 sequences of 128)."""
+    lengths = [min(len(ids), max_length) for ids in tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
+    batches, batch = [], []
+    for i in order:
+        longest = max([lengths[j] for j in batch] + [lengths[i]])
+        if batch and (len(batch) >= batch_size or (len(batch) + 1) * longest * width * 4 > OUTPUT_BUDGET):
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    return batches + ([batch] if batch else [])
+
+
 def check_parity(model, tokenizer, session, task: str, sentences: list[str], labels: list | None = None,
                  max_length: int = 128, batch_size: int = 32, progress: bool = True) -> dict:
     """Run ``model`` (torch, eval) and ``session`` (ONNX Runtime) on ``sentences``; return the figures."""
@@ -82,7 +99,9 @@ def check_parity(model, tokenizer, session, task: str, sentences: list[str], lab
     diffs, cosines, agree, n_diff = [], [], [], 0
     preds_torch, preds_onnx = [], []
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # similar lengths: little padding
-    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+    width = model.config.hidden_size if task == "feature-extraction" else \
+        (model.config.num_labels if task == "text-classification" else model.config.vocab_size)
+    batches = _batches(tokenizer, sentences, order, max_length, width if task != "text-classification" else 1, batch_size)
     for batch in bar(batches, desc=f"parity ({task})", progress=progress, leave=False):
         feeds = encode(tokenizer, [sentences[i] for i in batch], max_length, mask_middle=task == "fill-mask")
         feeds = {**model_feeds(session.get_inputs(), feeds["input_ids"], feeds["attention_mask"]),

@@ -245,7 +245,8 @@ def test_causal_lm_export(tmp_path, tokenizer):
                                                    hidden_size=64, num_hidden_layers=2, intermediate_size=128)
     folder = _save(sharebert.ShareBertForCausalLM(config), tokenizer, tmp_path / "clm")
     manifest = export_model(folder, tmp_path / "out", **FAST)
-    assert manifest["task"] == "causal-lm" and manifest["inputs"] == ["input_ids", "attention_mask"]
+    assert manifest["task"] == "causal-lm" and manifest["inputs"] == [
+        "input_ids", "attention_mask", "position_ids", *(f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value"))]
     assert manifest["parity"]["top1_agreement"] == 1.0 and manifest["parity"]["max_abs_diff"] <= 1e-3
 
 
