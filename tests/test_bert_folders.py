@@ -77,3 +77,20 @@ def test_finetune_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path
     want = bert.bert.encoder.layer[1].intermediate.dense.weight
     diff = (tuned.sharebert.layer_weights[1].matrices["ffn_in"] - want).abs().max().item()
     assert diff <= 1e-6, diff
+
+
+def test_pretrain_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path):
+    """Masked-LM pre-training of a stock BERT folder continues BERT (sharing='none'), not a random ShareBERT."""
+    from sharebert.training.pretrain import PretrainArgs, pretrain
+
+    folder, bert = bert_dirs["mlm"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat . " * 400)
+    args = PretrainArgs(max_steps=1, batch_size=2, seq_len=32, lr=1e-9, save_steps=100, eval_steps=100,
+                        valid_fraction=0.0, progress=False)
+    pretrain([corpus], tmp_path / "run", folder, args=args)
+    config = load_config(tmp_path / "run")
+    assert (config.sharing, config.hidden_size, config.num_hidden_layers) == ("none", 64, 2)
+    trained, _ = load_model(ShareBertForMaskedLM, tmp_path / "run")
+    want = bert.bert.encoder.layer[0].attention.self.query.weight
+    assert (trained.sharebert.layer_weights[0].matrices["query"] - want).abs().max().item() <= 1e-6
