@@ -16,6 +16,7 @@ COMMANDS = {
     "budget": "sharebert.commands.budget",
     "pretrain": "sharebert.commands.pretrain",
     "finetune": "sharebert.commands.finetune",
+    "distill": "sharebert.commands.distill",
     "evaluate": "sharebert.commands.evaluate",
     "export": "sharebert.commands.export",
     "predict": "sharebert.deploy.cli",
