@@ -198,3 +198,19 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(case, extra, message
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_mlm_general_distillation_on_text(bad_folders, tmp_path, capsys):
+    student = tmp_path / "student"
+    build_model("sharebert-tiny", student, STUDENT, seed=0)
+    out = tmp_path / "out"
+    argv = ["distill", "--objective", "mlm", "--teacher", str(bad_folders / "mlm"), "--student", str(student),
+            "--train", str(data_path("wikitext-2-raw", "wiki.valid.raw")), "--out", str(out), "--max-steps", "3",
+            "--batch-size", "4", "--seq-len", "32", "--max-train-samples", "64", "--eval-steps", "2"]
+    assert main(argv) == 0, capsys.readouterr().err
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["steps"] == 3 and set(m["last_terms"]) == {"kl", "hard", "hidden", "attention", "embedding"}
+    assert all(np.isfinite(v) and v > 0 for v in m["last_terms"].values())
+    from sharebert.modeling_sharebert import ShareBertForMaskedLM
+    assert load_model(ShareBertForMaskedLM, out)[1] == []
+    assert main(argv[:-2] + ["--task", "sst2"]) == 2  # --task belongs to task distillation

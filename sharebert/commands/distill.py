@@ -15,7 +15,10 @@ def add_arguments(p):
     p.add_argument("--teacher", required=True, help="teacher folder: a transformers BertForSequenceClassification or "
                                                     "a `sharebert finetune` output for --task")
     p.add_argument("--student", required=True, help="student: a preset (e.g. sharebert-tiny) or a model folder")
-    p.add_argument("--task", required=True, choices=list(TASKS), help="GLUE task")
+    p.add_argument("--objective", choices=["glue", "mlm"], default="glue",
+                   help="glue: task distillation (--task); mlm: general distillation on --train text")
+    p.add_argument("--task", choices=list(TASKS), help="GLUE task (--objective glue)")
+    p.add_argument("--train", nargs="+", metavar="FILE", help="--objective mlm: text files, MediaWiki XML or folders")
     p.add_argument("--data-dir", help="the task's folder (default ../shared/data/glue/<Task>)")
     p.add_argument("--out", required=True, help="output folder: best student, tokenizer, metrics.json")
     p.add_argument("--temperature", type=float, default=w.temperature, help=f"softmax temperature (default {w.temperature:g})")
@@ -41,7 +44,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from .tables import format_table
-    from ..training.distill import DistillArgs, DistillWeights, distill_glue, parse_layer_map
+    from ..training.distill import DistillArgs, DistillWeights, distill_glue, distill_mlm, parse_layer_map
 
     for name in ("epochs", "batch_size", "lr", "seq_len", "max_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
         value = getattr(args, name)
@@ -54,6 +57,17 @@ def run(args) -> int:
                         weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                         eval_steps=args.eval_steps, seed=args.seed, weights=weights)
+    if args.objective == "mlm":
+        if args.task:
+            raise ValueError("--task is for --objective glue; --objective mlm reads --train text")
+        m = distill_mlm(args.teacher, args.student, args.train, args.out, dargs, overwrite=args.overwrite,
+                        resume=args.resume)
+        print(f"distilled {m['steps']} steps: train loss {m['train_loss']:.4f}; student and metrics.json -> {args.out}")
+        return 0
+    if not args.task:
+        raise ValueError("--task is required (or --objective mlm with --train)")
+    if args.train:
+        raise ValueError("--train is for --objective mlm; task distillation reads the task's files (--data-dir)")
     metrics = distill_glue(args.teacher, args.student, args.task, args.out, args.data_dir, dargs,
                            overwrite=args.overwrite, resume=args.resume, keep_checkpoints=args.keep_checkpoints)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -135,6 +135,8 @@ def distill_losses(student_out, teacher_out, attention_mask, labels, projections
         s, t = student_out.logits, teacher_out.logits.to(student_out.logits.dtype)
         if logits_mask is not None:
             s, t = s[logits_mask], t[logits_mask]
+        n = min(s.shape[-1], t.shape[-1])  # MLM: vocabularies padded to different multiples; the rest is never a token
+        s, t = s[..., :n], t[..., :n]
         parts["kl"] = weights.kl * (F.mse_loss(s.float(), t.float()) if regression
                                     else soft_kl(s, t, weights.temperature))
     if weights.hard and labels is not None:
@@ -246,6 +248,8 @@ def _make_trainer_class():
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             need_h, need_a = bool(w.hidden or w.embedding), bool(w.attention)
             labels = inputs.get("labels")
+            if "attention_mask" not in inputs:  # packed pre-training sequences have no padding
+                inputs = {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
             feed = {k: v for k, v in inputs.items() if k != "labels" or w.hard}
             out = model(**feed, output_hidden_states=need_h, output_attentions=need_a)
             with torch.no_grad():
@@ -410,4 +414,77 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         write_json(out / "metrics.json", finite(metrics))
         if not keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return finite(metrics)
+
+
+def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = DistillArgs(), overwrite: bool = False,
+                resume: bool = False, progress: bool = True) -> dict:
+    """General distillation during pre-training: the teacher's MLM distribution at the masked positions as
+    soft targets (plus the hidden-state terms) on ``train`` text, packed and masked as ``sharebert pretrain`` does.
+
+    ``out`` receives the student (``ShareBertForMaskedLM``, projections dropped), its tokenizer and
+    ``metrics.json`` (steps, train loss, the last value of each term).
+    """
+    from transformers import TrainingArguments, set_seed
+
+    from ..build import config_for_vocab
+    from ..modeling_sharebert import ShareBertForMaskedLM
+    from ..shape import PRESETS
+    from .corpus import PackedDataset, encode_sources, pack, resolve_sources
+
+    out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume, inputs=(teacher_dir,))
+    t_config = load_config(teacher_dir)
+    t_tok = load_tokenizer(teacher_dir, t_config)
+    archs = read_config(teacher_dir).get("architectures") or []
+    if not any(a.endswith("ForMaskedLM") for a in archs):
+        raise ValueError(f"{teacher_dir} is not a masked-LM model (architectures: {', '.join(archs) or 'none'}); "
+                         "--objective mlm needs an MLM teacher")
+    if not Path(student).exists() and student in PRESETS:
+        torch.manual_seed(args.seed)
+        model, s_tok = ShareBertForMaskedLM(config_for_vocab(student, {}, len(t_tok))), t_tok
+    elif Path(student).exists():
+        s_tok = load_tokenizer(student, load_config(student))
+        torch.manual_seed(args.seed)
+        from ..model_folder import load_model
+        model = load_model(ShareBertForMaskedLM, student)[0]
+    else:
+        raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
+    check_tokenizers(t_tok, s_tok, teacher_dir, student)
+    if not train:
+        raise ValueError("--objective mlm needs --train text")
+    teacher = load_teacher(teacher_dir, head="mlm")
+    w = args.weights
+    pairs = layer_map(model.config.num_hidden_layers, teacher.config.num_hidden_layers, w.layer_map)
+    groups = head_groups(model.config.num_attention_heads, teacher.config.num_attention_heads)
+    set_seed(args.seed)
+    projections = Projections(model.config.hidden_size, teacher.config.hidden_size)
+    seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
+    ids = encode_sources(resolve_sources(train), t_tok, progress=progress)
+    blocks = pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[: args.max_train_samples]
+    train_ds = PackedDataset.for_objective(blocks, t_tok, "mlm", seed=args.seed)
+
+    cuda = torch.cuda.is_available()
+    targs = TrainingArguments(
+        output_dir=str(out / "checkpoints"), overwrite_output_dir=True, learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=2,
+        logging_steps=max(1, min(50, args.eval_steps or 50)), seed=args.seed,
+        bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=not progress,
+        dataloader_num_workers=0, dataloader_pin_memory=cuda,
+    )
+    trainer = _make_trainer_class()(
+        model=model, args=targs, train_dataset=train_ds, processing_class=t_tok, teacher=teacher,
+        projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
+    result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
+    metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),
+               "train_loss": result.training_loss, "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1),
+               "seed": args.seed, "student": student, "teacher_dir": str(teacher_dir),
+               "last_terms": dict(trainer._parts), "temperature": w.temperature,
+               "layer_map": [list(p) for p in pairs]}
+    if trainer.is_world_process_zero():
+        trainer.model.save_pretrained(str(out))
+        t_tok.save_pretrained(str(out))
+        write_json(out / "log_history.json", trainer.state.log_history)
+        write_json(out / "metrics.json", finite(metrics))
     return finite(metrics)
