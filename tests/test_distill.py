@@ -214,3 +214,20 @@ def test_mlm_general_distillation_on_text(bad_folders, tmp_path, capsys):
     from sharebert.modeling_sharebert import ShareBertForMaskedLM
     assert load_model(ShareBertForMaskedLM, out)[1] == []
     assert main(argv[:-2] + ["--task", "sst2"]) == 2  # --task belongs to task distillation
+
+
+def test_cached_teacher_logits_train_the_same_student(teacher_dir, tmp_path):
+    student = tmp_path / "s"
+    build_model("sharebert-tiny", student, STUDENT, seed=0)
+    args = DistillArgs(max_steps=4, max_train_samples=64, max_eval_samples=32, batch_size=16, warmup_steps=1,
+                       eval_steps=4, seq_len=32, weights=DistillWeights(hidden=0.0, attention=0.0, embedding=0.0))
+    cache = tmp_path / "cache"
+    runs = {}
+    for name, c in (("plain", None), ("first", cache), ("cached", cache)):
+        distill_glue(teacher_dir, str(student), "sst2", tmp_path / name, args=args, progress=False, cache_teacher=c)
+        runs[name] = load_model(ShareBertForSequenceClassification, tmp_path / name)[0].state_dict()
+        if name == "first":
+            assert len(list(cache.glob("*.npy"))) == 1
+    for name in ("first", "cached"):
+        diff = max(float((runs[name][k] - v).abs().max()) for k, v in runs["plain"].items())
+        assert diff <= 1e-5, (name, diff)

@@ -37,6 +37,9 @@ def add_arguments(p):
     p.add_argument("--max-eval-samples", type=int, help="score the first N dev examples")
     p.add_argument("--eval-steps", type=int, help="score the dev set every N steps (default: every epoch)")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--cache-teacher", metavar="DIR", help="keep the teacher's training-set logits in DIR (reused by "
+                                                          "later runs; with --hidden/--attention/--embedding-weight 0 "
+                                                          "the teacher does not run during training)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep out/checkpoints after training")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier distillation result in --out")
@@ -69,7 +72,8 @@ def run(args) -> int:
     if args.train:
         raise ValueError("--train is for --objective mlm; task distillation reads the task's files (--data-dir)")
     metrics = distill_glue(args.teacher, args.student, args.task, args.out, args.data_dir, dargs,
-                           overwrite=args.overwrite, resume=args.resume, keep_checkpoints=args.keep_checkpoints)
+                           overwrite=args.overwrite, resume=args.resume, keep_checkpoints=args.keep_checkpoints,
+                           cache_teacher=args.cache_teacher)
     if int(os.environ.get("RANK", "0")) == 0:
         teacher = metrics.pop("teacher")
         rows = [[k, v] for k, v in metrics.items() if not isinstance(v, (dict, list))]

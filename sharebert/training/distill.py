@@ -22,6 +22,7 @@ import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -212,6 +213,51 @@ def load_teacher(teacher_dir, head: str = "classifier"):
     return model.to("cuda" if cuda else "cpu").eval()
 
 
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True):
+    """The teacher's logits on ``ds`` (N, labels); with ``cache_dir`` read from / written to
+    ``<cache_dir>/<key>.npy``, the key hashing the teacher's config and weights, the split file and ``seq_len``."""
+    import numpy as np
+
+    from .encoded import predict_logits
+
+    if cache_dir is None:
+        return predict_logits(teacher, ds, progress=progress)
+    parts = [_file_digest(Path(teacher_dir) / f) for f in ("config.json", "model.safetensors")]
+    parts += [_file_digest(Path(split_path)), str(seq_len), str(len(ds))]
+    path = Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
+    if path.is_file():
+        logits = np.load(path)
+        if logits.shape[0] == len(ds) and np.isfinite(logits).all():
+            return logits
+    logits = predict_logits(teacher, ds, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, logits)
+    tmp.replace(path)
+    return logits
+
+
+class WithTeacherLogits(torch.utils.data.Dataset):
+    """A tokenized split whose items also carry the teacher's logits (``"teacher_logits"``)."""
+
+    def __init__(self, ds, logits):
+        self.ds, self.logits = ds, logits
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict:
+        return {**self.ds[i], "teacher_logits": self.logits[i].tolist()}
+
+
 @dataclass(frozen=True)
 class DistillArgs(FinetuneArgs):
     """The fine-tuning recipe plus the distillation losses."""
@@ -245,16 +291,21 @@ def _make_trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             w = self.weights
             if not model.training:  # dev scoring: the student alone
+                inputs = {k: v for k, v in inputs.items() if k != "teacher_logits"}
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             need_h, need_a = bool(w.hidden or w.embedding), bool(w.attention)
+            cached = inputs.pop("teacher_logits", None)
             labels = inputs.get("labels")
             if "attention_mask" not in inputs:  # packed pre-training sequences have no padding
                 inputs = {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
             feed = {k: v for k, v in inputs.items() if k != "labels" or w.hard}
             out = model(**feed, output_hidden_states=need_h, output_attentions=need_a)
-            with torch.no_grad():
-                t_in = {k: v for k, v in inputs.items() if k != "labels"}
-                t_out = self.teacher(**t_in, output_hidden_states=need_h, output_attentions=need_a)
+            if cached is not None and not (need_h or need_a):  # --cache-teacher: logits are all the terms need
+                t_out = SimpleNamespace(logits=cached)
+            else:
+                with torch.no_grad():
+                    t_in = {k: v for k, v in inputs.items() if k != "labels"}
+                    t_out = self.teacher(**t_in, output_hidden_states=need_h, output_attentions=need_a)
             logits_mask = (labels != -100) if self.mlm else None
             parts = distill_losses(out, t_out, inputs["attention_mask"], labels if w.hard else None, self.projections,
                                    w, self.pairs, self.groups, self.regression, logits_mask)
@@ -331,12 +382,14 @@ def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed
 
 def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args: DistillArgs = DistillArgs(),
                  overwrite: bool = False, resume: bool = False, keep_checkpoints: bool = False,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, cache_teacher=None) -> dict:
     """Distil ``teacher_dir`` (a classifier fine-tuned on ``task``) into ``student``; returns the metrics.
 
     ``out`` receives the best student by the task's dev metric (projections dropped), its tokenizer,
     ``log_history.json`` and ``metrics.json``: the student's dev metrics at top level, as ``finetune``
     writes them, and the teacher's under ``"teacher"``. Every input is checked before training.
+    ``cache_teacher`` (a folder) keeps the teacher's training-set logits between runs; with the
+    hidden, attention and embedding weights at 0 the teacher then never runs during training.
     """
     from transformers import DataCollatorWithPadding, TrainingArguments, set_seed
 
@@ -367,6 +420,9 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     train_ds = encode(train, t_tok, seq_len, progress=progress)
     dev_ds = {s: encode(d, t_tok, seq_len, progress=progress) for s, d in devs.items()}
     main_dev = dev_ds[task_.dev_splits[0]]
+    if cache_teacher is not None:
+        train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, train_ds, train.path, seq_len,
+                                                              cache_teacher, progress))
     teacher_metrics = {}
     for i, (split, ds) in enumerate(dev_ds.items()):
         scores = evaluate_split(teacher, ds, task_, progress=progress)
