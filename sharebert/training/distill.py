@@ -463,8 +463,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
                    teacher=teacher_metrics, student=student, teacher_dir=str(teacher_dir),
                    losses={k: getattr(w, k) for k in ("kl", "hard", "hidden", "attention", "embedding")},
                    temperature=w.temperature, layer_map=[list(p) for p in pairs])
-    trainer.model.save_pretrained(str(out)) if trainer.is_world_process_zero() else None  # the student alone
     if trainer.is_world_process_zero():
+        trainer.model.save_pretrained(str(out))  # the student alone: the projections live in the trainer
         t_tok.save_pretrained(str(out))
         write_json(out / "log_history.json", trainer.state.log_history)
         write_json(out / "metrics.json", finite(metrics))
