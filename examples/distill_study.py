@@ -66,8 +66,8 @@ def main() -> None:
 
 
 def table(results: dict, tasks, seeds) -> str:
-    rows = ["| task | metric | teacher (bert-h128) | sharebert-tiny fine-tuned | sharebert-tiny distilled | seeds |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| task | metric | teacher (bert-h128) | sharebert-tiny fine-tuned | sharebert-tiny distilled |",
+            "|---|---|---|---|---|"]
     for task in tasks:
         metric = get_task(task).main_metric
         cells = []
@@ -76,7 +76,7 @@ def table(results: dict, tasks, seeds) -> str:
             spread = f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else ""
             cells.append(f"{statistics.mean(vals):.3f}{spread} ({', '.join(f'{v:.3f}' for v in vals)})" if vals else "-")
         t = results.get(f"{task}/teacher", {}).get(metric)
-        rows.append(f"| {task} | {metric} | {t if t is None else f'{t:.3f}'} | {cells[0]} | {cells[1]} | {len(seeds)} |")
+        rows.append(f"| {task} | {metric} | {t if t is None else f'{t:.3f}'} | {cells[0]} | {cells[1]} |")
     return "\n".join(rows)
 
 
