@@ -19,6 +19,7 @@ COMMANDS = {
     "prepare": "sharebert.commands.prepare",
     "pretrain": "sharebert.commands.pretrain",
     "finetune": "sharebert.commands.finetune",
+    "distill": "sharebert.commands.distill",
     "evaluate": "sharebert.commands.evaluate",
     "export": "sharebert.commands.export",
     "plot": "sharebert.commands.plot",

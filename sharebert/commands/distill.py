@@ -1,0 +1,84 @@
+"""``sharebert distill``: knowledge distillation from a fine-tuned BERT-family teacher into a ShareBERT student."""
+from __future__ import annotations
+
+import os
+
+HELP = "distil a fine-tuned BERT teacher into a ShareBERT student on a GLUE task (best dev student, metrics.json)"
+
+
+def add_arguments(p):
+    from ..training.distill import DistillWeights
+    from ..training.finetune import FinetuneArgs
+    from ..training.glue import TASKS
+
+    d, w = FinetuneArgs(), DistillWeights()
+    p.add_argument("--teacher", required=True, help="teacher folder: a transformers BertForSequenceClassification or "
+                                                    "a `sharebert finetune` output for --task")
+    p.add_argument("--student", required=True, help="student: a preset (e.g. sharebert-tiny) or a model folder")
+    p.add_argument("--objective", choices=["glue", "mlm"], default="glue",
+                   help="glue: task distillation (--task); mlm: general distillation on --train text")
+    p.add_argument("--task", choices=list(TASKS), help="GLUE task (--objective glue)")
+    p.add_argument("--train", nargs="+", metavar="FILE", help="--objective mlm: text files, MediaWiki XML or folders")
+    p.add_argument("--data", metavar="DIR", help="--objective mlm: a folder from `sharebert prepare` (the teacher's tokenizer)")
+    p.add_argument("--data-dir", help="the task's folder (default ../shared/data/glue/<Task>)")
+    p.add_argument("--out", required=True, help="output folder: best student, tokenizer, metrics.json")
+    p.add_argument("--temperature", type=float, default=w.temperature, help=f"softmax temperature (default {w.temperature:g})")
+    for name, what in (("kl", "soft-target KL (x T^2)"), ("hard", "gold-label loss"), ("hidden", "hidden-state MSE"),
+                       ("attention", "attention-map MSE"), ("embedding", "embedding-output MSE")):
+        p.add_argument(f"--{name}-weight", type=float, default=getattr(w, name), help=f"{what} (default {getattr(w, name):g})")
+    p.add_argument("--layer-map", help="STUDENT:TEACHER layer pairs, 1-based, e.g. 1:3,2:6 (default: uniform)")
+    p.add_argument("--epochs", type=float, default=d.epochs, help=f"training epochs (default {d.epochs:g})")
+    p.add_argument("--max-steps", type=int, help="stop after N optimizer steps (overrides --epochs)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"default {d.batch_size}")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr:g})")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help=f"default {d.warmup_steps}")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"default {d.weight_decay:g}")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"default {d.seq_len}")
+    p.add_argument("--max-train-samples", type=int, help="use the first N training examples")
+    p.add_argument("--max-eval-samples", type=int, help="score the first N dev examples")
+    p.add_argument("--eval-steps", type=int, help="score the dev set every N steps (default: every epoch)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--cache-teacher", metavar="DIR", help="keep the teacher's training-set logits in DIR (reused by "
+                                                          "later runs; with --hidden/--attention/--embedding-weight 0 "
+                                                          "the teacher does not run during training)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep out/checkpoints after training")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier distillation result in --out")
+
+
+def run(args) -> int:
+    from .tables import format_table
+    from ..training.distill import DistillArgs, DistillWeights, distill_glue, distill_mlm, parse_layer_map
+
+    for name in ("epochs", "batch_size", "lr", "seq_len", "max_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    weights = DistillWeights(temperature=args.temperature, kl=args.kl_weight, hard=args.hard_weight,
+                             hidden=args.hidden_weight, attention=args.attention_weight,
+                             embedding=args.embedding_weight, layer_map=parse_layer_map(args.layer_map))
+    dargs = DistillArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+                        weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
+                        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
+                        eval_steps=args.eval_steps, seed=args.seed, weights=weights)
+    if args.objective == "mlm":
+        if args.task:
+            raise ValueError("--task is for --objective glue; --objective mlm reads --train text or --data")
+        m = distill_mlm(args.teacher, args.student, args.train, args.out, dargs, overwrite=args.overwrite,
+                        resume=args.resume, data=args.data)
+        print(f"distilled {m['steps']} steps: train loss {m['train_loss']:.4f}; student and metrics.json -> {args.out}")
+        return 0
+    if not args.task:
+        raise ValueError("--task is required (or --objective mlm with --train)")
+    if args.train:
+        raise ValueError("--train is for --objective mlm; task distillation reads the task's files (--data-dir)")
+    metrics = distill_glue(args.teacher, args.student, args.task, args.out, args.data_dir, dargs,
+                           overwrite=args.overwrite, resume=args.resume, keep_checkpoints=args.keep_checkpoints,
+                           cache_teacher=args.cache_teacher)
+    if int(os.environ.get("RANK", "0")) == 0:
+        teacher = metrics.pop("teacher")
+        rows = [[k, v] for k, v in metrics.items() if not isinstance(v, (dict, list))]
+        rows += [[f"teacher {k}", v] for k, v in teacher.items()]
+        print(format_table(["metric", "value"], rows))
+        print(f"best student and metrics.json -> {args.out}")
+    return 0

@@ -1,0 +1,570 @@
+"""Knowledge distillation into a ShareBERT student: losses, layer map, teacher checks, and ``distill_glue``.
+
+The student learns from a frozen teacher (any transformers BERT-family classifier, or a sharebert
+one) through five weighted terms (docs/DISTILLATION.md):
+
+- ``kl``: ``T^2 * KL(softmax(teacher / T) || softmax(student / T))`` per example (MSE for STS-B);
+- ``hard``: the student's own loss on the gold labels;
+- ``hidden``: MSE between student hidden states, projected to the teacher's width by one learned
+  linear map, and the teacher's, at the layers of the layer map (padding excluded);
+- ``attention``: MSE between attention maps, per head; teacher heads averaged in groups (or
+  repeated) when the head counts differ;
+- ``embedding``: MSE between the embedding outputs (a second learned projection).
+
+The layer map pairs each student iteration ``j`` (1-based; ShareBERT runs one shared layer
+``num_hidden_layers`` times) with a teacher layer; by default uniformly, ``j -> j * L_t // L_s``.
+The projections are trained with the student and never saved with it.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..curves import write_curves
+from ..model_folder import load_config, load_tokenizer, read_config
+from ..outdir import check_out_dir, finite, write_json
+from ..paths import data_path
+from .encoded import encode, evaluate_split
+from .finetune import FinetuneArgs, load_classifier
+from .glue import GlueTask, get_task, read_split
+from .metrics import predictions_from_logits, task_metrics
+from .progress import trainer_progress
+
+PROJECTIONS_FILE = "distill_projections.safetensors"
+
+
+@dataclass(frozen=True)
+class DistillWeights:
+    """Weight of each loss term and the softmax temperature (every field is a ``sharebert distill`` option)."""
+
+    temperature: float = 2.0
+    kl: float = 1.0
+    hard: float = 1.0
+    hidden: float = 1.0
+    attention: float = 1.0
+    embedding: float = 1.0
+    layer_map: tuple[tuple[int, int], ...] | None = None  # (student iteration, teacher layer), 1-based
+
+    def __post_init__(self):
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"--temperature must be a positive number, got {self.temperature}")
+        for name in ("kl", "hard", "hidden", "attention", "embedding"):
+            w = getattr(self, name)
+            if not (w >= 0 and math.isfinite(w)):
+                raise ValueError(f"--{name}-weight must be a finite number >= 0, got {w}")
+
+
+def parse_layer_map(text: str | None) -> tuple[tuple[int, int], ...] | None:
+    """``"1:3,2:6"`` -> ``((1, 3), (2, 6))`` (student iteration : teacher layer)."""
+    if not text:
+        return None
+    try:
+        pairs = tuple(tuple(int(x) for x in item.split(":")) for item in text.split(","))
+    except ValueError:
+        pairs = ((),)
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"--layer-map {text!r}: expected STUDENT:TEACHER pairs like 1:3,2:6")
+    return pairs
+
+
+def layer_map(student_layers: int, teacher_layers: int, given=None) -> tuple[tuple[int, int], ...]:
+    """The checked layer map; uniform ``j -> j * L_t // L_s`` when ``given`` is None."""
+    pairs = given if given is not None else tuple((j, max(1, j * teacher_layers // student_layers))
+                                                  for j in range(1, student_layers + 1))
+    for s, t in pairs:
+        if not (1 <= s <= student_layers and 1 <= t <= teacher_layers):
+            raise ValueError(f"--layer-map pair {s}:{t} is out of range: the student runs {student_layers} "
+                             f"iterations, the teacher has {teacher_layers} layers (both counted from 1)")
+    return tuple(pairs)
+
+
+def head_groups(student_heads: int, teacher_heads: int) -> list[list[int]]:
+    """For each student head, the teacher heads whose maps it learns (averaged)."""
+    if teacher_heads >= student_heads:
+        return [list(range(h * teacher_heads // student_heads, (h + 1) * teacher_heads // student_heads))
+                for h in range(student_heads)]
+    return [[h * teacher_heads // student_heads] for h in range(student_heads)]
+
+
+def soft_kl(student_logits, teacher_logits, temperature: float) -> torch.Tensor:
+    """``T^2 * KL(p_teacher || p_student)`` at temperature ``T``, averaged over the rows."""
+    t = temperature
+    log_p_s = F.log_softmax(student_logits.float() / t, dim=-1)
+    log_p_t = F.log_softmax(teacher_logits.float() / t, dim=-1)
+    return (t * t) * F.kl_div(log_p_s, log_p_t, log_target=True, reduction="batchmean")
+
+
+def masked_mse(a, b, mask) -> torch.Tensor:
+    """Mean squared error over the positions where ``mask`` (broadcastable to ``a``'s leading dims) is 1."""
+    mask = mask.to(a.dtype)
+    while mask.dim() < a.dim():
+        mask = mask.unsqueeze(-1)
+    sq = (a.float() - b.float()).pow(2) * mask
+    return sq.sum() / (mask.expand_as(a).sum()).clamp_min(1)
+
+
+class Projections(nn.Module):
+    """Learned maps from the student's hidden width to the teacher's (embedding output, hidden states)."""
+
+    def __init__(self, student_width: int, teacher_width: int):
+        super().__init__()
+        self.embedding = nn.Linear(student_width, teacher_width)
+        self.hidden = nn.Linear(student_width, teacher_width)
+        if student_width == teacher_width:  # identity start: an exact copy of the teacher has zero loss
+            for lin in (self.embedding, self.hidden):
+                nn.init.eye_(lin.weight)
+                nn.init.zeros_(lin.bias)
+
+
+def distill_losses(student_out, teacher_out, attention_mask, labels, projections: Projections,
+                   weights: DistillWeights, pairs, groups, regression: bool = False,
+                   logits_mask=None) -> dict[str, torch.Tensor]:
+    """Each weighted term that is on, and ``"loss"``, their sum.
+
+    ``student_out``/``teacher_out`` are model outputs (``logits`` and, where their terms are on,
+    ``hidden_states``/``attentions``); ``logits_mask`` keeps the rows scored by the soft loss
+    (MLM: the masked positions).
+    """
+    parts = {}
+    if weights.kl:
+        s, t = student_out.logits, teacher_out.logits.to(student_out.logits.dtype)
+        if logits_mask is not None:
+            s, t = s[logits_mask], t[logits_mask]
+        n = min(s.shape[-1], t.shape[-1])  # MLM: vocabularies padded to different multiples; the rest is never a token
+        s, t = s[..., :n], t[..., :n]
+        parts["kl"] = weights.kl * (F.mse_loss(s.float(), t.float()) if regression
+                                    else soft_kl(s, t, weights.temperature))
+    if weights.hard and labels is not None:
+        parts["hard"] = weights.hard * student_out.loss
+    if weights.embedding:
+        parts["embedding"] = weights.embedding * masked_mse(
+            projections.embedding(student_out.hidden_states[0]), teacher_out.hidden_states[0], attention_mask)
+    if weights.hidden:
+        parts["hidden"] = weights.hidden * sum(
+            masked_mse(projections.hidden(student_out.hidden_states[s]), teacher_out.hidden_states[t], attention_mask)
+            for s, t in pairs) / len(pairs)
+    if weights.attention:
+        pair_mask = attention_mask[:, None, :, None] * attention_mask[:, None, None, :]
+        total = 0
+        for s, t in pairs:
+            ta = teacher_out.attentions[t - 1]
+            ta = torch.stack([ta[:, g].mean(1) for g in groups], dim=1)
+            total = total + masked_mse(student_out.attentions[s - 1], ta, pair_mask.expand_as(ta))
+        parts["attention"] = weights.attention * total / len(pairs)
+    parts["loss"] = sum(parts.values()) if parts else student_out.logits.sum() * 0
+    return parts
+
+
+def tokenizer_fingerprint(tokenizer) -> tuple[int, str]:
+    """``(vocabulary size, sha256 prefix of the token -> id table)``."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    digest = hashlib.sha256("\n".join(f"{t}\t{i}" for t, i in vocab).encode()).hexdigest()[:12]
+    return len(vocab), digest
+
+
+def check_tokenizers(teacher_tok, student_tok, teacher_dir, student_name) -> None:
+    """Refuse a student whose token ids mean other tokens than the teacher's."""
+    t, s = tokenizer_fingerprint(teacher_tok), tokenizer_fingerprint(student_tok)
+    if t != s:
+        raise ValueError(f"the teacher's tokenizer ({teacher_dir}: {t[0]} tokens, sha256 {t[1]}) differs from the "
+                         f"student's ({student_name}: {s[0]} tokens, sha256 {s[1]}); distillation needs one tokenizer")
+
+
+def check_teacher_labels(teacher_dir, config, task: GlueTask) -> None:
+    """The teacher must be a classifier (or regressor) over exactly the task's labels."""
+    raw = read_config(teacher_dir)
+    archs = raw.get("architectures") or []
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise ValueError(f"{teacher_dir} is not a sequence classifier (architectures: {', '.join(archs) or 'none'}); "
+                         f"fine-tune the teacher on {task.name} first (`sharebert finetune`)")
+    want = 1 if task.is_regression else task.num_labels
+    if config.num_labels != want:
+        raise ValueError(f"the teacher in {teacher_dir} has {config.num_labels} labels, task {task.name} has {want}")
+    if not task.is_regression:
+        names = [config.id2label[i] for i in range(config.num_labels)]
+        generic = [f"LABEL_{i}" for i in range(config.num_labels)]
+        if names != generic and names != list(task.label_names):
+            raise ValueError(f"the teacher in {teacher_dir} has labels {names}, task {task.name} has "
+                             f"{list(task.label_names)}")
+
+
+def load_teacher(teacher_dir, head: str = "classifier"):
+    """The teacher through the transformers Auto classes (sharebert folders included): eval mode, no gradients.
+
+    On a CUDA device with bf16 support it is loaded in bf16 (the student's losses are computed in fp32).
+    """
+    import sharebert.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
+    from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    cls = AutoModelForSequenceClassification if head == "classifier" else AutoModelForMaskedLM
+    cuda = torch.cuda.is_available()
+    dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+    try:
+        model = cls.from_pretrained(teacher_dir, dtype=dtype, attn_implementation="eager")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--teacher {teacher_dir} cannot be loaded: {str(e).splitlines()[0][:200]}") from None
+    model.requires_grad_(False)
+    return model.to("cuda" if cuda else "cpu").eval()
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True):
+    """The teacher's logits on ``ds`` (N, labels); with ``cache_dir`` read from / written to
+    ``<cache_dir>/<key>.npy``, the key hashing the teacher's config and weights, the split file and ``seq_len``."""
+    import numpy as np
+
+    from .encoded import predict_logits
+
+    if cache_dir is None:
+        return predict_logits(teacher, ds, progress=progress)
+    parts = [_file_digest(Path(teacher_dir) / f) for f in ("config.json", "model.safetensors")]
+    parts += [_file_digest(Path(split_path)), str(seq_len), str(len(ds))]
+    path = Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
+    if path.is_file():
+        logits = np.load(path)
+        if logits.shape[0] == len(ds) and np.isfinite(logits).all():
+            return logits
+    logits = predict_logits(teacher, ds, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, logits)
+    tmp.replace(path)
+    return logits
+
+
+class WithTeacherLogits(torch.utils.data.Dataset):
+    """A tokenized split whose items also carry the teacher's logits (``"teacher_logits"``)."""
+
+    def __init__(self, ds, logits):
+        self.ds, self.logits = ds, logits
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict:
+        return {**self.ds[i], "teacher_logits": self.logits[i].tolist()}
+
+
+@dataclass(frozen=True)
+class DistillArgs(FinetuneArgs):
+    """The fine-tuning recipe plus the distillation losses."""
+
+    weights: DistillWeights = field(default_factory=DistillWeights)
+
+
+def _make_trainer_class():
+    from transformers import Trainer
+
+    class DistillTrainer(Trainer):
+        """``Trainer`` whose ``compute_loss`` adds the distillation terms; the projections train alongside.
+
+        Checkpoints hold the student (``model.safetensors``) and the projections (``PROJECTIONS_FILE``),
+        so ``--resume`` continues both; under torchrun the projections' gradients are averaged.
+        """
+
+        def __init__(self, *a, teacher, projections, weights, pairs, groups, regression=False, mlm=False, **kw):
+            super().__init__(*a, **kw)
+            self.teacher, self.weights, self.pairs, self.groups = teacher, weights, pairs, groups
+            self.projections = projections.to(self.args.device)
+            self.regression, self.mlm = regression, mlm
+            self._parts: dict[str, float] = {}
+
+        def create_optimizer(self):
+            opt = super().create_optimizer()
+            if not any(p is q for g in opt.param_groups for p in g["params"] for q in self.projections.parameters()):
+                opt.add_param_group({"params": list(self.projections.parameters()), "weight_decay": 0.0})
+            return opt
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            w = self.weights
+            if not model.training:  # dev scoring: the student alone
+                inputs = {k: v for k, v in inputs.items() if k != "teacher_logits"}
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            need_h, need_a = bool(w.hidden or w.embedding), bool(w.attention)
+            cached = inputs.pop("teacher_logits", None)
+            labels = inputs.get("labels")
+            if "attention_mask" not in inputs:  # packed pre-training sequences have no padding
+                inputs = {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
+            feed = {k: v for k, v in inputs.items() if k != "labels" or w.hard}
+            out = model(**feed, output_hidden_states=need_h, output_attentions=need_a)
+            if cached is not None and not (need_h or need_a):  # --cache-teacher: logits are all the terms need
+                t_out = SimpleNamespace(logits=cached)
+            else:
+                with torch.no_grad():
+                    t_in = {k: v for k, v in inputs.items() if k != "labels"}
+                    t_out = self.teacher(**t_in, output_hidden_states=need_h, output_attentions=need_a)
+            logits_mask = (labels != -100) if self.mlm else None
+            parts = distill_losses(out, t_out, inputs["attention_mask"], labels if w.hard else None, self.projections,
+                                   w, self.pairs, self.groups, self.regression, logits_mask)
+            for k, v in parts.items():
+                if k != "loss":
+                    self._parts[k] = float(v.detach())
+            return (parts["loss"], out) if return_outputs else parts["loss"]
+
+        def training_step(self, *a, **kw):
+            loss = super().training_step(*a, **kw)
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                for p in self.projections.parameters():
+                    if p.grad is not None:
+                        torch.distributed.all_reduce(p.grad)
+                        p.grad /= torch.distributed.get_world_size()
+            return loss
+
+        def log(self, logs, *a, **kw):
+            if "loss" in logs:
+                logs.update({f"loss_{k}": round(v, 6) for k, v in self._parts.items()})
+            super().log(logs, *a, **kw)
+
+        def _save(self, output_dir=None, state_dict=None):
+            super()._save(output_dir, state_dict)
+            if self.args.should_save:
+                from safetensors.torch import save_file
+
+                out = Path(output_dir or self.args.output_dir)
+                save_file({k: v.contiguous() for k, v in self.projections.state_dict().items()}, str(out / PROJECTIONS_FILE))
+
+        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+            path = Path(resume_from_checkpoint) / PROJECTIONS_FILE
+            if path.is_file():
+                from safetensors.torch import load_file
+
+                self.projections.load_state_dict(load_file(str(path), device=str(self.args.device)))
+
+    return DistillTrainer
+
+
+def _is_distill_out(path: Path) -> bool:
+    return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
+
+
+def _latest_checkpoint(out: Path) -> str | None:
+    ckpts = sorted(out.glob("checkpoints/checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
+    return str(ckpts[-1]) if ckpts else None
+
+
+def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed: int):
+    """``(model, tokenizer)``: a preset built on the teacher's tokenizer, or a model folder (checked against it)."""
+    from ..shape import PRESETS
+
+    if not Path(student).exists() and student in PRESETS:
+        from ..build import config_for_vocab
+        from ..modeling_sharebert import ShareBertForSequenceClassification
+
+        config = config_for_vocab(student, {}, len(teacher_tok))
+        labels = {"num_labels": 1 if task.is_regression else task.num_labels,
+                  "problem_type": "regression" if task.is_regression else "single_label_classification"}
+        if not task.is_regression:
+            labels.update(id2label=dict(enumerate(task.label_names)), label2id={n: i for i, n in enumerate(task.label_names)})
+        config.update(labels)
+        torch.manual_seed(seed)
+        return ShareBertForSequenceClassification(config), teacher_tok
+    if not Path(student).exists():
+        raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
+    config = load_config(student)
+    tokenizer = load_tokenizer(student, config.vocab_size, needs=("pad",))
+    torch.manual_seed(seed)
+    return load_classifier(student, task), tokenizer
+
+
+def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args: DistillArgs = DistillArgs(),
+                 overwrite: bool = False, resume: bool = False, keep_checkpoints: bool = False,
+                 progress: bool = True, cache_teacher=None) -> dict:
+    """Distil ``teacher_dir`` (a classifier fine-tuned on ``task``) into ``student``; returns the metrics.
+
+    ``out`` receives the best student by the task's dev metric (projections dropped), its tokenizer,
+    ``log_history.json`` and ``metrics.json``: the student's dev metrics at top level, as ``finetune``
+    writes them, and the teacher's under ``"teacher"``. Every input is checked before training.
+    ``cache_teacher`` (a folder) keeps the teacher's training-set logits between runs; with the
+    hidden, attention and embedding weights at 0 the teacher then never runs during training.
+    """
+    from transformers import DataCollatorWithPadding, TrainingArguments, set_seed
+
+    task_ = get_task(task)
+    data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
+    out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
+                        inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()))
+    t_config = load_config(teacher_dir)
+    t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
+    check_teacher_labels(teacher_dir, t_config, task_)
+    model, s_tok = load_student(student, task_, t_tok, t_config, args.seed)
+    check_tokenizers(t_tok, s_tok, teacher_dir, student)
+    teacher = load_teacher(teacher_dir)
+    if not task_.is_regression:  # generic LABEL_i names are read as the task's labels, in order
+        teacher.config.id2label = dict(enumerate(task_.label_names))
+        teacher.config.label2id = {n: i for i, n in enumerate(task_.label_names)}
+    w = args.weights
+    pairs = layer_map(model.config.num_hidden_layers, teacher.config.num_hidden_layers, w.layer_map)
+    groups = head_groups(model.config.num_attention_heads, teacher.config.num_attention_heads)
+    set_seed(args.seed)
+    projections = Projections(model.config.hidden_size, teacher.config.hidden_size)
+
+    seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
+    train = read_split(task_, data_dir, "train").head(args.max_train_samples)
+    devs = {s: read_split(task_, data_dir, s).head(args.max_eval_samples) for s in task_.dev_splits}
+    if not task_.is_regression and len(set(train.labels)) < 2:
+        raise ValueError(f"{train.path}: the training examples hold a single class; nothing to learn")
+    train_ds = encode(train, t_tok, seq_len, progress=progress)
+    dev_ds = {s: encode(d, t_tok, seq_len, progress=progress) for s, d in devs.items()}
+    main_dev = dev_ds[task_.dev_splits[0]]
+    if cache_teacher is not None:
+        train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, train_ds, train.path, seq_len,
+                                                              cache_teacher, progress))
+    teacher_metrics = {}
+    for i, (split, ds) in enumerate(dev_ds.items()):
+        scores = evaluate_split(teacher, ds, task_, progress=progress)
+        teacher_metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
+
+    cuda = torch.cuda.is_available()
+    strategy = "steps" if args.eval_steps else "epoch"
+    targs = TrainingArguments(
+        output_dir=str(out / "checkpoints"), overwrite_output_dir=True,
+        learning_rate=args.lr, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=max(args.batch_size, 64),
+        num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+        lr_scheduler_type="polynomial", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        eval_strategy=strategy, save_strategy=strategy, eval_steps=args.eval_steps, save_steps=args.eval_steps,
+        load_best_model_at_end=True, metric_for_best_model=task_.main_metric, greater_is_better=True,
+        save_total_limit=1, logging_steps=max(1, min(50, args.eval_steps or 50)),
+        seed=args.seed, bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=trainer_progress(progress)[0],
+        dataloader_num_workers=0, dataloader_pin_memory=cuda,
+    )
+
+    def compute_metrics(pred):
+        scores = task_metrics(task_.metrics, predictions_from_logits(pred.predictions, task_.is_regression), pred.label_ids)
+        return {k: (-1.0 if math.isnan(v) else v) for k, v in scores.items()}
+
+    trainer = _make_trainer_class()(
+        model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=t_tok,
+        data_collator=DataCollatorWithPadding(t_tok), compute_metrics=compute_metrics, teacher=teacher,
+        projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression,
+        callbacks=trainer_progress(progress)[1])
+    result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
+    best = trainer.state.best_model_checkpoint
+
+    metrics = {"task": task_.name}
+    for i, (split, ds) in enumerate(dev_ds.items()):
+        scores = evaluate_split(trainer.model, ds, task_, batch_size=targs.per_device_eval_batch_size, progress=progress)
+        metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
+    metrics.update(train_samples=len(train_ds), eval_samples=len(main_dev), steps=trainer.state.global_step,
+                   best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
+                   train_seconds=round(result.metrics.get("train_runtime", 0.0), 1), seed=args.seed,
+                   teacher=teacher_metrics, student=student, teacher_dir=str(teacher_dir),
+                   losses={k: getattr(w, k) for k in ("kl", "hard", "hidden", "attention", "embedding")},
+                   temperature=w.temperature, layer_map=[list(p) for p in pairs])
+    if trainer.is_world_process_zero():
+        trainer.model.save_pretrained(str(out))  # the student alone: the projections live in the trainer
+        t_tok.save_pretrained(str(out))
+        write_json(out / "log_history.json", trainer.state.log_history)
+        write_curves(out)
+        write_json(out / "metrics.json", finite(metrics))
+        if not keep_checkpoints:
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return finite(metrics)
+
+
+def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = DistillArgs(), overwrite: bool = False,
+                resume: bool = False, progress: bool = True, data=None) -> dict:
+    """General distillation during pre-training: the teacher's MLM distribution at the masked positions as
+    soft targets (plus the hidden-state terms) on ``train`` text, packed and masked as ``sharebert pretrain`` does,
+    or on a ``data`` folder prepared with the teacher's tokenizer (``sharebert prepare``, memory-mapped).
+
+    ``out`` receives the student (``ShareBertForMaskedLM``, projections dropped), its tokenizer and
+    ``metrics.json`` (steps, train loss, the last value of each term).
+    """
+    from transformers import TrainingArguments, set_seed
+
+    from ..build import config_for_vocab
+    from ..modeling_sharebert import ShareBertForMaskedLM
+    from ..shape import PRESETS
+    from .corpus import PackedDataset, encode_sources, pack, resolve_sources
+
+    out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
+                        inputs=(teacher_dir, *([data] if data is not None else [])))
+    t_config = load_config(teacher_dir)
+    t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
+    archs = read_config(teacher_dir).get("architectures") or []
+    if not any(a.endswith("ForMaskedLM") for a in archs):
+        raise ValueError(f"{teacher_dir} is not a masked-LM model (architectures: {', '.join(archs) or 'none'}); "
+                         "--objective mlm needs an MLM teacher")
+    if not Path(student).exists() and student in PRESETS:
+        torch.manual_seed(args.seed)
+        model, s_tok = ShareBertForMaskedLM(config_for_vocab(student, {}, len(t_tok))), t_tok
+    elif Path(student).exists():
+        s_tok = load_tokenizer(student, load_config(student).vocab_size)
+        torch.manual_seed(args.seed)
+        from ..model_folder import load_model
+        model = load_model(ShareBertForMaskedLM, student)[0]
+    else:
+        raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
+    check_tokenizers(t_tok, s_tok, teacher_dir, student)
+    if bool(train) == (data is not None):
+        raise ValueError("--objective mlm needs --train text or --data DIR (from `sharebert prepare`), one of them")
+    manifest = None
+    if data is not None:
+        from .shards import read_manifest, vocab_sha256
+
+        manifest = read_manifest(data)
+        if manifest["tokenizer"]["vocab_sha256"] != vocab_sha256(t_tok):
+            raise ValueError(f"--data {data} was prepared with another tokenizer than the teacher's (vocab sha256 "
+                             f"{manifest['tokenizer']['vocab_sha256'][:12]} vs {vocab_sha256(t_tok)[:12]}); prepare it "
+                             f"with --tokenizer {teacher_dir}")
+    teacher = load_teacher(teacher_dir, head="mlm")
+    w = args.weights
+    pairs = layer_map(model.config.num_hidden_layers, teacher.config.num_hidden_layers, w.layer_map)
+    groups = head_groups(model.config.num_attention_heads, teacher.config.num_attention_heads)
+    set_seed(args.seed)
+    projections = Projections(model.config.hidden_size, teacher.config.hidden_size)
+    seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
+    if manifest is not None:
+        from .shards import StreamBlocks, TokenStream
+
+        stream = TokenStream(data, manifest, "train")
+        total = StreamBlocks.sequences(stream, seq_len, True)
+        blocks = StreamBlocks(stream, seq_len, count=min(total, args.max_train_samples or total),
+                              cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)
+    else:
+        ids = encode_sources(resolve_sources(train), t_tok, progress=progress)
+        blocks = pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[: args.max_train_samples]
+    train_ds = PackedDataset.for_objective(blocks, t_tok, "mlm", seed=args.seed)
+
+    cuda = torch.cuda.is_available()
+    targs = TrainingArguments(
+        output_dir=str(out / "checkpoints"), overwrite_output_dir=True, learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=2,
+        logging_steps=max(1, min(50, args.eval_steps or 50)), seed=args.seed,
+        bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=trainer_progress(progress)[0],
+        dataloader_num_workers=0, dataloader_pin_memory=cuda,
+    )
+    trainer = _make_trainer_class()(
+        model=model, args=targs, train_dataset=train_ds, processing_class=t_tok, teacher=teacher,
+        projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
+    result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
+    metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),
+               "train_loss": result.training_loss, "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1),
+               "seed": args.seed, "student": student, "teacher_dir": str(teacher_dir),
+               "last_terms": dict(trainer._parts), "temperature": w.temperature,
+               "layer_map": [list(p) for p in pairs]}
+    if trainer.is_world_process_zero():
+        trainer.model.save_pretrained(str(out))
+        t_tok.save_pretrained(str(out))
+        write_json(out / "log_history.json", trainer.state.log_history)
+        write_curves(out)
+        write_json(out / "metrics.json", finite(metrics))
+    return finite(metrics)
