@@ -10,6 +10,7 @@ def add_arguments(p):
     from ..training.distill import DistillWeights
     from ..training.finetune import FinetuneArgs
     from ..training.glue import TASKS
+    from .finetune import add_training_arguments
 
     d, w = FinetuneArgs(), DistillWeights()
     p.add_argument("--teacher", required=True, help="teacher folder: a transformers BertForSequenceClassification or "
@@ -27,17 +28,7 @@ def add_arguments(p):
                        ("attention", "attention-map MSE"), ("embedding", "embedding-output MSE")):
         p.add_argument(f"--{name}-weight", type=float, default=getattr(w, name), help=f"{what} (default {getattr(w, name):g})")
     p.add_argument("--layer-map", help="STUDENT:TEACHER layer pairs, 1-based, e.g. 1:3,2:6 (default: uniform)")
-    p.add_argument("--epochs", type=float, default=d.epochs, help=f"training epochs (default {d.epochs:g})")
-    p.add_argument("--max-steps", type=int, help="stop after N optimizer steps (overrides --epochs)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"default {d.batch_size}")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr:g})")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help=f"default {d.warmup_steps}")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"default {d.weight_decay:g}")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"default {d.seq_len}")
-    p.add_argument("--max-train-samples", type=int, help="use the first N training examples")
-    p.add_argument("--max-eval-samples", type=int, help="score the first N dev examples")
-    p.add_argument("--eval-steps", type=int, help="score the dev set every N steps (default: every epoch)")
-    p.add_argument("--seed", type=int, default=d.seed)
+    add_training_arguments(p, d)
     p.add_argument("--cache-teacher", metavar="DIR", help="keep the teacher's training-set logits in DIR (reused by "
                                                           "later runs; with --hidden/--attention/--embedding-weight 0 "
                                                           "the teacher does not run during training)")

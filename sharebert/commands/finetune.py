@@ -16,6 +16,14 @@ def add_arguments(p):
     p.add_argument("--data-dir", help="the task's folder holding train.tsv and dev.tsv (MNLI: dev_matched.tsv, "
                                       "dev_mismatched.tsv); default ../shared/data/glue/<Task>")
     p.add_argument("--out", required=True, help="output folder: best model, tokenizer, metrics.json")
+    add_training_arguments(p, d)
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep out/checkpoints after training")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning result in --out")
+
+
+def add_training_arguments(p, d) -> None:
+    """The options of a Trainer run over a GLUE task (``FinetuneArgs`` fields; ``d``: their defaults), shared
+    by ``finetune`` and ``distill``."""
     p.add_argument("--epochs", type=float, default=d.epochs, help=f"training epochs (default {d.epochs:g})")
     p.add_argument("--max-steps", type=int, help="stop after N optimizer steps (overrides --epochs)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"default {d.batch_size}")
@@ -27,8 +35,6 @@ def add_arguments(p):
     p.add_argument("--max-eval-samples", type=int, help="score the first N dev examples")
     p.add_argument("--eval-steps", type=int, help="score the dev set every N steps (default: every epoch)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--keep-checkpoints", action="store_true", help="keep out/checkpoints after training")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning result in --out")
 
 
 def run(args) -> int:

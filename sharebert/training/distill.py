@@ -29,12 +29,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..curves import write_curves
+from ..deploy.artifact import sha256
 from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
-from .encoded import encode, evaluate_split
+from .encoded import encoded_task, evaluate_split
 from .finetune import FinetuneArgs, load_classifier
-from .glue import GlueTask, get_task, read_split
+from .glue import GlueTask, get_task
 from .metrics import predictions_from_logits, task_metrics
 from .progress import trainer_progress
 
@@ -215,14 +216,6 @@ def load_teacher(teacher_dir, head: str = "classifier"):
     return model.to("cuda" if cuda else "cpu").eval()
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True):
     """The teacher's logits on ``ds`` (N, labels); with ``cache_dir`` read from / written to
     ``<cache_dir>/<key>.npy``, the key hashing the teacher's config and weights, the split file and ``seq_len``."""
@@ -232,8 +225,8 @@ def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir
 
     if cache_dir is None:
         return predict_logits(teacher, ds, progress=progress)
-    parts = [_file_digest(Path(teacher_dir) / f) for f in ("config.json", "model.safetensors")]
-    parts += [_file_digest(Path(split_path)), str(seq_len), str(len(ds))]
+    parts = [sha256(Path(teacher_dir) / f) for f in ("config.json", "model.safetensors")]
+    parts += [sha256(Path(split_path)), str(seq_len), str(len(ds))]
     path = Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
     if path.is_file():
         logits = np.load(path)
@@ -393,7 +386,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     ``cache_teacher`` (a folder) keeps the teacher's training-set logits between runs; with the
     hidden, attention and embedding weights at 0 the teacher then never runs during training.
     """
-    from transformers import DataCollatorWithPadding, TrainingArguments, set_seed
+    from transformers import DataCollatorWithPadding, TrainingArguments
 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
@@ -409,18 +402,11 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         teacher.config.id2label = dict(enumerate(task_.label_names))
         teacher.config.label2id = {n: i for i, n in enumerate(task_.label_names)}
     w = args.weights
-    pairs = layer_map(model.config.num_hidden_layers, teacher.config.num_hidden_layers, w.layer_map)
-    groups = head_groups(model.config.num_attention_heads, teacher.config.num_attention_heads)
-    set_seed(args.seed)
-    projections = Projections(model.config.hidden_size, teacher.config.hidden_size)
+    pairs, groups, projections = _maps(model, teacher, w, args.seed)
 
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
-    train = read_split(task_, data_dir, "train").head(args.max_train_samples)
-    devs = {s: read_split(task_, data_dir, s).head(args.max_eval_samples) for s in task_.dev_splits}
-    if not task_.is_regression and len(set(train.labels)) < 2:
-        raise ValueError(f"{train.path}: the training examples hold a single class; nothing to learn")
-    train_ds = encode(train, t_tok, seq_len, progress=progress)
-    dev_ds = {s: encode(d, t_tok, seq_len, progress=progress) for s, d in devs.items()}
+    train, train_ds, dev_ds = encoded_task(task_, data_dir, t_tok, seq_len, args.max_train_samples,
+                                           args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
     if cache_teacher is not None:
         train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, train_ds, train.path, seq_len,
@@ -477,6 +463,16 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     return finite(metrics)
 
 
+def _maps(model, teacher, w: "DistillWeights", seed: int):
+    """The layer map, the head groups and the (freshly seeded) width projections between student and teacher."""
+    from transformers import set_seed
+
+    pairs = layer_map(model.config.num_hidden_layers, teacher.config.num_hidden_layers, w.layer_map)
+    groups = head_groups(model.config.num_attention_heads, teacher.config.num_attention_heads)
+    set_seed(seed)
+    return pairs, groups, Projections(model.config.hidden_size, teacher.config.hidden_size)
+
+
 def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = DistillArgs(), overwrite: bool = False,
                 resume: bool = False, progress: bool = True, data=None) -> dict:
     """General distillation during pre-training: the teacher's MLM distribution at the masked positions as
@@ -486,7 +482,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     ``out`` receives the student (``ShareBertForMaskedLM``, projections dropped), its tokenizer and
     ``metrics.json`` (steps, train loss, the last value of each term).
     """
-    from transformers import TrainingArguments, set_seed
+    from transformers import TrainingArguments
 
     from ..build import config_for_vocab
     from ..modeling_sharebert import ShareBertForMaskedLM
@@ -525,10 +521,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
                              f"with --tokenizer {teacher_dir}")
     teacher = load_teacher(teacher_dir, head="mlm")
     w = args.weights
-    pairs = layer_map(model.config.num_hidden_layers, teacher.config.num_hidden_layers, w.layer_map)
-    groups = head_groups(model.config.num_attention_heads, teacher.config.num_attention_heads)
-    set_seed(args.seed)
-    projections = Projections(model.config.hidden_size, teacher.config.hidden_size)
+    pairs, groups, projections = _maps(model, teacher, w, args.seed)
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
     if manifest is not None:
         from .shards import StreamBlocks, TokenStream

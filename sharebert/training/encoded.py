@@ -43,6 +43,20 @@ def encode(split: GlueSplit, tokenizer, seq_len: int, chunk: int = 8192, progres
     return EncodedSplit(enc, list(split.labels))
 
 
+def encoded_task(task: GlueTask, data_dir, tokenizer, seq_len: int, max_train: int | None = None,
+                 max_eval: int | None = None, progress: bool = True) -> tuple[GlueSplit, EncodedSplit, dict]:
+    """A task's train split (read and encoded) and its dev splits ``{name: EncodedSplit}``, every file read
+    and checked before any training starts; a classification train split of one class is refused."""
+    from .glue import read_split
+
+    train = read_split(task, data_dir, "train").head(max_train)
+    devs = {s: read_split(task, data_dir, s).head(max_eval) for s in task.dev_splits}
+    if not task.is_regression and len(set(train.labels)) < 2:
+        raise ValueError(f"{train.path}: the training examples hold a single class; nothing to learn")
+    return (train, encode(train, tokenizer, seq_len, progress=progress),
+            {s: encode(d, tokenizer, seq_len, progress=progress) for s, d in devs.items()})
+
+
 def _batches(ds: EncodedSplit, batch_size: int, pad_id: int, device):
     """Padded tensors ``(B, T)`` per batch, in dataset order."""
     keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in ds.encodings]

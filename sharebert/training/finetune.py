@@ -20,8 +20,8 @@ from ..curves import write_curves
 from ..model_folder import load_config, load_model, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
-from .encoded import encode, evaluate_split
-from .glue import GlueTask, get_task, read_split
+from .encoded import encoded_task, evaluate_split
+from .glue import GlueTask, get_task
 from .metrics import predictions_from_logits, task_metrics
 from .progress import trainer_progress
 
@@ -82,12 +82,8 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     set_seed(args.seed)
     model = load_classifier(model_dir, task_)
     # Read and validate every file before any training starts.
-    train = read_split(task_, data_dir, "train").head(args.max_train_samples)
-    devs = {s: read_split(task_, data_dir, s).head(args.max_eval_samples) for s in task_.dev_splits}
-    if not task_.is_regression and len(set(train.labels)) < 2:
-        raise ValueError(f"{train.path}: the training examples hold a single class; nothing to learn")
-    train_ds = encode(train, tokenizer, seq_len, progress=progress)
-    dev_ds = {s: encode(d, tokenizer, seq_len, progress=progress) for s, d in devs.items()}
+    _, train_ds, dev_ds = encoded_task(task_, data_dir, tokenizer, seq_len, args.max_train_samples,
+                                       args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
 
     cuda = torch.cuda.is_available()
