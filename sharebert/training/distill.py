@@ -34,9 +34,8 @@ from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .encoded import encoded_task, evaluate_split
-from .finetune import FinetuneArgs, load_classifier
+from .finetune import FinetuneArgs, load_classifier, metrics_for, task_training_args
 from .glue import GlueTask, get_task
-from .metrics import predictions_from_logits, task_metrics
 from .progress import trainer_progress
 
 PROJECTIONS_FILE = "distill_projections.safetensors"
@@ -386,7 +385,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     ``cache_teacher`` (a folder) keeps the teacher's training-set logits between runs; with the
     hidden, attention and embedding weights at 0 the teacher then never runs during training.
     """
-    from transformers import DataCollatorWithPadding, TrainingArguments
+    from transformers import DataCollatorWithPadding
 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
@@ -416,27 +415,11 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         scores = evaluate_split(teacher, ds, task_, progress=progress)
         teacher_metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
 
-    cuda = torch.cuda.is_available()
-    strategy = "steps" if args.eval_steps else "epoch"
-    targs = TrainingArguments(
-        output_dir=str(out / "checkpoints"), overwrite_output_dir=True,
-        learning_rate=args.lr, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=max(args.batch_size, 64),
-        num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
-        lr_scheduler_type="polynomial", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        eval_strategy=strategy, save_strategy=strategy, eval_steps=args.eval_steps, save_steps=args.eval_steps,
-        load_best_model_at_end=True, metric_for_best_model=task_.main_metric, greater_is_better=True,
-        save_total_limit=1, logging_steps=max(1, min(50, args.eval_steps or 50)),
-        seed=args.seed, bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=trainer_progress(progress)[0],
-        dataloader_num_workers=0, dataloader_pin_memory=cuda,
-    )
-
-    def compute_metrics(pred):
-        scores = task_metrics(task_.metrics, predictions_from_logits(pred.predictions, task_.is_regression), pred.label_ids)
-        return {k: (-1.0 if math.isnan(v) else v) for k, v in scores.items()}
+    targs = task_training_args(args, out, task_, progress, save_only_model=False)  # projections resume too
 
     trainer = _make_trainer_class()(
         model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=t_tok,
-        data_collator=DataCollatorWithPadding(t_tok), compute_metrics=compute_metrics, teacher=teacher,
+        data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression,
         callbacks=trainer_progress(progress)[1])
     result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)

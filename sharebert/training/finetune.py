@@ -61,6 +61,37 @@ def _is_finetune_out(path: Path) -> bool:
     return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
 
 
+def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: bool, save_only_model: bool = True):
+    """The Trainer's arguments for a run over a GLUE task: checkpoints under ``out/checkpoints``, the dev set
+    scored every epoch (or ``eval_steps``), the best checkpoint by the task's metric kept and reloaded,
+    bf16 (or fp16) on a GPU. ``save_only_model=False`` keeps optimizer states for ``--resume``."""
+    from transformers import TrainingArguments
+
+    cuda = torch.cuda.is_available()
+    bf16 = cuda and torch.cuda.is_bf16_supported()
+    strategy = "steps" if args.eval_steps else "epoch"
+    return TrainingArguments(
+        output_dir=str(out / "checkpoints"), overwrite_output_dir=True,
+        learning_rate=args.lr, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=max(args.batch_size, 64),
+        num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+        lr_scheduler_type="polynomial", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        eval_strategy=strategy, save_strategy=strategy, eval_steps=args.eval_steps, save_steps=args.eval_steps,
+        load_best_model_at_end=True, metric_for_best_model=task.main_metric, greater_is_better=True,
+        save_total_limit=1, save_only_model=save_only_model, logging_steps=max(1, min(50, args.eval_steps or 50)),
+        seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=trainer_progress(progress)[0],
+        dataloader_num_workers=0, dataloader_pin_memory=cuda,
+    )
+
+
+def metrics_for(task: GlueTask):
+    """The Trainer's ``compute_metrics`` for ``task``; NaN scores as -1, so NaN never wins "best"."""
+    def compute_metrics(pred):
+        scores = task_metrics(task.metrics, predictions_from_logits(pred.predictions, task.is_regression), pred.label_ids)
+        return {k: (-1.0 if math.isnan(v) else v) for k, v in scores.items()}
+
+    return compute_metrics
+
+
 def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | Path | None = None,
              args: FinetuneArgs = FinetuneArgs(), overwrite: bool = False, keep_checkpoints: bool = False,
              progress: bool = True) -> dict:
@@ -71,7 +102,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     ``accuracy_mismatched``), plus ``task``, ``train_samples``, ``eval_samples``, ``steps``,
     ``best_step`` and ``train_seconds``.
     """
-    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, set_seed
+    from transformers import DataCollatorWithPadding, Trainer, set_seed
 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
@@ -86,29 +117,11 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
                                        args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
 
-    cuda = torch.cuda.is_available()
-    bf16 = cuda and torch.cuda.is_bf16_supported()
-    strategy = "steps" if args.eval_steps else "epoch"
-    disable_tqdm, progress_callbacks = trainer_progress(progress)
-    targs = TrainingArguments(
-        output_dir=str(out / "checkpoints"), overwrite_output_dir=True,
-        learning_rate=args.lr, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=max(args.batch_size, 64),
-        num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
-        lr_scheduler_type="polynomial", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        eval_strategy=strategy, save_strategy=strategy, eval_steps=args.eval_steps, save_steps=args.eval_steps,
-        load_best_model_at_end=True, metric_for_best_model=task_.main_metric, greater_is_better=True,
-        save_total_limit=1, save_only_model=True, logging_steps=max(1, min(50, args.eval_steps or 50)),
-        seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=disable_tqdm,
-        dataloader_num_workers=0, dataloader_pin_memory=cuda,
-    )
-
-    def compute_metrics(pred):
-        scores = task_metrics(task_.metrics, predictions_from_logits(pred.predictions, task_.is_regression), pred.label_ids)
-        return {k: (-1.0 if math.isnan(v) else v) for k, v in scores.items()}  # nan never wins "best"
+    targs = task_training_args(args, out, task_, progress)
 
     trainer = Trainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev,
                       processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer),
-                      compute_metrics=compute_metrics, callbacks=progress_callbacks)
+                      compute_metrics=metrics_for(task_), callbacks=trainer_progress(progress)[1])
     result = trainer.train()
     best = trainer.state.best_model_checkpoint
 
