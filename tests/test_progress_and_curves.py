@@ -26,7 +26,9 @@ def test_finetune_logs_plain_lines_and_draws_curves(run, capfd):
     args = FinetuneArgs(max_steps=6, max_train_samples=96, max_eval_samples=64, batch_size=16, lr=1e-3,
                         warmup_steps=1, eval_steps=3)
     finetune(run / "base", "sst2", run / "ft", data_path("glue", "SST-2"), args, progress=True)
-    err = capfd.readouterr().err
+    captured = capfd.readouterr()
+    err = captured.err
+    assert "{'loss'" not in captured.out and "{'eval_loss'" not in captured.out  # no second copy as dictionaries
     lines = [ln for ln in err.splitlines() if ln.startswith("step ")]
     assert "\r" not in err and "\x1b[" not in err  # no bar redraws, no cursor codes
     # a train log and an eval log every 3 steps, then the run's summary

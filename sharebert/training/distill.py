@@ -36,7 +36,7 @@ from ..paths import data_path
 from .encoded import encoded_task, evaluate_split
 from .finetune import FinetuneArgs, load_classifier, metrics_for, task_training_args
 from .glue import GlueTask, get_task
-from .progress import trainer_progress
+from .progress import no_bars, show_progress
 
 PROJECTIONS_FILE = "distill_projections.safetensors"
 
@@ -420,8 +420,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     trainer = _make_trainer_class()(
         model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=t_tok,
         data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
-        projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression,
-        callbacks=trainer_progress(progress)[1])
+        projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression)
+    show_progress(trainer, progress)
     result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
     best = trainer.state.best_model_checkpoint
 
@@ -525,12 +525,13 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
         save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=2,
         logging_steps=max(1, min(50, args.eval_steps or 50)), seed=args.seed,
-        bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=trainer_progress(progress)[0],
+        bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=no_bars(progress),
         dataloader_num_workers=0, dataloader_pin_memory=cuda,
     )
     trainer = _make_trainer_class()(
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok, teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
+    show_progress(trainer, progress)
     result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
     metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),
                "train_loss": result.training_loss, "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1),

@@ -23,7 +23,7 @@ from ..paths import data_path
 from .encoded import encoded_task, evaluate_split
 from .glue import GlueTask, get_task
 from .metrics import predictions_from_logits, task_metrics
-from .progress import trainer_progress
+from .progress import no_bars, show_progress
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: 
         eval_strategy=strategy, save_strategy=strategy, eval_steps=args.eval_steps, save_steps=args.eval_steps,
         load_best_model_at_end=True, metric_for_best_model=task.main_metric, greater_is_better=True,
         save_total_limit=1, save_only_model=save_only_model, logging_steps=max(1, min(50, args.eval_steps or 50)),
-        seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=trainer_progress(progress)[0],
+        seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=no_bars(progress),
         dataloader_num_workers=0, dataloader_pin_memory=cuda,
     )
 
@@ -121,7 +121,8 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
 
     trainer = Trainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev,
                       processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer),
-                      compute_metrics=metrics_for(task_), callbacks=trainer_progress(progress)[1])
+                      compute_metrics=metrics_for(task_))
+    show_progress(trainer, progress)
     result = trainer.train()
     best = trainer.state.best_model_checkpoint
 

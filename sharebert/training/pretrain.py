@@ -39,7 +39,7 @@ from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, WallClockL
                         latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint, rotate)
 from .corpus import (PackedDataset, char_tokenizer, encode_sources, pack, read_text, resolve_sources,
                      sniff_text)
-from .progress import trainer_progress
+from .progress import no_bars, show_progress
 from .shards import StreamBlocks, TokenStream, read_manifest, vocab_sha256
 
 LOSSES = "sharebert_losses.json"  # in each checkpoint: the run's loss sum so far, for metrics after a resume
@@ -231,7 +231,7 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
         save_strategy="steps", save_steps=a.save_steps, save_total_limit=None,  # rotation after the marker
         seed=a.seed, data_seed=a.seed, use_cpu=not cuda, ddp_backend="gloo" if multi and not cuda else None,
         ddp_find_unused_parameters=False, dataloader_num_workers=a.dataloader_workers,
-        remove_unused_columns=False, disable_tqdm=trainer_progress(a.progress)[0], **_precision(a),
+        remove_unused_columns=False, disable_tqdm=no_bars(a.progress), **_precision(a),
     )
 
 
@@ -416,9 +416,9 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     trainer = PretrainTrainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
                               data_collator=default_data_collator, processing_class=tokenizer,
                               callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), stopper, *clock,
-                                         *trainer_progress(a.progress)[1],
                                          *(callbacks or [])])
     trainer.keep_checkpoints = a.keep_checkpoints
+    show_progress(trainer, a.progress)
     trainer.resumed_from(resume_from)
     if a.resume and targs.should_save:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0")

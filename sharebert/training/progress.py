@@ -5,6 +5,7 @@ import sys
 import time
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback
 
 from ..progress import interactive
 
@@ -39,8 +40,13 @@ class LogLines(TrainerCallback):
         print(" ".join(parts), file=self.stream or sys.stderr, flush=True)
 
 
-def trainer_progress(progress: bool) -> tuple[bool, list]:
-    """``(disable_tqdm, callbacks)`` for a Trainer: bars on a terminal, :class:`LogLines` elsewhere, or nothing."""
-    if not progress:
-        return True, []
-    return (False, []) if interactive() else (True, [LogLines()])
+def no_bars(progress: bool) -> bool:
+    """``TrainingArguments.disable_tqdm``: bars only with ``progress`` on a terminal."""
+    return not (progress and interactive())
+
+
+def show_progress(trainer, progress: bool) -> None:
+    """Off a terminal, :class:`LogLines` in place of the Trainer's printed log dictionaries."""
+    if progress and not interactive():
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(LogLines())
