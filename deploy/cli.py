@@ -17,6 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import first_line
+
 HELP = "answer the task of an exported artifact (fill-mask, classify, embed, generate) without torch"
 
 
@@ -113,7 +115,7 @@ def _answer(runtime, args, batch, sink, counts) -> None:
         counts["truncated"] += preds.truncated
     except Exception as e:
         if len(batch) == 1:
-            _skip(batch[0][0], f"cannot be answered ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+            _skip(batch[0][0], f"cannot be answered ({type(e).__name__}: {first_line(e)})",
                   counts)
             return
         for item in batch:

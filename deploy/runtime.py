@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from ..errors import first_line
 from .artifact import (MODEL, PAST, PRESENT, TOKENIZER, ArtifactError, model_feeds, quantize_per_channel, session_options,
                        verify_artifact)
 
@@ -322,14 +323,14 @@ def _open_session(path: Path, options: ort.SessionOptions, providers: list[str])
     try:
         return ort.InferenceSession(str(path), options, providers=providers)
     except Exception as e:  # ORT's own error classes (InvalidProtobuf, Fail, ...) derive from Exception only
-        raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime: {str(e).splitlines()[0]}") from None
+        raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime: {first_line(e)}") from None
 
 
 def _load_tokenizer(path: Path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the tokenizers library raises its own base Exception
-        raise ArtifactError(f"{path} cannot be read as a tokenizer: {str(e).splitlines()[0] if str(e) else e}") from None
+        raise ArtifactError(f"{path} cannot be read as a tokenizer: {first_line(e)}") from None
 
 
 def top_k_softmax(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from sharebert.deploy import artifact
+from sharebert.errors import first_line
 from sharebert.model_folder import read_config
 from sharebert.outdir import check_out_dir
 
@@ -89,14 +90,14 @@ def load_model(model_dir: Path, task: str):
     try:
         config = transformers.AutoConfig.from_pretrained(model_dir)
     except Exception as e:  # ValueError or TypeError for a field out of range
-        raise ValueError(f"{model_dir / 'config.json'} is not a valid model config: {_first_line(e)}") from None
+        raise ValueError(f"{model_dir / 'config.json'} is not a valid model config: {first_line(e)}") from None
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # missing weights are refused below, in one line
     try:
         model, info = getattr(transformers, _AUTO[task]).from_pretrained(model_dir, config=config,
                                                                          output_loading_info=True)
     except Exception as e:  # OSError, size mismatches, safetensors' own SafetensorError for a corrupt file
-        raise ValueError(f"cannot load the weights in {model_dir} (model.safetensors): {_first_line(e)}") from None
+        raise ValueError(f"cannot load the weights in {model_dir} (model.safetensors): {first_line(e)}") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
     missing = [k for k in info["missing_keys"] if not (task == "feature-extraction" and "pooler" in k)]
@@ -109,13 +110,8 @@ def load_model(model_dir: Path, task: str):
     except ValueError:
         raise
     except Exception as e:  # OSError, or the tokenizers library's own error for a corrupt tokenizer.json
-        raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read: {_first_line(e)}") from None
+        raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read: {first_line(e)}") from None
     return model.eval(), tokenizer
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _versions() -> dict:

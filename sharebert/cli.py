@@ -11,6 +11,7 @@ import os
 import sys
 
 from . import __version__
+from .errors import first_line
 
 COMMANDS = {
     "build": "sharebert.commands.build",
@@ -50,11 +51,6 @@ def _missing_extra(e: ModuleNotFoundError) -> str | None:
     return next((extra for extra, packages in EXTRAS.items() if top in packages), None)
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="sharebert", description="Build, train, export and run tiny BERT-class models.")
@@ -87,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, BrokenPipeError):  # output piped into `head` and the like
             sys.stderr.close()
             return 0
-        message = e.args[0] if isinstance(e, KeyError) and e.args else _one_line(e)
+        message = e.args[0] if isinstance(e, KeyError) and e.args else first_line(e, 1000)
         print(f"sharebert {chosen}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -96,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug of ours: one line, the traceback on request
         if os.environ.get("SHAREBERT_DEBUG"):
             raise
-        print(f"sharebert {chosen}: internal error: {type(e).__name__}: {_one_line(e)} "
+        print(f"sharebert {chosen}: internal error: {type(e).__name__}: {first_line(e, 1000)} "
               "(set SHAREBERT_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
         return 1
 

@@ -13,6 +13,7 @@ import json
 import stat
 from pathlib import Path
 
+from .errors import first_line
 from .shape import CONFIG_FIELDS, preset_fields
 
 MODEL_TYPES = ("sharebert", "bert")
@@ -167,7 +168,7 @@ def load_model(cls, model_dir: str | Path, config=None, **kwargs):
     except (OSError, RuntimeError, ValueError, SafetensorError) as e:
         if isinstance(e, FileNotFoundError):
             raise
-        raise ValueError(f"{weights} cannot be loaded ({str(e).splitlines()[0][:200]}); the file is damaged or does "
+        raise ValueError(f"{weights} cannot be loaded ({first_line(e)}); the file is damaged or does "
                          "not match config.json") from None
     missing = [k for k in missing if k != "lm_head.decoder.weight" or not config.tie_word_embeddings]
     return model, missing
@@ -186,7 +187,7 @@ def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except Exception as e:  # tokenizers raises its own Exception type for a damaged tokenizer.json
         raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read (the tokenizer files are damaged): "
-                         f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
+                         f"{first_line(e)}") from None
     if not tokenizer.is_fast:
         raise ValueError(f"{model_dir}: a fast tokenizer (tokenizer.json) is needed")
     if len(tokenizer) > vocab_size:

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..curves import write_curves
 from ..deploy.artifact import sha256
+from ..errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
@@ -210,7 +211,7 @@ def load_teacher(teacher_dir, head: str = "classifier"):
     try:
         model = cls.from_pretrained(teacher_dir, dtype=dtype, attn_implementation="eager")
     except (OSError, ValueError) as e:
-        raise ValueError(f"--teacher {teacher_dir} cannot be loaded: {str(e).splitlines()[0][:200]}") from None
+        raise ValueError(f"--teacher {teacher_dir} cannot be loaded: {first_line(e)}") from None
     model.requires_grad_(False)
     return model.to("cuda" if cuda else "cpu").eval()
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import first_line
 from ..outdir import check_out_dir, write_json
 from ..progress import bar as progress_bar
 from .corpus import encode_lines, iter_lines, resolve_sources, sniff_text
@@ -70,7 +71,7 @@ def resolve_tokenizer(spec: str | Path):
         try:
             tok = AutoTokenizer.from_pretrained(path)
         except Exception as e:  # a corrupt tokenizer.json surfaces as many exception types
-            raise ValueError(f"cannot load the tokenizer in {path}: {str(e).splitlines()[0]}") from e
+            raise ValueError(f"cannot load the tokenizer in {path}: {first_line(e)}") from e
         if not tok.is_fast:
             raise ValueError(f"{path}: a fast tokenizer (tokenizer.json) is needed")
         return tok
