@@ -22,6 +22,15 @@ MANIFEST, MODEL, TOKENIZER = "manifest.json", "model.onnx", "tokenizer.json"
 RAM_INT8_GENERATOR, RAM_INT8_COMPUTE = "ram_int8.generator.onnx", "ram_int8.compute.onnx"
 INT8_SESSION_CONFIG = {"session.disable_quant_qdq": "1"}  # int8-stored weights dequantized and folded at load
 PAST, PRESENT = "past_key_values.", "present."  # a causal LM's cache inputs and outputs (optimum's names)
+# ORT-format artifacts (`sharebert export --format ort`), format_version 2: no model.onnx; an ORT-format generator
+# (no inputs; outputs the learned tensors and the generated weights, computed once at load) and the ORT-format
+# compute graph stored without the bytes of those tensors (ORT format has no external data): the runtime writes
+# the generator's outputs into the listed holes (`ort.holes`: offset, bytes, output) and opens the result.
+MODEL_FORMATS = ("onnx", "ort")
+ORT_FORMAT_VERSION = 2
+READABLE_VERSIONS = (FORMAT_VERSION, ORT_FORMAT_VERSION)
+ORT_GENERATOR, ORT_COMPUTE = "model.generator.ort", "model.compute.ort.part"
+REQUIRED_OPERATORS = "required_operators.config"  # for a reduced-operator ONNX Runtime build (--include_ops_by_config)
 
 
 class ArtifactError(ValueError):
@@ -57,9 +66,9 @@ def _check_fields(manifest, path: Path) -> None:
 
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         bad("format", f"is not {FORMAT!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        bad("format_version", f"{manifest.get('format_version')!r} is not supported (this runtime reads version "
-                              f"{FORMAT_VERSION})")
+    if manifest.get("format_version") not in READABLE_VERSIONS:
+        bad("format_version", f"{manifest.get('format_version')!r} is not supported (this runtime reads versions "
+                              f"{', '.join(map(str, READABLE_VERSIONS))})")
     task = manifest.get("task")
     if task not in TASKS:
         bad("task", f"{task!r} is not one of {', '.join(TASKS)}")
@@ -89,7 +98,7 @@ def _check_fields(manifest, path: Path) -> None:
         if not (isinstance(meta, dict) and _is_int(meta.get("bytes")) and isinstance(meta.get("sha256"), str)
                 and len(meta["sha256"]) == 64 and set(meta["sha256"]) <= _HEX):
             bad("files", f"entry {name!r} needs an integer bytes and a 64-digit sha256")
-    needed = [MODEL, TOKENIZER]
+    needed = model_files(manifest, path) + [TOKENIZER]
     ram = manifest.get("ram_int8")
     if ram is not None:
         weights = ram.get("weights") if isinstance(ram, dict) else None
@@ -103,6 +112,55 @@ def _check_fields(manifest, path: Path) -> None:
     for name in needed:
         if name not in files:
             bad("files", f"does not list {name}, which the runtime opens")
+
+
+def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:
+    """The model files the runtime opens: ``[model.onnx]``, or an ORT-format artifact's generator and
+    compute files (after checking its ``ort`` entry; ``ArtifactError`` naming the field)."""
+    def bad(field, why):
+        raise ArtifactError(f"{path}: {field} {why}")
+
+    kind = manifest.get("model_format", "onnx")
+    if kind not in MODEL_FORMATS:
+        bad("model_format", f"{kind!r} is not one of {', '.join(MODEL_FORMATS)}")
+    if kind == "onnx":
+        return [MODEL]
+    if manifest.get("format_version") != ORT_FORMAT_VERSION:
+        bad("format_version", f"{manifest.get('format_version')!r}: an ORT-format artifact is version {ORT_FORMAT_VERSION}")
+    entry = manifest.get("ort")
+    if not (isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("generator", "compute"))
+            and _is_int(entry.get("compute_bytes")) and isinstance(entry.get("holes"), list)):
+        bad("ort", "must name its generator and compute files, compute_bytes and the holes")
+    end = 0
+    for hole in entry["holes"]:
+        if not (isinstance(hole, dict) and isinstance(hole.get("output"), str) and _is_int(hole.get("offset"), end)
+                and _is_int(hole.get("bytes"), 1) and hole["offset"] + hole["bytes"] <= entry["compute_bytes"]):
+            bad("ort", "holes must be {output, offset, bytes} in increasing, non-overlapping order inside compute_bytes")
+        end = hole["offset"] + hole["bytes"]
+    return [entry["generator"], entry["compute"]]
+
+
+def assemble_ort(part: bytes, entry: dict, values: dict, name: str = ORT_COMPUTE) -> bytes:
+    """The ORT-format compute model: ``part`` (the stored file) with each hole of ``entry["holes"]``
+    filled by the bytes of ``values[hole["output"]]`` (a numpy array from the generator).
+    ``ArtifactError`` naming ``name`` when a value is missing or its size differs from the hole's."""
+    holes = entry["holes"]
+    if len(part) + sum(h["bytes"] for h in holes) != entry["compute_bytes"]:
+        raise ArtifactError(f"{name} has {len(part)} bytes; with its holes it should make {entry['compute_bytes']}")
+    out = bytearray(entry["compute_bytes"])
+    read = write = 0
+    for hole in holes:
+        value = values.get(hole["output"])
+        if value is None or value.nbytes != hole["bytes"]:
+            raise ArtifactError(f"{name}: the generator's output {hole['output']!r} does not fill its hole of "
+                                f"{hole['bytes']} bytes (got {None if value is None else value.nbytes})")
+        gap = hole["offset"] - write
+        out[write: hole["offset"]] = part[read: read + gap]
+        read += gap
+        out[hole["offset"]: hole["offset"] + hole["bytes"]] = np.ascontiguousarray(value).view(np.uint8).reshape(-1).data
+        write = hole["offset"] + hole["bytes"]
+    out[write:] = part[read:]
+    return bytes(out)
 
 
 def _check_file(root: Path, name: str, meta: dict, path: Path) -> None:

@@ -18,8 +18,8 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from ..errors import first_line
-from .artifact import (MODEL, PAST, PRESENT, TOKENIZER, ArtifactError, model_feeds, quantize_per_channel, session_options,
-                       verify_artifact)
+from .artifact import (MODEL, PAST, PRESENT, TOKENIZER, ArtifactError, assemble_ort, model_feeds, quantize_per_channel,
+                       session_options, verify_artifact)
 
 RAM_MODES = ("fp32", "int8")
 
@@ -76,7 +76,9 @@ class Runtime:
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         self._int8_inputs: dict[str, ort.OrtValue] = {}
-        if ram == "int8":
+        if self.manifest.get("model_format") == "ort":
+            self.session = self._load_ort()
+        elif ram == "int8":
             self.session = self._load_int8()
         else:
             self.session = _open_session(self.path / MODEL, self._options(), self.providers)
@@ -106,6 +108,26 @@ class Runtime:
             self._int8_inputs[w["int8"]] = ort.OrtValue.ortvalue_from_numpy(q)
             self._int8_inputs[w["scale"]] = ort.OrtValue.ortvalue_from_numpy(scale)
         return _open_session(self.path / ram["compute"], self._options(), self.providers)
+
+    def _load_ort(self) -> ort.InferenceSession:
+        """An ORT-format artifact: run the generator once, write its outputs into the compute graph's holes,
+        open the result (its weights are initializers, so ORT prepacks them as for a folded ONNX graph)."""
+        entry = self.manifest["ort"]
+        if self.ram != "fp32":
+            raise ValueError(f"ram={self.ram!r} is not available for ORT-format artifacts ({self.path}): use ram='fp32', "
+                             f"or export with --format onnx for the RAM-int8 mode")
+        so = self._options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+        generator = _open_session(self.path / entry["generator"], so, ["CPUExecutionProvider"])
+        names = [o.name for o in generator.get_outputs()]
+        values = dict(zip(names, generator.run(names, {})))
+        del generator
+        path = self.path / entry["compute"]
+        blob = assemble_ort(path.read_bytes(), entry, values, str(path))
+        del values
+        try:
+            return ort.InferenceSession(blob, self._options(), providers=self.providers)
+        except Exception as e:  # ORT's own error classes derive from Exception only
+            raise ArtifactError(f"{path} (with its holes filled) cannot be loaded by ONNX Runtime: {first_line(e)}") from None
 
     # -- encoding -----------------------------------------------------------------------------
     def _truncate(self, ids: list[int], special_tokens: bool) -> list[int]:

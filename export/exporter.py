@@ -40,7 +40,8 @@ class ExportOptions:
     weights computed in-graph from the learned tensors) or ``materialized`` (stored); int8-dynamic
     and int8-static always materialize. ``calibration``: sentences for int8-static.
     ``check_file``/``check_limit``: parity sentences (default: SST-2 dev). ``shapes``/``threads``/``runs``:
-    latency measurement (``"BxT"`` strings).
+    latency measurement (``"BxT"`` strings). ``format``: ``onnx`` or ``ort`` (ORT-format graphs for
+    ONNX Runtime mobile / minimal builds, ``export/ort_format.py``).
     """
 
     task: str | None = None
@@ -55,6 +56,7 @@ class ExportOptions:
     threads: int = 1
     runs: int = 30
     progress: bool = True
+    format: str = "onnx"
 
 
 class ParityError(ValueError):
@@ -195,6 +197,12 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if quantize not in MODES:
         raise ValueError(f"quantize must be one of {', '.join(MODES)}, got {quantize!r}")
+    if o.format not in artifact.MODEL_FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(artifact.MODEL_FORMATS)}, got {o.format!r}")
+    if o.format == "ort" and (weights != "compact" or quantize not in ("none", "int8", "fp16")):
+        raise ValueError(f"--format ort keeps weight generation in the graph: it needs --weights compact and --quantize "
+                         f"none, int8 or fp16 (got --weights {weights}, --quantize {quantize}); for stored weights, "
+                         f"convert model.onnx with python -m onnxruntime.tools.convert_onnx_models_to_ort")
     if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"unsupported opset {opset!r}; use {MIN_OPSET}..{MAX_OPSET} (default 17)")
     if quantize == "int8-static" and calibration is None:
@@ -371,7 +379,7 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     tokenizer.save_pretrained(tmp)
     if not (tmp / "tokenizer.json").is_file():
         raise RuntimeError("the tokenizer did not write tokenizer.json")
-    ram_int8 = build_int8_ram_graphs(tmp) if weights == "compact" else None
+    ram_int8 = build_int8_ram_graphs(tmp) if weights == "compact" and o.format == "onnx" else None
     steps.update()
 
     steps.set_postfix_str("footprint")
@@ -388,6 +396,13 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
         footprint["materialized"] = folded
     steps.update()
     steps.close()
+    ort_entry = None
+    if o.format == "ort":  # the ONNX graph checked and measured above becomes the ORT-format graphs
+        from .ort_format import to_ort_format
+
+        ort_entry = to_ort_format(tmp, session_config, tokenizer, sentences, max_length)
+        footprint.update(file_bytes=ort_entry["model_bytes"], bytes_per_learned_param=ort_entry["model_bytes"] / learned,
+                         artifact_bytes=sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()))
 
     labels_out, problem_type = None, None
     if task == "text-classification":
@@ -405,6 +420,8 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     }
     if ram_int8 is not None:
         manifest["ram_int8"] = ram_int8
+    if ort_entry is not None:
+        manifest.update(format_version=artifact.ORT_FORMAT_VERSION, model_format="ort", ort=ort_entry)
     for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
         rel = file.relative_to(tmp).as_posix()
         manifest["files"][rel] = {"sha256": artifact.sha256(file), "bytes": file.stat().st_size}

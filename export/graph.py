@@ -206,3 +206,70 @@ def stored_tensors(model, min_numel: int = 1) -> dict[str, dict]:
         entry["numel"] += numel
         entry["bytes"] += numel * np.dtype(dtype).itemsize
     return out
+
+
+def split_at_constants(model, min_bytes: int = 256):
+    """``(generator, compute, names)``: ``model`` (flat, not changed) cut where its constant part meets
+    the part that depends on the inputs.
+
+    ``names`` are the distinct constant tensors that input-dependent nodes read and that depend on an
+    initializer of at least ``min_bytes`` (the learned tensors and the generated weights, one name per
+    structural key). ``generator`` has no input and outputs ``names``; ``compute`` is ``model`` with
+    ``names`` as typed graph inputs and their producers (and what only they read) removed, so it
+    stores no tensor of ``min_bytes`` or more. Smaller constants (shapes, scalars) stay in ``compute``.
+    """
+    g = model.graph
+    keys = constant_keys(g)
+    sizes = {t.name: int(np.prod(t.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+             for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    large: dict[str, bool] = {}
+
+    def reads_large(name: str) -> bool:  # iterative: a deep chain of constant nodes must not recurse
+        stack = [name]
+        while stack:
+            top = stack[-1]
+            if top in large:
+                stack.pop()
+                continue
+            node = producer.get(top)
+            pending = [i for i in (node.input if node is not None else ()) if i and i not in large]
+            if pending:
+                stack.extend(pending)
+                continue
+            large[top] = sizes.get(top, 0) >= min_bytes or any(large.get(i, False) for i in (node.input if node else ()) if i)
+            stack.pop()
+        return large[name]
+
+    representative: dict[str, str] = {}
+    rename: dict[str, str] = {}
+    for node in g.node:
+        if node.output and node.output[0] in keys:
+            continue
+        for name in node.input:
+            if name in keys and name not in rename and reads_large(name):
+                rename[name] = representative.setdefault(keys[name], name)
+    names = list(representative.values())
+    types = {t.name: t.data_type for t in g.initializer}
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types.update({v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info})
+
+    generator = onnx.ModelProto()
+    generator.CopyFrom(model)
+    gg = generator.graph
+    del gg.input[:], gg.output[:], gg.value_info[:]
+    gg.output.extend(helper.make_tensor_value_info(n, types[n], None) for n in names)
+    prune(generator)
+    gg.name = f"{g.name or 'model'}_generator"
+
+    compute = onnx.ModelProto()
+    compute.CopyFrom(model)
+    c = compute.graph
+    _rewire(compute, rename)
+    moved = set(names)
+    replace_all(c.node, [n for n in c.node if not any(o in moved for o in n.output)])
+    replace_all(c.initializer, [t for t in c.initializer if t.name not in moved])
+    c.input.extend(helper.make_tensor_value_info(n, types[n], None) for n in names)
+    prune(compute)
+    c.ClearField("value_info")
+    return generator, compute, names

@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", choices=tuple(QUANTIZE_HELP), default="none", help="see 'quantization modes' below")
     p.add_argument("--calibration", help="sentence file for int8-static (.tsv with a 'sentence' column, or one per line)")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, 14..20 (default 17)")
+    p.add_argument("--format", default="onnx", metavar="onnx|ort",
+                   help="onnx (default): model.onnx; ort: ORT-format graphs for ONNX Runtime mobile / minimal builds "
+                        "(weight generation kept in the graph) and their required_operators.config (docs/DEVICE.md)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     p.add_argument("--check-file", help="parity sentences (default: ../shared/data/glue/SST-2/dev.tsv)")
     p.add_argument("--check-limit", type=int, help="use only the first N parity sentences")
@@ -34,7 +37,7 @@ def run(args) -> int:
     manifest = export_model(args.model, args.out, task=args.task, weights=args.weights, quantize=args.quantize,
                             calibration=args.calibration, opset=args.opset, overwrite=args.overwrite,
                             check_file=args.check_file, check_limit=args.check_limit, shapes=tuple(args.shapes),
-                            threads=args.threads, progress=True)
+                            threads=args.threads, progress=True, format=args.format)
     print(f"wrote {args.out}")
     print(format_report(manifest))
     return 0
