@@ -3,12 +3,14 @@
 Input lines are plain text, or JSON objects ``{"text": ..., ...}`` (other keys such as ``id`` are
 copied to the output). The rule: a line is a JSON record when it parses as a JSON object with a
 ``"text"`` key (whose value must then be a string); any other line, ``{`` at its start or not, is the
-text itself. Lines are read and answered ``--batch-size`` at a time, so memory stays bounded for any
-input size. A line that cannot be answered (not UTF-8, a non-string ``"text"``, a result that is not
-finite) is reported on stderr with its number and skipped; the run goes on and exits with status 1
-at the end when any line was skipped (0 when all were answered). Output: JSON lines
-``{"line": n, "text": ..., "result": ...}`` (strict JSON, never NaN; to ``--output``, written to a
-temporary file and renamed at the end, or stdout); texts given as arguments print readably.
+text itself. Lines are read and answered in chunks of :data:`CHUNK_LINES` (at least ``--batch-size``),
+so memory stays bounded for any input size; the runtime orders a chunk by token length into calls of
+``--batch-size`` texts and answers in input order. A line that cannot be answered (not UTF-8, a
+non-string ``"text"``, a result that is not finite) is reported on stderr with its number and
+skipped; the run goes on and exits with status 1 at the end when any line was skipped (0 when all
+were answered). Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` in input order (strict
+JSON, never NaN; to ``--output``, written to a temporary file and renamed at the end, or stdout);
+texts given as arguments print readably.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from ..errors import first_line
 
+CHUNK_LINES = 1024  # lines handed to the runtime at once: it groups texts of similar lengths within a chunk
 HELP = "answer the task of an exported artifact (fill-mask, classify, embed, generate) without torch"
 
 
@@ -107,7 +110,7 @@ def _dumps(obj) -> str:
 
 
 def _answer(runtime, args, batch, sink, counts) -> None:
-    """Answer a batch; when it fails, each line alone, so one bad line costs only itself."""
+    """Answer a chunk of lines; when it fails, each half alone, down to the line that fails (named)."""
     kwargs = _task_kwargs(runtime, args)
     try:
         preds = runtime.predict([r["text"] for _, r in batch], **kwargs)
@@ -118,8 +121,9 @@ def _answer(runtime, args, batch, sink, counts) -> None:
             _skip(batch[0][0], f"cannot be answered ({type(e).__name__}: {first_line(e)})",
                   counts)
             return
-        for item in batch:
-            _answer(runtime, args, [item], sink, counts)
+        half = len(batch) // 2
+        _answer(runtime, args, batch[:half], sink, counts)
+        _answer(runtime, args, batch[half:], sink, counts)
         return
     for number, record, result in results:
         try:
@@ -200,13 +204,13 @@ def run(args) -> int:
             size = None if args.input == "-" else os.path.getsize(args.input)
             progress = tqdm(total=size, unit="B", unit_scale=True, desc="predict", file=sys.stderr, disable=None)
             lines = _read(stream, progress)
-        batch = []
+        batch, chunk = [], max(CHUNK_LINES, args.batch_size)
         for number, item in lines:
             if isinstance(item, str):
                 _skip(number, item, counts)
                 continue
             batch.append((number, item))
-            if len(batch) == args.batch_size:
+            if len(batch) == chunk:
                 _answer(runtime, args, batch, sink, counts)
                 batch = []
         if batch:

@@ -38,12 +38,15 @@ class Runtime:
     ``threads``: ONNX Runtime intra-op threads (default: ORT's choice). ``providers``: ORT execution
     providers (default CPU). ``ram``: ``"fp32"`` (ORT folds generated weights to fp32) or ``"int8"``
     (generated weights held as int8, dynamic-int8 MatMuls; compact artifacts only). Every method takes
-    a list of texts (or one text), pads each batch to its longest input and returns
-    :class:`Predictions`. Safe to call from several threads. Each ONNX Runtime call holds at most
-    ``batch_size`` texts and ``max_batch_tokens`` padded tokens (set it on the instance to change it).
+    a list of texts (or one text) and returns :class:`Predictions` in the order of the texts. Safe to
+    call from several threads. A request's texts are tokenized once, ordered by token length
+    (``group_by_length``) and cut into ONNX Runtime calls of similar lengths, each padded to its own
+    longest text; each call holds at most ``batch_size`` texts and ``max_batch_tokens`` padded tokens.
+    Set ``max_batch_tokens`` or ``group_by_length=False`` (calls in input order) on the instance.
     """
 
     max_batch_tokens = 2048  # padded tokens per ONNX Runtime call: bounds its (B, T, vocabulary) outputs
+    group_by_length = True  # calls of texts of similar token lengths (False: calls in input order)
 
     def __init__(self, artifact_dir: str | Path, threads: int | None = None, providers: list[str] | None = None,
                  ram: str = "fp32", batch_size: int = 32, manifest_sha256: str | None = None):
@@ -146,33 +149,56 @@ class Runtime:
             mask[i, : len(r)] = 1
         return input_ids, mask
 
+    def _tokenized(self, texts, special_tokens: bool = True) -> tuple[list[list[int]], int]:
+        """Each text's token ids, cut to ``max_length``, and how many texts were cut.
+
+        Encoded ``batch_size`` texts at a time: only the ids outlive the tokenizer's encodings.
+        """
+        rows, cut = [], 0
+        for batch in self._batches(texts):
+            for enc in self.tokenizer.encode_batch(batch, add_special_tokens=special_tokens):
+                rows.append(self._truncate(enc.ids, special_tokens))
+                cut += len(rows[-1]) < len(enc.ids)
+        return rows, cut
+
     def _encode(self, texts: list[str], special_tokens: bool = True):
         """One padded batch of all ``texts``: token ids ``(B, T)``, the attention mask, the truncation count."""
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
-        rows = [self._truncate(e.ids, special_tokens) for e in encodings]
-        return (*self._pad(rows), sum(len(r) < len(e.ids) for r, e in zip(rows, encodings)))
+        rows, cut = self._tokenized(texts, special_tokens)
+        return (*self._pad(rows), cut)
 
-    def _encoded(self, texts, special_tokens: bool = True):
-        """Yield ``(input_ids, attention_mask, cut)`` per ONNX Runtime call, in input order.
+    def _calls(self, lengths: list[int], size: int, budget: int | None = None):
+        """Yield the positions of the rows of each ONNX Runtime call (a list of ints into ``lengths``).
 
-        A call holds at most ``batch_size`` texts and ``max_batch_tokens`` padded tokens (one text
-        at least), so the outputs' memory is bounded by the budget, not by the request.
+        Rows are taken shortest first (``group_by_length``) or in input order; a call holds at most
+        ``size`` rows and, padded to its longest, ``budget`` tokens (one row at least).
         """
-        for texts in self._batches(texts):
-            rows, cut = [], 0
-            for enc in self.tokenizer.encode_batch(texts, add_special_tokens=special_tokens):
-                ids = self._truncate(enc.ids, special_tokens)
-                if rows and (len(rows) + 1) * max(len(ids), max(map(len, rows))) > self.max_batch_tokens:
-                    yield (*self._pad(rows), cut)
-                    rows, cut = [], 0
-                rows.append(ids)
-                cut += len(ids) < len(enc.ids)
-            yield (*self._pad(rows), cut)
+        order = sorted(range(len(lengths)), key=lengths.__getitem__) if self.group_by_length else range(len(lengths))
+        call, width = [], 0
+        for i in order:
+            if call and (len(call) == size or budget and (len(call) + 1) * max(width, lengths[i]) > budget):
+                yield call
+                call, width = [], 0
+            call.append(i)
+            width = max(width, lengths[i])
+        if call:
+            yield call
+
+    def _answered(self, texts, answer) -> Predictions:
+        """Run ``answer(input_ids (B, T), attention_mask (B, T)) -> B results`` per call; results in input order.
+
+        Calls hold at most ``batch_size`` texts and ``max_batch_tokens`` padded tokens, so the outputs'
+        memory is bounded by the budget, not by the request; each is padded to its own longest text.
+        """
+        rows, cut = self._tokenized(texts)
+        results = [None] * len(rows)
+        for call in self._calls([len(r) for r in rows], self.batch_size, self.max_batch_tokens):
+            for i, result in zip(call, answer(*self._pad([rows[i] for i in call]))):
+                results[i] = result
+        return Predictions(results, cut)
 
     def token_count(self, texts, special_tokens: bool = True) -> int:
         """Tokens the model will see for ``texts`` (each cut to ``max_length``), padding not counted."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        return sum(min(len(e.ids), self.max_length) for e in self.tokenizer.encode_batch(texts, add_special_tokens=special_tokens))
+        return sum(map(len, self._tokenized(texts, special_tokens)[0]))
 
     def _run(self, input_ids: np.ndarray, mask: np.ndarray, past: dict | None = None) -> dict[str, np.ndarray]:
         """One ONNX Runtime call: every output by name (a causal LM's ``present.*`` too)."""
@@ -217,9 +243,8 @@ class Runtime:
             raise ArtifactError(f"{self.path / 'manifest.json'} names no mask token")
         if top_k < 1:
             raise ValueError(f"top_k must be positive, got {top_k}")
-        out = Predictions()
-        for ids, mask, cut in self._encoded(texts):
-            out.truncated += cut
+
+        def answer(ids, mask):
             rows, cols = np.nonzero(ids == self.mask_id)
             logits = self._run(ids, mask)[self.output_names[0]]
             picked = [top_k_softmax(logits[rows[i: i + 64], cols[i: i + 64]], top_k) for i in range(0, len(rows), 64)]
@@ -230,44 +255,41 @@ class Runtime:
             for row, tokens, probs in zip(rows, best, scores):
                 answers[row].append([{"token": self.tokenizer.id_to_token(int(t)), "token_id": int(t),
                                       "score": float(p)} for t, p in zip(tokens, probs)])
-            out.extend(answers)
-        return out
+            return answers
+
+        return self._answered(texts, answer)
 
     def classify(self, texts) -> Predictions:
         """Per text ``{"label", "score", "scores": {label: probability}}``; regression: ``{"score"}``."""
         self._need("text-classification")
         regression = self.manifest.get("problem_type") == "regression"
-        out = Predictions()
-        for ids, mask, cut in self._encoded(texts):
-            out.truncated += cut
+
+        def answer(ids, mask):
             logits = self._run(ids, mask)[self.output_names[0]]
-            for row in logits:
-                if regression:
-                    out.append({"score": float(row[0])})
-                    continue
-                probs = _softmax(row)
-                names = self.labels or [f"LABEL_{i}" for i in range(len(probs))]
-                best = int(np.argmax(probs))
-                out.append({"label": names[best], "score": float(probs[best]),
-                            "scores": {n: float(p) for n, p in zip(names, probs)}})
-        return out
+            if regression:
+                return [{"score": float(row[0])} for row in logits]
+            names = self.labels or [f"LABEL_{i}" for i in range(logits.shape[-1])]
+            return [{"label": names[int(np.argmax(probs))], "score": float(probs.max()),
+                     "scores": {n: float(p) for n, p in zip(names, probs)}} for probs in _softmax(logits)]
+
+        return self._answered(texts, answer)
 
     def embed(self, texts, pooling: str = "cls") -> Predictions:
         """Per text a float32 vector ``(hidden,)``: the ``[CLS]`` state or the mean over real tokens."""
         self._need("feature-extraction")
         if pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
-        out = Predictions()
-        for ids, mask, cut in self._encoded(texts):
-            out.truncated += cut
+
+        def answer(ids, mask):
             hidden = self._run(ids, mask)[self.output_names[0]]  # (B, T, H)
             if pooling == "cls":
                 vectors = hidden[:, 0]
             else:
                 m = mask[..., None].astype(np.float32)
                 vectors = (hidden * m).sum(1) / np.maximum(m.sum(1), 1.0)
-            out.extend(np.array(vectors, dtype=np.float32))  # copies: the (B, T, H) states are freed
-        return out
+            return list(np.array(vectors, dtype=np.float32))  # copies: the (B, T, H) states are freed
+
+        return self._answered(texts, answer)
 
     def generate(self, prompts, max_new_tokens: int = 20, use_cache: bool = True) -> Predictions:
         """Greedy continuation of each prompt (a causal-LM artifact): the generated text only.
@@ -281,14 +303,14 @@ class Runtime:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         start = [self.cls_id] if self.cls_id is not None else []
-        out = Predictions()
+        seqs = [start + e.ids or [self.pad_id] for batch in self._batches(prompts)
+                for e in self.tokenizer.encode_batch(batch, add_special_tokens=False)]
+        out = Predictions([None] * len(seqs), sum(len(s) > self.max_length for s in seqs))
         rows = max(1, min(self.batch_size, self.max_batch_tokens // self.max_length))  # windows grow to max_length
-        for batch in self._batches(prompts, rows):
-            seqs = [start + e.ids for e in self.tokenizer.encode_batch(batch, add_special_tokens=False)]
-            seqs = [s or [self.pad_id] for s in seqs]
-            out.truncated += sum(len(s) > self.max_length for s in seqs)
-            step = self._cached_steps if use_cache and self.cached else self._window_steps
-            out.extend(self.tokenizer.decode(n) for n in step(seqs, max_new_tokens))
+        step = self._cached_steps if use_cache and self.cached else self._window_steps
+        for call in self._calls([len(s) for s in seqs], rows):
+            for i, new in zip(call, step([seqs[i] for i in call], max_new_tokens)):
+                out[i] = self.tokenizer.decode(new)
         return out
 
     def _windows(self, seqs, new, left: bool):
