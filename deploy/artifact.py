@@ -19,7 +19,11 @@ import onnxruntime as ort
 FORMAT, FORMAT_VERSION = "sharebert-onnx", 1
 TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
 MANIFEST, MODEL, TOKENIZER = "manifest.json", "model.onnx", "tokenizer.json"
-RAM_INT8_GENERATOR, RAM_INT8_COMPUTE = "ram_int8.generator.onnx", "ram_int8.compute.onnx"
+# In a subfolder, so tools that take "the one .onnx file of a folder" (optimum's ORTQuantizer) find model.onnx
+RAM_INT8_GENERATOR, RAM_INT8_COMPUTE = "ram_int8/generator.onnx", "ram_int8/compute.onnx"
+# Their external data (bytes of model.onnx) is relative to the artifact folder: ONNX Runtime refuses "../",
+# so they are opened from bytes with this session entry set to the artifact folder
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 INT8_SESSION_CONFIG = {"session.disable_quant_qdq": "1"}  # int8-stored weights dequantized and folded at load
 PAST, PRESENT = "past_key_values.", "present."  # a causal LM's cache inputs and outputs (optimum's names)
 # ORT-format artifacts (`sharebert export --format ort`), format_version 2: no model.onnx; an ORT-format generator
@@ -31,6 +35,7 @@ ORT_FORMAT_VERSION = 2
 READABLE_VERSIONS = (FORMAT_VERSION, ORT_FORMAT_VERSION)
 ORT_GENERATOR, ORT_COMPUTE = "model.generator.ort", "model.compute.ort.part"
 REQUIRED_OPERATORS = "required_operators.config"  # for a reduced-operator ONNX Runtime build (--include_ops_by_config)
+DEPTH = "depth"  # optional int64 scalar input of a layer-gated graph: encoder layers to run (1..N, default N)
 
 
 class ArtifactError(ValueError):
@@ -84,6 +89,9 @@ def _check_fields(manifest, path: Path) -> None:
         bad("labels", "must be a non-empty list of strings (or null)")
     if task == "text-classification" and manifest.get("problem_type") != "regression" and labels is None:
         bad("labels", "are missing for a classification artifact")
+    max_depth = manifest.get("max_depth")
+    if max_depth is not None and not _is_int(max_depth, 2):
+        bad("max_depth", f"{max_depth!r} is not null or an integer >= 2 (the encoder layers a depth input may run)")
     config = manifest.get("session_config", {})
     if not isinstance(config, dict) or not all(isinstance(v, (str, int)) and not isinstance(v, bool)
                                                for v in config.values()):

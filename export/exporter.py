@@ -26,6 +26,7 @@ from sharebert.outdir import check_out_dir
 WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
 CALIBRATION_SENTENCES = 128
+DEPTH_CHECK_SENTENCES = 32  # parity at depth 1 (the gated layers' else-branches) on this many sentences
 _AUTO = {"fill-mask": "AutoModelForMaskedLM", "text-classification": "AutoModelForSequenceClassification",
          "feature-extraction": "AutoModel", "causal-lm": "AutoModelForCausalLM"}
 _ARCH_TASK = {"ForMaskedLM": "fill-mask", "ForSequenceClassification": "text-classification", "ForCausalLM": "causal-lm"}
@@ -157,6 +158,23 @@ def check_folding(path: Path, session_config: dict, scratch: Path) -> dict:
     after = sorted(set(computed_product_weights(onnx.load(str(optimized)).graph)))
     optimized.unlink()
     return {"computed_weights": len(before), "unfolded": after, "folded": not after}
+
+
+def _checked(parity: dict, quantize: str, check_file: Path) -> dict:
+    """``parity`` with ``check_file``; :class:`ParityError` when a figure is not finite or (fp32) off by more
+    than ``FP32_TOLERANCE``."""
+    import numpy as np
+
+    from .parity import FP32_TOLERANCE
+
+    figures = {k: v for k, v in parity.items() if isinstance(v, float)}
+    if not np.isfinite(list(figures.values())).all():
+        raise ParityError(f"the export's outputs or PyTorch's are not finite (NaN or inf) on {check_file}: "
+                          f"{', '.join(f'{k} {v}' for k, v in figures.items())}")
+    if quantize == "none" and not parity["max_abs_diff"] <= FP32_TOLERANCE:
+        raise ParityError(f"fp32 export differs from PyTorch by {parity['max_abs_diff']:.3g} (> {FP32_TOLERANCE}) "
+                          f"on {parity['sentences']} sentences of {check_file}")
+    return {**parity, "check_file": str(check_file)}
 
 
 def _gflops(config, task: str, batch: int, seq: int) -> float:
@@ -307,15 +325,14 @@ def _publish(tmp: Path, out_dir: Path) -> None:
 
 def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], labels) -> dict:
     """Write the artifact into ``tmp`` (graph, checks, tokenizer, config, RAM-int8 graphs, footprint, manifest)."""
-    import numpy as np
     import onnx
     from optimum.exporters.onnx import export
     from sharebert.progress import bar
 
-    from . import graph, quantize as q
+    from . import depth, graph, quantize as q
     from .footprint import measure
     from .onnx_config import onnx_config_for
-    from .parity import FP32_TOLERANCE, check_parity
+    from .parity import check_parity
     from .ram_int8 import build_int8_ram_graphs
 
     task, weights, quantize, calibration, opset = o.task, o.weights, o.quantize, o.calibration, o.opset
@@ -358,20 +375,20 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
 
     steps.set_postfix_str("folding check")
     folding = check_folding(path, session_config, scratch)
+    dtypes = q.tensor_dtypes(proto)  # of the flat graph: the gated layers' ops sit in If branches below
+    max_depth = depth.wrap_layers(proto) or None  # checked flat above; gated by a depth input from here on
+    if max_depth:
+        onnx.save(proto, str(path))
     steps.update()
 
     steps.set_postfix_str("parity")
     session = _session(path, session_config, threads=threads)
-    parity = check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=progress)
-    parity["check_file"] = str(check_file)
+    parity = _checked(check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=progress),
+                      quantize, check_file)
+    if max_depth:  # the shallowest depth, on the first sentences: the gating works as PyTorch's depth does
+        parity["depth_1"] = _checked(check_parity(model, tokenizer, session, task, sentences[:DEPTH_CHECK_SENTENCES],
+                                                  None, max_length, progress=False, depth=1), quantize, check_file)
     del session
-    figures = [v for k, v in parity.items() if isinstance(v, float)]
-    if not np.isfinite(figures).all():
-        raise ParityError(f"the export's outputs or PyTorch's are not finite (NaN or inf) on {check_file}: "
-                          f"{', '.join(f'{k} {v}' for k, v in parity.items() if isinstance(v, float))}")
-    if quantize == "none" and not parity["max_abs_diff"] <= FP32_TOLERANCE:
-        raise ParityError(f"fp32 export differs from PyTorch by {parity['max_abs_diff']:.3g} (> {FP32_TOLERANCE}) "
-                          f"on {parity['sentences']} sentences of {check_file}")
     steps.update()
 
     steps.set_postfix_str("tokenizer, config, ram-int8")
@@ -413,10 +430,10 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
         "format": artifact.FORMAT, "format_version": artifact.FORMAT_VERSION, "task": task, "model_type": config.model_type,
         "inputs": list(inputs), "outputs": list(outputs), "labels": labels_out, "problem_type": problem_type,
         "max_length": max_length, "opset": opset, "weights": weights, "quantization": quantize,
-        "session_config": session_config, "learned_params": learned,
+        "session_config": session_config, "learned_params": learned, "max_depth": max_depth,
         "special_tokens": {k: int(v) for k, v in special.items() if v is not None},
         "files": {}, "versions": _versions(), "parity": parity, "footprint": footprint,
-        "tensor_dtypes": q.tensor_dtypes(proto),
+        "tensor_dtypes": dtypes,
     }
     if ram_int8 is not None:
         manifest["ram_int8"] = ram_int8
@@ -446,8 +463,13 @@ def format_report(manifest: dict) -> str:
         lines.append(f"latency {shape:7s} p50 {lat['p50_ms']:.2f} ms, p95 {lat['p95_ms']:.2f} ms ({f['threads']} thread)")
     if f.get("gflops") is not None:
         lines.append(f"GFLOPs ({f['gflops_shape']})  {f['gflops']:.3f}")
-    figures = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in p.items() if k != "check_file")
-    lines.append(f"parity          {figures}")
+    def figures(parity):
+        return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in parity.items()
+                         if k != "check_file" and not isinstance(v, dict))
+
+    lines.append(f"parity          {figures(p)}")
+    if manifest.get("max_depth"):
+        lines.append(f"depth           1..{manifest['max_depth']} at inference (`--depth`); at depth 1: {figures(p['depth_1'])}")
     dtypes = manifest["tensor_dtypes"]
     lines.append("stored tensors  " + ", ".join(f"{k}: {len(v)}" for k, v in dtypes["stored"].items())
                  + f"; ops {dtypes['ops']}")

@@ -70,6 +70,16 @@ def computed_product_weights(graph) -> list[str]:
     return [node.input[1] for node, _ in computed_products(graph)]
 
 
+def node_inputs(node) -> set[str]:
+    """Every value ``node`` reads, including outer-scope values its subgraphs (If/Loop bodies) read."""
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for g in ([attr.g] if attr.type == attr.GRAPH else list(attr.graphs)):
+            produced = {o for n in g.node for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
+            names |= {i for n in g.node for i in node_inputs(n)} - produced
+    return names
+
+
 def prune(model) -> None:
     """Drop nodes no graph output depends on, and initializers nothing reads."""
     g = model.graph
@@ -82,9 +92,9 @@ def prune(model) -> None:
         if name in stored or node is None or id(node) in wanted:
             continue
         wanted.add(id(node))
-        stack.extend(i for i in node.input if i)
+        stack.extend(node_inputs(node))
     kept = [n for n in g.node if id(n) in wanted]
-    used = {i for n in kept for i in n.input} | {o.name for o in g.output}
+    used = {i for n in kept for i in node_inputs(n)} | {o.name for o in g.output}
     inits = [t for t in g.initializer if t.name in used]
     replace_all(g.node, kept)
     replace_all(g.initializer, inits)

@@ -87,11 +87,13 @@ def _batches(tokenizer, sentences: list[str], order: list[int], max_length: int,
 
 
 def check_parity(model, tokenizer, session, task: str, sentences: list[str], labels: list | None = None,
-                 max_length: int = 128, batch_size: int = 32, progress: bool = True) -> dict:
-    """Run ``model`` (torch, eval) and ``session`` (ONNX Runtime) on ``sentences``; return the figures."""
+                 max_length: int = 128, batch_size: int = 32, progress: bool = True, depth: int | None = None) -> dict:
+    """Run ``model`` (torch, eval) and ``session`` (ONNX Runtime) on ``sentences``; return the figures.
+
+    ``depth``: run both with only the first ``depth`` encoder layers (the session's ``depth`` input)."""
     import torch
 
-    from sharebert.deploy.artifact import model_feeds
+    from sharebert.deploy.artifact import DEPTH, model_feeds
 
     names = [i.name for i in session.get_inputs()]
     torch_names = [n for n in ("input_ids", "attention_mask", "token_type_ids", "position_ids") if n in names]
@@ -107,8 +109,10 @@ def check_parity(model, tokenizer, session, task: str, sentences: list[str], lab
         feeds = {**model_feeds(session.get_inputs(), feeds["input_ids"], feeds["attention_mask"]),
                  **{k: v for k, v in feeds.items() if k in names}}  # the tokenizer's own token_type_ids
         with torch.no_grad():
-            out = model(**{k: torch.from_numpy(feeds[k]) for k in torch_names})
+            out = model(**{k: torch.from_numpy(feeds[k]) for k in torch_names}, **({"depth": depth} if depth else {}))
         ref = (out.logits if task != "feature-extraction" else out.last_hidden_state).float().numpy()
+        if depth:
+            feeds[DEPTH] = np.array(depth, dtype=np.int64)
         got = session.run([output], feeds)[0].astype(np.float32)
         real = feeds["attention_mask"].astype(bool)
         if task == "text-classification":

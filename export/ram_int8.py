@@ -4,16 +4,17 @@ A compact ``model.onnx`` stores only learned tensors; ONNX Runtime folds the gen
 dense fp32 at load, four bytes per generated number. The device has no ``onnx`` package, so the
 graphs that let it hold them at one byte each are cut from ``model.onnx`` here, at export time:
 
-* ``ram_int8.generator.onnx``: the constant subgraph of ``model.onnx``; its outputs are the distinct
+* ``ram_int8/generator.onnx``: the constant subgraph of ``model.onnx``; its outputs are the distinct
   generated weights (each ``B`` of a ``MatMul``, ``(K, N)``, or of a ``Gemm`` with ``transB``, ``(N, K)``).
-* ``ram_int8.compute.onnx``: ``model.onnx`` with each of those products replaced by
+* ``ram_int8/compute.onnx``: ``model.onnx`` with each of those products replaced by
   ``com.microsoft.DynamicQuantizeMatMul(x, B_int8, B_scale[, bias])`` whose int8 weight ``(K, N)`` and
   per-output-channel scale ``(N,)`` are graph inputs; the generator nodes are gone.
 
 Neither graph stores a tensor: every initializer of at least ``MIN_REFERENCE_BYTES`` is an ONNX
 external-data reference to the byte range of ``model.onnx`` that already holds it, so the learned
-tensors are on disk once. The runtime runs the generator once, quantizes in numpy and binds the
-int8 arrays for every run (``deploy/runtime.py``).
+tensors are on disk once; the location is relative to the artifact folder, since ONNX Runtime refuses
+``../`` (``artifact.EXTERNAL_DATA_FOLDER``). The runtime runs the generator once, quantizes in numpy and
+binds the int8 arrays for every run (``deploy/runtime.py``).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from sharebert.deploy.artifact import MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR, session_options
 
+from .depth import inline_layers, wrap_layers
 from .graph import computed_products, constant_keys, prune, replace_all
 
 MIN_WEIGHT_NUMEL = 4096  # smaller computed weights stay fp32 (ORT folds them in the compute graph)
@@ -55,12 +57,13 @@ def _save(model, path: Path, blob: bytes) -> None:
     used = {i for n in graph.node for i in n.input if i} | {o.name for o in graph.output}
     _reference_initializers(graph, blob, used)
     model.graph.ClearField("value_info")
+    path.parent.mkdir(exist_ok=True)
     path.write_bytes(model.SerializeToString())
 
 
 def build_int8_ram_graphs(out_dir: str | Path) -> dict:
-    """Write the RAM-int8 graphs next to ``out_dir/model.onnx`` (already written, compact), derived from
-    that file alone (whatever its storage dtype), with ``graph.py``'s passes.
+    """Write the RAM-int8 graphs into ``out_dir/ram_int8/``, beside ``out_dir/model.onnx`` (already written,
+    compact), derived from that file alone (whatever its storage dtype), with ``graph.py``'s passes.
 
     Returns the manifest's ``ram_int8`` entry: file names and, per weight, the generator output,
     the compute graph's int8/scale input names, its layout (``kn`` or ``nk``) and shape ``(K, N)``.
@@ -74,6 +77,7 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
     out_dir = Path(out_dir)
     blob = (out_dir / MODEL).read_bytes()
     source = onnx.load_from_string(blob)
+    inline_layers(source)  # derive from the flat graph; the compute graph is gated by depth again below
     keys = constant_keys(source.graph)
     products = [(node, layout) for node, layout in computed_products(source.graph, keys) if layout is not None]
     representative = {}  # structural key -> first tensor name with that value
@@ -132,6 +136,7 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
         c.input.append(helper.make_tensor_value_info(w["int8"], TensorProto.INT8, w["shape"]))
         c.input.append(helper.make_tensor_value_info(w["scale"], TensorProto.FLOAT, [w["shape"][1]]))
     c.name = "sharebert_ram_int8_compute"
+    wrap_layers(compute)
     if not any(o.domain == "com.microsoft" for o in compute.opset_import):
         compute.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     _save(compute, out_dir / COMPUTE, blob)

@@ -51,6 +51,7 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         pooler_activation: str = "none",
         mlm_head: str = "tied",
         mlm_logits_in_training: str = "all",
+        train_min_depth: int | None = None,
         classifier_dropout: float | None = None,
         pad_token_id: int = 0,
         use_cache: bool = True,
@@ -81,6 +82,7 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         self.pooler_activation = pooler_activation
         self.mlm_head = mlm_head
         self.mlm_logits_in_training = mlm_logits_in_training
+        self.train_min_depth = train_min_depth
         self.classifier_dropout = classifier_dropout
         self.use_cache = use_cache  # causal LM generation keeps a key/value cache
         self.validate()

@@ -249,6 +249,20 @@ class ShareBertModel(ShareBertPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
+    def _depth(self, depth: Optional[int]) -> int:
+        """Layers to run: ``depth`` (checked), a sampled depth in training, else all."""
+        N = self.config.num_hidden_layers
+        if depth is None:
+            low = self.config.train_min_depth
+            if not (self.training and low):
+                return N
+            return int(torch.randint(low, N + 1, ()))  # stochastic depth over the shared layers
+        if isinstance(depth, torch.Tensor):
+            depth = int(depth)
+        if not (isinstance(depth, int) and 1 <= depth <= N):
+            raise ValueError(f"depth must be an integer in 1..{N} (num_hidden_layers), got {depth!r}")
+        return depth
+
     def generated_weights(self) -> dict[str, torch.Tensor]:
         """The generated matrices ``{name: (out, in)}`` (empty without sharing)."""
         if self.config.sharing == "none":
@@ -289,12 +303,16 @@ class ShareBertModel(ShareBertPreTrainedModel):
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         head_mask: Optional[torch.Tensor] = None,
+        depth: Optional[int] = None,
         **kwargs,
     ):
         """``past_key_values``/``use_cache``: a transformers ``Cache`` of earlier keys and values (causal models;
         a ``DynamicCache`` is made when ``use_cache`` and none is given). ``head_mask``: ``(heads,)`` or
-        ``(layers, heads)``, multiplies attention probabilities per head. ``cache_position`` and other
-        generation keyword arguments are accepted and unused."""
+        ``(layers, heads)``, multiplies attention probabilities per head. ``depth``: run only the first
+        ``depth`` layers (1..N; default N, or in training with ``config.train_min_depth`` a depth drawn
+        uniformly from ``train_min_depth..N`` per forward): every layer shares the generated weights, so
+        a shallower model costs nothing new. ``cache_position`` and other generation keyword arguments
+        are accepted and unused."""
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
@@ -314,7 +332,7 @@ class ShareBertModel(ShareBertPreTrainedModel):
 
         generated = self.generated_weights()  # once per forward, shared by every layer
         all_hidden, all_attn = ([x] if output_hidden_states else None), ([] if output_attentions else None)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers[: self._depth(depth)]):
             w = generated or self.layer_weights[0 if self.config.share_layers else i]()
             x, probs = layer(x, mask, *(w[n] for n in layer.names), output_attentions=output_attentions, cache=cache,
                              layer_idx=i, head_mask=head_masks[i])
@@ -388,7 +406,7 @@ class ShareBertForMaskedLM(_WithLMHead):
         self._build(config)
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None):
+                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
         """``labels`` (B, T): token ids at masked positions, -100 elsewhere.
 
         ``logits`` is ``(B, T, E)``, as in BERT. With ``config.mlm_logits_in_training == "masked"``
@@ -398,7 +416,7 @@ class ShareBertForMaskedLM(_WithLMHead):
         """
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
-                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask)
+                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
         h, logits, loss = out.last_hidden_state, None, None
         if labels is not None and self.training and self.config.mlm_logits_in_training == "masked":
             keep = labels.ne(-100)
@@ -441,13 +459,13 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None,
-                past_key_values=None, use_cache=None, head_mask=None, **kwargs):
+                past_key_values=None, use_cache=None, head_mask=None, depth=None, **kwargs):
         """``labels`` (B, T): the inputs themselves (shifted inside), -100 to ignore. ``past_key_values``: a
         transformers ``Cache`` (returned, extended, in the output when ``use_cache``)."""
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
                              output_hidden_states, return_dict=True, position_ids=position_ids,
-                             past_key_values=past_key_values, use_cache=use_cache, head_mask=head_mask)
+                             past_key_values=past_key_values, use_cache=use_cache, head_mask=head_mask, depth=depth)
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
@@ -470,10 +488,10 @@ class ShareBertForSequenceClassification(ShareBertPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None):
+                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
-                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask)
+                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
         pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
         logits = self.classifier(self.dropout(pooled))
         loss = None
@@ -503,10 +521,10 @@ class ShareBertForTokenClassification(ShareBertPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None):
+                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
-                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask)
+                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
         logits = self.classifier(self.dropout(out.last_hidden_state))
         loss = None
         if labels is not None:
@@ -524,10 +542,10 @@ class ShareBertForQuestionAnswering(ShareBertPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None,
                 start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, position_ids=None, head_mask=None):
+                return_dict=None, position_ids=None, head_mask=None, depth=None):
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
-                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask)
+                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
         start, end = self.qa_outputs(out.last_hidden_state).split(1, dim=-1)
         start, end = start.squeeze(-1), end.squeeze(-1)
         loss = None

@@ -113,6 +113,7 @@ DEFAULTS = dict(
     pooler_activation="none",
     mlm_head="tied",
     mlm_logits_in_training="all",
+    train_min_depth=None,  # training only: each training forward runs a depth drawn from train_min_depth..N
     classifier_dropout=None,
     pad_token_id=0,
 )
@@ -261,6 +262,10 @@ class ShapeMixin:
         need(not (self.sharing == "veps" and not self.factorized),
              "sharing='veps' needs embedding_size smaller than hidden_size (the virtual projection maps F -> V); "
              "use sharing='eps' for an unfactorised embedding")
+        need(self.train_min_depth is None or (isinstance(self.train_min_depth, int) and not isinstance(self.train_min_depth, bool)
+                                              and 1 <= self.train_min_depth <= self.num_hidden_layers),
+             f"train_min_depth must be None or an integer in 1..{self.num_hidden_layers} (num_hidden_layers), "
+             f"got {self.train_min_depth!r}")
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             need(0.0 <= getattr(self, key) < 1.0, f"{key} must lie in [0, 1), got {getattr(self, key)!r}")
         self.column_plan()  # raises ValueError with the column shortfall and the ways out

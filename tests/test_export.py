@@ -86,8 +86,10 @@ def test_compact_stores_exactly_the_learned_tensors(artifacts, mlm_dir):
     stored = graph.stored_tensors(model, min_numel=2)
     assert stored["float32"]["numel"] == learned  # no generated, transposed or duplicated copy
     assert (folder / "model.onnx").stat().st_size <= 1.02 * 4 * learned
-    assert not {i.name for i in model.graph.input} & {t.name for t in model.graph.initializer}
-    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask", "token_type_ids"] == manifest["inputs"]
+    # the one overridable initializer is the optional depth (default: every layer); nothing else stays unfolded
+    assert {i.name for i in model.graph.input} & {t.name for t in model.graph.initializer} == {"depth"}
+    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask", "token_type_ids", "depth"]
+    assert manifest["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
     folding = manifest["footprint"]["folding"]
     assert folding["computed_weights"] > 0 and folding["unfolded"] == [] and manifest["footprint"]["folded"]
 
