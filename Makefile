@@ -6,10 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test install clean
 
-$(STAMP): pyproject.toml constraints.txt
+# optimum-register/ (optimum-cli's hook, docs/EXPORT.md "optimum") is installed non-editably: its module
+# must lie in optimum's own folder.
+$(STAMP): pyproject.toml constraints.txt optimum-register/pyproject.toml optimum-register/optimum/commands/register/sharebert.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[full,plot,dev]"
+	$(PY) -m pip install -q -c constraints.txt ./optimum-register
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,4 +24,4 @@ test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests
 
 clean:
-	rm -rf $(VENV) runs artifacts *.egg-info
+	rm -rf $(VENV) runs artifacts *.egg-info optimum-register/build optimum-register/*.egg-info

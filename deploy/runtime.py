@@ -5,9 +5,9 @@ tokenizer files and ``manifest.json`` (task, labels, maximum length, ONNX Runtim
 the sha256 of every file). :class:`Runtime` verifies every file before it loads anything.
 
 ``ram="int8"`` (compact artifacts): rather than letting ONNX Runtime fold the generated weights to
-fp32 (four bytes per generated number), the runtime runs ``ram_int8.generator.onnx`` once, quantizes
+fp32 (four bytes per generated number), the runtime runs ``ram_int8/generator.onnx`` once, quantizes
 each generated weight per output channel in numpy, frees the fp32 copy and feeds the int8 arrays
-(bound once as ``OrtValue``s) to ``ram_int8.compute.onnx``'s dynamic-int8 MatMuls on every run.
+(bound once as ``OrtValue``s) to ``ram_int8/compute.onnx``'s dynamic-int8 MatMuls on every run.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from ..errors import first_line
-from .artifact import (MODEL, PAST, PRESENT, TOKENIZER, ArtifactError, assemble_ort, model_feeds, quantize_per_channel,
-                       session_options, verify_artifact)
+from .artifact import (EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, TOKENIZER, ArtifactError, assemble_ort, model_feeds,
+                       quantize_per_channel, session_options, verify_artifact)
 
 RAM_MODES = ("fp32", "int8")
 
@@ -102,7 +102,7 @@ class Runtime:
             raise ArtifactError(f"{self.path / 'manifest.json'} has no ram_int8 graphs: RAM int8 needs a compact export "
                                 f"(`sharebert export --weights compact`); use ram='fp32' for this artifact")
         so = self._options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)  # no folding: one run, then freed
-        generator = _open_session(self.path / ram["generator"], so, ["CPUExecutionProvider"])
+        generator = _open_session(self.path / ram["generator"], so, ["CPUExecutionProvider"], self.path)
         names = [w["output"] for w in ram["weights"]]
         generated = dict(zip(names, generator.run(names, {})))
         del generator
@@ -110,7 +110,7 @@ class Runtime:
             q, scale = quantize_per_channel(generated.pop(w["output"]), w["layout"])
             self._int8_inputs[w["int8"]] = ort.OrtValue.ortvalue_from_numpy(q)
             self._int8_inputs[w["scale"]] = ort.OrtValue.ortvalue_from_numpy(scale)
-        return _open_session(self.path / ram["compute"], self._options(), self.providers)
+        return _open_session(self.path / ram["compute"], self._options(), self.providers, self.path)
 
     def _load_ort(self) -> ort.InferenceSession:
         """An ORT-format artifact: run the generator once, write its outputs into the compute graph's holes,
@@ -362,10 +362,17 @@ class Runtime:
                 "int8_generated_weights": len(self._int8_inputs) // 2}
 
 
-def _open_session(path: Path, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
-    """An ONNX Runtime session of ``path``; ``ArtifactError`` naming it when ORT cannot load the graph."""
+def _open_session(path: Path, options: ort.SessionOptions, providers: list[str],
+                  data_folder: Path | None = None) -> ort.InferenceSession:
+    """An ONNX Runtime session of ``path``; ``ArtifactError`` naming it when ORT cannot load the graph.
+
+    ``data_folder``: the folder the graph's external data is relative to, when not the graph's own (the
+    ``ram_int8/`` graphs read ``model.onnx`` of the artifact folder); the graph is then loaded from bytes."""
     try:
-        return ort.InferenceSession(str(path), options, providers=providers)
+        if data_folder is None:
+            return ort.InferenceSession(str(path), options, providers=providers)
+        options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(data_folder))
+        return ort.InferenceSession(path.read_bytes(), options, providers=providers)
     except Exception as e:  # ORT's own error classes (InvalidProtobuf, Fail, ...) derive from Exception only
         raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime: {first_line(e)}") from None
 

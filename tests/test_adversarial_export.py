@@ -275,7 +275,7 @@ RUNTIME_CASES = [
     ("bytes-string", lambda f, m: m["files"]["tokenizer.json"].update(bytes="12"), "'tokenizer.json'"),
     ("absolute-file", lambda f, m: m["files"].update({"/etc/hostname": m["files"]["config.json"]}), "/etc/hostname"),
     ("generator-outside", _outside_generator, "../gen.onnx"),
-    ("generator-unlisted", _unlisted_generator, "ram_int8.generator.onnx"),
+    ("generator-unlisted", _unlisted_generator, "ram_int8/generator.onnx"),
     ("generator-not-a-string", lambda f, m: m["ram_int8"].update(generator=["a"]), "ram_int8"),
     ("ram-int8-layout", lambda f, m: m["ram_int8"]["weights"][0].update(layout="xx"), "ram_int8"),
     ("tokenizer-symlink-outside", _symlinked_tokenizer, "tokenizer.json leads outside"),
