@@ -40,6 +40,8 @@ def add_arguments(p):
     p.add_argument("--max-new-tokens", type=int, default=20, help="causal-lm: tokens to generate (default: 20)")
     p.add_argument("--json", action="store_true", help="print JSON lines even for TEXT arguments")
     p.add_argument("--pin", metavar="SHA256", help="refuse the artifact unless manifest.json has this sha256")
+    p.add_argument("--depth", type=int, default=None, metavar="K",
+                   help="run only the first K encoder layers (1..N; default all): faster, no extra memory")
 
 
 def _task_kwargs(runtime, args) -> dict:
@@ -179,7 +181,7 @@ def run(args) -> int:
         raise ValueError(f"--top-k must be >= 1 and --max-new-tokens >= 0, got {args.top_k} and {args.max_new_tokens}")
     if args.output:
         _check_output(args.output, args.input)
-    runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, batch_size=args.batch_size,
+    runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, batch_size=args.batch_size, depth=args.depth,
                       manifest_sha256=args.pin)
 
     if args.texts and not (args.output or args.json):

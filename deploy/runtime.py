@@ -11,6 +11,7 @@ each generated weight per output channel in numpy, frees the fp32 copy and feeds
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +19,8 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from ..errors import first_line
-from .artifact import (EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, TOKENIZER, ArtifactError, assemble_ort, model_feeds,
-                       quantize_per_channel, session_options, verify_artifact)
+from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, TOKENIZER, ArtifactError, assemble_ort,
+                       model_feeds, quantize_per_channel, session_options, verify_artifact)
 
 RAM_MODES = ("fp32", "int8")
 
@@ -49,7 +50,8 @@ class Runtime:
     group_by_length = True  # calls of texts of similar token lengths (False: calls in input order)
 
     def __init__(self, artifact_dir: str | Path, threads: int | None = None, providers: list[str] | None = None,
-                 ram: str = "fp32", batch_size: int = 32, manifest_sha256: str | None = None):
+                 ram: str = "fp32", batch_size: int = 32, manifest_sha256: str | None = None,
+                 depth: int | None = None):
         if ram not in RAM_MODES:
             raise ValueError(f"ram must be one of {', '.join(RAM_MODES)}, got {ram!r}")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -58,6 +60,8 @@ class Runtime:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.path = Path(artifact_dir)
         self.manifest = verify_artifact(self.path, manifest_sha256)
+        self.max_depth = self.manifest.get("max_depth")
+        self.depth = self._checked_depth(depth)
         self.task = self.manifest["task"]
         self.labels = self.manifest.get("labels")
         self.max_length = int(self.manifest["max_length"])
@@ -89,6 +93,27 @@ class Runtime:
         self.input_names = [i.name for i in self.inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.cached = any(n.startswith(PAST) for n in self.input_names)  # a causal LM exported with its cache
+
+    # -- depth ---------------------------------------------------------------------------------
+    def _checked_depth(self, depth) -> int | None:
+        """``depth`` if this artifact can run that many encoder layers (None: all of them)."""
+        if depth is None:
+            return None
+        if not self.max_depth:
+            raise ValueError(f"{self.path} has no depth input (a model with one layer, or exported before depth "
+                             f"support: export it again to choose the depth at inference)")
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= self.max_depth:
+            raise ValueError(f"depth must be an integer in 1..{self.max_depth} (the model's layers), got {depth!r}")
+        return depth
+
+    def at_depth(self, depth: int | None) -> "Runtime":
+        """This runtime running only the first ``depth`` encoder layers (None: all): a view sharing the
+        loaded sessions and weights, so it costs no memory. Layer-shared models run every layer on the same
+        generated weights, so a shallower depth needs nothing new; see ``sharebert evaluate glue --depths``
+        for what each depth scores."""
+        view = copy.copy(self)
+        view.depth = self._checked_depth(depth)
+        return view
 
     # -- loading ------------------------------------------------------------------------------
     def _options(self, **kwargs) -> ort.SessionOptions:
@@ -203,6 +228,8 @@ class Runtime:
     def _run(self, input_ids: np.ndarray, mask: np.ndarray, past: dict | None = None) -> dict[str, np.ndarray]:
         """One ONNX Runtime call: every output by name (a causal LM's ``present.*`` too)."""
         feeds = model_feeds(self.inputs, input_ids, mask, past)
+        if self.depth is not None:
+            feeds[DEPTH] = np.array(self.depth, dtype=np.int64)
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ArtifactError(f"{self.path / MODEL} expects inputs {missing} this runtime cannot provide")
@@ -359,7 +386,8 @@ class Runtime:
         """What a caller needs to know: task, labels, maximum length, quantization, RAM mode."""
         keys = ("task", "labels", "problem_type", "max_length", "weights", "quantization", "learned_params", "opset")
         return {**{k: self.manifest.get(k) for k in keys}, "ram": self.ram,
-                "int8_generated_weights": len(self._int8_inputs) // 2}
+                "int8_generated_weights": len(self._int8_inputs) // 2,
+                "depth": self.depth or self.max_depth, "max_depth": self.max_depth}
 
 
 def _open_session(path: Path, options: ort.SessionOptions, providers: list[str],

@@ -5,7 +5,8 @@ Endpoints:
 * ``GET /health`` -> ``{"status": "ok"}``; ``GET /metadata`` -> task, labels, limits, RAM mode.
 * ``POST /predict`` (and the task's own path: ``/fill-mask``, ``/classify``, ``/embed`` or
   ``/generate``) with ``{"texts": [...]}`` or ``{"text": "..."}`` and optional ``top_k``,
-  ``pooling`` or ``max_new_tokens`` -> ``{"results": [...], "truncated": n}``.
+  ``pooling`` or ``max_new_tokens``, and ``depth`` (encoder layers to run, 1..N, for artifacts that
+  have a depth input; default ``--depth`` or all) -> ``{"results": [...], "truncated": n}``.
 
 Bad input of any shape gets a 4xx with ``{"error": message}`` and a valid status line: 400 bad JSON,
 fields, headers or request line (an unsupported HTTP version included), 404/405 wrong path or method,
@@ -78,6 +79,8 @@ def add_arguments(p):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=default, help=f"most {what} (default: {default})")
     p.add_argument("--quiet", action="store_true", help="do not log each request")
     p.add_argument("--pin", metavar="SHA256", help="refuse the artifact unless manifest.json has this sha256")
+    p.add_argument("--depth", type=int, default=None, metavar="K",
+                   help="encoder layers to run by default (1..N; a request's \"depth\" field overrides it)")
 
 
 def params(task: str, max_top_k: int) -> list[tuple]:
@@ -86,8 +89,10 @@ def params(task: str, max_top_k: int) -> list[tuple]:
             "causal-lm": [("max_new_tokens", int, 0, MAX_NEW_TOKENS)], "text-classification": []}[task]
 
 
-def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMITS["max_top_k"][0]) -> tuple[list[str], dict]:
-    """Request body -> ``(texts, task keyword arguments)``; raises :class:`BadRequest`."""
+def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMITS["max_top_k"][0],
+                  max_depth: int | None = None) -> tuple[list[str], dict]:
+    """Request body -> ``(texts, keyword arguments)``: the task's and ``depth`` (when ``max_depth``, the
+    artifact's layers, allows one); raises :class:`BadRequest`."""
     try:
         payload = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -111,7 +116,9 @@ def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMIT
         except UnicodeEncodeError:
             raise BadRequest(400, f"text {i} is not valid Unicode (a lone surrogate escape)") from None
     kwargs = {}
-    specs = params(task, max_top_k)
+    specs = params(task, max_top_k) + ([("depth", int, 1, max_depth)] if max_depth else [])
+    if "depth" in payload and not max_depth:
+        raise BadRequest(400, '"depth": this artifact has no depth input (one layer, or exported before depth support)')
     for spec in specs:
         name = spec[0]
         if name not in payload:
@@ -330,12 +337,13 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
                 if self.path not in ("/predict", task_path):
                     raise BadRequest(404 if self.path not in TASK_PATHS.values() else 400,
                                      f"no endpoint {self.path[:200]} for task {runtime.task}; POST /predict or {task_path}")
-                texts, kwargs = parse_request(body, runtime.task, limits["max_batch"], limits["max_top_k"])
+                texts, kwargs = parse_request(body, runtime.task, limits["max_batch"], limits["max_top_k"], runtime.max_depth)
+                model = runtime.at_depth(kwargs.pop("depth")) if "depth" in kwargs else runtime
                 tokens = runtime.token_count(texts)
                 if tokens > limits["max_tokens"]:
                     raise BadRequest(413, f"{tokens} tokens exceed the limit of {limits['max_tokens']} per request")
                 with admission.slot():
-                    preds = runtime.predict(texts, **kwargs)
+                    preds = model.predict(texts, **kwargs)
                     if LIBC and tokens > limits["max_batch_tokens"]:
                         LIBC.malloc_trim(0)  # a large request's freed blocks go back to the OS
             except BadRequest as e:
@@ -367,7 +375,7 @@ def run(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     if LIBC:  # before any thread: one malloc arena per connection thread would keep each one's freed memory
         LIBC.mallopt(M_ARENA_MAX, 2)
-    runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, manifest_sha256=args.pin)
+    runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, manifest_sha256=args.pin, depth=args.depth)
     try:
         server = make_server(runtime, args.host, args.port, args.quiet, **limits)
     except OSError as e:  # port in use, address not on this machine, unknown host

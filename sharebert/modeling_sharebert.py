@@ -259,7 +259,7 @@ class ShareBertModel(ShareBertPreTrainedModel):
             return int(torch.randint(low, N + 1, ()))  # stochastic depth over the shared layers
         if isinstance(depth, torch.Tensor):
             depth = int(depth)
-        if not (isinstance(depth, int) and 1 <= depth <= N):
+        if isinstance(depth, bool) or not (isinstance(depth, int) and 1 <= depth <= N):
             raise ValueError(f"depth must be an integer in 1..{N} (num_hidden_layers), got {depth!r}")
         return depth
 
