@@ -51,7 +51,7 @@ def run(args) -> int:
     dargs = DistillArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                         weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                        eval_steps=args.eval_steps, seed=args.seed, weights=weights)
+                        eval_steps=args.eval_steps, seed=args.seed, depth_sampling=args.depth_sampling, weights=weights)
     if args.objective == "mlm":
         if args.task:
             raise ValueError("--task is for --objective glue; --objective mlm reads --train text or --data")

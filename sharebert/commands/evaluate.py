@@ -15,11 +15,19 @@ def add_arguments(p):
 
     sub = p.add_subparsers(dest="mode", metavar="MODE", required=True)
     g = sub.add_parser("glue", help="dev metrics of a fine-tuned model")
-    g.add_argument("--model", required=True, help="fine-tuned model folder (`sharebert finetune --out`)")
+    g.add_argument("--model", required=True, help="fine-tuned model folder (`sharebert finetune --out`); with --depths "
+                                                  "also a text-classification artifact folder (`sharebert export`)")
     g.add_argument("--task", required=True, choices=list(TASKS))
     g.add_argument("--data-dir", help="the task's folder (default ../shared/data/glue/<Task>)")
     g.add_argument("--max-eval-samples", type=int)
     g.add_argument("--batch-size", type=int, default=64)
+    g.add_argument("--depths", nargs="+", type=int, metavar="K",
+                   help="a table by inference depth: the dev metric and p50 latency of one sentence when only the first "
+                        "K encoder layers run (the full depth is always added, as the reference)")
+    g.add_argument("--plot", metavar="FILE.png", help="with --depths: draw metric and latency against depth")
+    g.add_argument("--threads", type=int, default=1, help="with --depths: threads for the latency (default 1)")
+    g.add_argument("--latency-samples", type=int, default=100,
+                   help="with --depths: dev sentences timed one at a time, the median reported (default 100)")
     _common(g)
 
     w = sub.add_parser("wordsim", help="word similarity (Spearman) of the (virtual) embeddings")
@@ -64,12 +72,36 @@ def _pairs(items, flag):
     return out
 
 
+def _depths(args):
+    """``evaluate glue --depths``: one row per depth (torch-free for an artifact folder)."""
+    from ..training.depth import depth_table, plot_depths
+    from .tables import format_table
+
+    result = depth_table(args.model, args.task, args.depths, args.data_dir, args.max_eval_samples,
+                         args.latency_samples, args.threads, args.batch_size)
+    metric = result["metric"]
+    print(format_table(["depth", metric, "vs full", "p50 ms", "vs full"],
+                       [[r["depth"], r[metric], r["metric_vs_full"], r["p50_ms"], f"{r['latency_vs_full']:.2f}x"]
+                        for r in result["rows"]]))
+    print(f"{result['backend']}, {result['eval_samples']} dev examples; latency: batch 1, median of "
+          f"{result['latency_samples']} sentences, {result['threads']} thread(s); full depth {result['layers']}")
+    if args.plot:
+        print(f"plot -> {plot_depths(result, args.plot)}")
+    return result
+
+
 def run(args) -> int:
-    from ..training import evaluate as ev
     from ..outdir import write_json
     from .tables import format_table
 
-    if args.mode == "glue":
+    by_depth = args.mode == "glue" and (args.depths or args.plot)
+    if not by_depth:
+        from ..training import evaluate as ev
+    if by_depth:
+        if not args.depths:
+            raise ValueError("--plot draws the --depths table: give --depths too")
+        result = _depths(args)
+    elif args.mode == "glue":
         result = ev.evaluate_glue(args.model, args.task, args.data_dir, args.max_eval_samples, args.batch_size)
         print(format_table(["metric", "value"], [[k, v] for k, v in result.items()]))
     elif args.mode == "wordsim":

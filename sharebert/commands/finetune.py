@@ -35,6 +35,15 @@ def add_training_arguments(p, d) -> None:
     p.add_argument("--max-eval-samples", type=int, help="score the first N dev examples")
     p.add_argument("--eval-steps", type=int, help="score the dev set every N steps (default: every epoch)")
     p.add_argument("--seed", type=int, default=d.seed)
+    add_depth_sampling_argument(p)
+
+
+def add_depth_sampling_argument(p) -> None:
+    """``--depth-sampling [MIN]`` of ``pretrain``, ``finetune`` and ``distill``."""
+    p.add_argument("--depth-sampling", nargs="?", const=1, type=int, metavar="MIN",
+                   help="stochastic depth over the shared layers: each training step runs the first k layers, k drawn "
+                        "uniformly from MIN..N (MIN 1 when bare), with the loss at that depth, so shallow depths work "
+                        "at inference (`evaluate glue --depths`); saved as train_min_depth in config.json")
 
 
 def run(args) -> int:
@@ -48,7 +57,7 @@ def run(args) -> int:
     fargs = FinetuneArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                          weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                          max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                         eval_steps=args.eval_steps, seed=args.seed)
+                         eval_steps=args.eval_steps, seed=args.seed, depth_sampling=args.depth_sampling)
     metrics = finetune(args.model, args.task, args.out, args.data_dir, fargs, overwrite=args.overwrite,
                        keep_checkpoints=args.keep_checkpoints)
     if int(os.environ.get("RANK", "0")) == 0:  # one table under torchrun

@@ -12,7 +12,8 @@ one) through five weighted terms (docs/DISTILLATION.md):
 - ``embedding``: MSE between the embedding outputs (a second learned projection).
 
 The layer map pairs each student iteration ``j`` (1-based; ShareBERT runs one shared layer
-``num_hidden_layers`` times) with a teacher layer; by default uniformly, ``j -> j * L_t // L_s``.
+``num_hidden_layers`` times) with a teacher layer; by default uniformly, ``j -> j * L_t // L_s``. A student
+trained with depth sampling (``train_min_depth``) runs fewer iterations in some steps: ``pairs_that_ran``.
 The projections are trained with the student and never saved with it.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
+from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .finetune import FinetuneArgs, load_classifier, metrics_for, task_training_args
 from .glue import GlueTask, get_task
@@ -85,6 +87,15 @@ def layer_map(student_layers: int, teacher_layers: int, given=None) -> tuple[tup
             raise ValueError(f"--layer-map pair {s}:{t} is out of range: the student runs {student_layers} "
                              f"iterations, the teacher has {teacher_layers} layers (both counted from 1)")
     return tuple(pairs)
+
+
+def pairs_that_ran(pairs, depth: int, student_layers: int, teacher_layers: int) -> tuple[tuple[int, int], ...]:
+    """The layer map of a student that ran only its first ``depth`` iterations (``--depth-sampling``): the pairs
+    of the iterations before ``depth`` unchanged (they computed what they compute at full depth), and iteration
+    ``depth``, whose output the head reads, paired with the teacher's last layer. At full depth: ``pairs``."""
+    if depth >= student_layers:
+        return tuple(pairs)
+    return tuple(p for p in pairs if p[0] < depth) + ((depth, teacher_layers),)
 
 
 def head_groups(student_heads: int, teacher_heads: int) -> list[list[int]]:
@@ -294,7 +305,12 @@ def _make_trainer_class():
             if "attention_mask" not in inputs:  # packed pre-training sequences have no padding
                 inputs = {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
             feed = {k: v for k, v in inputs.items() if k != "labels" or w.hard}
-            out = model(**feed, output_hidden_states=need_h, output_attentions=need_a)
+            out = model(**feed, output_hidden_states=need_h, output_attentions=need_a)  # at a sampled depth, maybe
+            pairs = self.pairs
+            if need_h or need_a:
+                ran = len(out.attentions) if need_a else len(out.hidden_states) - 1
+                pairs = pairs_that_ran(pairs, ran, self.model.config.num_hidden_layers,
+                                       self.teacher.config.num_hidden_layers)
             if cached is not None and not (need_h or need_a):  # --cache-teacher: logits are all the terms need
                 t_out = SimpleNamespace(logits=cached)
             else:
@@ -303,7 +319,7 @@ def _make_trainer_class():
                     t_out = self.teacher(**t_in, output_hidden_states=need_h, output_attentions=need_a)
             logits_mask = (labels != -100) if self.mlm else None
             parts = distill_losses(out, t_out, inputs["attention_mask"], labels if w.hard else None, self.projections,
-                                   w, self.pairs, self.groups, self.regression, logits_mask)
+                                   w, pairs, self.groups, self.regression, logits_mask)
             for k, v in parts.items():
                 if k != "loss":
                     self._parts[k] = float(v.detach())
@@ -396,6 +412,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     check_teacher_labels(teacher_dir, t_config, task_)
     model, s_tok = load_student(student, task_, t_tok, t_config, args.seed)
+    model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
     check_tokenizers(t_tok, s_tok, teacher_dir, student)
     teacher = load_teacher(teacher_dir)
     if not task_.is_regression:  # generic LABEL_i names are read as the task's labels, in order
@@ -491,6 +508,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         model = load_model(ShareBertForMaskedLM, student)[0]
     else:
         raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
+    model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
     check_tokenizers(t_tok, s_tok, teacher_dir, student)
     if bool(train) == (data is not None):
         raise ValueError("--objective mlm needs --train text or --data DIR (from `sharebert prepare`), one of them")

@@ -69,8 +69,9 @@ def _batches(ds: EncodedSplit, batch_size: int, pad_id: int, device):
 
 @torch.no_grad()
 def predict_logits(model, ds: EncodedSplit, batch_size: int = 64, noise: float = 0.0, mean_norm: float | None = None,
-                   seed: int = 0, progress: bool = True) -> np.ndarray:
-    """Logits ``(N, num_labels)``; with ``noise > 0`` Gaussian noise is added to the input embeddings."""
+                   seed: int = 0, progress: bool = True, depth: int | None = None) -> np.ndarray:
+    """Logits ``(N, num_labels)``; with ``noise > 0`` Gaussian noise is added to the input embeddings; ``depth``:
+    run only the first ``depth`` encoder layers (a sharebert model; None: all)."""
     model.eval()
     device = next(model.parameters()).device
     embed = model.get_input_embeddings()
@@ -82,7 +83,7 @@ def predict_logits(model, ds: EncodedSplit, batch_size: int = 64, noise: float =
             x = embed(batch.pop("input_ids"))
             sigma = noise * mean_norm / math.sqrt(x.shape[-1])
             batch["inputs_embeds"] = x + sigma * torch.randn(x.shape, generator=gen).to(x)
-        out.append(model(**batch).logits.float().cpu())
+        out.append(model(**batch, **({} if depth is None else {"depth": depth})).logits.float().cpu())
     return torch.cat(out).numpy()
 
 
@@ -109,9 +110,10 @@ def label_map(model_config, task: GlueTask) -> np.ndarray:
 
 
 def evaluate_split(model, ds: EncodedSplit, task: GlueTask, batch_size: int = 64, noise: float = 0.0,
-                   mean_norm: float | None = None, seed: int = 0, progress: bool = True) -> dict[str, float]:
-    """The task's metrics of ``model`` on ``ds`` (model classes mapped onto the task's by label name)."""
-    logits = predict_logits(model, ds, batch_size, noise, mean_norm, seed, progress)
+                   mean_norm: float | None = None, seed: int = 0, progress: bool = True,
+                   depth: int | None = None) -> dict[str, float]:
+    """The task's metrics of ``model`` on ``ds`` (model classes mapped onto the task's by label name), at ``depth``."""
+    logits = predict_logits(model, ds, batch_size, noise, mean_norm, seed, progress, depth)
     preds = predictions_from_logits(logits, task.is_regression)
     if not task.is_regression:
         preds = label_map(model.config, task)[preds]

@@ -20,6 +20,7 @@ from ..curves import write_curves
 from ..model_folder import load_config, load_model, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
+from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .glue import GlueTask, get_task
 from .metrics import predictions_from_logits, task_metrics
@@ -41,6 +42,7 @@ class FinetuneArgs:
     max_eval_samples: int | None = None
     eval_steps: int | None = None  # None: score the dev set after every epoch
     seed: int = 0
+    depth_sampling: int | None = None  # train_min_depth: each training forward runs a depth from MIN..N
 
 
 def load_classifier(model_dir: str | Path, task: GlueTask):
@@ -108,10 +110,12 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite, inputs=(model_dir, data_dir))
     config = load_config(model_dir)
+    check_depth_sampling(args.depth_sampling, config.num_hidden_layers)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))
     seq_len = min(args.seq_len, config.max_position_embeddings)
     set_seed(args.seed)
     model = load_classifier(model_dir, task_)
+    model.config.train_min_depth = args.depth_sampling  # the option decides, whatever the folder held
     # Read and validate every file before any training starts.
     _, train_ds, dev_ds = encoded_task(task_, data_dir, tokenizer, seq_len, args.max_train_samples,
                                        args.max_eval_samples, progress)

@@ -33,12 +33,14 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
 from ..model_folder import read_config
+from ..shape import preset_fields
 from ..curves import write_curves
 from ..outdir import check_out_dir, write_json
 from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, WallClockLimit, any_rank, checkpoints,
                         latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint, rotate)
 from .corpus import (PackedDataset, char_tokenizer, encode_sources, pack, read_text, resolve_sources,
                      sniff_text)
+from .depth import check_depth_sampling
 from .progress import no_bars, show_progress
 from .shards import StreamBlocks, TokenStream, read_manifest, vocab_sha256
 
@@ -75,6 +77,7 @@ class PretrainArgs:
     keep_checkpoints: int | None = 3
     precision: str = "auto"  # auto (bf16/fp16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
     seed: int = 0
+    depth_sampling: int | None = None  # train_min_depth: each training forward runs a depth from MIN..N
     resume: bool = False
     progress: bool = True
     dataloader_workers: int = 0
@@ -181,6 +184,8 @@ def _check_args(a: PretrainArgs, model_dir, preset, train, data) -> None:
     if model_dir is not None and a.overrides:
         raise ValueError("--set changes a --preset build; a --model folder's config.json is its shape "
                          "(build a new folder with `sharebert build --set ...` instead)")
+    if "train_min_depth" in a.overrides:
+        raise ValueError("train with --depth-sampling MIN, not --set train_min_depth")
     if data is not None and train:
         raise ValueError("give --train (text, tokenized now) or --data (a `sharebert prepare` folder), not both")
     if data is not None and a.char_level:
@@ -230,7 +235,8 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
         eval_strategy="steps" if has_eval else "no", eval_steps=a.eval_steps, eval_on_start=has_eval and a.eval_on_start,
         save_strategy="steps", save_steps=a.save_steps, save_total_limit=None,  # rotation after the marker
         seed=a.seed, data_seed=a.seed, use_cpu=not cuda, ddp_backend="gloo" if multi and not cuda else None,
-        ddp_find_unused_parameters=False, dataloader_num_workers=a.dataloader_workers,
+        # sampled depths leave the skipped layers' biases and norms without gradients
+        ddp_find_unused_parameters=a.depth_sampling is not None, dataloader_num_workers=a.dataloader_workers,
         remove_unused_columns=False, disable_tqdm=no_bars(a.progress), **_precision(a),
     )
 
@@ -368,7 +374,10 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
             if not isinstance(src, str):
                 sniff_text(src)
     if model_dir is not None:
-        read_config(model_dir)  # a missing, damaged or foreign config.json, or an artifact: one line now
+        layers = read_config(model_dir).get("num_hidden_layers")  # a damaged or foreign config.json, an artifact: one line now
+    else:
+        layers = preset_fields(preset, **a.overrides)["num_hidden_layers"]
+    check_depth_sampling(a.depth_sampling, layers)
     inputs = [p for p in (model_dir, data, *train_sources, *valid_sources) if p is not None and not isinstance(p, str)]
     _check_out(out, a, inputs)
     created = not out.exists()
@@ -396,6 +405,7 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
             resume_from = resume_checkpoint(out, say=print if probe.should_save else lambda m: None)
         model_dir = _prepare_model_dir(a, out, model_dir, preset, vocab, train_sources, data)
     config, tokenizer, model = load_model_folder(model_dir, a.objective)
+    model.config.train_min_depth = a.depth_sampling  # the option decides, whatever the folder held
     seq_len = a.seq_len or (config.max_position_embeddings if a.char_level else min(128, config.max_position_embeddings))
     if seq_len > config.max_position_embeddings:
         raise ValueError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {config.max_position_embeddings}")

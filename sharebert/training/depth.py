@@ -1,0 +1,170 @@
+"""Depth chosen at inference: ``--depth-sampling`` checks and the per-depth GLUE table (``evaluate glue --depths``).
+
+A layer-shared model runs the same generated weights in every layer, so its first ``k`` layers are a
+model too. Training with ``config.train_min_depth`` runs a depth drawn from ``train_min_depth..N`` per
+training forward (``ShareBertModel._depth``); :func:`depth_table` scores each depth on a GLUE dev set
+and times one sentence at it, on a fine-tuned model folder (PyTorch, ``model(..., depth=k)``) or on an
+exported text-classification artifact (``Runtime(...).at_depth(k)``, torch-free: this module imports
+torch only for a model folder).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from ..paths import data_path
+from .glue import get_task, read_split
+from .metrics import task_metrics
+
+
+def check_depth_sampling(min_depth: int | None, layers: int) -> int | None:
+    """``min_depth`` (None: no depth sampling) if a model of ``layers`` layers can sample ``min_depth..layers``."""
+    if min_depth is None:
+        return None
+    if layers < 2:
+        raise ValueError(f"--depth-sampling needs a model with at least 2 layers; this one has {layers}")
+    if isinstance(min_depth, bool) or not isinstance(min_depth, int) or not 1 <= min_depth <= layers:
+        raise ValueError(f"--depth-sampling MIN must be an integer in 1..{layers} (the model's layers), got {min_depth!r}")
+    return min_depth
+
+
+def is_artifact(path: str | Path) -> bool:
+    """An exported artifact folder (it has ``manifest.json``), not a model folder."""
+    return (Path(path) / "manifest.json").is_file()
+
+
+def _p50_ms(run, items) -> float:
+    """Median milliseconds of ``run(item)`` over ``items`` (after up to 10 warm-up calls)."""
+    for item in items[:10]:
+        run(item)
+    times = []
+    for item in items:
+        start = time.perf_counter()
+        run(item)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _torch_scorer(model_dir, task, split, threads, batch_size):
+    """``(layers, score(depth) -> (metric dict, p50 ms))`` for a fine-tuned model folder (PyTorch)."""
+    import torch
+
+    from .encoded import encode, evaluate_split
+    from .evaluate import load_finetuned
+
+    model, tokenizer = load_finetuned(model_dir)
+    ds = encode(split, tokenizer, min(128, model.config.max_position_embeddings), progress=False)
+    device = next(model.parameters()).device
+    keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in ds.encodings]
+
+    def score(depth, n):
+        singles = [{k: torch.tensor([ds.encodings[k][i]], device=device) for k in keys} for i in range(n)]
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            with torch.no_grad():
+                p50 = _p50_ms(lambda batch: model(**batch, depth=depth), singles)
+        finally:
+            torch.set_num_threads(before)
+        return evaluate_split(model, ds, task, batch_size, depth=depth, progress=False), p50
+
+    return model.config.num_hidden_layers, score
+
+
+def _artifact_scorer(path, task, split, threads):
+    """``(layers, score(depth) -> (metric dict, p50 ms))`` for a text-classification artifact (ONNX Runtime)."""
+    import numpy as np
+
+    from ..deploy import Runtime
+
+    if split.text_b is not None or task.is_regression:
+        raise ValueError(f"{path} is an artifact: its runtime classifies single texts, and {task.name} scores "
+                         f"sentence pairs{' (regression)' if task.is_regression else ''}; give the model folder")
+    runtime = Runtime(path, threads=threads)
+    if runtime.task != "text-classification":
+        raise ValueError(f"{path} is a {runtime.task} artifact, not a text classifier")
+    if set(runtime.labels or ()) != set(task.label_names):
+        raise ValueError(f"{path}'s labels {runtime.labels} are not {task.name}'s {list(task.label_names)}")
+    texts, gold = list(split.text_a), np.asarray(split.labels)
+
+    def score(depth, n):
+        at = runtime.at_depth(depth)
+        p50 = _p50_ms(lambda text: at.classify([text]), texts[:n])
+        preds = np.array([task.label_names.index(p["label"]) for p in at.classify(texts)])
+        return task_metrics(task.metrics, preds, gold), p50
+
+    return runtime.max_depth, score
+
+
+def depth_table(model, task: str, depths, data_dir=None, max_eval_samples: int | None = None,
+                latency_samples: int = 100, threads: int = 1, batch_size: int = 64) -> dict:
+    """The task's dev metric and the p50 latency of one sentence (batch 1, ``threads`` threads, median over the
+    first ``latency_samples`` dev sentences) at each depth of ``depths`` and at the full depth N.
+
+    ``model``: a fine-tuned model folder or a text-classification artifact folder. Returns ``{"task", "metric",
+    "backend", "layers", "eval_samples", "latency_samples", "threads", "rows": [{"depth", <metric>, "p50_ms",
+    "metric_vs_full" (difference), "latency_vs_full" (ratio)}]}``, rows by depth. Depths outside 1..N, or any
+    depth for an artifact exported without depth support, raise ``ValueError`` before the data is read.
+    """
+    from ..model_folder import read_config
+
+    task_ = get_task(task)
+    if not latency_samples >= 1 or not threads >= 1:
+        raise ValueError(f"--latency-samples and --threads must be at least 1, got {latency_samples} and {threads}")
+    artifact = is_artifact(model)
+    if artifact:
+        manifest = json.loads((Path(model) / "manifest.json").read_text(encoding="utf-8"))
+        layers = manifest.get("max_depth")
+        if not layers:
+            raise ValueError(f"{model} has no depth input (exported before depth support, or one layer): "
+                             f"export it again to choose the depth at inference")
+    else:
+        layers = read_config(model).get("num_hidden_layers")
+    bad = [d for d in depths if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= layers]
+    if bad:
+        raise ValueError(f"--depths must be integers in 1..{layers} (the model's layers), got {bad[0]!r}")
+    data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
+    split = read_split(task_, data_dir, task_.dev_splits[0]).head(max_eval_samples)
+    _, score = (_artifact_scorer(model, task_, split, threads) if artifact
+                else _torch_scorer(model, task_, split, threads, batch_size))
+    n = min(latency_samples, len(split))
+    results = {d: score(d, n) for d in sorted({*depths, layers})}
+    metric = task_.main_metric
+    full_metric, full_ms = results[layers][0][metric], results[layers][1]
+    rows = [{"depth": d, metric: m[metric], "p50_ms": ms,
+             "metric_vs_full": None if m[metric] is None or full_metric is None else m[metric] - full_metric,
+             "latency_vs_full": ms / full_ms} for d, (m, ms) in results.items()]
+    return {"task": task_.name, "metric": metric, "backend": "onnxruntime" if artifact else "pytorch",
+            "layers": layers, "eval_samples": len(split), "latency_samples": n, "threads": threads, "rows": rows}
+
+
+def plot_depths(result: dict, path: str | Path) -> Path:
+    """The dev metric (left axis) and p50 latency (right axis) against depth, from :func:`depth_table`, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, metric = result["rows"], result["metric"]
+    depths = [r["depth"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.8), dpi=110)
+    ax.plot(depths, [r[metric] for r in rows], "o-", color="tab:blue", label=metric)
+    ax.set_xlabel("depth (encoder layers run)")
+    ax.set_ylabel(f"dev {metric}", color="tab:blue")
+    ax.set_xticks(depths)
+    ax.grid(alpha=0.3)
+    lat = ax.twinx()
+    lat.plot(depths, [r["p50_ms"] for r in rows], "s--", color="tab:orange", label="p50 latency")
+    lat.set_ylabel(f"p50 latency, ms (batch 1, {result['threads']} thread{'s' * (result['threads'] > 1)})",
+                   color="tab:orange")
+    lat.set_ylim(bottom=0)
+    ax.set_title(f"{result['task']}: {result['backend']}, {result['eval_samples']} dev examples")
+    fig.legend(loc="lower right", bbox_to_anchor=(0.88, 0.15))
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
