@@ -36,8 +36,8 @@ def artifacts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mix():
-    """40 SST-2 dev sentences (the 20 shortest, the 20 longest), 4 of them repeated past 128 tokens, shuffled."""
-    lines = data_path("glue", "SST-2", "dev.tsv").read_text().splitlines()[1:]
+    """44 texts, shuffled: the 20 shortest and 20 longest SST-2 dev sentences, 4 of them 5 times over (> 128 tokens)."""
+    lines = data_path("glue", "SST-2", "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
     sentences = sorted((line.split("\t")[0] for line in lines), key=len)
     texts = sentences[:20] + sentences[-20:] + [" ".join([s] * 5) for s in sentences[-4:]]
     random.Random(0).shuffle(texts)
@@ -71,9 +71,9 @@ def _assert_same(a, b):
     np.testing.assert_allclose(x, y, rtol=0, atol=1e-5, equal_nan=False)
 
 
-def _runtimes(artifact, **kwargs):
+def _runtimes(artifact):
     """Two runtimes of ``artifact`` with 8 texts per call: grouped by length, and in input order."""
-    grouped, plain = Runtime(artifact, threads=1, batch_size=8, **kwargs), Runtime(artifact, threads=1, batch_size=8, **kwargs)
+    grouped, plain = Runtime(artifact, threads=1, batch_size=8), Runtime(artifact, threads=1, batch_size=8)
     plain.group_by_length = False
     return grouped, plain
 
