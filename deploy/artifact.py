@@ -24,6 +24,8 @@ RAM_INT8_GENERATOR, RAM_INT8_COMPUTE = "ram_int8/generator.onnx", "ram_int8/comp
 # Their external data (bytes of model.onnx) is relative to the artifact folder: ONNX Runtime refuses "../",
 # so they are opened from bytes with this session entry set to the artifact folder
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
+RAM_INT8_ROWS = "ram_int8/rows.onnx"  # rows [start, end) of the product generated weights are cut from
+ROWS_PER_CALL = 32  # rows of that product per call at load: the most fp32 the RAM-int8 mode ever holds
 INT8_SESSION_CONFIG = {"session.disable_quant_qdq": "1"}  # int8-stored weights dequantized and folded at load
 PAST, PRESENT = "past_key_values.", "present."  # a causal LM's cache inputs and outputs (optimum's names)
 # ORT-format artifacts (`sharebert export --format ort`), format_version 2: no model.onnx; an ORT-format generator
@@ -109,14 +111,7 @@ def _check_fields(manifest, path: Path) -> None:
     needed = model_files(manifest, path) + [TOKENIZER]
     ram = manifest.get("ram_int8")
     if ram is not None:
-        weights = ram.get("weights") if isinstance(ram, dict) else None
-        if not (isinstance(weights, list) and all(
-                isinstance(w, dict) and all(isinstance(w.get(k), str) for k in ("output", "int8", "scale"))
-                and w.get("layout") in ("kn", "nk") for w in weights)):
-            bad("ram_int8", "weights must list {output, int8, scale, layout kn|nk}")
-        if not all(isinstance(ram.get(k), str) for k in ("generator", "compute")):
-            bad("ram_int8", "must name its generator and compute files")
-        needed += [ram["generator"], ram["compute"]]
+        needed += _ram_int8_files(ram, bad)
     for name in needed:
         if name not in files:
             bad("files", f"does not list {name}, which the runtime opens")
@@ -169,6 +164,28 @@ def assemble_ort(part: bytes, entry: dict, values: dict, name: str = ORT_COMPUTE
         write = hole["offset"] + hole["bytes"]
     out[write:] = part[read:]
     return bytes(out)
+
+
+def _ram_int8_files(ram, bad) -> list[str]:
+    """The RAM-int8 entry's files, after checking its fields: per weight the int8/scale input names, the layout,
+    the shape ``[K, N]`` and its source, a generator ``output`` or an ``offset`` into the product ``rows``
+    (``height x width``) that must hold it."""
+    if not isinstance(ram, dict) or not isinstance(ram.get("weights"), list) or not isinstance(ram.get("compute"), str):
+        bad("ram_int8", "must name its compute file and list its weights")
+    rows = ram.get("rows")
+    if rows is not None and not (isinstance(rows, str) and _is_int(ram.get("width"), 1) and _is_int(ram.get("height"), 1)):
+        bad("ram_int8", "rows needs a file name, and width and height as positive integers")
+    for w in ram["weights"]:
+        shape = w.get("shape") if isinstance(w, dict) else None
+        if not (all(isinstance(w.get(k), str) for k in ("int8", "scale")) and w.get("layout") in ("kn", "nk")
+                and isinstance(shape, list) and len(shape) == 2 and all(_is_int(x, 1) for x in shape)):
+            bad("ram_int8", "weights must list {int8, scale, layout kn|nk, shape [K, N]}")
+        if "offset" in w:
+            if not (rows and _is_int(w["offset"]) and w["offset"] + shape[0] * shape[1] <= ram["width"] * ram["height"]):
+                bad("ram_int8", f"weight {w['int8']!r}: offset {w['offset']!r} does not lie in the rows product")
+        elif not (isinstance(w.get("output"), str) and isinstance(ram.get("generator"), str)):
+            bad("ram_int8", f"weight {w['int8']!r} names neither a rows offset nor a generator output")
+    return [ram[k] for k in ("generator", "rows", "compute") if isinstance(ram.get(k), str)]
 
 
 def _check_file(root: Path, name: str, meta: dict, path: Path) -> None:
@@ -227,11 +244,34 @@ def quantize_per_channel(weight: np.ndarray, layout: str) -> tuple[np.ndarray, n
     """
     if layout == "nk":
         weight = weight.T
-    scale = np.abs(weight).max(axis=0) / 127.0
+    scale = np.maximum(weight.max(axis=0), -weight.min(axis=0)) / 127.0  # max |w| without a copy of |w|
+    if not np.isfinite(scale).all():  # NaN/inf propagate through max and min
+        raise ArtifactError("a generated weight is not finite (NaN or inf): the artifact's learned tensors are corrupt")
     scale[scale == 0] = 1.0
     np.divide(weight, scale, out=weight)
     np.rint(weight, out=weight)
     return np.ascontiguousarray(weight.astype(np.int8)), scale.astype(np.float32)
+
+
+def quantize_rows(rows, width: int, offset: int, shape: list[int], out=None, chunk_rows: int = ROWS_PER_CALL):
+    """Int8 ``(K, N)`` and scales ``(N,)`` of a generated weight cut from a row-major product, a few rows at a time.
+
+    ``rows(start, end)`` returns rows ``[start, end)`` of the product ``(R, width)``; the weight's output
+    channels (``N`` of ``shape = [K, N]``) are consecutive runs of ``K`` numbers from ``offset`` in the
+    flattened product. Each call spans at most about ``chunk_rows`` rows and holds whole channels, so
+    the result equals :func:`quantize_per_channel` of the whole weight while no more than one chunk is
+    ever in fp32. ``out``: the ``(q, scale)`` arrays to fill (allocated beforehand, they keep the heap compact).
+    """
+    K, N = shape
+    q, scale = out or (np.empty((K, N), dtype=np.int8), np.empty(N, dtype=np.float32))
+    step = max(1, chunk_rows * width // K)  # channels per call
+    for c0 in range(0, N, step):
+        c1 = min(N, c0 + step)
+        lo, hi = offset + c0 * K, offset + c1 * K
+        first, last = lo // width, -(-hi // width)
+        block = rows(first, last).reshape(-1)[lo - first * width: hi - first * width].reshape(c1 - c0, K)
+        q[:, c0:c1], scale[c0:c1] = quantize_per_channel(block, "nk")
+    return q, scale
 
 
 def is_artifact(folder: str | Path) -> bool:

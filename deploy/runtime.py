@@ -19,8 +19,9 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from ..errors import first_line
-from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, TOKENIZER, ArtifactError, assemble_ort,
-                       model_feeds, quantize_per_channel, session_options, verify_artifact)
+from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError, assemble_ort,
+                       model_feeds, quantize_per_channel, quantize_rows, session_options, verify_artifact)
+from .memory import give_back
 
 RAM_MODES = ("fp32", "int8")
 
@@ -126,16 +127,44 @@ class Runtime:
         if not ram or not ram.get("weights"):
             raise ArtifactError(f"{self.path / 'manifest.json'} has no ram_int8 graphs: RAM int8 needs a compact export "
                                 f"(`sharebert export --weights compact`); use ram='fp32' for this artifact")
-        so = self._options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)  # no folding: one run, then freed
-        generator = _open_session(self.path / ram["generator"], so, ["CPUExecutionProvider"], self.path)
-        names = [w["output"] for w in ram["weights"]]
-        generated = dict(zip(names, generator.run(names, {})))
-        del generator
-        for w in ram["weights"]:
-            q, scale = quantize_per_channel(generated.pop(w["output"]), w["layout"])
+        def graph(name):  # no folding: run, then freed
+            so = self._options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+            return _open_session(self.path / ram[name], so, ["CPUExecutionProvider"], self.path)
+
+        def keep(w, q, scale):
             self._int8_inputs[w["int8"]] = ort.OrtValue.ortvalue_from_numpy(q)
             self._int8_inputs[w["scale"]] = ort.OrtValue.ortvalue_from_numpy(scale)
-        return _open_session(self.path / ram["compute"], self._options(), self.providers, self.path)
+
+        cut = [w for w in ram["weights"] if "offset" in w]
+        if cut:  # most weights: a few rows of their product at a time, never a whole weight in fp32
+            session = graph("rows")
+            buffer = np.empty((ROWS_PER_CALL + 1, ram["width"]), np.float32)  # ORT writes every call's rows here
+
+            def rows(start, end):
+                binding = session.io_binding()
+                binding.bind_cpu_input("rows.start", np.array([start]))
+                binding.bind_cpu_input("rows.end", np.array([end]))
+                block = buffer[: end - start]
+                binding.bind_output("rows", "cpu", 0, np.float32, list(block.shape), block.ctypes.data)
+                session.run_with_iobinding(binding)
+                return block
+
+            out = [(np.empty(w["shape"], np.int8), np.empty(w["shape"][1], np.float32)) for w in cut]  # before any chunk
+            for w, arrays in zip(cut, out):
+                keep(w, *quantize_rows(rows, ram["width"], w["offset"], w["shape"], arrays))
+            del session, out, buffer
+            give_back()  # the freed chunks, before the next phase allocates
+        whole = [w for w in ram["weights"] if "offset" not in w]
+        if whole:  # e.g. the transposed embeddings of a tied decoder: one weight at a time
+            session = graph("generator")
+            generated = session.run([w["output"] for w in whole], {})  # one run: ONNX Runtime computes every output
+            del session
+            for w in whole:
+                keep(w, *quantize_per_channel(generated.pop(0), w["layout"]))
+            give_back()
+        compute = _open_session(self.path / ram["compute"], self._options(), self.providers, self.path)
+        give_back()
+        return compute
 
     def _load_ort(self) -> ort.InferenceSession:
         """An ORT-format artifact: run the generator once, write its outputs into the compute graph's holes,

@@ -19,7 +19,6 @@ call of at most ``--max-batch-tokens`` padded tokens at a time (see docs/DEVICE.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 import sys
@@ -28,6 +27,8 @@ import time
 from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .memory import give_back, limit_arenas
 
 HELP = "serve an exported artifact over local HTTP/JSON (/predict, /health, /metadata) without torch"
 
@@ -48,19 +49,6 @@ LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
     "max_connections": (128, "open connections (one thread each); more get 503 + Retry-After"),
     "timeout": (30, "seconds a connection may take to send a request, or sit idle"),
 }
-
-
-def _libc():
-    """glibc's malloc controls, or None elsewhere (musl, macOS): used to give freed memory back."""
-    try:
-        libc = ctypes.CDLL(None)
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-LIBC = _libc()
-M_ARENA_MAX = -8  # glibc mallopt parameter: at most this many malloc arenas (default 8 per core, one per thread)
 
 
 class BadRequest(Exception):
@@ -344,8 +332,8 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
                     raise BadRequest(413, f"{tokens} tokens exceed the limit of {limits['max_tokens']} per request")
                 with admission.slot():
                     preds = model.predict(texts, **kwargs)
-                    if LIBC and tokens > limits["max_batch_tokens"]:
-                        LIBC.malloc_trim(0)  # a large request's freed blocks go back to the OS
+                    if tokens > limits["max_batch_tokens"]:
+                        give_back()  # a large request's freed blocks go back to the OS
             except BadRequest as e:
                 self._send(e.status, {"error": str(e)})
                 return
@@ -373,8 +361,7 @@ def run(args) -> int:
     for name, value in limits.items():  # before loading the model: a typo costs no wait
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-    if LIBC:  # before any thread: one malloc arena per connection thread would keep each one's freed memory
-        LIBC.mallopt(M_ARENA_MAX, 2)
+    limit_arenas(2)  # before any thread: one malloc arena per connection thread would keep each one's freed memory
     runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, manifest_sha256=args.pin, depth=args.depth)
     try:
         server = make_server(runtime, args.host, args.port, args.quiet, **limits)

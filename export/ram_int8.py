@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sharebert.deploy.artifact import MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR, session_options
+from sharebert.deploy.artifact import (MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR,
+                                       RAM_INT8_ROWS as ROWS, quantize_per_channel, quantize_rows, session_options)
 
 from .depth import inline_layers, wrap_layers
 from .graph import computed_products, constant_keys, prune, replace_all
@@ -61,6 +62,101 @@ def _save(model, path: Path, blob: bytes) -> None:
     path.write_bytes(model.SerializeToString())
 
 
+def _row_offsets(graph, weights: list[dict]) -> tuple[object, dict[str, int]]:
+    """The product the generated weights are cut from, and each such weight's offset in it (row-major).
+
+    A weight ``(K, N)`` qualifies when its chain is ``Gemm -> Reshape(-1) -> Split -> Reshape(N, K)`` then
+    ``Transpose`` (a MatMul's ``B``, layout ``kn``) or nothing (a Gemm's ``B`` with ``transB``, ``nk``): its
+    output channels are then consecutive runs of ``K`` numbers of the product. Returns ``(None, {})`` when
+    no weight qualifies (the generator graph then yields them whole).
+    """
+    from onnx import helper, numpy_helper
+
+    producer = {o: n for n in graph.node for o in n.output}
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+
+    def op(name, op_type):
+        node = producer.get(name)
+        return node if node is not None and node.op_type == op_type else None
+
+    product, offsets = None, {}
+    for w in weights:
+        node = producer.get(w["output"])
+        if w["layout"] == "kn":
+            perm = [helper.get_attribute_value(a) for a in node.attribute if a.name == "perm"] if node else []
+            node = op(node.input[0], "Reshape") if node is not None and node.op_type == "Transpose" and \
+                perm == [[1, 0]] else None
+        elif node is not None and node.op_type != "Reshape":
+            node = None
+        split = op(node.input[0], "Split") if node is not None else None
+        if split is None or len(split.input) < 2 or split.input[1] not in consts or \
+                any(a.name == "axis" and a.i != 0 for a in split.attribute):
+            continue
+        flat = op(split.input[0], "Reshape")
+        gemm = op(flat.input[0], "Gemm") if flat is not None and consts.get(flat.input[1], [0]).tolist() == [-1] else None
+        sizes, j = consts[split.input[1]], list(split.output).index(node.input[0])
+        if gemm is None or (product is not None and gemm is not product) or sizes[j] != w["shape"][0] * w["shape"][1]:
+            continue
+        product, offsets[w["int8"]] = gemm, int(sizes[:j].sum())
+    return product, offsets
+
+
+def _rows_graph(generator, gemm):
+    """``generator`` cut to rows ``[rows.start, rows.end)`` of ``gemm``'s output (slicing its A operand and bias):
+    ``(model, height, width)``; None when the bias does not broadcast row by row."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from .graph import evaluate
+
+    a, b, c = (list(gemm.input) + [""])[:3]
+    attrs = {x.name: helper.get_attribute_value(x) for x in gemm.attribute}
+    shapes = {k: v.shape for k, v in evaluate(generator, [n for n in (a, b, c) if n]).items()}
+    height = shapes[a][1] if attrs.get("transA", 0) else shapes[a][0]
+    width = shapes[b][0] if attrs.get("transB", 0) else shapes[b][1]
+    slice_c = bool(c) and len(shapes[c]) == 2 and shapes[c][0] == height > 1
+    if c and not slice_c and len(shapes[c]) == 2 and shapes[c][0] != 1:
+        return None
+    model = onnx.ModelProto()
+    model.CopyFrom(generator)
+    g = model.graph
+    start, end = "rows.start", "rows.end"
+    axes = {0: "rows.axis0", 1: "rows.axis1"}
+    g.node.extend(helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [axis]))
+                  for axis, name in axes.items())
+    g.node.append(helper.make_node("Slice", [a, start, end, axes[1 if attrs.get("transA", 0) else 0]], ["rows.a"]))
+    if slice_c:
+        g.node.append(helper.make_node("Slice", [c, start, end, axes[0]], ["rows.c"]))
+    g.node.append(helper.make_node("Gemm", ["rows.a", b] + (["rows.c" if slice_c else c] if c else []), ["rows"], **attrs))
+    del g.input[:], g.output[:]
+    g.input.extend(helper.make_tensor_value_info(n, TensorProto.INT64, [1]) for n in (start, end))
+    g.output.append(helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, width]))
+    g.name = "sharebert_ram_int8_rows"
+    prune(model)
+    return model, int(height), int(width)
+
+
+def _check_rows(model, width: int, weights: list[dict], whole: dict) -> None:
+    """The runtime's chunked quantization of each row weight equals quantizing the generator's whole weight
+    (at most one int8 step apart where float rounding of a product row differs; scales within 1e-5)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+
+    def rows(start, end):
+        return session.run(["rows"], {"rows.start": np.array([start]), "rows.end": np.array([end])})[0]
+
+    for w in weights:
+        q, scale = quantize_rows(rows, width, w["offset"], w["shape"])
+        ref_q, ref_scale = quantize_per_channel(whole[w["output"]].copy(), w["layout"])
+        if not (np.abs(q.astype(np.int16) - ref_q).max() <= 1 and np.allclose(scale, ref_scale, rtol=1e-5, atol=0)):
+            raise RuntimeError(f"RAM-int8 rows of {w['output']} do not reproduce the generated weight")
+
+
 def build_int8_ram_graphs(out_dir: str | Path) -> dict:
     """Write the RAM-int8 graphs into ``out_dir/ram_int8/``, beside ``out_dir/model.onnx`` (already written,
     compact), derived from that file alone (whatever its storage dtype), with ``graph.py``'s passes.
@@ -95,7 +191,8 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
     g.name = "sharebert_ram_int8_generator"
     # Shapes, and whether a weight is big enough to quantize: run the generator once here.
     session = ort.InferenceSession(generator.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
-    shapes = {name: value.shape for name, value in zip(representative.values(), session.run(list(representative.values()), {}))}
+    whole = dict(zip(representative.values(), session.run(list(representative.values()), {})))
+    shapes = {name: value.shape for name, value in whole.items()}
     del session
     layout_of = {keys[node.input[1]]: layout for node, layout in products}
     weights, chosen = [], {}
@@ -111,10 +208,29 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
         chosen[key] = entry
     if not weights:
         return {}
-    del g.output[:]
-    g.output.extend(helper.make_tensor_value_info(w["output"], TensorProto.FLOAT, shapes[w["output"]]) for w in weights)
-    prune(generator)
-    _save(generator, out_dir / GENERATOR, blob)
+    ram = {"compute": COMPUTE, "weights": weights}
+    gemm, offsets = _row_offsets(g, weights)
+    cut = _rows_graph(generator, gemm) if offsets else None
+    if cut is not None:  # weights cut from the product's rows: the runtime makes them a few rows at a time
+        rows, height, width = cut
+        for w in weights:
+            if w["int8"] in offsets:
+                w["offset"] = offsets[w["int8"]]
+        _check_rows(rows, width, [w for w in weights if "offset" in w], whole)
+        for w in weights:
+            if "offset" in w:
+                del w["output"]
+        _save(rows, out_dir / ROWS, blob)
+        ram.update(rows=ROWS, height=height, width=width)
+    del whole
+    whole_weights = [w for w in weights if "output" in w]
+    if whole_weights:
+        del g.output[:]
+        g.output.extend(helper.make_tensor_value_info(w["output"], TensorProto.FLOAT, shapes[w["output"]])
+                        for w in whole_weights)
+        prune(generator)
+        _save(generator, out_dir / GENERATOR, blob)
+        ram["generator"] = GENERATOR
 
     compute = onnx.ModelProto()
     compute.CopyFrom(source)
@@ -140,5 +256,4 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
     if not any(o.domain == "com.microsoft" for o in compute.opset_import):
         compute.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     _save(compute, out_dir / COMPUTE, blob)
-    return {"generator": GENERATOR, "compute": COMPUTE, "weights": weights,
-            "generated_numel": int(sum(w["shape"][0] * w["shape"][1] for w in weights))}
+    return {**ram, "generated_numel": int(sum(w["shape"][0] * w["shape"][1] for w in weights))}

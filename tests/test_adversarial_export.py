@@ -266,7 +266,7 @@ RUNTIME_CASES = [
     ("labels-number", _field(labels=5), "labels"),
     ("labels-empty", _field(labels=[]), "labels"),
     ("problem-type-unknown", _field(problem_type="ranking"), "problem_type"),
-    ("format-version-2", _field(format_version=2), "format_version"),
+    ("format-version-3", _field(format_version=3), "format_version"),
     ("session-config-not-allowed", _field(session_config={"session.load_model_format": "ORT"}), "session_config"),
     ("session-config-list", _field(session_config=["x"]), "session_config"),
     ("files-not-a-dict", _field(files=["model.onnx"]), "files"),
@@ -279,7 +279,19 @@ RUNTIME_CASES = [
     ("generator-not-a-string", lambda f, m: m["ram_int8"].update(generator=["a"]), "ram_int8"),
     ("ram-int8-layout", lambda f, m: m["ram_int8"]["weights"][0].update(layout="xx"), "ram_int8"),
     ("tokenizer-symlink-outside", _symlinked_tokenizer, "tokenizer.json leads outside"),
+    ("rows-offset-past-the-product", lambda f, m: _row_weight(m).update(offset=m["ram_int8"]["width"] * m["ram_int8"]["height"]),
+     "ram_int8"),
+    ("rows-offset-negative", lambda f, m: _row_weight(m).update(offset=-1), "ram_int8"),
+    ("rows-shape-zero", lambda f, m: _row_weight(m).update(shape=[0, 4]), "ram_int8"),
+    ("rows-width-missing", lambda f, m: m["ram_int8"].pop("width"), "ram_int8"),
+    ("rows-unlisted", lambda f, m: m["files"].pop(m["ram_int8"]["rows"]), "ram_int8/rows.onnx"),
+    ("weight-without-source", lambda f, m: _row_weight(m).pop("offset"), "names neither"),
 ]
+
+
+def _row_weight(manifest: dict) -> dict:
+    """The first RAM-int8 weight the runtime makes from rows of the generated product."""
+    return next(w for w in manifest["ram_int8"]["weights"] if "offset" in w)
 
 
 @pytest.mark.parametrize("change, fragment", [c[1:] for c in RUNTIME_CASES], ids=[c[0] for c in RUNTIME_CASES])
@@ -290,7 +302,7 @@ def test_runtime_refuses_a_bad_manifest(tmp_path, artifact, change, fragment):
     change(folder, manifest)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError) as e:
-        Runtime(folder, ram="int8" if "generator" in fragment or "ram_int8" in fragment else "fp32")
+        Runtime(folder, ram="int8" if "generator" in fragment or "ram_int8" in fragment or "neither" in fragment else "fp32")
     assert fragment in str(e.value) and str(folder) in str(e.value)
 
 

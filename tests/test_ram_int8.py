@@ -1,0 +1,79 @@
+"""RAM-int8 loading a few rows at a time: the same int8 weights as quantizing each whole weight, bounded fp32."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sharebert.build import build_model
+from sharebert.deploy import Runtime
+from sharebert.deploy import artifact as contract
+from sharebert.deploy import runtime as runtime_module
+from sharebert.export.exporter import export_model
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
+
+
+@pytest.mark.parametrize("width, offset, K, N, chunk", [(7, 0, 5, 9, 1), (7, 3, 5, 9, 2), (16, 5, 16, 4, 1),
+                                                        (10, 11, 3, 30, 4), (1000, 17, 64, 8, 32)])
+def test_quantize_rows_equals_quantizing_the_whole_weight(width, offset, K, N, chunk):
+    """Channels straddle product rows; every chunk size gives exactly the whole weight's int8 and scales."""
+    rng = np.random.default_rng(width + offset)
+    height = -(-(offset + K * N) // width) + 1
+    product = rng.normal(size=(height, width)).astype(np.float32)
+    product.reshape(-1)[offset + 2 * K: offset + 3 * K] = 0.0  # an all-zero channel: scale 1, not a division by 0
+    calls = []
+
+    def rows(start, end):
+        calls.append(end - start)
+        return product[start:end].copy()
+
+    q, scale = contract.quantize_rows(rows, width, offset, [K, N], chunk_rows=chunk)
+    W = product.reshape(-1)[offset: offset + K * N].reshape(N, K)  # (N, K): row n is output channel n
+    ref_q, ref_scale = contract.quantize_per_channel(np.ascontiguousarray(W.T), "kn")
+    assert np.array_equal(q, ref_q) and np.array_equal(scale, ref_scale)
+    assert scale[2] == 1.0 and not q[:, 2].any()
+    assert max(calls) <= max(chunk, K // width + 1) + 1  # never much more than a chunk of rows in fp32
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_generated_weight_is_refused(bad):
+    """A NaN or inf must not become a finite-looking int8 weight: loading stops with one line."""
+    w = np.ones((4, 3), np.float32)
+    w[1, 2] = bad
+    with pytest.raises(contract.ArtifactError, match="not finite"):
+        contract.quantize_per_channel(w.copy(), "kn")
+    with pytest.raises(contract.ArtifactError, match="not finite"):
+        contract.quantize_rows(lambda a, b: w.T.reshape(1, -1).copy(), 12, 0, [4, 3])
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ram")
+    build_model("sharebert-tiny", root / "model", TINY, seed=5)
+    export_model(root / "model", root / "artifact", task="fill-mask", check_limit=8, runs=2, progress=False)
+    return root / "artifact"
+
+
+def test_load_makes_generated_weights_in_bounded_row_chunks(artifact, monkeypatch):
+    manifest = json.loads((artifact / "manifest.json").read_text())["ram_int8"]
+    cut = [w for w in manifest["weights"] if "offset" in w]
+    assert cut and manifest["rows"] == contract.RAM_INT8_ROWS  # every encoder weight comes from rows
+    assert all("output" not in w for w in cut)
+    spans = []
+    real = runtime_module.quantize_rows
+
+    def spy(rows, *args, **kwargs):
+        def counted(start, end):
+            spans.append(end - start)
+            return rows(start, end)
+        return real(counted, *args, **kwargs)
+
+    monkeypatch.setattr(runtime_module, "quantize_rows", spy)
+    rt = Runtime(artifact, ram="int8", threads=1)
+    assert spans and max(spans) <= contract.ROWS_PER_CALL + 1
+    assert rt.metadata()["int8_generated_weights"] == len(manifest["weights"])
+    fp32 = Runtime(artifact, threads=1).fill_mask("the [MASK] was good .")[0][0]
+    int8 = rt.fill_mask("the [MASK] was good .")[0][0]
+    assert abs(fp32[0]["score"] - int8[0]["score"]) <= 0.05
