@@ -161,8 +161,8 @@ def plot_depths(result: dict, path: str | Path) -> Path:
                    color="tab:orange")
     lat.set_ylim(bottom=0)
     ax.set_title(f"{result['task']}: {result['backend']}, {result['eval_samples']} dev examples")
-    fig.legend(loc="lower right", bbox_to_anchor=(0.88, 0.15))
-    fig.tight_layout()
+    fig.legend(loc="lower center", ncol=2, frameon=False)  # below the axes: never over a point
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
