@@ -127,8 +127,8 @@ class Runtime:
         if not ram or not ram.get("weights"):
             raise ArtifactError(f"{self.path / 'manifest.json'} has no ram_int8 graphs: RAM int8 needs a compact export "
                                 f"(`sharebert export --weights compact`); use ram='fp32' for this artifact")
-        def graph(name):  # no folding: run, then freed
-            so = self._options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+        def graph(name, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL):  # default: no folding (run once, freed)
+            so = self._options(level=level)
             return _open_session(self.path / ram[name], so, ["CPUExecutionProvider"], self.path)
 
         def keep(w, q, scale):
@@ -137,7 +137,7 @@ class Runtime:
 
         cut = [w for w in ram["weights"] if "offset" in w]
         if cut:  # most weights: a few rows of their product at a time, never a whole weight in fp32
-            session = graph("rows")
+            session = graph("rows", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)  # int8-stored sources dequantized once
             buffer = np.empty((ROWS_PER_CALL + 1, ram["width"]), np.float32)  # ORT writes every call's rows here
 
             def rows(start, end):

@@ -80,6 +80,40 @@ def node_inputs(node) -> set[str]:
     return names
 
 
+def gather_before_dequantize(model) -> int:
+    """``Gather(DequantizeLinear(q, scale, axis=0), ids)`` -> ``Cast(Gather(q, ids)) * Gather(scale, ids)[..., None]``.
+
+    For a table stored int8 per row (``q`` ``(rows, width)``, ``scale`` ``(rows,)``, no zero point) the same
+    numbers, but only the gathered rows are dequantized: ONNX Runtime no longer folds the whole table to
+    fp32 at load. Returns the number of rewritten Gathers (``model`` changed in place).
+    """
+    g = model.graph
+    stored = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    nodes, count = [], 0
+    for node in g.node:
+        dq = producer.get(node.input[0]) if node.op_type == "Gather" else None
+        axis = {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("axis", 0)
+        if dq is None or dq.op_type != "DequantizeLinear" or axis != 0 or len(dq.input) > 2 or \
+                any(a.name == "axis" and a.i != 0 for a in dq.attribute) or \
+                not all(i in stored for i in dq.input) or len(stored[dq.input[1]].dims) != 1:
+            nodes.append(node)
+            continue
+        (q, scale), ids, out = dq.input, node.input[1], node.output[0]
+        tag = f"{node.name or out}/rows"
+        nodes += [helper.make_node("Gather", [q, ids], [f"{tag}.q"], name=f"{tag}.q"),
+                  helper.make_node("Gather", [scale, ids], [f"{tag}.scale"], name=f"{tag}.scale"),
+                  helper.make_node("Constant", [], [f"{tag}.last"], name=f"{tag}.last",
+                                   value=numpy_helper.from_array(np.array([-1], np.int64))),
+                  helper.make_node("Unsqueeze", [f"{tag}.scale", f"{tag}.last"], [f"{tag}.scale_col"], name=f"{tag}.col"),
+                  helper.make_node("Cast", [f"{tag}.q"], [f"{tag}.float"], name=f"{tag}.cast", to=onnx.TensorProto.FLOAT),
+                  helper.make_node("Mul", [f"{tag}.float", f"{tag}.scale_col"], [out], name=f"{tag}.mul")]
+        count += 1
+    replace_all(g.node, nodes)
+    prune(model)
+    return count
+
+
 def prune(model) -> None:
     """Drop nodes no graph output depends on, and initializers nothing reads."""
     g = model.graph

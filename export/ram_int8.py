@@ -24,7 +24,7 @@ from sharebert.deploy.artifact import (MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_I
                                        RAM_INT8_ROWS as ROWS, quantize_per_channel, quantize_rows, session_options)
 
 from .depth import inline_layers, wrap_layers
-from .graph import computed_products, constant_keys, prune, replace_all
+from .graph import computed_products, constant_keys, gather_before_dequantize, prune, replace_all
 
 MIN_WEIGHT_NUMEL = 4096  # smaller computed weights stay fp32 (ORT folds them in the compute graph)
 MIN_REFERENCE_BYTES = 256  # smaller initializers (shapes, scalars) are repeated in the small graphs
@@ -247,6 +247,7 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
         new_nodes.append(helper.make_node("DynamicQuantizeMatMul", inputs, list(node.output), name=f"{node.name}_int8",
                                           domain="com.microsoft"))
     replace_all(c.node, new_nodes)
+    gather_before_dequantize(compute)  # an int8-stored embedding table stays int8 in RAM too
     prune(compute)
     for w in weights:
         c.input.append(helper.make_tensor_value_info(w["int8"], TensorProto.INT8, w["shape"]))
