@@ -94,6 +94,8 @@ def _check_fields(manifest, path: Path) -> None:
     max_depth = manifest.get("max_depth")
     if max_depth is not None and not _is_int(max_depth, 2):
         bad("max_depth", f"{max_depth!r} is not null or an integer >= 2 (the encoder layers a depth input may run)")
+    if not isinstance(manifest.get("depth_note", ""), (str, type(None))):
+        bad("depth_note", "must be a string or null")
     config = manifest.get("session_config", {})
     if not isinstance(config, dict) or not all(isinstance(v, (str, int)) and not isinstance(v, bool)
                                                for v in config.values()):
@@ -176,7 +178,9 @@ def _ram_int8_files(ram, bad) -> list[str]:
     if rows is not None and not (isinstance(rows, str) and _is_int(ram.get("width"), 1) and _is_int(ram.get("height"), 1)):
         bad("ram_int8", "rows needs a file name, and width and height as positive integers")
     for w in ram["weights"]:
-        shape = w.get("shape") if isinstance(w, dict) else None
+        if not isinstance(w, dict):
+            bad("ram_int8", f"weights must be objects, got {w!r}")
+        shape = w.get("shape")
         if not (all(isinstance(w.get(k), str) for k in ("int8", "scale")) and w.get("layout") in ("kn", "nk")
                 and isinstance(shape, list) and len(shape) == 2 and all(_is_int(x, 1) for x in shape)):
             bad("ram_int8", "weights must list {int8, scale, layout kn|nk, shape [K, N]}")
@@ -213,7 +217,7 @@ def verify_artifact(artifact_dir: str | Path, manifest_sha256: str | None = None
     """
     root = Path(artifact_dir)
     if not root.is_dir():
-        raise ArtifactError(f"artifact folder not found: {root}")
+        raise ArtifactError(f"{root} is a file, not an artifact folder" if root.exists() else f"artifact folder not found: {root}")
     path = root / MANIFEST
     if not path.is_file():
         raise ArtifactError(f"{path} is missing: not a sharebert artifact (write one with `sharebert export`)")

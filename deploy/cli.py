@@ -171,7 +171,8 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
     if args.input and args.input != "-" and not Path(args.input).is_file():
-        raise FileNotFoundError(f"--input file not found: {args.input}")
+        raise FileNotFoundError(f"--input {args.input}: is a folder, not a file" if Path(args.input).is_dir() else
+                                f"--input file not found: {args.input}")
     for number, text in enumerate(args.texts, 1):
         try:
             text.encode("utf-8")

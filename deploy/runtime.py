@@ -12,6 +12,7 @@ each generated weight per output channel in numpy, frees the fp32 copy and feeds
 from __future__ import annotations
 
 import copy
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,19 @@ class Runtime:
         self.input_names = [i.name for i in self.inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.cached = any(n.startswith(PAST) for n in self.input_names)  # a causal LM exported with its cache
+        self._check_output()
+
+    def _check_output(self) -> None:
+        """The graph's first output fits the manifest's task: ``(B, T, ...)`` per token, or ``(B, labels)``."""
+        shape = self.session.get_outputs()[0].shape
+        if self.task == "text-classification":
+            width = 1 if self.manifest.get("problem_type") == "regression" else len(self.labels or [])
+            fits = len(shape) == 2 and (not isinstance(shape[1], int) or shape[1] == width)
+        else:
+            fits = len(shape) == 3
+        if not fits:
+            raise ArtifactError(f"{self.path / 'manifest.json'}: task {self.task!r} (labels {self.labels}) does not fit "
+                                f"the model's output of shape {shape}")
 
     # -- depth ---------------------------------------------------------------------------------
     def _checked_depth(self, depth) -> int | None:
@@ -101,11 +115,11 @@ class Runtime:
         if depth is None:
             return None
         if not self.max_depth:
-            raise ValueError(f"{self.path} has no depth input (a model with one layer, or exported before depth "
-                             f"support: export it again to choose the depth at inference)")
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= self.max_depth:
+            why = self.manifest.get("depth_note") or "a one-layer model, or exported before depth support: export it again"
+            raise ValueError(f"{self.path} has no depth input ({why})")
+        if isinstance(depth, (bool, np.bool_)) or not isinstance(depth, numbers.Integral) or not 1 <= depth <= self.max_depth:
             raise ValueError(f"depth must be an integer in 1..{self.max_depth} (the model's layers), got {depth!r}")
-        return depth
+        return int(depth)
 
     def at_depth(self, depth: int | None) -> "Runtime":
         """This runtime running only the first ``depth`` encoder layers (None: all): a view sharing the
@@ -122,11 +136,28 @@ class Runtime:
         return session_options(self.manifest.get("session_config"), self.threads, arena=False, **kwargs)
 
     def _load_int8(self) -> ort.InferenceSession:
-        """Generate the weights once, quantize them, bind the int8 arrays; return the compute session."""
+        """Generate the weights once, quantize them, bind the int8 arrays; return the compute session.
+
+        A ``ram_int8`` entry that does not fit its graphs (widths, shapes, names edited by hand) is an
+        :class:`ArtifactError` naming ``manifest.json``, whatever part of the load notices it."""
         ram = self.manifest.get("ram_int8")
         if not ram or not ram.get("weights"):
             raise ArtifactError(f"{self.path / 'manifest.json'} has no ram_int8 graphs: RAM int8 needs a compact export "
                                 f"(`sharebert export --weights compact`); use ram='fp32' for this artifact")
+        try:
+            compute = self._generate_int8(ram)
+        except (ArtifactError, MemoryError):
+            raise
+        except Exception as e:  # ONNX Runtime's errors, numpy's shape errors: the entry does not fit the graphs
+            raise ArtifactError(f"{self.path / 'manifest.json'}: ram_int8 does not match its graphs ({first_line(e)})") from None
+        declared = {i.name: i.shape for i in compute.get_inputs()}
+        for name, value in self._int8_inputs.items():
+            if declared.get(name) != list(value.shape()):
+                raise ArtifactError(f"{self.path / 'manifest.json'}: ram_int8 {name} has shape {value.shape()}, "
+                                    f"{ram['compute']} takes {declared.get(name, 'no such input')}")
+        return compute
+
+    def _generate_int8(self, ram: dict) -> ort.InferenceSession:
         def graph(name, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL):  # default: no folding (run once, freed)
             so = self._options(level=level)
             return _open_session(self.path / ram[name], so, ["CPUExecutionProvider"], self.path)

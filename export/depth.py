@@ -10,7 +10,8 @@ inside a layer's scope (transposed generated weights, shape constants) stays in 
 so ONNX Runtime still folds it once at load. :func:`inline_layers` is the inverse (a flat graph for
 the passes that derive other graphs from ``model.onnx``).
 
-Layers are found by the exporter's node-name scopes (``.../layers.{i}/...``).
+Layers are found by the exporter's node-name scopes (``.../layers.{i}/...``; a transformers BERT's
+``.../encoder/layer.{i}/...``).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from sharebert.deploy.artifact import DEPTH, PAST, PRESENT
 
 from .graph import node_inputs
 
-_LAYER = re.compile(r"/layers\.(\d+)/")
+_LAYER = re.compile(r"/layers?\.(\d+)/")  # ours: .../layers.{i}/...; transformers BERT: .../encoder/layer.{i}/...
 _IF = "sharebert_depth_layer_"  # If node names: _IF + layer index
 
 

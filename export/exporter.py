@@ -376,7 +376,13 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     steps.set_postfix_str("folding check")
     folding = check_folding(path, session_config, scratch)
     dtypes = q.tensor_dtypes(proto)  # of the flat graph: the gated layers' ops sit in If branches below
-    max_depth = depth.wrap_layers(proto) or None  # checked flat above; gated by a depth input from here on
+    max_depth, depth_note = None, "depth at inference is for sharebert models, whose forward(depth=) the export checks against"
+    if config.model_type == "sharebert":
+        try:
+            max_depth = depth.wrap_layers(proto) or None  # checked flat above; gated by a depth input from here on
+            depth_note = None if max_depth else "the model has fewer than two encoder layers"
+        except depth.DepthError as e:  # an unusual graph: the artifact still works, at full depth only
+            depth_note = str(e)
     if max_depth:
         onnx.save(proto, str(path))
     steps.update()
@@ -430,7 +436,7 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
         "format": artifact.FORMAT, "format_version": artifact.FORMAT_VERSION, "task": task, "model_type": config.model_type,
         "inputs": list(inputs), "outputs": list(outputs), "labels": labels_out, "problem_type": problem_type,
         "max_length": max_length, "opset": opset, "weights": weights, "quantization": quantize,
-        "session_config": session_config, "learned_params": learned, "max_depth": max_depth,
+        "session_config": session_config, "learned_params": learned, "max_depth": max_depth, "depth_note": depth_note,
         "special_tokens": {k: int(v) for k, v in special.items() if v is not None},
         "files": {}, "versions": _versions(), "parity": parity, "footprint": footprint,
         "tensor_dtypes": dtypes,
@@ -470,6 +476,8 @@ def format_report(manifest: dict) -> str:
     lines.append(f"parity          {figures(p)}")
     if manifest.get("max_depth"):
         lines.append(f"depth           1..{manifest['max_depth']} at inference (`--depth`); at depth 1: {figures(p['depth_1'])}")
+    else:
+        lines.append(f"depth           full depth only ({manifest.get('depth_note')})")
     dtypes = manifest["tensor_dtypes"]
     lines.append("stored tensors  " + ", ".join(f"{k}: {len(v)}" for k, v in dtypes["stored"].items())
                  + f"; ops {dtypes['ops']}")

@@ -67,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
                 module.add_arguments(p)
             else:
                 sub.add_parser(name, help=_help_line(name) if chosen is None else None, add_help=False)
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command == chosen:  # options before trailing positionals (`predict ART --depth 2 TEXT`)
+            try:
+                args = p.parse_intermixed_args(argv[argv.index(chosen) + 1:], argparse.Namespace(command=chosen))
+            except TypeError:  # a command with subcommands of its own: argparse cannot intermix those
+                args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
             return 2

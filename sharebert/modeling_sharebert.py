@@ -12,6 +12,8 @@ Only learned tensors are parameters: generated weights are temporaries, cached i
 """
 from __future__ import annotations
 
+import numbers
+
 from typing import Optional
 
 import torch
@@ -257,11 +259,12 @@ class ShareBertModel(ShareBertPreTrainedModel):
             if not (self.training and low):
                 return N
             return int(torch.randint(low, N + 1, ()))  # stochastic depth over the shared layers
-        if isinstance(depth, torch.Tensor):
+        if isinstance(depth, torch.Tensor) and depth.dim() == 0 and not depth.is_floating_point() \
+                and depth.dtype != torch.bool:
             depth = int(depth)
-        if isinstance(depth, bool) or not (isinstance(depth, int) and 1 <= depth <= N):
+        if isinstance(depth, bool) or not (isinstance(depth, numbers.Integral) and 1 <= depth <= N):
             raise ValueError(f"depth must be an integer in 1..{N} (num_hidden_layers), got {depth!r}")
-        return depth
+        return int(depth)
 
     def generated_weights(self) -> dict[str, torch.Tensor]:
         """The generated matrices ``{name: (out, in)}`` (empty without sharing)."""

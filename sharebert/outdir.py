@@ -1,5 +1,6 @@
 """Output folders and files (stdlib only): the one ``--out`` rule, checked before any work, and atomic JSON.
 
+``check_out_file`` is the same for an output file option (``--json``, ``--plot``).
 ``check_out_dir`` refuses, with one line naming the path, an ``--out`` that is a file, lies under a
 file, cannot be written, holds one of the command's inputs (or is one), or is a non-empty folder
 that is not the command's own kind of output. ``--overwrite`` lets a command replace only its own
@@ -58,6 +59,24 @@ def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], ove
     return out
 
 
+def check_out_file(path: str | Path, option: str, suffixes: Iterable[str] = ()) -> Path:
+    """The one rule for an output file option (``--json``, ``--plot``), checked before any work: not a folder,
+    not under a file, one of ``suffixes`` when given, its nearest existing folder writable. Missing parent
+    folders are created when the file is written."""
+    path = Path(path)
+    suffixes = tuple(suffixes)
+    if path.is_dir():
+        raise ValueError(f"{option} {path}: is a folder; give a file name{f' ending in {suffixes[0]}' if suffixes else ''}")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ValueError(f"{option} {path}: the file name must end in {' or '.join(suffixes)}")
+    folder = _nearest_existing(path.parent)
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{option} {path}: cannot write in {folder}")
+    return path
+
+
 def _check_writable(folder: Path, given) -> None:
     try:
         with tempfile.TemporaryFile(dir=folder):
@@ -80,6 +99,7 @@ def finite(obj):
 def write_json(path: str | Path, obj) -> None:
     """Write ``obj`` as JSON atomically and durably (temporary file, fsync, rename); NaN becomes null."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")

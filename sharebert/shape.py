@@ -129,6 +129,10 @@ def preset_fields(name: str, **overrides) -> dict:
 
 # Every field ``--set`` may change: the defaults above and what a preset sets besides them (``is_decoder``).
 CONFIG_FIELDS = frozenset(DEFAULTS) | {key for fields in PRESETS.values() for key in fields}
+# The string fields and their allowed values (``"none"`` is a value here, not Python's None).
+CHOICES = {"sharing": SHARING, "attention": ATTENTION, "pooler": POOLER, "mlm_head": MLM_HEADS,
+           "mlm_logits_in_training": ("masked", "all"), "norm_position": ("pre", "post"),
+           "pooler_activation": ("tanh", "none")}
 
 
 def parse_overrides(items: list[str] | None) -> dict:
@@ -144,7 +148,7 @@ def parse_overrides(items: list[str] | None) -> dict:
         low = raw.strip().lower()
         if low in ("true", "false"):
             value = low == "true"
-        elif low in ("none", "null"):
+        elif low in ("none", "null") and raw.strip() not in CHOICES.get(key.strip().replace("-", "_"), ()):
             value = None
         else:
             try:
@@ -242,9 +246,7 @@ class ShapeMixin:
             if not ok:
                 raise ValueError(f"invalid ShareBertConfig: {msg}")
 
-        for key, allowed in (("sharing", SHARING), ("attention", ATTENTION), ("pooler", POOLER),
-                             ("mlm_head", MLM_HEADS), ("mlm_logits_in_training", ("masked", "all")), ("norm_position", ("pre", "post")),
-                             ("pooler_activation", ("tanh", "none"))):
+        for key, allowed in CHOICES.items():
             need(getattr(self, key) in allowed, f"{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                     "intermediate_size", "max_position_embeddings"):

@@ -93,6 +93,18 @@ CASES = [
      "is, or holds, the input", ["model", "mine", "notes.txt"], None),
     ("finetune-artifact", ["finetune", "--model", "{root}/artifact", "--task", "sst2", "--out", "{root}/ft3", *FT],
      "is an exported ONNX artifact", ["artifact"], "ft3"),
+    # evaluate's output files are checked before any evaluation (the model is never loaded for these)
+    ("plot-is-a-folder", ["evaluate", "glue", "--model", "{root}/model", "--task", "sst2", "--depths", "1",
+                          "--plot", "{root}/mine"], "is a folder", ["mine"], None),
+    ("plot-under-a-file", ["evaluate", "glue", "--model", "{root}/model", "--task", "sst2", "--depths", "1",
+                           "--plot", "{root}/notes.txt/p.png"], "notes.txt is a file, not a folder", ["notes.txt"], None),
+    ("plot-format", ["evaluate", "glue", "--model", "{root}/model", "--task", "sst2", "--depths", "1",
+                     "--plot", "{root}/p.txt"], "must end in .png", [], "p.txt"),
+    ("json-under-a-file", ["evaluate", "glue", "--model", "{root}/model", "--task", "sst2", "--depths", "1",
+                           "--plot", "{root}/p1.png", "--json", "{root}/notes.txt/r.json"], "notes.txt is a file",
+     ["notes.txt"], "p1.png"),
+    ("plot-and-json-same", ["evaluate", "glue", "--model", "{root}/model", "--task", "sst2", "--depths", "1",
+                            "--plot", "{root}/same.png", "--json", "{root}/same.png"], "name the same file", [], "same.png"),
     ("stsb-out-of-scale", ["finetune", "--model", "{root}/model", "--task", "stsb", "--data-dir", "{root}/stsb",
                            "--out", "{root}/ft4", *FT], "score '7.5' is outside [0, 5]", ["stsb", "model"], "ft4"),
 ]

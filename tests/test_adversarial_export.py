@@ -286,6 +286,14 @@ RUNTIME_CASES = [
     ("rows-width-missing", lambda f, m: m["ram_int8"].pop("width"), "ram_int8"),
     ("rows-unlisted", lambda f, m: m["files"].pop(m["ram_int8"]["rows"]), "ram_int8/rows.onnx"),
     ("weight-without-source", lambda f, m: _row_weight(m).pop("offset"), "names neither"),
+    ("weight-not-an-object", lambda f, m: m["ram_int8"]["weights"].__setitem__(0, 1), "ram_int8"),
+    ("rows-width-off-by-one", lambda f, m: m["ram_int8"].update(width=m["ram_int8"]["width"] + 1), "ram_int8"),
+    ("rows-shape-reshaped", lambda f, m: _row_weight(m).update(shape=[2 * _row_weight(m)["shape"][0],
+                                                                      _row_weight(m)["shape"][1] // 2]), "ram_int8"),
+    ("rows-file-is-the-compute-graph", lambda f, m: m["ram_int8"].update(rows=m["ram_int8"]["compute"]), "ram_int8"),
+    ("generator-output-unknown", lambda f, m: next(w for w in m["ram_int8"]["weights"] if "output" in w).update(
+        output="nope"), "ram_int8"),
+    ("task-does-not-fit-the-output", _field(task="text-classification", labels=["a", "b"]), "does not fit"),
 ]
 
 

@@ -94,3 +94,17 @@ def test_pretrain_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path
     trained, _ = load_model(ShareBertForMaskedLM, tmp_path / "run")
     want = bert.bert.encoder.layer[0].attention.self.query.weight
     assert (trained.sharebert.layer_weights[0].matrices["query"] - want).abs().max().item() <= 1e-6
+
+
+def test_export_of_a_bert_folder_runs_at_full_depth_and_says_why(bert_dirs, tmp_path, capsys):
+    """A transformers BERT has no forward(depth=) to check a gated graph against: its artifact has no depth
+    input, the manifest says why, and asking for a depth is refused in one line quoting that reason."""
+    from sharebert.deploy import Runtime
+    from sharebert.export.exporter import export_model
+
+    manifest = export_model(bert_dirs["mlm"][0], tmp_path / "art", check_limit=8, runs=2, progress=False, shapes=("1x64",))
+    assert manifest["max_depth"] is None and "sharebert models" in manifest["depth_note"]
+    assert Runtime(tmp_path / "art").fill_mask("a [MASK] day")
+    assert main(["predict", str(tmp_path / "art"), "--depth", "1", "a [MASK] day"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no depth input" in err[0] and "sharebert models" in err[0]

@@ -64,6 +64,9 @@ def test_parse_overrides_types():
          "num_hidden_layers": 2}
     with pytest.raises(ValueError, match="key=value"):
         parse_overrides(["oops"])
+    # "none" is a value of the string fields that allow it, Python's None elsewhere
+    assert parse_overrides(["sharing=none", "pooler=none", "pooler_activation=none", "share_layers=none"]) == \
+        {"sharing": "none", "pooler": "none", "pooler_activation": "none", "share_layers": None}
 
 
 @pytest.mark.parametrize("item, message", [

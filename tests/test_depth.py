@@ -62,7 +62,8 @@ def test_depth_k_is_the_k_layer_model_with_the_same_weights(mlm):
         assert not torch.allclose(model(ids, depth=1).logits, model(ids).logits)
 
 
-@pytest.mark.parametrize("bad", [0, N + 1, -1, 1.0, "2", True])
+@pytest.mark.parametrize("bad", [0, N + 1, -1, 1.0, "2", True, torch.tensor(2.7), torch.tensor([2]), torch.tensor(True),
+                                 np.float64(2)])
 def test_torch_refuses_bad_depths(mlm, bad):
     model = sharebert.ShareBertForMaskedLM.from_pretrained(mlm[0]).eval()
     with pytest.raises(ValueError, match="depth must be an integer"):
@@ -156,6 +157,28 @@ def _without_depth(artifact, tmp_path):
     del manifest["max_depth"]
     (old / "manifest.json").write_text(json.dumps(manifest))
     return old
+
+
+def test_integral_depths_of_any_kind_are_accepted(mlm):
+    model = sharebert.ShareBertForMaskedLM.from_pretrained(mlm[0]).eval()
+    ids = torch.ones(1, 4, dtype=torch.long)
+    with torch.no_grad():
+        ref = model(ids, depth=2).logits
+        assert all(torch.equal(model(ids, depth=d).logits, ref) for d in (np.int64(2), torch.tensor(2)))
+    assert Runtime(mlm[1], depth=np.int64(2)).depth == 2
+    with pytest.raises(ValueError):
+        Runtime(mlm[1], depth=np.bool_(True))
+
+
+def test_predict_takes_options_before_its_texts(mlm):
+    """`sharebert predict ART --depth 1 TEXT`, as documented: options may come before the texts."""
+    r = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(mlm[1]), "--depth", "1", "--json", "a [MASK] day"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[0])["result"] == Runtime(mlm[1], depth=1).fill_mask("a [MASK] day")[0]
+    r = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(mlm[1]), "--depth", "1", "x", "--bogus"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "sharebert predict: error: unrecognized arguments: --bogus" in r.stderr
 
 
 BAD_CLI = [  # (arguments after the artifact, what the one-line error names)

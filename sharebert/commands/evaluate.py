@@ -1,6 +1,8 @@
 """``sharebert evaluate MODE``: GLUE dev metrics, word similarity, word analogy, noise robustness, cross-domain."""
 from __future__ import annotations
 
+from pathlib import Path
+
 HELP = "evaluate models: glue | wordsim | analogy | noise | cross-domain"
 
 
@@ -90,10 +92,19 @@ def _depths(args):
     return result
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
 def run(args) -> int:
-    from ..outdir import write_json
+    from ..outdir import check_out_file, write_json
     from .tables import format_table
 
+    if getattr(args, "plot", None):  # output paths before any work: nothing runs for a path that cannot be written
+        check_out_file(args.plot, "--plot", PLOT_SUFFIXES)
+    if getattr(args, "json", None):
+        check_out_file(args.json, "--json")
+    if getattr(args, "plot", None) and getattr(args, "json", None) and Path(args.plot).resolve() == Path(args.json).resolve():
+        raise ValueError(f"--plot and --json name the same file {args.json}")
     by_depth = args.mode == "glue" and (args.depths or args.plot)
     if not by_depth:
         from ..training import evaluate as ev
