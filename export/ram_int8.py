@@ -24,7 +24,7 @@ from sharebert.deploy.artifact import (MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_I
                                        RAM_INT8_ROWS as ROWS, quantize_per_channel, quantize_rows, session_options)
 
 from .depth import inline_layers, wrap_layers
-from .graph import computed_products, constant_keys, gather_before_dequantize, prune, replace_all
+from .graph import computed_products, constant_keys, gather_before_dequantize, node_inputs, prune, replace_all
 
 MIN_WEIGHT_NUMEL = 4096  # smaller computed weights stay fp32 (ORT folds them in the compute graph)
 MIN_REFERENCE_BYTES = 256  # smaller initializers (shapes, scalars) are repeated in the small graphs
@@ -55,7 +55,7 @@ def _reference_initializers(graph, blob: bytes, used: set[str]) -> None:
 
 def _save(model, path: Path, blob: bytes) -> None:
     graph = model.graph
-    used = {i for n in graph.node for i in n.input if i} | {o.name for o in graph.output}
+    used = {i for n in graph.node for i in node_inputs(n)} | {o.name for o in graph.output}  # If branches too
     _reference_initializers(graph, blob, used)
     model.graph.ClearField("value_info")
     path.parent.mkdir(exist_ok=True)

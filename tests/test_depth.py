@@ -30,8 +30,17 @@ TEXTS = ["the capital of france is [MASK].", "a [MASK] movie , and a [MASK] one 
 
 @pytest.fixture(scope="module")
 def mlm(tmp_path_factory):
+    """A model whose layers hold distinct biases and norms, as after training (a fresh model's are all equal,
+    and the exporter then stores one tensor for all layers)."""
     root = tmp_path_factory.mktemp("depth")
     build_model("sharebert-tiny", root / "model", TINY, seed=3)
+    model = sharebert.ShareBertForMaskedLM.from_pretrained(root / "model")
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".layers." in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(root / "model")
     export_model(root / "model", root / "artifact", task="fill-mask", **QUICK)
     return root / "model", root / "artifact"
 
