@@ -168,6 +168,30 @@ def assemble_ort(part: bytes, entry: dict, values: dict, name: str = ORT_COMPUTE
     return bytes(out)
 
 
+def open_ort_format(folder: Path, entry: dict, options: ort.SessionOptions, providers: list[str],
+                    generator_options: ort.SessionOptions) -> ort.InferenceSession:
+    """The compute session of an ORT-format artifact in ``folder`` (its manifest's ``ort`` ``entry``): the
+    generator run once, its outputs written into the compute file's holes, the result opened with
+    ``options``. ``ArtifactError`` naming the file ONNX Runtime cannot load."""
+    from ..errors import first_line
+
+    def opened(model, label, so, providers):
+        try:
+            return ort.InferenceSession(model, so, providers=providers)
+        except Exception as e:  # ORT's own error classes derive from Exception only
+            raise ArtifactError(f"{label} cannot be loaded by ONNX Runtime: {first_line(e)}") from None
+
+    path = folder / entry["generator"]
+    generator = opened(str(path), path, generator_options, ["CPUExecutionProvider"])
+    names = [o.name for o in generator.get_outputs()]
+    values = dict(zip(names, generator.run(names, {})))
+    del generator
+    path = folder / entry["compute"]
+    blob = assemble_ort(path.read_bytes(), entry, values, str(path))
+    del values
+    return opened(blob, f"{path} (with its holes filled)", options, providers)
+
+
 def _ram_int8_files(ram, bad) -> list[str]:
     """The RAM-int8 entry's files, after checking its fields: per weight the int8/scale input names, the layout,
     the shape ``[K, N]`` and its source, a generator ``output`` or an ``offset`` into the product ``rows``
@@ -276,6 +300,15 @@ def quantize_rows(rows, width: int, offset: int, shape: list[int], out=None, chu
         block = rows(first, last).reshape(-1)[lo - first * width: hi - first * width].reshape(c1 - c0, K)
         q[:, c0:c1], scale[c0:c1] = quantize_per_channel(block, "nk")
     return q, scale
+
+
+def depth_limit(manifest: dict, where) -> int:
+    """The encoder layers an artifact's ``depth`` input may run (``max_depth``); ``ValueError`` saying why
+    ``where`` has no depth input (the manifest's ``depth_note``) when it has none."""
+    if not manifest.get("max_depth"):
+        why = manifest.get("depth_note") or "a one-layer model, or exported before depth support: export it again"
+        raise ValueError(f"{where} has no depth input ({why})")
+    return manifest["max_depth"]
 
 
 def is_artifact(folder: str | Path) -> bool:

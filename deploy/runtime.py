@@ -5,9 +5,10 @@ tokenizer files and ``manifest.json`` (task, labels, maximum length, ONNX Runtim
 the sha256 of every file). :class:`Runtime` verifies every file before it loads anything.
 
 ``ram="int8"`` (compact artifacts): rather than letting ONNX Runtime fold the generated weights to
-fp32 (four bytes per generated number), the runtime runs ``ram_int8/generator.onnx`` once, quantizes
-each generated weight per output channel in numpy, frees the fp32 copy and feeds the int8 arrays
-(bound once as ``OrtValue``s) to ``ram_int8/compute.onnx``'s dynamic-int8 MatMuls on every run.
+fp32 (four bytes per generated number), the runtime makes them a few rows of ``ram_int8/rows.onnx`` at a
+time (and the few others from one run of ``ram_int8/generator.onnx``), quantizes them per output channel
+in numpy and feeds the int8 arrays (bound once as ``OrtValue``s) to ``ram_int8/compute.onnx``'s
+dynamic-int8 MatMuls on every run: no weight is ever whole in fp32.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from ..errors import first_line
-from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError, assemble_ort,
-                       model_feeds, quantize_per_channel, quantize_rows, session_options, verify_artifact)
+from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError,
+                       depth_limit, model_feeds, open_ort_format, quantize_per_channel, quantize_rows, session_options, verify_artifact)
 from .memory import give_back
 
 RAM_MODES = ("fp32", "int8")
@@ -114,11 +115,9 @@ class Runtime:
         """``depth`` if this artifact can run that many encoder layers (None: all of them)."""
         if depth is None:
             return None
-        if not self.max_depth:
-            why = self.manifest.get("depth_note") or "a one-layer model, or exported before depth support: export it again"
-            raise ValueError(f"{self.path} has no depth input ({why})")
-        if isinstance(depth, (bool, np.bool_)) or not isinstance(depth, numbers.Integral) or not 1 <= depth <= self.max_depth:
-            raise ValueError(f"depth must be an integer in 1..{self.max_depth} (the model's layers), got {depth!r}")
+        limit = depth_limit(self.manifest, self.path)
+        if isinstance(depth, (bool, np.bool_)) or not isinstance(depth, numbers.Integral) or not 1 <= depth <= limit:
+            raise ValueError(f"depth must be an integer in 1..{limit} (the model's layers), got {depth!r}")
         return int(depth)
 
     def at_depth(self, depth: int | None) -> "Runtime":
@@ -170,9 +169,9 @@ class Runtime:
         if cut:  # most weights: a few rows of their product at a time, never a whole weight in fp32
             session = graph("rows", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)  # int8-stored sources dequantized once
             buffer = np.empty((ROWS_PER_CALL + 1, ram["width"]), np.float32)  # ORT writes every call's rows here
+            binding = session.io_binding()
 
             def rows(start, end):
-                binding = session.io_binding()
                 binding.bind_cpu_input("rows.start", np.array([start]))
                 binding.bind_cpu_input("rows.end", np.array([end]))
                 block = buffer[: end - start]
@@ -183,7 +182,7 @@ class Runtime:
             out = [(np.empty(w["shape"], np.int8), np.empty(w["shape"][1], np.float32)) for w in cut]  # before any chunk
             for w, arrays in zip(cut, out):
                 keep(w, *quantize_rows(rows, ram["width"], w["offset"], w["shape"], arrays))
-            del session, out, buffer
+            del session, binding, out, buffer
             give_back()  # the freed chunks, before the next phase allocates
         whole = [w for w in ram["weights"] if "offset" not in w]
         if whole:  # e.g. the transposed embeddings of a tied decoder: one weight at a time
@@ -204,18 +203,8 @@ class Runtime:
         if self.ram != "fp32":
             raise ValueError(f"ram={self.ram!r} is not available for ORT-format artifacts ({self.path}): use ram='fp32', "
                              f"or export with --format onnx for the RAM-int8 mode")
-        so = self._options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-        generator = _open_session(self.path / entry["generator"], so, ["CPUExecutionProvider"])
-        names = [o.name for o in generator.get_outputs()]
-        values = dict(zip(names, generator.run(names, {})))
-        del generator
-        path = self.path / entry["compute"]
-        blob = assemble_ort(path.read_bytes(), entry, values, str(path))
-        del values
-        try:
-            return ort.InferenceSession(blob, self._options(), providers=self.providers)
-        except Exception as e:  # ORT's own error classes derive from Exception only
-            raise ArtifactError(f"{path} (with its holes filled) cannot be loaded by ONNX Runtime: {first_line(e)}") from None
+        return open_ort_format(self.path, entry, self._options(), self.providers,
+                               self._options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL))
 
     # -- encoding -----------------------------------------------------------------------------
     def _truncate(self, ids: list[int], special_tokens: bool) -> list[int]:

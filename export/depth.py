@@ -119,7 +119,8 @@ def wrap_layers(model) -> int:
                 helper.make_node("If", [cond], leaving, name=f"{_IF}{i}", then_branch=then_graph, else_branch=else_graph)]
         kept.extend(body)
         hidden = nexts[0]
-    rest = [n for k, n in enumerate(g.node) if k not in set(kept)]
+    gated = set(kept)
+    rest = [n for k, n in enumerate(g.node) if k not in gated]
     order = _topological(rest + ifs)
     del g.node[:]
     g.node.extend(order)

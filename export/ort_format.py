@@ -23,23 +23,13 @@ import hashlib
 from pathlib import Path
 
 from sharebert.deploy.artifact import (MODEL, ORT_COMPUTE, ORT_GENERATOR, REQUIRED_OPERATORS, ArtifactError,
-                                       assemble_ort, session_options)
+                                       assemble_ort, open_ort_format, session_options)
 
+from .depth import inline_layers, is_wrapped, wrap_layers
 from .graph import split_at_constants
 
 MIN_HOLE_BYTES = 1024  # smaller tensors stay in the compute file (the hole table would cost more)
 
-try:  # layer gating by depth (export/depth.py); without it, the graphs stay flat
-    from .depth import inline_layers, is_wrapped, wrap_layers
-except ImportError:  # pragma: no cover
-    def inline_layers(model):
-        return None
-
-    def is_wrapped(graph):
-        return False
-
-    def wrap_layers(model):
-        return 0
 
 
 def save_ort(model, path: Path, level, scratch: Path) -> None:
@@ -153,22 +143,10 @@ PARITY_SENTENCES = 16
 PARITY_TOLERANCE = 1e-5
 
 
-def open_compute(out_dir: Path, entry: dict, session_config: dict | None = None, threads: int | None = None):
-    """``(generator outputs, compute session)`` as the runtime opens them (for the export's own check)."""
-    import onnxruntime as ort
-
-    so = session_options(session_config, threads, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    generator = ort.InferenceSession(str(out_dir / entry["generator"]), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in generator.get_outputs()]
-    values = dict(zip(names, generator.run(names, {})))
-    blob = assemble_ort((out_dir / entry["compute"]).read_bytes(), entry, values)
-    return ort.InferenceSession(blob, session_options(session_config, threads), providers=["CPUExecutionProvider"])
-
-
 def to_ort_format(out_dir: Path, session_config: dict, tokenizer, sentences: list[str], max_length: int) -> dict:
     """Turn the checked ONNX artifact being written in ``out_dir`` into an ORT-format one: write the
     ORT graphs, check that they give the ONNX graph's outputs (within ``PARITY_TOLERANCE``, finite) on the
-    first sentences, then remove ``model.onnx`` and the RAM-int8 ONNX graphs. Returns the ``ort`` entry."""
+    first sentences, opened as the runtime opens them, then remove ``model.onnx``. Returns the ``ort`` entry."""
     import shutil
     import tempfile
 
@@ -186,7 +164,8 @@ def to_ort_format(out_dir: Path, session_config: dict, tokenizer, sentences: lis
         shutil.rmtree(scratch, ignore_errors=True)
     reference = ort.InferenceSession(str(out_dir / MODEL), session_options(session_config),
                                      providers=["CPUExecutionProvider"])
-    compute = open_compute(out_dir, entry, session_config)
+    compute = open_ort_format(out_dir, entry, session_options(session_config), ["CPUExecutionProvider"],
+                              session_options(session_config, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL))
     worst = 0.0
     for start in range(0, min(len(sentences), PARITY_SENTENCES), 4):
         batch = encode(tokenizer, sentences[start: start + 4], max_length)
@@ -200,8 +179,7 @@ def to_ort_format(out_dir: Path, session_config: dict, tokenizer, sentences: lis
                                     f"(> {PARITY_TOLERANCE}) or are not finite")
             worst = max(worst, diff)
     del reference, compute
-    for name in [MODEL, *(p.name for p in out_dir.glob("ram_int8.*"))]:
-        (out_dir / name).unlink()
+    (out_dir / MODEL).unlink()
     entry["parity_vs_onnx"] = {"sentences": min(len(sentences), PARITY_SENTENCES), "max_abs_diff": worst}
     entry["model_bytes"] = sum((out_dir / entry[k]).stat().st_size for k in ("generator", "compute"))
     return entry

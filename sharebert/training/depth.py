@@ -30,11 +30,6 @@ def check_depth_sampling(min_depth: int | None, layers: int) -> int | None:
     return min_depth
 
 
-def is_artifact(path: str | Path) -> bool:
-    """An exported artifact folder (it has ``manifest.json``), not a model folder."""
-    return (Path(path) / "manifest.json").is_file()
-
-
 def _p50_ms(run, items) -> float:
     """Median milliseconds of ``run(item)`` over ``items`` (after up to 10 warm-up calls)."""
     for item in items[:10]:
@@ -108,18 +103,15 @@ def depth_table(model, task: str, depths, data_dir=None, max_eval_samples: int |
     "metric_vs_full" (difference), "latency_vs_full" (ratio)}]}``, rows by depth. Depths outside 1..N, or any
     depth for an artifact exported without depth support, raise ``ValueError`` before the data is read.
     """
+    from ..deploy.artifact import MANIFEST, depth_limit, is_artifact
     from ..model_folder import read_config
 
     task_ = get_task(task)
     if not latency_samples >= 1 or not threads >= 1:
         raise ValueError(f"--latency-samples and --threads must be at least 1, got {latency_samples} and {threads}")
     artifact = is_artifact(model)
-    if artifact:
-        manifest = json.loads((Path(model) / "manifest.json").read_text(encoding="utf-8"))
-        layers = manifest.get("max_depth")
-        if not layers:
-            raise ValueError(f"{model} has no depth input (exported before depth support, or one layer): "
-                             f"export it again to choose the depth at inference")
+    if artifact:  # verified when the runtime opens it; here only which depths it has
+        layers = depth_limit(json.loads((Path(model) / MANIFEST).read_text(encoding="utf-8")), model)
     else:
         layers = read_config(model).get("num_hidden_layers")
     bad = [d for d in depths if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= layers]
