@@ -10,7 +10,8 @@ non-string ``"text"``, a result that is not finite) is reported on stderr with i
 skipped; the run goes on and exits with status 1 at the end when any line was skipped (0 when all
 were answered). Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` in input order (strict
 JSON, never NaN; to ``--output``, written to a temporary file and renamed at the end, or stdout);
-texts given as arguments print readably.
+texts given as arguments print readably. A line over :data:`~sharebert.textlines.MAX_LINE_BYTES` (1 MiB) ends
+the run with an error naming it (an input without newlines, such as ``/dev/zero``, is not one text per line).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 from ..errors import first_line
+from ..textlines import check_text_file, numbered_lines
 
 CHUNK_LINES = 1024  # lines handed to the runtime at once: it groups texts of similar lengths within a chunk
 HELP = "answer the task of an exported artifact (fill-mask, classify, embed, generate) without torch"
@@ -78,9 +80,10 @@ def parse_line(raw: bytes) -> dict:
     return record
 
 
-def _read(stream, progress):
-    """Yield ``(line_number, record or error message)`` for each line of a binary stream."""
-    for number, raw in enumerate(stream, 1):
+def _read(stream, name, progress):
+    """Yield ``(line_number, record or error message)`` for each line of a binary stream (bounded:
+    :class:`~sharebert.textlines.LineTooLong` ends the run at a line over the limit)."""
+    for number, raw in numbered_lines(stream, name):
         progress.update(len(raw))
         try:
             yield number, parse_line(raw)
@@ -170,9 +173,8 @@ def run(args) -> int:
         raise ValueError("give TEXT arguments or --input, not both")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
-    if args.input and args.input != "-" and not Path(args.input).is_file():
-        raise FileNotFoundError(f"--input {args.input}: is a folder, not a file" if Path(args.input).is_dir() else
-                                f"--input file not found: {args.input}")
+    if args.input and args.input != "-":
+        check_text_file(args.input, "--input")
     for number, text in enumerate(args.texts, 1):
         try:
             text.encode("utf-8")
@@ -206,7 +208,7 @@ def run(args) -> int:
             stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")
             size = None if args.input == "-" else os.path.getsize(args.input)
             progress = tqdm(total=size, unit="B", unit_scale=True, desc="predict", file=sys.stderr, disable=None)
-            lines = _read(stream, progress)
+            lines = _read(stream, f"--input {args.input}", progress)
         batch, chunk = [], max(CHUNK_LINES, args.batch_size)
         for number, item in lines:
             if isinstance(item, str):

@@ -17,23 +17,26 @@ from pathlib import Path
 
 import numpy as np
 from sharebert.progress import bar
+from sharebert.textlines import check_text_file, numbered_lines
 
 FP32_TOLERANCE = 1e-3
 
 
 def read_sentences(path: str | Path, limit: int | None = None) -> tuple[list[str], list | None]:
-    """``(sentences, labels or None)`` from ``path`` (see the module docstring); errors if none."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"sentence file not found: {path}")
-    data = path.read_bytes()
-    try:
-        if b"\0" in data:
-            raise UnicodeError("NUL bytes")
-        text = data.decode("utf-8")
-    except UnicodeError as e:
-        raise ValueError(f"{path} is not a UTF-8 text file ({e}): expected sentences, one per line or a .tsv") from None
-    lines = [line for line in text.splitlines() if line.strip()]
+    """``(sentences, labels or None)`` from ``path`` (see the module docstring), read line by line in bounded
+    memory (:mod:`sharebert.textlines`: a line over 1 MiB is refused); errors if none."""
+    path = check_text_file(path, "sentence file")
+    lines = []
+    with open(path, "rb") as f:
+        for number, raw in numbered_lines(f, f"sentence file {path}"):
+            try:
+                if b"\0" in raw:
+                    raise UnicodeError("NUL bytes")
+                line = raw.decode("utf-8")
+            except UnicodeError as e:
+                raise ValueError(f"{path} is not a UTF-8 text file ({e}; line {number}): expected sentences, "
+                                 f"one per line or a .tsv") from None
+            lines.extend(x for x in line.splitlines() if x.strip())
     labels = None
     if lines and "\t" in lines[0] and "sentence" in lines[0].split("\t"):
         rows = list(csv.DictReader(lines, delimiter="\t", quoting=csv.QUOTE_NONE))

@@ -98,6 +98,10 @@ EXPORT_CASES = [
      ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.tsv"], ["cal.tsv is not a UTF-8 text file"]),
     ("calibration-latin1", lambda u: _write(u / "cal.txt", "caf\xe9 au lait\n".encode("latin-1")),
      ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"], ["cal.txt is not a UTF-8 text file"]),
+    ("calibration-dev-zero", None, ["--out", "new", "--quantize", "int8-static", "--calibration", "/dev/zero"],
+     ["sentence file /dev/zero: a character device, not a regular file"]),
+    ("calibration-line-over-1MiB", lambda u: _write(u / "cal.txt", b"x " * (1 << 20)),
+     ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"], ["cal.txt line 1: longer than 1048576 bytes"]),
     ("calibration-empty", lambda u: _write(u / "cal.txt", b""),
      ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"], ["cal.txt holds no sentences"]),
     ("check-file-binary", lambda u: _write(u / "check.txt", b"\x00\x01\x02abc\n"),
@@ -377,6 +381,26 @@ def test_predict_refuses_before_work(tmp_path, artifact, args, fragment):
     before = _snapshot(tmp_path)
     _assert_refused(_cli("predict", artifact, "--input", "in.txt", *args, cwd=tmp_path), fragment)
     assert _snapshot(tmp_path) == before
+
+
+# (id, --input, stdin, fragment): an input that is not one text per line is refused in bounded memory
+PREDICT_INPUT_CASES = [
+    ("input-dev-zero", "/dev/zero", None, "--input /dev/zero: a character device, not a regular file"),
+    ("input-folder", ".", None, "--input .: a folder, not a regular file"),
+    ("input-missing", "nope.txt", None, "--input nope.txt: not found"),
+    ("input-line-over-1MiB", "long.txt", None, "--input long.txt line 2: longer than 1048576 bytes"),
+    ("stdin-dev-zero", "-", "/dev/zero", "--input - line 1: longer than 1048576 bytes"),
+]
+
+
+@pytest.mark.parametrize("path, stdin, fragment", [c[1:] for c in PREDICT_INPUT_CASES], ids=[c[0] for c in PREDICT_INPUT_CASES])
+def test_predict_reads_input_lines_in_bounded_memory(tmp_path, artifact, path, stdin, fragment):
+    (tmp_path / "long.txt").write_bytes(b"a [MASK] .\n" + b"word " * (1 << 18) + b"\n")
+    with open(stdin or os.devnull, "rb") as f:
+        proc = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(artifact), "--input", path, "--output",
+                               "out.jsonl"], cwd=tmp_path, env=ENV, stdin=f, capture_output=True, text=True, timeout=600)
+    _assert_refused(proc, fragment)
+    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.jsonl.partial").exists()
 
 
 def _nan_artifact(artifact: Path, folder: Path) -> Path:

@@ -12,6 +12,7 @@ from sharebert.training.corpus import (
     char_tokenizer, encode_sources, iter_lines, pack, read_text, resolve_sources, strip_wiki_markup,
 )
 from sharebert.model_folder import load_tokenizer
+from sharebert.textlines import PIECE_CHARS
 
 ENWIKI = data_path("enwiki-sample")
 SHAKESPEARE = data_path("tinyshakespeare", "input.txt")
@@ -88,6 +89,19 @@ def test_char_tokenizer_round_trips_shakespeare():
     assert ids.size == len(text) == 1_115_394  # one token per character, newlines included
     assert tok.decode(ids[:500].tolist()) == text[:500]
     assert tok("Zz\u00e9")["input_ids"][-1] == 1  # unseen character -> [UNK]
+
+
+def test_a_file_without_newlines_is_read_in_bounded_pieces(tmp_path, tok):
+    words = data_path("wikitext-2-raw", "wiki.valid.raw").read_text(encoding="utf-8").split()
+    text = " ".join(words)[: PIECE_CHARS * 2 + 12345]  # one line of ~0.5 MB, no newline
+    (tmp_path / "one.txt").write_text(text, encoding="utf-8")
+    pieces = list(iter_lines(tmp_path / "one.txt"))
+    assert len(pieces) == 3 and all(len(p) <= PIECE_CHARS for p in pieces[:-1]) and "".join(pieces) == text + "\n"
+    assert all(p.endswith(" ") for p in pieces[:-1]) and pieces[-1].endswith("\n")  # cut after a space
+    ids = encode_sources([tmp_path / "one.txt"], tok, progress=False)  # the same tokens as the line whole
+    assert np.array_equal(ids, tok.backend_tokenizer.encode(text.strip(), add_special_tokens=False).ids)
+    (tmp_path / "word.txt").write_text("x" * (PIECE_CHARS + 7))  # no space at all: cut where the piece is full
+    assert [len(p) for p in iter_lines(tmp_path / "word.txt")] == [PIECE_CHARS, 8]
 
 
 def test_bad_inputs_are_reported(tmp_path, tok):

@@ -161,6 +161,8 @@ def _empty(tmp):
     (None, "new", ["--workers", "0"], "--workers must be at least 1"),
     (None, "new", ["--tokenizer", "no-such-thing"], "neither a model folder nor a preset"),
     (lambda tmp: [str(tmp / "missing.txt")], "new", [], "not found"),
+    (lambda tmp: ["/dev/zero"], "new", [], "/dev/zero: a character device, not a regular file"),
+    (lambda tmp: os.mkfifo(tmp / "fifo") or [str(tmp / "fifo")], "new", [], "fifo: a FIFO (named pipe), not a regular file"),
 ])
 def test_bad_prepare_command_lines(tmp_path, capsys, make_train, out_kind, extra, message):
     train = make_train(tmp_path) if make_train else [str(WIKI)]

@@ -9,8 +9,9 @@ Sources (``--train`` / ``--valid`` items):
 * ``hf:NAME[:CONFIG][:SPLIT]``, a Hugging Face ``datasets`` dataset (its ``text`` column), only
   when ``datasets`` is installed and the dataset is reachable.
 
-Every source must exist, be readable and hold text; otherwise ``FileNotFoundError`` / ``ValueError``
-names the file before any training starts.
+Every source must exist, be a regular file (or a folder of them), be readable and hold text; otherwise
+``FileNotFoundError`` / ``ValueError`` names the file before any training starts. Lines are read in
+bounded pieces (:mod:`sharebert.textlines`): a file without a newline costs no more memory than any other.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from ..progress import bar as progress_bar
+from ..textlines import check_text_file, text_pieces
 
 CHAR_SPECIALS = ("[PAD]", "[UNK]")
 
@@ -46,10 +48,8 @@ def resolve_sources(items: Iterable[str | Path]) -> list[Path | str]:
             if not files:
                 raise ValueError(f"corpus folder {path} holds no files")
             out.extend(files)
-        elif path.exists():
-            out.append(path)
         else:
-            raise FileNotFoundError(f"corpus file not found: {path}")
+            out.append(check_text_file(path, "corpus file"))
     if not out:
         raise ValueError("no corpus files given")
     return out
@@ -88,7 +88,9 @@ def sniff_text(path: Path) -> None:
 
 
 def iter_lines(source: Path | str) -> Iterator[str]:
-    """The text of one source as lines ending in ``\\n`` (newlines normalised, markup stripped)."""
+    """The text of one source as lines ending in ``\\n`` (newlines normalised, markup stripped); a line longer
+    than :data:`~sharebert.textlines.PIECE_CHARS` comes in pieces (:func:`~sharebert.textlines.text_pieces`),
+    only the last ending in ``\\n``, so memory stays bounded for a file without newlines."""
     if isinstance(source, str):
         yield from _iter_dataset(source)
         return
@@ -99,8 +101,7 @@ def iter_lines(source: Path | str) -> Iterator[str]:
         else:
             with _open_binary(source) as raw:
                 text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
-                for line in text:
-                    yield line if line.endswith("\n") else line + "\n"
+                yield from text_pieces(text)
     except (OSError, EOFError, ET.ParseError) as e:
         raise ValueError(f"cannot read corpus file {source}: {e}") from e
 

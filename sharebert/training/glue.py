@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..textlines import check_text_file, numbered_lines
+
+
 @dataclass(frozen=True)
 class GlueTask:
     """How one task's TSV files are laid out and scored.
@@ -139,10 +142,10 @@ def _layout(task: GlueTask) -> str:
 
 def read_tsv(task: GlueTask, path: str | Path) -> GlueSplit:
     """Parse one GLUE TSV file; raises ValueError naming the file, line and expected layout."""
-    path = Path(path)
+    path = check_text_file(path, "data file")
     try:
-        with open(path, encoding="utf-8-sig", newline="") as f:
-            lines = [line.rstrip("\r\n") for line in f]
+        with open(path, "rb") as f:  # line by line in bounded memory: a line over 1 MiB is refused
+            lines = [raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n") for n, raw in numbered_lines(f, str(path))]
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e})") from None
     rows = [(i + 1, line.split("\t")) for i, line in enumerate(lines) if line.strip()]

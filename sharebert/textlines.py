@@ -1,0 +1,85 @@
+"""Reading user text in bounded memory (stdlib only: the torch-free runtime uses it too).
+
+Every reader of user text goes through here, so one line of input costs at most
+:data:`MAX_LINE_BYTES` of memory whatever the file holds:
+
+* :func:`check_text_file` names what a path is when it is not a regular file (a folder, a character
+  device such as ``/dev/zero``, a FIFO, a socket, a symlink loop) before anything is read;
+* :func:`text_pieces` (corpora: ``prepare``, ``pretrain --train``, ``distill``) cuts a longer line into
+  pieces of at most ``MAX_LINE_BYTES // 4`` characters (at a space or tab in the piece's second half
+  when there is one), so a file with no newline is tokenized piece by piece;
+* :func:`numbered_lines` (one text per line: ``predict --input``, ``--calibration`` and parity
+  sentences) refuses a longer line with :class:`LineTooLong`, naming the input and the line number.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+MAX_LINE_BYTES = 1 << 20  # 1 MiB: the most one line of text may hold (a text is cut to max_length tokens anyway)
+PIECE_CHARS = MAX_LINE_BYTES // 4  # a corpus line is tokenized in pieces of at most this many characters (<= 1 MiB)
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+class LineTooLong(ValueError):
+    """A line over :data:`MAX_LINE_BYTES`; the message names the input and the line number."""
+
+
+def check_text_file(path: str | Path, what: str = "file") -> Path:
+    """``path`` as a ``Path`` when it is a regular file (symlinks followed); else ``FileNotFoundError`` or
+    ``ValueError`` whose message says what it is (``--input /dev/zero: a character device, not a regular file``)."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path}: not found") from None
+    except OSError as e:  # a symlink loop, a path through a file, no permission
+        raise ValueError(f"{what} {path}: cannot be read ({e.strerror or e})") from None
+    if stat.S_ISREG(mode):
+        return path
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    raise ValueError(f"{what} {path}: {kind}, not a regular file of text")
+
+
+def text_pieces(text, limit: int = PIECE_CHARS) -> Iterator[str]:
+    """The lines of a text stream (``TextIOWrapper``, newlines already translated to ``\\n``) in pieces of at
+    most ``limit`` characters; only the last piece of a line ends in ``\\n`` (added when the file lacks it).
+    Joined, the pieces are the text exactly; a piece ends after a space or tab when its second half has one."""
+    carry = ""
+    while True:
+        want = limit - len(carry)  # carry < limit / 2, so want > 0
+        part = text.readline(want)
+        if not part:
+            if carry:
+                yield carry + "\n"
+            return
+        piece = carry + part
+        carry = ""
+        if piece.endswith("\n"):
+            yield piece
+        elif len(part) < want:  # the end of the file, without a newline
+            yield piece + "\n"
+        else:
+            cut = max(piece.rfind(" ", limit // 2), piece.rfind("\t", limit // 2)) + 1
+            cut = cut or len(piece)
+            yield piece[:cut]
+            carry = piece[cut:]
+
+
+def numbered_lines(stream, name: str, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """``(line number from 1, line bytes with its newline)`` of a binary stream, each read with at most
+    ``limit + 1`` bytes of memory; :class:`LineTooLong` for a longer line (an input without newlines)."""
+    number = 0
+    while True:
+        raw = stream.readline(limit + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > limit and not (len(raw) == limit + 1 and raw.endswith(b"\n")):
+            raise LineTooLong(f"{name} line {number}: longer than {limit} bytes, the most one line of text may "
+                              f"hold (sharebert.textlines.MAX_LINE_BYTES); give one text per line")
+        yield number, raw
