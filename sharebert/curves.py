@@ -6,9 +6,10 @@ line) or ``log_history.json`` (``sharebert finetune``, one list). Each event has
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+from .outdir import parse_json, read_json
 
 LOGS = ("log.jsonl", "log_history.json")
 
@@ -21,11 +22,11 @@ def read_log(run_dir: str | Path) -> list[dict]:
     path = next((run_dir / name for name in LOGS if (run_dir / name).is_file()), None)
     if path is None:
         raise FileNotFoundError(f"{run_dir} holds no {' or '.join(LOGS)}: not a pretrain or finetune output folder")
-    try:
-        text = path.read_text(encoding="utf-8")
-        events = json.loads(text) if path.suffix == ".json" else [json.loads(line) for line in text.splitlines() if line.strip()]
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if path.suffix == ".json":
+        events = read_json(path)
+    else:
+        events = [parse_json(line, f"{path} line {n}") for n, line in enumerate(path.read_bytes().splitlines(), 1)
+                  if line.strip()]
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise ValueError(f"{path}: expected log events (JSON objects with a step)")
     return [e for e in events if isinstance(e.get("step"), (int, float))]

@@ -5,7 +5,8 @@
 file, cannot be written, holds one of the command's inputs (or is one), or is a non-empty folder
 that is not the command's own kind of output. ``--overwrite`` lets a command replace only its own
 kind of folder (``owned(path)`` says which), never anything else. Nothing is created here: a
-command that fails its validation leaves no empty ``--out`` behind.
+command that fails its validation leaves no empty ``--out`` behind. ``write_json`` / ``read_json``
+write and read our JSON files (strict JSON; any malformed file, deep nesting included, is one ``ValueError``).
 """
 from __future__ import annotations
 
@@ -94,6 +95,22 @@ def finite(obj):
     if isinstance(obj, (list, tuple)):
         return [finite(v) for v in obj]
     return obj
+
+
+def parse_json(text: str | bytes, where: str):
+    """``json.loads(text)``, or ``ValueError`` ``"<where> is not valid JSON (...)"`` for any malformed text: bad
+    syntax, not UTF-8, numbers of more than 4300 digits, or nesting deeper than Python's recursion limit."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{where} is not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, too many digits
+        raise ValueError(f"{where} is not valid JSON ({e})") from None
+
+
+def read_json(path: str | Path):
+    """The JSON value in the file ``path`` (the one reader of the JSON files we write); errors as :func:`parse_json`."""
+    return parse_json(Path(path).read_bytes(), str(path))
 
 
 def write_json(path: str | Path, obj) -> None:

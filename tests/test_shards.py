@@ -1,6 +1,8 @@
 """`sharebert prepare`: the prepared stream is the in-memory stream, resumable, locked, tamper-evident; bad input."""
+import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -126,8 +128,32 @@ def _tamper_outside(out):
     (out / MANIFEST).write_text(json.dumps(m))
 
 
+def _tamper_swap(out):  # 400 bytes swapped, same size
+    f = out / "train" / "00000.bin"
+    data = f.read_bytes()
+    f.write_bytes(data[400:800] + data[:400] + data[800:])
+
+
+def _tamper_ids(out):  # ids beyond the vocabulary, the manifest re-hashed to match
+    f = out / "train" / "00000.bin"
+    ids = np.frombuffer(f.read_bytes(), np.uint16).copy()
+    ids[7] = 65000
+    f.write_bytes(ids.tobytes())
+    m = json.loads((out / MANIFEST).read_text())
+    m["splits"]["train"]["shards"][0]["sha256"] = hashlib.sha256(ids.tobytes()).hexdigest()
+    m["checksum"] = shards._checksum(m)
+    (out / MANIFEST).write_text(json.dumps(m))
+
+
+def _tamper_nested(out):
+    (out / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+
+
 @pytest.mark.parametrize("tamper, message", [
     (_tamper_truncate, "00000.bin is missing, truncated or altered"),
+    (_tamper_swap, "00000.bin does not match the sha256 its manifest records"),
+    (_tamper_ids, "00000.bin holds token id 65000, beyond the tokenizer's 30522 tokens"),
+    (_tamper_nested, "manifest.json is not valid JSON (nested too deeply)"),
     (_tamper_edit, "manifest.json does not match its checksum"),
     (_tamper_garbage, "manifest.json is not a valid manifest"),
     (_tamper_outside, "lies outside"),
@@ -135,8 +161,12 @@ def _tamper_outside(out):
 def test_tampered_data_folders_are_refused(tmp_path, texts, tamper, message):
     out = tmp_path / "data"
     prepare([texts / "a.txt"], out, "sharebert-tiny", progress=False)
+    read_manifest(out)  # checked once: the verification stamp records the shard as it was
+    stamp = json.loads((out / shards.STAMP).read_text())["train/00000.bin"]
+    assert stamp["sha256"] == read_manifest(out)["splits"]["train"]["shards"][0]["sha256"]
+    time.sleep(0.01)  # a rewrite has a new mtime, so the stamp no longer vouches for the shard
     tamper(out)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         read_manifest(out)
 
 

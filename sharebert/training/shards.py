@@ -8,6 +8,7 @@ A data folder holds::
     valid/00000.bin ...    (only with --valid)
     .progress.json         while preparing: finished shards and how far each source was read (resume)
     .lock                  an flock held by the preparing process (a second ``prepare`` is refused)
+    .verified.json         shards already checked against the manifest (size, mtime, sha256): a second run is cheap
 
 Each split is one token stream: the shards of its sources in order, blank lines skipped, exactly the
 stream :func:`~sharebert.training.corpus.encode_sources` gives in memory. Shards are written whole
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import first_line
-from ..outdir import check_out_dir, write_json
+from ..outdir import check_out_dir, read_json, write_json
 from ..progress import bar as progress_bar
 from .corpus import encode_lines, iter_lines, resolve_sources, sniff_text
 
@@ -40,6 +41,7 @@ FORMAT = "sharebert-tokens"
 VERSION = 1
 MANIFEST = "manifest.json"
 PROGRESS = ".progress.json"
+STAMP = ".verified.json"  # shards whose sha256 and ids were checked: {file: {bytes, mtime_ns, sha256, vocab_size}}
 SHARD_TOKENS = 1 << 24  # 16M tokens (32 MB as uint16) per shard at most: a kill -9 loses at most that much work
 CHUNK_CHARS = 1 << 20  # text handed to a worker at once (~0.2 s of tokenizing)
 SPLITS = ("train", "valid")
@@ -211,9 +213,9 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
     state = {**ident, "splits": {s: [] for s in SPLITS}, "finished": {s: [] for s in SPLITS}}
     if (out / PROGRESS).exists():
         try:
-            saved = json.loads((out / PROGRESS).read_text())
+            saved = read_json(out / PROGRESS)
         except ValueError as e:
-            raise ValueError(f"{out / PROGRESS} is not valid JSON ({e}); remove {out} and prepare again") from e
+            raise ValueError(f"{e}; remove {out} and prepare again") from None
         if {k: saved.get(k) for k in ident} != ident:
             raise ValueError(f"{out} holds an unfinished prepare of other sources or another tokenizer; "
                              f"rerun that command or choose another --out")
@@ -324,7 +326,8 @@ def _save_shard(out: Path, split: str, source: int, ids: np.ndarray, lines_end: 
 
 # -- reading --------------------------------------------------------------------------------------
 def read_manifest(data_dir: str | Path) -> dict:
-    """The manifest of a complete data folder, checked against its files (sizes) and its own checksum."""
+    """The manifest of a complete data folder, checked against its own checksum and its files: sizes, sha256
+    (streamed, cached in :data:`STAMP`) and token ids below the tokenizer's vocabulary size."""
     data_dir = Path(data_dir)
     path = data_dir / MANIFEST
     if not path.is_file():
@@ -334,23 +337,61 @@ def read_manifest(data_dir: str | Path) -> dict:
             raise FileNotFoundError(f"--data {data_dir} not found")
         raise ValueError(f"--data {data_dir} is not a prepared data folder (no {MANIFEST}); make one with `sharebert prepare`")
     try:
-        m = json.loads(path.read_text())
+        m = read_json(path)
         ok = m.get("format") == FORMAT and m.get("version") == VERSION and m.get("checksum") == _checksum(m)
-    except (ValueError, AttributeError) as e:
-        raise ValueError(f"{path} is not a valid manifest ({e})") from None
+        shards = [(split, shard["file"], int(shard["tokens"]), str(shard["sha256"]))
+                  for split, info in m["splits"].items() for shard in info["shards"]]
+        vocab_size, dtype = int(m["tokenizer"]["vocab_size"]), m["dtype"]
+    except (ValueError, AttributeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a valid manifest ({first_line(e)})") from None
     if not ok:
         raise ValueError(f"{path} does not match its checksum (edited by hand?); run `sharebert prepare` into a new folder")
-    itemsize = np.dtype(m["dtype"]).itemsize
-    for split, info in m["splits"].items():
-        for shard in info["shards"]:
-            f = (data_dir / shard["file"]).resolve()
-            if data_dir.resolve() not in f.parents:
-                raise ValueError(f"{path}: shard {shard['file']} lies outside {data_dir}")
-            size = f.stat().st_size if f.is_file() else None
-            if size != shard["tokens"] * itemsize:
-                raise ValueError(f"{f} is missing, truncated or altered ({size} bytes, the manifest says "
-                                 f"{shard['tokens'] * itemsize}); prepare the data again")
+    if dtype not in ("uint16", "uint32"):
+        raise ValueError(f"{path}: dtype {dtype!r} is not uint16 or uint32")
+    itemsize = np.dtype(dtype).itemsize
+    for split, file, tokens, _ in shards:
+        f = (data_dir / file).resolve()
+        if data_dir.resolve() not in f.parents:
+            raise ValueError(f"{path}: shard {file} lies outside {data_dir}")
+        size = f.stat().st_size if f.is_file() else None
+        if size != tokens * itemsize:
+            raise ValueError(f"{f} is missing, truncated or altered ({size} bytes, the manifest says "
+                             f"{tokens * itemsize}); prepare the data again")
+    _verify_shards(data_dir, [(file, sha) for _, file, _, sha in shards], np.dtype(dtype), vocab_size)
     return m
+
+
+def _verify_shards(data_dir: Path, shards: list[tuple[str, str]], dtype: np.dtype, vocab_size: int) -> None:
+    """Each shard's sha256 against the manifest and its ids against the vocabulary, streamed in 16 MB blocks;
+    a shard whose size, mtime and hash match :data:`STAMP` (written after a full check) is not read again."""
+    try:
+        stamp = read_json(data_dir / STAMP)
+    except (OSError, ValueError):
+        stamp = {}
+    checked = {}
+    for file, sha in shards:
+        f = data_dir / file
+        st = f.stat()
+        key = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha, "vocab_size": vocab_size}
+        if isinstance(stamp, dict) and stamp.get(file) == key:
+            checked[file] = key
+            continue
+        h, top = hashlib.sha256(), -1
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 24):  # a multiple of the item size
+                h.update(block)
+                top = max(top, int(np.frombuffer(block, dtype).max()))
+        if h.hexdigest() != sha:
+            raise ValueError(f"{f} does not match the sha256 its manifest records (altered or corrupt); "
+                             f"prepare the data again")
+        if top >= vocab_size:
+            raise ValueError(f"{f} holds token id {top}, beyond the tokenizer's {vocab_size} tokens; prepare the data again")
+        checked[file] = key
+    if checked != stamp:
+        try:
+            write_json(data_dir / STAMP, checked)
+        except OSError:  # a read-only data folder is checked on every run
+            pass
 
 
 class TokenStream:
