@@ -54,7 +54,8 @@ def test_plot_command_redraws_from_either_log(run, tmp_path, capsys):
 
 @pytest.mark.parametrize("setup, message", [
     (lambda d: None, "holds no log.jsonl or log_history.json"),
-    (lambda d: (d / "log.jsonl").write_text("{not json\n"), "log.jsonl is not valid JSON"),
+    (lambda d: (d / "log.jsonl").write_text("{not json\n"), "log.jsonl line 1 is not valid JSON"),
+    (lambda d: (d / "log_history.json").write_text("[" * 100_000), "log_history.json is not valid JSON (nested too deeply)"),
     (lambda d: (d / "log_history.json").write_text('{"step": 1}'), "expected log events"),
     (lambda d: (d / "log.jsonl").write_text('{"step": 1, "learning_rate": 0.1}\n'), "holds no loss yet"),
 ])
