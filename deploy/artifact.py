@@ -134,8 +134,10 @@ def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:
         bad("format_version", f"{manifest.get('format_version')!r}: an ORT-format artifact is version {ORT_FORMAT_VERSION}")
     entry = manifest.get("ort")
     if not (isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("generator", "compute"))
-            and _is_int(entry.get("compute_bytes")) and isinstance(entry.get("holes"), list)):
-        bad("ort", "must name its generator and compute files, compute_bytes and the holes")
+            and _is_int(entry.get("compute_bytes")) and isinstance(entry.get("holes"), list)
+            and isinstance(entry.get("compute_sha256"), str) and len(entry["compute_sha256"]) == 64
+            and set(entry["compute_sha256"]) <= _HEX):
+        bad("ort", "must name its generator and compute files, compute_bytes, compute_sha256 and the holes")
     end = 0
     for hole in entry["holes"]:
         if not (isinstance(hole, dict) and isinstance(hole.get("output"), str) and _is_int(hole.get("offset"), end)
@@ -143,6 +145,27 @@ def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:
             bad("ort", "holes must be {output, offset, bytes} in increasing, non-overlapping order inside compute_bytes")
         end = hole["offset"] + hole["bytes"]
     return [entry["generator"], entry["compute"]]
+
+
+def check_fits_model(manifest: dict, root: Path, input_names: list[str]) -> None:
+    """Manifest fields that must fit the model, checked at load (``ArtifactError`` naming the field): ``max_length``
+    within ``config.json``'s ``max_position_embeddings``; ``max_depth`` only with a ``depth`` input and within
+    ``num_hidden_layers``. Otherwise every request would fail inside ONNX Runtime."""
+    path = root / MANIFEST
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        config = {}
+    config = config if isinstance(config, dict) else {}
+    positions, layers = config.get("max_position_embeddings"), config.get("num_hidden_layers")
+    if _is_int(positions, 1) and manifest["max_length"] > positions:
+        raise ArtifactError(f"{path}: max_length {manifest['max_length']} exceeds the model's {positions} positions "
+                            f"(config.json max_position_embeddings)")
+    max_depth = manifest.get("max_depth")
+    if max_depth and DEPTH not in input_names:
+        raise ArtifactError(f"{path}: max_depth {max_depth}, but the model has no {DEPTH!r} input")
+    if max_depth and _is_int(layers, 1) and max_depth > layers:
+        raise ArtifactError(f"{path}: max_depth {max_depth} exceeds the model's {layers} layers (config.json num_hidden_layers)")
 
 
 def assemble_ort(part: bytes, entry: dict, values: dict, name: str = ORT_COMPUTE) -> bytes:
@@ -189,6 +212,9 @@ def open_ort_format(folder: Path, entry: dict, options: ort.SessionOptions, prov
     path = folder / entry["compute"]
     blob = assemble_ort(path.read_bytes(), entry, values, str(path))
     del values
+    if hashlib.sha256(blob).hexdigest() != entry["compute_sha256"]:
+        raise ArtifactError(f"{path} with its holes filled does not match ort.compute_sha256 in the manifest "
+                            f"(holes or generator outputs altered)")
     return opened(blob, f"{path} (with its holes filled)", options, providers)
 
 

@@ -22,7 +22,8 @@ from tokenizers import Tokenizer
 
 from ..errors import first_line
 from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError,
-                       depth_limit, model_feeds, open_ort_format, quantize_per_channel, quantize_rows, session_options, verify_artifact)
+                       check_fits_model, depth_limit, model_feeds, open_ort_format, quantize_per_channel, quantize_rows,
+                       session_options, verify_artifact)
 from .memory import give_back
 
 RAM_MODES = ("fp32", "int8")
@@ -97,6 +98,7 @@ class Runtime:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.cached = any(n.startswith(PAST) for n in self.input_names)  # a causal LM exported with its cache
         self._check_output()
+        check_fits_model(self.manifest, self.path, self.input_names)
 
     def _check_output(self) -> None:
         """The graph's first output fits the manifest's task: ``(B, T, ...)`` per token, or ``(B, labels)``."""

@@ -298,6 +298,8 @@ RUNTIME_CASES = [
     ("generator-output-unknown", lambda f, m: next(w for w in m["ram_int8"]["weights"] if "output" in w).update(
         output="nope"), "ram_int8"),
     ("task-does-not-fit-the-output", _field(task="text-classification", labels=["a", "b"]), "does not fit"),
+    ("max-length-over-the-positions", _field(max_length=4096), "max_length 4096 exceeds the model's"),
+    ("max-depth-over-the-layers", _field(max_depth=3), "max_depth 3"),
 ]
 
 

@@ -148,7 +148,16 @@ def test_corrupted_ort_file_is_refused(mlm, tmp_path, name):
     assert name in str(e.value) and "\n" not in str(e.value)
 
 
+def _swap_two_holes(manifest: dict) -> None:
+    """Two holes of the same size exchange their generator outputs: every size still fits."""
+    holes = manifest["ort"]["holes"]
+    a, b = next((a, b) for i, a in enumerate(holes) for b in holes[i + 1:] if a["bytes"] == b["bytes"])
+    a["output"], b["output"] = b["output"], a["output"]
+
+
 @pytest.mark.parametrize("change, field", [
+    (_swap_two_holes, "does not match ort.compute_sha256"),
+    (lambda m: m["ort"].pop("compute_sha256"), "compute_sha256"),
     (lambda m: m.update(format_version=1), "format_version"),
     (lambda m: m.update(model_format="tflite"), "model_format"),
     (lambda m: m["ort"].update(generator=None), "ort"),
