@@ -98,7 +98,8 @@ class Runtime:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.cached = any(n.startswith(PAST) for n in self.input_names)  # a causal LM exported with its cache
         self._check_output()
-        check_fits_model(self.manifest, self.path, self.input_names)
+        check_fits_model(self.manifest, self.path,  # an input with a default (depth) is an overridable initializer
+                         self.input_names + [i.name for i in self.session.get_overridable_initializers()])
 
     def _check_output(self) -> None:
         """The graph's first output fits the manifest's task: ``(B, T, ...)`` per token, or ``(B, labels)``."""

@@ -12,7 +12,12 @@ Bad input of any shape gets a 4xx with ``{"error": message}`` and a valid status
 fields, headers or request line (an unsupported HTTP version included), 404/405 wrong path or method,
 408 a request not sent within ``--timeout``, 411 no length, 413 body, texts, tokens or ``top_k`` over
 the limits (an oversize body is refused before it is read). Overload gets 503 with ``Retry-After``:
-more than ``--workers`` + ``--max-queue`` requests admitted, or ``--max-connections`` open.
+more than ``--workers`` + ``--max-queue`` requests admitted, more than ``--workers`` - 1 large ones (over
+``--max-batch-tokens`` tokens: small requests always keep a worker), ``--max-connections`` open or
+``--max-client-connections`` from one address. ``--timeout`` bounds a whole request (headers and body,
+however slowly dribbled); at most ``--max-idle`` connections are kept alive between requests. Every
+answer is strict JSON (a non-finite result is a 500 with an error, never ``NaN``); a GET with a body
+closes its connection (the body is never read as the next request).
 
 Memory is bounded by the limits: at most ``--workers`` requests run at once, each one ONNX Runtime
 call of at most ``--max-batch-tokens`` padded tokens at a time (see docs/DEVICE.md for the bound).
@@ -47,7 +52,9 @@ LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
     "workers": (2, "requests computed at once"),
     "max_queue": (16, "admitted requests waiting for a worker; more get 503 + Retry-After"),
     "max_connections": (128, "open connections (one thread each); more get 503 + Retry-After"),
-    "timeout": (30, "seconds a connection may take to send a request, or sit idle"),
+    "max_client_connections": (32, "open connections from one client address; more get 503 + Retry-After"),
+    "max_idle": (32, "idle keep-alive connections; beyond, an answer closes its connection"),
+    "timeout": (30, "seconds a connection may take to send a whole request (headers and body), or sit idle"),
 }
 
 
@@ -124,55 +131,130 @@ def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMIT
 
 
 class Admission:
-    """At most ``workers`` requests computed at once and ``queue`` more waiting; beyond, :class:`BadRequest` 503."""
+    """At most ``workers`` requests computed at once and ``queue`` more waiting; beyond, :class:`BadRequest` 503.
+
+    Cost-aware: a heavy request (more tokens than one ONNX Runtime call takes) may hold at most ``workers - 1``
+    places, running or waiting (1 with one worker), so light requests always find a worker of their own;
+    more heavy ones get 503 + Retry-After."""
 
     def __init__(self, workers: int, queue: int):
         self.limit = workers + queue
-        self.admitted = 0
+        self.heavy_limit = max(1, workers - 1)
+        self.admitted = self.heavy = 0
         self.lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(workers)
 
     @contextmanager
-    def slot(self):
+    def slot(self, heavy: bool = False):
         with self.lock:
             if self.admitted >= self.limit:
                 raise BadRequest(503, f"busy: {self.limit} requests already running or queued; retry later")
+            if heavy and self.heavy >= self.heavy_limit:
+                raise BadRequest(503, f"busy: {self.heavy_limit} large request(s) already running or queued "
+                                      f"(the other workers stay free for small ones); retry later")
             self.admitted += 1
+            self.heavy += heavy
         try:
             with self.slots:
                 yield
         finally:
             with self.lock:
                 self.admitted -= 1
+                self.heavy -= heavy
+
+
+class _DeadlineReader:
+    """A connection's buffered reader whose every read waits only until the request's deadline (:meth:`start`), so
+    a client dribbling a header line every few seconds is cut off after ``timeout`` seconds in all (``TimeoutError``)."""
+
+    def __init__(self, inner, sock, seconds: float):
+        self._inner, self._sock, self._seconds = inner, sock, seconds
+        self.deadline = time.monotonic() + seconds
+
+    def start(self) -> None:
+        self.deadline = time.monotonic() + self._seconds
+
+    def _arm(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request deadline passed")
+        self._sock.settimeout(left)
+
+    def readline(self, *args):
+        self._arm()
+        return self._inner.readline(*args)
+
+    def read(self, *args):
+        self._arm()
+        return self._inner.read(*args)
+
+    def read1(self, *args):
+        self._arm()
+        return self._inner.read1(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 class Server(ThreadingHTTPServer):
-    """One thread per connection, at most ``max_connections``; a larger listen backlog than the stdlib's 5."""
+    """One thread per connection, at most ``max_connections`` in all and ``max_client_connections`` per client
+    address; at most ``max_idle`` kept alive between requests. A larger listen backlog than the stdlib's 5."""
 
     daemon_threads = True
     request_queue_size = 1024
     quiet = False
 
-    def __init__(self, address, handler, max_connections: int):
+    def __init__(self, address, handler, max_connections: int, max_client_connections: int, max_idle: int):
         self.connections = threading.BoundedSemaphore(max_connections)
+        self.max_client_connections, self.max_idle = max_client_connections, max_idle
+        self.per_client: dict[str, int] = {}
+        self.idle = 0
+        self.count_lock = threading.Lock()
         super().__init__(address, handler)
 
     def process_request(self, request, client_address):
-        if self.connections.acquire(blocking=False):
+        host = client_address[0]
+        with self.count_lock:
+            mine = self.per_client.get(host, 0) < self.max_client_connections
+            if mine:
+                self.per_client[host] = self.per_client.get(host, 0) + 1
+        if mine and self.connections.acquire(blocking=False):
             super().process_request(request, client_address)
             return
-        try:  # over the cap: a short 503 from the accepting thread, no new thread
+        if mine:
+            self._forget(host)
+        why = "too many open connections" if mine else f"more than {self.max_client_connections} connections from {host}"
+        try:  # over a cap: a short 503 from the accepting thread, no new thread
             request.settimeout(1)
-            request.sendall(_raw_response(503, {"error": "busy: too many open connections; retry later"}))
+            request.sendall(_raw_response(503, {"error": f"busy: {why}; retry later"}))
         except OSError:
             pass
         self.shutdown_request(request)
+
+    def _forget(self, host: str) -> None:
+        with self.count_lock:
+            self.per_client[host] -= 1
+            if not self.per_client[host]:
+                del self.per_client[host]
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._forget(client_address[0])
             self.connections.release()
+
+    def enter_idle(self) -> bool:
+        """Count one more connection kept alive for a next request; False (close it) when ``max_idle`` are."""
+        with self.count_lock:
+            if self.idle >= self.max_idle:
+                return False
+            self.idle += 1
+            return True
+
+    def leave_idle(self) -> None:
+        with self.count_lock:
+            self.idle -= 1
 
     def handle_error(self, request, client_address):
         """One line on stderr (a client that went away, say), never a traceback."""
@@ -182,7 +264,7 @@ class Server(ThreadingHTTPServer):
 
 
 def _raw_response(status: int, payload: dict) -> bytes:
-    body = json.dumps(payload).encode("utf-8")
+    body = json.dumps(payload, allow_nan=False).encode("utf-8")
     return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n").encode() + body
 
@@ -213,10 +295,32 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
 
         def setup(self):
             self.timeout = timeout  # seconds a connection may sit idle or half-sent
+            self.idle = False
             super().setup()
+            self.rfile = _DeadlineReader(self.rfile, self.connection, timeout)
+
+        def handle_one_request(self):
+            self.rfile.start()  # the whole request (after any idle wait) within `timeout` seconds
+            super().handle_one_request()
+
+        def finish(self):
+            self._not_idle()
+            super().finish()
+
+        def _not_idle(self) -> None:
+            if self.idle:
+                self.idle = False
+                self.server.leave_idle()
 
         def _send(self, status: int, payload: dict) -> None:
-            body = json.dumps(payload).encode("utf-8")
+            try:  # strict JSON: a non-finite number is never written as NaN
+                body = json.dumps(payload, allow_nan=False).encode("utf-8")
+            except ValueError:
+                status, body = 500, json.dumps({"error": "internal error: the model's output is not finite "
+                                                         "(NaN or infinity); the artifact's weights may be corrupt"}).encode()
+            if not self.close_connection and not self.idle:
+                self.idle = self.server.enter_idle()  # over max_idle: this answer closes the connection
+                self.close_connection = not self.idle
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -237,6 +341,7 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
             self._send(int(code), {"error": message or explain or HTTPStatus(code).phrase})
 
         def parse_request(self):
+            self._not_idle()  # a request arrived on a kept-alive connection
             words = self.raw_requestline.split()
             if len(words) != 3:  # blank, HTTP/0.9 (no version: no status line either) or garbage
                 self.command, self.request_version = None, self.default_request_version
@@ -272,14 +377,10 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
             return length
 
         def _read_body(self, length: int) -> bytes:
-            """The body, read within ``timeout`` seconds in all (a slow sender gets 408, not a thread forever)."""
-            deadline, chunks, left = time.monotonic() + timeout, [], length
+            """The body, read by the request's deadline (a slow sender gets 408, not a thread forever)."""
+            chunks, left = [], length
             try:
                 while left > 0:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError
-                    self.connection.settimeout(remaining)
                     chunk = self.rfile.read1(min(left, 1 << 16))
                     if not chunk:
                         raise BadRequest(400, f"body ended after {length - left} of {length} bytes")
@@ -299,11 +400,13 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
             """After a refusal sent before the body: read a little of it so the client sees the answer, not a reset."""
             try:
                 self.connection.settimeout(1)
-                self.rfile.read1(DRAIN_BYTES)
+                self.rfile._inner.read1(DRAIN_BYTES)  # at most 1 s, whatever is left of the deadline
             except OSError:
                 pass
 
         def do_GET(self):
+            if self.headers.get("Transfer-Encoding") is not None or self.headers.get("Content-Length", "0").strip() != "0":
+                self.close_connection = True  # a body we do not read must never be parsed as the next request
             if self.path == "/health":
                 self._send(200, {"status": "ok"})
             elif self.path == "/metadata":
@@ -330,7 +433,7 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
                 tokens = runtime.token_count(texts)
                 if tokens > limits["max_tokens"]:
                     raise BadRequest(413, f"{tokens} tokens exceed the limit of {limits['max_tokens']} per request")
-                with admission.slot():
+                with admission.slot(heavy=tokens > limits["max_batch_tokens"]):
                     preds = model.predict(texts, **kwargs)
                     if tokens > limits["max_batch_tokens"]:
                         give_back()  # a large request's freed blocks go back to the OS
@@ -347,7 +450,7 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
             if not quiet:
                 sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
 
-    server = Server((host, port), Handler, limits["max_connections"])
+    server = Server((host, port), Handler, limits["max_connections"], limits["max_client_connections"], limits["max_idle"])
     server.quiet, server.admission = quiet, admission
     return server
 

@@ -65,7 +65,11 @@ def exchange(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict, st
     status_line = head.split(b"\r\n")[0].decode("latin-1")
     assert status_line.startswith("HTTP/1.1 ") and status_line[9:12].isdigit(), reply[:200]
     assert b"Content-Type: application/json" in head, head
-    return int(status_line[9:12]), json.loads(body), head.decode("latin-1")
+    return int(status_line[9:12]), json.loads(body, parse_constant=_not_json), head.decode("latin-1")
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def _length(reply: bytes) -> int:
@@ -183,6 +187,129 @@ def test_connections_over_the_cap_get_503(serve):
             s.close()
     time.sleep(0.3)
     assert exchange(port, b"GET /health HTTP/1.1\r\n\r\n")[0] == 200
+
+
+def _closed_after(s: socket.socket, limit: float) -> float:
+    """Seconds until the server closes ``s`` (reads until EOF, at most ``limit`` s; ``limit`` if still open)."""
+    t0 = time.monotonic()
+    s.settimeout(0.2)
+    while time.monotonic() - t0 < limit:
+        try:
+            if not s.recv(65536):
+                return time.monotonic() - t0
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - t0
+    return limit
+
+
+def _dribble(port: int, seconds: float) -> float:
+    """A client sending one header line every 0.3 s: seconds until the server hangs up (``seconds``: never)."""
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\n")
+        try:
+            while time.monotonic() - t0 < seconds:
+                time.sleep(0.3)
+                s.sendall(b"X-Drip: 1\r\n")
+        except OSError:  # the server closed the connection
+            return time.monotonic() - t0
+        return seconds
+
+
+def test_a_dribbling_client_is_cut_off_at_the_whole_request_deadline(serve):
+    server, _ = serve(**LIMITS)  # timeout 2 s per request, whatever the pace of its lines
+    assert _dribble(server.server_address[1], 8.0) <= 5.0
+
+
+def test_connections_per_client_address_are_capped(serve):
+    """127.0.0.2 holds its 3 connections; its 4th gets 503 while 127.0.0.1 is still answered."""
+    server, _ = serve(**{**LIMITS, "max_client_connections": 3, "timeout": 10})
+    port = server.server_address[1]
+    held = []
+    try:
+        for _ in range(3):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.connect(("127.0.0.1", port))
+            held.append(s)
+        time.sleep(0.2)
+        extra = socket.socket()
+        extra.bind(("127.0.0.2", 0))
+        extra.connect(("127.0.0.1", port))
+        extra.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+        extra.settimeout(5)
+        reply = b"".join(iter(lambda: extra.recv(65536), b""))
+        extra.close()
+        assert reply.startswith(b"HTTP/1.1 503") and b"connections from 127.0.0.2" in reply, reply
+        assert exchange(port, b"GET /health HTTP/1.1\r\n\r\n")[0] == 200
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_idle_keep_alive_connections_are_capped(serve):
+    server, _ = serve(**{**LIMITS, "max_idle": 1, "timeout": 10})
+    port = server.server_address[1]
+    with socket.create_connection(("127.0.0.1", port)) as first, socket.create_connection(("127.0.0.1", port)) as second:
+        first.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+        assert b"Connection: close" not in first.recv(65536)  # kept alive: the one idle place
+        second.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+        time.sleep(0.2)
+        assert b"Connection: close" in second.recv(65536) and _closed_after(second, 3) < 3
+        first.sendall(b"GET /metadata HTTP/1.1\r\n\r\n")  # the idle one still serves its next request
+        assert first.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+def test_a_get_body_is_never_parsed_as_the_next_request(serve):
+    server, _ = serve(**LIMITS)
+    smuggled = b"GET /metadata HTTP/1.1\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.server_address[1])) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(smuggled) + smuggled)
+        s.settimeout(5)
+        reply = b"".join(iter(lambda: s.recv(65536), b""))  # the server closes after its one answer
+    assert reply.count(b"HTTP/1.1 ") == 1 and reply.startswith(b"HTTP/1.1 200") and b"Connection: close" in reply
+
+
+def test_a_non_finite_output_is_a_json_error_never_nan(serve, artifact, tmp_path):
+    import shutil
+
+    import onnx
+    from onnx import numpy_helper
+
+    folder = tmp_path / "nan"
+    shutil.copytree(artifact, folder)
+    proto = onnx.load(str(folder / "model.onnx"))
+    init = next(i for i in proto.graph.initializer if "LayerNorm.weight" in i.name)
+    init.CopyFrom(numpy_helper.from_array(np.full(numpy_helper.to_array(init).shape, np.nan, np.float32), init.name))
+    onnx.save(proto, str(folder / "model.onnx"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    data = (folder / "model.onnx").read_bytes()
+    import hashlib
+
+    manifest["files"]["model.onnx"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    server = make_server(Runtime(folder, threads=1), "127.0.0.1", 0, quiet=True, **LIMITS)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, body, _ = exchange(server.server_address[1], post(b'{"text": "a [MASK] film"}'))  # strict parse below
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == 500 and "not finite" in body["error"]
+
+
+def test_heavy_requests_leave_a_worker_to_light_ones():
+    from sharebert.deploy.serve import Admission, BadRequest
+
+    admission = Admission(workers=2, queue=4)
+    with admission.slot(heavy=True):
+        with pytest.raises(BadRequest) as e, admission.slot(heavy=True):
+            pass
+        assert e.value.status == 503 and "large request" in str(e.value)
+        with admission.slot():  # a light request still gets the other worker at once
+            pass
 
 
 def test_many_simultaneous_clients_all_answered(artifact):
