@@ -12,7 +12,13 @@ lines shuffled with a fixed seed and repeated) under ``--out`` (git-ignored ``ru
 Goals: prepare >= 5 MB/s per core; first step <= 10 s; RSS(largest) / RSS(smallest) <= 1.1;
 tokens/s of --data within 5% of --train.
 
+``--hostile`` adds the hostile inputs (issue 23): ``prepare`` of a 60 MB file without one newline (peak RSS
+side by side with the same text in lines: both bounded by sharebert.textlines), and ``prepare --train
+/dev/zero`` and ``predict --input - < /dev/zero`` (a one-line refusal, exit 2, bounded RSS). Only those run
+with ``--hostile-only``.
+
     .venv/bin/python benchmarks/data_scale.py [--sizes-mb 100 1000] [--steps 40] [--out runs/data_scale]
+    .venv/bin/python benchmarks/data_scale.py --hostile-only
 """
 from __future__ import annotations
 
@@ -58,11 +64,12 @@ def build_corpus(path: Path, mb: int) -> Path:
     return path
 
 
-def timed(cmd: list[str], log: Path | None = None) -> dict:
+def timed(cmd: list[str], log: Path | None = None, stdin=None, refused: bool = False) -> dict:
     """Run ``cmd``; wall seconds, peak RSS (MB, process tree, polled at 20 Hz), and when ``log`` is given
-    the seconds from launch to the first logged optimizer step."""
+    the seconds from launch to the first logged optimizer step. ``refused``: it must exit 2 with one line."""
     start = time.time()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=stdin)
     ps, peak = psutil.Process(proc.pid), 0
     while proc.poll() is None:
         try:
@@ -71,6 +78,10 @@ def timed(cmd: list[str], log: Path | None = None) -> dict:
             pass
         time.sleep(0.05)
     output = proc.stdout.read()
+    if refused:
+        if proc.returncode != 2 or len(output.strip().splitlines()) != 1:
+            raise SystemExit(f"{' '.join(cmd)} was not refused in one line (exit {proc.returncode}):\n{output[-3000:]}")
+        return {"seconds": time.time() - start, "peak_rss_mb": peak / 2**20, "message": output.strip()}
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{output[-3000:]}")
     res = {"seconds": time.time() - start, "peak_rss_mb": peak / 2**20}
@@ -101,6 +112,32 @@ def pretrain(source: list[str], out: Path, steps: int) -> dict:
                   "--eval-steps", "100000", "--eval-samples", "64", "--no-progress"], out / "log.jsonl")
 
 
+def hostile(out: Path) -> None:
+    """The hostile inputs of issue 23: a 60 MB line and /dev/zero, each in bounded memory."""
+    lines = build_corpus(out / "corpus-60mb.txt", 60)
+    one = out / "corpus-60mb-one-line.txt"
+    if not one.is_file():
+        with open(lines, encoding="utf-8") as src, open(one, "w", encoding="utf-8") as dst:
+            for ln in src:
+                dst.write(ln.rstrip("\n") + " ")
+    for corpus in (lines, one):
+        p = prepare(corpus, out / f"data-{corpus.stem}", 1)
+        print(f"prepare {corpus.name} ({corpus.stat().st_size / 1e6:.0f} MB): peak RSS {p['peak_rss_mb']:.0f} MB, "
+              f"{p['seconds']:.1f} s, {p['tokens']:,} tokens", flush=True)
+    r = timed([*CLI, "prepare", "--train", "/dev/zero", "--out", str(out / "data-zero"), "--no-progress"], refused=True)
+    print(f"prepare --train /dev/zero: peak RSS {r['peak_rss_mb']:.0f} MB, {r['seconds']:.1f} s: {r['message']}", flush=True)
+    artifact = out / "tiny-artifact"
+    if not (artifact / "manifest.json").is_file():
+        subprocess.run([*CLI, "build", "--preset", "sharebert-tiny", "--out", str(out / "tiny"), "--overwrite"],
+                       cwd=REPO, env=ENV, check=True, capture_output=True)
+        subprocess.run([*CLI, "export", "--model", str(out / "tiny"), "--out", str(artifact), "--overwrite",
+                        "--check-limit", "8"], cwd=REPO, env=ENV, check=True, capture_output=True)
+    with open("/dev/zero", "rb") as zero:
+        r = timed([*CLI, "predict", str(artifact), "--input", "-"], stdin=zero, refused=True)
+    print(f"predict --input - < /dev/zero: peak RSS {r['peak_rss_mb']:.0f} MB, {r['seconds']:.1f} s: {r['message']}",
+          flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 1000])
@@ -108,8 +145,14 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="prepare workers for the larger sizes")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "data_scale")
     ap.add_argument("--skip-in-memory", action="store_true")
+    ap.add_argument("--hostile", action="store_true", help="also the hostile inputs: a 60 MB line, /dev/zero")
+    ap.add_argument("--hostile-only", action="store_true", help="only the hostile inputs")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.hostile or a.hostile_only:
+        hostile(a.out)
+    if a.hostile_only:
+        return
     sizes = sorted(a.sizes_mb)
     rows = {}
     for mb in sizes:

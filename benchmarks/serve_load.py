@@ -18,6 +18,14 @@ under ``artifacts/serve_bench/`` (reused when present; the figures are about tim
     python benchmarks/serve_load.py --clients 4 --duration 60 --ram int8            # sharebert-small
     python benchmarks/serve_load.py --preset sharebert-tiny --quantize none --clients 80 --hostile 20 \
         --duration 20 --threads 1 --max-memory 990                                  # hostile mix, 100 clients
+    python benchmarks/serve_load.py --preset sharebert-tiny --quantize none --clients 80 --hostile 20 \
+        --dribblers 130 --duration 60 --threads 1                                   # and 130 slow dribblers
+
+Before the load, one client alone sends ``--unloaded`` requests: their p95 is the unloaded p95 the
+loaded one is compared with (goal: loaded p95 <= 10x unloaded, light requests not starved by heavy
+ones). ``--dribblers`` connections from 127.0.0.2 each send one header line every 5 s, forever (the
+server's whole-request deadline cuts them off; they reconnect), while a probe from 127.0.0.1 asks
+``GET /health`` twice a second: every probe must get 200.
 """
 from __future__ import annotations
 
@@ -290,9 +298,72 @@ class Hostile:
         return threads
 
     def bad(self) -> dict[str, int]:
-        """Outcomes that miss what HTTP says: 5xx, resets, or the wrong status for the kind."""
-        want = {"oversize": {"413"}, "slow": {"408"}, "malformed": {"400", "404"}, "heavy": {"200"}}
+        """Outcomes that miss what HTTP says: 5xx, resets, or the wrong status for the kind (a heavy request may
+        get 503 + Retry-After: at most workers - 1 of them are admitted at once)."""
+        want = {"oversize": {"413"}, "slow": {"408"}, "malformed": {"400", "404"}, "heavy": {"200", "503"}}
         return {k: v for k, v in self.outcomes.items() if k.split(" ", 1)[1] not in want[k.split(" ")[0]]}
+
+
+class Dribblers:
+    """``n`` connections from 127.0.0.2 sending one header line every ``pace`` s and never finishing the request;
+    one cut off by the server reconnects. A probe from 127.0.0.1 asks ``GET /health`` every 0.5 s."""
+
+    def __init__(self, port: int, end: float, n: int, pace: float = 5.0):
+        self.port, self.end, self.n, self.pace = port, end, n, pace
+        self.connected = self.peak = self.cut = 0
+        self.health: Counter[str] = Counter()
+        self.health_ms: list[float] = []
+        self.lock = threading.Lock()
+
+    def _drip(self) -> None:
+        import socket
+
+        while time.perf_counter() < self.end:
+            try:
+                s = socket.socket()
+                s.bind(("127.0.0.2", 0))
+                s.settimeout(10)
+                s.connect((HOST, self.port))
+                s.sendall(b"GET /health HTTP/1.1\r\n")
+            except OSError:
+                time.sleep(0.5)
+                continue
+            with self.lock:
+                self.connected += 1
+                self.peak = max(self.peak, self.connected)
+            try:
+                while time.perf_counter() < self.end:
+                    time.sleep(self.pace)
+                    s.sendall(b"X-Drip: 1\r\n")
+            except OSError:
+                with self.lock:
+                    self.cut += 1
+            finally:
+                s.close()
+                with self.lock:
+                    self.connected -= 1
+
+    def _probe(self) -> None:
+        while time.perf_counter() < self.end:
+            t0 = time.perf_counter()
+            try:
+                conn = http.client.HTTPConnection(HOST, self.port, timeout=10)
+                conn.request("GET", "/health", headers={"Connection": "close"})
+                status = str(conn.getresponse().status)
+                conn.close()
+            except (OSError, http.client.HTTPException) as e:
+                status = f"error {type(e).__name__}"
+            with self.lock:
+                self.health[status] += 1
+                self.health_ms.append((time.perf_counter() - t0) * 1e3)
+            time.sleep(0.5)
+
+    def start(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._drip, daemon=True) for _ in range(self.n)]
+        threads.append(threading.Thread(target=self._probe, daemon=True))
+        for t in threads:
+            t.start()
+        return threads
 
 
 def reference(artifact: Path, ram: str, threads: int | None, requests: list[list[str]]):
@@ -328,6 +399,10 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default: 60)")
     ap.add_argument("--hostile", type=int, default=0,
                     help="extra client threads sending oversize, half-sent, malformed and heaviest requests (default: 0)")
+    ap.add_argument("--dribblers", type=int, default=0,
+                    help="slow clients from 127.0.0.2 dribbling a header line every 5 s (default: 0)")
+    ap.add_argument("--unloaded", type=int, default=50,
+                    help="requests of one client alone before the load: the unloaded p95 (default: 50)")
     ap.add_argument("--workers", type=int, default=2, help="server --workers (default: 2)")
     ap.add_argument("--max-batch-tokens", type=int, default=1024, help="server --max-batch-tokens (default: 1024)")
     ap.add_argument("--server-timeout", type=int, default=5, help="server --timeout, what a half-sent body waits (default: 5)")
@@ -351,7 +426,8 @@ def main(argv=None) -> int:
 
     limits = ["--max-batch", str(max(64, args.batch)), "--workers", str(args.workers), "--max-batch-tokens",
               str(args.max_batch_tokens), "--timeout", str(args.server_timeout),
-              "--max-queue", str(args.clients + args.hostile), "--max-connections", str(2 * (args.clients + args.hostile))]
+              "--max-queue", str(args.clients + args.hostile), "--max-connections", str(2 * (args.clients + args.hostile + 1)),
+              "--max-client-connections", str(args.clients + args.hostile + 1)]
     server = Server(artifact, args.port, args.ram, args.threads, limits)
     try:
         ready_s = server.wait_healthy(timeout=300)
@@ -359,12 +435,19 @@ def main(argv=None) -> int:
         warm = Load(server, requests, expected, expected_scores, 30.0, args.clients, args.timeout)
         warm.run(args.clients)  # one request per client: connections and first-run allocations
         warm_rss = server.memory_mb()
+        alone = Load(server, requests, expected, expected_scores, 60.0, args.unloaded, args.timeout)
+        alone.run(1)
+        unloaded_p95 = float(np.percentile(np.asarray(alone.latencies) * 1e3, 95)) if alone.latencies else float("nan")
         load = Load(server, requests, expected, expected_scores, args.duration, args.requests, args.timeout)
         print(f"load: {args.clients} clients, {args.batch} text(s)/request, up to {args.duration:g} s "
               f"or {args.requests} requests; {args.hostile} hostile clients ...", flush=True)
         hostile = Hostile(server.port, time.perf_counter() + args.duration, args.timeout)
         hostile_threads = hostile.start(args.hostile)
+        dribblers = Dribblers(server.port, time.perf_counter() + args.duration, args.dribblers)
+        dribbler_threads = dribblers.start() if args.dribblers else []
         wall = load.run(args.clients)
+        for t in dribbler_threads:
+            t.join(15)
         for t in hostile_threads:
             t.join(args.timeout + args.server_timeout + 5)
         memory = server.memory_mb()
@@ -390,6 +473,9 @@ def main(argv=None) -> int:
         "server_rss_after_mb": memory["VmRSS"], "server_peak_rss_mb": memory["VmHWM"],
         "server_alive_after_load": alive, "server_stop": stopped,
         "hostile": dict(hostile.outcomes), "hostile_wrong_status": hostile.bad(), "max_memory_mb": args.max_memory,
+        "unloaded_p95_ms": round(unloaded_p95, 2), "p95_over_unloaded": round(pct[95] / unloaded_p95, 2),
+        "dribblers": {"peak_connected": dribblers.peak, "cut_off": dribblers.cut, "health": dict(dribblers.health),
+                      "health_max_ms": round(max(dribblers.health_ms), 1) if dribblers.health_ms else None},
     }
     print(f"\nrequests        {done} sent, {answered} answered with 200 "
           f"({args.batch} text(s) each = {answered * args.batch} texts)")
@@ -397,6 +483,7 @@ def main(argv=None) -> int:
     print(f"throughput      {summary['requests_per_s']:.2f} requests/s, {summary['texts_per_s']:.2f} texts/s")
     print(f"latency (ms)    p50 {pct[50]:.1f}  p95 {pct[95]:.1f}  p99 {pct[99]:.1f}  "
           f"max {summary['latency_ms']['max']}")
+    print(f"unloaded p95    {unloaded_p95:.1f} ms (one client alone); loaded p95 / unloaded = {pct[95] / unloaded_p95:.2f}")
     print(f"errors          {summary['errors'] or 'none'}")
     print(f"correct (top-1) {summary['correct_rate']}  (largest top-1 score difference {load.max_score_diff:.2e})")
     print(f"server RSS (MB) after warm-up {warm_rss['VmRSS']}, after load {memory['VmRSS']}, "
@@ -405,13 +492,18 @@ def main(argv=None) -> int:
     if args.hostile:
         print(f"hostile         {dict(sorted(hostile.outcomes.items()))}")
         print(f"hostile wrong   {hostile.bad() or 'none'} (5xx, resets, or a status other than HTTP's for the kind)")
+    health_bad = args.dribblers and set(dribblers.health) != {"200"}
+    if args.dribblers:
+        print(f"dribblers       {args.dribblers} (peak {dribblers.peak} connected at once, {dribblers.cut} cut off by the "
+              f"deadline); GET /health from another client: {dict(dribblers.health)}, slowest "
+              f"{summary['dribblers']['health_max_ms']} ms")
     over = args.max_memory is not None and not (memory["VmHWM"] or float("inf")) <= args.max_memory
     if args.max_memory is not None:
         print(f"memory bound    peak {memory['VmHWM']} MB {'EXCEEDS' if over else 'within'} --max-memory {args.max_memory:g} MB")
     for note in load.examples:
         print(f"  e.g. {note}")
     print("SUMMARY " + json.dumps(summary), flush=True)
-    return 0 if done and load.outcomes["correct"] == done and not hostile.bad() and not over else 1
+    return 0 if done and load.outcomes["correct"] == done and not hostile.bad() and not over and not health_bad else 1
 
 
 if __name__ == "__main__":

@@ -113,18 +113,52 @@ print(json.dumps({{"logits": mlm(**enc).logits.tolist(), "hidden": fe(**enc).las
         assert diff <= 1e-4, (name, diff)
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--task", "fill-mask"], "library name could not be automatically inferred"),  # an empty folder
-    (["--task", "fill-mak"], "fill-mak"),  # a typo'd task
-])
-def test_optimum_cli_refusals_are_optimums_own(tiny, tmp_path, args, said):
-    model_dir, _ = tiny
-    source = tmp_path / "empty" if "fill-mask" in args else model_dir
-    source.mkdir(exist_ok=True)
-    done = _run([OPTIMUM_CLI, "export", "onnx", "--model", str(source), *args, str(tmp_path / "out")])
-    assert done.returncode != 0 and said in done.stderr, done.stderr[-2000:]
-    ours = [line for line in done.stderr.splitlines() if line.lstrip().startswith("File ") and "sharebert" in line]
-    assert not ours, ours  # no frame of ours in the traceback
+HOOK = Path(__file__).resolve().parents[1] / "optimum-register" / "optimum" / "commands" / "register" / "sharebert.py"
+
+
+def _damaged(root: Path, model_dir: Path) -> Path:
+    import shutil
+
+    shutil.copytree(model_dir, root / "damaged")
+    (root / "damaged" / "config.json").write_text('{"model_type": "sharebert", "hidden')
+    return root / "damaged"
+
+
+# (id, --model (M: the tiny model, A: its artifact, or a function of (tmp_path, M)), further arguments, message)
+HOOK_CASES = [
+    ("missing-folder", lambda t, m: t / "nope", ["--task", "fill-mask"], "model folder not found"),
+    ("empty-folder", lambda t, m: t / "empty", ["--task", "fill-mask"], "config.json not found"),
+    ("damaged-config", _damaged, ["--task", "fill-mask"], "config.json is not valid JSON"),
+    ("artifact-folder", "A", ["--task", "fill-mask"], "is an exported ONNX artifact"),
+    ("unknown-task", "M", ["--task", "fill-mak"], "--task fill-mak: sharebert exports"),
+    ("output-is-a-file", "M", ["--task", "fill-mask", "--out-file"], "is a file, not a folder"),
+    ("head-not-trained", "M", ["--task", "text-classification"], "holds no trained weights"),
+]
+
+
+@pytest.mark.parametrize("model, args, said", [c[1:] for c in HOOK_CASES], ids=[c[0] for c in HOOK_CASES])
+def test_optimum_cli_preflight_names_the_problem(tiny, tmp_path, model, args, said):
+    from sharebert.export.optimum_cli import check_export_onnx
+
+    model_dir, artifact = tiny
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "out.txt").write_text("mine\n")
+    source = {"M": model_dir, "A": artifact}[model] if isinstance(model, str) else model(tmp_path, model_dir)
+    out = tmp_path / "out.txt" if "--out-file" in args else tmp_path / "out"
+    with pytest.raises((ValueError, FileNotFoundError)) as e:
+        check_export_onnx(["--model", str(source), *[a for a in args if a != "--out-file"], str(out)])
+    assert said in str(e.value)
+    assert not (tmp_path / "out").exists() and (tmp_path / "out.txt").read_text() == "mine\n"
+    check_export_onnx(["--model", str(model_dir), "--task", "fill-mask", str(tmp_path / "out")])  # a good one passes
+
+
+def test_optimum_cli_hook_refuses_in_one_line_exit_2(tiny, tmp_path):
+    """The registration hook as optimum-cli imports it (this checkout's file, run with optimum-cli's argv)."""
+    argv = ["optimum-cli", "export", "onnx", "--model", str(tiny[0]), "--task", "text-classification", str(tmp_path / "o")]
+    done = _run([sys.executable, "-c", f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path({str(HOOK)!r})"])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "holds no trained weights" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
 
 
 def test_ram_int8_graphs_sit_in_a_subfolder_and_run(tiny):
