@@ -426,8 +426,8 @@ def main(argv=None) -> int:
 
     limits = ["--max-batch", str(max(64, args.batch)), "--workers", str(args.workers), "--max-batch-tokens",
               str(args.max_batch_tokens), "--timeout", str(args.server_timeout),
-              "--max-queue", str(args.clients + args.hostile), "--max-connections", str(2 * (args.clients + args.hostile + 1)),
-              "--max-client-connections", str(args.clients + args.hostile + 1)]
+              "--max-queue", str(args.clients + args.hostile), "--max-connections", str(2 * (args.clients + args.hostile + 10)),
+              "--max-client-connections", str(args.clients + args.hostile + 10)]  # 127.0.0.1's clients; dribblers no more
     server = Server(artifact, args.port, args.ram, args.threads, limits)
     try:
         ready_s = server.wait_healthy(timeout=300)
