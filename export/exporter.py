@@ -530,6 +530,12 @@ def format_report(manifest: dict) -> str:
                          if k != "check_file" and not isinstance(v, dict))
 
     lines.append(f"parity          {figures(p)}")
+    if manifest.get("embedding"):
+        e = manifest["embedding"]
+        dense = "".join(f" -> Dense {d['in_features']}x{d['out_features']} {d['activation'].rsplit('.', 1)[-1]}"
+                        for d in e["dense"])
+        lines.append(f"embedding       {e['pooling']} pooling{dense}{', normalised' if e['normalize'] else ''}, "
+                     f"{manifest['max_length']} tokens ({e['source']}); {figures(p['sentence_embedding'])}")
     if manifest.get("max_depth"):
         lines.append(f"depth           1..{manifest['max_depth']} at inference (`--depth`); at depth 1: {figures(p['depth_1'])}")
     else:
