@@ -497,7 +497,7 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
 
         manifest["embedding"] = {**recipe[0].as_dict(), "output": OUTPUT}
         manifest["outputs"].append(OUTPUT)
-    if ram_int8 is not None:
+    if ram_int8:  # {}: no computed weight large enough to hold as int8 (a very small model)
         manifest["ram_int8"] = ram_int8
     if ort_entry is not None:
         manifest.update(format_version=artifact.ORT_FORMAT_VERSION, model_format="ort", ort=ort_entry)
