@@ -12,9 +12,11 @@ sentence-transformers folder). Rows:
   each run by ONNX Runtime with the recipe done by hand in numpy (mean pooling, L2 norm, 256 tokens), as
   the model card says.
 
-Per row, in a fresh subprocess in which importing torch, transformers, optimum or onnx raises (a device):
-file bytes, peak RSS at load (VmHWM after loading), p50 of one sentence of 16 and of 128 tokens (1 thread;
-tokenizing, the run and the pooling), and STS-B dev Spearman of the cosine similarity (all 1,500 pairs).
+In subprocesses in which importing torch, transformers, optimum or onnx raises (a device): per row, in its
+own process, file bytes, peak RSS at load (VmHWM after loading) and STS-B dev Spearman of the cosine
+similarity (all 1,500 pairs); then, all rows loaded in one process and timed in interleaved rounds (so
+the shared machine's noise falls on every row alike), p50 of one sentence of 16 and of 128 tokens (1
+thread; tokenizing, the run and the pooling).
 
     OMP_NUM_THREADS=1 python benchmarks/real_model.py [--out runs/real_model_bench] [--reps 50] [--pairs 1500]
 """
@@ -36,14 +38,14 @@ class _Block:
 sys.meta_path.insert(0, _Block())
 import json, time
 import numpy as np
-spec = json.loads(sys.argv[1])
+job = json.loads(open(sys.argv[1], encoding="utf-8").read())
 def peak():
     return [int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
-if spec["kind"] == "ours":
+def loaded(spec):
+  if spec["kind"] == "ours":
     from sharebert.deploy import Runtime
-    rt = Runtime(spec["path"], threads=1, ram=spec["ram"])
-    embed = rt.embed
-else:
+    return Runtime(spec["path"], threads=1, ram=spec["ram"]).embed
+  else:
     import onnxruntime as ort
     from tokenizers import Tokenizer
     from sharebert.deploy.pooling import l2_normalize, pool
@@ -63,18 +65,24 @@ else:
             hidden = session.run(None, {k: v for k, v in feeds.items() if k in names})[0]
             out.extend(l2_normalize(pool(hidden, mask, "mean")))
         return out
-load_peak = peak()
-latency = {}
-for n, text in spec["timed"].items():
-    for _ in range(5):
-        embed([text])
-    times = []
-    for _ in range(spec["reps"]):
-        t0 = time.perf_counter(); embed([text]); times.append((time.perf_counter() - t0) * 1e3)
-    latency[n] = float(np.percentile(times, 50))
-a, b = np.stack(embed(spec["first"])), np.stack(embed(spec["second"]))
-cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-print(json.dumps({"peak_rss_load_mb": load_peak, "p50_ms": latency, "cosines": cos.tolist()}))
+    return embed
+if job["mode"] == "quality":  # one artifact: peak RSS at load, STS-B cosines
+    embed = loaded(job["spec"])
+    load_peak = peak()
+    a, b = np.stack(embed(job["first"])), np.stack(embed(job["second"]))
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    print(json.dumps({"peak_rss_load_mb": load_peak, "cosines": cos.tolist()}))
+else:  # every artifact loaded, timed in interleaved rounds: the machine's noise falls on all alike
+    embeds = [loaded(spec) for spec in job["specs"]]
+    times = [{n: [] for n in job["timed"]} for _ in embeds]
+    for round in range(job["rounds"]):
+        for embed, mine in zip(embeds, times):
+            for n, text in job["timed"].items():
+                for _ in range(2):
+                    embed([text])
+                for _ in range(job["reps"]):
+                    t0 = time.perf_counter(); embed([text]); mine[n].append((time.perf_counter() - t0) * 1e3)
+    print(json.dumps([{n: float(np.percentile(v, 50)) for n, v in mine.items()} for mine in times]))
 """
 
 
@@ -92,6 +100,7 @@ def timed_texts(model_dir: Path) -> dict:
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     tok.no_truncation()
+    tok.no_padding()
     out = {}
     for n in (16, 128):
         text = " ".join(["hello"] * (n - 2))
@@ -100,8 +109,11 @@ def timed_texts(model_dir: Path) -> dict:
     return out
 
 
-def child(spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True)
+def child(spec: dict, scratch: Path) -> dict:
+    """Run CHILD on ``spec`` (written to a file: the sentences exceed an argument list)."""
+    path = scratch / "spec.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -153,8 +165,6 @@ def main() -> None:
 
         quantize_dynamic(optimum_dir / "model.onnx", ort_int8, weight_type=QuantType.QInt8)
 
-    timed = timed_texts(model_dir)
-    common = {"reps": args.reps, "timed": timed, "first": first, "second": second}
     rows = [("ours fp32", {"kind": "ours", "path": str(ours["none"]), "ram": "fp32"}, ours["none"] / "model.onnx"),
             ("ours int8", {"kind": "ours", "path": str(ours["int8"]), "ram": "fp32"}, ours["int8"] / "model.onnx"),
             ("ours int8-dynamic", {"kind": "ours", "path": str(ours["int8-dynamic"]), "ram": "fp32"},
@@ -162,22 +172,27 @@ def main() -> None:
             ("ours ram-int8", {"kind": "ours", "path": str(ours["none"]), "ram": "int8"}, ours["none"] / "model.onnx"),
             ("optimum fp32", {"kind": "optimum", "path": str(optimum_dir / "model.onnx")}, optimum_dir / "model.onnx"),
             ("optimum + ORT int8-dynamic", {"kind": "optimum", "path": str(ort_int8)}, ort_int8)]
-    results = {"torch": {"spearman": torch_spearman}}
-    header = f"{'artifact':28s} {'file MB':>8s} {'peak RSS load MB':>17s} {'p50 16 tok ms':>14s} {'p50 128 tok ms':>15s} {'STS-B Spearman':>15s}"
-    lines = [header, f"{'torch (sentence-transformers)':28s} {'':>8s} {'':>17s} {'':>14s} {'':>15s} {torch_spearman:15.4f}"]
-    print(lines[0], flush=True)
-    print(lines[1], flush=True)
-    for name, spec, model_file in rows:
+    for _, spec, _ in rows:
         if spec["kind"] == "optimum":
             spec["tokenizer"] = str(optimum_dir / "tokenizer.json")
-        r = child({**spec, **common})
-        r["spearman"] = float(spearmanr(r.pop("cosines"), gold).correlation)
-        r["file_bytes"] = model_file.stat().st_size
-        results[name] = r
-        line = (f"{name:28s} {r['file_bytes'] / 1e6:8.1f} {r['peak_rss_load_mb']:17.0f} {r['p50_ms']['16']:14.2f} "
-                f"{r['p50_ms']['128']:15.2f} {r['spearman']:15.4f}")
-        lines.append(line)
-        print(line, flush=True)
+    results = {"torch": {"spearman": torch_spearman}}
+    for name, spec, model_file in rows:
+        r = child({"mode": "quality", "spec": spec, "first": first, "second": second}, out)
+        results[name] = {"file_bytes": model_file.stat().st_size, "peak_rss_load_mb": r["peak_rss_load_mb"],
+                         "spearman": float(spearmanr(r["cosines"], gold).correlation)}
+        print(name, results[name], flush=True)
+    rounds = 5
+    latency = child({"mode": "latency", "specs": [spec for _, spec, _ in rows], "timed": timed_texts(model_dir),
+                     "rounds": rounds, "reps": max(1, args.reps // rounds)}, out)
+    header = (f"{'artifact':28s} {'file MB':>8s} {'peak RSS load MB':>17s} {'p50 16 tok ms':>14s} {'p50 128 tok ms':>15s} "
+              f"{'STS-B Spearman':>15s}")
+    lines = [header, f"{'torch (sentence-transformers)':28s} {'':>8s} {'':>17s} {'':>14s} {'':>15s} {torch_spearman:15.4f}"]
+    for (name, _, _), p50 in zip(rows, latency):
+        r = results[name]
+        r["p50_ms"] = p50
+        lines.append(f"{name:28s} {r['file_bytes'] / 1e6:8.1f} {r['peak_rss_load_mb']:17.0f} {p50['16']:14.2f} "
+                     f"{p50['128']:15.2f} {r['spearman']:15.4f}")
+    print("\n".join(lines))
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "table.txt").write_text("\n".join(lines) + "\n")
 
