@@ -441,9 +441,11 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         super().__init__(config)
         self._build(config)
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, **kwargs):
-        """One generation step's inputs: the tokens the cache has not seen, their positions counted over the
-        attention mask (so left padding does not shift them), and every other model keyword.
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
+                                      token_type_ids=None, **kwargs):
+        """One generation step's inputs: the tokens the cache has not seen, with their token types (a
+        tokenizer's ``token_type_ids``, which ``generate`` extends with each new token) and their positions
+        counted over the attention mask (so left padding does not shift them), and every other model keyword.
 
         Beyond ``max_position_embeddings`` tokens the context is a sliding window of the last ones, run
         again from an empty cache (positions cannot grow further).
@@ -455,10 +457,13 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         if input_ids.shape[1] > P:
             input_ids, attention_mask, past = input_ids[:, -P:], attention_mask[:, -P:], 0
             past_key_values = DynamicCache() if past_key_values is not None else None
+        if token_type_ids is not None:  # (B, T) like input_ids: the same window, the same new positions
+            token_type_ids = token_type_ids[:, -input_ids.shape[1]:][:, past:]
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         kwargs.pop("position_ids", None)  # generate's own, counted without the mask
         return {**kwargs, "input_ids": input_ids[:, past:], "attention_mask": attention_mask,
-                "position_ids": position_ids[:, past:], "past_key_values": past_key_values}
+                "token_type_ids": token_type_ids, "position_ids": position_ids[:, past:],
+                "past_key_values": past_key_values}
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None,

@@ -11,7 +11,8 @@ def add_arguments(p):
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
                    help="override a config field, e.g. --set attention=symmetric (repeatable)")
     p.add_argument("--vocab", help="WordPiece vocab.txt (default: ../shared/data/bert-base-uncased/vocab.txt)")
-    p.add_argument("--head", choices=["mlm", "clm"], default="mlm", help="masked-LM (default) or causal-LM head")
+    p.add_argument("--head", choices=["mlm", "clm"],
+                   help="masked-LM or causal-LM head (default: causal for a decoder preset such as charlm-tiny, else masked)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
