@@ -28,6 +28,7 @@ from transformers.modeling_outputs import (
     BaseModelOutputWithPoolingAndCrossAttentions,
     CausalLMOutputWithPast,
     MaskedLMOutput,
+    MultipleChoiceModelOutput,
     QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
@@ -566,12 +567,44 @@ class ShareBertForQuestionAnswering(ShareBertPreTrainedModel):
         return res if return_dict else res.to_tuple()
 
 
+class ShareBertForMultipleChoice(ShareBertPreTrainedModel):
+    """Multiple choice as BERT does it: inputs ``(B, C, T)`` (C choices, each paired with the context) run as
+    ``B * C`` sequences; a linear scorer on each pooled [CLS] vector gives ``logits`` ``(B, C)``."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.sharebert = ShareBertModel(config)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
+        """``labels`` (B,): the index of the right choice."""
+        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+
+        def flat(t):  # (B, C, T, ...) -> (B * C, T, ...)
+            return None if t is None else t.reshape(-1, *t.shape[2:])
+
+        out = self.sharebert(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(inputs_embeds),
+                             output_attentions, output_hidden_states, return_dict=True, position_ids=flat(position_ids),
+                             head_mask=head_mask, depth=depth)
+        pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+        logits = self.classifier(self.dropout(pooled)).view(-1, choices)
+        loss = F.cross_entropy(logits, labels.view(-1)) if labels is not None else None
+        res = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        return res if return_dict else res.to_tuple()
+
+
 # Importing this module makes the models known to transformers' Auto classes (and so to pipelines
 # and optimum's ORTModel*): transformers' documented extension point, one call per class.
 AUTO_CLASSES = {"AutoModel": ShareBertModel, "AutoModelForMaskedLM": ShareBertForMaskedLM,
                 "AutoModelForCausalLM": ShareBertForCausalLM,
                 "AutoModelForSequenceClassification": ShareBertForSequenceClassification,
                 "AutoModelForTokenClassification": ShareBertForTokenClassification,
-                "AutoModelForQuestionAnswering": ShareBertForQuestionAnswering}
+                "AutoModelForQuestionAnswering": ShareBertForQuestionAnswering,
+                "AutoModelForMultipleChoice": ShareBertForMultipleChoice}
 for _auto, _cls in AUTO_CLASSES.items():
     getattr(transformers, _auto).register(ShareBertConfig, _cls, exist_ok=True)

@@ -1,0 +1,123 @@
+"""The Hugging Face stack on ShareBERT as on BERT, each from a fresh process where it matters: ``import sharebert``
+as the one import (Auto classes, pipelines, optimum's export), the BERT tokenizer class, multiple choice, and
+``build`` of a causal preset. Real transformers, optimum and ONNX Runtime; no hub."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from sharebert.build import build_model
+from sharebert.cli import main
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16,
+            max_position_embeddings=64)
+TEXTS = ["the capital of france is [MASK].", "a [MASK] movie, and a good one."]
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+@pytest.fixture(scope="module")
+def mlm_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eco") / "mlm"
+    build_model("sharebert-tiny", out, TINY, seed=0)
+    return out
+
+
+def test_import_sharebert_is_the_one_import(mlm_dir, tmp_path):
+    """A user's script, written the obvious way: ``import sharebert``, then transformers' and optimum's own
+    entry points on a sharebert folder (AutoConfig, AutoTokenizer, AutoModel*, pipeline, main_export)."""
+    script = f"""
+import json, sharebert
+import numpy as np, onnxruntime as ort, torch
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, pipeline
+from optimum.exporters.onnx import main_export
+folder = {str(mlm_dir)!r}
+config = AutoConfig.from_pretrained(folder)
+tokenizer = AutoTokenizer.from_pretrained(folder)
+model = AutoModelForMaskedLM.from_pretrained(folder).eval()
+enc = tokenizer({TEXTS!r}, padding=True, return_tensors="pt")
+with torch.no_grad():
+    logits = model(**enc).logits
+    hidden = AutoModel.from_pretrained(folder).eval()(**enc).last_hidden_state
+fill = pipeline("fill-mask", model=folder, top_k=1)({TEXTS[0]!r})
+main_export(folder, {str(tmp_path / 'onnx')!r}, task="fill-mask")
+session = ort.InferenceSession({str(tmp_path / 'onnx' / 'model.onnx')!r}, providers=["CPUExecutionProvider"])
+onnx = session.run(["logits"], {{i.name: enc[i.name].numpy() for i in session.get_inputs()}})[0]
+top = int(logits[0, enc["input_ids"][0].tolist().index(tokenizer.mask_token_id)].argmax())
+print(json.dumps({{"config": type(config).__name__, "tokenizer": type(tokenizer).__name__,
+                  "model": type(model).__name__, "hidden": list(hidden.shape), "fill": fill[0]["token"],
+                  "top": top, "onnx_diff": float(np.abs(onnx - logits.numpy()).max())}}))
+"""
+    done = _python(script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (got["config"], got["tokenizer"], got["model"]) == ("ShareBertConfig", "BertTokenizerFast", "ShareBertForMaskedLM")
+    assert got["hidden"][-1] == TINY["hidden_size"] and got["fill"] == got["top"]
+    assert got["onnx_diff"] <= 1e-4, got["onnx_diff"]
+
+
+def test_without_registration_transformers_does_not_know_sharebert(mlm_dir):
+    """The check above is not vacuous: with ``SHAREBERT_REGISTER=0`` the same first lines fail as before."""
+    done = _python(f"import sharebert; from transformers import AutoConfig; AutoConfig.from_pretrained({str(mlm_dir)!r})",
+                   SHAREBERT_REGISTER="0")
+    assert done.returncode != 0 and "sharebert" in done.stderr
+
+
+def test_build_of_a_causal_preset_writes_a_causal_lm(tmp_path, capsys):
+    out = tmp_path / "charlm"
+    assert main(["build", "--preset", "charlm-tiny", "--set", "num_hidden_layers=1", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    vocab = (out / "vocab.txt").read_text().split("\n")
+    assert config["architectures"] == ["ShareBertForCausalLM"] and config["is_decoder"] is True
+    assert generation["eos_token_id"] == vocab.index("[SEP]") and generation["pad_token_id"] == vocab.index("[PAD]")
+    assert main(["build", "--preset", "charlm-tiny", "--set", "num_hidden_layers=1", "--head", "mlm",
+                 "--out", str(tmp_path / "mlm")]) == 0  # --head still decides when given
+    assert json.loads((tmp_path / "mlm" / "config.json").read_text())["architectures"] == ["ShareBertForMaskedLM"]
+
+
+def test_multiple_choice_is_berts(tmp_path):
+    """``ShareBertForMultipleChoice`` with BERT's weights (``sharing='none'``) gives ``BertForMultipleChoice``'s
+    logits and loss; ``AutoModelForMultipleChoice`` builds it; optimum exports it (task ``multiple-choice``)."""
+    from optimum.exporters.onnx import main_export
+    from transformers import AutoModelForMultipleChoice, BertConfig, BertForMultipleChoice
+    import onnxruntime as ort
+
+    from sharebert import ShareBertConfig, ShareBertForMultipleChoice
+    from sharebert.model_folder import bert_state_dict
+
+    shape = dict(vocab_size=500, hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=2,
+                 max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    bert = BertForMultipleChoice(BertConfig(**shape)).eval()
+    config = ShareBertConfig.from_preset("bert-base", **shape)
+    ours = AutoModelForMultipleChoice.from_config(config).eval()
+    assert isinstance(ours, ShareBertForMultipleChoice)
+    missing, unexpected = ours.load_state_dict(bert_state_dict(bert.state_dict(), 2, "sharebert."), strict=False)
+    assert not missing and not unexpected
+    g = torch.Generator().manual_seed(1)
+    inputs = {"input_ids": torch.randint(5, 500, (2, 3, 10), generator=g),
+              "token_type_ids": torch.randint(0, 2, (2, 3, 10), generator=g),
+              "attention_mask": torch.ones(2, 3, 10, dtype=torch.long)}
+    inputs["attention_mask"][1, 2, 7:] = 0
+    labels = torch.tensor([2, 0])
+    with torch.no_grad():
+        want, got = bert(**inputs, labels=labels), ours(**inputs, labels=labels)
+    assert got.logits.shape == (2, 3)
+    assert (got.logits - want.logits).abs().max().item() <= 1e-5
+    assert abs(got.loss.item() - want.loss.item()) <= 1e-5
+
+    ours.save_pretrained(tmp_path / "mc")
+    main_export(str(tmp_path / "mc"), str(tmp_path / "onnx"), task="multiple-choice")
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    onnx = session.run(["logits"], {i.name: inputs[i.name].numpy() for i in session.get_inputs()})[0]
+    assert np.abs(onnx - got.logits.numpy()).max() <= 1e-4
