@@ -606,5 +606,27 @@ AUTO_CLASSES = {"AutoModel": ShareBertModel, "AutoModelForMaskedLM": ShareBertFo
                 "AutoModelForTokenClassification": ShareBertForTokenClassification,
                 "AutoModelForQuestionAnswering": ShareBertForQuestionAnswering,
                 "AutoModelForMultipleChoice": ShareBertForMultipleChoice}
+# -- registration with transformers' Auto classes (left out of a folder's portable copy: sharebert/portable.py)
 for _auto, _cls in AUTO_CLASSES.items():
     getattr(transformers, _auto).register(ShareBertConfig, _cls, exist_ok=True)
+
+
+def _save_pretrained(self, save_directory, *args, **kwargs):
+    """transformers' save. After ``register_for_auto_class()`` the folder gets sharebert's portable modeling code
+    and ``auto_map`` (``sharebert.portable``), loadable with ``trust_remote_code=True`` where sharebert is not
+    installed, instead of transformers' copy of the module defining the class (which imports sharebert). Package
+    only: a portable copy, itself remote code, is saved by transformers as it is."""
+    if self._auto_class is None:
+        return PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+    self._auto_class = None  # shadows the class attribute for this one save
+    try:
+        result = PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+    finally:
+        del self._auto_class
+    from .portable import make_portable
+
+    make_portable(save_directory, AUTO_CLASSES)
+    return result
+
+
+ShareBertPreTrainedModel.save_pretrained = _save_pretrained

@@ -121,3 +121,77 @@ def test_multiple_choice_is_berts(tmp_path):
     session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
     onnx = session.run(["logits"], {i.name: inputs[i.name].numpy() for i in session.get_inputs()})[0]
     assert np.abs(onnx - got.logits.numpy()).max() <= 1e-4
+
+
+BLOCK_SHAREBERT = """
+import sys
+class _NoSharebert:  # this process stands for a machine where sharebert is not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("sharebert", "transformers_sharebert"):
+            raise ImportError(f"No module named {name!r} (blocked by the test)")
+sys.meta_path.insert(0, _NoSharebert())
+"""
+IDS = [[101, 2023, 2003, 1037, 3231, 102, 0], [101, 7592, 2088, 999, 2204, 2154, 102]]
+
+
+def _remote_outputs(folder, auto: str, tmp_path) -> dict:
+    """``auto.from_pretrained(folder, trust_remote_code=True)`` in a process where ``import sharebert`` fails."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCK_SHAREBERT)
+    script = f"""
+import json, sys, torch, transformers
+try:
+    import sharebert
+    raise SystemExit("sharebert is importable")
+except ImportError:
+    pass
+model = getattr(transformers, {auto!r}).from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+ids = torch.tensor({IDS!r})
+with torch.no_grad():
+    out = model(input_ids=ids, attention_mask=(ids > 0).long())
+print(json.dumps({{"module": type(model).__module__, "logits": out.logits.tolist(),
+                  "loaded": sorted(m for m in sys.modules if m.split(".")[0] == "sharebert")}}))
+"""
+    done = _python(script, PYTHONPATH=str(site), HF_MODULES_CACHE=str(tmp_path / "modules"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _local_logits(model) -> np.ndarray:
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        return model.eval()(input_ids=ids, attention_mask=(ids > 0).long()).logits.numpy()
+
+
+def test_portable_folder_loads_without_sharebert(tmp_path):
+    """``sharebert build --portable``: the folder's own code (generated from the package) gives the package's logits."""
+    from transformers import AutoModelForMaskedLM
+
+    folder = tmp_path / "portable"
+    assert main(["build", "--preset", "sharebert-tiny", *[f"--set={k}={v}" for k, v in TINY.items()],
+                 "--portable", "--out", str(folder)]) == 0
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForMaskedLM"] == "modeling_sharebert.ShareBertForMaskedLM"
+    from sharebert.portable import FILES, portable_source
+
+    assert all((folder / f"{name}.py").read_text() == portable_source(name) for name in FILES)
+    got = _remote_outputs(folder, "AutoModelForMaskedLM", tmp_path)
+    assert got["module"].startswith("transformers_modules.") and got["loaded"] == []
+    want = _local_logits(AutoModelForMaskedLM.from_pretrained(folder))  # the package's class (no remote code)
+    assert np.abs(np.asarray(got["logits"]) - want).max() <= 1e-5
+
+
+def test_register_for_auto_class_then_save_pretrained_shares_the_hub_way(tmp_path):
+    from sharebert import ShareBertConfig, ShareBertForSequenceClassification
+
+    torch.manual_seed(0)
+    model = ShareBertForSequenceClassification(ShareBertConfig.from_preset("sharebert-tiny", vocab_size=30528,
+                                                                           num_labels=3, **TINY))
+    ShareBertForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+    try:
+        model.save_pretrained(tmp_path / "hub")
+    finally:
+        ShareBertForSequenceClassification._auto_class = None
+    got = _remote_outputs(tmp_path / "hub", "AutoModelForSequenceClassification", tmp_path)
+    assert np.abs(np.asarray(got["logits"]) - _local_logits(model)).max() <= 1e-5
