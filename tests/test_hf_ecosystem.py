@@ -195,3 +195,78 @@ def test_register_for_auto_class_then_save_pretrained_shares_the_hub_way(tmp_pat
         ShareBertForSequenceClassification._auto_class = None
     got = _remote_outputs(tmp_path / "hub", "AutoModelForSequenceClassification", tmp_path)
     assert np.abs(np.asarray(got["logits"]) - _local_logits(model)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("sharing", ["veps", "eps"])
+def test_lora_adapts_the_generated_weights_trains_only_adapters_merges_and_exports(sharing, tmp_path):
+    from peft import PeftModel, get_peft_model
+    from transformers import AutoTokenizer
+
+    import sharebert
+    from sharebert import ShareBertForSequenceClassification
+    from sharebert.export.exporter import export_model
+
+    shape = dict(TINY, sharing=sharing, num_labels=2)
+    if sharing == "eps":
+        shape.update(embedding_size=None, pooler="dense")
+    base_dir = tmp_path / "base"
+    build_model("sharebert-tiny", base_dir, {k: v for k, v in shape.items() if k != "num_labels"}, seed=0)
+    model = ShareBertForSequenceClassification.from_pretrained(base_dir, num_labels=2)
+    model.save_pretrained(base_dir)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    enc = tokenizer(["a good film", "a dull , tedious film", "fine"], padding=True, return_tensors="pt")
+    labels = torch.tensor([1, 0, 1])
+    with torch.no_grad():
+        base = model.eval()(**enc).logits.clone()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    peft_model = get_peft_model(model, sharebert.lora_config(model, r=4, task_type="SEQ_CLS"))
+    trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or "classifier" in n for n in trainable), trainable
+    assert any("lora_" in n for n in trainable)
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
+    peft_model.train()
+    for _ in range(3):
+        optimizer.zero_grad()
+        peft_model(**enc, labels=labels).loss.backward()
+        optimizer.step()
+    peft_model.eval()
+    with torch.no_grad():
+        adapted = peft_model(**enc).logits.clone()
+        encoder = peft_model.base_model.model.sharebert
+        moved = (encoder(**enc).last_hidden_state - ShareBertForSequenceClassification.from_pretrained(base_dir)
+                 .eval().sharebert(**enc).last_hidden_state).abs().max().item()
+    assert (adapted - base).abs().max().item() > 1e-3 and moved > 1e-4  # the encoder itself changed
+    peft_model.save_pretrained(tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(ShareBertForSequenceClassification.from_pretrained(base_dir), tmp_path / "adapter")
+    merged = peft_model.merge_and_unload()
+    assert all(torch.equal(p, frozen[n]) for n, p in merged.named_parameters()
+               if "word_embeddings" not in n and "weight_generator" not in n and "classifier" not in n)
+    with torch.no_grad():
+        for other in (reloaded.eval()(**enc).logits, merged.eval()(**enc).logits):
+            assert (other - adapted).abs().max().item() <= 1e-5
+    merged.save_pretrained(tmp_path / "merged")
+    tokenizer.save_pretrained(tmp_path / "merged")
+    export_model(tmp_path / "merged", tmp_path / "artifact", task="text-classification", check_limit=4, runs=1,
+                 shapes=("1x16",), progress=False)
+    from sharebert.deploy import Runtime
+
+    got = Runtime(tmp_path / "artifact").classify(["a good film", "a dull , tedious film", "fine"])
+    probs = torch.softmax(adapted, -1).numpy()  # the artifact computes the adapted model (merged in its weights)
+    names = [merged.config.id2label[i] for i in range(2)]
+    assert np.abs(np.array([[r["scores"][n] for n in names] for r in got]) - probs).max() <= 1e-4
+
+
+@pytest.mark.parametrize("config, said", [
+    (dict(sharing="none", embedding_size=None, pooler="dense"), "needs sharing 'veps' or 'eps'"),
+    ("bert", "for sharebert models"),
+])
+def test_lora_config_refusals_name_the_problem(config, said):
+    import sharebert
+    from transformers import BertConfig
+
+    from sharebert import ShareBertConfig
+
+    cfg = BertConfig() if config == "bert" else ShareBertConfig.from_preset("sharebert-tiny", **TINY | config)
+    with pytest.raises(ValueError, match=said):
+        sharebert.lora_config(cfg)
