@@ -270,3 +270,46 @@ def test_lora_config_refusals_name_the_problem(config, said):
     cfg = BertConfig() if config == "bert" else ShareBertConfig.from_preset("sharebert-tiny", **TINY | config)
     with pytest.raises(ValueError, match=said):
         sharebert.lora_config(cfg)
+
+
+def test_sentence_transformers_loads_a_sharebert_embedding_folder_as_the_artifact_embeds(tmp_path):
+    """A ShareBERT saved with its recipe (``sharebert.recipe.write_recipe``: mean pooling, a Dense layer,
+    Normalize): ``SentenceTransformer(dir)`` gives the exported artifact's embeddings, here (registration by
+    ``import sharebert``) and, from the folder's portable code, in a process where sharebert is not installed."""
+    from sentence_transformers import SentenceTransformer
+
+    from sharebert import ShareBertModel
+    from sharebert.deploy import Runtime
+    from sharebert.export.exporter import export_model
+    from sharebert.modeling_sharebert import AUTO_CLASSES
+    from sharebert.portable import make_portable
+    from sharebert.recipe import DenseLayer, EmbeddingRecipe, write_recipe
+
+    folder = tmp_path / "embedder"
+    build_model("sharebert-tiny", folder, TINY, seed=0)
+    ShareBertModel.from_pretrained(folder).save_pretrained(folder)  # the encoder alone, as embedders ship
+    rng = np.random.default_rng(0)
+    w, b = rng.normal(size=(24, TINY["hidden_size"])).astype(np.float32) * 0.2, rng.normal(size=24).astype(np.float32)
+    write_recipe(folder, EmbeddingRecipe("mean", True, (DenseLayer("", TINY["hidden_size"], 24, True,
+                                                                   "torch.nn.modules.activation.Tanh"),), 48, True),
+                 [(w, b)])
+    make_portable(folder, AUTO_CLASSES)
+    texts = ["a good film", "the capital of france is paris .", "short"]
+    local = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
+    export_model(folder, tmp_path / "artifact", task="feature-extraction", check_limit=4, runs=1, shapes=("1x16",),
+                 progress=False)
+    artifact = np.stack(Runtime(tmp_path / "artifact").embed(texts))
+    assert local.shape == (3, 24) and np.abs(np.linalg.norm(local, axis=1) - 1).max() <= 1e-5
+    assert np.abs(local - artifact).max() <= 1e-4
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_SHAREBERT)
+    done = _python(f"""
+import json
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer({str(folder)!r}, device="cpu", trust_remote_code=True)
+print(json.dumps(model.encode({texts!r}, convert_to_numpy=True).tolist()))
+""", PYTHONPATH=str(site), HF_MODULES_CACHE=str(tmp_path / "modules"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert np.abs(np.asarray(json.loads(done.stdout.strip().splitlines()[-1])) - artifact).max() <= 1e-4
