@@ -313,3 +313,43 @@ print(json.dumps(model.encode({texts!r}, convert_to_numpy=True).tolist()))
 """, PYTHONPATH=str(site), HF_MODULES_CACHE=str(tmp_path / "modules"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert np.abs(np.asarray(json.loads(done.stdout.strip().splitlines()[-1])) - artifact).max() <= 1e-4
+
+
+def test_export_optimize_fuses_keeps_depth_and_equals_the_plain_artifact(mlm_dir, tmp_path):
+    """``--optimize``: ONNX Runtime's BERT fusions on a depth-gated artifact; the session loads, the depth input
+    still gates, and every depth gives the plain artifact's outputs."""
+    import onnx
+    import onnxruntime as ort
+
+    from sharebert.deploy.artifact import MODEL
+    from sharebert.export.exporter import export_model
+
+    common = dict(task="fill-mask", check_limit=8, runs=1, shapes=("1x16",), progress=False)
+    plain = export_model(mlm_dir, tmp_path / "plain", **common)
+    fused = export_model(mlm_dir, tmp_path / "fused", optimize=True, **common)
+    assert plain["optimized"] is None and fused["max_depth"] == plain["max_depth"] == TINY["num_hidden_layers"]
+    assert fused["optimized"].get("SkipLayerNormalization", 0) >= 1 and fused["optimized"].get("LayerNormalization", 0) >= 1
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "fused" / MODEL)).graph.node}
+    assert "If" in ops and "SkipLayerNormalization" in ops
+    assert fused["parity"]["max_abs_diff"] <= 1e-3 and fused["parity"]["depth_1"]["max_abs_diff"] <= 1e-3
+    sessions = [ort.InferenceSession(str(tmp_path / name / MODEL), providers=["CPUExecutionProvider"])
+                for name in ("plain", "fused")]
+    ids = np.random.default_rng(0).integers(1000, 30000, (2, 12)).astype(np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    outs = {}
+    for depth in (1, TINY["num_hidden_layers"]):
+        a, b = (s.run(["logits"], {**feeds, "depth": np.array(depth, np.int64)})[0] for s in sessions)
+        assert np.abs(a - b).max() <= 1e-4
+        outs[depth] = b
+    assert np.abs(outs[1] - outs[TINY["num_hidden_layers"]]).max() > 1e-3  # depth still gates
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--quantize", "int8"], "--optimize applies ONNX Runtime's fp32 encoder fusions"),
+    (["--format", "ort"], "needs --quantize none, --format onnx"),
+])
+def test_export_optimize_refusals(mlm_dir, tmp_path, capsys, args, said):
+    out = tmp_path / "never"
+    assert main(["export", "--model", str(mlm_dir), "--out", str(out), "--optimize", *args]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1 and not out.exists()
