@@ -138,3 +138,52 @@ def test_manifest_counts_what_the_file_holds(minilm_artifact, minilm_dir):
     stored = sum(numpy_helper.to_array(t).size for t in onnx.load(str(path / "model.onnx")).graph.initializer
                  if t.data_type == onnx.TensorProto.FLOAT)
     assert 0 <= stored - manifest["learned_params"] <= 16, stored  # the rest: scalar constants (eps, 0.5, ...)
+
+
+def test_predict_and_serve_embed_by_the_recipe(minilm_artifact, capsys, tmp_path):
+    """`predict` and `serve /embed` answer with the recipe's embeddings by default; --pooling/--no-normalize and
+    the request's "pooling"/"normalize" override it; a bad override is refused in one line."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from sharebert.cli import main
+    from sharebert.deploy.serve import make_server
+
+    path, _ = minilm_artifact("none")
+    runtime = Runtime(path, threads=1)
+    texts = ["A man is playing a guitar.", "A woman is slicing an onion."]
+    default, raw_cls = np.stack(runtime.embed(texts)), np.stack(runtime.embed(texts, pooling="cls", normalize=False))
+    for extra, want in (([], default), (["--pooling", "cls", "--no-normalize"], raw_cls)):
+        assert main(["predict", str(path), "--json", "--threads", "1", *extra, *texts]) == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert np.abs(np.array([r["result"] for r in rows]) - want).max() <= 1e-5
+    assert main(["predict", str(path), "--pooling", "median", texts[0]]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+    server = make_server(runtime, "127.0.0.1", 0, quiet=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def post(body):
+        req = urllib.request.Request(f"http://127.0.0.1:{server.server_address[1]}/embed", json.dumps(body).encode())
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        status, body = post({"texts": texts})
+        assert status == 200 and np.abs(np.array(body["results"]) - default).max() <= 1e-5
+        status, body = post({"texts": texts, "pooling": "cls", "normalize": False})
+        assert status == 200 and np.abs(np.array(body["results"]) - raw_cls).max() <= 1e-5
+        for bad, says in [({"text": "a", "normalize": "yes"}, "true or false"), ({"text": "a", "normalize": 1}, "true or false"),
+                          ({"text": "a", "pooling": "median"}, "must be one of"), ({"text": "a", "text_pair": "b"}, "single texts")]:
+            status, body = post(bad)
+            assert status == 400 and says in body["error"], (bad, body)
+    finally:
+        server.shutdown()
+        server.server_close()
+    for kwargs, says in [({"pooling": "median"}, "pooling must be one of"), ({"normalize": "yes"}, "true or false")]:
+        with pytest.raises(ValueError, match=says):
+            runtime.embed(texts, **kwargs)
