@@ -353,3 +353,16 @@ def test_export_optimize_refusals(mlm_dir, tmp_path, capsys, args, said):
     assert main(["export", "--model", str(mlm_dir), "--out", str(out), "--optimize", *args]) == 2
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_make_portable_refuses_a_folder_that_is_not_sharebert(tmp_path):
+    from transformers import BertConfig
+
+    from sharebert.modeling_sharebert import AUTO_CLASSES
+    from sharebert.portable import make_portable
+
+    BertConfig(num_hidden_layers=1).save_pretrained(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match="config.json: model_type is 'bert', not 'sharebert'"):
+        make_portable(tmp_path, AUTO_CLASSES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
