@@ -58,6 +58,7 @@ class ExportOptions:
     runs: int = 30
     progress: bool = True
     format: str = "onnx"
+    optimize: bool = False  # ONNX Runtime's transformer fusions (export/optimize.py)
 
 
 class ParityError(ValueError):
@@ -221,6 +222,9 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
         raise ValueError(f"--format ort keeps weight generation in the graph: it needs --weights compact and --quantize "
                          f"none, int8 or fp16 (got --weights {weights}, --quantize {quantize}); for stored weights, "
                          f"convert model.onnx with python -m onnxruntime.tools.convert_onnx_models_to_ort")
+    if o.optimize and (quantize != "none" or o.format != "onnx" or task == "causal-lm"):
+        raise ValueError(f"--optimize applies ONNX Runtime's fp32 encoder fusions: it needs --quantize none, --format onnx "
+                         f"and an encoder task (got --quantize {quantize}, --format {o.format}, --task {task})")
     if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"unsupported opset {opset!r}; use {MIN_OPSET}..{MAX_OPSET} (default 17)")
     if quantize == "int8-static" and calibration is None:
@@ -431,6 +435,11 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
         learned += sum(w.size + (0 if b is None else b.size) for w, b in recipe[1])
     if max_depth or recipe is not None:
         onnx.save(proto, str(path))
+    fusions = None
+    if o.optimize:  # ONNX Runtime's transformer fusions; weight generation and the depth gating stay
+        from .optimize import fuse
+
+        fusions = fuse(path, config)
     steps.update()
 
     steps.set_postfix_str("parity")
@@ -453,7 +462,7 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     _save_tokenizer(tokenizer, tmp, max_length)
     if not (tmp / "tokenizer.json").is_file():
         raise RuntimeError("the tokenizer did not write tokenizer.json")
-    ram_int8 = build_int8_ram_graphs(tmp) if weights == "compact" and o.format == "onnx" else None
+    ram_int8 = build_int8_ram_graphs(tmp) if weights == "compact" and o.format == "onnx" and not o.optimize else None
     steps.update()
 
     steps.set_postfix_str("footprint")
@@ -490,7 +499,7 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
         "session_config": session_config, "learned_params": learned, "max_depth": max_depth, "depth_note": depth_note,
         "special_tokens": {k: int(v) for k, v in special.items() if v is not None},
         "files": {}, "versions": _versions(), "parity": parity, "footprint": footprint,
-        "tensor_dtypes": dtypes,
+        "tensor_dtypes": dtypes, "optimized": fusions,
     }
     if recipe is not None:
         from .sentence_embedding import OUTPUT

@@ -1,7 +1,7 @@
 """Footprint of an exported graph: disk, RAM and time, measured in a fresh process.
 
 ``measure(path, ...)`` runs this file as a script (no torch; of sharebert only the torch-free
-``sharebert.deploy``), so the resident memory it reports is ONNX Runtime's alone: ``rss_baseline_mb`` (after importing onnxruntime),
+``sharebert.deploy``, with ``SHAREBERT_REGISTER=0`` so ``import sharebert`` registers nothing), so the resident memory it reports is ONNX Runtime's alone: ``rss_baseline_mb`` (after importing onnxruntime),
 ``peak_rss_load_mb`` (peak while creating the session: generated weights folded to dense tensors; ``rss_after_load_mb`` is
 the resident size once it is created)
 and ``peak_rss_run_mb`` (peak after the timed runs), the session creation time and p50/p95 latency
@@ -67,7 +67,7 @@ def measure(path, session_config: dict | None = None, shapes=("1x128",), threads
     args = json.dumps({"path": str(path), "session_config": session_config or {}, "shapes": list(shapes),
                        "threads": threads, "runs": runs, "vocab": vocab})
     proc = subprocess.run([sys.executable, __file__, args], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads), "SHAREBERT_REGISTER": "0"})
     if proc.returncode != 0:
         raise RuntimeError(f"footprint measurement of {path} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -23,11 +23,11 @@ OPTIMUM_TASKS = {
 _register = TasksManager.create_register("onnx", overwrite_existing=True)
 
 
-@_register("sharebert", "fill-mask", "text-classification", "feature-extraction")
+@_register("sharebert", "fill-mask", "text-classification", "feature-extraction", "multiple-choice")
 class ShareBertOnnxConfig(TextEncoderOnnxConfig):
     """Inputs ``input_ids``, ``attention_mask`` (and ``token_type_ids`` for encoders), each
-    ``(batch_size, sequence_length)``; outputs from optimum's task table (``logits`` or
-    ``last_hidden_state``), dynamic on the same axes."""
+    ``(batch_size, sequence_length)`` (``multiple-choice``: ``(batch_size, num_choices, sequence_length)``);
+    outputs from optimum's task table (``logits`` or ``last_hidden_state``), dynamic on the same axes."""
 
     NORMALIZED_CONFIG_CLASS = NormalizedTextConfig
     DEFAULT_ONNX_OPSET = 17
@@ -35,7 +35,10 @@ class ShareBertOnnxConfig(TextEncoderOnnxConfig):
 
     @property
     def inputs(self) -> dict[str, dict[int, str]]:
-        axes = {0: "batch_size", 1: "sequence_length"}
+        if self.task == "multiple-choice":
+            axes = {0: "batch_size", 1: "num_choices", 2: "sequence_length"}
+        else:
+            axes = {0: "batch_size", 1: "sequence_length"}
         return {name: dict(axes) for name in ("input_ids", "attention_mask", "token_type_ids")}
 
 

@@ -20,11 +20,13 @@ def config_for_vocab(preset: str, overrides: dict, tokenizer_size: int) -> Share
 
 
 def build_model(preset: str, out: str | Path, overrides: dict | None = None, vocab: str | Path | None = None,
-                head: str = "mlm", seed: int = 0, tokenizer=None):
-    """Write a freshly initialised model (``head``: mlm or clm) and its tokenizer to ``out``.
+                head: str | None = None, seed: int = 0, tokenizer=None):
+    """Write a freshly initialised model (``head``: mlm or clm; default: clm for a decoder preset such as
+    ``charlm-tiny``, else mlm) and its tokenizer to ``out``.
 
     The tokenizer is ``tokenizer`` (e.g. a character tokenizer) or WordPiece over ``vocab`` (default:
-    bert-base-uncased's); the vocabulary size follows it.
+    bert-base-uncased's); the vocabulary size follows it. A causal LM stops generating at the tokenizer's
+    end of text (``[SEP]`` for WordPiece: ``generation_config.eos_token_id``).
     """
     import torch
 
@@ -36,9 +38,20 @@ def build_model(preset: str, out: str | Path, overrides: dict | None = None, voc
     config = config_for_vocab(preset, overrides or {}, len(tokenizer))
     tokenizer.model_max_length = config.max_position_embeddings
     torch.manual_seed(seed)
+    head = head or ("clm" if config.is_decoder else "mlm")
     model = (ShareBertForCausalLM if head == "clm" else ShareBertForMaskedLM)(config)
+    if head == "clm":
+        set_generation_tokens(model, tokenizer)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return model, tokenizer
+
+
+def set_generation_tokens(model, tokenizer) -> None:
+    """A causal LM's generation stops at the tokenizer's end of text (``eos_token``, else WordPiece's ``[SEP]``,
+    which ends every encoded text) and pads with its ``[PAD]``: in the config and ``generation_config``."""
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    for target in (model.config, model.generation_config):
+        target.eos_token_id, target.pad_token_id = eos, tokenizer.pad_token_id

@@ -98,4 +98,5 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         return config
 
 
+# -- registration with transformers' Auto classes (left out of a folder's portable copy: sharebert/portable.py)
 AutoConfig.register(ShareBertConfig.model_type, ShareBertConfig, exist_ok=True)  # AutoConfig reads sharebert folders

@@ -28,6 +28,7 @@ from transformers.modeling_outputs import (
     BaseModelOutputWithPoolingAndCrossAttentions,
     CausalLMOutputWithPast,
     MaskedLMOutput,
+    MultipleChoiceModelOutput,
     QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
@@ -441,9 +442,11 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         super().__init__(config)
         self._build(config)
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, **kwargs):
-        """One generation step's inputs: the tokens the cache has not seen, their positions counted over the
-        attention mask (so left padding does not shift them), and every other model keyword.
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
+                                      token_type_ids=None, **kwargs):
+        """One generation step's inputs: the tokens the cache has not seen, with their token types (a
+        tokenizer's ``token_type_ids``, which ``generate`` extends with each new token) and their positions
+        counted over the attention mask (so left padding does not shift them), and every other model keyword.
 
         Beyond ``max_position_embeddings`` tokens the context is a sliding window of the last ones, run
         again from an empty cache (positions cannot grow further).
@@ -455,10 +458,13 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         if input_ids.shape[1] > P:
             input_ids, attention_mask, past = input_ids[:, -P:], attention_mask[:, -P:], 0
             past_key_values = DynamicCache() if past_key_values is not None else None
+        if token_type_ids is not None:  # (B, T) like input_ids: the same window, the same new positions
+            token_type_ids = token_type_ids[:, -input_ids.shape[1]:][:, past:]
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         kwargs.pop("position_ids", None)  # generate's own, counted without the mask
         return {**kwargs, "input_ids": input_ids[:, past:], "attention_mask": attention_mask,
-                "position_ids": position_ids[:, past:], "past_key_values": past_key_values}
+                "token_type_ids": token_type_ids, "position_ids": position_ids[:, past:],
+                "past_key_values": past_key_values}
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None,
@@ -561,12 +567,66 @@ class ShareBertForQuestionAnswering(ShareBertPreTrainedModel):
         return res if return_dict else res.to_tuple()
 
 
+class ShareBertForMultipleChoice(ShareBertPreTrainedModel):
+    """Multiple choice as BERT does it: inputs ``(B, C, T)`` (C choices, each paired with the context) run as
+    ``B * C`` sequences; a linear scorer on each pooled [CLS] vector gives ``logits`` ``(B, C)``."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.sharebert = ShareBertModel(config)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
+        """``labels`` (B,): the index of the right choice."""
+        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+
+        def flat(t):  # (B, C, T, ...) -> (B * C, T, ...)
+            return None if t is None else t.reshape(-1, *t.shape[2:])
+
+        out = self.sharebert(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(inputs_embeds),
+                             output_attentions, output_hidden_states, return_dict=True, position_ids=flat(position_ids),
+                             head_mask=head_mask, depth=depth)
+        pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+        logits = self.classifier(self.dropout(pooled)).view(-1, choices)
+        loss = F.cross_entropy(logits, labels.view(-1)) if labels is not None else None
+        res = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        return res if return_dict else res.to_tuple()
+
+
 # Importing this module makes the models known to transformers' Auto classes (and so to pipelines
 # and optimum's ORTModel*): transformers' documented extension point, one call per class.
 AUTO_CLASSES = {"AutoModel": ShareBertModel, "AutoModelForMaskedLM": ShareBertForMaskedLM,
                 "AutoModelForCausalLM": ShareBertForCausalLM,
                 "AutoModelForSequenceClassification": ShareBertForSequenceClassification,
                 "AutoModelForTokenClassification": ShareBertForTokenClassification,
-                "AutoModelForQuestionAnswering": ShareBertForQuestionAnswering}
+                "AutoModelForQuestionAnswering": ShareBertForQuestionAnswering,
+                "AutoModelForMultipleChoice": ShareBertForMultipleChoice}
+# -- registration with transformers' Auto classes (left out of a folder's portable copy: sharebert/portable.py)
 for _auto, _cls in AUTO_CLASSES.items():
     getattr(transformers, _auto).register(ShareBertConfig, _cls, exist_ok=True)
+
+
+def _save_pretrained(self, save_directory, *args, **kwargs):
+    """transformers' save. After ``register_for_auto_class()`` the folder gets sharebert's portable modeling code
+    and ``auto_map`` (``sharebert.portable``), loadable with ``trust_remote_code=True`` where sharebert is not
+    installed, instead of transformers' copy of the module defining the class (which imports sharebert). Package
+    only: a portable copy, itself remote code, is saved by transformers as it is."""
+    if self._auto_class is None:
+        return PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+    self._auto_class = None  # shadows the class attribute for this one save
+    try:
+        result = PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+    finally:
+        del self._auto_class
+    from .portable import make_portable
+
+    make_portable(save_directory, AUTO_CLASSES)
+    return result
+
+
+ShareBertPreTrainedModel.save_pretrained = _save_pretrained

@@ -35,10 +35,11 @@ def wordpiece_tokenizer(vocab_file: str | Path, lowercase: bool = True) -> Token
 
 
 def hf_tokenizer(vocab_file: str | Path, model_max_length: int = 512, lowercase: bool = True):
-    """The same tokenizer wrapped as a transformers ``PreTrainedTokenizerFast`` (for Trainer/pipelines)."""
-    from transformers import PreTrainedTokenizerFast
+    """The same tokenizer wrapped as transformers' ``BertTokenizerFast`` (for Trainer/pipelines): saved with
+    ``tokenizer_class`` ``BertTokenizerFast`` (and ``vocab.txt``), so ``AutoTokenizer`` loads it as BERT's."""
+    from transformers import BertTokenizerFast
 
-    return PreTrainedTokenizerFast(
-        tokenizer_object=wordpiece_tokenizer(vocab_file, lowercase), model_max_length=model_max_length, **SPECIAL
-    )
+    return BertTokenizerFast(tokenizer_object=wordpiece_tokenizer(vocab_file, lowercase), do_lower_case=lowercase,
+                             strip_accents=None, tokenize_chinese_chars=True, model_max_length=model_max_length,
+                             **SPECIAL)
 

@@ -115,6 +115,81 @@ def test_generate_forwards_model_kwargs():
     assert out.attentions[1][0].shape == (2, tester.num_heads, 1, T + 1)  # over the cached keys
 
 
+@pytest.fixture(scope="module")
+def wordpiece_lm(tmp_path_factory):
+    """(causal LM, tokenizer) as ``build_model`` writes them for a decoder preset, with the project's WordPiece
+    tokenizer (which returns ``token_type_ids`` and ends every text with ``[SEP]``), loaded back by the Auto classes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sharebert.build import build_model
+
+    out = tmp_path_factory.mktemp("wordpiece_lm") / "model"
+    build_model("charlm-tiny", out, dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                                         num_attention_heads=4, max_position_embeddings=32), seed=0)
+    return AutoModelForCausalLM.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out)
+
+
+GENERATION_MODES = {"greedy": dict(do_sample=False), "sample": dict(do_sample=True, top_k=20),
+                    "beam": dict(do_sample=False, num_beams=3, num_return_sequences=2),
+                    "beam-sample": dict(do_sample=True, num_beams=2)}
+
+
+@pytest.mark.parametrize("mode", GENERATION_MODES)
+def test_generate_on_tokenizer_output_with_and_without_the_cache(wordpiece_lm, mode):
+    """transformers' generation tester's core property, per decoding mode: ``generate(**tokenizer(...))`` (with
+    ``token_type_ids``) gives the same tokens with the cache as without, and per-step scores of ``(rows, E)``."""
+    model, tokenizer = wordpiece_lm
+    enc = tokenizer(["the weather is", "a"], return_tensors="pt", padding=True)
+    assert "token_type_ids" in enc
+    runs = {}
+    for use_cache in (True, False):
+        torch.manual_seed(0)
+        runs[use_cache] = model.generate(**enc, **GENERATION_MODES[mode], max_new_tokens=6, min_new_tokens=6,
+                                         use_cache=use_cache, return_dict_in_generate=True, output_scores=True)
+    cached, plain = runs[True], runs[False]
+    rows = 2 * GENERATION_MODES[mode].get("num_return_sequences", 1)
+    assert cached.sequences.shape == (rows, enc["input_ids"].shape[1] + 6)
+    assert torch.equal(cached.sequences, plain.sequences)
+    assert len(cached.scores) == 6 and cached.scores[0].shape[1] == model.config.vocab_size
+    for a, b in zip(cached.scores, plain.scores):
+        finite = torch.isfinite(a)
+        assert torch.equal(finite, torch.isfinite(b)) and (a[finite] - b[finite]).abs().max().item() <= 1e-4
+
+
+def test_generate_stops_at_sep(wordpiece_lm):
+    """A WordPiece causal LM's ``generation_config.eos_token_id`` is ``[SEP]``: generation ends there."""
+    model, tokenizer = wordpiece_lm
+    sep = tokenizer.sep_token_id
+    assert model.generation_config.eos_token_id == sep and model.generation_config.pad_token_id == tokenizer.pad_token_id
+    enc = tokenizer(["the weather is"], return_tensors="pt")
+    free = model.generate(**enc, max_new_tokens=12, do_sample=False)[0, enc["input_ids"].shape[1]:]
+    with torch.no_grad():
+        saved = model.lm_head.decoder.bias.clone()
+        try:
+            model.lm_head.decoder.bias[sep] += 1e4  # [SEP] always wins ...
+            stopped = model.generate(**enc, max_new_tokens=12, do_sample=False)[0, enc["input_ids"].shape[1]:]
+            unstopped = model.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None)
+        finally:
+            model.lm_head.decoder.bias.copy_(saved)
+    assert stopped.tolist() == [sep]  # ... and ends generation at once
+    assert unstopped.shape[1] == enc["input_ids"].shape[1] + 12  # without an eos, it runs to max_new_tokens
+    assert free.numel() >= 1 and (free[:-1] != sep).all()  # at most one [SEP], the last token
+
+
+def test_left_padded_tokenizer_batch_continues_as_each_text_alone(wordpiece_lm):
+    model, tokenizer = wordpiece_lm
+    texts = ["the weather is very", "a"]
+    tokenizer.padding_side = "left"
+    try:
+        batch = model.generate(**tokenizer(texts, return_tensors="pt", padding=True), max_new_tokens=5,
+                               min_new_tokens=5, do_sample=False)[:, -5:]
+    finally:
+        tokenizer.padding_side = "right"
+    alone = [model.generate(**tokenizer([t], return_tensors="pt"), max_new_tokens=5, min_new_tokens=5,
+                            do_sample=False)[0, -5:] for t in texts]
+    assert torch.equal(batch, torch.stack(alone))
+
+
 def test_head_mask_matches_transformers_bert():
     """sharing='none' is BERT: the same head_mask gives the same hidden states and attentions as BertModel."""
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """optimum's own entry points on sharebert models: ``optimum-cli export onnx`` (the hook of
 ``optimum-register/``), ``main_export`` and ``ORTModel*.from_pretrained(folder, export=True)`` after
-``import transformers_sharebert``, and ``ORTQuantizer`` on our artifacts. Real optimum, real ORT sessions."""
+``import sharebert``, and ``ORTQuantizer`` on our artifacts. Real optimum, real ORT sessions."""
 from __future__ import annotations
 
 import json
@@ -84,10 +84,10 @@ def test_optimum_cli_exports_a_sharebert_folder(tiny, tmp_path):
 
 
 def test_main_export_and_ortmodel_export_true_after_the_import(tiny, tmp_path):
-    """In a fresh process: ``import transformers_sharebert``, then optimum's Python entry points."""
+    """In a fresh process: ``import sharebert``, then optimum's Python entry points."""
     model_dir, _ = tiny
     script = f"""
-import json, numpy as np, transformers_sharebert
+import json, numpy as np, sharebert
 from optimum.exporters.onnx import main_export
 from optimum.onnxruntime import ORTModelForMaskedLM, ORTModelForFeatureExtraction
 from transformers import AutoTokenizer

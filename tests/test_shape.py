@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,8 +15,9 @@ from sharebert.configuration_sharebert import ShareBertConfig
 from sharebert.shape import DEFAULTS, PRESETS, ModelShape
 
 
-def _run(code: str) -> str:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+def _run(code: str, **env) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **env})
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -46,6 +49,8 @@ def test_model_shape_refuses_what_the_config_refuses(bad):
 
 
 def test_report_and_budget_never_import_torch():
+    """The commands themselves are light (``SHAREBERT_REGISTER=0``: this process asks ``import sharebert`` for no
+    registration, as the ``sharebert`` command does, below)."""
     code = """
 import io, sys, contextlib
 from sharebert.cli import main
@@ -58,10 +63,24 @@ with contextlib.redirect_stdout(buf):
 heavy = sorted(m for m in ("torch", "transformers", "onnx", "optimum") if m in sys.modules)
 print(heavy)
 """
-    assert _run(code).strip() == "[]"
+    assert _run(code, SHAREBERT_REGISTER="0").strip() == "[]"
 
 
-REGISTER = "import sharebert.modeling_sharebert"  # the documented import
+@pytest.mark.parametrize("command", [["-m", "sharebert", "report", "--preset", "sharebert-small"],
+                                     ["-m", "sharebert", "--help"], ["CONSOLE", "report", "--preset", "charlm-tiny"]])
+def test_the_sharebert_command_registers_nothing(command):
+    """``import sharebert`` registers with transformers (torch) in a user's process, never in the ``sharebert``
+    command: its console script and ``python -m sharebert`` import no torch for ``report`` or ``--help``."""
+    if command[0] == "CONSOLE":  # the script pip wrote, run as the shell would
+        command = [str(Path(sys.executable).parent / "sharebert"), *command[1:]]
+    command = [sys.executable, "-X", "importtime", *command]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 2) and done.stdout, done.stderr[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines() if "|" in line}
+    assert "sharebert" in imported and not imported & {"torch", "transformers", "optimum", "onnx"}
+
+
+REGISTER = "import sharebert"  # the documented import
 
 
 @pytest.mark.parametrize("order", ["sharebert first", "transformers first", "model class first", "optimum exporter",
@@ -85,6 +104,15 @@ print(json.dumps([type(AutoModelForMaskedLM.from_config(config)).__name__,
 
 
 def test_auto_config_knows_sharebert_after_importing_the_config_class():
+    """Without the registration of ``import sharebert`` (``SHAREBERT_REGISTER=0``), importing the config class
+    registers it with ``AutoConfig`` alone, without loading the models."""
     code = ("from sharebert import ShareBertConfig; from transformers import AutoConfig; import sys; "
             "print(type(AutoConfig.for_model('sharebert')).__name__, 'sharebert.modeling_sharebert' in sys.modules)")
-    assert _run(code).split() == ["ShareBertConfig", "False"]
+    assert _run(code, SHAREBERT_REGISTER="0").split() == ["ShareBertConfig", "False"]
+
+
+def test_import_sharebert_registers_models_and_optimum_configs():
+    code = ("import sharebert, sys; from transformers import AutoConfig; from optimum.exporters.tasks import TasksManager; "
+            "print(type(AutoConfig.for_model('sharebert')).__name__, 'sharebert.modeling_sharebert' in sys.modules, "
+            "'fill-mask' in TasksManager.get_supported_tasks_for_model_type('sharebert', 'onnx', library_name='transformers'))")
+    assert _run(code).split() == ["ShareBertConfig", "True", "True"]

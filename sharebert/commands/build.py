@@ -11,8 +11,12 @@ def add_arguments(p):
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
                    help="override a config field, e.g. --set attention=symmetric (repeatable)")
     p.add_argument("--vocab", help="WordPiece vocab.txt (default: ../shared/data/bert-base-uncased/vocab.txt)")
-    p.add_argument("--head", choices=["mlm", "clm"], default="mlm", help="masked-LM (default) or causal-LM head")
+    p.add_argument("--head", choices=["mlm", "clm"],
+                   help="masked-LM or causal-LM head (default: causal for a decoder preset such as charlm-tiny, else masked)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--portable", action="store_true",
+                   help="also write the modeling code into the folder (config.json auto_map): it then loads with "
+                        "transformers' trust_remote_code=True where sharebert is not installed")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
 
@@ -27,6 +31,11 @@ def run(args) -> int:
     overrides = parse_overrides(args.overrides)
     out = check_out_dir(args.out, "model folder", is_model_folder, args.overwrite, inputs=[args.vocab] if args.vocab else ())
     model, tok = build_model(args.preset, out, overrides, args.vocab, args.head, args.seed)
+    if args.portable:
+        from ..modeling_sharebert import AUTO_CLASSES
+        from ..portable import make_portable
+
+        make_portable(out, AUTO_CLASSES)
     c = model.config
     n = count_params(c)
     print(f"built {args.preset} -> {out}")

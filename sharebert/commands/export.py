@@ -23,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="onnx", metavar="onnx|ort",
                    help="onnx (default): model.onnx; ort: ORT-format graphs for ONNX Runtime mobile / minimal builds "
                         "(weight generation kept in the graph) and their required_operators.config (docs/DEVICE.md)")
+    p.add_argument("--optimize", action="store_true",
+                   help="apply ONNX Runtime's transformer fusions (LayerNorm, SkipLayerNorm, Gelu, Attention where the "
+                        "pattern matches); weight generation and the depth input stay; fp32 (--quantize none), "
+                        "encoder tasks, --format onnx; no RAM-int8 graphs")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     p.add_argument("--check-file", help="parity sentences (default: ../shared/data/glue/SST-2/dev.tsv)")
     p.add_argument("--check-limit", type=int, help="use only the first N parity sentences")
@@ -37,7 +41,7 @@ def run(args) -> int:
     manifest = export_model(args.model, args.out, task=args.task, weights=args.weights, quantize=args.quantize,
                             calibration=args.calibration, opset=args.opset, overwrite=args.overwrite,
                             check_file=args.check_file, check_limit=args.check_limit, shapes=tuple(args.shapes),
-                            threads=args.threads, progress=True, format=args.format)
+                            threads=args.threads, progress=True, format=args.format, optimize=args.optimize)
     print(f"wrote {args.out}")
     print(format_report(manifest))
     return 0

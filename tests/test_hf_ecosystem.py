@@ -1,0 +1,368 @@
+"""The Hugging Face stack on ShareBERT as on BERT, each from a fresh process where it matters: ``import sharebert``
+as the one import (Auto classes, pipelines, optimum's export), the BERT tokenizer class, multiple choice, and
+``build`` of a causal preset. Real transformers, optimum and ONNX Runtime; no hub."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from sharebert.build import build_model
+from sharebert.cli import main
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16,
+            max_position_embeddings=64)
+TEXTS = ["the capital of france is [MASK].", "a [MASK] movie, and a good one."]
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+@pytest.fixture(scope="module")
+def mlm_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eco") / "mlm"
+    build_model("sharebert-tiny", out, TINY, seed=0)
+    return out
+
+
+def test_import_sharebert_is_the_one_import(mlm_dir, tmp_path):
+    """A user's script, written the obvious way: ``import sharebert``, then transformers' and optimum's own
+    entry points on a sharebert folder (AutoConfig, AutoTokenizer, AutoModel*, pipeline, main_export)."""
+    script = f"""
+import json, sharebert
+import numpy as np, onnxruntime as ort, torch
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, pipeline
+from optimum.exporters.onnx import main_export
+folder = {str(mlm_dir)!r}
+config = AutoConfig.from_pretrained(folder)
+tokenizer = AutoTokenizer.from_pretrained(folder)
+model = AutoModelForMaskedLM.from_pretrained(folder).eval()
+enc = tokenizer({TEXTS!r}, padding=True, return_tensors="pt")
+with torch.no_grad():
+    logits = model(**enc).logits
+    hidden = AutoModel.from_pretrained(folder).eval()(**enc).last_hidden_state
+fill = pipeline("fill-mask", model=folder, top_k=1)({TEXTS[0]!r})
+main_export(folder, {str(tmp_path / 'onnx')!r}, task="fill-mask")
+session = ort.InferenceSession({str(tmp_path / 'onnx' / 'model.onnx')!r}, providers=["CPUExecutionProvider"])
+onnx = session.run(["logits"], {{i.name: enc[i.name].numpy() for i in session.get_inputs()}})[0]
+top = int(logits[0, enc["input_ids"][0].tolist().index(tokenizer.mask_token_id)].argmax())
+print(json.dumps({{"config": type(config).__name__, "tokenizer": type(tokenizer).__name__,
+                  "model": type(model).__name__, "hidden": list(hidden.shape), "fill": fill[0]["token"],
+                  "top": top, "onnx_diff": float(np.abs(onnx - logits.numpy()).max())}}))
+"""
+    done = _python(script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (got["config"], got["tokenizer"], got["model"]) == ("ShareBertConfig", "BertTokenizerFast", "ShareBertForMaskedLM")
+    assert got["hidden"][-1] == TINY["hidden_size"] and got["fill"] == got["top"]
+    assert got["onnx_diff"] <= 1e-4, got["onnx_diff"]
+
+
+def test_without_registration_transformers_does_not_know_sharebert(mlm_dir):
+    """The check above is not vacuous: with ``SHAREBERT_REGISTER=0`` the same first lines fail as before."""
+    done = _python(f"import sharebert; from transformers import AutoConfig; AutoConfig.from_pretrained({str(mlm_dir)!r})",
+                   SHAREBERT_REGISTER="0")
+    assert done.returncode != 0 and "sharebert" in done.stderr
+
+
+def test_build_of_a_causal_preset_writes_a_causal_lm(tmp_path, capsys):
+    out = tmp_path / "charlm"
+    assert main(["build", "--preset", "charlm-tiny", "--set", "num_hidden_layers=1", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    vocab = (out / "vocab.txt").read_text().split("\n")
+    assert config["architectures"] == ["ShareBertForCausalLM"] and config["is_decoder"] is True
+    assert generation["eos_token_id"] == vocab.index("[SEP]") and generation["pad_token_id"] == vocab.index("[PAD]")
+    assert main(["build", "--preset", "charlm-tiny", "--set", "num_hidden_layers=1", "--head", "mlm",
+                 "--out", str(tmp_path / "mlm")]) == 0  # --head still decides when given
+    assert json.loads((tmp_path / "mlm" / "config.json").read_text())["architectures"] == ["ShareBertForMaskedLM"]
+
+
+def test_multiple_choice_is_berts(tmp_path):
+    """``ShareBertForMultipleChoice`` with BERT's weights (``sharing='none'``) gives ``BertForMultipleChoice``'s
+    logits and loss; ``AutoModelForMultipleChoice`` builds it; optimum exports it (task ``multiple-choice``)."""
+    from optimum.exporters.onnx import main_export
+    from transformers import AutoModelForMultipleChoice, BertConfig, BertForMultipleChoice
+    import onnxruntime as ort
+
+    from sharebert import ShareBertConfig, ShareBertForMultipleChoice
+    from sharebert.model_folder import bert_state_dict
+
+    shape = dict(vocab_size=500, hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=2,
+                 max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    bert = BertForMultipleChoice(BertConfig(**shape)).eval()
+    config = ShareBertConfig.from_preset("bert-base", **shape)
+    ours = AutoModelForMultipleChoice.from_config(config).eval()
+    assert isinstance(ours, ShareBertForMultipleChoice)
+    missing, unexpected = ours.load_state_dict(bert_state_dict(bert.state_dict(), 2, "sharebert."), strict=False)
+    assert not missing and not unexpected
+    g = torch.Generator().manual_seed(1)
+    inputs = {"input_ids": torch.randint(5, 500, (2, 3, 10), generator=g),
+              "token_type_ids": torch.randint(0, 2, (2, 3, 10), generator=g),
+              "attention_mask": torch.ones(2, 3, 10, dtype=torch.long)}
+    inputs["attention_mask"][1, 2, 7:] = 0
+    labels = torch.tensor([2, 0])
+    with torch.no_grad():
+        want, got = bert(**inputs, labels=labels), ours(**inputs, labels=labels)
+    assert got.logits.shape == (2, 3)
+    assert (got.logits - want.logits).abs().max().item() <= 1e-5
+    assert abs(got.loss.item() - want.loss.item()) <= 1e-5
+
+    ours.save_pretrained(tmp_path / "mc")
+    main_export(str(tmp_path / "mc"), str(tmp_path / "onnx"), task="multiple-choice")
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    onnx = session.run(["logits"], {i.name: inputs[i.name].numpy() for i in session.get_inputs()})[0]
+    assert np.abs(onnx - got.logits.numpy()).max() <= 1e-4
+
+
+BLOCK_SHAREBERT = """
+import sys
+class _NoSharebert:  # this process stands for a machine where sharebert is not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("sharebert", "transformers_sharebert"):
+            raise ImportError(f"No module named {name!r} (blocked by the test)")
+sys.meta_path.insert(0, _NoSharebert())
+"""
+IDS = [[101, 2023, 2003, 1037, 3231, 102, 0], [101, 7592, 2088, 999, 2204, 2154, 102]]
+
+
+def _remote_outputs(folder, auto: str, tmp_path) -> dict:
+    """``auto.from_pretrained(folder, trust_remote_code=True)`` in a process where ``import sharebert`` fails."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCK_SHAREBERT)
+    script = f"""
+import json, sys, torch, transformers
+try:
+    import sharebert
+    raise SystemExit("sharebert is importable")
+except ImportError:
+    pass
+model = getattr(transformers, {auto!r}).from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+ids = torch.tensor({IDS!r})
+with torch.no_grad():
+    out = model(input_ids=ids, attention_mask=(ids > 0).long())
+print(json.dumps({{"module": type(model).__module__, "logits": out.logits.tolist(),
+                  "loaded": sorted(m for m in sys.modules if m.split(".")[0] == "sharebert")}}))
+"""
+    done = _python(script, PYTHONPATH=str(site), HF_MODULES_CACHE=str(tmp_path / "modules"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _local_logits(model) -> np.ndarray:
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        return model.eval()(input_ids=ids, attention_mask=(ids > 0).long()).logits.numpy()
+
+
+def test_portable_folder_loads_without_sharebert(tmp_path):
+    """``sharebert build --portable``: the folder's own code (generated from the package) gives the package's logits."""
+    from transformers import AutoModelForMaskedLM
+
+    folder = tmp_path / "portable"
+    assert main(["build", "--preset", "sharebert-tiny", *[f"--set={k}={v}" for k, v in TINY.items()],
+                 "--portable", "--out", str(folder)]) == 0
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForMaskedLM"] == "modeling_sharebert.ShareBertForMaskedLM"
+    from sharebert.portable import FILES, portable_source
+
+    assert all((folder / f"{name}.py").read_text() == portable_source(name) for name in FILES)
+    got = _remote_outputs(folder, "AutoModelForMaskedLM", tmp_path)
+    assert got["module"].startswith("transformers_modules.") and got["loaded"] == []
+    want = _local_logits(AutoModelForMaskedLM.from_pretrained(folder))  # the package's class (no remote code)
+    assert np.abs(np.asarray(got["logits"]) - want).max() <= 1e-5
+
+
+def test_register_for_auto_class_then_save_pretrained_shares_the_hub_way(tmp_path):
+    from sharebert import ShareBertConfig, ShareBertForSequenceClassification
+
+    torch.manual_seed(0)
+    model = ShareBertForSequenceClassification(ShareBertConfig.from_preset("sharebert-tiny", vocab_size=30528,
+                                                                           num_labels=3, **TINY))
+    ShareBertForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+    try:
+        model.save_pretrained(tmp_path / "hub")
+    finally:
+        ShareBertForSequenceClassification._auto_class = None
+    got = _remote_outputs(tmp_path / "hub", "AutoModelForSequenceClassification", tmp_path)
+    assert np.abs(np.asarray(got["logits"]) - _local_logits(model)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("sharing", ["veps", "eps"])
+def test_lora_adapts_the_generated_weights_trains_only_adapters_merges_and_exports(sharing, tmp_path):
+    from peft import PeftModel, get_peft_model
+    from transformers import AutoTokenizer
+
+    import sharebert
+    from sharebert import ShareBertForSequenceClassification
+    from sharebert.export.exporter import export_model
+
+    shape = dict(TINY, sharing=sharing, num_labels=2)
+    if sharing == "eps":
+        shape.update(embedding_size=None, pooler="dense")
+    base_dir = tmp_path / "base"
+    build_model("sharebert-tiny", base_dir, {k: v for k, v in shape.items() if k != "num_labels"}, seed=0)
+    model = ShareBertForSequenceClassification.from_pretrained(base_dir, num_labels=2)
+    model.save_pretrained(base_dir)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    enc = tokenizer(["a good film", "a dull , tedious film", "fine"], padding=True, return_tensors="pt")
+    labels = torch.tensor([1, 0, 1])
+    with torch.no_grad():
+        base = model.eval()(**enc).logits.clone()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    peft_model = get_peft_model(model, sharebert.lora_config(model, r=4, task_type="SEQ_CLS"))
+    trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or "classifier" in n for n in trainable), trainable
+    assert any("lora_" in n for n in trainable)
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
+    peft_model.train()
+    for _ in range(3):
+        optimizer.zero_grad()
+        peft_model(**enc, labels=labels).loss.backward()
+        optimizer.step()
+    peft_model.eval()
+    with torch.no_grad():
+        adapted = peft_model(**enc).logits.clone()
+        encoder = peft_model.base_model.model.sharebert
+        moved = (encoder(**enc).last_hidden_state - ShareBertForSequenceClassification.from_pretrained(base_dir)
+                 .eval().sharebert(**enc).last_hidden_state).abs().max().item()
+    assert (adapted - base).abs().max().item() > 1e-3 and moved > 1e-4  # the encoder itself changed
+    peft_model.save_pretrained(tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(ShareBertForSequenceClassification.from_pretrained(base_dir), tmp_path / "adapter")
+    merged = peft_model.merge_and_unload()
+    assert all(torch.equal(p, frozen[n]) for n, p in merged.named_parameters()
+               if "word_embeddings" not in n and "weight_generator" not in n and "classifier" not in n)
+    with torch.no_grad():
+        for other in (reloaded.eval()(**enc).logits, merged.eval()(**enc).logits):
+            assert (other - adapted).abs().max().item() <= 1e-5
+    merged.save_pretrained(tmp_path / "merged")
+    tokenizer.save_pretrained(tmp_path / "merged")
+    export_model(tmp_path / "merged", tmp_path / "artifact", task="text-classification", check_limit=4, runs=1,
+                 shapes=("1x16",), progress=False)
+    from sharebert.deploy import Runtime
+
+    got = Runtime(tmp_path / "artifact").classify(["a good film", "a dull , tedious film", "fine"])
+    probs = torch.softmax(adapted, -1).numpy()  # the artifact computes the adapted model (merged in its weights)
+    names = [merged.config.id2label[i] for i in range(2)]
+    assert np.abs(np.array([[r["scores"][n] for n in names] for r in got]) - probs).max() <= 1e-4
+
+
+@pytest.mark.parametrize("config, said", [
+    (dict(sharing="none", embedding_size=None, pooler="dense"), "needs sharing 'veps' or 'eps'"),
+    ("bert", "for sharebert models"),
+])
+def test_lora_config_refusals_name_the_problem(config, said):
+    import sharebert
+    from transformers import BertConfig
+
+    from sharebert import ShareBertConfig
+
+    cfg = BertConfig() if config == "bert" else ShareBertConfig.from_preset("sharebert-tiny", **TINY | config)
+    with pytest.raises(ValueError, match=said):
+        sharebert.lora_config(cfg)
+
+
+def test_sentence_transformers_loads_a_sharebert_embedding_folder_as_the_artifact_embeds(tmp_path):
+    """A ShareBERT saved with its recipe (``sharebert.recipe.write_recipe``: mean pooling, a Dense layer,
+    Normalize): ``SentenceTransformer(dir)`` gives the exported artifact's embeddings, here (registration by
+    ``import sharebert``) and, from the folder's portable code, in a process where sharebert is not installed."""
+    from sentence_transformers import SentenceTransformer
+
+    from sharebert import ShareBertModel
+    from sharebert.deploy import Runtime
+    from sharebert.export.exporter import export_model
+    from sharebert.modeling_sharebert import AUTO_CLASSES
+    from sharebert.portable import make_portable
+    from sharebert.recipe import DenseLayer, EmbeddingRecipe, write_recipe
+
+    folder = tmp_path / "embedder"
+    build_model("sharebert-tiny", folder, TINY, seed=0)
+    ShareBertModel.from_pretrained(folder).save_pretrained(folder)  # the encoder alone, as embedders ship
+    rng = np.random.default_rng(0)
+    w, b = rng.normal(size=(24, TINY["hidden_size"])).astype(np.float32) * 0.2, rng.normal(size=24).astype(np.float32)
+    write_recipe(folder, EmbeddingRecipe("mean", True, (DenseLayer("", TINY["hidden_size"], 24, True,
+                                                                   "torch.nn.modules.activation.Tanh"),), 48, True),
+                 [(w, b)])
+    make_portable(folder, AUTO_CLASSES)
+    texts = ["a good film", "the capital of france is paris .", "short"]
+    local = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
+    export_model(folder, tmp_path / "artifact", task="feature-extraction", check_limit=4, runs=1, shapes=("1x16",),
+                 progress=False)
+    artifact = np.stack(Runtime(tmp_path / "artifact").embed(texts))
+    assert local.shape == (3, 24) and np.abs(np.linalg.norm(local, axis=1) - 1).max() <= 1e-5
+    assert np.abs(local - artifact).max() <= 1e-4
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_SHAREBERT)
+    done = _python(f"""
+import json
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer({str(folder)!r}, device="cpu", trust_remote_code=True)
+print(json.dumps(model.encode({texts!r}, convert_to_numpy=True).tolist()))
+""", PYTHONPATH=str(site), HF_MODULES_CACHE=str(tmp_path / "modules"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert np.abs(np.asarray(json.loads(done.stdout.strip().splitlines()[-1])) - artifact).max() <= 1e-4
+
+
+def test_export_optimize_fuses_keeps_depth_and_equals_the_plain_artifact(mlm_dir, tmp_path):
+    """``--optimize``: ONNX Runtime's BERT fusions on a depth-gated artifact; the session loads, the depth input
+    still gates, and every depth gives the plain artifact's outputs."""
+    import onnx
+    import onnxruntime as ort
+
+    from sharebert.deploy.artifact import MODEL
+    from sharebert.export.exporter import export_model
+
+    common = dict(task="fill-mask", check_limit=8, runs=1, shapes=("1x16",), progress=False)
+    plain = export_model(mlm_dir, tmp_path / "plain", **common)
+    fused = export_model(mlm_dir, tmp_path / "fused", optimize=True, **common)
+    assert plain["optimized"] is None and fused["max_depth"] == plain["max_depth"] == TINY["num_hidden_layers"]
+    assert fused["optimized"].get("SkipLayerNormalization", 0) >= 1 and fused["optimized"].get("LayerNormalization", 0) >= 1
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "fused" / MODEL)).graph.node}
+    assert "If" in ops and "SkipLayerNormalization" in ops
+    assert fused["parity"]["max_abs_diff"] <= 1e-3 and fused["parity"]["depth_1"]["max_abs_diff"] <= 1e-3
+    sessions = [ort.InferenceSession(str(tmp_path / name / MODEL), providers=["CPUExecutionProvider"])
+                for name in ("plain", "fused")]
+    ids = np.random.default_rng(0).integers(1000, 30000, (2, 12)).astype(np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    outs = {}
+    for depth in (1, TINY["num_hidden_layers"]):
+        a, b = (s.run(["logits"], {**feeds, "depth": np.array(depth, np.int64)})[0] for s in sessions)
+        assert np.abs(a - b).max() <= 1e-4
+        outs[depth] = b
+    assert np.abs(outs[1] - outs[TINY["num_hidden_layers"]]).max() > 1e-3  # depth still gates
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--quantize", "int8"], "--optimize applies ONNX Runtime's fp32 encoder fusions"),
+    (["--format", "ort"], "needs --quantize none, --format onnx"),
+])
+def test_export_optimize_refusals(mlm_dir, tmp_path, capsys, args, said):
+    out = tmp_path / "never"
+    assert main(["export", "--model", str(mlm_dir), "--out", str(out), "--optimize", *args]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_make_portable_refuses_a_folder_that_is_not_sharebert(tmp_path):
+    from transformers import BertConfig
+
+    from sharebert.modeling_sharebert import AUTO_CLASSES
+    from sharebert.portable import make_portable
+
+    BertConfig(num_hidden_layers=1).save_pretrained(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match="config.json: model_type is 'bert', not 'sharebert'"):
+        make_portable(tmp_path, AUTO_CLASSES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
