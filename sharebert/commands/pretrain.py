@@ -11,7 +11,7 @@ HELP = ("pre-train a model folder or a preset on text / MediaWiki XML corpora or
 
 def add_arguments(p):
     from ..shape import PRESETS
-    from ..training.pretrain import PretrainArgs
+    from ..training.options import PretrainArgs
     from .finetune import add_depth_sampling_argument
 
     d = PretrainArgs()
@@ -64,10 +64,11 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..shape import parse_overrides
-    from ..training.callbacks import StopRequested
-    from ..training.pretrain import NonFiniteLoss, PretrainArgs, pretrain
+    from ..shape import parse_overrides, preset_fields
+    from ..training.options import PretrainArgs
 
+    if args.preset:
+        preset_fields(args.preset)  # an unknown preset fails before torch is imported
     a = PretrainArgs(
         objective=args.objective, char_level=args.char_level, max_steps=args.max_steps, max_time=args.max_time,
         batch_size=args.batch_size,
@@ -77,6 +78,9 @@ def run(args) -> int:
         logging_steps=args.logging_steps, keep_checkpoints=args.keep_checkpoints, precision=args.precision,
         seed=args.seed, depth_sampling=args.depth_sampling, resume=args.resume, progress=not args.no_progress, overrides=parse_overrides(args.overrides),
     )
+    from ..training.callbacks import StopRequested
+    from ..training.pretrain import NonFiniteLoss, pretrain
+
     try:
         m = pretrain(args.train, args.out, model_dir=args.model, preset=args.preset, valid=args.valid, args=a,
                      vocab=args.vocab, data=args.data)

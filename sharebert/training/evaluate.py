@@ -27,13 +27,8 @@ from ..paths import data_path
 from .encoded import encode, evaluate_split, label_map, mean_embedding_norm
 from ..progress import bar
 from .glue import TASKS, GlueTask, get_task, read_split
+from .options import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
 
-NOISE_LEVELS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4)
-WORDSIM_SETS = {  # name -> (path inside data/wordsim, word1 field, word2 field, score field)
-    "wordsim353": ("wordsim353/wordsim353.tsv", 0, 1, 2),
-    "simlex999": ("simlex999/simlex999.txt", 0, 1, 2),
-    "scws": ("SCWS/ratings.txt", 1, 3, 7),
-}
 
 
 # ---------------------------------------------------------------- classification
@@ -128,9 +123,6 @@ def embedding_matrix(model) -> torch.Tensor:
     base = getattr(model, "sharebert", model)
     with torch.no_grad():
         return base.virtual_embeddings().detach().float().cpu()
-
-
-MULTI_TOKEN = ("mean", "first", "skip")  # how a word that WordPiece splits gets a vector
 
 
 def word_ids(tokenizer, word: str) -> tuple[list[int], str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,25 +23,8 @@ from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .glue import GlueTask, get_task
 from .metrics import predictions_from_logits, task_metrics
+from .options import FinetuneArgs
 from .progress import no_bars, show_progress
-
-
-@dataclass(frozen=True)
-class FinetuneArgs:
-    """The reference recipe; every field is a ``sharebert finetune`` option."""
-
-    epochs: float = 5.0
-    batch_size: int = 64
-    lr: float = 5e-5
-    warmup_steps: int = 50
-    weight_decay: float = 0.01
-    seq_len: int = 128
-    max_steps: int | None = None
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
-    eval_steps: int | None = None  # None: score the dev set after every epoch
-    seed: int = 0
-    depth_sampling: int | None = None  # train_min_depth: each training forward runs a depth from MIN..N
 
 
 def load_classifier(model_dir: str | Path, task: GlueTask):
