@@ -36,8 +36,9 @@ def add_arguments(p):
                    help="character tokenizer + causal LM (needs --objective clm; default preset charlm-6l)")
     p.add_argument("--max-steps", type=int, default=d.max_steps)
     p.add_argument("--max-time", type=float, default=None, metavar="SECONDS",
-                   help="stop (with a checkpoint and the final model) once training has run this many seconds "
-                        "(counted from the start of this run, so a --resume gets a fresh budget); the learning-rate "
+                   help="stop (with a checkpoint and the final model) so that training and its evaluations, the "
+                        "final one included, fit in this many seconds (counted from the start of this run, so a "
+                        "--resume gets a fresh budget); the learning-rate "
                         "schedule still follows --max-steps")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per process and micro-step")
     p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-steps per optimizer step")

@@ -116,7 +116,16 @@ class PretrainTrainer(Trainer):
     def log(self, logs: dict, start_time=None) -> None:
         if "eval_loss" in logs:
             logs["eval_perplexity"] = perplexity(logs["eval_loss"])
+        if "train_loss" in logs and self.state.global_step:  # Trainer's counts only this process's steps since a resume
+            logs["train_loss"] = self.run_losses()["loss_sum"] / self.state.global_step
         super().log(logs, start_time)
+
+    def _issue_warnings_after_load(self, load_result):
+        """A resumed checkpoint lacks the tied decoder weight (safetensors stores a shared tensor once): not missing."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        kept = {params[k].data_ptr() for k in params if k not in load_result.missing_keys}
+        missing = [k for k in load_result.missing_keys if k not in params or params[k].data_ptr() not in kept]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
