@@ -29,6 +29,7 @@ from torch import nn
 
 from ..curves import write_curves
 from ..deploy.artifact import sha256
+from ..docs_check import cap
 from ..errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, write_json
@@ -360,6 +361,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     ``cache_teacher`` (a folder) keeps the teacher's training-set logits between runs; with the
     hidden, attention and embedding weights at 0 the teacher then never runs during training.
     """
+    args = cap(args)
     from transformers import DataCollatorWithPadding
 
     task_ = get_task(task)
@@ -441,6 +443,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     ``out`` receives the student (``ShareBertForMaskedLM``, projections dropped), its tokenizer and
     ``metrics.json`` (steps, train loss, the last value of each term).
     """
+    args = cap(args)
     from transformers import TrainingArguments
 
     from ..build import config_for_vocab

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from ..docs_check import cap_value
 from ..model_folder import load_config, load_model, load_tokenizer
 from ..paths import data_path
 from .encoded import encode, evaluate_split, label_map, mean_embedding_norm
@@ -48,6 +49,7 @@ def load_finetuned(model_dir: str | Path):
 
 def _dev_sets(task: GlueTask, data_dir, tokenizer, config, max_eval_samples, progress):
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task.folder)
+    max_eval_samples = cap_value("max_eval_samples", max_eval_samples)
     seq_len = min(128, config.max_position_embeddings)
     return {s: encode(read_split(task, data_dir, s).head(max_eval_samples), tokenizer, seq_len, progress=progress)
             for s in task.dev_splits}

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..curves import write_curves
+from ..docs_check import cap
 from ..model_folder import load_config, load_model, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
@@ -88,6 +89,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     """
     from transformers import DataCollatorWithPadding, Trainer, set_seed
 
+    args = cap(args)
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite, inputs=(model_dir, data_dir))

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
+from ..docs_check import cap
 from ..model_folder import read_config
 from ..shape import preset_fields
 from ..curves import write_curves
@@ -331,7 +332,7 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     """
     from ..paths import data_path
 
-    a = args or PretrainArgs()
+    a = cap(args or PretrainArgs())
     if a.char_level and preset is None and model_dir is None:
         preset = "charlm-6l"
     _check_args(a, model_dir, preset, train, data)
