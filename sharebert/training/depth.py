@@ -144,9 +144,11 @@ def plot_depths(result: dict, path: str | Path) -> Path:
     rows, metric = result["rows"], result["metric"]
     depths = [r["depth"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.8), dpi=110)
-    ax.plot(depths, [r[metric] for r in rows], "o-", color="tab:blue", label=metric)
+    values = [r[metric] for r in rows]
+    ax.plot(depths, values, "o-", color="tab:blue", label=metric)
     ax.set_xlabel("depth (encoder layers run)")
-    ax.set_ylabel(f"dev {metric}", color="tab:blue")
+    ax.set_ylabel(f"dev {metric} (axis from {min(0, min(values)):g})", color="tab:blue")
+    ax.set_ylim(min(0, min(values)), max(1, max(values)) if max(values) <= 1 else None)  # never a truncated axis
     ax.set_xticks(depths)
     ax.grid(alpha=0.3)
     lat = ax.twinx()

@@ -37,7 +37,7 @@ from ..paths import data_path
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .finetune import load_classifier, metrics_for, task_training_args
-from .glue import GlueTask, get_task
+from .glue import GlueTask, get_task, task_file
 from .options import DistillArgs, DistillWeights
 from .progress import no_bars, show_progress
 
@@ -368,6 +368,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
                         inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()))
+    for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before any model loads
+        task_file(task_, data_dir, split)
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     check_teacher_labels(teacher_dir, t_config, task_)

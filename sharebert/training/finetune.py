@@ -22,7 +22,7 @@ from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
-from .glue import GlueTask, get_task
+from .glue import GlueTask, get_task, task_file
 from .metrics import predictions_from_logits, task_metrics
 from .options import FinetuneArgs
 from .progress import no_bars, show_progress
@@ -93,6 +93,8 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite, inputs=(model_dir, data_dir))
+    for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before the model loads
+        task_file(task_, data_dir, split)
     config = load_config(model_dir)
     check_depth_sampling(args.depth_sampling, config.num_hidden_layers)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))
