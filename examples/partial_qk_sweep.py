@@ -44,7 +44,7 @@ def plot(rows: list[dict], path: Path) -> bool:
     except ImportError:
         print("matplotlib is not installed (pip install sharebert[plot]); skipping the PNG")
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)  # own y ranges: the valid curves differ by little
     styles = [("-", "o"), ("--", "s"), ("-.", "^"), (":", "D")]  # distinct even where the curves coincide
     for ax, split in zip(axes, ("train", "valid")):
         for i, p in enumerate(sorted({r["p"] for r in rows})):

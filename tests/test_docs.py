@@ -207,3 +207,19 @@ def test_block_runs_as_written(block, scratch, capsys):
     scratch.run_block(block, say)
     if time.monotonic() - started > 60:
         say(f"{block.id}: {time.monotonic() - started:.0f} s")
+
+
+def test_docs_check_caps_budgets_only_when_set(monkeypatch):
+    from sharebert.docs_check import CAPS, cap, cap_value
+    from sharebert.training.options import FinetuneArgs, PretrainArgs
+
+    monkeypatch.delenv("SHAREBERT_DOCS_CHECK", raising=False)
+    assert cap(PretrainArgs()) == PretrainArgs() and cap_value("max_eval_samples", None) is None
+    monkeypatch.setenv("SHAREBERT_DOCS_CHECK", "1")
+    a = cap(PretrainArgs(max_steps=2000, batch_size=32, lr=5e-4))
+    assert (a.max_steps, a.batch_size, a.max_eval_sequences, a.lr) == (CAPS["max_steps"], CAPS["batch_size"],
+                                                                       CAPS["max_eval_sequences"], 5e-4)
+    f = cap(FinetuneArgs(max_steps=1, max_train_samples=None))
+    assert (f.max_steps, f.max_train_samples, f.max_eval_samples) == (1, CAPS["max_train_samples"], CAPS["max_eval_samples"])
+    monkeypatch.setenv("SHAREBERT_DOCS_CHECK", "0")
+    assert cap(PretrainArgs()) == PretrainArgs()
