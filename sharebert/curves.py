@@ -72,20 +72,26 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> Path:
     _line(top, valid, "validation loss", color="tab:orange")
     top.set_ylabel("loss")
     if not (train[0] or valid[0]):
-        top.text(0.5, 0.5, "no gold-label term or validation loss logged", transform=top.transAxes, ha="center")
+        top.text(0.5, 0.5, "no train or validation loss logged", transform=top.transAxes, ha="center")
     else:
-        top.legend()
+        if not train[0]:
+            top.text(0.5, 0.9, "train loss not logged (the run was shorter than its logging interval)",
+                     transform=top.transAxes, ha="center", fontsize=8)
+        top.legend(loc="lower right" if not train[0] else "best")
     top.set_title(title, fontsize=9)
     if distill:
         _line(panels["objective"], objective, "train: distillation objective (weighted sum of terms)", color="tab:purple")
         panels["objective"].set_ylabel("objective")
         panels["objective"].legend(fontsize=8)
     _line(panels["lr"], lr, None, color="tab:green")
+    if not lr[0]:
+        panels["lr"].text(0.5, 0.5, "not logged (the run was shorter than its logging interval)",
+                          transform=panels["lr"].transAxes, ha="center", va="center", fontsize=8)
     panels["lr"].set_ylabel("learning rate")
     panels["lr"].set_xlabel("optimizer step")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -144,7 +144,8 @@ class Scratch:
                     line = line.replace(f"localhost:{port[0]}", f"localhost:{port[1]}")
                 if argv[:2] == ["sharebert", "serve"]:
                     port = (argv[argv.index("--port") + 1] if "--port" in argv else "8000", str(free_port()))
-                    server = self._serve([a if a != port[0] else port[1] for a in argv[1:]], port[1], block)
+                    served = [a if a != port[0] else port[1] for a in argv[1:]] + ([] if "--port" in argv else ["--port", port[1]])
+                    server = self._serve(served, port[1], block)
                 elif argv[0] == "sharebert" and not SHELL_OPERATORS & set(argv):
                     from sharebert.cli import main
 
