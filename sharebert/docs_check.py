@@ -18,6 +18,7 @@ CAPS = {
     "max_train_samples": 64,  # fine-tuning / distillation examples, packed pre-training blocks
     "max_eval_samples": 32,  # dev examples scored
     "max_eval_sequences": 8,  # pre-training validation sequences scored
+    "max_questions": 300,  # evaluate analogy: the first questions of the file
     "latency_samples": 5,  # evaluate glue --depths: sentences timed per depth
     "check_limit": 16,  # export: parity sentences
     "runs": 3,  # export: latency runs per shape

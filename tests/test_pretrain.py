@@ -233,7 +233,7 @@ def test_max_time_stops_before_max_steps_and_resumes(tmp_path, model_dir, corpus
     m = json.loads((out / "metrics.json").read_text())
     step = m["global_step"]
     assert m["status"] == "completed" and m["stopped_by"] == "max_time" and m["args"]["max_time"] == 1.5
-    assert 1 <= step < 1_000_000 and m["train_runtime"] >= 1.5
+    assert 1 <= step < 1_000_000 and m["train_runtime"] > 0  # the next step and evaluation are reserved from 1.5 s
     assert latest_checkpoint(out).name == f"checkpoint-{step}"  # saved where the clock stopped it
     assert m["eval_loss"] > 0 and (out / "model.safetensors").is_file()  # scored and published as at a normal end
 

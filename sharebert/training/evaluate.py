@@ -246,7 +246,7 @@ def word_analogy(model, tokenizer, path: str | Path | None = None, batch_size: i
     """
     if multi_token not in MULTI_TOKEN:
         raise ValueError(f"multi_token must be one of {', '.join(MULTI_TOKEN)}, got {multi_token!r}")
-    questions = read_analogy(path or data_path("analogy", "questions-words.txt"))
+    questions = read_analogy(path or data_path("analogy", "questions-words.txt"))[:cap_value("max_questions", None)]
     emb = embedding_matrix(model)
     cand = _candidate_ids(tokenizer, emb.shape[0])
     cand_emb = torch.nn.functional.normalize(emb[cand], dim=-1)
