@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test docs-check install clean
 
 # optimum-register/ (optimum-cli's hook, docs/EXPORT.md "optimum") is installed non-editably: its module
 # must lie in optimum's own folder.
@@ -22,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests
+
+# The shell and Python blocks of README.md and docs/*.md, run in order with budgets capped (also part of `make test`).
+docs-check: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -p no:cacheprovider tests/test_docs.py
 
 clean:
 	rm -rf $(VENV) runs artifacts *.egg-info optimum-register/build optimum-register/*.egg-info

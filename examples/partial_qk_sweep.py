@@ -44,11 +44,16 @@ def plot(rows: list[dict], path: Path) -> bool:
     except ImportError:
         print("matplotlib is not installed (pip install sharebert[plot]); skipping the PNG")
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)  # own y ranges: the valid curves differ by little
+    styles = [("-", "o"), ("--", "s"), ("-.", "^"), (":", "D")]  # distinct even where the curves coincide
     for ax, split in zip(axes, ("train", "valid")):
-        for p in sorted({r["p"] for r in rows}):
+        for i, p in enumerate(sorted({r["p"] for r in rows})):
             pts = [(r["step"], r["loss"]) for r in rows if r["p"] == p and r["split"] == split]
-            ax.plot(*zip(*pts), label=f"p = {p:g}", marker="." if split == "valid" else None)
+            if not pts:
+                continue
+            ls, marker = styles[i % len(styles)]
+            ax.plot(*zip(*pts), ls=ls, marker=marker, ms=4, markevery=max(1, len(pts) // 12), lw=1.3,
+                    label=f"p = {p:g} (last {pts[-1][1]:.3f})")
         ax.set(title=f"{split} loss", xlabel="step", ylabel="cross-entropy (nats/char)")
         ax.grid(alpha=0.3)
         ax.legend()

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from sharebert.deploy import artifact
+from sharebert.docs_check import cap
 from sharebert.errors import first_line
 from sharebert.model_folder import read_config
 from sharebert.outdir import check_out_dir
@@ -273,7 +274,7 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
     """
     from .parity import read_sentences
 
-    options = replace(options or ExportOptions(), **fields)
+    options = cap(replace(options or ExportOptions(), **fields))
     model_dir, out_dir, o = _validate(model_dir, out_dir, options)
     sentences, labels = read_sentences(o.check_file, o.check_limit)
     model, tokenizer = load_model(model_dir, o.task)

@@ -192,7 +192,7 @@ def plot(result: dict, path: str) -> None:
                label="Pareto front within the limits")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlim(min(c.params for c in cands) / 1e6 * 0.8, max(c.params for c in cands) / 1e6 * 1.25)
+    ax.set_xlim(min(c.params for c in cands) / 1e6 * 0.8, max(c.params for c in cands) / 1e6 * 2.2)  # room for labels
     ax.set_ylim(min(c.gflops for c in cands) * 0.7, max(c.gflops for c in cands) * 1.6)
     table2 = published()["table2"]["rows"]
     stars = [(c, ok) for c, ok in zip(cands, fits) if c.name in table2]
@@ -226,7 +226,7 @@ def plot(result: dict, path: str) -> None:
                  f"{', '.join(words) or 'no limits'} ({result.get('dtype', 'fp32')})\n"
                  f"{'red dashes: the ' + drawn + (' limits' if ' and ' in drawn else ' limit') + ' (shaded: outside); ' if drawn else ''}"
                  "stars: ShareBERT Table 2 presets (hollow: outside the limits)", fontsize=8, pad=16)
-    ax.legend(loc="lower right", fontsize=7, framealpha=0.9)
+    ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=7, frameon=False)  # beside the axes: never over a point
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

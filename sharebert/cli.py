@@ -68,11 +68,13 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 sub.add_parser(name, help=_help_line(name) if chosen is None else None, add_help=False)
         args, extra = parser.parse_known_args(argv)
-        if extra and args.command == chosen:  # options before trailing positionals (`predict ART --depth 2 TEXT`)
+        if extra and chosen is not None and args.command == chosen:  # options before trailing positionals (`predict ART --depth 2 TEXT`)
             try:
                 args = p.parse_intermixed_args(argv[argv.index(chosen) + 1:], argparse.Namespace(command=chosen))
             except TypeError:  # a command with subcommands of its own: argparse cannot intermix those
                 args = parser.parse_args(argv)
+        elif extra:  # an unknown option before any command: argparse's own usage error
+            parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
             return 2

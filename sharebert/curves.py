@@ -37,30 +37,62 @@ def _series(events: list[dict], key: str) -> tuple[list, list]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def _line(ax, xy, label, **kw):
+    """A line with markers when it has few points (a 20-step run logs a handful: a bare line would not show)."""
+    if xy[0]:
+        ax.plot(*xy, marker="o" if len(xy[0]) <= 50 else None, ms=3.5, lw=1.2, label=label, **kw)
+
+
 def plot_curves(events: list[dict], path: str | Path, title: str = "") -> Path:
-    """Loss (train, validation) and learning rate by step into ``path`` (PNG); ``ValueError`` if nothing to draw."""
+    """Loss (train, validation) and learning rate by step into ``path`` (PNG); ``ValueError`` if nothing to draw.
+
+    One panel compares train and validation values of the SAME loss. A distillation run (its events hold the
+    terms, ``loss_hard``, ``loss_kl``, ...) logs as ``loss`` the weighted sum of its terms, which is not the
+    validation loss: there the first panel shows the gold-label term (``loss_hard``, last batch of each
+    logging step) against the validation loss, and the summed objective gets a panel of its own.
+    """
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise ValueError("drawing curves needs matplotlib: pip install 'sharebert[plot]'") from None
-    train, valid, lr = _series(events, "loss"), _series(events, "eval_loss"), _series(events, "learning_rate")
-    if not (train[0] or valid[0]):
+    distill = any(k.startswith("loss_") for e in events for k in e)
+    train = _series(events, "loss_hard" if distill else "loss")
+    valid, lr, objective = _series(events, "eval_loss"), _series(events, "learning_rate"), _series(events, "loss")
+    if not (train[0] or valid[0] or objective[0]):
         raise ValueError("the log holds no loss yet: nothing to draw")
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(3, 1))
-    top.plot(*train, lw=1.2, label="train loss")
-    if valid[0]:
-        top.plot(*valid, "o-", ms=4, lw=1.2, label="validation loss")
+    rows = [("loss", 3)] + ([("objective", 2)] if distill else []) + [("lr", 1)]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 2.2 + 1.4 * len(rows)), sharex=True,
+                             height_ratios=[h for _, h in rows])
+    panels = dict(zip((name for name, _ in rows), axes))
+    top = panels["loss"]
+    _line(top, train, "train: gold-label term (last batch)" if distill else "train loss")
+    _line(top, valid, "validation loss", color="tab:orange")
     top.set_ylabel("loss")
-    top.grid(alpha=0.3)
-    top.legend()
+    if not (train[0] or valid[0]):
+        top.text(0.5, 0.5, "no train or validation loss logged", transform=top.transAxes, ha="center")
+    else:
+        if not train[0]:
+            top.text(0.5, 0.9, "train loss not logged (the run was shorter than its logging interval)",
+                     transform=top.transAxes, ha="center", fontsize=8)
+        top.legend(loc="lower right" if not train[0] else "best")
     top.set_title(title, fontsize=9)
-    bottom.plot(*lr, color="tab:green", lw=1.2)
-    bottom.set_ylabel("learning rate")
-    bottom.set_xlabel("optimizer step")
-    bottom.grid(alpha=0.3)
+    if distill:
+        _line(panels["objective"], objective, "train: distillation objective (weighted sum of terms)", color="tab:purple")
+        panels["objective"].set_ylabel("objective")
+        panels["objective"].legend(fontsize=8)
+    _line(panels["lr"], lr, None, color="tab:green")
+    if not lr[0]:
+        panels["lr"].text(0.5, 0.5, "not logged (the run was shorter than its logging interval)",
+                          transform=panels["lr"].transAxes, ha="center", va="center", fontsize=8)
+    panels["lr"].set_ylabel("learning rate")
+    panels["lr"].set_xlabel("optimizer step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -122,8 +122,9 @@ DEFAULTS = dict(
 def preset_fields(name: str, **overrides) -> dict:
     """The config fields of preset ``name`` with ``overrides``; ``ValueError`` for an unknown name."""
     if name not in PRESETS:
-        close = [p for p in PRESETS if name.split("-")[0] in p] or list(PRESETS)
-        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(close)}")
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"unknown preset {name!r}{hint}; known presets: {', '.join(PRESETS)}")
     return {**copy.deepcopy(PRESETS[name]), **overrides}
 
 

@@ -107,6 +107,12 @@ CASES = [
                             "--plot", "{root}/same.png", "--json", "{root}/same.png"], "name the same file", [], "same.png"),
     ("stsb-out-of-scale", ["finetune", "--model", "{root}/model", "--task", "stsb", "--data-dir", "{root}/stsb",
                            "--out", "{root}/ft4", *FT], "score '7.5' is outside [0, 5]", ["stsb", "model"], "ft4"),
+    # a typo lists every preset, ShareBERT's and BERT's; a --data-dir that is a file says so before the model loads
+    ("preset-typo-lists-all", ["build", "--preset", "sharebert-tny", "--out", "{root}/new2"],
+     "(did you mean sharebert-tiny?); known presets: sharebert-small", [], "new2"),
+    ("preset-typo-lists-bert", ["build", "--preset", "sharebert-tny", "--out", "{root}/new3"], ", bert-base, ", [], "new3"),
+    ("data-dir-is-a-file", ["finetune", "--model", "{root}/bad_weights", "--task", "sst2", "--data-dir", "{root}/notes.txt",
+                            "--out", "{root}/ft5", *FT], "notes.txt is a file; give the task's folder", ["notes.txt"], "ft5"),
 ]
 
 

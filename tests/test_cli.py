@@ -33,3 +33,63 @@ def test_overview_shows_every_command_with_its_line_and_the_version(capsys):
     with pytest.raises(SystemExit):
         main(["--version"])
     assert capsys.readouterr().out.strip() == f"sharebert {__version__}"
+
+
+# The overview, each command's --help and argument errors answer before torch (or transformers) is imported:
+# each row runs in a fresh interpreter, which fails when torch is in sys.modules after the command.
+FAST = {
+    "": [["--help"], ["--no-such-option"]],
+    "build": [["build", "--help"], ["build", "--no-such-option"], ["build", "--preset", "sharebrt-tiny", "--out", "{tmp}/m"],
+              ["build", "--preset", "sharebert-tiny", "--out", "{tmp}/full"]],  # a folder holding a file of the user's
+    "report": [["report", "--help"], ["report", "--preset", "sharebert-tiny", "--seq-len", "x"]],
+    "budget": [["budget", "--help"], ["budget", "--max-params", "10M", "--dtype", "fp8"]],
+    "prepare": [["prepare", "--help"], ["prepare", "--out", "{tmp}/d"]],
+    "pretrain": [["pretrain", "--help"], ["pretrain", "--out", "{tmp}/p", "--max-steps", "x"],
+                 ["pretrain", "--preset", "sharebrt-tiny", "--out", "{tmp}/p"]],
+    "finetune": [["finetune", "--help"], ["finetune", "--model", "m", "--task", "sst3", "--out", "{tmp}/f"],
+                 ["finetune", "--model", "m", "--task", "sst2", "--out", "{tmp}/f", "--epochs", "0"]],
+    "distill": [["distill", "--help"], ["distill", "--teacher", "t", "--student", "s", "--out", "{tmp}/d", "--objective", "x"],
+                ["distill", "--teacher", "t", "--student", "s", "--out", "{tmp}/d", "--task", "sst2", "--layer-map", "1-3"],
+                ["distill", "--teacher", "t", "--student", "s", "--out", "{tmp}/d"]],
+    "evaluate": [["evaluate", "--help"], ["evaluate", "glue", "--help"], ["evaluate", "noise", "--model", "m"],
+                 ["evaluate", "glue", "--model", "m", "--task", "sst2", "--plot", "x.txt", "--depths", "1"]],
+    "export": [["export", "--help"], ["export", "--model", "m", "--out", "{tmp}/e", "--quantize", "int3"]],
+    "plot": [["plot", "--help"], ["plot"]],
+    "predict": [["predict", "--help"], ["predict"]],
+    "serve": [["serve", "--help"], ["serve", "--port", "x"]],
+    "demo": [["demo", "--help"], ["demo", "--steps", "x"]],
+}
+PROBE = """
+import json, sys
+from sharebert.cli import main
+try:
+    code = main(json.loads(sys.argv[1]))
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
+"""
+
+
+def test_fast_table_covers_every_command():
+    assert set(FAST) == {"", *COMMANDS}
+
+
+@pytest.mark.parametrize("name", sorted(FAST))
+def test_help_and_argument_errors_answer_before_torch(name, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    for argv in FAST[name]:
+        argv = [a.format(tmp=tmp_path) for a in argv]
+        done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True, text=True, timeout=120,
+                              env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        result = json.loads(done.stderr.strip().splitlines()[-1])
+        help_asked = "--help" in argv
+        assert result["code"] == (0 if help_asked else 2), (argv, done.stderr)
+        if not help_asked:
+            assert "error" in done.stderr, (argv, done.stderr)
+        assert result["heavy"] == [], (argv, result)

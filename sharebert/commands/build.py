@@ -23,13 +23,15 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..accounting import count_params
-    from ..build import build_model
     from ..model_folder import is_model_folder
     from ..outdir import check_out_dir
-    from ..shape import parse_overrides
+    from ..shape import parse_overrides, preset_fields
 
     overrides = parse_overrides(args.overrides)
+    preset_fields(args.preset)  # an unknown preset fails here, before torch is imported
     out = check_out_dir(args.out, "model folder", is_model_folder, args.overwrite, inputs=[args.vocab] if args.vocab else ())
+    from ..build import build_model  # torch and transformers: only once the input is known to be good
+
     model, tok = build_model(args.preset, out, overrides, args.vocab, args.head, args.seed)
     if args.portable:
         from ..modeling_sharebert import AUTO_CLASSES

@@ -7,9 +7,8 @@ HELP = "distil a fine-tuned BERT teacher into a ShareBERT student on a GLUE task
 
 
 def add_arguments(p):
-    from ..training.distill import DistillWeights
-    from ..training.finetune import FinetuneArgs
     from ..training.glue import TASKS
+    from ..training.options import DistillWeights, FinetuneArgs
     from .finetune import add_training_arguments
 
     d, w = FinetuneArgs(), DistillWeights()
@@ -39,7 +38,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from .tables import format_table
-    from ..training.distill import DistillArgs, DistillWeights, distill_glue, distill_mlm, parse_layer_map
+    from ..training.options import DistillArgs, DistillWeights, parse_layer_map
 
     for name in ("epochs", "batch_size", "lr", "seq_len", "max_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
         value = getattr(args, name)
@@ -55,6 +54,8 @@ def run(args) -> int:
     if args.objective == "mlm":
         if args.task:
             raise ValueError("--task is for --objective glue; --objective mlm reads --train text or --data")
+        from ..training.distill import distill_mlm  # torch: once the options are known to be good
+
         m = distill_mlm(args.teacher, args.student, args.train, args.out, dargs, overwrite=args.overwrite,
                         resume=args.resume, data=args.data)
         print(f"distilled {m['steps']} steps: train loss {m['train_loss']:.4f}; student and metrics.json -> {args.out}")
@@ -63,6 +64,8 @@ def run(args) -> int:
         raise ValueError("--task is required (or --objective mlm with --train)")
     if args.train:
         raise ValueError("--train is for --objective mlm; task distillation reads the task's files (--data-dir)")
+    from ..training.distill import distill_glue  # torch: once the options are known to be good
+
     metrics = distill_glue(args.teacher, args.student, args.task, args.out, args.data_dir, dargs,
                            overwrite=args.overwrite, resume=args.resume, keep_checkpoints=args.keep_checkpoints,
                            cache_teacher=args.cache_teacher)

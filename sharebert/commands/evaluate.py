@@ -12,7 +12,7 @@ def _common(p, json_out=True):
 
 
 def add_arguments(p):
-    from ..training.evaluate import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
+    from ..training.options import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
     from ..training.glue import TASKS
 
     sub = p.add_subparsers(dest="mode", metavar="MODE", required=True)

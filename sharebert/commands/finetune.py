@@ -7,8 +7,8 @@ HELP = "fine-tune a pre-trained model on a GLUE task (best dev checkpoint, metri
 
 
 def add_arguments(p):
-    from ..training.finetune import FinetuneArgs
     from ..training.glue import TASKS
+    from ..training.options import FinetuneArgs
 
     d = FinetuneArgs()
     p.add_argument("--model", required=True, help="pre-trained model folder (e.g. a `sharebert pretrain` output)")
@@ -50,12 +50,13 @@ def add_depth_sampling_argument(p) -> None:
 
 def run(args) -> int:
     from .tables import format_table
-    from ..training.finetune import FinetuneArgs, finetune
+    from ..training.options import FinetuneArgs
 
     for name in ("epochs", "batch_size", "lr", "seq_len", "max_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    from ..training.finetune import finetune  # torch: only once the options are known to be good
     fargs = FinetuneArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                          weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                          max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,

@@ -11,7 +11,7 @@ HELP = ("pre-train a model folder or a preset on text / MediaWiki XML corpora or
 
 def add_arguments(p):
     from ..shape import PRESETS
-    from ..training.pretrain import PretrainArgs
+    from ..training.options import PretrainArgs
     from .finetune import add_depth_sampling_argument
 
     d = PretrainArgs()
@@ -36,8 +36,9 @@ def add_arguments(p):
                    help="character tokenizer + causal LM (needs --objective clm; default preset charlm-6l)")
     p.add_argument("--max-steps", type=int, default=d.max_steps)
     p.add_argument("--max-time", type=float, default=None, metavar="SECONDS",
-                   help="stop (with a checkpoint and the final model) once training has run this many seconds "
-                        "(counted from the start of this run, so a --resume gets a fresh budget); the learning-rate "
+                   help="stop (with a checkpoint and the final model) so that training and its evaluations, the "
+                        "final one included, fit in this many seconds (counted from the start of this run, so a "
+                        "--resume gets a fresh budget); the learning-rate "
                         "schedule still follows --max-steps")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per process and micro-step")
     p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-steps per optimizer step")
@@ -66,10 +67,11 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..shape import parse_overrides
-    from ..training.callbacks import StopRequested
-    from ..training.pretrain import NonFiniteLoss, PretrainArgs, pretrain
+    from ..shape import parse_overrides, preset_fields
+    from ..training.options import PretrainArgs
 
+    if args.preset:
+        preset_fields(args.preset)  # an unknown preset fails before torch is imported
     a = PretrainArgs(
         objective=args.objective, char_level=args.char_level, max_steps=args.max_steps, max_time=args.max_time,
         batch_size=args.batch_size,
@@ -80,6 +82,9 @@ def run(args) -> int:
         seed=args.seed, depth_sampling=args.depth_sampling, resume=args.resume,
         convert_to_sharebert=args.convert_to_sharebert, progress=not args.no_progress, overrides=parse_overrides(args.overrides),
     )
+    from ..training.callbacks import StopRequested
+    from ..training.pretrain import NonFiniteLoss, pretrain
+
     try:
         m = pretrain(args.train, args.out, model_dir=args.model, preset=args.preset, valid=args.valid, args=a,
                      vocab=args.vocab, data=args.data)

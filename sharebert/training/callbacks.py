@@ -221,17 +221,31 @@ class SignalCheckpoint(TrainerCallback):
 
 
 class WallClockLimit(TrainerCallback):
-    """Stops training (with a checkpoint) at the first step end once ``seconds`` have passed since train
-    begin; ``reached`` tells whether it did. Distributed ranks agree (MAX) so they stop at the same step."""
+    """Stops training (with a checkpoint) at the first step end from which the next step and an evaluation (the
+    longest seen so far, from ``eval_runtime``) would no longer fit in ``seconds`` since train begin, so the
+    evaluations, the final one included, count in the budget; ``reached`` tells whether it did. Distributed
+    ranks agree (MAX) so they stop at the same step."""
 
     def __init__(self, seconds: float):
         self.seconds, self.reached, self._start = seconds, False, None
+        self._step_start, self.step_seconds, self.eval_seconds = None, 0.0, 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._start = time.monotonic()
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_start = time.monotonic()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "eval_runtime" in logs:
+            self.eval_seconds = max(self.eval_seconds, logs["eval_runtime"])
+
     def on_step_end(self, args, state, control, **kwargs):
-        if any_rank(time.monotonic() - self._start >= self.seconds, args.device) and not control.should_training_stop:
+        now = time.monotonic()
+        if self._step_start is not None:
+            self.step_seconds = now - self._step_start
+        needed = now - self._start + self.step_seconds + self.eval_seconds
+        if any_rank(needed >= self.seconds, args.device) and not control.should_training_stop:
             self.reached = True
             control.should_save = True
             control.should_training_stop = True

@@ -14,6 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ..docs_check import cap_value
 from ..paths import data_path
 from .glue import get_task, read_split
 from .metrics import task_metrics
@@ -107,6 +108,7 @@ def depth_table(model, task: str, depths, data_dir=None, max_eval_samples: int |
     from ..model_folder import read_config
 
     task_ = get_task(task)
+    max_eval_samples, latency_samples = cap_value("max_eval_samples", max_eval_samples), cap_value("latency_samples", latency_samples)
     if not latency_samples >= 1 or not threads >= 1:
         raise ValueError(f"--latency-samples and --threads must be at least 1, got {latency_samples} and {threads}")
     artifact = is_artifact(model)
@@ -142,9 +144,11 @@ def plot_depths(result: dict, path: str | Path) -> Path:
     rows, metric = result["rows"], result["metric"]
     depths = [r["depth"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.8), dpi=110)
-    ax.plot(depths, [r[metric] for r in rows], "o-", color="tab:blue", label=metric)
+    values = [r[metric] for r in rows]
+    ax.plot(depths, values, "o-", color="tab:blue", label=metric)
     ax.set_xlabel("depth (encoder layers run)")
-    ax.set_ylabel(f"dev {metric}", color="tab:blue")
+    ax.set_ylabel(f"dev {metric} (axis from {min(0, min(values)):g})", color="tab:blue")
+    ax.set_ylim(min(0, min(values)), max(1, max(values)) if max(values) <= 1 else None)  # never a truncated axis
     ax.set_xticks(depths)
     ax.grid(alpha=0.3)
     lat = ax.twinx()

@@ -19,9 +19,7 @@ The projections are trained with the student and never saved with it.
 from __future__ import annotations
 
 import hashlib
-import math
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,51 +29,19 @@ from torch import nn
 
 from ..curves import write_curves
 from ..deploy.artifact import sha256
+from ..docs_check import cap
 from ..errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
-from .finetune import FinetuneArgs, load_classifier, metrics_for, task_training_args
-from .glue import GlueTask, get_task
+from .finetune import load_classifier, metrics_for, task_training_args
+from .glue import GlueTask, get_task, task_file
+from .options import DistillArgs, DistillWeights
 from .progress import no_bars, show_progress
 
 PROJECTIONS_FILE = "distill_projections.safetensors"
-
-
-@dataclass(frozen=True)
-class DistillWeights:
-    """Weight of each loss term and the softmax temperature (every field is a ``sharebert distill`` option)."""
-
-    temperature: float = 2.0
-    kl: float = 1.0
-    hard: float = 1.0
-    hidden: float = 1.0
-    attention: float = 1.0
-    embedding: float = 1.0
-    layer_map: tuple[tuple[int, int], ...] | None = None  # (student iteration, teacher layer), 1-based
-
-    def __post_init__(self):
-        if not (self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"--temperature must be a positive number, got {self.temperature}")
-        for name in ("kl", "hard", "hidden", "attention", "embedding"):
-            w = getattr(self, name)
-            if not (w >= 0 and math.isfinite(w)):
-                raise ValueError(f"--{name}-weight must be a finite number >= 0, got {w}")
-
-
-def parse_layer_map(text: str | None) -> tuple[tuple[int, int], ...] | None:
-    """``"1:3,2:6"`` -> ``((1, 3), (2, 6))`` (student iteration : teacher layer)."""
-    if not text:
-        return None
-    try:
-        pairs = tuple(tuple(int(x) for x in item.split(":")) for item in text.split(","))
-    except ValueError:
-        pairs = ((),)
-    if any(len(p) != 2 for p in pairs):
-        raise ValueError(f"--layer-map {text!r}: expected STUDENT:TEACHER pairs like 1:3,2:6")
-    return pairs
 
 
 def layer_map(student_layers: int, teacher_layers: int, given=None) -> tuple[tuple[int, int], ...]:
@@ -264,13 +230,6 @@ class WithTeacherLogits(torch.utils.data.Dataset):
         return {**self.ds[i], "teacher_logits": self.logits[i].tolist()}
 
 
-@dataclass(frozen=True)
-class DistillArgs(FinetuneArgs):
-    """The fine-tuning recipe plus the distillation losses."""
-
-    weights: DistillWeights = field(default_factory=DistillWeights)
-
-
 def _make_trainer_class():
     from transformers import Trainer
 
@@ -402,12 +361,15 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     ``cache_teacher`` (a folder) keeps the teacher's training-set logits between runs; with the
     hidden, attention and embedding weights at 0 the teacher then never runs during training.
     """
+    args = cap(args)
     from transformers import DataCollatorWithPadding
 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
                         inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()))
+    for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before any model loads
+        task_file(task_, data_dir, split)
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     check_teacher_labels(teacher_dir, t_config, task_)
@@ -483,6 +445,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     ``out`` receives the student (``ShareBertForMaskedLM``, projections dropped), its tokenizer and
     ``metrics.json`` (steps, train loss, the last value of each term).
     """
+    args = cap(args)
     from transformers import TrainingArguments
 
     from ..build import config_for_vocab

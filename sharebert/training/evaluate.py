@@ -22,18 +22,14 @@ import numpy as np
 import torch
 from scipy import stats
 
+from ..docs_check import cap_value
 from ..model_folder import load_config, load_model, load_tokenizer
 from ..paths import data_path
 from .encoded import encode, evaluate_split, label_map, mean_embedding_norm
 from ..progress import bar
 from .glue import TASKS, GlueTask, get_task, read_split
+from .options import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
 
-NOISE_LEVELS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4)
-WORDSIM_SETS = {  # name -> (path inside data/wordsim, word1 field, word2 field, score field)
-    "wordsim353": ("wordsim353/wordsim353.tsv", 0, 1, 2),
-    "simlex999": ("simlex999/simlex999.txt", 0, 1, 2),
-    "scws": ("SCWS/ratings.txt", 1, 3, 7),
-}
 
 
 # ---------------------------------------------------------------- classification
@@ -53,6 +49,7 @@ def load_finetuned(model_dir: str | Path):
 
 def _dev_sets(task: GlueTask, data_dir, tokenizer, config, max_eval_samples, progress):
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task.folder)
+    max_eval_samples = cap_value("max_eval_samples", max_eval_samples)
     seq_len = min(128, config.max_position_embeddings)
     return {s: encode(read_split(task, data_dir, s).head(max_eval_samples), tokenizer, seq_len, progress=progress)
             for s in task.dev_splits}
@@ -128,9 +125,6 @@ def embedding_matrix(model) -> torch.Tensor:
     base = getattr(model, "sharebert", model)
     with torch.no_grad():
         return base.virtual_embeddings().detach().float().cpu()
-
-
-MULTI_TOKEN = ("mean", "first", "skip")  # how a word that WordPiece splits gets a vector
 
 
 def word_ids(tokenizer, word: str) -> tuple[list[int], str]:
@@ -252,7 +246,7 @@ def word_analogy(model, tokenizer, path: str | Path | None = None, batch_size: i
     """
     if multi_token not in MULTI_TOKEN:
         raise ValueError(f"multi_token must be one of {', '.join(MULTI_TOKEN)}, got {multi_token!r}")
-    questions = read_analogy(path or data_path("analogy", "questions-words.txt"))
+    questions = read_analogy(path or data_path("analogy", "questions-words.txt"))[:cap_value("max_questions", None)]
     emb = embedding_matrix(model)
     cand = _candidate_ids(tokenizer, emb.shape[0])
     cand_emb = torch.nn.functional.normalize(emb[cand], dim=-1)

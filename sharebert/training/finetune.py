@@ -11,39 +11,21 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..curves import write_curves
+from ..docs_check import cap
 from ..model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
-from .glue import GlueTask, get_task
+from .glue import GlueTask, get_task, task_file
 from .metrics import predictions_from_logits, task_metrics
+from .options import FinetuneArgs
 from .progress import no_bars, show_progress
-
-
-@dataclass(frozen=True)
-class FinetuneArgs:
-    """The reference recipe; every field is a ``sharebert finetune`` option."""
-
-    epochs: float = 5.0
-    batch_size: int = 64
-    lr: float = 5e-5
-    warmup_steps: int = 50
-    weight_decay: float = 0.01
-    seq_len: int = 128
-    max_steps: int | None = None
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
-    eval_steps: int | None = None  # None: score the dev set after every epoch
-    seed: int = 0
-    depth_sampling: int | None = None  # train_min_depth: each training forward runs a depth from MIN..N
-    convert_to_sharebert: bool = False  # a transformers BERT folder is saved as BERT unless this asks for ShareBERT
 
 
 def load_classifier(model_dir: str | Path, task: GlueTask):
@@ -107,9 +89,12 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     """
     from transformers import DataCollatorWithPadding, Trainer, set_seed
 
+    args = cap(args)
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite, inputs=(model_dir, data_dir))
+    for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before the model loads
+        task_file(task_, data_dir, split)
     config = load_config(model_dir)
     check_depth_sampling(args.depth_sampling, config.num_hidden_layers)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))

@@ -117,6 +117,10 @@ def task_file(task: GlueTask, data_dir: str | Path, split: str) -> Path:
     path = data_dir / task.file(split)
     if path.is_file():
         return path
+    if data_dir.is_file():
+        raise FileNotFoundError(f"{task.name}: --data-dir {data_dir} is a file; give the task's folder"
+                                f"{f' ({data_dir.parent})' if (data_dir.parent / task.file(split)).is_file() else ''}, "
+                                f"which holds {task.file(split)}")
     if not data_dir.is_dir():
         raise FileNotFoundError(f"{task.name}: data folder {data_dir} does not exist "
                                 f"(--data-dir is the task's folder, e.g. glue/{task.folder})")

@@ -26,12 +26,13 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
+from ..docs_check import cap
 from ..model_folder import is_bert_folder, read_config, save_as_bert
 from ..shape import preset_fields
 from ..curves import write_curves
@@ -41,48 +42,13 @@ from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, WallClockL
 from .corpus import (PackedDataset, char_tokenizer, encode_sources, pack, read_text, resolve_sources,
                      sniff_text)
 from .depth import check_depth_sampling
+from .options import PretrainArgs
 from .progress import no_bars, show_progress
 from .shards import StreamBlocks, TokenStream, read_manifest, vocab_sha256
 
 LOSSES = "sharebert_losses.json"  # in each checkpoint: the run's loss sum so far, for metrics after a resume
 EVAL_BATCH = 8  # evaluation scores every position: (B, T, V) fp32 logits, ~125 MB per sequence-batch of 8 at V=30528
 RUN_FILES = ("log.jsonl", "metrics.json", "config.json")  # an --out holding one of these is a pretrain run
-
-
-@dataclass
-class PretrainArgs:
-    """The reference recipe; every field is a ``sharebert pretrain`` option. The reference batch is
-    4000 sequences for 23k steps: reach it with ``batch_size`` x ``grad_accum`` x processes."""
-
-    objective: str = "mlm"  # mlm | clm
-    char_level: bool = False
-    max_steps: int = 23000
-    max_time: float | None = None  # seconds of training (this process, since train begin) before stopping
-    batch_size: int = 32  # per process
-    grad_accum: int = 1
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-6
-    weight_decay: float = 0.01
-    max_grad_norm: float = 0.5
-    warmup_ratio: float = 0.06
-    seq_len: int | None = None  # None: 128 (capped by the model), or the model's block size when char_level
-    mlm_probability: float = 0.15
-    valid_fraction: float = 0.1  # held out from the end of the train stream when no valid files are given
-    max_eval_sequences: int | None = 2048  # --eval-samples: validation sequences scored (None: all)
-    eval_on_start: bool = False  # also score the untrained model at step 0
-    save_steps: int = 1000
-    eval_steps: int = 1000
-    logging_steps: int = 50
-    keep_checkpoints: int | None = 3
-    precision: str = "auto"  # auto (bf16/fp16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
-    seed: int = 0
-    depth_sampling: int | None = None  # train_min_depth: each training forward runs a depth from MIN..N
-    convert_to_sharebert: bool = False  # a transformers BERT folder is saved as BERT unless this asks for ShareBERT
-    resume: bool = False
-    progress: bool = True
-    dataloader_workers: int = 0
-    overrides: dict = field(default_factory=dict)  # config fields for a preset build
 
 
 class NonFiniteLoss(RuntimeError):
@@ -151,7 +117,16 @@ class PretrainTrainer(Trainer):
     def log(self, logs: dict, start_time=None) -> None:
         if "eval_loss" in logs:
             logs["eval_perplexity"] = perplexity(logs["eval_loss"])
+        if "train_loss" in logs and self.state.global_step:  # Trainer's counts only this process's steps since a resume
+            logs["train_loss"] = self.run_losses()["loss_sum"] / self.state.global_step
         super().log(logs, start_time)
+
+    def _issue_warnings_after_load(self, load_result):
+        """A resumed checkpoint lacks the tied decoder weight (safetensors stores a shared tensor once): not missing."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        kept = {params[k].data_ptr() for k in params if k not in load_result.missing_keys}
+        missing = [k for k in load_result.missing_keys if k not in params or params[k].data_ptr() not in kept]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
@@ -360,7 +335,7 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     """
     from ..paths import data_path
 
-    a = args or PretrainArgs()
+    a = cap(args or PretrainArgs())
     if a.char_level and preset is None and model_dir is None:
         preset = "charlm-6l"
     _check_args(a, model_dir, preset, train, data)
