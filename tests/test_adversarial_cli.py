@@ -105,6 +105,12 @@ CASES = [
      ["notes.txt"], "p1.png"),
     ("plot-and-json-same", ["evaluate", "glue", "--model", "{root}/model", "--task", "sst2", "--depths", "1",
                             "--plot", "{root}/same.png", "--json", "{root}/same.png"], "name the same file", [], "same.png"),
+    # the demo replaces only its own folder (issue 23: it used to delete any --out with everything in it)
+    ("demo-into-user-folder", ["demo", "--out", "{root}/mine"], "is a non-empty folder that is not a sharebert demo folder",
+     ["mine"], None),
+    ("demo-into-parent-of-user-work", ["demo", "--out", "{root}"], "not a sharebert demo folder",
+     ["mine", "notes.txt", "model"], None),
+    ("demo-into-file", ["demo", "--out", "{root}/notes.txt"], "is a file, not a folder", ["notes.txt"], None),
     ("stsb-out-of-scale", ["finetune", "--model", "{root}/model", "--task", "stsb", "--data-dir", "{root}/stsb",
                            "--out", "{root}/ft4", *FT], "score '7.5' is outside [0, 5]", ["stsb", "model"], "ft4"),
 ]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 HELP = "run the whole path (report, build, pre-train, export int8, predict) on a tiny default"
 
+MARKER = ".sharebert_demo"  # written first: marks a folder as the demo's own, which a re-run may replace
+
 SENTENCES = ["the capital of france is [MASK].", "he went to the [MASK] to buy some bread."]
 
 
@@ -27,11 +29,15 @@ def run(args) -> int:
     import shutil
 
     from ..cli import main
+    from ..outdir import check_out_dir
     from ..paths import data_path
 
-    out = Path(args.out)
-    if out.exists():  # the demo owns its working folder: start clean every time
+    # The one --out rule: only the demo's own folder (its marker) is replaced; anything else is refused.
+    out = check_out_dir(args.out, "sharebert demo folder", lambda p: (p / MARKER).is_file(), overwrite=True)
+    if out.exists():  # our own working folder: start clean every time
         shutil.rmtree(out)
+    out.mkdir(parents=True)
+    (out / MARKER).write_text("written by `sharebert demo`; a re-run replaces this folder\n")
     wiki = data_path("wikitext-2-raw")
     t0 = time.time()
     _step("1. Parameter and FLOP report: ShareBERT Small (analytic, from the config)")
