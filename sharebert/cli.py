@@ -51,9 +51,17 @@ def _missing_extra(e: ModuleNotFoundError) -> str | None:
     return next((extra for extra, packages in EXTRAS.items() if top in packages), None)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors (a bad option value, a missing one) are one line: the message as a
+    ``ValueError``, printed by ``main`` like every other bad input (sub-commands' parsers are of this class too)."""
+
+    def error(self, message):
+        raise ValueError(f"{message} (see {self.prog} --help)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="sharebert", description="Build, train, export and run tiny BERT-class models.")
+    parser = _Parser(prog="sharebert", description="Build, train, export and run tiny BERT-class models.")
     parser.add_argument("--version", action="version", version=f"sharebert {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen command's module is imported (the others may need torch); the overview imports all

@@ -182,7 +182,7 @@ BAD = [
     ("teacher not a classifier", ["--teacher", "{bad}/mlm"], "is not a sequence classifier"),
     ("tokenizers differ", ["--student", "{bad}/other_tok"], "differs from the student's"),
     ("unknown student", ["--student", "no-such-preset"], "neither a model folder nor a preset"),
-    ("max steps 0", ["--max-steps", "0"], "--max-steps must be positive"),
+    ("max steps 0", ["--max-steps", "0"], "argument --max-steps: must be an integer >= 1, got 0"),
 ]
 
 

@@ -369,17 +369,22 @@ def _plain(extra):
     (_plain([]), "under_file", "is a file, not a folder"),
     (_plain([]), "foreign", "is a non-empty folder that is not a pretrain run"),
     (lambda t, m, d, c: ["--model", str(m), "--data", str(t)], "new", "is not a prepared data folder"),
+    # --out may never be the input model, even with --resume (issue 23: it suggested --resume, which overwrote it)
+    (_plain([]), "model", "is, or holds, the input"),
+    (_plain(["--resume"]), "model", "is, or holds, the input"),
 ])
 def test_bad_input_is_one_line_and_leaves_no_out(tmp_path, capsys, model_dir, data_dir, corpus, make_argv, out_kind,
                                                   message):
     argv = make_argv(tmp_path, model_dir, data_dir, corpus)
+    weights = (model_dir / "model.safetensors").read_bytes()
     (tmp_path / "f.txt").write_text("mine\n")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine\n")
     out = {"new": tmp_path / "new", "file": tmp_path / "f.txt", "under_file": tmp_path / "f.txt" / "o",
-           "foreign": tmp_path / "foreign"}[out_kind]
+           "foreign": tmp_path / "foreign", "model": model_dir}[out_kind]
     rc = main(["pretrain", *argv, "--out", str(out), "--max-steps", "1", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "new").exists()
     assert (tmp_path / "f.txt").read_text() == "mine\n" and (tmp_path / "foreign" / "notes.txt").read_text() == "mine\n"
+    assert (model_dir / "model.safetensors").read_bytes() == weights and not (model_dir / "log.jsonl").exists()

@@ -18,7 +18,9 @@ SENTENCES = ["the capital of france is [MASK].", "he went to the [MASK] to buy s
 
 def add_arguments(p):
     p.add_argument("--out", default="runs/demo", help="working folder (default: runs/demo)")
-    p.add_argument("--steps", type=int, default=300, help="pre-training steps (default: 300)")
+    from ..options import positive_int
+
+    p.add_argument("--steps", type=positive_int, default=300, help="pre-training steps (default: 300)")
 
 
 def _step(title: str):

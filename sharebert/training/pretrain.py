@@ -378,7 +378,9 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     else:
         layers = preset_fields(preset, **a.overrides)["num_hidden_layers"]
     check_depth_sampling(a.depth_sampling, layers)
-    inputs = [p for p in (model_dir, data, *train_sources, *valid_sources) if p is not None and not isinstance(p, str)]
+    # --model and --data are folders even when given as strings; a source given as a string is a dataset name
+    inputs = [Path(p) for p in (model_dir, data) if p is not None] + \
+        [p for p in (*train_sources, *valid_sources) if not isinstance(p, str)]
     _check_out(out, a, inputs)
     created = not out.exists()
     stage = {"training": False}
