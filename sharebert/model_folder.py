@@ -135,6 +135,9 @@ def _move(sd: dict, out: dict, bert_key: str, key: str) -> None:
             out[key] = sd[k]
 
 
+TASK_HEADS = ("classifier.", "qa_outputs.")  # heads whose size follows the task's labels, not the encoder
+
+
 def load_model(cls, model_dir: str | Path, config=None, **kwargs):
     """``cls.from_pretrained(model_dir)`` for sharebert folders, a renamed state dict for BERT folders.
 
@@ -154,24 +157,44 @@ def load_model(cls, model_dir: str | Path, config=None, **kwargs):
     try:
         if raw["model_type"] == "sharebert":
             model, info = cls.from_pretrained(model_dir, config=config, output_loading_info=True, **kwargs)
-            return model, info["missing_keys"]
-        from safetensors.torch import load_file
+            mismatched = [(k, _stored_shape(weights, k), tuple(model.state_dict()[k].shape))
+                          for k in info.get("mismatched_keys", [])]
+            missing = info["missing_keys"]
+        else:
+            from safetensors.torch import load_file
 
-        kwargs.pop("ignore_mismatched_sizes", None)  # a head of another size is left out below, as transformers does
-        model = cls(config, **kwargs)
-        prefix = "" if cls.__name__ == "ShareBertModel" else model.base_model_prefix + "."
-        own = model.state_dict()
-        sd = {k: v for k, v in bert_state_dict(load_file(weights), config.num_hidden_layers, prefix).items()
-              if k in own and own[k].shape == v.shape}
-        missing, _ = model.load_state_dict(sd, strict=False)
-        model.tie_weights()
+            kwargs.pop("ignore_mismatched_sizes", None)  # a head of another size is left out below, as transformers does
+            model = cls(config, **kwargs)
+            prefix = "" if cls.__name__ == "ShareBertModel" else model.base_model_prefix + "."
+            own = model.state_dict()
+            sd = {k: v for k, v in bert_state_dict(load_file(weights), config.num_hidden_layers, prefix).items() if k in own}
+            mismatched = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items() if own[k].shape != v.shape]
+            missing, _ = model.load_state_dict({k: v for k, v in sd.items() if own[k].shape == v.shape}, strict=False)
+            model.tie_weights()
     except (OSError, RuntimeError, ValueError, SafetensorError) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise ValueError(f"{weights} cannot be loaded ({first_line(e)}); the file is damaged or does "
                          "not match config.json") from None
+    # Only a task head may be re-initialised for another label count; any other tensor of the wrong shape
+    # means the weights are not this config's (they would be replaced by random numbers).
+    wrong = [m for m in mismatched if not m[0].startswith(TASK_HEADS)]
+    if wrong:
+        key, stored, configured = wrong[0]
+        raise ValueError(f"{weights} does not fit {model_dir / 'config.json'}: {key} is stored as "
+                         f"{'x'.join(map(str, stored)) or 'another shape'} but the config makes it {'x'.join(map(str, configured))}"
+                         f"{f' ({len(wrong) - 1} more tensors differ)' if len(wrong) > 1 else ''}; "
+                         "the weights belong to another model")
     missing = [k for k in missing if k != "lm_head.decoder.weight" or not config.tie_word_embeddings]
     return model, missing
+
+
+def _stored_shape(weights: Path, key: str) -> tuple:
+    """The shape ``weights`` (a safetensors file) stores for ``key``; ``()`` when it holds no such key."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "pt") as f:
+        return tuple(f.get_slice(key).get_shape()) if key in f.keys() else ()
 
 
 def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...] = ()):

@@ -35,6 +35,9 @@ def world(tmp_path_factory):
         shutil.copytree(model, root / name)
         path = root / name / file
         path.write_bytes(data if data is not None else path.read_bytes()[: path.stat().st_size // 2])
+    shutil.copytree(model, root / "wrong_shape")  # weights of another shape than config.json says (embeddings 16 -> 24)
+    config = json.loads((model / "config.json").read_text())
+    (root / "wrong_shape" / "config.json").write_text(json.dumps({**config, "embedding_size": 24}))
     artifact = root / "artifact"
     artifact.mkdir()
     (artifact / "manifest.json").write_text('{"format": "sharebert-onnx"}')
@@ -85,6 +88,8 @@ CASES = [
      "config.json is not valid JSON", ["bad_config"], None),
     ("finetune-bad-weights", ["finetune", "--model", "{root}/bad_weights", "--task", "sst2", "--out", "{root}/ft1", *FT],
      "model.safetensors cannot be loaded", ["bad_weights"], "ft1"),
+    ("finetune-weights-do-not-fit-config", ["finetune", "--model", "{root}/wrong_shape", "--task", "sst2", "--out",
+                                            "{root}/ft6", *FT], "model.safetensors does not fit", ["wrong_shape"], "ft6"),
     ("finetune-bad-tokenizer", ["finetune", "--model", "{root}/bad_tokenizer", "--task", "sst2", "--out", "{root}/ft2", *FT],
      "tokenizer.json cannot be read", ["bad_tokenizer"], "ft2"),
     ("finetune-into-model", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}/model", *FT],
