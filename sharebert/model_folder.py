@@ -23,10 +23,14 @@ _BERT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention
                 "type_vocab_size", "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
                 "is_decoder")
 _HEAD_FIELDS = ("architectures", "id2label", "label2id", "problem_type", "num_labels")
+# In a training run's --out from the start of training until its final model is saved: a folder holding it
+# (a run stopped by a signal, killed, or failed) keeps a model that is not the trained one, so it is refused.
+UNFINISHED = ".sharebert_unfinished"
 
 
-def read_config(model_dir: str | Path) -> dict:
-    """``config.json`` of ``model_dir`` as a dict; ``FileNotFoundError`` / ``ValueError`` naming the file."""
+def read_config(model_dir: str | Path, unfinished_ok: bool = False) -> dict:
+    """``config.json`` of ``model_dir`` as a dict; ``FileNotFoundError`` / ``ValueError`` naming the file.
+    A folder marked ``UNFINISHED`` is refused unless ``unfinished_ok`` (the run that resumes it)."""
     model_dir = Path(model_dir)
     path = model_dir / "config.json"
     try:
@@ -40,6 +44,9 @@ def read_config(model_dir: str | Path) -> dict:
     if (model_dir / "manifest.json").is_file() and (model_dir / "model.onnx").is_file():
         raise ValueError(f"{model_dir} is an exported ONNX artifact, not a model folder; give the model folder it "
                          "was exported from (artifacts run with `sharebert predict` / `serve`)")
+    if (model_dir / UNFINISHED).exists() and not unfinished_ok:
+        raise ValueError(f"{model_dir} holds an unfinished training run (stopped before it saved its trained model): "
+                         f"finish it with --resume --out {model_dir}, or give one of its checkpoint-N folders")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a model folder is written by `sharebert build` (or is a "
                                 "transformers BERT folder)")
@@ -75,12 +82,12 @@ def shape_fields(model_dir: str | Path) -> dict:
     return {k: v for k, v in fields.items() if k in CONFIG_FIELDS}
 
 
-def load_config(model_dir: str | Path):
+def load_config(model_dir: str | Path, unfinished_ok: bool = False):
     """``ShareBertConfig`` of a sharebert or BERT model folder; a bad config is a ``ValueError`` naming the file."""
     from .configuration_sharebert import ShareBertConfig
 
     path = Path(model_dir) / "config.json"
-    raw = read_config(model_dir)
+    raw = read_config(model_dir, unfinished_ok)
     try:
         if raw["model_type"] == "sharebert":
             return ShareBertConfig.from_pretrained(model_dir)
@@ -138,15 +145,15 @@ def _move(sd: dict, out: dict, bert_key: str, key: str) -> None:
 TASK_HEADS = ("classifier.", "qa_outputs.")  # heads whose size follows the task's labels, not the encoder
 
 
-def load_model(cls, model_dir: str | Path, config=None, **kwargs):
+def load_model(cls, model_dir: str | Path, config=None, unfinished_ok: bool = False, **kwargs):
     """``cls.from_pretrained(model_dir)`` for sharebert folders, a renamed state dict for BERT folders.
 
     Damaged weights are a ``ValueError`` naming the file. Returns the model (train mode, like
     transformers) and the list of learned tensors that were not in the folder (freshly initialised).
     """
     model_dir = Path(model_dir)
-    raw = read_config(model_dir)
-    config = load_config(model_dir) if config is None else config
+    raw = read_config(model_dir, unfinished_ok)
+    config = load_config(model_dir, unfinished_ok) if config is None else config
     weights = model_dir / "model.safetensors"
     if not weights.is_file():
         other = [p.name for p in model_dir.glob("*.bin")]

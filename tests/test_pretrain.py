@@ -388,3 +388,26 @@ def test_bad_input_is_one_line_and_leaves_no_out(tmp_path, capsys, model_dir, da
     assert not (tmp_path / "new").exists()
     assert (tmp_path / "f.txt").read_text() == "mine\n" and (tmp_path / "foreign" / "notes.txt").read_text() == "mine\n"
     assert (model_dir / "model.safetensors").read_bytes() == weights and not (model_dir / "log.jsonl").exists()
+
+
+def test_interrupted_preset_run_is_refused_until_resumed(tmp_path, corpus, capsys):
+    """A preset run stopped by a signal keeps the freshly built (untrained) model in --out: every command that
+    loads a model folder refuses it, naming --resume, until the resumed run saves its trained model."""
+    from sharebert.model_folder import UNFINISHED, read_config
+
+    out = tmp_path / "run"
+    args = dict(ARGS, max_steps=3, eval_on_start=False, overrides=TINY)
+    stopped = pretrain([corpus], out, preset="sharebert-tiny", args=PretrainArgs(**args), callbacks=[SignalAt(1)])
+    assert stopped["status"] == "interrupted" and (out / "config.json").is_file() and (out / UNFINISHED).is_file()
+    capsys.readouterr()
+    for argv in (["export", "--model", str(out), "--out", str(tmp_path / "art")],
+                 ["finetune", "--model", str(out), "--task", "sst2", "--out", str(tmp_path / "ft"), "--max-steps", "1"],
+                 ["pretrain", "--model", str(out), "--train", str(corpus), "--out", str(tmp_path / "pt")],
+                 ["report", "--model", str(out)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "holds an unfinished training run" in err and "--resume" in err, err
+    assert not any((tmp_path / name).exists() for name in ("art", "ft", "pt"))
+    resumed = pretrain([corpus], out, preset="sharebert-tiny", args=PretrainArgs(**args, resume=True))
+    assert resumed["status"] == "completed" and resumed["global_step"] == 3
+    assert not (out / UNFINISHED).exists() and read_config(out)["model_type"] == "sharebert"

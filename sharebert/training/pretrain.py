@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from ..model_folder import read_config
+from ..model_folder import UNFINISHED, read_config
 from ..shape import preset_fields
 from ..curves import write_curves
 from ..outdir import check_out_dir, write_json
@@ -279,15 +279,17 @@ def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, tra
     return out
 
 
-def load_model_folder(model_dir: Path, objective: str):
+def load_model_folder(model_dir: Path, objective: str, unfinished_ok: bool = False):
     """``(config, tokenizer, model)`` of the folder training starts from (its config is the model's shape; a
-    transformers BERT folder is BERT); the tokenizer is checked against the config before the weights load."""
+    transformers BERT folder is BERT); the tokenizer is checked against the config before the weights load.
+    ``unfinished_ok``: the folder is the run's own ``--out``, being resumed."""
     from ..model_folder import load_config, load_model, load_tokenizer
     from ..modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
 
-    config = load_config(model_dir)
+    config = load_config(model_dir, unfinished_ok)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, ("mask", "cls", "sep") if objective == "mlm" else ())
-    model, _ = load_model(ShareBertForCausalLM if objective == "clm" else ShareBertForMaskedLM, model_dir, config)
+    model, _ = load_model(ShareBertForCausalLM if objective == "clm" else ShareBertForMaskedLM, model_dir, config,
+                          unfinished_ok)
     return config, tokenizer, model
 
 
@@ -406,7 +408,7 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
                 remove_incomplete(out)
             resume_from = resume_checkpoint(out, say=print if probe.should_save else lambda m: None)
         model_dir = _prepare_model_dir(a, out, model_dir, preset, vocab, train_sources, data)
-    config, tokenizer, model = load_model_folder(model_dir, a.objective)
+    config, tokenizer, model = load_model_folder(model_dir, a.objective, unfinished_ok=Path(model_dir) == out)
     model.config.train_min_depth = a.depth_sampling  # the option decides, whatever the folder held
     seq_len = a.seq_len or (config.max_position_embeddings if a.char_level else min(128, config.max_position_embeddings))
     if seq_len > config.max_position_embeddings:
@@ -435,6 +437,8 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     if a.resume and targs.should_save:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0")
     stage["training"] = True
+    if targs.should_save:  # until the trained model is saved, out's model (a preset's, an earlier run's) is not it
+        write_json(out / UNFINISHED, {"status": "training", "pid": os.getpid()})
     started, ev = time.monotonic(), None
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -473,6 +477,8 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     metrics["param_sha256"] = digests
     if not interrupted:
         _publish(trainer, out)
+        if targs.should_save:
+            (out / UNFINISHED).unlink(missing_ok=True)
     ckpt = latest_checkpoint(out)
     metrics["checkpoint"] = str(ckpt) if ckpt else None
     if targs.should_save:
