@@ -42,7 +42,8 @@ class ExportOptions:
     and int8-static always materialize. ``calibration``: sentences for int8-static.
     ``check_file``/``check_limit``: parity sentences (default: SST-2 dev). ``shapes``/``threads``/``runs``:
     latency measurement (``"BxT"`` strings). ``format``: ``onnx`` or ``ort`` (ORT-format graphs for
-    ONNX Runtime mobile / minimal builds, ``export/ort_format.py``).
+    ONNX Runtime mobile / minimal builds, ``export/ort_format.py``). ``allow_low_parity``: publish a
+    quantized export whose parity falls below ``parity.THRESHOLDS`` (recorded in the manifest).
     """
 
     task: str | None = None
@@ -58,10 +59,12 @@ class ExportOptions:
     runs: int = 30
     progress: bool = True
     format: str = "onnx"
+    allow_low_parity: bool = False
 
 
 class ParityError(ValueError):
-    """An export whose outputs are not finite, or (fp32) differ from PyTorch by more than ``parity.FP32_TOLERANCE``."""
+    """An export whose outputs are not finite, or differ from PyTorch by more than ``parity.FP32_TOLERANCE`` (fp32)
+    or than ``parity.THRESHOLDS`` allow (quantized)."""
 
 
 def default_check_file() -> Path:
@@ -160,13 +163,15 @@ def check_folding(path: Path, session_config: dict, scratch: Path) -> dict:
     return {"computed_weights": len(before), "unfolded": after, "folded": not after}
 
 
-def _checked(parity: dict, quantize: str, check_file: Path) -> dict:
-    """``parity`` with ``check_file``; :class:`ParityError` when a figure is not finite or (fp32) off by more
-    than ``FP32_TOLERANCE``."""
+def _checked(parity: dict, o: ExportOptions, full_depth: bool = True) -> dict:
+    """``parity`` with the check file and, for a quantized export, its thresholds; :class:`ParityError` when a
+    figure is not finite, (fp32) off by more than ``FP32_TOLERANCE``, or (quantized, at full depth: the depth-1
+    check runs on a few sentences only) below ``THRESHOLDS`` without ``allow_low_parity``."""
     import numpy as np
 
-    from .parity import FP32_TOLERANCE
+    from .parity import FP32_TOLERANCE, THRESHOLDS, below_thresholds
 
+    quantize, check_file = o.quantize, o.check_file
     figures = {k: v for k, v in parity.items() if isinstance(v, float)}
     if not np.isfinite(list(figures.values())).all():
         raise ParityError(f"the export's outputs or PyTorch's are not finite (NaN or inf) on {check_file}: "
@@ -174,7 +179,13 @@ def _checked(parity: dict, quantize: str, check_file: Path) -> dict:
     if quantize == "none" and not parity["max_abs_diff"] <= FP32_TOLERANCE:
         raise ParityError(f"fp32 export differs from PyTorch by {parity['max_abs_diff']:.3g} (> {FP32_TOLERANCE}) "
                           f"on {parity['sentences']} sentences of {check_file}")
-    return {**parity, "check_file": str(check_file)}
+    below = below_thresholds(parity, quantize)
+    if below and full_depth and not o.allow_low_parity:
+        raise ParityError(f"--quantize {quantize} export falls below its parity thresholds on {parity['sentences']} "
+                          f"sentences of {check_file}: {'; '.join(below)} (docs/EXPORT.md); nothing was written "
+                          f"(--allow-low-parity publishes it anyway)")
+    extra = {"thresholds": THRESHOLDS[quantize], "below_thresholds": below} if quantize in THRESHOLDS else {}
+    return {**parity, "check_file": str(check_file), **extra}
 
 
 def _gflops(config, task: str, batch: int, seq: int) -> float:
@@ -389,11 +400,10 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
 
     steps.set_postfix_str("parity")
     session = _session(path, session_config, threads=threads)
-    parity = _checked(check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=progress),
-                      quantize, check_file)
+    parity = _checked(check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=progress), o)
     if max_depth:  # the shallowest depth, on the first sentences: the gating works as PyTorch's depth does
         parity["depth_1"] = _checked(check_parity(model, tokenizer, session, task, sentences[:DEPTH_CHECK_SENTENCES],
-                                                  None, max_length, progress=False, depth=1), quantize, check_file)
+                                                  None, max_length, progress=False, depth=1), o, full_depth=False)
     del session
     steps.update()
 
@@ -471,9 +481,11 @@ def format_report(manifest: dict) -> str:
         lines.append(f"GFLOPs ({f['gflops_shape']})  {f['gflops']:.3f}")
     def figures(parity):
         return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in parity.items()
-                         if k != "check_file" and not isinstance(v, dict))
+                         if k != "check_file" and not isinstance(v, (dict, list)))
 
     lines.append(f"parity          {figures(p)}")
+    if p.get("below_thresholds"):
+        lines.append(f"LOW PARITY      published with --allow-low-parity: {'; '.join(p['below_thresholds'])}")
     if manifest.get("max_depth"):
         lines.append(f"depth           1..{manifest['max_depth']} at inference (`--depth`); at depth 1: {figures(p['depth_1'])}")
     else:
