@@ -9,6 +9,7 @@ command that fails its validation leaves no empty ``--out`` behind.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -75,6 +76,37 @@ def check_out_file(path: str | Path, option: str, suffixes: Iterable[str] = ()) 
     if not os.access(folder, os.W_OK):
         raise ValueError(f"{option} {path}: cannot write in {folder}")
     return path
+
+
+class OutLock:
+    """One run at a time per output folder: an exclusive, non-blocking ``flock`` on ``out/.lock`` holding the
+    PID, for as long as the ``with`` block runs. The kernel releases it when the process dies (kill -9
+    included), so a killed run never leaves it stuck; a second run into the same folder is refused in one line."""
+
+    NAME = ".lock"
+
+    def __init__(self, out: str | Path, command: str):
+        self.path, self.command = Path(out) / self.NAME, command
+
+    def __enter__(self):
+        self.f = open(self.path, "a+")
+        try:
+            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.f.seek(0)
+            pid = self.f.read().strip()
+            self.f.close()
+            raise ValueError(f"another `sharebert {self.command}` (pid {pid or '?'}) is writing {self.path.parent}; "
+                             "wait for it to finish or choose another --out") from None
+        self.f.seek(0)
+        self.f.truncate()
+        self.f.write(f"{os.getpid()}\n")
+        self.f.flush()
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
 
 
 def _check_writable(folder: Path, given) -> None:

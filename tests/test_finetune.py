@@ -87,3 +87,31 @@ def test_cli_finetune_and_bad_input(base, tmp_path, capsys):
     (bad / "config.json").write_text(json.dumps(cfg))
     assert main(["finetune", "--model", str(bad), "--task", "sst2", "--out", str(tmp_path / "y")]) == 2
     assert "30522 tokens but config.vocab_size is 1000" in capsys.readouterr().err
+
+
+def test_rerun_into_unfinished_out_and_one_run_at_a_time(base, tmp_path, capsys):
+    """A stopped run's --out (checkpoints/, no metrics.json) holds nothing finished: a re-run takes it without
+    --overwrite (issue 23: it was refused as "already holds a fine-tuning result"); a folder another finetune is
+    writing (its flock held) is refused in one line naming that process."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "ft"
+    (out / "checkpoints" / "checkpoint-7").mkdir(parents=True)  # what a run killed before its first save leaves
+    argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-steps", "2",
+            "--max-train-samples", "16", "--max-eval-samples", "16", "--batch-size", "8"]
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from sharebert.outdir import OutLock\n"
+                               f"with OutLock({str(out)!r}, 'finetune'):\n    print('locked', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"another `sharebert finetune` (pid {holder.pid})" in err, err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(argv) == 0
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 2
+    assert main(argv) == 2  # now it holds a result: replaced only with --overwrite
+    assert "already holds a fine-tuning result; pass --overwrite" in capsys.readouterr().err

@@ -411,3 +411,26 @@ def test_interrupted_preset_run_is_refused_until_resumed(tmp_path, corpus, capsy
     resumed = pretrain([corpus], out, preset="sharebert-tiny", args=PretrainArgs(**args, resume=True))
     assert resumed["status"] == "completed" and resumed["global_step"] == 3
     assert not (out / UNFINISHED).exists() and read_config(out)["model_type"] == "sharebert"
+
+
+def test_one_run_at_a_time_per_out_and_a_killed_run_leaves_no_stuck_lock(tmp_path, model_dir, corpus, capsys):
+    """The --out lock (outdir.OutLock, an flock with the PID) refuses a second run while the first holds it;
+    the kernel drops it when its holder is killed with SIGKILL, so the next run proceeds."""
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from sharebert.outdir import OutLock\n"
+                               f"with OutLock({str(out)!r}, 'pretrain'):\n    print('locked', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        argv = ["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), *MAX_TIME_ARGS,
+                "--max-steps", "1"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"another `sharebert pretrain` (pid {holder.pid}) is writing" in err, err
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(argv) == 0  # no stuck lock after kill -9
+    assert json.loads((out / "metrics.json").read_text())["status"] == "completed"

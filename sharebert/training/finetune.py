@@ -9,7 +9,9 @@ its tokenizer, ``metrics.json`` (written last) and ``log_history.json``.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ import torch
 
 from ..curves import write_curves
 from ..model_folder import load_config, load_model, load_tokenizer
-from ..outdir import check_out_dir, finite, write_json
+from ..outdir import OutLock, check_out_dir, finite, write_json
 from ..paths import data_path
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
@@ -63,6 +65,11 @@ def _is_finetune_out(path: Path) -> bool:
     return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
 
 
+def _unfinished(path: Path) -> bool:
+    """A fine-tuning ``--out`` holding no result (a stopped or failed run's leftovers): a re-run may replace it."""
+    return path.is_dir() and _is_finetune_out(path) and not (path / "metrics.json").is_file()
+
+
 def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: bool, save_only_model: bool = True):
     """The Trainer's arguments for a run over a GLUE task: checkpoints under ``out/checkpoints``, the dev set
     scored every epoch (or ``eval_steps``), the best checkpoint by the task's metric kept and reloaded,
@@ -104,11 +111,27 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     ``accuracy_mismatched``), plus ``task``, ``train_samples``, ``eval_samples``, ``steps``,
     ``best_step`` and ``train_seconds``.
     """
-    from transformers import DataCollatorWithPadding, Trainer, set_seed
-
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
-    out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite, inputs=(model_dir, data_dir))
+    out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite or _unfinished(Path(out)),
+                        inputs=(model_dir, data_dir))
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    created = not out.exists()
+    if rank0:
+        out.mkdir(parents=True, exist_ok=True)
+    try:
+        with OutLock(out, "finetune") if rank0 else contextlib.nullcontext():
+            return _finetune(model_dir, task_, out, data_dir, args, keep_checkpoints, progress)
+    except (ValueError, FileNotFoundError):
+        if created and rank0 and not (out / "checkpoints").exists():
+            shutil.rmtree(out, ignore_errors=True)  # bad input found before training: leave no --out behind
+        raise
+
+
+def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, keep_checkpoints: bool,
+              progress: bool) -> dict:
+    from transformers import DataCollatorWithPadding, Trainer, set_seed
+
     config = load_config(model_dir)
     check_depth_sampling(args.depth_sampling, config.num_hidden_layers)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))

@@ -20,6 +20,7 @@ checkpoint and the model as at a normal end; the schedule still runs to ``max_st
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -35,7 +36,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 from ..model_folder import UNFINISHED, read_config
 from ..shape import preset_fields
 from ..curves import write_curves
-from ..outdir import check_out_dir, write_json
+from ..outdir import OutLock, check_out_dir, write_json
 from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, WallClockLimit, any_rank, checkpoints,
                         latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint, rotate)
 from .corpus import (PackedDataset, char_tokenizer, encode_sources, pack, read_text, resolve_sources,
@@ -242,7 +243,7 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
 
 
 def _is_run(folder: Path) -> bool:
-    return any((folder / name).exists() for name in RUN_FILES) or bool(checkpoints(folder))
+    return any((folder / name).exists() for name in (*RUN_FILES, OutLock.NAME)) or bool(checkpoints(folder))
 
 
 def _check_out(out: Path, a: PretrainArgs, inputs) -> None:
@@ -255,7 +256,7 @@ def _check_out(out: Path, a: PretrainArgs, inputs) -> None:
         raise ValueError(f"{out} already holds checkpoints ({done[-1][1].name}); pass --resume or choose another --out")
     if (out / "config.json").is_file():
         raise ValueError(f"{out} already holds a model; pass --resume to continue it or choose another --out")
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and any(p.name not in (OutLock.NAME, UNFINISHED) for p in out.iterdir()):
         raise ValueError(f"{out} already holds a pretrain run; pass --resume to continue it or choose another --out")
 
 
@@ -386,10 +387,14 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     _check_out(out, a, inputs)
     created = not out.exists()
     stage = {"training": False}
+    rank0 = os.environ.get("RANK", "0") == "0"
     with SignalCheckpoint() as stopper:
         try:
-            return _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper,
-                        callbacks, stage)
+            if rank0:
+                out.mkdir(parents=True, exist_ok=True)
+            with OutLock(out, "pretrain") if rank0 else contextlib.nullcontext():  # one run at a time per --out
+                return _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper,
+                            callbacks, stage)
         except (ValueError, FileNotFoundError):
             if created and not stage["training"] and os.environ.get("RANK", "0") == "0":
                 shutil.rmtree(out, ignore_errors=True)  # failed before training: leave no half-made --out

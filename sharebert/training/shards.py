@@ -16,7 +16,6 @@ stream :func:`~sharebert.training.corpus.encode_sources` gives in memory. Shards
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -32,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import first_line
-from ..outdir import check_out_dir, write_json
+from ..outdir import OutLock, check_out_dir, write_json
 from ..progress import bar as progress_bar
 from .corpus import encode_lines, iter_lines, resolve_sources, sniff_text
 
@@ -108,26 +107,6 @@ def _checksum(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-class _Lock:
-    """An exclusive, non-blocking flock on ``out/.lock`` (released by the kernel if the process dies)."""
-
-    def __init__(self, out: Path):
-        self.path = out / ".lock"
-
-    def __enter__(self):
-        self.f = open(self.path, "a+")
-        try:
-            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.f.close()
-            raise ValueError(f"another `sharebert prepare` is writing {self.path.parent}; wait for it to finish") from None
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()
-
-
 # -- tokenizing in worker processes --------------------------------------------------------------
 _WORKER: dict = {}
 
@@ -191,7 +170,7 @@ def prepare(train, out, tokenizer="sharebert-tiny", valid=None, workers: int = 1
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with _Lock(out):
+        with OutLock(out, "prepare"):
             return _prepare_locked(out, tok, sources, workers, progress, stop)
     except (ValueError, FileNotFoundError):
         if created and not (out / PROGRESS).exists():
