@@ -222,6 +222,10 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
     weights, quantize, calibration, opset, check_limit = o.weights, o.quantize, o.calibration, o.opset, o.check_limit
     if task not in artifact.TASKS:
         raise ValueError(f"unsupported task {task!r}; choose one of {', '.join(artifact.TASKS)}")
+    saved = infer_task(config)
+    if {task, saved} == {"fill-mask", "causal-lm"}:  # the same head's weights, trained for the other objective
+        raise ValueError(f"{model_dir} holds a {saved} model ({', '.join(config.get('architectures') or [])}), "
+                         f"not a {task} one: its predictions would be meaningless; export --task {saved}")
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if quantize not in MODES:

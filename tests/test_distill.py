@@ -182,6 +182,8 @@ BAD = [
     ("teacher not a classifier", ["--teacher", "{bad}/mlm"], "is not a sequence classifier"),
     ("tokenizers differ", ["--student", "{bad}/other_tok"], "differs from the student's"),
     ("unknown student", ["--student", "no-such-preset"], "neither a model folder nor a preset"),
+    ("every loss weight 0", ["--kl-weight", "0", "--hard-weight", "0", "--hidden-weight", "0", "--attention-weight", "0",
+                             "--embedding-weight", "0"], "every loss weight is 0"),
     ("max steps 0", ["--max-steps", "0"], "argument --max-steps: must be an integer >= 1, got 0"),
 ]
 
