@@ -111,9 +111,23 @@ def _checksum(manifest: dict) -> str:
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer_json: str, dtype: str) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this worker when its parent dies, kill -9 included (Linux ``prctl``
+    ``PR_SET_PDEATHSIG``; elsewhere nothing): workers ignore SIGINT and SIGTERM, so nothing else would end them."""
+    import ctypes
+
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is None:
+        return
+    prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _init_worker(tokenizer_json: str, dtype: str, parent: int) -> None:
     from tokenizers import Tokenizer
 
+    _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)  # the parent decides when to stop
@@ -202,7 +216,7 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
     pool = None
     if workers > 1:  # spawn: fork may deadlock on locks held by threads (torch, tokenizers)
         pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _init_worker,
-                                   (tok.backend_tokenizer.to_str(), dtype.name))
+                                   (tok.backend_tokenizer.to_str(), dtype.name, os.getpid()))
     if pool is None:
         _init_worker_here(tok, dtype)
     started = time.perf_counter()
