@@ -21,7 +21,7 @@ from pathlib import Path
 from sharebert.deploy import artifact
 from sharebert.errors import first_line
 from sharebert.model_folder import read_config
-from sharebert.outdir import check_out_dir
+from sharebert.outdir import check_out_dir, disk_full
 
 WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
@@ -288,7 +288,7 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
         manifest = _build(model, tokenizer, tmp, o, sentences, labels)
         _publish(tmp, out_dir)
     except BaseException as e:
-        full = _disk_full(e, tmp)  # before the clean-up frees the space
+        full = disk_full(e, tmp)  # before the clean-up frees the space
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         for folder in created:  # the parents this call made, innermost first, if still empty
@@ -301,30 +301,6 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
                              f"nothing was written") from None
         raise
     return manifest
-
-
-def _disk_full(error: BaseException, folder: Path | None) -> bool:
-    """Whether ``error`` (or what caused it) is a full disk, a quota or a file size limit. Libraries that
-    hide the cause (ONNX Runtime: "Protobuf serialization failed") are recognized by writing 1 MiB in
-    ``folder``."""
-    full = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-    cause = error
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.errno in full:
-            return True
-        if any(os.strerror(code) in str(cause) for code in full):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    if folder is None or not isinstance(error, Exception):
-        return False
-    try:
-        with tempfile.TemporaryFile(dir=folder) as probe:
-            probe.write(b"\0" * (1 << 20))
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as e:
-        return e.errno in full
-    return False
 
 
 def _publish(tmp: Path, out_dir: Path) -> None:

@@ -9,6 +9,7 @@ command that fails its validation leaves no empty ``--out`` behind.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -115,6 +116,35 @@ def _check_writable(folder: Path, given) -> None:
             pass
     except OSError as e:
         raise ValueError(f"--out {given}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # a full disk, a file size limit, a quota
+# torch.save's stream writer reports a failed write without its errno
+TORCH_WRITE_FAILED = ("PytorchStreamWriter failed writing", "inline_container.cc")
+
+
+def disk_full(error: BaseException, folder: str | Path | None = None) -> bool:
+    """Whether ``error`` (or what caused it) is a full disk, a quota or a file size limit. Libraries that hide
+    the cause (ONNX Runtime: "Protobuf serialization failed") are recognized by writing 1 MiB in ``folder``."""
+    cause = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in FULL:
+            return True
+        if any(os.strerror(code) in str(cause) for code in FULL):
+            return True
+        if isinstance(cause, RuntimeError) and any(text in str(cause) for text in TORCH_WRITE_FAILED):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    if folder is None or not isinstance(error, Exception):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"\0" * (1 << 20))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as e:
+        return e.errno in FULL
+    return False
 
 
 def finite(obj):

@@ -434,3 +434,24 @@ def test_one_run_at_a_time_per_out_and_a_killed_run_leaves_no_stuck_lock(tmp_pat
         holder.wait()
     assert main(argv) == 0  # no stuck lock after kill -9
     assert json.loads((out / "metrics.json").read_text())["status"] == "completed"
+
+
+def test_full_disk_during_a_checkpoint_is_one_line_naming_out(tmp_path, corpus):
+    """A file size limit (as a full disk) met while torch.save writes a checkpoint: one `error:` line naming --out
+    (issue 23: `internal error: RuntimeError: [enforce fail at inline_container.cc]`), exit 2, --out marked unfinished."""
+    def limit():
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, 3 << 20))  # the weights fit, the optimizer state does not
+
+    out = tmp_path / "run"
+    sets = [x for k, v in TINY.items() for x in ("--set", f"{k}={v}")]
+    proc = subprocess.run([sys.executable, "-m", "sharebert", "pretrain", "--preset", "sharebert-tiny", *sets,
+                           "--train", str(corpus), "--out", str(out), "--max-steps", "2", "--save-steps", "1",
+                           "--batch-size", "2", "--seq-len", "16", "--no-progress"], cwd=REPO, preexec_fn=limit,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    err = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr[-2000:]
+    assert "error: no space left on the device" in err[0] and f"while writing {out}" in err[0], err
+    assert (out / ".sharebert_unfinished").is_file()
