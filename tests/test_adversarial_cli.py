@@ -43,6 +43,7 @@ def world(tmp_path_factory):
     (artifact / "manifest.json").write_text('{"format": "sharebert-onnx"}')
     (artifact / "model.onnx").write_bytes(b"onnx")
     (root / "notes.txt").write_text("my notes\n")
+    (root / "vocab.bin").write_bytes(bytes(range(255, -1, -1)) * 8)
     (root / "mine").mkdir()
     (root / "mine" / "thesis.tex").write_text("\\documentclass{article}\n")
     (root / "loop1").symlink_to(root / "loop2")
@@ -74,6 +75,8 @@ CASES = [
     ("out-foreign", ["build", "--preset", "sharebert-tiny", "--out", "{root}/mine"], "not a model folder", ["mine"], None),
     ("out-foreign-overwrite", ["build", "--preset", "sharebert-tiny", "--out", "{root}/mine", "--overwrite"],
      "not a model folder", ["mine"], None),
+    ("vocab-binary", ["build", "--preset", "sharebert-tiny", "--vocab", "{root}/vocab.bin", "--out", "{root}/new2"],
+     "vocab.bin is not a UTF-8 text file", ["vocab.bin"], "new2"),
     ("out-existing-model", ["build", "--preset", "sharebert-tiny", "--out", "{root}/model"],
      "already holds a model folder; pass --overwrite", ["model"], None),
     ("out-unwritable", ["build", "--preset", "sharebert-tiny", "--out", "/proc/sharebert-test"], "cannot write", [], None),
