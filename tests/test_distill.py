@@ -1,5 +1,6 @@
 """Knowledge distillation: exact losses (copy of the teacher -> 0, KL at T=2 by hand), gradients, a short real run, bad input."""
 import json
+import shutil
 import math
 
 import numpy as np
@@ -150,8 +151,20 @@ def test_all_terms_train_and_projections_are_dropped(teacher_dir, tmp_path):
     log = json.loads((out / "log_history.json").read_text())
     losses = [e for e in log if "loss_attention" in e]
     assert losses and all(math.isfinite(e[k]) for e in losses for k in ("loss_kl", "loss_hard", "loss_hidden", "loss_embedding"))
-    # --resume continues from the checkpoint (same steps: nothing left to do, the projections load)
+    # --resume continues from the newest complete checkpoint (same steps: nothing left to do, the projections
+    # load); one killed while being saved (no completion marker: issue 23's "No such file ... trainer_state.json")
+    # is skipped, as pretrain skips it
+    from sharebert.training.callbacks import MARKER, is_complete
+    assert is_complete(ckpt)
+    half = ckpt.with_name("checkpoint-99")
+    shutil.copytree(ckpt, half)
+    (half / "trainer_state.json").unlink()
+    (half / MARKER).unlink()
     distill_glue(teacher_dir, str(tmp_path / "s"), "sst2", out, args=args, progress=False, resume=True)
+    # --resume into a folder with nothing to resume says so instead of training from scratch
+    with pytest.raises(ValueError, match="holds no complete checkpoint to continue from"):
+        distill_glue(teacher_dir, str(tmp_path / "s"), "sst2", tmp_path / "new", args=args, progress=False, resume=True)
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.fixture(scope="module")

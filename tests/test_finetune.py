@@ -115,3 +115,29 @@ def test_rerun_into_unfinished_out_and_one_run_at_a_time(base, tmp_path, capsys)
     assert json.loads((out / "metrics.json").read_text())["steps"] == 2
     assert main(argv) == 2  # now it holds a result: replaced only with --overwrite
     assert "already holds a fine-tuning result; pass --overwrite" in capsys.readouterr().err
+
+
+def test_resume_continues_from_the_newest_complete_checkpoint(base, tmp_path, capsys):
+    """finetune --resume (issue 23: there was none) continues from the newest checkpoint with a completion marker
+    (a save killed halfway, without one, is skipped as pretrain skips it); with nothing to resume it says so."""
+    from sharebert.training.callbacks import MARKER, checkpoints
+
+    out = tmp_path / "ft"
+    argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-train-samples", "32",
+            "--max-eval-samples", "16", "--batch-size", "8", "--eval-steps", "2", "--keep-checkpoints"]
+    assert main([*argv, "--resume"]) == 2  # a new folder: nothing to resume
+    assert "holds no complete checkpoint to continue from" in capsys.readouterr().err and not out.exists()
+    assert main([*argv, "--max-steps", "2"]) == 0
+    ckpts = checkpoints(out / "checkpoints")
+    assert [(step, ok) for step, _, ok in ckpts] == [(2, True)]
+    half = out / "checkpoints" / "checkpoint-9"  # a save killed halfway: no marker
+    shutil.copytree(ckpts[0][1], half)
+    (half / MARKER).unlink()
+    assert main([*argv, "--max-steps", "4", "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming from {out / 'checkpoints' / 'checkpoint-2'}" in printed, printed
+    first = json.loads((ckpts[0][1] / "trainer_state.json").read_text())["log_history"]
+    history = json.loads((out / "log_history.json").read_text())
+    assert [h["step"] for h in history if "loss" in h] == [2, 4]  # step 2 from the checkpoint, then 3..4 trained
+    assert [h for h in history if h["step"] <= 2] == first
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 4

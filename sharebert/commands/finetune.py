@@ -21,6 +21,9 @@ def add_arguments(p):
     add_training_arguments(p, d)
     p.add_argument("--keep-checkpoints", action="store_true", help="keep out/checkpoints after training")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning result in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in --out/checkpoints (saved every epoch, or "
+                        "every --eval-steps)")
 
 
 def add_training_arguments(p, d) -> None:
@@ -57,7 +60,7 @@ def run(args) -> int:
                          max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                          eval_steps=args.eval_steps, seed=args.seed, depth_sampling=args.depth_sampling)
     metrics = finetune(args.model, args.task, args.out, args.data_dir, fargs, overwrite=args.overwrite,
-                       keep_checkpoints=args.keep_checkpoints)
+                       keep_checkpoints=args.keep_checkpoints, resume=args.resume)
     if int(os.environ.get("RANK", "0")) == 0:  # one table under torchrun
         print(format_table(["metric", "value"], [[k, v] for k, v in metrics.items()]))
         print(f"best model and metrics.json -> {args.out}")

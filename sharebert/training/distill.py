@@ -35,6 +35,7 @@ from ..errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
+from .callbacks import MarkCheckpoints, resume_from
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .finetune import FinetuneArgs, load_classifier, metrics_for, task_training_args
@@ -365,9 +366,10 @@ def _is_distill_out(path: Path) -> bool:
     return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
 
 
-def _latest_checkpoint(out: Path) -> str | None:
-    ckpts = sorted(out.glob("checkpoints/checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
-    return str(ckpts[-1]) if ckpts else None
+def _resume_from(out: Path, resume: bool) -> str | None:
+    """The newest complete checkpoint under ``out/checkpoints`` with ``resume`` (``ValueError`` if none)."""
+    found = resume_from(out / "checkpoints", resume)
+    return str(found) if found else None
 
 
 def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed: int):
@@ -411,6 +413,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
                         inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()))
+    start_from = _resume_from(out, resume)
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     check_teacher_labels(teacher_dir, t_config, task_)
@@ -443,7 +446,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression)
     show_progress(trainer, progress)
-    result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
+    trainer.add_callback(MarkCheckpoints())
+    result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
 
     metrics = {"task": task_.name}
@@ -495,6 +499,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
 
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
                         inputs=(teacher_dir, *([data] if data is not None else [])))
+    start_from = _resume_from(out, resume)
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     archs = read_config(teacher_dir).get("architectures") or []
@@ -554,7 +559,8 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok, teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
     show_progress(trainer, progress)
-    result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
+    trainer.add_callback(MarkCheckpoints())
+    result = trainer.train(resume_from_checkpoint=start_from)
     metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),
                "train_loss": result.training_loss, "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1),
                "seed": args.seed, "student": student, "teacher_dir": str(teacher_dir),

@@ -22,6 +22,7 @@ from ..curves import write_curves
 from ..model_folder import load_config, load_model, load_tokenizer
 from ..outdir import OutLock, check_out_dir, finite, write_json
 from ..paths import data_path
+from .callbacks import MarkCheckpoints, resume_from
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .glue import GlueTask, get_task
@@ -103,25 +104,27 @@ def metrics_for(task: GlueTask):
 
 def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | Path | None = None,
              args: FinetuneArgs = FinetuneArgs(), overwrite: bool = False, keep_checkpoints: bool = False,
-             progress: bool = True) -> dict:
+             progress: bool = True, resume: bool = False) -> dict:
     """Fine-tune ``model_dir`` on ``task`` (data from ``data_dir``, default ``glue/<Task>``); returns the metrics.
 
     The returned dict (also ``out/metrics.json``) holds the task's dev metrics of the best checkpoint
     (``accuracy``/``f1``/``matthews_correlation``/``pearson``/``spearman``; MNLI adds
     ``accuracy_mismatched``), plus ``task``, ``train_samples``, ``eval_samples``, ``steps``,
-    ``best_step`` and ``train_seconds``.
+    ``best_step`` and ``train_seconds``. ``resume``: continue from the newest complete checkpoint in
+    ``out/checkpoints`` (``ValueError`` when there is none).
     """
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
-    out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite or _unfinished(Path(out)),
+    out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite or resume or _unfinished(Path(out)),
                         inputs=(model_dir, data_dir))
+    start_from = resume_from(out / "checkpoints", resume)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     created = not out.exists()
     if rank0:
         out.mkdir(parents=True, exist_ok=True)
     try:
         with OutLock(out, "finetune") if rank0 else contextlib.nullcontext():
-            return _finetune(model_dir, task_, out, data_dir, args, keep_checkpoints, progress)
+            return _finetune(model_dir, task_, out, data_dir, args, keep_checkpoints, progress, start_from)
     except (ValueError, FileNotFoundError):
         if created and rank0 and not (out / "checkpoints").exists():
             shutil.rmtree(out, ignore_errors=True)  # bad input found before training: leave no --out behind
@@ -129,7 +132,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
 
 
 def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, keep_checkpoints: bool,
-              progress: bool) -> dict:
+              progress: bool, start_from: Path | None) -> dict:
     from transformers import DataCollatorWithPadding, Trainer, set_seed
 
     config = load_config(model_dir)
@@ -144,13 +147,14 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
                                        args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
 
-    targs = task_training_args(args, out, task_, progress)
+    targs = task_training_args(args, out, task_, progress, save_only_model=False)  # optimizer state: --resume
 
     trainer = Trainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev,
                       processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer),
                       compute_metrics=metrics_for(task_))
     show_progress(trainer, progress)
-    result = trainer.train()
+    trainer.add_callback(MarkCheckpoints())
+    result = trainer.train(resume_from_checkpoint=str(start_from) if start_from else None)
     best = trainer.state.best_model_checkpoint
 
     metrics = {"task": task_.name}
