@@ -40,7 +40,11 @@ def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], ove
     given = out
     out = Path(out).expanduser().absolute()
     for source in inputs:
-        if _inside(Path(source).expanduser().resolve(), out.resolve()):
+        try:
+            resolved = Path(source).expanduser().resolve()
+        except (RuntimeError, OSError):  # Python raises RuntimeError for a symlink loop
+            raise ValueError(f"{source} cannot be opened: it is a symbolic link loop") from None
+        if _inside(resolved, out.resolve()):
             raise ValueError(f"--out {given} is, or holds, the input {source}: writing there would destroy it; "
                              "choose another folder")
     existing = _nearest_existing(out)

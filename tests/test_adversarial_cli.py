@@ -77,6 +77,8 @@ CASES = [
      "not a model folder", ["mine"], None),
     ("vocab-binary", ["build", "--preset", "sharebert-tiny", "--vocab", "{root}/vocab.bin", "--out", "{root}/new2"],
      "vocab.bin is not a UTF-8 text file", ["vocab.bin"], "new2"),
+    ("vocab-symlink-loop", ["build", "--preset", "sharebert-tiny", "--vocab", "{root}/loop1", "--out", "{root}/new3"],
+     "loop1 cannot be opened: it is a symbolic link loop", [], "new3"),
     ("out-existing-model", ["build", "--preset", "sharebert-tiny", "--out", "{root}/model"],
      "already holds a model folder; pass --overwrite", ["model"], None),
     ("out-unwritable", ["build", "--preset", "sharebert-tiny", "--out", "/proc/sharebert-test"], "cannot write", [], None),

@@ -261,11 +261,15 @@ def test_cached_teacher_logits_train_the_same_student(teacher_dir, tmp_path):
                        eval_steps=4, seq_len=32, weights=DistillWeights(hidden=0.0, attention=0.0, embedding=0.0))
     cache = tmp_path / "cache"
     runs = {}
-    for name, c in (("plain", None), ("first", cache), ("cached", cache)):
+    for name, c in (("plain", None), ("first", cache), ("cached", cache), ("damaged", cache)):
+        if name == "damaged":  # a corrupt cache file (issue 23: numpy's pickle message) is recomputed and replaced
+            cached = next(cache.glob("*.npy"))
+            cached.write_bytes(cached.read_bytes()[:40] + b"garbage")
         distill_glue(teacher_dir, str(student), "sst2", tmp_path / name, args=args, progress=False, cache_teacher=c)
         runs[name] = load_model(ShareBertForSequenceClassification, tmp_path / name)[0].state_dict()
         if name == "first":
             assert len(list(cache.glob("*.npy"))) == 1
-    for name in ("first", "cached"):
+    assert np.load(next(cache.glob("*.npy"))).shape == (64, 2)  # rewritten whole
+    for name in ("first", "cached", "damaged"):
         diff = max(float((runs[name][k] - v).abs().max()) for k, v in runs["plain"].items())
         assert diff <= 1e-5, (name, diff)

@@ -244,8 +244,11 @@ def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir
     parts += [sha256(Path(split_path)), str(seq_len), str(len(ds))]
     path = Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
     if path.is_file():
-        logits = np.load(path)
-        if logits.shape[0] == len(ds) and np.isfinite(logits).all():
+        try:
+            logits = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError):  # a damaged cache file: recomputed and replaced below
+            logits = None
+        if logits is not None and logits.shape[0] == len(ds) and np.isfinite(logits).all():
             return logits
     logits = predict_logits(teacher, ds, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
