@@ -204,6 +204,28 @@ def _stored_shape(weights: Path, key: str) -> tuple:
         return tuple(f.get_slice(key).get_shape()) if key in f.keys() else ()
 
 
+def _check_tokenizer_files(model_dir: Path) -> None:
+    """Name the damaged or missing tokenizer file before transformers reports something else (a corrupt or
+    missing ``tokenizer_config.json`` made AutoTokenizer fall back to the model's config: "'ShareBertConfig'")."""
+    from tokenizers import Tokenizer
+
+    settings = model_dir / "tokenizer_config.json"
+    if settings.is_file():
+        try:
+            json.loads(settings.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{settings} is not valid JSON ({e}); the tokenizer files are damaged") from None
+    elif (model_dir / "tokenizer.json").is_file() and read_config(model_dir, True)["model_type"] == "sharebert":
+        raise ValueError(f"{settings} not found: a sharebert folder's tokenizer is tokenizer.json with "
+                                "tokenizer_config.json (the special tokens); rebuild it with `sharebert build`")
+    if (model_dir / "tokenizer.json").is_file():
+        try:
+            Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        except Exception as e:  # the tokenizers library's own Exception type
+            raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read (the tokenizer files are damaged): "
+                             f"{first_line(e)}") from None
+
+
 def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...] = ()):
     """The model folder's fast tokenizer; a clear error when it is missing, damaged, larger than a
     ``vocab_size`` model (ids past the embedding table) or lacks a special token the caller ``needs``
@@ -213,6 +235,7 @@ def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...
     model_dir = Path(model_dir)
     if not any((model_dir / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
         raise FileNotFoundError(f"{model_dir} has no tokenizer files (tokenizer.json); build the folder with `sharebert build`")
+    _check_tokenizer_files(model_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except Exception as e:  # tokenizers raises its own Exception type for a damaged tokenizer.json

@@ -30,6 +30,7 @@ def world(tmp_path_factory):
         "alien_config": ("config.json", json.dumps({"model_type": "gpt2"}).encode()),
         "bad_weights": ("model.safetensors", None),  # truncated below
         "bad_tokenizer": ("tokenizer.json", b"\x00\x01 not a tokenizer"),
+        "bad_tokenizer_config": ("tokenizer_config.json", b'{"mask_token": "[MA'),
     }
     for name, (file, data) in damaged.items():
         shutil.copytree(model, root / name)
@@ -97,6 +98,9 @@ CASES = [
                                             "{root}/ft6", *FT], "model.safetensors does not fit", ["wrong_shape"], "ft6"),
     ("finetune-bad-tokenizer", ["finetune", "--model", "{root}/bad_tokenizer", "--task", "sst2", "--out", "{root}/ft2", *FT],
      "tokenizer.json cannot be read", ["bad_tokenizer"], "ft2"),
+    ("finetune-bad-tokenizer-config", ["finetune", "--model", "{root}/bad_tokenizer_config", "--task", "sst2", "--out",
+                                       "{root}/ft7", *FT], "tokenizer_config.json is not valid JSON",
+     ["bad_tokenizer_config"], "ft7"),
     ("finetune-into-model", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}/model", *FT],
      "is, or holds, the input", ["model"], None),
     ("finetune-into-parent", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}", "--overwrite", *FT],
