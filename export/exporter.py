@@ -22,7 +22,7 @@ from sharebert.deploy import artifact
 from sharebert.docs_check import cap
 from sharebert.errors import first_line
 from sharebert.model_folder import read_config
-from sharebert.outdir import check_out_dir
+from sharebert.outdir import check_out_dir, disk_full
 
 WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
@@ -43,7 +43,8 @@ class ExportOptions:
     and int8-static always materialize. ``calibration``: sentences for int8-static.
     ``check_file``/``check_limit``: parity sentences (default: SST-2 dev). ``shapes``/``threads``/``runs``:
     latency measurement (``"BxT"`` strings). ``format``: ``onnx`` or ``ort`` (ORT-format graphs for
-    ONNX Runtime mobile / minimal builds, ``export/ort_format.py``).
+    ONNX Runtime mobile / minimal builds, ``export/ort_format.py``). ``allow_low_parity``: publish a
+    quantized export whose parity falls below ``parity.THRESHOLDS`` (recorded in the manifest).
     """
 
     task: str | None = None
@@ -60,10 +61,12 @@ class ExportOptions:
     progress: bool = True
     format: str = "onnx"
     optimize: bool = False  # ONNX Runtime's transformer fusions (export/optimize.py)
+    allow_low_parity: bool = False
 
 
 class ParityError(ValueError):
-    """An export whose outputs are not finite, or (fp32) differ from PyTorch by more than ``parity.FP32_TOLERANCE``."""
+    """An export whose outputs are not finite, or differ from PyTorch by more than ``parity.FP32_TOLERANCE`` (fp32)
+    or than ``parity.THRESHOLDS`` allow (quantized)."""
 
 
 def default_check_file() -> Path:
@@ -162,13 +165,15 @@ def check_folding(path: Path, session_config: dict, scratch: Path) -> dict:
     return {"computed_weights": len(before), "unfolded": after, "folded": not after}
 
 
-def _checked(parity: dict, quantize: str, check_file: Path) -> dict:
-    """``parity`` with ``check_file``; :class:`ParityError` when a figure is not finite or (fp32) off by more
-    than ``FP32_TOLERANCE``."""
+def _checked(parity: dict, o: ExportOptions, full_depth: bool = True) -> dict:
+    """``parity`` with the check file and, for a quantized export, its thresholds; :class:`ParityError` when a
+    figure is not finite, (fp32) off by more than ``FP32_TOLERANCE``, or (quantized, at full depth: the depth-1
+    check runs on a few sentences only) below ``THRESHOLDS`` without ``allow_low_parity``."""
     import numpy as np
 
-    from .parity import FP32_TOLERANCE
+    from .parity import FP32_TOLERANCE, THRESHOLDS, below_thresholds
 
+    quantize, check_file = o.quantize, o.check_file
     figures = {k: v for k, v in parity.items() if isinstance(v, float)}
     if not np.isfinite(list(figures.values())).all():
         raise ParityError(f"the export's outputs or PyTorch's are not finite (NaN or inf) on {check_file}: "
@@ -176,7 +181,13 @@ def _checked(parity: dict, quantize: str, check_file: Path) -> dict:
     if quantize == "none" and not parity["max_abs_diff"] <= FP32_TOLERANCE:
         raise ParityError(f"fp32 export differs from PyTorch by {parity['max_abs_diff']:.3g} (> {FP32_TOLERANCE}) "
                           f"on {parity['sentences']} sentences of {check_file}")
-    return {**parity, "check_file": str(check_file)}
+    below = below_thresholds(parity, quantize)
+    if below and full_depth and not o.allow_low_parity:
+        raise ParityError(f"--quantize {quantize} export falls below its parity thresholds on {parity['sentences']} "
+                          f"sentences of {check_file}: {'; '.join(below)} (docs/EXPORT.md); nothing was written "
+                          f"(--allow-low-parity publishes it anyway)")
+    extra = {"thresholds": THRESHOLDS[quantize], "below_thresholds": below} if quantize in THRESHOLDS else {}
+    return {**parity, "check_file": str(check_file), **extra}
 
 
 def _gflops(config, task: str, batch: int, seq: int) -> float:
@@ -213,6 +224,10 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
     weights, quantize, calibration, opset, check_limit = o.weights, o.quantize, o.calibration, o.opset, o.check_limit
     if task not in artifact.TASKS:
         raise ValueError(f"unsupported task {task!r}; choose one of {', '.join(artifact.TASKS)}")
+    saved = infer_task(config)
+    if {task, saved} == {"fill-mask", "causal-lm"}:  # the same head's weights, trained for the other objective
+        raise ValueError(f"{model_dir} holds a {saved} model ({', '.join(config.get('architectures') or [])}), "
+                         f"not a {task} one: its predictions would be meaningless; export --task {saved}")
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if quantize not in MODES:
@@ -290,7 +305,7 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
         manifest = _build(model, tokenizer, tmp, o, sentences, labels, recipe)
         _publish(tmp, out_dir)
     except BaseException as e:
-        full = _disk_full(e, tmp)  # before the clean-up frees the space
+        full = disk_full(e, tmp)  # before the clean-up frees the space
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         for folder in created:  # the parents this call made, innermost first, if still empty
@@ -303,30 +318,6 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
                              f"nothing was written") from None
         raise
     return manifest
-
-
-def _disk_full(error: BaseException, folder: Path | None) -> bool:
-    """Whether ``error`` (or what caused it) is a full disk, a quota or a file size limit. Libraries that
-    hide the cause (ONNX Runtime: "Protobuf serialization failed") are recognized by writing 1 MiB in
-    ``folder``."""
-    full = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-    cause = error
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.errno in full:
-            return True
-        if any(os.strerror(code) in str(cause) for code in full):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    if folder is None or not isinstance(error, Exception):
-        return False
-    try:
-        with tempfile.TemporaryFile(dir=folder) as probe:
-            probe.write(b"\0" * (1 << 20))
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as e:
-        return e.errno in full
-    return False
 
 
 def _publish(tmp: Path, out_dir: Path) -> None:
@@ -445,16 +436,14 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
 
     steps.set_postfix_str("parity")
     session = _session(path, session_config, threads=threads)
-    parity = _checked(check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=progress),
-                      quantize, check_file)
+    parity = _checked(check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=progress), o)
     if max_depth:  # the shallowest depth, on the first sentences: the gating works as PyTorch's depth does
         parity["depth_1"] = _checked(check_parity(model, tokenizer, session, task, sentences[:DEPTH_CHECK_SENTENCES],
-                                                  None, max_length, progress=False, depth=1), quantize, check_file)
+                                                  None, max_length, progress=False, depth=1), o, full_depth=False)
     if recipe is not None:
         from .sentence_embedding import embedding_parity
 
-        parity["sentence_embedding"] = _checked(embedding_parity(model, tokenizer, session, *recipe, sentences, max_length),
-                                                quantize, check_file)
+        parity["sentence_embedding"] = _checked(embedding_parity(model, tokenizer, session, *recipe, sentences, max_length), o)
     del session
     steps.update()
 
@@ -537,7 +526,7 @@ def format_report(manifest: dict) -> str:
         lines.append(f"GFLOPs ({f['gflops_shape']})  {f['gflops']:.3f}")
     def figures(parity):
         return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in parity.items()
-                         if k != "check_file" and not isinstance(v, dict))
+                         if k != "check_file" and not isinstance(v, (dict, list)))
 
     lines.append(f"parity          {figures(p)}")
     if manifest.get("embedding"):
@@ -546,6 +535,8 @@ def format_report(manifest: dict) -> str:
                         for d in e["dense"])
         lines.append(f"embedding       {e['pooling']} pooling{dense}{', normalised' if e['normalize'] else ''}, "
                      f"{manifest['max_length']} tokens ({e['source']}); {figures(p['sentence_embedding'])}")
+    if p.get("below_thresholds"):
+        lines.append(f"LOW PARITY      published with --allow-low-parity: {'; '.join(p['below_thresholds'])}")
     if manifest.get("max_depth"):
         lines.append(f"depth           1..{manifest['max_depth']} at inference (`--depth`); at depth 1: {figures(p['depth_1'])}")
     else:

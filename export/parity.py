@@ -21,6 +21,31 @@ from sharebert.textlines import check_text_file, numbered_lines
 
 FP32_TOLERANCE = 1e-3
 
+# The one table of parity thresholds (docs/EXPORT.md "Parity thresholds"): what an export with each
+# --quantize mode must reach against PyTorch on the check sentences, else it fails and writes nothing
+# (unless --allow-low-parity). ``top1``: the least agreement of the predicted token or class
+# (``top1_agreement`` for fill-mask and causal-lm, ``agreement`` for a classifier); ``cosine``: the least
+# mean cosine of the output vectors (logits, or hidden states for feature-extraction). fp32 is held to
+# ``FP32_TOLERANCE`` on the outputs themselves instead.
+THRESHOLDS = {
+    "fp16": {"top1": 0.98, "cosine": 0.999},
+    "int8": {"top1": 0.90, "cosine": 0.99},
+    "int8-dynamic": {"top1": 0.85, "cosine": 0.98},
+    "int8-static": {"top1": 0.85, "cosine": 0.98},
+}
+TOP1_FIGURES = ("top1_agreement", "agreement")  # the figure a task reports for its top-1 predictions
+
+
+def below_thresholds(parity: dict, quantize: str) -> list[str]:
+    """The figures of ``parity`` that fall below ``THRESHOLDS[quantize]`` (``"top1_agreement 0.0069 < 0.9"``);
+    empty when the mode has no thresholds or every figure meets them. NaN counts as below."""
+    limits = THRESHOLDS.get(quantize)
+    if not limits:
+        return []
+    checks = [(name, limits["top1"]) for name in TOP1_FIGURES if name in parity]
+    checks.append(("cosine_mean", limits["cosine"]))
+    return [f"{name} {parity[name]:.4g} < {least}" for name, least in checks if not parity[name] >= least]
+
 
 def read_sentences(path: str | Path, limit: int | None = None) -> tuple[list[str], list | None]:
     """``(sentences, labels or None)`` from ``path`` (see the module docstring), read line by line in bounded

@@ -133,7 +133,7 @@ def reference(hidden: np.ndarray, mask: np.ndarray, recipe: EmbeddingRecipe, den
 def embedding_parity(model, tokenizer, session, recipe: EmbeddingRecipe, dense_weights: list, sentences: list[str],
                      max_length: int, batch_size: int = 32) -> dict:
     """The graph's ``sentence_embedding`` against the recipe applied to PyTorch's token states, normalised as
-    the recipe says: ``max_abs_diff`` and ``cosine_min`` over ``sentences``."""
+    the recipe says: ``max_abs_diff``, ``cosine_mean`` and ``cosine_min`` over ``sentences``."""
     import torch
 
     from sharebert.deploy.artifact import model_feeds
@@ -157,4 +157,5 @@ def embedding_parity(model, tokenizer, session, recipe: EmbeddingRecipe, dense_w
         diffs.append(float(np.abs(got - want).max()))
         cosines.append(float(((got * want).sum(-1) / np.maximum(np.linalg.norm(got, axis=-1)
                                                                * np.linalg.norm(want, axis=-1), 1e-30)).min()))
-    return {"sentences": len(sentences), "max_abs_diff": max(diffs), "cosine_min": min(cosines)}
+    return {"sentences": len(sentences), "max_abs_diff": max(diffs), "cosine_mean": float(np.mean(cosines)),
+            "cosine_min": min(cosines)}

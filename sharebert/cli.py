@@ -51,14 +51,23 @@ def _missing_extra(e: ModuleNotFoundError) -> str | None:
     return next((extra for extra, packages in EXTRAS.items() if top in packages), None)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors (a bad option value, a missing one) are one line: the message as a
+    ``ValueError``, printed by ``main`` like every other bad input (sub-commands' parsers are of this class too)."""
+
+    def error(self, message):
+        raise ValueError(f"{message} (see {self.prog} --help)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="sharebert", description="Build, train, export and run tiny BERT-class models.")
+    parser = _Parser(prog="sharebert", description="Build, train, export and run tiny BERT-class models.")
     parser.add_argument("--version", action="version", version=f"sharebert {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen command's module is imported (the others may need torch); the overview imports all
     # (their module level is light) for their one-line descriptions.
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    args = None
     try:
         for name in COMMANDS:
             if name == chosen:
@@ -86,22 +95,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sharebert {chosen}: error: needs the {e.name.split('.')[0]} package, which this install lacks: "
               f"pip install 'sharebert[{extra}]' (a device install holds only predict and serve)", file=sys.stderr)
         return 2
-    except (ValueError, OSError, KeyError) as e:  # bad input, a missing or unwritable path, a full disk
-        if isinstance(e, BrokenPipeError):  # output piped into `head` and the like
-            sys.stderr.close()
-            return 0
-        message = e.args[0] if isinstance(e, KeyError) and e.args else first_line(e, 1000)
-        print(f"sharebert {chosen}: error: {message}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"sharebert {chosen}: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # a bug of ours: one line, the traceback on request
-        if os.environ.get("SHAREBERT_DEBUG"):
-            raise
-        print(f"sharebert {chosen}: internal error: {type(e).__name__}: {first_line(e, 1000)} "
-              "(set SHAREBERT_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
-        return 1
+    except Exception as e:
+        if isinstance(e, BrokenPipeError):  # output piped into `head` and the like
+            sys.stderr.close()
+            return 0
+        return _failed(chosen, e, getattr(args, "out", None) or getattr(args, "output", None))
+
+
+def _failed(chosen, e: Exception, out) -> int:
+    """One ``error:`` line for bad input (``ValueError``, ``OSError``, ``KeyError``) and a full disk (exit 2), one
+    ``internal error:`` line for anything else (exit 1)."""
+    from .outdir import disk_full
+
+    probe = out if out and os.path.isdir(out) and not isinstance(e, (ValueError, KeyError)) else None
+    if disk_full(e, probe):
+        where = f" while writing {out}" if out else ""
+        print(f"sharebert {chosen}: error: no space left on the device (or a file size limit reached){where}: "
+              f"{first_line(e, 300)}", file=sys.stderr)
+        return 2
+    if isinstance(e, (ValueError, OSError, KeyError)):  # bad input, a missing or unwritable path
+        message = e.args[0] if isinstance(e, KeyError) and e.args else first_line(e, 1000)
+        print(f"sharebert {chosen}: error: {message}", file=sys.stderr)
+        return 2
+    if os.environ.get("SHAREBERT_DEBUG"):  # a bug of ours: one line, the traceback on request
+        raise e
+    print(f"sharebert {chosen}: internal error: {type(e).__name__}: {first_line(e, 1000)} "
+          "(set SHAREBERT_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

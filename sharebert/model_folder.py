@@ -23,10 +23,14 @@ _BERT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention
                 "type_vocab_size", "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
                 "is_decoder")
 _HEAD_FIELDS = ("architectures", "id2label", "label2id", "problem_type", "num_labels")
+# In a training run's --out from the start of training until its final model is saved: a folder holding it
+# (a run stopped by a signal, killed, or failed) keeps a model that is not the trained one, so it is refused.
+UNFINISHED = ".sharebert_unfinished"
 
 
-def read_config(model_dir: str | Path) -> dict:
-    """``config.json`` of ``model_dir`` as a dict; ``FileNotFoundError`` / ``ValueError`` naming the file."""
+def read_config(model_dir: str | Path, unfinished_ok: bool = False) -> dict:
+    """``config.json`` of ``model_dir`` as a dict; ``FileNotFoundError`` / ``ValueError`` naming the file.
+    A folder marked ``UNFINISHED`` is refused unless ``unfinished_ok`` (the run that resumes it)."""
     model_dir = Path(model_dir)
     path = model_dir / "config.json"
     try:
@@ -40,6 +44,9 @@ def read_config(model_dir: str | Path) -> dict:
     if (model_dir / "manifest.json").is_file() and (model_dir / "model.onnx").is_file():
         raise ValueError(f"{model_dir} is an exported ONNX artifact, not a model folder; give the model folder it "
                          "was exported from (artifacts run with `sharebert predict` / `serve`)")
+    if (model_dir / UNFINISHED).exists() and not unfinished_ok:
+        raise ValueError(f"{model_dir} holds an unfinished training run (stopped before it saved its trained model): "
+                         f"finish it with --resume --out {model_dir}, or give one of its checkpoint-N folders")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a model folder is written by `sharebert build` (or is a "
                                 "transformers BERT folder)")
@@ -75,12 +82,12 @@ def shape_fields(model_dir: str | Path) -> dict:
     return {k: v for k, v in fields.items() if k in CONFIG_FIELDS}
 
 
-def load_config(model_dir: str | Path):
+def load_config(model_dir: str | Path, unfinished_ok: bool = False):
     """``ShareBertConfig`` of a sharebert or BERT model folder; a bad config is a ``ValueError`` naming the file."""
     from .configuration_sharebert import ShareBertConfig
 
     path = Path(model_dir) / "config.json"
-    raw = read_config(model_dir)
+    raw = read_config(model_dir, unfinished_ok)
     try:
         if raw["model_type"] == "sharebert":
             return ShareBertConfig.from_pretrained(model_dir)
@@ -135,15 +142,18 @@ def _move(sd: dict, out: dict, bert_key: str, key: str) -> None:
             out[key] = sd[k]
 
 
-def load_model(cls, model_dir: str | Path, config=None, **kwargs):
+TASK_HEADS = ("classifier.", "qa_outputs.")  # heads whose size follows the task's labels, not the encoder
+
+
+def load_model(cls, model_dir: str | Path, config=None, unfinished_ok: bool = False, **kwargs):
     """``cls.from_pretrained(model_dir)`` for sharebert folders, a renamed state dict for BERT folders.
 
     Damaged weights are a ``ValueError`` naming the file. Returns the model (train mode, like
     transformers) and the list of learned tensors that were not in the folder (freshly initialised).
     """
     model_dir = Path(model_dir)
-    raw = read_config(model_dir)
-    config = load_config(model_dir) if config is None else config
+    raw = read_config(model_dir, unfinished_ok)
+    config = load_config(model_dir, unfinished_ok) if config is None else config
     weights = model_dir / "model.safetensors"
     if not weights.is_file():
         other = [p.name for p in model_dir.glob("*.bin")]
@@ -154,22 +164,34 @@ def load_model(cls, model_dir: str | Path, config=None, **kwargs):
     try:
         if raw["model_type"] == "sharebert":
             model, info = cls.from_pretrained(model_dir, config=config, output_loading_info=True, **kwargs)
-            return model, info["missing_keys"]
-        from safetensors.torch import load_file
+            mismatched = [(k, _stored_shape(weights, k), tuple(model.state_dict()[k].shape))
+                          for k in info.get("mismatched_keys", [])]
+            missing = info["missing_keys"]
+        else:
+            from safetensors.torch import load_file
 
-        kwargs.pop("ignore_mismatched_sizes", None)  # a head of another size is left out below, as transformers does
-        model = cls(config, **kwargs)
-        prefix = "" if cls.__name__ == "ShareBertModel" else model.base_model_prefix + "."
-        own = model.state_dict()
-        sd = {k: v for k, v in bert_state_dict(load_file(weights), config.num_hidden_layers, prefix).items()
-              if k in own and own[k].shape == v.shape}
-        missing, _ = model.load_state_dict(sd, strict=False)
-        model.tie_weights()
+            kwargs.pop("ignore_mismatched_sizes", None)  # a head of another size is left out below, as transformers does
+            model = cls(config, **kwargs)
+            prefix = "" if cls.__name__ == "ShareBertModel" else model.base_model_prefix + "."
+            own = model.state_dict()
+            sd = {k: v for k, v in bert_state_dict(load_file(weights), config.num_hidden_layers, prefix).items() if k in own}
+            mismatched = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items() if own[k].shape != v.shape]
+            missing, _ = model.load_state_dict({k: v for k, v in sd.items() if own[k].shape == v.shape}, strict=False)
+            model.tie_weights()
     except (OSError, RuntimeError, ValueError, SafetensorError) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise ValueError(f"{weights} cannot be loaded ({first_line(e)}); the file is damaged or does "
                          "not match config.json") from None
+    # Only a task head may be re-initialised for another label count; any other tensor of the wrong shape
+    # means the weights are not this config's (they would be replaced by random numbers).
+    wrong = [m for m in mismatched if not m[0].startswith(TASK_HEADS)]
+    if wrong:
+        key, stored, configured = wrong[0]
+        raise ValueError(f"{weights} does not fit {model_dir / 'config.json'}: {key} is stored as "
+                         f"{'x'.join(map(str, stored)) or 'another shape'} but the config makes it {'x'.join(map(str, configured))}"
+                         f"{f' ({len(wrong) - 1} more tensors differ)' if len(wrong) > 1 else ''}; "
+                         "the weights belong to another model")
     missing = [k for k in missing if k != "lm_head.decoder.weight" or not config.tie_word_embeddings]
     return model, missing
 
@@ -220,6 +242,36 @@ def save_as_bert(model, folder: str | Path) -> None:
     bert.save_pretrained(folder)
 
 
+def _stored_shape(weights: Path, key: str) -> tuple:
+    """The shape ``weights`` (a safetensors file) stores for ``key``; ``()`` when it holds no such key."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "pt") as f:
+        return tuple(f.get_slice(key).get_shape()) if key in f.keys() else ()
+
+
+def _check_tokenizer_files(model_dir: Path) -> None:
+    """Name the damaged or missing tokenizer file before transformers reports something else (a corrupt or
+    missing ``tokenizer_config.json`` made AutoTokenizer fall back to the model's config: "'ShareBertConfig'")."""
+    from tokenizers import Tokenizer
+
+    settings = model_dir / "tokenizer_config.json"
+    if settings.is_file():
+        try:
+            json.loads(settings.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{settings} is not valid JSON ({e}); the tokenizer files are damaged") from None
+    elif (model_dir / "tokenizer.json").is_file() and read_config(model_dir, True)["model_type"] == "sharebert":
+        raise ValueError(f"{settings} not found: a sharebert folder's tokenizer is tokenizer.json with "
+                                "tokenizer_config.json (the special tokens); rebuild it with `sharebert build`")
+    if (model_dir / "tokenizer.json").is_file():
+        try:
+            Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        except Exception as e:  # the tokenizers library's own Exception type
+            raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read (the tokenizer files are damaged): "
+                             f"{first_line(e)}") from None
+
+
 def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...] = ()):
     """The model folder's fast tokenizer; a clear error when it is missing, damaged, larger than a
     ``vocab_size`` model (ids past the embedding table) or lacks a special token the caller ``needs``
@@ -229,6 +281,7 @@ def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...
     model_dir = Path(model_dir)
     if not any((model_dir / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
         raise FileNotFoundError(f"{model_dir} has no tokenizer files (tokenizer.json); build the folder with `sharebert build`")
+    _check_tokenizer_files(model_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except Exception as e:  # tokenizers raises its own Exception type for a damaged tokenizer.json

@@ -10,6 +10,8 @@ write and read our JSON files (strict JSON; any malformed file, deep nesting inc
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
 import os
@@ -39,7 +41,11 @@ def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], ove
     given = out
     out = Path(out).expanduser().absolute()
     for source in inputs:
-        if _inside(Path(source).expanduser().resolve(), out.resolve()):
+        try:
+            resolved = Path(source).expanduser().resolve()
+        except (RuntimeError, OSError):  # Python raises RuntimeError for a symlink loop
+            raise ValueError(f"{source} cannot be opened: it is a symbolic link loop") from None
+        if _inside(resolved, out.resolve()):
             raise ValueError(f"--out {given} is, or holds, the input {source}: writing there would destroy it; "
                              "choose another folder")
     existing = _nearest_existing(out)
@@ -78,12 +84,72 @@ def check_out_file(path: str | Path, option: str, suffixes: Iterable[str] = ()) 
     return path
 
 
+class OutLock:
+    """One run at a time per output folder: an exclusive, non-blocking ``flock`` on ``out/.lock`` holding the
+    PID, for as long as the ``with`` block runs. The kernel releases it when the process dies (kill -9
+    included), so a killed run never leaves it stuck; a second run into the same folder is refused in one line."""
+
+    NAME = ".lock"
+
+    def __init__(self, out: str | Path, command: str):
+        self.path, self.command = Path(out) / self.NAME, command
+
+    def __enter__(self):
+        self.f = open(self.path, "a+")
+        try:
+            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.f.seek(0)
+            pid = self.f.read().strip()
+            self.f.close()
+            raise ValueError(f"another `sharebert {self.command}` (pid {pid or '?'}) is writing {self.path.parent}; "
+                             "wait for it to finish or choose another --out") from None
+        self.f.seek(0)
+        self.f.truncate()
+        self.f.write(f"{os.getpid()}\n")
+        self.f.flush()
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
 def _check_writable(folder: Path, given) -> None:
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
         raise ValueError(f"--out {given}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # a full disk, a file size limit, a quota
+# torch.save's stream writer reports a failed write without its errno
+TORCH_WRITE_FAILED = ("PytorchStreamWriter failed writing", "inline_container.cc")
+
+
+def disk_full(error: BaseException, folder: str | Path | None = None) -> bool:
+    """Whether ``error`` (or what caused it) is a full disk, a quota or a file size limit. Libraries that hide
+    the cause (ONNX Runtime: "Protobuf serialization failed") are recognized by writing 1 MiB in ``folder``."""
+    cause = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in FULL:
+            return True
+        if any(os.strerror(code) in str(cause) for code in FULL):
+            return True
+        if isinstance(cause, RuntimeError) and any(text in str(cause) for text in TORCH_WRITE_FAILED):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    if folder is None or not isinstance(error, Exception):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"\0" * (1 << 20))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as e:
+        return e.errno in FULL
+    return False
 
 
 def finite(obj):

@@ -15,11 +15,15 @@ def wordpiece_tokenizer(vocab_file: str | Path, lowercase: bool = True) -> Token
     if not vocab_file.is_file():
         raise FileNotFoundError(f"vocabulary file not found: {vocab_file}")
     vocab = {}
-    with open(vocab_file, encoding="utf-8") as f:
-        for line in f:
-            token = line.rstrip("\n")
-            if token and token not in vocab:
-                vocab[token] = len(vocab)
+    try:
+        with open(vocab_file, encoding="utf-8") as f:
+            for line in f:
+                token = line.rstrip("\n")
+                if token and token not in vocab:
+                    vocab[token] = len(vocab)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{vocab_file} is not a UTF-8 text file ({e.reason} at byte {e.start}): a vocab.txt lists "
+                         "one token per line") from None
     missing = [t for t in SPECIAL.values() if t not in vocab]
     if missing:
         raise ValueError(f"{vocab_file} lacks the special tokens {missing}; a BERT vocab.txt lists them")

@@ -30,16 +30,21 @@ def world(tmp_path_factory):
         "alien_config": ("config.json", json.dumps({"model_type": "gpt2"}).encode()),
         "bad_weights": ("model.safetensors", None),  # truncated below
         "bad_tokenizer": ("tokenizer.json", b"\x00\x01 not a tokenizer"),
+        "bad_tokenizer_config": ("tokenizer_config.json", b'{"mask_token": "[MA'),
     }
     for name, (file, data) in damaged.items():
         shutil.copytree(model, root / name)
         path = root / name / file
         path.write_bytes(data if data is not None else path.read_bytes()[: path.stat().st_size // 2])
+    shutil.copytree(model, root / "wrong_shape")  # weights of another shape than config.json says (embeddings 16 -> 24)
+    config = json.loads((model / "config.json").read_text())
+    (root / "wrong_shape" / "config.json").write_text(json.dumps({**config, "embedding_size": 24}))
     artifact = root / "artifact"
     artifact.mkdir()
     (artifact / "manifest.json").write_text('{"format": "sharebert-onnx"}')
     (artifact / "model.onnx").write_bytes(b"onnx")
     (root / "notes.txt").write_text("my notes\n")
+    (root / "vocab.bin").write_bytes(bytes(range(255, -1, -1)) * 8)
     (root / "mine").mkdir()
     (root / "mine" / "thesis.tex").write_text("\\documentclass{article}\n")
     (root / "loop1").symlink_to(root / "loop2")
@@ -71,6 +76,10 @@ CASES = [
     ("out-foreign", ["build", "--preset", "sharebert-tiny", "--out", "{root}/mine"], "not a model folder", ["mine"], None),
     ("out-foreign-overwrite", ["build", "--preset", "sharebert-tiny", "--out", "{root}/mine", "--overwrite"],
      "not a model folder", ["mine"], None),
+    ("vocab-binary", ["build", "--preset", "sharebert-tiny", "--vocab", "{root}/vocab.bin", "--out", "{root}/new2"],
+     "vocab.bin is not a UTF-8 text file", ["vocab.bin"], "new2"),
+    ("vocab-symlink-loop", ["build", "--preset", "sharebert-tiny", "--vocab", "{root}/loop1", "--out", "{root}/new3"],
+     "loop1 cannot be opened: it is a symbolic link loop", [], "new3"),
     ("out-existing-model", ["build", "--preset", "sharebert-tiny", "--out", "{root}/model"],
      "already holds a model folder; pass --overwrite", ["model"], None),
     ("out-unwritable", ["build", "--preset", "sharebert-tiny", "--out", "/proc/sharebert-test"], "cannot write", [], None),
@@ -85,8 +94,13 @@ CASES = [
      "config.json is not valid JSON", ["bad_config"], None),
     ("finetune-bad-weights", ["finetune", "--model", "{root}/bad_weights", "--task", "sst2", "--out", "{root}/ft1", *FT],
      "model.safetensors cannot be loaded", ["bad_weights"], "ft1"),
+    ("finetune-weights-do-not-fit-config", ["finetune", "--model", "{root}/wrong_shape", "--task", "sst2", "--out",
+                                            "{root}/ft6", *FT], "model.safetensors does not fit", ["wrong_shape"], "ft6"),
     ("finetune-bad-tokenizer", ["finetune", "--model", "{root}/bad_tokenizer", "--task", "sst2", "--out", "{root}/ft2", *FT],
      "tokenizer.json cannot be read", ["bad_tokenizer"], "ft2"),
+    ("finetune-bad-tokenizer-config", ["finetune", "--model", "{root}/bad_tokenizer_config", "--task", "sst2", "--out",
+                                       "{root}/ft7", *FT], "tokenizer_config.json is not valid JSON",
+     ["bad_tokenizer_config"], "ft7"),
     ("finetune-into-model", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}/model", *FT],
      "is, or holds, the input", ["model"], None),
     ("finetune-into-parent", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}", "--overwrite", *FT],
@@ -105,6 +119,35 @@ CASES = [
      ["notes.txt"], "p1.png"),
     ("plot-and-json-same", ["evaluate", "glue", "--model", "{root}/model", "--task", "sst2", "--depths", "1",
                             "--plot", "{root}/same.png", "--json", "{root}/same.png"], "name the same file", [], "same.png"),
+    # the demo replaces only its own folder (issue 23: it used to delete any --out with everything in it)
+    ("demo-into-user-folder", ["demo", "--out", "{root}/mine"], "is a non-empty folder that is not a sharebert demo folder",
+     ["mine"], None),
+    ("demo-into-parent-of-user-work", ["demo", "--out", "{root}"], "not a sharebert demo folder",
+     ["mine", "notes.txt", "model"], None),
+    ("demo-into-file", ["demo", "--out", "{root}/notes.txt"], "is a file, not a folder", ["notes.txt"], None),
+    # numeric options: refused by name before any work (sharebert/options.py types; issue 23 item 5)
+    ("pretrain-seq-len-0", ["pretrain", "--model", "{root}/model", "--train", "{root}/notes.txt", "--out", "{root}/pt1",
+                            "--seq-len", "0"], "argument --seq-len: must be an integer >= 3, got 0", ["model"], "pt1"),
+    ("pretrain-grad-norm-negative", ["pretrain", "--model", "{root}/model", "--train", "{root}/notes.txt", "--out",
+                                     "{root}/pt1", "--max-grad-norm", "-1"], "argument --max-grad-norm: must be a number >= 0",
+     [], "pt1"),
+    ("pretrain-weight-decay-nan", ["pretrain", "--model", "{root}/model", "--train", "{root}/notes.txt", "--out",
+                                   "{root}/pt1", "--weight-decay", "nan"], "argument --weight-decay: must be a finite number",
+     [], "pt1"),
+    ("pretrain-warmup-ratio-2", ["pretrain", "--model", "{root}/model", "--train", "{root}/notes.txt", "--out",
+                                 "{root}/pt1", "--warmup-ratio", "2"], "argument --warmup-ratio: must be a number in [0, 1)",
+     [], "pt1"),
+    ("finetune-seq-len-1", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}/ft5", *FT,
+                            "--seq-len", "1"], "argument --seq-len: must be an integer >= 3, got 1", [], "ft5"),
+    ("finetune-lr-inf", ["finetune", "--model", "{root}/model", "--task", "sst2", "--out", "{root}/ft5", *FT,
+                         "--lr", "inf"], "argument --lr: must be a finite number", [], "ft5"),
+    ("export-threads-0", ["export", "--model", "{root}/model", "--out", "{root}/ex1", "--threads", "0"],
+     "argument --threads: must be an integer >= 1, got 0", [], "ex1"),
+    ("budget-max-params-0", ["budget", "--max-params", "0"], "--max-params must be positive, got 0", [], None),
+    ("budget-max-gflops-nan", ["budget", "--max-params", "10M", "--max-gflops", "nan"],
+     "argument --max-gflops: must be a finite number", [], None),
+    ("budget-plot-folder", ["budget", "--max-params", "10M", "--plot", "{root}/mine"], "--plot", ["mine"], "mine.png"),
+    ("demo-steps-0", ["demo", "--out", "{root}/d1", "--steps", "0"], "argument --steps: must be an integer >= 1", [], "d1"),
     ("stsb-out-of-scale", ["finetune", "--model", "{root}/model", "--task", "stsb", "--data-dir", "{root}/stsb",
                            "--out", "{root}/ft4", *FT], "score '7.5' is outside [0, 5]", ["stsb", "model"], "ft4"),
     # a typo lists every preset, ShareBERT's and BERT's; a --data-dir that is a file says so before the model loads

@@ -119,6 +119,8 @@ EXPORT_CASES = [
      ["tokenizer.json cannot be read"]),
     ("tokenizer-larger-than-vocab", lambda u: _small_vocab_model(u / "P/model"), ["--out", "new"],
      ["30522 tokens but config.vocab_size is 1024"]),
+    ("mlm-exported-as-causal-lm", None, ["--out", "new", "--task", "causal-lm"],
+     ["holds a fill-mask model", "not a causal-lm one", "--task fill-mask"]),
     ("mlm-exported-as-classifier", None, ["--out", "new", "--task", "text-classification"],
      ["no trained weights", "classifier.weight", "--task fill-mask"]),
 ]

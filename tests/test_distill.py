@@ -1,5 +1,6 @@
 """Knowledge distillation: exact losses (copy of the teacher -> 0, KL at T=2 by hand), gradients, a short real run, bad input."""
 import json
+import shutil
 import math
 
 import numpy as np
@@ -150,8 +151,20 @@ def test_all_terms_train_and_projections_are_dropped(teacher_dir, tmp_path):
     log = json.loads((out / "log_history.json").read_text())
     losses = [e for e in log if "loss_attention" in e]
     assert losses and all(math.isfinite(e[k]) for e in losses for k in ("loss_kl", "loss_hard", "loss_hidden", "loss_embedding"))
-    # --resume continues from the checkpoint (same steps: nothing left to do, the projections load)
+    # --resume continues from the newest complete checkpoint (same steps: nothing left to do, the projections
+    # load); one killed while being saved (no completion marker: issue 23's "No such file ... trainer_state.json")
+    # is skipped, as pretrain skips it
+    from sharebert.training.callbacks import MARKER, is_complete
+    assert is_complete(ckpt)
+    half = ckpt.with_name("checkpoint-99")
+    shutil.copytree(ckpt, half)
+    (half / "trainer_state.json").unlink()
+    (half / MARKER).unlink()
     distill_glue(teacher_dir, str(tmp_path / "s"), "sst2", out, args=args, progress=False, resume=True)
+    # --resume into a folder with nothing to resume says so instead of training from scratch
+    with pytest.raises(ValueError, match="holds no complete checkpoint to continue from"):
+        distill_glue(teacher_dir, str(tmp_path / "s"), "sst2", tmp_path / "new", args=args, progress=False, resume=True)
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +195,9 @@ BAD = [
     ("teacher not a classifier", ["--teacher", "{bad}/mlm"], "is not a sequence classifier"),
     ("tokenizers differ", ["--student", "{bad}/other_tok"], "differs from the student's"),
     ("unknown student", ["--student", "no-such-preset"], "neither a model folder nor a preset"),
-    ("max steps 0", ["--max-steps", "0"], "--max-steps must be positive"),
+    ("every loss weight 0", ["--kl-weight", "0", "--hard-weight", "0", "--hidden-weight", "0", "--attention-weight", "0",
+                             "--embedding-weight", "0"], "every loss weight is 0"),
+    ("max steps 0", ["--max-steps", "0"], "argument --max-steps: must be an integer >= 1, got 0"),
 ]
 
 
@@ -246,11 +261,15 @@ def test_cached_teacher_logits_train_the_same_student(teacher_dir, tmp_path):
                        eval_steps=4, seq_len=32, weights=DistillWeights(hidden=0.0, attention=0.0, embedding=0.0))
     cache = tmp_path / "cache"
     runs = {}
-    for name, c in (("plain", None), ("first", cache), ("cached", cache)):
+    for name, c in (("plain", None), ("first", cache), ("cached", cache), ("damaged", cache)):
+        if name == "damaged":  # a corrupt cache file (issue 23: numpy's pickle message) is recomputed and replaced
+            cached = next(cache.glob("*.npy"))
+            cached.write_bytes(cached.read_bytes()[:40] + b"garbage")
         distill_glue(teacher_dir, str(student), "sst2", tmp_path / name, args=args, progress=False, cache_teacher=c)
         runs[name] = load_model(ShareBertForSequenceClassification, tmp_path / name)[0].state_dict()
         if name == "first":
             assert len(list(cache.glob("*.npy"))) == 1
-    for name in ("first", "cached"):
+    assert np.load(next(cache.glob("*.npy"))).shape == (64, 2)  # rewritten whole
+    for name in ("first", "cached", "damaged"):
         diff = max(float((runs[name][k] - v).abs().max()) for k, v in runs["plain"].items())
         assert diff <= 1e-5, (name, diff)

@@ -87,3 +87,57 @@ def test_cli_finetune_and_bad_input(base, tmp_path, capsys):
     (bad / "config.json").write_text(json.dumps(cfg))
     assert main(["finetune", "--model", str(bad), "--task", "sst2", "--out", str(tmp_path / "y")]) == 2
     assert "30522 tokens but config.vocab_size is 1000" in capsys.readouterr().err
+
+
+def test_rerun_into_unfinished_out_and_one_run_at_a_time(base, tmp_path, capsys):
+    """A stopped run's --out (checkpoints/, no metrics.json) holds nothing finished: a re-run takes it without
+    --overwrite (issue 23: it was refused as "already holds a fine-tuning result"); a folder another finetune is
+    writing (its flock held) is refused in one line naming that process."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "ft"
+    (out / "checkpoints" / "checkpoint-7").mkdir(parents=True)  # what a run killed before its first save leaves
+    argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-steps", "2",
+            "--max-train-samples", "16", "--max-eval-samples", "16", "--batch-size", "8"]
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from sharebert.outdir import OutLock\n"
+                               f"with OutLock({str(out)!r}, 'finetune'):\n    print('locked', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"another `sharebert finetune` (pid {holder.pid})" in err, err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(argv) == 0
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 2
+    assert main(argv) == 2  # now it holds a result: replaced only with --overwrite
+    assert "already holds a fine-tuning result; pass --overwrite" in capsys.readouterr().err
+
+
+def test_resume_continues_from_the_newest_complete_checkpoint(base, tmp_path, capsys):
+    """finetune --resume (issue 23: there was none) continues from the newest checkpoint with a completion marker
+    (a save killed halfway, without one, is skipped as pretrain skips it); with nothing to resume it says so."""
+    from sharebert.training.callbacks import MARKER, checkpoints
+
+    out = tmp_path / "ft"
+    argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-train-samples", "32",
+            "--max-eval-samples", "16", "--batch-size", "8", "--eval-steps", "2", "--keep-checkpoints"]
+    assert main([*argv, "--resume"]) == 2  # a new folder: nothing to resume
+    assert "holds no complete checkpoint to continue from" in capsys.readouterr().err and not out.exists()
+    assert main([*argv, "--max-steps", "2"]) == 0
+    ckpts = checkpoints(out / "checkpoints")
+    assert [(step, ok) for step, _, ok in ckpts] == [(2, True)]
+    half = out / "checkpoints" / "checkpoint-9"  # a save killed halfway: no marker
+    shutil.copytree(ckpts[0][1], half)
+    (half / MARKER).unlink()
+    assert main([*argv, "--max-steps", "4", "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming from {out / 'checkpoints' / 'checkpoint-2'}" in printed, printed
+    first = json.loads((ckpts[0][1] / "trainer_state.json").read_text())["log_history"]
+    history = json.loads((out / "log_history.json").read_text())
+    assert [h["step"] for h in history if "loss" in h] == [2, 4]  # step 2 from the checkpoint, then 3..4 trained
+    assert [h for h in history if h["step"] <= 2] == first
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 4

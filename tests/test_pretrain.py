@@ -370,20 +370,25 @@ def _plain(extra):
     (_plain([]), "under_file", "is a file, not a folder"),
     (_plain([]), "foreign", "is a non-empty folder that is not a pretrain run"),
     (lambda t, m, d, c: ["--model", str(m), "--data", str(t)], "new", "is not a prepared data folder"),
+    # --out may never be the input model, even with --resume (issue 23: it suggested --resume, which overwrote it)
+    (_plain([]), "model", "is, or holds, the input"),
+    (_plain(["--resume"]), "model", "is, or holds, the input"),
 ])
 def test_bad_input_is_one_line_and_leaves_no_out(tmp_path, capsys, model_dir, data_dir, corpus, make_argv, out_kind,
                                                   message):
     argv = make_argv(tmp_path, model_dir, data_dir, corpus)
+    weights = (model_dir / "model.safetensors").read_bytes()
     (tmp_path / "f.txt").write_text("mine\n")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine\n")
     out = {"new": tmp_path / "new", "file": tmp_path / "f.txt", "under_file": tmp_path / "f.txt" / "o",
-           "foreign": tmp_path / "foreign"}[out_kind]
+           "foreign": tmp_path / "foreign", "model": model_dir}[out_kind]
     rc = main(["pretrain", *argv, "--out", str(out), "--max-steps", "1", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "new").exists()
     assert (tmp_path / "f.txt").read_text() == "mine\n" and (tmp_path / "foreign" / "notes.txt").read_text() == "mine\n"
+    assert (model_dir / "model.safetensors").read_bytes() == weights and not (model_dir / "log.jsonl").exists()
 
 
 STEP_LINE = re.compile(r"^step \d+/\d+ \(\d+%\)( [a-z_]+ -?[0-9.e+-]+)*( [0-9.]+ steps/s ETA \d+m\d\ds)?$")
@@ -412,3 +417,70 @@ def test_no_progress_prints_step_lines_and_resume_reports_the_whole_run(tmp_path
     printed = float(re.search(r"train_loss (\S+)", second.err).group(1))
     assert abs(printed - m["train_loss"]) <= 1e-4
     assert f"train loss {m['train_loss']:.4f}" in second.out
+
+
+def test_interrupted_preset_run_is_refused_until_resumed(tmp_path, corpus, capsys):
+    """A preset run stopped by a signal keeps the freshly built (untrained) model in --out: every command that
+    loads a model folder refuses it, naming --resume, until the resumed run saves its trained model."""
+    from sharebert.model_folder import UNFINISHED, read_config
+
+    out = tmp_path / "run"
+    args = dict(ARGS, max_steps=3, eval_on_start=False, overrides=TINY)
+    stopped = pretrain([corpus], out, preset="sharebert-tiny", args=PretrainArgs(**args), callbacks=[SignalAt(1)])
+    assert stopped["status"] == "interrupted" and (out / "config.json").is_file() and (out / UNFINISHED).is_file()
+    capsys.readouterr()
+    for argv in (["export", "--model", str(out), "--out", str(tmp_path / "art")],
+                 ["finetune", "--model", str(out), "--task", "sst2", "--out", str(tmp_path / "ft"), "--max-steps", "1"],
+                 ["pretrain", "--model", str(out), "--train", str(corpus), "--out", str(tmp_path / "pt")],
+                 ["report", "--model", str(out)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "holds an unfinished training run" in err and "--resume" in err, err
+    assert not any((tmp_path / name).exists() for name in ("art", "ft", "pt"))
+    resumed = pretrain([corpus], out, preset="sharebert-tiny", args=PretrainArgs(**args, resume=True))
+    assert resumed["status"] == "completed" and resumed["global_step"] == 3
+    assert not (out / UNFINISHED).exists() and read_config(out)["model_type"] == "sharebert"
+
+
+def test_one_run_at_a_time_per_out_and_a_killed_run_leaves_no_stuck_lock(tmp_path, model_dir, corpus, capsys):
+    """The --out lock (outdir.OutLock, an flock with the PID) refuses a second run while the first holds it;
+    the kernel drops it when its holder is killed with SIGKILL, so the next run proceeds."""
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from sharebert.outdir import OutLock\n"
+                               f"with OutLock({str(out)!r}, 'pretrain'):\n    print('locked', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        argv = ["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), *MAX_TIME_ARGS,
+                "--max-steps", "1"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"another `sharebert pretrain` (pid {holder.pid}) is writing" in err, err
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(argv) == 0  # no stuck lock after kill -9
+    assert json.loads((out / "metrics.json").read_text())["status"] == "completed"
+
+
+def test_full_disk_during_a_checkpoint_is_one_line_naming_out(tmp_path, corpus):
+    """A file size limit (as a full disk) met while torch.save writes a checkpoint: one `error:` line naming --out
+    (issue 23: `internal error: RuntimeError: [enforce fail at inline_container.cc]`), exit 2, --out marked unfinished."""
+    def limit():
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, 3 << 20))  # the weights fit, the optimizer state does not
+
+    out = tmp_path / "run"
+    sets = [x for k, v in TINY.items() for x in ("--set", f"{k}={v}")]
+    proc = subprocess.run([sys.executable, "-m", "sharebert", "pretrain", "--preset", "sharebert-tiny", *sets,
+                           "--train", str(corpus), "--out", str(out), "--max-steps", "2", "--save-steps", "1",
+                           "--batch-size", "2", "--seq-len", "16", "--no-progress"], cwd=REPO, preexec_fn=limit,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    err = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr[-2000:]
+    assert "error: no space left on the device" in err[0] and f"while writing {out}" in err[0], err
+    assert (out / ".sharebert_unfinished").is_file()

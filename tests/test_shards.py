@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from sharebert.cli import main
+from sharebert.outdir import OutLock
 from sharebert.paths import data_path, default_vocab
 from sharebert.tokenization import hf_tokenizer
 from sharebert.training import shards
@@ -100,8 +101,8 @@ def test_interrupted_prepare_resumes_to_the_same_data(tmp_path, texts, monkeypat
 def test_a_second_prepare_on_the_same_folder_is_refused(tmp_path, texts):
     out = tmp_path / "data"
     out.mkdir()
-    with shards._Lock(out):
-        with pytest.raises(ValueError, match="another `sharebert prepare` is writing"):
+    with OutLock(out, "prepare"):
+        with pytest.raises(ValueError, match=r"another `sharebert prepare` \(pid \d+\) is writing"):
             prepare([texts / "a.txt"], out, "sharebert-tiny", progress=False)
     prepare([texts / "a.txt"], out, "sharebert-tiny", progress=False)  # free again
 

@@ -5,25 +5,31 @@ HELP = "find ShareBERT / BERT configurations under a parameter, byte, RAM and FL
 
 
 def add_arguments(p):
+    from .. import options as opt
+
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--max-params", help="learned parameters, e.g. 10M")
     g.add_argument("--max-bytes", help="bytes stored at --dtype, e.g. 20MB")
     p.add_argument("--dtype", choices=["fp32", "fp16", "int8"], default="fp32")
-    p.add_argument("--max-gflops", type=float, help="GFLOPs per forward (batch 1, weights materialised)")
+    p.add_argument("--max-gflops", type=opt.positive_float, help="GFLOPs per forward (batch 1, weights materialised)")
     p.add_argument("--max-ram", help="RAM at load (learned + generated weights at --dtype), e.g. 64MB")
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--top", type=int, default=10, help="rows to print (largest first)")
+    p.add_argument("--seq-len", type=opt.positive_int, default=128)
+    p.add_argument("--top", type=opt.positive_int, default=10, help="rows to print (largest first)")
     p.add_argument("--plot", metavar="FILE.png", help="draw candidates, front and reference points (needs matplotlib)")
 
 
 def run(args) -> int:
     from ..budget import human, parse_size, plot, search_candidates
+    from ..outdir import check_out_file
 
     size = lambda v: None if v is None else parse_size(v)  # noqa: E731
     limits = {"max_params": size(args.max_params), "max_bytes": size(args.max_bytes), "max_ram": size(args.max_ram),
               "max_gflops": args.max_gflops}
-    if args.seq_len < 1 or args.top < 1:
-        raise ValueError("--seq-len and --top must be positive")
+    for name, value in limits.items():
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.plot:
+        check_out_file(args.plot, "--plot", (".png",))
     r = search_candidates(limits, args.dtype, args.seq_len)
     unit = {"max_bytes": "B", "max_ram": "B"}
     stated = ", ".join(f"{k.replace('_', '-')} {human(v)}{unit.get(k, '')}" for k, v in limits.items() if v is not None)

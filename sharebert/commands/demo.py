@@ -11,12 +11,16 @@ from pathlib import Path
 
 HELP = "run the whole path (report, build, pre-train, export int8, predict) on a tiny default"
 
+MARKER = ".sharebert_demo"  # written first: marks a folder as the demo's own, which a re-run may replace
+
 SENTENCES = ["the capital of france is [MASK].", "he went to the [MASK] to buy some bread."]
 
 
 def add_arguments(p):
     p.add_argument("--out", default="runs/demo", help="working folder (default: runs/demo)")
-    p.add_argument("--steps", type=int, default=300, help="pre-training steps (default: 300)")
+    from ..options import positive_int
+
+    p.add_argument("--steps", type=positive_int, default=300, help="pre-training steps (default: 300)")
 
 
 def _step(title: str):
@@ -27,11 +31,15 @@ def run(args) -> int:
     import shutil
 
     from ..cli import main
+    from ..outdir import check_out_dir
     from ..paths import data_path
 
-    out = Path(args.out)
-    if out.exists():  # the demo owns its working folder: start clean every time
+    # The one --out rule: only the demo's own folder (its marker) is replaced; anything else is refused.
+    out = check_out_dir(args.out, "sharebert demo folder", lambda p: (p / MARKER).is_file(), overwrite=True)
+    if out.exists():  # our own working folder: start clean every time
         shutil.rmtree(out)
+    out.mkdir(parents=True)
+    (out / MARKER).write_text("written by `sharebert demo`; a re-run replaces this folder\n")
     wiki = data_path("wikitext-2-raw")
     t0 = time.time()
     _step("1. Parameter and FLOP report: ShareBERT Small (analytic, from the config)")

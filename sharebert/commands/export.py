@@ -6,6 +6,7 @@ import argparse
 HELP = "Export a model folder to an ONNX artifact (compact or materialized weights, optional quantization)."
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sharebert import options as opt
     from sharebert.deploy.artifact import TASKS
     from sharebert.export.quantize import HELP as QUANTIZE_HELP
 
@@ -29,10 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "encoder tasks, --format onnx; no RAM-int8 graphs")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     p.add_argument("--check-file", help="parity sentences (default: ../shared/data/glue/SST-2/dev.tsv)")
-    p.add_argument("--check-limit", type=int, help="use only the first N parity sentences")
+    p.add_argument("--check-limit", type=opt.positive_int, help="use only the first N parity sentences")
     p.add_argument("--shapes", nargs="+", default=["1x128"], metavar="BxT",
                    help="latency shapes, batch x sequence (default 1x128)")
-    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads for the latency figures (default 1)")
+    p.add_argument("--allow-low-parity", action="store_true",
+                   help="publish a quantized export even when its parity falls below the mode's thresholds "
+                        "(docs/EXPORT.md 'Parity thresholds'; recorded in the manifest)")
+    p.add_argument("--threads", type=opt.positive_int, default=1, help="ONNX Runtime threads for the latency figures (default 1)")
 
 
 def run(args) -> int:
@@ -41,7 +45,8 @@ def run(args) -> int:
     manifest = export_model(args.model, args.out, task=args.task, weights=args.weights, quantize=args.quantize,
                             calibration=args.calibration, opset=args.opset, overwrite=args.overwrite,
                             check_file=args.check_file, check_limit=args.check_limit, shapes=tuple(args.shapes),
-                            threads=args.threads, progress=True, format=args.format, optimize=args.optimize)
+                            threads=args.threads, progress=True, format=args.format, optimize=args.optimize,
+                            allow_low_parity=args.allow_low_parity)
     print(f"wrote {args.out}")
     print(format_report(manifest))
     return 0

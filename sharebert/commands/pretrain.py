@@ -5,6 +5,8 @@ import os
 import signal
 import sys
 
+from .. import options as opt
+
 HELP = ("pre-train a model folder or a preset on text / MediaWiki XML corpora or on a `sharebert prepare` folder "
         "(runs under torchrun too)")
 
@@ -28,29 +30,29 @@ def add_arguments(p):
                    help="a data folder from `sharebert prepare` (memory-mapped token shards) instead of --train")
     p.add_argument("--valid", nargs="+", metavar="FILE",
                    help=f"validation corpora (default: the last {d.valid_fraction:.0%}% of --train)")
-    p.add_argument("--valid-fraction", type=float, default=d.valid_fraction,
+    p.add_argument("--valid-fraction", type=opt.fraction, default=d.valid_fraction,
                    help="share of the train stream held out when --valid is not given (0: no validation)")
     p.add_argument("--out", required=True, help="output folder: checkpoints, logs, final model, metrics.json")
     p.add_argument("--objective", choices=["mlm", "clm"], default=d.objective)
     p.add_argument("--char-level", action="store_true",
                    help="character tokenizer + causal LM (needs --objective clm; default preset charlm-6l)")
-    p.add_argument("--max-steps", type=int, default=d.max_steps)
-    p.add_argument("--max-time", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--max-steps", type=opt.positive_int, default=d.max_steps)
+    p.add_argument("--max-time", type=opt.positive_float, default=None, metavar="SECONDS",
                    help="stop (with a checkpoint and the final model) so that training and its evaluations, the "
                         "final one included, fit in this many seconds (counted from the start of this run, so a "
                         "--resume gets a fresh budget); the learning-rate "
                         "schedule still follows --max-steps")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per process and micro-step")
-    p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-steps per optimizer step")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
-    p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
-    p.add_argument("--seq-len", type=int, default=None,
+    p.add_argument("--batch-size", type=opt.positive_int, default=d.batch_size, help="sequences per process and micro-step")
+    p.add_argument("--grad-accum", type=opt.positive_int, default=d.grad_accum, help="micro-steps per optimizer step")
+    p.add_argument("--lr", type=opt.positive_float, default=d.lr)
+    p.add_argument("--weight-decay", type=opt.non_negative_float, default=d.weight_decay)
+    p.add_argument("--warmup-ratio", type=opt.fraction, default=d.warmup_ratio)
+    p.add_argument("--max-grad-norm", type=opt.non_negative_float, default=d.max_grad_norm)
+    p.add_argument("--seq-len", type=opt.seq_len, default=None,
                    help="tokens per sequence (default 128; with --char-level the model's block size)")
-    p.add_argument("--save-steps", type=int, default=d.save_steps)
-    p.add_argument("--eval-steps", type=int, default=d.eval_steps)
-    p.add_argument("--logging-steps", type=int, default=d.logging_steps)
+    p.add_argument("--save-steps", type=opt.positive_int, default=d.save_steps)
+    p.add_argument("--eval-steps", type=opt.positive_int, default=d.eval_steps)
+    p.add_argument("--logging-steps", type=opt.positive_int, default=d.logging_steps)
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
                    help="newest complete checkpoints kept (at least 1; the newest is never deleted)")
     p.add_argument("--eval-samples", "--max-eval-sequences", dest="max_eval_sequences", type=int,

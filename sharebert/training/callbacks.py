@@ -137,6 +137,29 @@ def rotate(out: str | Path, keep: int | None) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
+def resume_from(folder: str | Path, resume: bool, say=print) -> Path | None:
+    """``--resume`` of a fine-tuning or distillation run whose checkpoints are in ``folder``: the newest intact
+    complete one (:func:`resume_checkpoint`; a save killed halfway is skipped); None without ``resume``.
+    ``ValueError`` when there is nothing to resume, rather than silently training from scratch."""
+    if not resume:
+        return None
+    found = resume_checkpoint(folder, say) if Path(folder).is_dir() else None
+    if found is None:
+        raise ValueError(f"--resume: {Path(folder).parent} holds no complete checkpoint to continue from; "
+                         "run without --resume to start")
+    say(f"resuming from {found}")
+    return found
+
+
+class MarkCheckpoints(TrainerCallback):
+    """Writes each checkpoint's completion marker (:func:`mark_complete`) once the Trainer has saved it, so the
+    Trainers of fine-tuning and distillation skip a save killed halfway as pre-training does."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            mark_complete(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step)
+
+
 class JsonlLogger(TrainerCallback):
     """Appends one JSON object per logging event (train loss, eval loss/perplexity, ...) to ``path``."""
 

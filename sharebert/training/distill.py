@@ -34,6 +34,7 @@ from ..errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
+from .callbacks import MarkCheckpoints, resume_from
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .finetune import load_classifier, metrics_for, task_training_args
@@ -206,8 +207,11 @@ def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir
     parts += [sha256(Path(split_path)), str(seq_len), str(len(ds))]
     path = Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
     if path.is_file():
-        logits = np.load(path)
-        if logits.shape[0] == len(ds) and np.isfinite(logits).all():
+        try:
+            logits = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError):  # a damaged cache file: recomputed and replaced below
+            logits = None
+        if logits is not None and logits.shape[0] == len(ds) and np.isfinite(logits).all():
             return logits
     logits = predict_logits(teacher, ds, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -321,9 +325,10 @@ def _is_distill_out(path: Path) -> bool:
     return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
 
 
-def _latest_checkpoint(out: Path) -> str | None:
-    ckpts = sorted(out.glob("checkpoints/checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
-    return str(ckpts[-1]) if ckpts else None
+def _resume_from(out: Path, resume: bool) -> str | None:
+    """The newest complete checkpoint under ``out/checkpoints`` with ``resume`` (``ValueError`` if none)."""
+    found = resume_from(out / "checkpoints", resume)
+    return str(found) if found else None
 
 
 def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed: int):
@@ -370,6 +375,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
                         inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()))
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before any model loads
         task_file(task_, data_dir, split)
+    start_from = _resume_from(out, resume)
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     check_teacher_labels(teacher_dir, t_config, task_)
@@ -402,7 +408,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression)
     show_progress(trainer, progress)
-    result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
+    trainer.add_callback(MarkCheckpoints())
+    result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
 
     metrics = {"task": task_.name}
@@ -455,6 +462,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
 
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
                         inputs=(teacher_dir, *([data] if data is not None else [])))
+    start_from = _resume_from(out, resume)
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     archs = read_config(teacher_dir).get("architectures") or []
@@ -514,7 +522,8 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok, teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
     show_progress(trainer, progress)
-    result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
+    trainer.add_callback(MarkCheckpoints())
+    result = trainer.train(resume_from_checkpoint=start_from)
     metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),
                "train_loss": result.training_loss, "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1),
                "seed": args.seed, "student": student, "teacher_dir": str(teacher_dir),

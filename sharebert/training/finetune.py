@@ -9,7 +9,9 @@ its tokenizer, ``metrics.json`` (written last) and ``log_history.json``.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -18,8 +20,9 @@ import torch
 from ..curves import write_curves
 from ..docs_check import cap
 from ..model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
-from ..outdir import check_out_dir, finite, write_json
+from ..outdir import OutLock, check_out_dir, finite, write_json
 from ..paths import data_path
+from .callbacks import MarkCheckpoints, resume_from
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .glue import GlueTask, get_task, task_file
@@ -44,6 +47,11 @@ def load_classifier(model_dir: str | Path, task: GlueTask):
 
 def _is_finetune_out(path: Path) -> bool:
     return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
+
+
+def _unfinished(path: Path) -> bool:
+    """A fine-tuning ``--out`` holding no result (a stopped or failed run's leftovers): a re-run may replace it."""
+    return path.is_dir() and _is_finetune_out(path) and not (path / "metrics.json").is_file()
 
 
 def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: bool, save_only_model: bool = True):
@@ -79,22 +87,40 @@ def metrics_for(task: GlueTask):
 
 def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | Path | None = None,
              args: FinetuneArgs = FinetuneArgs(), overwrite: bool = False, keep_checkpoints: bool = False,
-             progress: bool = True) -> dict:
+             progress: bool = True, resume: bool = False) -> dict:
     """Fine-tune ``model_dir`` on ``task`` (data from ``data_dir``, default ``glue/<Task>``); returns the metrics.
 
     The returned dict (also ``out/metrics.json``) holds the task's dev metrics of the best checkpoint
     (``accuracy``/``f1``/``matthews_correlation``/``pearson``/``spearman``; MNLI adds
     ``accuracy_mismatched``), plus ``task``, ``train_samples``, ``eval_samples``, ``steps``,
-    ``best_step`` and ``train_seconds``.
+    ``best_step`` and ``train_seconds``. ``resume``: continue from the newest complete checkpoint in
+    ``out/checkpoints`` (``ValueError`` when there is none).
     """
-    from transformers import DataCollatorWithPadding, Trainer, set_seed
-
     args = cap(args)
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
-    out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite, inputs=(model_dir, data_dir))
+    out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite or resume or _unfinished(Path(out)),
+                        inputs=(model_dir, data_dir))
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before the model loads
         task_file(task_, data_dir, split)
+    start_from = resume_from(out / "checkpoints", resume)
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    created = not out.exists()
+    if rank0:
+        out.mkdir(parents=True, exist_ok=True)
+    try:
+        with OutLock(out, "finetune") if rank0 else contextlib.nullcontext():
+            return _finetune(model_dir, task_, out, data_dir, args, keep_checkpoints, progress, start_from)
+    except (ValueError, FileNotFoundError):
+        if created and rank0 and not (out / "checkpoints").exists():
+            shutil.rmtree(out, ignore_errors=True)  # bad input found before training: leave no --out behind
+        raise
+
+
+def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, keep_checkpoints: bool,
+              progress: bool, start_from: Path | None) -> dict:
+    from transformers import DataCollatorWithPadding, Trainer, set_seed
+
     config = load_config(model_dir)
     check_depth_sampling(args.depth_sampling, config.num_hidden_layers)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))
@@ -107,13 +133,14 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
                                        args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
 
-    targs = task_training_args(args, out, task_, progress)
+    targs = task_training_args(args, out, task_, progress, save_only_model=False)  # optimizer state: --resume
 
     trainer = Trainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev,
                       processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer),
                       compute_metrics=metrics_for(task_))
     show_progress(trainer, progress)
-    result = trainer.train()
+    trainer.add_callback(MarkCheckpoints())
+    result = trainer.train(resume_from_checkpoint=str(start_from) if start_from else None)
     best = trainer.state.best_model_checkpoint
 
     metrics = {"task": task_.name}

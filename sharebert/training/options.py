@@ -85,6 +85,9 @@ class DistillWeights:
             w = getattr(self, name)
             if not (w >= 0 and math.isfinite(w)):
                 raise ValueError(f"--{name}-weight must be a finite number >= 0, got {w}")
+        if not any(getattr(self, name) for name in ("kl", "hard", "hidden", "attention", "embedding")):
+            raise ValueError("every loss weight is 0 (--kl-weight, --hard-weight, --hidden-weight, --attention-weight, "
+                             "--embedding-weight): the student would learn nothing; give at least one a weight > 0")
 
 
 def parse_layer_map(text: str | None) -> tuple[tuple[int, int], ...] | None:

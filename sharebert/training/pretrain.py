@@ -20,6 +20,7 @@ checkpoint and the model as at a normal end; the schedule still runs to ``max_st
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -33,10 +34,10 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
 from ..docs_check import cap
-from ..model_folder import is_bert_folder, read_config, save_as_bert
+from ..model_folder import UNFINISHED, is_bert_folder, read_config, save_as_bert
 from ..shape import preset_fields
 from ..curves import write_curves
-from ..outdir import check_out_dir, write_json
+from ..outdir import OutLock, check_out_dir, write_json
 from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, WallClockLimit, any_rank, checkpoints,
                         latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint, rotate)
 from .corpus import (PackedDataset, char_tokenizer, encode_sources, pack, read_text, resolve_sources,
@@ -218,7 +219,7 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
 
 
 def _is_run(folder: Path) -> bool:
-    return any((folder / name).exists() for name in RUN_FILES) or bool(checkpoints(folder))
+    return any((folder / name).exists() for name in (*RUN_FILES, OutLock.NAME)) or bool(checkpoints(folder))
 
 
 def _check_out(out: Path, a: PretrainArgs, inputs) -> None:
@@ -231,7 +232,7 @@ def _check_out(out: Path, a: PretrainArgs, inputs) -> None:
         raise ValueError(f"{out} already holds checkpoints ({done[-1][1].name}); pass --resume or choose another --out")
     if (out / "config.json").is_file():
         raise ValueError(f"{out} already holds a model; pass --resume to continue it or choose another --out")
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and any(p.name not in (OutLock.NAME, UNFINISHED) for p in out.iterdir()):
         raise ValueError(f"{out} already holds a pretrain run; pass --resume to continue it or choose another --out")
 
 
@@ -255,15 +256,17 @@ def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, tra
     return out
 
 
-def load_model_folder(model_dir: Path, objective: str):
+def load_model_folder(model_dir: Path, objective: str, unfinished_ok: bool = False):
     """``(config, tokenizer, model)`` of the folder training starts from (its config is the model's shape; a
-    transformers BERT folder is BERT); the tokenizer is checked against the config before the weights load."""
+    transformers BERT folder is BERT); the tokenizer is checked against the config before the weights load.
+    ``unfinished_ok``: the folder is the run's own ``--out``, being resumed."""
     from ..model_folder import load_config, load_model, load_tokenizer
     from ..modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
 
-    config = load_config(model_dir)
+    config = load_config(model_dir, unfinished_ok)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, ("mask", "cls", "sep") if objective == "mlm" else ())
-    model, _ = load_model(ShareBertForCausalLM if objective == "clm" else ShareBertForMaskedLM, model_dir, config)
+    model, _ = load_model(ShareBertForCausalLM if objective == "clm" else ShareBertForMaskedLM, model_dir, config,
+                          unfinished_ok)
     return config, tokenizer, model
 
 
@@ -357,14 +360,20 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     else:
         layers = preset_fields(preset, **a.overrides)["num_hidden_layers"]
     check_depth_sampling(a.depth_sampling, layers)
-    inputs = [p for p in (model_dir, data, *train_sources, *valid_sources) if p is not None and not isinstance(p, str)]
+    # --model and --data are folders even when given as strings; a source given as a string is a dataset name
+    inputs = [Path(p) for p in (model_dir, data) if p is not None] + \
+        [p for p in (*train_sources, *valid_sources) if not isinstance(p, str)]
     _check_out(out, a, inputs)
     created = not out.exists()
     stage = {"training": False}
+    rank0 = os.environ.get("RANK", "0") == "0"
     with SignalCheckpoint() as stopper:
         try:
-            return _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper,
-                        callbacks, stage)
+            if rank0:
+                out.mkdir(parents=True, exist_ok=True)
+            with OutLock(out, "pretrain") if rank0 else contextlib.nullcontext():  # one run at a time per --out
+                return _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper,
+                            callbacks, stage)
         except (ValueError, FileNotFoundError):
             if created and not stage["training"] and os.environ.get("RANK", "0") == "0":
                 shutil.rmtree(out, ignore_errors=True)  # failed before training: leave no half-made --out
@@ -383,7 +392,7 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
                 remove_incomplete(out)
             resume_from = resume_checkpoint(out, say=print if probe.should_save else lambda m: None)
         model_dir = _prepare_model_dir(a, out, model_dir, preset, vocab, train_sources, data)
-    config, tokenizer, model = load_model_folder(model_dir, a.objective)
+    config, tokenizer, model = load_model_folder(model_dir, a.objective, unfinished_ok=Path(model_dir) == out)
     as_bert = is_bert_folder(model_dir) and not a.convert_to_sharebert  # BERT in, BERT out
     model.config.train_min_depth = a.depth_sampling  # the option decides, whatever the folder held
     seq_len = a.seq_len or (config.max_position_embeddings if a.char_level else min(128, config.max_position_embeddings))
@@ -413,6 +422,8 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     if a.resume and targs.should_save:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0")
     stage["training"] = True
+    if targs.should_save:  # until the trained model is saved, out's model (a preset's, an earlier run's) is not it
+        write_json(out / UNFINISHED, {"status": "training", "pid": os.getpid()})
     started, ev = time.monotonic(), None
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -451,6 +462,8 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     metrics["param_sha256"] = digests
     if not interrupted:
         _publish(trainer, out, as_bert)
+        if targs.should_save:
+            (out / UNFINISHED).unlink(missing_ok=True)
     ckpt = latest_checkpoint(out)
     metrics["checkpoint"] = str(ckpt) if ckpt else None
     if targs.should_save:

@@ -17,7 +17,6 @@ stream :func:`~sharebert.training.corpus.encode_sources` gives in memory. Shards
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -33,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import first_line
-from ..outdir import check_out_dir, read_json, write_json
+from ..outdir import OutLock, check_out_dir, read_json, write_json
 from ..progress import bar as progress_bar
 from .corpus import encode_lines, iter_lines, resolve_sources, sniff_text
 
@@ -110,33 +109,27 @@ def _checksum(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-class _Lock:
-    """An exclusive, non-blocking flock on ``out/.lock`` (released by the kernel if the process dies)."""
-
-    def __init__(self, out: Path):
-        self.path = out / ".lock"
-
-    def __enter__(self):
-        self.f = open(self.path, "a+")
-        try:
-            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.f.close()
-            raise ValueError(f"another `sharebert prepare` is writing {self.path.parent}; wait for it to finish") from None
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()
-
-
 # -- tokenizing in worker processes --------------------------------------------------------------
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer_json: str, dtype: str) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this worker when its parent dies, kill -9 included (Linux ``prctl``
+    ``PR_SET_PDEATHSIG``; elsewhere nothing): workers ignore SIGINT and SIGTERM, so nothing else would end them."""
+    import ctypes
+
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is None:
+        return
+    prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _init_worker(tokenizer_json: str, dtype: str, parent: int) -> None:
     from tokenizers import Tokenizer
 
+    _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)  # the parent decides when to stop
@@ -193,7 +186,7 @@ def prepare(train, out, tokenizer="sharebert-tiny", valid=None, workers: int = 1
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with _Lock(out):
+        with OutLock(out, "prepare"):
             return _prepare_locked(out, tok, sources, workers, progress, stop)
     except (ValueError, FileNotFoundError):
         if created and not (out / PROGRESS).exists():
@@ -225,7 +218,7 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
     pool = None
     if workers > 1:  # spawn: fork may deadlock on locks held by threads (torch, tokenizers)
         pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _init_worker,
-                                   (tok.backend_tokenizer.to_str(), dtype.name))
+                                   (tok.backend_tokenizer.to_str(), dtype.name, os.getpid()))
     if pool is None:
         _init_worker_here(tok, dtype)
     started = time.perf_counter()

@@ -1,0 +1,64 @@
+"""Numeric command-line options (stdlib only): argparse ``type=`` functions that refuse a value no run can use,
+so every command says which option is wrong before any work ("argument --seq-len: must be an integer >= 1,
+got '0'"). NaN and infinities are never accepted.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(text: str, kind):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def int_at_least(least: int):
+    """An ``int`` option of at least ``least``."""
+    def parse(text: str) -> int:
+        value = _number(text, int)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {least}, got {text}")
+        return value
+    parse.__name__ = f"int_at_least_{least}"
+    return parse
+
+
+MIN_SEQ_LEN = 3  # [CLS], one token, [SEP]
+positive_int = int_at_least(1)
+seq_len = int_at_least(MIN_SEQ_LEN)
+non_negative_int = int_at_least(0)
+
+
+def finite_float(text: str) -> float:
+    """Any finite ``float``."""
+    return _number(text, float)
+
+
+def positive_float(text: str) -> float:
+    """A finite ``float`` above 0."""
+    value = _number(text, float)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite ``float`` of at least 0."""
+    value = _number(text, float)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A finite ``float`` in [0, 1)."""
+    value = _number(text, float)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text}")
+    return value
