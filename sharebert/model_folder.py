@@ -205,7 +205,7 @@ _BERT_CLASSES = {"ShareBertModel": "BertModel", "ShareBertForMaskedLM": "BertFor
 
 def is_bert_folder(model_dir: str | Path) -> bool:
     """Whether ``model_dir`` is a transformers BERT folder (``model_type="bert"``)."""
-    return read_config(model_dir).get("model_type") == "bert"
+    return read_config(model_dir, unfinished_ok=True).get("model_type") == "bert"  # a type check: resume reads it too
 
 
 def save_as_bert(model, folder: str | Path) -> None:
