@@ -103,6 +103,9 @@ def _check_fields(manifest, path: Path) -> None:
     unknown = sorted(set(config) - SESSION_CONFIG_KEYS)
     if unknown:
         bad("session_config", f"sets {unknown}, not among the allowed entries {sorted(SESSION_CONFIG_KEYS)}")
+    embedding = manifest.get("embedding")
+    if embedding is not None:
+        _check_embedding(embedding, bad)
     files = manifest.get("files")
     if not isinstance(files, dict):
         bad("files", "must map file names to their sha256 and size")
@@ -117,6 +120,21 @@ def _check_fields(manifest, path: Path) -> None:
     for name in needed:
         if name not in files:
             bad("files", f"does not list {name}, which the runtime opens")
+
+
+def _check_embedding(entry, bad) -> None:
+    """A feature-extraction artifact's recipe: ``pooling`` (how ``output``, a graph output, was pooled),
+    ``normalize`` (whether the runtime L2-normalises it), ``do_lower_case`` (texts lower-cased first), ``source``."""
+    from .pooling import POOLERS
+
+    if not isinstance(entry, dict):
+        bad("embedding", "must be an object")
+    if entry.get("pooling") not in POOLERS:
+        bad("embedding", f"pooling {entry.get('pooling')!r} is not one of {', '.join(POOLERS)}")
+    if not isinstance(entry.get("normalize"), bool) or entry.get("do_lower_case") not in (None, True, False):
+        bad("embedding", "normalize must be true or false, do_lower_case true, false or null")
+    if not isinstance(entry.get("output"), str):
+        bad("embedding", "output must name the graph output holding the sentence embeddings")
 
 
 def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:

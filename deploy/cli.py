@@ -1,7 +1,8 @@
 """``sharebert predict``: run an exported artifact on texts, a file or stdin (torch-free).
 
 Input lines are plain text, or JSON objects ``{"text": ..., ...}`` (other keys such as ``id`` are
-copied to the output). The rule: a line is a JSON record when it parses as a JSON object with a
+copied to the output; ``"text_pair"``, a string, is the second text of a pair for text-classification). An
+``--input`` file named ``*.tsv`` holds pairs: two tab-separated columns per line, text and text_pair. The rule: a line is a JSON record when it parses as a JSON object with a
 ``"text"`` key (whose value must then be a string); any other line, ``{`` at its start or not, is the
 text itself. Lines are read and answered in chunks of :data:`CHUNK_LINES` (at least ``--batch-size``),
 so memory stays bounded for any input size; the runtime orders a chunk by token length into calls of
@@ -14,6 +15,7 @@ texts given as arguments print readably.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -36,7 +38,14 @@ def add_arguments(p):
                    help="fp32: generated weights folded to fp32 at load; int8: held as int8, dynamic-int8 MatMuls "
                         "(compact artifacts; about 4x less RAM for them)")
     p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default: 5)")
-    p.add_argument("--pooling", choices=("cls", "mean"), default="cls", help="feature-extraction pooling (default: cls)")
+    from .pooling import POOLERS
+
+    p.add_argument("--pooling", choices=tuple(POOLERS), default=None,
+                   help="feature-extraction: pool the token states this way instead of the artifact's recipe (which "
+                        "the manifest records: the model's sentence-transformers pooling, else cls); the recipe's Dense "
+                        "layers apply only to its own pooling")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="feature-extraction: L2-normalise the vectors or not (default: as the recipe says)")
     p.add_argument("--max-new-tokens", type=int, default=20, help="causal-lm: tokens to generate (default: 20)")
     p.add_argument("--json", action="store_true", help="print JSON lines even for TEXT arguments")
     p.add_argument("--pin", metavar="SHA256", help="refuse the artifact unless manifest.json has this sha256")
@@ -45,7 +54,7 @@ def add_arguments(p):
 
 
 def _task_kwargs(runtime, args) -> dict:
-    return {"fill-mask": {"top_k": args.top_k}, "feature-extraction": {"pooling": args.pooling},
+    return {"fill-mask": {"top_k": args.top_k}, "feature-extraction": {"pooling": args.pooling, "normalize": args.normalize},
             "causal-lm": {"max_new_tokens": args.max_new_tokens}}.get(runtime.task, {})
 
 
@@ -55,12 +64,18 @@ def _jsonable(result):
     return result
 
 
-def parse_line(raw: bytes) -> dict:
-    """One input line -> ``{"text": str, ...}``; raises ``ValueError`` saying what is wrong."""
+def parse_line(raw: bytes, pairs: bool = False) -> dict:
+    """One input line -> ``{"text": str, ...}`` (``pairs``: a TSV line, ``{"text", "text_pair"}``); raises
+    ``ValueError`` saying what is wrong."""
     try:
         line = raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as e:
         raise ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if pairs:
+        columns = line.split("\t")
+        if len(columns) != 2:
+            raise ValueError(f"a .tsv input line needs two tab-separated columns (text, text_pair), got {len(columns)}")
+        return {"text": columns[0], "text_pair": columns[1]}
     if not line.lstrip().startswith("{"):
         return {"text": line}
     try:
@@ -69,8 +84,9 @@ def parse_line(raw: bytes) -> dict:
         return {"text": line}  # text that happens to start with "{"
     if not isinstance(record, dict) or "text" not in record:
         return {"text": line}
-    if not isinstance(record["text"], str):
-        raise ValueError(f'"text" must be a string, got {type(record["text"]).__name__}')
+    for key in ("text", "text_pair"):
+        if key in record and not isinstance(record[key], str):
+            raise ValueError(f'"{key}" must be a string, got {type(record[key]).__name__}')
     try:
         json.dumps(record, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
@@ -78,12 +94,12 @@ def parse_line(raw: bytes) -> dict:
     return record
 
 
-def _read(stream, progress):
+def _read(stream, progress, pairs: bool = False):
     """Yield ``(line_number, record or error message)`` for each line of a binary stream."""
     for number, raw in enumerate(stream, 1):
         progress.update(len(raw))
         try:
-            yield number, parse_line(raw)
+            yield number, parse_line(raw, pairs)
         except ValueError as e:
             yield number, str(e)
 
@@ -112,8 +128,24 @@ def _dumps(obj) -> str:
 
 
 def _answer(runtime, args, batch, sink, counts) -> None:
-    """Answer a chunk of lines; when it fails, each half alone, down to the line that fails (named)."""
+    """Answer a chunk of lines (runs of single texts and of pairs apart, in order); when it fails, each half
+    alone, down to the line that fails (named)."""
+    start = 0
+    for end in range(1, len(batch) + 1):
+        if end == len(batch) or ("text_pair" in batch[end][1]) != ("text_pair" in batch[start][1]):
+            _answer_run(runtime, args, batch[start:end], sink, counts)
+            start = end
+
+
+def _answer_run(runtime, args, batch, sink, counts) -> None:
     kwargs = _task_kwargs(runtime, args)
+    if "text_pair" in batch[0][1]:
+        if runtime.task != "text-classification":
+            for number, _ in batch:
+                _skip(number, f'"text_pair": task {runtime.task} takes single texts (pairs are for text-classification)',
+                      counts)
+            return
+        kwargs["text_pair"] = [r["text_pair"] for _, r in batch]
     try:
         preds = runtime.predict([r["text"] for _, r in batch], **kwargs)
         results = [(number, record, result) for (number, record), result in zip(batch, preds)]
@@ -124,8 +156,8 @@ def _answer(runtime, args, batch, sink, counts) -> None:
                   counts)
             return
         half = len(batch) // 2
-        _answer(runtime, args, batch[:half], sink, counts)
-        _answer(runtime, args, batch[half:], sink, counts)
+        _answer_run(runtime, args, batch[:half], sink, counts)
+        _answer_run(runtime, args, batch[half:], sink, counts)
         return
     for number, record, result in results:
         try:
@@ -206,7 +238,7 @@ def run(args) -> int:
             stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")
             size = None if args.input == "-" else os.path.getsize(args.input)
             progress = tqdm(total=size, unit="B", unit_scale=True, desc="predict", file=sys.stderr, disable=None)
-            lines = _read(stream, progress)
+            lines = _read(stream, progress, pairs=args.input != "-" and args.input.lower().endswith(".tsv"))
         batch, chunk = [], max(CHUNK_LINES, args.batch_size)
         for number, item in lines:
             if isinstance(item, str):

@@ -24,6 +24,7 @@ from ..errors import first_line
 from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError,
                        depth_limit, model_feeds, open_ort_format, quantize_per_channel, quantize_rows, session_options, verify_artifact)
 from .memory import give_back
+from .pooling import POOLERS, l2_normalize, pool
 
 RAM_MODES = ("fp32", "int8")
 
@@ -86,6 +87,7 @@ class Runtime:
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         self._int8_inputs: dict[str, ort.OrtValue] = {}
+        self._pair_tokenizer = None  # made on the first pair: truncation longest first
         if self.manifest.get("model_format") == "ort":
             self.session = self._load_ort()
         elif ram == "int8":
@@ -109,6 +111,10 @@ class Runtime:
         if not fits:
             raise ArtifactError(f"{self.path / 'manifest.json'}: task {self.task!r} (labels {self.labels}) does not fit "
                                 f"the model's output of shape {shape}")
+        embedding = self.manifest.get("embedding")
+        if embedding and embedding["output"] not in self.output_names:
+            raise ArtifactError(f"{self.path / 'manifest.json'}: embedding output {embedding['output']!r} is not an "
+                                f"output of the model ({', '.join(self.output_names)})")
 
     # -- depth ---------------------------------------------------------------------------------
     def _checked_depth(self, depth) -> int | None:
@@ -235,6 +241,28 @@ class Runtime:
                 cut += len(rows[-1]) < len(enc.ids)
         return rows, cut
 
+    def _pair_tokenized(self, texts, text_pair) -> tuple[list[tuple[list[int], list[int]]], int]:
+        """``(ids, token type ids)`` of each ``(text, text_pair)`` as the tokenizer makes them (``[CLS] a [SEP]
+        b [SEP]``, types 0 then 1), cut to ``max_length`` longest first (transformers' default), and the count cut."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        pairs = [text_pair] if isinstance(text_pair, str) else list(text_pair)
+        if len(pairs) != len(texts):
+            raise ValueError(f"text_pair must give one second text per text: {len(texts)} texts, {len(pairs)} pairs")
+        for x in (texts, pairs):
+            for _ in self._batches(x):  # a TypeError for a non-string
+                pass
+        if self._pair_tokenizer is None:
+            tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
+            tokenizer.enable_truncation(self.max_length, strategy="longest_first")
+            self._pair_tokenizer = tokenizer
+        rows, cut = [], 0
+        for start in range(0, len(texts), self.batch_size):
+            end = start + self.batch_size
+            for enc in self._pair_tokenizer.encode_batch(list(zip(texts[start:end], pairs[start:end]))):
+                rows.append((enc.ids, enc.type_ids))
+                cut += bool(enc.overflowing)
+        return rows, cut
+
     def _encode(self, texts: list[str], special_tokens: bool = True):
         """One padded batch of all ``texts``: token ids ``(B, T)``, the attention mask, the truncation count."""
         rows, cut = self._tokenized(texts, special_tokens)
@@ -257,26 +285,45 @@ class Runtime:
         if call:
             yield call
 
-    def _answered(self, texts, answer) -> Predictions:
+    def _answered(self, texts, answer, text_pair=None) -> Predictions:
         """Run ``answer(input_ids (B, T), attention_mask (B, T)) -> B results`` per call; results in input order.
 
         Calls hold at most ``batch_size`` texts and ``max_batch_tokens`` padded tokens, so the outputs'
         memory is bounded by the budget, not by the request; each is padded to its own longest text.
+        ``text_pair``: second texts (one per text); ``answer`` then also gets the token type ids ``(B, T)``.
         """
-        rows, cut = self._tokenized(texts)
+        if text_pair is None:
+            rows, cut = self._tokenized(texts)
+            types = None
+        else:
+            pairs, cut = self._pair_tokenized(texts, text_pair)
+            rows, types = [ids for ids, _ in pairs], [t for _, t in pairs]
         results = [None] * len(rows)
         for call in self._calls([len(r) for r in rows], self.batch_size, self.max_batch_tokens):
-            for i, result in zip(call, answer(*self._pad([rows[i] for i in call]))):
+            ids, mask = self._pad([rows[i] for i in call])
+            extra = ()
+            if types is not None:
+                type_ids = np.zeros_like(ids)
+                for j, i in enumerate(call):
+                    type_ids[j, : len(types[i])] = types[i]
+                extra = (type_ids,)
+            for i, result in zip(call, answer(ids, mask, *extra)):
                 results[i] = result
         return Predictions(results, cut)
 
-    def token_count(self, texts, special_tokens: bool = True) -> int:
-        """Tokens the model will see for ``texts`` (each cut to ``max_length``), padding not counted."""
+    def token_count(self, texts, special_tokens: bool = True, text_pair=None) -> int:
+        """Tokens the model will see for ``texts`` (each cut to ``max_length``, with its ``text_pair``), padding
+        not counted."""
+        if text_pair is not None:
+            return sum(len(ids) for ids, _ in self._pair_tokenized(texts, text_pair)[0])
         return sum(map(len, self._tokenized(texts, special_tokens)[0]))
 
-    def _run(self, input_ids: np.ndarray, mask: np.ndarray, past: dict | None = None) -> dict[str, np.ndarray]:
+    def _run(self, input_ids: np.ndarray, mask: np.ndarray, past: dict | None = None,
+             token_type_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """One ONNX Runtime call: every output by name (a causal LM's ``present.*`` too)."""
         feeds = model_feeds(self.inputs, input_ids, mask, past)
+        if token_type_ids is not None and "token_type_ids" in feeds:
+            feeds["token_type_ids"] = token_type_ids
         if self.depth is not None:
             feeds[DEPTH] = np.array(self.depth, dtype=np.int64)
         missing = [n for n in self.input_names if n not in feeds]
@@ -335,34 +382,51 @@ class Runtime:
 
         return self._answered(texts, answer)
 
-    def classify(self, texts) -> Predictions:
-        """Per text ``{"label", "score", "scores": {label: probability}}``; regression: ``{"score"}``."""
+    def classify(self, texts, text_pair=None) -> Predictions:
+        """Per text ``{"label", "score", "scores": {label: probability}}``; regression (e.g. STS-B): ``{"score"}``.
+
+        ``text_pair``: the second text of each pair (a string or a list, one per text) for a model fine-tuned
+        on pairs (STS-B, MRPC, QNLI, RTE): encoded together as the tokenizer does, with token types 0 and 1."""
         self._need("text-classification")
         regression = self.manifest.get("problem_type") == "regression"
 
-        def answer(ids, mask):
-            logits = self._run(ids, mask)[self.output_names[0]]
+        def answer(ids, mask, type_ids=None):
+            logits = self._run(ids, mask, token_type_ids=type_ids)[self.output_names[0]]
             if regression:
                 return [{"score": float(row[0])} for row in logits]
             names = self.labels or [f"LABEL_{i}" for i in range(logits.shape[-1])]
             return [{"label": names[int(np.argmax(probs))], "score": float(probs.max()),
                      "scores": {n: float(p) for n, p in zip(names, probs)}} for probs in _softmax(logits)]
 
-        return self._answered(texts, answer)
+        return self._answered(texts, answer, text_pair)
 
-    def embed(self, texts, pooling: str = "cls") -> Predictions:
-        """Per text a float32 vector ``(hidden,)``: the ``[CLS]`` state or the mean over real tokens."""
+    def embed(self, texts, pooling: str | None = None, normalize: bool | None = None) -> Predictions:
+        """Per text a float32 sentence vector, by the artifact's recipe (``manifest["embedding"]``: the model
+        folder's sentence-transformers pooling, Dense layers and normalisation; artifacts without one pool
+        the ``[CLS]`` state, unnormalised).
+
+        ``pooling`` (``cls``, ``mean``, ``max``, ``mean_sqrt_len``, ``weightedmean``, ``lasttoken``): pool the
+        encoder's token states this way instead. The recipe's Dense layers were trained on its own pooling,
+        so a different mode gives the pooled token states (hidden-size vectors) without them; the recipe's
+        own mode is the default. ``normalize``: L2-normalise or not (default: as the recipe says)."""
         self._need("feature-extraction")
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        recipe = self.manifest.get("embedding") or {"pooling": "cls", "normalize": False}
+        pooling = recipe["pooling"] if pooling is None else pooling
+        if pooling not in POOLERS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLERS)}, got {pooling!r}")
+        normalize = recipe["normalize"] if normalize is None else normalize
+        if not isinstance(normalize, (bool, np.bool_)):
+            raise ValueError(f"normalize must be true or false, got {normalize!r}")
+        in_graph = recipe.get("output") if pooling == recipe["pooling"] else None
+        if recipe.get("do_lower_case"):
+            texts = [t.lower() if isinstance(t, str) else t for t in ([texts] if isinstance(texts, str) else texts)]
 
         def answer(ids, mask):
-            hidden = self._run(ids, mask)[self.output_names[0]]  # (B, T, H)
-            if pooling == "cls":
-                vectors = hidden[:, 0]
-            else:
-                m = mask[..., None].astype(np.float32)
-                vectors = (hidden * m).sum(1) / np.maximum(m.sum(1), 1.0)
+            outs = self._run(ids, mask)
+            vectors = outs[in_graph] if in_graph else pool(outs[self.output_names[0]], mask, pooling)
+            del outs
+            if normalize:
+                vectors = l2_normalize(vectors)
             return list(np.array(vectors, dtype=np.float32))  # copies: the (B, T, H) states are freed
 
         return self._answered(texts, answer)

@@ -5,7 +5,8 @@ Endpoints:
 * ``GET /health`` -> ``{"status": "ok"}``; ``GET /metadata`` -> task, labels, limits, RAM mode.
 * ``POST /predict`` (and the task's own path: ``/fill-mask``, ``/classify``, ``/embed`` or
   ``/generate``) with ``{"texts": [...]}`` or ``{"text": "..."}`` and optional ``top_k``,
-  ``pooling`` or ``max_new_tokens``, and ``depth`` (encoder layers to run, 1..N, for artifacts that
+  ``pooling`` and ``normalize`` (embed: override the artifact's recipe), ``text_pair`` (classify: the second
+  text of each pair, a string with ``text`` or a list with ``texts``) or ``max_new_tokens``, and ``depth`` (encoder layers to run, 1..N, for artifacts that
   have a depth input; default ``--depth`` or all) -> ``{"results": [...], "truncated": n}``.
 
 Bad input of any shape gets a 4xx with ``{"error": message}`` and a valid status line: 400 bad JSON,
@@ -73,7 +74,10 @@ def add_arguments(p):
 
 def params(task: str, max_top_k: int) -> list[tuple]:
     """The task's optional request fields: ``(name, type, lowest, highest)`` or ``(name, allowed values)``."""
-    return {"fill-mask": [("top_k", int, 1, max_top_k)], "feature-extraction": [("pooling", ("cls", "mean"))],
+    from .pooling import POOLERS
+
+    return {"fill-mask": [("top_k", int, 1, max_top_k)],
+            "feature-extraction": [("pooling", tuple(POOLERS)), ("normalize", bool)],
             "causal-lm": [("max_new_tokens", int, 0, MAX_NEW_TOKENS)], "text-classification": []}[task]
 
 
@@ -112,15 +116,37 @@ def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMIT
         if name not in payload:
             continue
         value = payload[name]
-        if len(spec) == 2 and value not in spec[1]:
+        if spec[1] is bool and type(value) is not bool:
+            raise BadRequest(400, f'"{name}" must be true or false')
+        if len(spec) == 2 and spec[1] is not bool and value not in spec[1]:
             raise BadRequest(400, f'"{name}" must be one of {", ".join(spec[1])}')
         if len(spec) == 4 and (type(value) is not int or not spec[2] <= value <= spec[3]):
             raise BadRequest(400, f'"{name}" must be an integer in [{spec[2]}, {spec[3]}]')
         kwargs[name] = value
-    unknown = set(payload) - {"text", "texts"} - {s[0] for s in specs}
+    if "text_pair" in payload:
+        kwargs["text_pair"] = _text_pair(payload, task, texts)
+    unknown = set(payload) - {"text", "texts", "text_pair"} - {s[0] for s in specs}
     if unknown:
         raise BadRequest(400, f"unknown field(s) for task {task}: {', '.join(sorted(map(ascii, unknown)))}")
     return texts, kwargs
+
+
+def _text_pair(payload: dict, task: str, texts: list[str]) -> list[str]:
+    """The second texts of a pair request: a string with ``text``, a list of strings (one per text) with ``texts``."""
+    if task != "text-classification":
+        raise BadRequest(400, f'"text_pair": task {task} takes single texts (pairs are for text-classification)')
+    pair = payload["text_pair"]
+    pairs = [pair] if "text" in payload and isinstance(pair, str) else pair
+    if not (isinstance(pairs, list) and all(isinstance(t, str) for t in pairs)) or ("text" in payload) != isinstance(pair, str):
+        raise BadRequest(400, '"text_pair" must be a string with "text", or a list of strings with "texts"')
+    if len(pairs) != len(texts):
+        raise BadRequest(400, f'"text_pair" gives {len(pairs)} second texts for {len(texts)} texts; give one per text')
+    for i, t in enumerate(pairs):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(400, f"text_pair {i} is not valid Unicode (a lone surrogate escape)") from None
+    return pairs
 
 
 class Admission:
@@ -327,7 +353,7 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
                                      f"no endpoint {self.path[:200]} for task {runtime.task}; POST /predict or {task_path}")
                 texts, kwargs = parse_request(body, runtime.task, limits["max_batch"], limits["max_top_k"], runtime.max_depth)
                 model = runtime.at_depth(kwargs.pop("depth")) if "depth" in kwargs else runtime
-                tokens = runtime.token_count(texts)
+                tokens = runtime.token_count(texts, text_pair=kwargs.get("text_pair"))
                 if tokens > limits["max_tokens"]:
                     raise BadRequest(413, f"{tokens} tokens exceed the limit of {limits['max_tokens']} per request")
                 with admission.slot():

@@ -242,11 +242,22 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
         if isinstance(positions, int) and int(parts[1]) > positions:
             raise ValueError(f"--shapes {shape}: the model has {positions} positions; measure sequences of at most "
                              f"{positions} tokens (e.g. 1x{positions})")
+    if task == "feature-extraction":
+        embedding_recipe(model_dir)  # a malformed sentence-transformers file: refused now, naming it
     out_dir = check_out_dir(out_dir, "sharebert artifact", artifact.is_artifact, o.overwrite, inputs=[model_dir])
     check_file = Path(o.check_file) if o.check_file else default_check_file()
     if quantize in ("int8-dynamic", "int8-static"):
         weights = "materialized"
     return model_dir, out_dir, replace(o, task=task, check_file=check_file, weights=weights)
+
+
+def embedding_recipe(model_dir: Path):
+    """``(recipe, dense weights)`` of a feature-extraction export: the folder's sentence-transformers recipe
+    (``sharebert.recipe``), or the default ([CLS] pooling) when it has none."""
+    from sharebert.recipe import read_dense_weights, read_recipe
+
+    recipe = read_recipe(model_dir)
+    return recipe, [read_dense_weights(model_dir, layer) for layer in recipe.dense]
 
 
 def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fields) -> dict:
@@ -262,6 +273,7 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
     model_dir, out_dir, o = _validate(model_dir, out_dir, options)
     sentences, labels = read_sentences(o.check_file, o.check_limit)
     model, tokenizer = load_model(model_dir, o.task)
+    recipe = embedding_recipe(model_dir) if o.task == "feature-extraction" else None
     created = [p for p in (out_dir.parent, *out_dir.parent.parents) if not p.exists()]
     tmp = None
     try:
@@ -270,7 +282,7 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the published artifact from other users
-        manifest = _build(model, tokenizer, tmp, o, sentences, labels)
+        manifest = _build(model, tokenizer, tmp, o, sentences, labels, recipe)
         _publish(tmp, out_dir)
     except BaseException as e:
         full = _disk_full(e, tmp)  # before the clean-up frees the space
@@ -323,8 +335,35 @@ def _publish(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], labels) -> dict:
-    """Write the artifact into ``tmp`` (graph, checks, tokenizer, config, RAM-int8 graphs, footprint, manifest)."""
+def _learned_params(model, task: str) -> int:
+    """The learned parameters the exported graph holds: a feature-extraction graph outputs the token states,
+    so the backbone's pooler (BERT's dense + tanh over [CLS]) is not in it."""
+    if task != "feature-extraction":
+        return int(model.num_parameters())
+    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("pooler."))
+
+
+def _save_tokenizer(tokenizer, folder: Path, max_length: int) -> None:
+    """The tokenizer files, agreeing with the manifest's ``max_length``: ``tokenizer_config.json``'s
+    ``model_max_length`` and ``tokenizer.json``'s truncation (no padding: the runtime pads each call)."""
+    from tokenizers import Tokenizer
+
+    tokenizer.model_max_length = max_length
+    tokenizer.save_pretrained(folder)
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        backend = Tokenizer.from_file(str(path))
+        backend.no_padding()
+        backend.enable_truncation(max_length)
+        backend.save(str(path))
+
+
+def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], labels, recipe=None) -> dict:
+    """Write the artifact into ``tmp`` (graph, checks, tokenizer, config, RAM-int8 graphs, footprint, manifest).
+
+    ``recipe``: ``(EmbeddingRecipe, dense weights)`` of a feature-extraction export: its pooling and Dense
+    layers become the graph's ``sentence_embedding`` output, its ``max_seq_length`` the artifact's maximum
+    length, and the manifest's ``embedding`` entry records it (normalisation included)."""
     import onnx
     from optimum.exporters.onnx import export
     from sharebert.progress import bar
@@ -339,7 +378,9 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     check_file, shapes, threads, runs, progress = o.check_file, o.shapes, o.threads, o.runs, o.progress
     config = model.config
     max_length = int(config.max_position_embeddings)
-    learned = int(model.num_parameters())
+    if recipe is not None and recipe[0].max_seq_length:
+        max_length = min(max_length, recipe[0].max_seq_length)
+    learned = _learned_params(model, task)
     path = tmp / "model.onnx"
     scratch = Path(tempfile.mkdtemp(dir=tmp))
     steps = bar(total=6, desc="export", progress=progress)
@@ -383,7 +424,12 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
             depth_note = None if max_depth else "the model has fewer than two encoder layers"
         except depth.DepthError as e:  # an unusual graph: the artifact still works, at full depth only
             depth_note = str(e)
-    if max_depth:
+    if recipe is not None:  # after the depth gating: the pooling reads the final token states at any depth
+        from .sentence_embedding import add_sentence_embedding
+
+        add_sentence_embedding(proto, *recipe, opset)
+        learned += sum(w.size + (0 if b is None else b.size) for w, b in recipe[1])
+    if max_depth or recipe is not None:
         onnx.save(proto, str(path))
     steps.update()
 
@@ -394,12 +440,17 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     if max_depth:  # the shallowest depth, on the first sentences: the gating works as PyTorch's depth does
         parity["depth_1"] = _checked(check_parity(model, tokenizer, session, task, sentences[:DEPTH_CHECK_SENTENCES],
                                                   None, max_length, progress=False, depth=1), quantize, check_file)
+    if recipe is not None:
+        from .sentence_embedding import embedding_parity
+
+        parity["sentence_embedding"] = _checked(embedding_parity(model, tokenizer, session, *recipe, sentences, max_length),
+                                                quantize, check_file)
     del session
     steps.update()
 
     steps.set_postfix_str("tokenizer, config, ram-int8")
     config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    _save_tokenizer(tokenizer, tmp, max_length)
     if not (tmp / "tokenizer.json").is_file():
         raise RuntimeError("the tokenizer did not write tokenizer.json")
     ram_int8 = build_int8_ram_graphs(tmp) if weights == "compact" and o.format == "onnx" else None
@@ -441,6 +492,11 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
         "files": {}, "versions": _versions(), "parity": parity, "footprint": footprint,
         "tensor_dtypes": dtypes,
     }
+    if recipe is not None:
+        from .sentence_embedding import OUTPUT
+
+        manifest["embedding"] = {**recipe[0].as_dict(), "output": OUTPUT}
+        manifest["outputs"].append(OUTPUT)
     if ram_int8 is not None:
         manifest["ram_int8"] = ram_int8
     if ort_entry is not None:
