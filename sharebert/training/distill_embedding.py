@@ -31,7 +31,8 @@ from .distill import DistillArgs, Projections, WithTeacherLogits, check_tokenize
 from .progress import no_bars, show_progress
 
 LOSSES = ("cosine", "mse")
-TARGETS_FILE = "teacher_targets.npy"
+POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
+TARGETS_FILE = "teacher_targets"  # -<sha256 of teacher, length, pooling, sentences>.npy
 HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
@@ -67,31 +68,23 @@ def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str) -> t
     raise ValueError(f"--loss {kind!r}: choose one of {', '.join(LOSSES)}")
 
 
-def teacher_recipe(teacher_dir) -> dict:
-    """``{"pooling", "normalize", "max_seq_length"}`` of a sentence-transformers folder (mean pooling, no
-    Normalize, 512 for a plain encoder folder)."""
-    import json
+_ACTIVATION_MODULES = {"Identity": nn.Identity, "Tanh": nn.Tanh, "Relu": nn.ReLU, "Sigmoid": nn.Sigmoid, "Gelu": nn.GELU}
 
-    d = Path(teacher_dir)
-    recipe = {"pooling": "mean", "normalize": False, "max_seq_length": None}
-    modules = d / "modules.json"
-    if not modules.is_file():
-        return recipe
-    for m in json.loads(modules.read_text()):
-        kind = m.get("type", "")
-        if kind.endswith("Pooling"):
-            cfg = json.loads((d / m["path"] / "config.json").read_text())
-            modes = [k for k in ("cls", "mean", "max") if cfg.get(f"pooling_mode_{k}_token" + ("s" if k != "cls" else ""))]
-            recipe["pooling"] = modes[0] if len(modes) == 1 else "mean"
-        elif kind.endswith("Dense"):
-            raise ValueError(f"{teacher_dir} has a Dense module ({m['path']}); teachers with Dense layers are not "
-                             "supported yet")
-        elif kind.endswith("Normalize"):
-            recipe["normalize"] = True
-    st = d / "sentence_bert_config.json"
-    if st.is_file():
-        recipe["max_seq_length"] = json.loads(st.read_text()).get("max_seq_length")
-    return recipe
+
+def recipe_head(model_dir, recipe) -> nn.Module | None:
+    """The recipe's Dense layers (``sharebert.recipe``) as a frozen torch module, or None when it has none."""
+    from ..recipe import ACTIVATIONS, read_dense_weights
+
+    layers = []
+    for layer in recipe.dense:
+        w, b = read_dense_weights(model_dir, layer)
+        lin = nn.Linear(layer.in_features, layer.out_features, bias=b is not None)
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(w))
+            if b is not None:
+                lin.bias.copy_(torch.from_numpy(b))
+        layers += [lin, _ACTIVATION_MODULES[ACTIVATIONS[layer.activation]]()]
+    return nn.Sequential(*layers).requires_grad_(False).eval() if layers else None
 
 
 def check_encoder(teacher_dir) -> dict:
@@ -231,9 +224,9 @@ class EmbeddingProjections(Projections):
     """The token-level projections of ``distill`` plus ``head``: the student's output projection (V -> H), or
     None when the widths match. ``head`` is part of the student: it is saved as its Dense module."""
 
-    def __init__(self, student_width: int, teacher_width: int):
+    def __init__(self, student_width: int, teacher_width: int, output_width: int):
         super().__init__(student_width, teacher_width)
-        self.head = nn.Linear(student_width, teacher_width) if student_width != teacher_width else None
+        self.head = nn.Linear(student_width, output_width) if student_width != output_width else None
 
 
 def _make_embedding_trainer(pooling: str, loss: str):
@@ -241,6 +234,8 @@ def _make_embedding_trainer(pooling: str, loss: str):
 
     class EmbeddingTrainer(base):
         """``distill``'s trainer whose loss is the sentence-embedding loss (plus any token-level terms)."""
+
+        teacher_head = None  # the teacher's Dense layers, applied to its pooled vector
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             w = self.weights
@@ -256,6 +251,7 @@ def _make_embedding_trainer(pooling: str, loss: str):
                     t_out = self.teacher(**inputs, output_hidden_states=need_h, output_attentions=need_a)
                 if targets is None:
                     targets = pool(t_out.last_hidden_state, inputs["attention_mask"], pooling)
+                    targets = targets if self.teacher_head is None else self.teacher_head(targets)
                 terms = replace(w, kl=0.0, hard=0.0)
                 parts = {k: v for k, v in distill_losses(out, t_out, inputs["attention_mask"], None, self.projections,
                                                          terms, self.pairs, self.groups).items() if k != "loss"}
@@ -268,13 +264,16 @@ def _make_embedding_trainer(pooling: str, loss: str):
     return EmbeddingTrainer
 
 
-def _teacher_targets(teacher, tokenizer, sentences, pooling, seq_len, out: Path) -> np.ndarray:
-    path = out / TARGETS_FILE
+def _teacher_targets(teacher, head, tokenizer, sentences, pooling, seq_len, out: Path) -> np.ndarray:
+    import hashlib
+
+    key = hashlib.sha256("\n".join([str(teacher.name_or_path), str(seq_len), pooling, *sentences]).encode())
+    path = out / f"{TARGETS_FILE}-{key.hexdigest()[:12]}.npy"
     if path.is_file():
         cached = np.load(path)
         if cached.shape[0] == len(sentences) and np.isfinite(cached).all():
             return cached
-    t = encode(teacher, tokenizer, sentences, pooling, seq_len=seq_len)
+    t = encode(teacher, tokenizer, sentences, pooling, head, seq_len=seq_len)
     out.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, t)
@@ -329,8 +328,13 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         raise ValueError(f"--init {args.init!r}: choose teacher or random")
     inputs = (teacher_dir, *([data] if data is not None else []), *(train or []))
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume, inputs=inputs)
+    from ..recipe import read_recipe
+
     check_encoder(teacher_dir)
-    recipe = teacher_recipe(teacher_dir)
+    recipe = read_recipe(teacher_dir)
+    if recipe.pooling not in POOLING:
+        raise ValueError(f"the teacher pools by {recipe.pooling!r}; embedding distillation supports "
+                         f"{', '.join(POOLING)}")
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     set_seed(args.seed)
@@ -340,25 +344,27 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     teacher = load_encoder(teacher_dir)
     w = args.weights
     pairs, groups, _ = _maps(model, teacher, w, args.seed)
-    projections = EmbeddingProjections(model.config.hidden_size, teacher.config.hidden_size)
+    t_head = recipe_head(teacher_dir, recipe)
+    t_width = recipe.dense[-1].out_features if recipe.dense else teacher.config.hidden_size
+    projections = EmbeddingProjections(model.config.hidden_size, teacher.config.hidden_size, t_width)
     init = {"init": "random"}
     if args.init == "teacher" and not Path(student).exists():
         from .student_init import init_from_teacher
 
-        init = init_from_teacher(model, teacher, projections.head)
+        init = init_from_teacher(model, teacher, projections.head if t_head is None else None)
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings,
-                  recipe["max_seq_length"] or args.seq_len)
+                  recipe.max_seq_length or args.seq_len)
     if data is not None:
         raise ValueError("--data is not supported by --objective embedding yet; give --train text files")
     sentences = read_sentences(train or default_corpus(), args.max_train_samples)
     train_ds = SentenceDataset(t_tok, sentences, seq_len)
-    pooling = recipe["pooling"]
+    pooling = recipe.pooling
     score = lambda m, head: sts_spearman(m, t_tok, pooling, head, seq_len, eval_limit)  # noqa: E731
-    metrics = {"objective": "embedding", "loss": args.loss, "pooling": pooling, "normalize": recipe["normalize"],
+    metrics = {"objective": "embedding", "loss": args.loss, "pooling": pooling, "normalize": recipe.normalize,
                "teacher_dir": str(teacher_dir), "student": student, **init, "seq_len": seq_len,
                "train_sentences": len(sentences), "sts_dev_pairs": eval_limit or "all"}
-    metrics["teacher_sts_spearman"] = score(teacher, None)
-    targets = _teacher_targets(teacher, t_tok, sentences, pooling, seq_len, out)
+    metrics["teacher_sts_spearman"] = score(teacher, t_head)
+    targets = _teacher_targets(teacher, t_head, t_tok, sentences, pooling, seq_len, out)
     if projections.head is not None and args.init == "teacher" and not resume:
         fit_head(projections.head, encode(model, t_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len),
                  targets[:HEAD_FIT])
@@ -381,6 +387,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok,
         data_collator=_Collator(t_tok), teacher=teacher, projections=projections, weights=w,
         pairs=pairs, groups=groups, callbacks=[c for c in (clock, *callbacks) if c is not None])
+    trainer.teacher_head = t_head
     show_progress(trainer, progress)
     result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
     model = trainer.model.eval()
@@ -389,7 +396,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                    stopped_by_time=bool(clock and clock.reached), last_terms=dict(trainer._parts), seed=args.seed)
     metrics["student_sts_spearman"] = score(model, projections.head)
     if trainer.is_world_process_zero():
-        save_student(model, projections.head, t_tok, out, recipe)
+        save_student(model, projections.head, t_tok, out, recipe, seq_len)
         write_json(out / "log_history.json", trainer.state.log_history)
         write_curves(out)
         write_json(out / "metrics.json", finite(metrics))
@@ -412,18 +419,18 @@ class _Collator:
         return batch
 
 
-def save_student(model, head, tokenizer, out: Path, recipe: dict) -> None:
-    """The student as a sentence-transformers folder: backbone and tokenizer, then its embedding recipe."""
+def save_student(model, head, tokenizer, out: Path, teacher_recipe, seq_len: int) -> None:
+    """The student as a sentence-transformers folder: backbone and tokenizer, then the teacher's recipe with the
+    student's own output projection (if any) as its one Dense layer (``sharebert.recipe.write_recipe``)."""
+    from ..recipe import DenseLayer, EmbeddingRecipe, write_recipe
+
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    dense = [] if head is None else [(head.weight.detach().cpu(), head.bias.detach().cpu())]
-    _write_recipe(out, recipe, dense)
-
-
-def _write_recipe(out: Path, recipe: dict, dense) -> None:
-    """Placeholder until ``sharebert.recipe.write_recipe`` lands (realmodels): the Dense weights alone."""
-    from safetensors.torch import save_file
-
-    if dense:
-        save_file({"weight": dense[0][0].contiguous(), "bias": dense[0][1].contiguous()}, str(out / "head.safetensors"))
-    write_json(out / "embedding_recipe.json", {**recipe, "dense": bool(dense)})
+    dense, weights = (), ()
+    if head is not None:
+        dense = (DenseLayer("2_Dense", head.in_features, head.out_features, True, "torch.nn.modules.linear.Identity"),)
+        weights = [(head.weight.detach().cpu().numpy(), head.bias.detach().cpu().numpy())]
+    recipe = EmbeddingRecipe(pooling=teacher_recipe.pooling, normalize=teacher_recipe.normalize, dense=dense,
+                             max_seq_length=seq_len, do_lower_case=teacher_recipe.do_lower_case,
+                             source="modules.json")
+    write_recipe(out, recipe, weights, hidden_size=model.config.hidden_size)
