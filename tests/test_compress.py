@@ -173,3 +173,15 @@ def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, argv, message, c
     assert "Traceback" not in err
     out = [a for a in argv if a.startswith(str(bad_inputs / "o"))]
     assert not any(Path(o).exists() for o in out)  # nothing half-written
+
+
+def test_mlm_distillation_accepts_a_teacher_without_an_mlm_head(minilm_dir, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(SENTENCES * 8) + "\n")
+    rc = main(["distill", "--objective", "mlm", "--teacher", str(minilm_dir), "--student", "sharebert-tiny",
+               "--train", str(text), "--out", str(tmp_path / "out"), "--max-steps", "2", "--batch-size", "4",
+               "--seq-len", "32"])
+    assert rc == 0
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert m["steps"] == 2 and m["soft_targets"] is False
+    assert "kl" not in m["last_terms"] and np.isfinite([m["last_terms"][k] for k in ("hidden", "attention")]).all()
