@@ -25,17 +25,6 @@ def spearman_of(a: np.ndarray, b: np.ndarray, gold) -> float:
     return float(spearman((a * b).sum(-1), np.asarray(gold, dtype=np.float64)))
 
 
-def learned_params_torch(model_dir) -> int:
-    from safetensors import safe_open
-
-    n = 0
-    for f in Path(model_dir).rglob("*.safetensors"):
-        with safe_open(str(f), "np") as st:
-            for k in st.keys():
-                n += int(np.prod(st.get_slice(k).get_shape()))
-    return n
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--teacher", required=True)
@@ -48,6 +37,7 @@ def main() -> None:
     from sharebert.deploy import Runtime
     from sharebert.paths import data_path
     from sharebert.recipe import read_recipe
+    from sharebert.training.compress import safetensor_params
     from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
     from sharebert.training.glue import read_split
     from transformers import AutoTokenizer
@@ -61,8 +51,8 @@ def main() -> None:
         seq = r.max_seq_length or 128
         va = encode(model, tok, split.text_a, r.pooling, head, seq)
         vb = encode(model, tok, split.text_b, r.pooling, head, seq)
-        size = sum(f.stat().st_size for f in Path(folder).rglob("*.safetensors"))
-        rows.append((name, spearman_of(va, vb, split.labels), learned_params_torch(folder), size))
+        size = sum(f.stat().st_size for f in Path(folder).rglob("*.safetensors") if "checkpoint" not in str(f))
+        rows.append((name, spearman_of(va, vb, split.labels), safetensor_params(Path(folder)), size))
 
     torch_row("teacher (PyTorch fp32)", a.teacher)
     for s in a.student:

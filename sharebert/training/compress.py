@@ -22,13 +22,14 @@ from ..outdir import check_out_dir, finite, write_json
 
 REPORT = "report.json"
 
-# Runs in a fresh process (torch never imported): peak RSS after loading the artifact, then p50 latencies.
+# Runs in a fresh process (torch never imported): peak RSS after loading the artifact (VmHWM: ru_maxrss would
+# count the parent's peak, kept across exec), then p50 latencies.
 _PROBE = r"""
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
 from sharebert.deploy import Runtime
 rt = Runtime(sys.argv[1], threads=1)
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+rss = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
 tok = rt.tokenizer
 out = {"peak_rss_bytes": rss}
 for n in (16, 128):
@@ -124,11 +125,11 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     art_rho = artifact_spearman(art, eval_limit)
     s_manifest = json.loads((art / "manifest.json").read_text())
     report = {
-        "teacher": {"folder": str(teacher), "learned_params": _safetensor_params(Path(teacher)),
+        "teacher": {"folder": str(teacher), "learned_params": safetensor_params(Path(teacher)),
                     "file_bytes": _bytes(Path(teacher)), "artifact_bytes": _bytes(t_art),
                     "sts_spearman": m["teacher_sts_spearman"], **t_probe},
         "student": {"folder": str(student_dir), "shape": cand.describe(), "config": overrides,
-                    "learned_params": _safetensor_params(student_dir), "file_bytes": _bytes(art),
+                    "learned_params": safetensor_params(student_dir), "file_bytes": _bytes(art),
                     "sts_spearman_fp32": m["student_sts_spearman"], "sts_spearman_start": m["start_sts_spearman"],
                     "sts_spearman": art_rho, "quantization": s_manifest.get("quantization"), **s_probe},
         "training": {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "loss", "init",
@@ -141,8 +142,8 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     return report
 
 
-def _safetensor_params(folder: Path) -> int:
-    """Learned parameters stored in a folder's safetensors files (the model and any Dense module)."""
+def safetensor_params(folder: Path) -> int:
+    """Learned parameters stored in a folder's safetensors files (the model and any Dense module; float tensors)."""
     from math import prod
 
     from safetensors import safe_open
@@ -152,7 +153,8 @@ def _safetensor_params(folder: Path) -> int:
         if "checkpoint" in str(f.relative_to(folder)):
             continue
         with safe_open(str(f), "np") as st:
-            n += sum(prod(st.get_slice(k).get_shape()) for k in st.keys())
+            n += sum(prod(st.get_slice(k).get_shape()) for k in st.keys()
+                     if st.get_slice(k).get_dtype() in ("F32", "F16", "BF16"))  # not integer buffers (position ids)
     return n
 
 

@@ -293,11 +293,11 @@ def build_student(student: str, overrides: dict, vocab_size: int):
 
         if overrides:
             raise ValueError("--set shapes a new student from a preset; a model folder keeps its own shape")
-        model = load_model(ShareBertModel, student)[0]
-        if model.config.vocab_size != vocab_size:
-            raise ValueError(f"the student {student} has vocab_size {model.config.vocab_size}, the teacher "
+        config = load_config(student)
+        if config.vocab_size != vocab_size:
+            raise ValueError(f"the student {student} has vocab_size {config.vocab_size}, the teacher "
                              f"{vocab_size}: they do not share a tokenizer")
-        return model
+        return load_model(ShareBertModel, student, config)[0]
     if student not in PRESETS:
         raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
     fields = {"pooler": "none", **overrides, "vocab_size": vocab_size}
