@@ -96,7 +96,8 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     checkpoint and the report says ``"stopped"``; run again with ``resume``)."""
     from ..budget import student_for
     from ..model_folder import shape_fields
-    from .distill_embedding import check_encoder, distill_embedding
+    from .distill import check_encoder
+    from .distill_embedding import distill_embedding
 
     out = check_out_dir(out, "compress result", _owned, overwrite or resume,
                         inputs=(teacher, *(train or [])))

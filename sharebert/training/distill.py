@@ -190,6 +190,16 @@ def check_tokenizers(teacher_tok, student_tok, teacher_dir, student_name) -> Non
                          f"student's ({student_name}: {s[0]} tokens, sha256 {s[1]}); distillation needs one tokenizer")
 
 
+def check_encoder(teacher_dir) -> dict:
+    """The teacher's config dict; ``ValueError`` for a model that is not a bidirectional encoder."""
+    raw = read_config(teacher_dir)
+    archs = raw.get("architectures") or []
+    if raw.get("is_decoder") or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ValueError(f"{teacher_dir} is a causal (decoder) model ({', '.join(archs) or 'is_decoder'}); "
+                         "embedding distillation needs a bidirectional encoder teacher")
+    return raw
+
+
 def check_teacher_labels(teacher_dir, config, task: GlueTask) -> None:
     """The teacher must be a classifier (or regressor) over exactly the task's labels."""
     raw = read_config(teacher_dir)
@@ -498,8 +508,6 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     archs = read_config(teacher_dir).get("architectures") or []
     mlm_teacher = any(a.endswith("ForMaskedLM") for a in archs)
     if not mlm_teacher:  # an encoder without an MLM head (e.g. a sentence-transformers model): no soft targets
-        from .distill_embedding import check_encoder
-
         check_encoder(teacher_dir)
         args = replace(args, weights=replace(args.weights, kl=0.0))
         if not (args.weights.hidden or args.weights.attention or args.weights.embedding):

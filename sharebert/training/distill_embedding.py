@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model_folder import load_config, load_tokenizer, read_config
+from ..model_folder import load_config, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
-from .distill import DistillArgs, Projections, WithTeacherLogits, check_tokenizers, distill_losses, \
+from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_tokenizers, distill_losses, \
     _is_distill_out, _latest_checkpoint, _make_trainer_class, _maps
 from .progress import no_bars, show_progress
 
@@ -85,16 +85,6 @@ def recipe_head(model_dir, recipe) -> nn.Module | None:
                 lin.bias.copy_(torch.from_numpy(b))
         layers += [lin, _ACTIVATION_MODULES[ACTIVATIONS[layer.activation]]()]
     return nn.Sequential(*layers).requires_grad_(False).eval() if layers else None
-
-
-def check_encoder(teacher_dir) -> dict:
-    """The teacher's config dict; ``ValueError`` for a model that is not a bidirectional encoder."""
-    raw = read_config(teacher_dir)
-    archs = raw.get("architectures") or []
-    if raw.get("is_decoder") or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        raise ValueError(f"{teacher_dir} is a causal (decoder) model ({', '.join(archs) or 'is_decoder'}); "
-                         "embedding distillation needs a bidirectional encoder teacher")
-    return raw
 
 
 def load_encoder(model_dir):
@@ -317,7 +307,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     head when narrower, Normalize as the teacher), ``metrics.json`` (STS-B dev Spearman of teacher, student
     at step 0 and at the end; steps; seconds) and ``log_history.json``. Returns the metrics.
     """
-    from transformers import DataCollatorWithPadding, TrainingArguments, set_seed
+    from transformers import TrainingArguments, set_seed
 
     from ..curves import write_curves
     from .callbacks import WallClockLimit
