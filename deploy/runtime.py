@@ -391,7 +391,8 @@ class Runtime:
         regression = self.manifest.get("problem_type") == "regression"
 
         def answer(ids, mask, type_ids=None):
-            logits = self._run(ids, mask, token_type_ids=type_ids)[self.output_names[0]]
+            outs = self._run(ids, mask) if type_ids is None else self._run(ids, mask, token_type_ids=type_ids)
+            logits = outs[self.output_names[0]]
             if regression:
                 return [{"score": float(row[0])} for row in logits]
             names = self.labels or [f"LABEL_{i}" for i in range(logits.shape[-1])]

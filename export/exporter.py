@@ -497,7 +497,7 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
 
         manifest["embedding"] = {**recipe[0].as_dict(), "output": OUTPUT}
         manifest["outputs"].append(OUTPUT)
-    if ram_int8 is not None:
+    if ram_int8:  # {}: no computed weight large enough to hold as int8 (a very small model)
         manifest["ram_int8"] = ram_int8
     if ort_entry is not None:
         manifest.update(format_version=artifact.ORT_FORMAT_VERSION, model_format="ort", ort=ort_entry)
@@ -530,6 +530,12 @@ def format_report(manifest: dict) -> str:
                          if k != "check_file" and not isinstance(v, dict))
 
     lines.append(f"parity          {figures(p)}")
+    if manifest.get("embedding"):
+        e = manifest["embedding"]
+        dense = "".join(f" -> Dense {d['in_features']}x{d['out_features']} {d['activation'].rsplit('.', 1)[-1]}"
+                        for d in e["dense"])
+        lines.append(f"embedding       {e['pooling']} pooling{dense}{', normalised' if e['normalize'] else ''}, "
+                     f"{manifest['max_length']} tokens ({e['source']}); {figures(p['sentence_embedding'])}")
     if manifest.get("max_depth"):
         lines.append(f"depth           1..{manifest['max_depth']} at inference (`--depth`); at depth 1: {figures(p['depth_1'])}")
     else:

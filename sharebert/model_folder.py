@@ -174,6 +174,52 @@ def load_model(cls, model_dir: str | Path, config=None, **kwargs):
     return model, missing
 
 
+_BERT_CLASSES = {"ShareBertModel": "BertModel", "ShareBertForMaskedLM": "BertForMaskedLM",
+                 "ShareBertForCausalLM": "BertLMHeadModel",
+                 "ShareBertForSequenceClassification": "BertForSequenceClassification",
+                 "ShareBertForTokenClassification": "BertForTokenClassification",
+                 "ShareBertForQuestionAnswering": "BertForQuestionAnswering"}
+
+
+def is_bert_folder(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` is a transformers BERT folder (``model_type="bert"``)."""
+    return read_config(model_dir).get("model_type") == "bert"
+
+
+def save_as_bert(model, folder: str | Path) -> None:
+    """Write ``model`` (a ShareBERT model read from a BERT folder: ``sharing='none'``, BERT's layout) into
+    ``folder`` as what it came from: ``config.json`` with ``model_type="bert"`` and ``model.safetensors`` with
+    BERT's weight names, so plain transformers loads it as ``BertFor...`` without sharebert. The inverse of
+    :func:`bert_state_dict`; ``ValueError`` when the model has no BERT equivalent."""
+    import transformers
+
+    name = type(model).__name__
+    config = model.config
+    if name not in _BERT_CLASSES or config.sharing != "none" or config.norm_position != "post" or \
+            config.embedding_size not in (None, config.hidden_size) or config.attention != "standard":
+        raise ValueError(f"{name} with sharing={config.sharing!r} has no transformers BERT equivalent; keep the "
+                         "ShareBERT folder")
+    fields = config.to_dict()
+    bert_config = transformers.BertConfig(**{k: fields[k] for k in _BERT_FIELDS + _HEAD_FIELDS if k in fields})
+    bert_config.architectures = [_BERT_CLASSES[name]]
+    bert = getattr(transformers, _BERT_CLASSES[name])(bert_config)
+    prefix = "" if name == "ShareBertModel" else model.base_model_prefix + "."
+    ours = model.state_dict()
+    weights, unmatched = {}, []
+    for key in bert.state_dict():
+        renamed = bert_state_dict({key: key}, config.num_hidden_layers, prefix)
+        if len(renamed) == 1 and next(iter(renamed)) in ours:
+            weights[key] = ours[next(iter(renamed))]
+        else:
+            unmatched.append(key)
+    if name == "ShareBertModel" and not getattr(model, "has_pooler", True):
+        unmatched = [k for k in unmatched if not k.startswith("pooler.")]
+    if unmatched:
+        raise ValueError(f"{name}: no ShareBERT weight for BERT's {', '.join(unmatched[:3])}; keep the ShareBERT folder")
+    bert.load_state_dict(weights, strict=False)
+    bert.save_pretrained(folder)
+
+
 def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...] = ()):
     """The model folder's fast tokenizer; a clear error when it is missing, damaged, larger than a
     ``vocab_size`` model (ids past the embedding table) or lacks a special token the caller ``needs``

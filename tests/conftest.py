@@ -1,4 +1,7 @@
+import json
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
@@ -19,3 +22,29 @@ def minilm_dir():
     from pathlib import Path
 
     return Path(gt.MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def plain_transformers():
+    """``load(folder, auto_class, feeds) -> (class name, logits)``: a model folder loaded by plain transformers in a
+    subprocess that cannot import sharebert (``feeds``: numpy arrays by input name)."""
+    return _load_without_sharebert
+
+
+def _load_without_sharebert(folder, cls: str, feeds: dict):
+    """``(class name, logits)`` of ``folder`` loaded by plain transformers in a process where sharebert (and
+    its transformers registration) cannot be imported."""
+    code = ("import sys, json, torch\n"
+            "sys.modules['sharebert'] = sys.modules['transformers_sharebert'] = None  # import fails\n"
+            "import transformers\n"
+            f"model = transformers.{cls}.from_pretrained(sys.argv[1]).eval()\n"
+            "feeds = {k: torch.tensor(v) for k, v in json.loads(sys.argv[2]).items()}\n"
+            "with torch.no_grad():\n"
+            "    print(json.dumps([type(model).__name__, model(**feeds).logits.tolist()]))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(folder), json.dumps({k: v.tolist() for k, v in feeds.items()})],
+                         capture_output=True, text=True, timeout=300, env={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    import numpy as np
+
+    name, logits = json.loads(out.stdout.strip().splitlines()[-1])
+    return name, np.array(logits)

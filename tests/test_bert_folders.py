@@ -73,14 +73,16 @@ def test_finetune_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path
     folder, bert = bert_dirs["mlm"]
     args = FinetuneArgs(max_steps=1, max_train_samples=16, max_eval_samples=16, batch_size=8, lr=2e-7, warmup_steps=0)
     finetune(folder, "sst2", tmp_path / "ft", data_path("glue", "SST-2"), args, progress=False)
+    assert json.loads((tmp_path / "ft" / "config.json").read_text())["model_type"] == "bert"  # BERT in, BERT out
     tuned, _ = load_model(ShareBertForSequenceClassification, tmp_path / "ft")
     want = bert.bert.encoder.layer[1].intermediate.dense.weight
     diff = (tuned.sharebert.layer_weights[1].matrices["ffn_in"] - want).abs().max().item()
     assert diff <= 1e-6, diff
 
 
-def test_pretrain_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path):
-    """Masked-LM pre-training of a stock BERT folder continues BERT (sharing='none'), not a random ShareBERT."""
+def test_pretrain_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path, plain_transformers):
+    """Masked-LM pre-training of a stock BERT folder continues BERT (sharing='none'), not a random ShareBERT,
+    and saves BERT: plain transformers (sharebert not importable) loads it as BertForMaskedLM, the same function."""
     from sharebert.training.pretrain import PretrainArgs, pretrain
 
     folder, bert = bert_dirs["mlm"]
@@ -94,6 +96,21 @@ def test_pretrain_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path
     trained, _ = load_model(ShareBertForMaskedLM, tmp_path / "run")
     want = bert.bert.encoder.layer[0].attention.self.query.weight
     assert (trained.sharebert.layer_weights[0].matrices["query"] - want).abs().max().item() <= 1e-6
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["model_type"] == "bert"
+    ids, mask = _ids()
+    name, logits = plain_transformers(tmp_path / "run", "AutoModelForMaskedLM",
+                                      {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    with torch.no_grad():
+        ours = trained.eval()(input_ids=ids, attention_mask=mask).logits.numpy()
+    assert name == "BertForMaskedLM" and abs(logits - ours).max() <= 1e-4
+
+
+def test_finetune_converts_a_bert_folder_to_sharebert_when_asked(bert_dirs, tmp_path):
+    folder, _ = bert_dirs["mlm"]
+    args = FinetuneArgs(max_steps=1, max_train_samples=16, max_eval_samples=16, batch_size=8, convert_to_sharebert=True)
+    finetune(folder, "sst2", tmp_path / "ft", data_path("glue", "SST-2"), args, progress=False)
+    config = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert config["model_type"] == "sharebert" and config["architectures"] == ["ShareBertForSequenceClassification"]
 
 
 def test_export_of_a_bert_folder_runs_at_full_depth_and_says_why(bert_dirs, tmp_path, capsys):

@@ -204,7 +204,9 @@ def test_classifier_and_features_load_in_ortmodel(tmp_path, clf_dir, mlm_dir):
         torch.testing.assert_close(got, ref(**enc).logits, atol=1e-4, rtol=0)
 
     manifest = export_model(mlm_dir, tmp_path / "feat", task="feature-extraction", **FAST)
-    assert manifest["outputs"] == ["last_hidden_state"] and manifest["parity"]["max_abs_diff"] <= 1e-3
+    assert manifest["outputs"] == ["last_hidden_state", "sentence_embedding"] and manifest["parity"]["max_abs_diff"] <= 1e-3
+    assert (manifest["embedding"]["pooling"], manifest["embedding"]["normalize"]) == ("cls", False)  # no recipe files
+    assert "no sentence-transformers files" in manifest["embedding"]["source"]
     ref = sharebert.ShareBertModel.from_pretrained(mlm_dir).eval()
     with torch.no_grad():
         got = ORTModelForFeatureExtraction.from_pretrained(tmp_path / "feat")(**enc).last_hidden_state

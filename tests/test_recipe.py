@@ -171,3 +171,45 @@ def test_bad_dense_weights_are_refused_naming_the_file(recipe_folder, tmp_path, 
     with pytest.raises(ValueError) as e:
         read_dense_weights(folder, read_recipe(folder).dense[0])
     assert len(str(e.value).splitlines()) == 1 and str(path) in str(e.value) and says in str(e.value), str(e.value)
+
+
+GELU, RELU = "torch.nn.modules.activation.GELU", "torch.nn.modules.activation.ReLU"
+
+
+@pytest.mark.parametrize("pooling, activation", [("cls", TANH), ("mean", GELU), ("max", RELU), ("mean_sqrt_len", IDENTITY),
+                                                 ("weightedmean", TANH), ("lasttoken", TANH)])
+def test_exported_recipe_embeds_as_sentence_transformers(bert_folder, tmp_path, pooling, activation):
+    """export puts the recipe's pooling and Dense layer into the graph; Runtime.embed (defaults) gives what
+    SentenceTransformer(folder).encode gives; overrides pool the token states as deploy.pooling says."""
+    from sentence_transformers import SentenceTransformer
+
+    from sharebert.deploy import Runtime
+    from sharebert.deploy.pooling import l2_normalize, pool
+    from sharebert.export.exporter import export_model
+
+    folder = _copy(bert_folder[0], tmp_path / "st")
+    rng = np.random.default_rng(2)
+    recipe = EmbeddingRecipe(pooling, normalize=pooling != "cls", dense=(DenseLayer("", 32, 12, True, activation),),
+                             max_seq_length=12, do_lower_case=False)
+    write_recipe(folder, recipe, [(rng.normal(size=(12, 32)).astype(np.float32), rng.normal(size=12).astype(np.float32))])
+    manifest = export_model(folder, tmp_path / "art", check_limit=4, runs=1, shapes=("1x8",), progress=False)
+    assert manifest["max_length"] == 12 and manifest["embedding"]["pooling"] == pooling
+    assert manifest["parity"]["sentence_embedding"]["max_abs_diff"] <= 1e-4
+    runtime = Runtime(tmp_path / "art", threads=1)
+    got = np.stack(runtime.embed(TEXTS))
+    want = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
+    assert got.shape == (3, 12) and np.abs(got - want).max() <= 1e-5, np.abs(got - want).max()
+    other = "mean" if pooling != "mean" else "max"
+    tokens = BertTokenizerFast.from_pretrained(folder)(TEXTS, padding=True, truncation=True, max_length=12,
+                                                      return_tensors="pt")
+    with torch.no_grad():
+        hidden = bert_folder[1](**tokens).last_hidden_state.numpy()
+    plain = pool(hidden, tokens["attention_mask"].numpy(), other)
+    assert np.abs(np.stack(runtime.embed(TEXTS, pooling=other, normalize=False)) - plain).max() <= 1e-4
+    assert np.abs(np.stack(runtime.embed(TEXTS, pooling=other, normalize=True)) - l2_normalize(plain)).max() <= 1e-4
+
+
+def test_pooling_modes_are_the_recipes():
+    from sharebert.deploy.pooling import POOLERS
+
+    assert tuple(POOLERS) == POOLING_MODES  # the runtime pools every mode a recipe may name

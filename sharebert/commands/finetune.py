@@ -19,6 +19,8 @@ def add_arguments(p):
     add_training_arguments(p, d)
     p.add_argument("--keep-checkpoints", action="store_true", help="keep out/checkpoints after training")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning result in --out")
+    p.add_argument("--convert-to-sharebert", action="store_true",
+                   help="save a transformers BERT --model as a ShareBERT folder (default: BERT in, BERT out)")
 
 
 def add_training_arguments(p, d) -> None:
@@ -57,7 +59,8 @@ def run(args) -> int:
     fargs = FinetuneArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                          weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                          max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                         eval_steps=args.eval_steps, seed=args.seed, depth_sampling=args.depth_sampling)
+                         eval_steps=args.eval_steps, seed=args.seed, depth_sampling=args.depth_sampling,
+                         convert_to_sharebert=args.convert_to_sharebert)
     metrics = finetune(args.model, args.task, args.out, args.data_dir, fargs, overwrite=args.overwrite,
                        keep_checkpoints=args.keep_checkpoints)
     if int(os.environ.get("RANK", "0")) == 0:  # one table under torchrun

@@ -60,6 +60,8 @@ def add_arguments(p):
     p.add_argument("--seed", type=int, default=d.seed)
     add_depth_sampling_argument(p)
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
+    p.add_argument("--convert-to-sharebert", action="store_true",
+                   help="save a transformers BERT --model as a ShareBERT folder (default: BERT in, BERT out)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -75,7 +77,8 @@ def run(args) -> int:
         warmup_ratio=args.warmup_ratio, seq_len=args.seq_len, valid_fraction=args.valid_fraction,
         max_eval_sequences=args.max_eval_sequences, eval_on_start=args.eval_on_start, save_steps=args.save_steps, eval_steps=args.eval_steps,
         logging_steps=args.logging_steps, keep_checkpoints=args.keep_checkpoints, precision=args.precision,
-        seed=args.seed, depth_sampling=args.depth_sampling, resume=args.resume, progress=not args.no_progress, overrides=parse_overrides(args.overrides),
+        seed=args.seed, depth_sampling=args.depth_sampling, resume=args.resume,
+        convert_to_sharebert=args.convert_to_sharebert, progress=not args.no_progress, overrides=parse_overrides(args.overrides),
     )
     try:
         m = pretrain(args.train, args.out, model_dir=args.model, preset=args.preset, valid=args.valid, args=a,

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..curves import write_curves
-from ..model_folder import load_config, load_model, load_tokenizer
+from ..model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .depth import check_depth_sampling
@@ -43,6 +43,7 @@ class FinetuneArgs:
     eval_steps: int | None = None  # None: score the dev set after every epoch
     seed: int = 0
     depth_sampling: int | None = None  # train_min_depth: each training forward runs a depth from MIN..N
+    convert_to_sharebert: bool = False  # a transformers BERT folder is saved as BERT unless this asks for ShareBERT
 
 
 def load_classifier(model_dir: str | Path, task: GlueTask):
@@ -139,6 +140,8 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
                    best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
                    train_seconds=round(result.metrics.get("train_runtime", 0.0), 1), seed=args.seed)
     trainer.save_model(str(out))  # the main process writes; the others wait
+    if trainer.is_world_process_zero() and is_bert_folder(model_dir) and not args.convert_to_sharebert:
+        save_as_bert(trainer.model, out)  # BERT stays BERT: plain transformers loads it as BertForSequenceClassification
     if trainer.is_world_process_zero():
         write_json(out / "log_history.json", trainer.state.log_history)
         write_curves(out)

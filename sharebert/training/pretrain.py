@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from ..model_folder import read_config
+from ..model_folder import is_bert_folder, read_config, save_as_bert
 from ..shape import preset_fields
 from ..curves import write_curves
 from ..outdir import check_out_dir, write_json
@@ -78,6 +78,7 @@ class PretrainArgs:
     precision: str = "auto"  # auto (bf16/fp16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
     seed: int = 0
     depth_sampling: int | None = None  # train_min_depth: each training forward runs a depth from MIN..N
+    convert_to_sharebert: bool = False  # a transformers BERT folder is saved as BERT unless this asks for ShareBERT
     resume: bool = False
     progress: bool = True
     dataloader_workers: int = 0
@@ -328,13 +329,16 @@ def _prepared_datasets(a: PretrainArgs, tokenizer, data: Path, manifest: dict, s
     return train_ds, PackedDataset.for_objective(valid, **lm, fixed=True) if valid is not None else None
 
 
-def _publish(trainer: Trainer, out: Path) -> None:
-    """Save the final model and tokenizer into ``out``: written to a temp folder, then renamed in."""
+def _publish(trainer: Trainer, out: Path, as_bert: bool = False) -> None:
+    """Save the final model and tokenizer into ``out``: written to a temp folder, then renamed in.
+    ``as_bert``: as a transformers BERT folder (``model_folder.save_as_bert``)."""
     tmp = out / ".final-tmp"
     if trainer.args.should_save:
         shutil.rmtree(tmp, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
     trainer.save_model(str(tmp))
+    if trainer.args.should_save and as_bert:
+        save_as_bert(trainer.model, tmp)
     if trainer.args.should_save:
         for f in sorted(tmp.iterdir()):
             os.replace(f, out / f.name)
@@ -405,6 +409,7 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
             resume_from = resume_checkpoint(out, say=print if probe.should_save else lambda m: None)
         model_dir = _prepare_model_dir(a, out, model_dir, preset, vocab, train_sources, data)
     config, tokenizer, model = load_model_folder(model_dir, a.objective)
+    as_bert = is_bert_folder(model_dir) and not a.convert_to_sharebert  # BERT in, BERT out
     model.config.train_min_depth = a.depth_sampling  # the option decides, whatever the folder held
     seq_len = a.seq_len or (config.max_position_embeddings if a.char_level else min(128, config.max_position_embeddings))
     if seq_len > config.max_position_embeddings:
@@ -470,7 +475,7 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
         digests = [digest]
     metrics["param_sha256"] = digests
     if not interrupted:
-        _publish(trainer, out)
+        _publish(trainer, out, as_bert)
     ckpt = latest_checkpoint(out)
     metrics["checkpoint"] = str(ckpt) if ckpt else None
     if targs.should_save:
