@@ -78,7 +78,9 @@ class Candidate:
 
     @property
     def is_preset(self) -> bool:
-        return self.name not in ("sharebert", "bert")
+        from .shape import PRESETS
+
+        return self.name in PRESETS
 
     def describe(self) -> str:
         s = as_shape(self.config)
@@ -119,15 +121,16 @@ def pareto_front(cands: list[Candidate]) -> list[Candidate]:
     return front
 
 
-def search_candidates(limits: dict, dtype: str = "fp32", seq_len: int = 128) -> dict:
+def search_candidates(limits: dict, dtype: str = "fp32", seq_len: int = 128, models: dict | None = None) -> dict:
     """``{"front", "feasible", "total", "presets" (feasible paper presets), "all", "blocking" (why nothing fits), "seq_len"}``.
 
     ``limits`` maps ``max_params`` / ``max_bytes`` / ``max_ram`` / ``max_gflops`` to a number (or None).
+    ``models``: ``{name: config dict}`` of the user's own models (``budget --model``), placed among the candidates.
     """
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     limits = {k: v for k, v in limits.items() if v is not None}
-    cands = score(candidate_configs(), dtype, seq_len)
+    cands = score(candidate_configs(), dtype, seq_len) + score(list((models or {}).items()), dtype, seq_len)
 
     def fits(c, skip=None):
         return all(getattr(c, LIMITS[k][1]) <= v for k, v in limits.items() if k != skip)
@@ -253,3 +256,31 @@ def _wrap(text: str, width: int) -> str:
     import textwrap
 
     return "\n   ".join(textwrap.wrap(text, width))
+
+
+def student_for(teacher: dict, limits: dict, seq_len: int = 128) -> tuple[Candidate, int]:
+    """``(candidate, output projection parameters)``: the ShareBERT student ``sharebert compress`` trains for a
+    teacher (its config fields: ``vocab_size``, ``hidden_size`` H, ``num_hidden_layers`` L) under ``limits``
+    (``max_params``, ``max_bytes`` at int8, counting the V -> H output projection a narrower student keeps).
+
+    Among VEPS candidates with standard attention, V <= H and at most L layers (no pooler: the sentence vector
+    is pooled from token states): the widest word embeddings F (their table is the teacher's, reduced), then
+    the fewest GFLOPs. ``ValueError`` naming the smallest need when none fits.
+    """
+    H, L = int(teacher["hidden_size"]), int(teacher["num_hidden_layers"])
+    configs = [(n, {**c, "pooler": "none"}) for n, c in candidate_configs(int(teacher["vocab_size"]))
+               if c["sharing"] == "veps" and c.get("attention", "standard") == "standard" and c["hidden_size"] <= H
+               and c["num_hidden_layers"] <= max(L, 4) and c["max_position_embeddings"] == 128]
+    cands = score(configs, "int8", seq_len)
+    head = lambda c: 0 if c.config["hidden_size"] == H else (c.config["hidden_size"] + 1) * H  # noqa: E731
+    total = lambda c: c.params + head(c)  # noqa: E731
+    fits = [c for c in cands if all(total(c) <= v for k, v in limits.items() if v is not None
+                                    and k in ("max_params", "max_bytes"))]
+    if not fits:
+        smallest = min(cands, key=total)
+        stated = ", ".join(f"{k.replace('_', '-')} {human(v)}" for k, v in limits.items() if v is not None)
+        raise ValueError(f"no ShareBERT student fits under {stated}: the smallest for this teacher's vocabulary "
+                         f"({teacher['vocab_size']} tokens) has {human(total(smallest))} learned parameters "
+                         f"({human(total(smallest))}B at int8)")
+    best = max(fits, key=lambda c: (c.config["embedding_size"], -c.gflops, c.params))
+    return best, head(best)

@@ -21,6 +21,7 @@ COMMANDS = {
     "pretrain": "sharebert.commands.pretrain",
     "finetune": "sharebert.commands.finetune",
     "distill": "sharebert.commands.distill",
+    "compress": "sharebert.commands.compress",
     "evaluate": "sharebert.commands.evaluate",
     "export": "sharebert.commands.export",
     "plot": "sharebert.commands.plot",

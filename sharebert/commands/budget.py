@@ -15,6 +15,8 @@ def add_arguments(p):
     p.add_argument("--max-ram", help="RAM at load (learned + generated weights at --dtype), e.g. 64MB")
     p.add_argument("--seq-len", type=opt.positive_int, default=128)
     p.add_argument("--top", type=opt.positive_int, default=10, help="rows to print (largest first)")
+    p.add_argument("--model", action="append", metavar="DIR", default=[],
+                   help="place your own model folder (e.g. a BERT teacher) among the candidates (repeatable)")
     p.add_argument("--plot", metavar="FILE.png", help="draw candidates, front and reference points (needs matplotlib)")
 
 
@@ -30,7 +32,10 @@ def run(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.plot:
         check_out_file(args.plot, "--plot", (".png",))
-    r = search_candidates(limits, args.dtype, args.seq_len)
+    from ..model_folder import shape_fields
+
+    models = {str(m): shape_fields(m) for m in args.model}
+    r = search_candidates(limits, args.dtype, args.seq_len, models)
     unit = {"max_bytes": "B", "max_ram": "B"}
     stated = ", ".join(f"{k.replace('_', '-')} {human(v)}{unit.get(k, '')}" for k, v in limits.items() if v is not None)
     print(f"{r['feasible']:,} of {r['total']:,} candidates fit ({stated}; {args.dtype}, seq {args.seq_len}); "
@@ -46,6 +51,11 @@ def run(args) -> int:
                   f"{c.describe()}{name}")
         off = [c.name for c in r["presets"] if c not in r["front"]]
         print("* = paper preset" + (f"; feasible presets off the front: {', '.join(off)}" if off else ""))
+    for c in r["all"]:
+        if c.name in models:
+            print(f"your model {c.name}: {c.params:,} learned, {c.stored_bytes / 1e6:.2f}MB stored, "
+                  f"{c.ram_bytes / 1e6:.2f}MB RAM@load, {c.gflops:.2f} GFLOPs ({c.describe()}); "
+                  f"{'within' if r['fits'][r['all'].index(c)] else 'outside'} the limits")
     if args.plot:
         plot(r, args.plot)
         print(f"plot written to {args.plot}")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from .. import options as opt
+
 HELP = "distil a fine-tuned BERT teacher into a ShareBERT student on a GLUE task (best dev student, metrics.json)"
 
 
@@ -15,17 +17,27 @@ def add_arguments(p):
     p.add_argument("--teacher", required=True, help="teacher folder: a transformers BertForSequenceClassification or "
                                                     "a `sharebert finetune` output for --task")
     p.add_argument("--student", required=True, help="student: a preset (e.g. sharebert-tiny) or a model folder")
-    p.add_argument("--objective", choices=["glue", "mlm"], default="glue",
-                   help="glue: task distillation (--task); mlm: general distillation on --train text")
+    p.add_argument("--objective", choices=["glue", "mlm", "embedding"], default="glue",
+                   help="glue: task distillation (--task); mlm: general distillation on --train text; embedding: "
+                        "the teacher's sentence embeddings on --train text (default: the data folder's sentences)")
+    p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
+                   help="--objective embedding: shape the preset student, e.g. --set embedding_size=128 (repeatable)")
+    p.add_argument("--loss", choices=["cosine", "mse"], default="mse",
+                   help="--objective embedding: loss on the sentence vectors (default mse)")
+    p.add_argument("--init", choices=["teacher", "random"], default="teacher",
+                   help="--objective embedding: start the student's embeddings from the teacher's (PCA) or at random")
+    p.add_argument("--max-time", type=opt.positive_float, metavar="SECONDS",
+                   help="--objective embedding: stop training after SECONDS (checkpoint, then the student is saved)")
     p.add_argument("--task", choices=list(TASKS), help="GLUE task (--objective glue)")
     p.add_argument("--train", nargs="+", metavar="FILE", help="--objective mlm: text files, MediaWiki XML or folders")
     p.add_argument("--data", metavar="DIR", help="--objective mlm: a folder from `sharebert prepare` (the teacher's tokenizer)")
     p.add_argument("--data-dir", help="the task's folder (default ../shared/data/glue/<Task>)")
     p.add_argument("--out", required=True, help="output folder: best student, tokenizer, metrics.json")
-    p.add_argument("--temperature", type=float, default=w.temperature, help=f"softmax temperature (default {w.temperature:g})")
+    p.add_argument("--temperature", type=opt.positive_float, default=w.temperature, help=f"softmax temperature (default {w.temperature:g})")
     for name, what in (("kl", "soft-target KL (x T^2)"), ("hard", "gold-label loss"), ("hidden", "hidden-state MSE"),
                        ("attention", "attention-map MSE"), ("embedding", "embedding-output MSE")):
-        p.add_argument(f"--{name}-weight", type=float, default=getattr(w, name), help=f"{what} (default {getattr(w, name):g})")
+        p.add_argument(f"--{name}-weight", type=opt.non_negative_float, help=f"{what} (default {getattr(w, name):g}; "
+                                                            "0 with --objective embedding)")
     p.add_argument("--layer-map", help="STUDENT:TEACHER layer pairs, 1-based, e.g. 1:3,2:6 (default: uniform)")
     add_training_arguments(p, d)
     p.add_argument("--cache-teacher", metavar="DIR", help="keep the teacher's training-set logits in DIR (reused by "
@@ -44,13 +56,19 @@ def run(args) -> int:
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    weights = DistillWeights(temperature=args.temperature, kl=args.kl_weight, hard=args.hard_weight,
-                             hidden=args.hidden_weight, attention=args.attention_weight,
-                             embedding=args.embedding_weight, layer_map=parse_layer_map(args.layer_map))
+    terms = {name: getattr(args, f"{name}_weight") for name in ("kl", "hard", "hidden", "attention", "embedding")}
+    off = 0.0 if args.objective == "embedding" else None  # token-level terms are asked for there, not default
+    terms = {k: v for k, v in terms.items() if v is not None or off is not None}
+    terms = {k: (off if v is None else v) for k, v in terms.items()}
+    weights = DistillWeights(temperature=args.temperature, layer_map=parse_layer_map(args.layer_map), **terms)
     dargs = DistillArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                         weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                         eval_steps=args.eval_steps, seed=args.seed, depth_sampling=args.depth_sampling, weights=weights)
+    if args.objective != "embedding" and (args.overrides or args.max_time or args.init != "teacher"):
+        raise ValueError("--set, --init and --max-time are for --objective embedding")
+    if args.objective == "embedding":
+        return _run_embedding(args, dargs)
     if args.objective == "mlm":
         if args.task:
             raise ValueError("--task is for --objective glue; --objective mlm reads --train text or --data")
@@ -75,4 +93,25 @@ def run(args) -> int:
         rows += [[f"teacher {k}", v] for k, v in teacher.items()]
         print(format_table(["metric", "value"], rows))
         print(f"best student and metrics.json -> {args.out}")
+    return 0
+
+
+def _run_embedding(args, dargs) -> int:
+    from dataclasses import asdict
+
+    from ..shape import parse_overrides
+    from ..training.distill_embedding import EmbeddingArgs, distill_embedding
+
+    if args.task:
+        raise ValueError("--task is for --objective glue; --objective embedding reads --train text")
+    if args.max_time is not None and not args.max_time > 0:
+        raise ValueError(f"--max-time must be positive, got {args.max_time}")
+    eargs = EmbeddingArgs(**asdict(dargs) | {"weights": dargs.weights}, loss=args.loss, init=args.init,
+                          max_time=args.max_time)
+    m = distill_embedding(args.teacher, args.student, args.out, args.train, eargs,
+                          overrides=parse_overrides(args.overrides), overwrite=args.overwrite, resume=args.resume,
+                          data=args.data)
+    print(f"distilled {m['steps']} steps in {m['train_seconds']:.0f} s; STS-B dev Spearman: teacher "
+          f"{m['teacher_sts_spearman']:.4f}, student at start {m['start_sts_spearman']:.4f}, after "
+          f"{m['student_sts_spearman']:.4f}; student and metrics.json -> {args.out}")
     return 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -157,6 +158,16 @@ def check_tokenizers(teacher_tok, student_tok, teacher_dir, student_name) -> Non
                          f"student's ({student_name}: {s[0]} tokens, sha256 {s[1]}); distillation needs one tokenizer")
 
 
+def check_encoder(teacher_dir) -> dict:
+    """The teacher's config dict; ``ValueError`` for a model that is not a bidirectional encoder."""
+    raw = read_config(teacher_dir)
+    archs = raw.get("architectures") or []
+    if raw.get("is_decoder") or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ValueError(f"{teacher_dir} is a causal (decoder) model ({', '.join(archs) or 'is_decoder'}); "
+                         "embedding distillation needs a bidirectional encoder teacher")
+    return raw
+
+
 def check_teacher_labels(teacher_dir, config, task: GlueTask) -> None:
     """The teacher must be a classifier (or regressor) over exactly the task's labels."""
     raw = read_config(teacher_dir)
@@ -177,13 +188,14 @@ def check_teacher_labels(teacher_dir, config, task: GlueTask) -> None:
 
 def load_teacher(teacher_dir, head: str = "classifier"):
     """The teacher through the transformers Auto classes (sharebert folders included): eval mode, no gradients.
+    ``head``: ``classifier``, ``mlm`` or ``encoder`` (the backbone alone: hidden and attention terms only).
 
     On a CUDA device with bf16 support it is loaded in bf16 (the student's losses are computed in fp32).
     """
     import sharebert.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
-    from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    cls = AutoModelForSequenceClassification if head == "classifier" else AutoModelForMaskedLM
+    cls = {"classifier": AutoModelForSequenceClassification, "mlm": AutoModelForMaskedLM, "encoder": AutoModel}[head]
     cuda = torch.cuda.is_available()
     dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
     try:
@@ -466,9 +478,13 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     archs = read_config(teacher_dir).get("architectures") or []
-    if not any(a.endswith("ForMaskedLM") for a in archs):
-        raise ValueError(f"{teacher_dir} is not a masked-LM model (architectures: {', '.join(archs) or 'none'}); "
-                         "--objective mlm needs an MLM teacher")
+    mlm_teacher = any(a.endswith("ForMaskedLM") for a in archs)
+    if not mlm_teacher:  # an encoder without an MLM head (e.g. a sentence-transformers model): no soft targets
+        check_encoder(teacher_dir)
+        args = replace(args, weights=replace(args.weights, kl=0.0))
+        if not (args.weights.hidden or args.weights.attention or args.weights.embedding):
+            raise ValueError(f"{teacher_dir} has no MLM head, so only the hidden, attention and embedding terms can "
+                             "teach; set one of their weights above 0")
     if not Path(student).exists() and student in PRESETS:
         torch.manual_seed(args.seed)
         model, s_tok = ShareBertForMaskedLM(config_for_vocab(student, {}, len(t_tok))), t_tok
@@ -492,7 +508,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
             raise ValueError(f"--data {data} was prepared with another tokenizer than the teacher's (vocab sha256 "
                              f"{manifest['tokenizer']['vocab_sha256'][:12]} vs {vocab_sha256(t_tok)[:12]}); prepare it "
                              f"with --tokenizer {teacher_dir}")
-    teacher = load_teacher(teacher_dir, head="mlm")
+    teacher = load_teacher(teacher_dir, head="mlm" if mlm_teacher else "encoder")
     w = args.weights
     pairs, groups, projections = _maps(model, teacher, w, args.seed)
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
@@ -527,7 +543,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),
                "train_loss": result.training_loss, "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1),
                "seed": args.seed, "student": student, "teacher_dir": str(teacher_dir),
-               "last_terms": dict(trainer._parts), "temperature": w.temperature,
+               "last_terms": dict(trainer._parts), "temperature": w.temperature, "soft_targets": mlm_teacher,
                "layer_map": [list(p) for p in pairs]}
     if trainer.is_world_process_zero():
         trainer.model.save_pretrained(str(out))

@@ -1,0 +1,205 @@
+"""``sharebert compress``: a pre-trained sentence-embedding encoder into a small ShareBERT, in one command.
+
+Steps, each in its own subfolder of ``out`` so a stopped run resumes where it was:
+
+1. pick the student under the limits (``budget.student_for``: learned parameters incl. its output projection);
+2. distil it (``distill_embedding``) for ``max_time`` seconds / ``max_steps`` steps -> ``out/student``
+   (a sentence-transformers folder);
+3. export it int8 (``export.export_model``) -> ``out/artifact`` (pooling, projection and Normalize in the artifact);
+   the teacher is exported int8-dynamic (``out/teacher_artifact``) for the speed and memory comparison;
+4. measure teacher and student side by side -> ``report.json``, ``report.md``, ``report.png``: learned
+   parameters, file bytes, peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread, in a
+   fresh torch-free process each), STS-B dev Spearman (teacher and student in PyTorch, the student's artifact).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from ..outdir import check_out_dir, finite, write_json
+
+REPORT = "report.json"
+
+# Runs in a fresh process (torch never imported): peak RSS after loading the artifact (VmHWM: ru_maxrss would
+# count the parent's peak, kept across exec), then p50 latencies.
+_PROBE = r"""
+import json, sys, time
+import numpy as np
+from sharebert.deploy import Runtime
+rt = Runtime(sys.argv[1], threads=1)
+rss = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+tok = rt.tokenizer
+out = {"peak_rss_bytes": rss}
+for n in (16, 128):
+    words = ("the quick brown fox jumps over the lazy dog " * 40).split()
+    text = " ".join(words[: n - 2])
+    for _ in range(3):
+        rt.embed([text])
+    times = []
+    for _ in range(int(sys.argv[2])):
+        t = time.perf_counter(); rt.embed([text]); times.append(time.perf_counter() - t)
+    out[f"p50_ms_{n}"] = float(np.median(times) * 1000)
+print(json.dumps(out))
+"""
+
+
+def _owned(path: Path) -> bool:
+    return (path / REPORT).is_file() or (path / "student").is_dir()
+
+
+def probe(artifact: Path, runs: int = 30) -> dict:
+    """Peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread), in a fresh torch-free process."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(artifact), str(runs)], capture_output=True, text=True,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode:
+        raise RuntimeError(f"measuring {artifact} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def artifact_spearman(artifact: Path, limit: int | None = None) -> float:
+    """STS-B dev Spearman of an artifact's ``embed`` (the torch-free runtime)."""
+    import numpy as np
+
+    from ..deploy import Runtime
+    from ..paths import data_path
+    from .glue import read_split
+    from .metrics import spearman
+
+    split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(limit)
+    rt = Runtime(artifact)
+    a, b = np.stack(rt.embed(split.text_a)), np.stack(rt.embed(split.text_b))
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return float(spearman((a * b).sum(-1), np.asarray(split.labels, dtype=np.float64)))
+
+
+def _bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors", ".bin")) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and f.suffix in suffixes)
+
+
+def _export(model_dir: Path, out: Path, quantize: str, progress: bool) -> Path:
+    from sharebert.export import export_model
+
+    if not (out / "manifest.json").is_file():
+        export_model(model_dir, out, task="feature-extraction", quantize=quantize, overwrite=True, progress=progress,
+                     check_limit=128, runs=5)
+    return out
+
+
+def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = False, resume: bool = False,
+             progress: bool = True, eval_limit: int | None = None, stopper=None, say=print) -> dict:
+    """Run the steps of the module docstring; returns the report (also written to ``out/report.json``).
+
+    ``args``: ``EmbeddingArgs``; ``stopper``: a ``SignalCheckpoint`` (on SIGTERM/SIGINT the distillation saves a
+    checkpoint and the report says ``"stopped"``; run again with ``resume``)."""
+    from ..budget import student_for
+    from ..model_folder import shape_fields
+    from .distill import check_encoder
+    from .distill_embedding import distill_embedding
+
+    out = check_out_dir(out, "compress result", _owned, overwrite or resume,
+                        inputs=(teacher, *(train or [])))
+    raw = check_encoder(teacher)
+    if any(a.endswith("ForSequenceClassification") for a in raw.get("architectures") or []):
+        raise ValueError(f"{teacher} is a classifier; compress distils sentence-embedding encoders (use "
+                         "`sharebert distill --objective glue` for a classifier teacher)")
+    cand, head = student_for(shape_fields(teacher), limits)
+    c = cand.config
+    overrides = {k: c[k] for k in ("embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size",
+                                   "num_attention_heads", "attention", "max_position_embeddings", "pooler")}
+    say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
+    out.mkdir(parents=True, exist_ok=True)
+    student_dir = out / "student"
+    m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
+                          overwrite=overwrite, resume=resume or (student_dir / "checkpoints").is_dir(),
+                          progress=progress, eval_limit=eval_limit,
+                          callbacks=(stopper,) if stopper is not None else ())
+    if stopper is not None and stopper.received:
+        return {"stopped": True, "steps": m["steps"]}
+    say("exporting the student (int8) and the teacher (int8-dynamic) ...")
+    art = _export(student_dir, out / "artifact", "int8", progress)
+    t_art = _export(Path(teacher), out / "teacher_artifact", "int8-dynamic", progress)
+    say("measuring memory, speed and STS-B dev Spearman ...")
+    s_probe, t_probe = probe(art), probe(t_art)
+    art_rho = artifact_spearman(art, eval_limit)
+    s_manifest = json.loads((art / "manifest.json").read_text())
+    report = {
+        "teacher": {"folder": str(teacher), "learned_params": safetensor_params(Path(teacher)),
+                    "file_bytes": _bytes(Path(teacher)), "artifact_bytes": _bytes(t_art),
+                    "sts_spearman": m["teacher_sts_spearman"], **t_probe},
+        "student": {"folder": str(student_dir), "shape": cand.describe(), "config": overrides,
+                    "learned_params": safetensor_params(student_dir), "file_bytes": _bytes(art),
+                    "sts_spearman_fp32": m["student_sts_spearman"], "sts_spearman_start": m["start_sts_spearman"],
+                    "sts_spearman": art_rho, "quantization": s_manifest.get("quantization"), **s_probe},
+        "training": {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "loss", "init",
+                                       "stopped_by_time", "seq_len")},
+        "sts_dev_pairs": eval_limit or 1500, "limits": {k: v for k, v in limits.items() if v is not None},
+    }
+    write_json(out / REPORT, finite(report))
+    (out / "report.md").write_text(report_markdown(report), encoding="utf-8")
+    plot_report(report, out / "report.png")
+    return report
+
+
+def safetensor_params(folder: Path) -> int:
+    """Learned parameters stored in a folder's safetensors files (the model and any Dense module; float tensors)."""
+    from math import prod
+
+    from safetensors import safe_open
+
+    n = 0
+    for f in sorted(folder.rglob("*.safetensors")):
+        if "checkpoint" in str(f.relative_to(folder)):
+            continue
+        with safe_open(str(f), "np") as st:
+            n += sum(prod(st.get_slice(k).get_shape()) for k in st.keys()
+                     if st.get_slice(k).get_dtype() in ("F32", "F16", "BF16"))  # not integer buffers (position ids)
+    return n
+
+
+ROWS = (("learned parameters", "learned_params", "{:,}"), ("file bytes (int8 artifact)", "file_bytes", None),
+        ("peak RSS at load", "peak_rss_bytes", None), ("p50, 16 tokens, 1 thread", "p50_ms_16", "{:.2f} ms"),
+        ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms"), ("STS-B dev Spearman", "sts_spearman", "{:.4f}"))
+
+
+def _fmt(value, fmt) -> str:
+    return f"{value / 1e6:.1f} MB" if fmt is None else fmt.format(value)
+
+
+def report_markdown(r: dict) -> str:
+    """The report as a Markdown table, teacher beside student, with the ratio."""
+    t, s = dict(r["teacher"]), dict(r["student"])
+    t["file_bytes"] = t["artifact_bytes"]
+    lines = [f"# Compression report", "", f"teacher `{t['folder']}` -> student {s['shape']} (`{s['folder']}`)", "",
+             "| | teacher (int8-dynamic artifact; Spearman in PyTorch fp32) | student (int8 artifact) | student / teacher |",
+             "|---|---|---|---|"]
+    for label, key, fmt in ROWS:
+        lines.append(f"| {label} | {_fmt(t[key], fmt)} | {_fmt(s[key], fmt)} | {s[key] / t[key]:.3f} |")
+    tr = r["training"]
+    lines += ["", f"Student STS-B dev Spearman: {s['sts_spearman_start']:.4f} at step 0 (initialised from the teacher), "
+              f"{s['sts_spearman_fp32']:.4f} in PyTorch fp32 after {tr['steps']} steps ({tr['train_seconds']:.0f} s, "
+              f"{tr['train_sentences']:,} sentences, {tr['loss']} loss), {s['sts_spearman']:.4f} from the int8 artifact "
+              f"({r['sts_dev_pairs']} dev pairs).", ""]
+    return "\n".join(lines)
+
+
+def plot_report(r: dict, path: Path) -> None:
+    """One bar pair per measure (teacher, student), each panel on its own scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t, s = dict(r["teacher"]), dict(r["student"])
+    t["file_bytes"] = t["artifact_bytes"]
+    fig, axes = plt.subplots(1, len(ROWS), figsize=(3 * len(ROWS), 3.2))
+    for ax, (label, key, _) in zip(axes, ROWS):
+        ax.bar(["teacher", "student"], [t[key], s[key]], color=["tab:gray", "tab:blue"])
+        ax.set_title(label, fontsize=9)
+        ax.tick_params(labelsize=8)
+    fig.suptitle(f"{Path(t['folder']).name} -> {s['shape']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,426 @@
+"""Embedding distillation: a ShareBERT student learns a sentence-embedding teacher's sentence vectors.
+
+The teacher (a sentence-transformers folder such as all-MiniLM-L6-v2, or any BERT-family encoder) gives each
+sentence ``t = Dense_t(pool(teacher(x)))`` (its recipe: pooling, optional Dense layers, optional Normalize).
+The student, a ``ShareBertModel``, gives ``s = head(pool(student(x)))``, where ``head`` is a learned V -> H
+projection when the student is narrower than the teacher (kept: it is saved as the student's Dense module
+and exported in the graph). The loss (docs/DISTILLATION.md):
+
+- ``cosine``: ``mean(1 - cos(s, t))``; ``mse``: ``mean((s - t)^2)`` on the vectors before Normalize;
+- optional token-level terms of ``distill.distill_losses`` (hidden states through a projection, attention maps).
+
+With no token-level term the teacher runs once over the training sentences before training (its vectors
+kept in ``out/teacher_targets.npy`` for ``--resume``), not at every step.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model_folder import load_config, load_tokenizer
+from ..outdir import check_out_dir, finite, write_json
+from ..paths import data_path
+from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_tokenizers, distill_losses, \
+    _is_distill_out, _latest_checkpoint, _make_trainer_class, _maps
+from .progress import no_bars, show_progress
+
+LOSSES = ("cosine", "mse")
+POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
+TARGETS_FILE = "teacher_targets"  # -<sha256 of teacher, length, pooling, sentences>.npy
+HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+
+
+@dataclass(frozen=True)
+class EmbeddingArgs(DistillArgs):
+    """The distillation recipe plus the embedding loss; token-level terms are off unless asked for."""
+
+    loss: str = "mse"
+    init: str = "teacher"  # or "random"
+    max_time: float | None = None  # seconds of training (a checkpoint, then the student is saved)
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Pooled sentence vectors ``(B, H)`` from token states ``(B, T, H)`` and the attention mask ``(B, T)``."""
+    if mode == "cls":
+        return hidden[:, 0]
+    m = mask.to(hidden.dtype).unsqueeze(-1)
+    if mode == "max":
+        return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
+    if mode == "mean":
+        return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
+    raise ValueError(f"pooling {mode!r} is not supported (mean, cls, max)")
+
+
+def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str) -> torch.Tensor:
+    """``mean(1 - cos)`` or ``mean((s - t)^2)`` over ``(B, H)`` vectors; 0 when they are equal."""
+    s, t = student.float(), teacher.float()
+    if kind == "cosine":
+        return (1 - F.cosine_similarity(s, t, dim=-1, eps=1e-8)).mean()
+    if kind == "mse":
+        return F.mse_loss(s, t)
+    raise ValueError(f"--loss {kind!r}: choose one of {', '.join(LOSSES)}")
+
+
+_ACTIVATION_MODULES = {"Identity": nn.Identity, "Tanh": nn.Tanh, "Relu": nn.ReLU, "Sigmoid": nn.Sigmoid, "Gelu": nn.GELU}
+
+
+def recipe_head(model_dir, recipe) -> nn.Module | None:
+    """The recipe's Dense layers (``sharebert.recipe``) as a frozen torch module, or None when it has none."""
+    from ..recipe import ACTIVATIONS, read_dense_weights
+
+    layers = []
+    for layer in recipe.dense:
+        w, b = read_dense_weights(model_dir, layer)
+        lin = nn.Linear(layer.in_features, layer.out_features, bias=b is not None)
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(w))
+            if b is not None:
+                lin.bias.copy_(torch.from_numpy(b))
+        layers += [lin, _ACTIVATION_MODULES[ACTIVATIONS[layer.activation]]()]
+    return nn.Sequential(*layers).requires_grad_(False).eval() if layers else None
+
+
+def load_encoder(model_dir):
+    """The backbone of any BERT-family or sharebert folder (``AutoModel``), eval mode, no gradients, eager
+    attention (attention maps for the token-level terms)."""
+    import sharebert.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
+    from transformers import AutoModel
+
+    from ..errors import first_line
+
+    try:
+        model = AutoModel.from_pretrained(model_dir, attn_implementation="eager")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--teacher {model_dir} cannot be loaded: {first_line(e)}") from None
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def split_sentences(line: str) -> list[str]:
+    """A paragraph's sentences (split after ``.!?`` before a capital, digit or quote); headings and blanks dropped."""
+    line = line.strip()
+    if not line or line.startswith("="):
+        return []
+    return [s for s in _SENTENCE_END.split(line) if len(s.split()) >= 3]
+
+
+def default_corpus() -> list[Path]:
+    """Unlabelled sentences of the data folder: WikiText-2 (validation split), the SST-2 and STS-B training
+    sentences (text only, no labels or scores; STS-B dev, the quality check, is never read for training)."""
+    return [data_path("wikitext-2-raw", "wiki.valid.raw"), data_path("glue", "STS-B", "train.tsv"),
+            data_path("glue", "SST-2", "train.tsv")]
+
+
+TSV_TEXT_COLUMNS = ("sentence", "sentence1", "sentence2", "question")
+
+
+def read_sentences(sources, limit: int | None = None) -> list[str]:
+    """Sentences of text files (one paragraph per line, split into sentences) or GLUE ``.tsv`` files (their
+    text columns by header name, e.g. SST-2's ``sentence``, STS-B's ``sentence1``/``sentence2``), in order,
+    duplicates dropped, at most ``limit``."""
+    from .corpus import iter_lines, resolve_sources
+
+    seen, out = set(), []
+    for src in resolve_sources(sources):
+        columns = None
+        for line in iter_lines(src):
+            if isinstance(src, Path) and src.suffix == ".tsv":
+                fields = line.rstrip("\n").split("\t")
+                if columns is None:
+                    columns = [i for i, name in enumerate(fields) if name in TSV_TEXT_COLUMNS] or [0]
+                    continue
+                parts = [fields[i].strip() for i in columns if i < len(fields)]
+            else:
+                parts = split_sentences(line)
+            for s in parts:
+                if s and s not in seen:
+                    seen.add(s)
+                    out.append(s)
+                    if limit and len(out) >= limit:
+                        return out
+    if not out:
+        raise ValueError(f"no sentences in {', '.join(map(str, sources))}")
+    return out
+
+
+class SentenceDataset(torch.utils.data.Dataset):
+    """Tokenized sentences (teacher's tokenizer, truncated to ``seq_len``)."""
+
+    def __init__(self, tokenizer, sentences: list[str], seq_len: int):
+        enc = tokenizer(sentences, truncation=True, max_length=seq_len)
+        self.items = [{k: enc[k][i] for k in enc.keys()} for i in range(len(sentences))]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.items[i]
+
+
+@torch.no_grad()
+def encode(model, tokenizer, sentences: list[str], pooling: str, head=None, seq_len: int = 128,
+           batch_size: int = 64, normalize: bool = False) -> np.ndarray:
+    """Sentence vectors ``(N, H)`` of a backbone (+ ``head``), batches sorted by length, in input order."""
+    order = np.argsort([len(s) for s in sentences])
+    out = [None] * len(sentences)
+    model.eval()
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        enc = tokenizer([sentences[j] for j in idx], truncation=True, max_length=seq_len, padding=True,
+                        return_tensors="pt")
+        enc = {k: v.to(model.device) for k, v in enc.items()}
+        v = pool(model(**enc).last_hidden_state, enc["attention_mask"], pooling)
+        if head is not None:
+            v = head(v)
+        if normalize:
+            v = F.normalize(v, dim=-1)
+        for j, row in zip(idx, v.float().cpu().numpy()):
+            out[j] = row
+    return np.stack(out)
+
+
+def sts_spearman(model, tokenizer, pooling: str, head=None, seq_len: int = 128, limit: int | None = None) -> float:
+    """Spearman correlation of cosine similarities with the gold scores on STS-B dev (first ``limit`` pairs)."""
+    from .glue import read_split
+    from .metrics import spearman
+
+    split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(limit)
+    a = encode(model, tokenizer, split.text_a, pooling, head, seq_len, normalize=True)
+    b = encode(model, tokenizer, split.text_b, pooling, head, seq_len, normalize=True)
+    return float(spearman((a * b).sum(-1), np.asarray(split.labels, dtype=np.float64)))
+
+
+@torch.no_grad()
+def fit_head(head: nn.Linear, student: np.ndarray, teacher: np.ndarray, ridge: float = 1e-2) -> None:
+    """Set ``head`` (V -> H) to the ridge least-squares map from student vectors ``(N, V)`` to the teacher's
+    ``(N, H)``: the best linear start for the output projection given the student's initial features."""
+    s, t = student.astype(np.float64), teacher.astype(np.float64)
+    ms, mt = s.mean(0), t.mean(0)
+    sc = s - ms
+    gram = sc.T @ sc + ridge * len(s) * np.eye(s.shape[1])
+    w = np.linalg.solve(gram, sc.T @ (t - mt))  # (V, H)
+    head.weight.copy_(torch.from_numpy(w.T).float())
+    head.bias.copy_(torch.from_numpy(mt - ms @ w).float())
+
+
+class EmbeddingProjections(Projections):
+    """The token-level projections of ``distill`` plus ``head``: the student's output projection (V -> H), or
+    None when the widths match. ``head`` is part of the student: it is saved as its Dense module."""
+
+    def __init__(self, student_width: int, teacher_width: int, output_width: int):
+        super().__init__(student_width, teacher_width)
+        self.head = nn.Linear(student_width, output_width) if student_width != output_width else None
+
+
+def _make_embedding_trainer(pooling: str, loss: str):
+    base = _make_trainer_class()
+
+    class EmbeddingTrainer(base):
+        """``distill``'s trainer whose loss is the sentence-embedding loss (plus any token-level terms)."""
+
+        teacher_head = None  # the teacher's Dense layers, applied to its pooled vector
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            w = self.weights
+            need_h, need_a = bool(w.hidden or w.embedding), bool(w.attention)
+            targets = inputs.pop("teacher_logits", None)
+            out = model(**inputs, output_hidden_states=need_h, output_attentions=need_a)
+            s = pool(out.last_hidden_state, inputs["attention_mask"], pooling)
+            if self.projections.head is not None:
+                s = self.projections.head(s)
+            parts = {}
+            if need_h or need_a:
+                with torch.no_grad():
+                    t_out = self.teacher(**inputs, output_hidden_states=need_h, output_attentions=need_a)
+                if targets is None:
+                    targets = pool(t_out.last_hidden_state, inputs["attention_mask"], pooling)
+                    targets = targets if self.teacher_head is None else self.teacher_head(targets)
+                terms = replace(w, kl=0.0, hard=0.0)
+                parts = {k: v for k, v in distill_losses(out, t_out, inputs["attention_mask"], None, self.projections,
+                                                         terms, self.pairs, self.groups).items() if k != "loss"}
+            parts["sentence"] = embedding_loss(s, targets, loss)
+            for k, v in parts.items():
+                self._parts[k] = float(v.detach())
+            total = sum(parts.values())
+            return (total, out) if return_outputs else total
+
+    return EmbeddingTrainer
+
+
+def _teacher_targets(teacher, head, tokenizer, sentences, pooling, seq_len, out: Path) -> np.ndarray:
+    import hashlib
+
+    key = hashlib.sha256("\n".join([str(teacher.name_or_path), str(seq_len), pooling, *sentences]).encode())
+    path = out / f"{TARGETS_FILE}-{key.hexdigest()[:12]}.npy"
+    if path.is_file():
+        cached = np.load(path)
+        if cached.shape[0] == len(sentences) and np.isfinite(cached).all():
+            return cached
+    t = encode(teacher, tokenizer, sentences, pooling, head, seq_len=seq_len)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, t)
+    tmp.replace(path)
+    return t
+
+
+def build_student(student: str, overrides: dict, vocab_size: int):
+    """A fresh ``ShareBertModel`` from a preset (``overrides``: ``--set``) with the teacher's vocabulary size
+    (no pooler: the sentence vector is pooled from the token states), or a model folder's backbone."""
+    from ..configuration_sharebert import ShareBertConfig
+    from ..modeling_sharebert import ShareBertModel
+    from ..shape import PRESETS
+
+    if Path(student).exists():
+        from ..model_folder import load_model
+
+        if overrides:
+            raise ValueError("--set shapes a new student from a preset; a model folder keeps its own shape")
+        config = load_config(student)
+        if config.vocab_size != vocab_size:
+            raise ValueError(f"the student {student} has vocab_size {config.vocab_size}, the teacher "
+                             f"{vocab_size}: they do not share a tokenizer")
+        return load_model(ShareBertModel, student, config)[0]
+    if student not in PRESETS:
+        raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
+    fields = {"pooler": "none", **overrides, "vocab_size": vocab_size}
+    if overrides.get("vocab_size", vocab_size) != vocab_size:
+        raise ValueError(f"--set vocab_size={overrides['vocab_size']}: the student takes the teacher's vocabulary "
+                         f"({vocab_size} tokens)")
+    return ShareBertModel(ShareBertConfig.from_preset(student, **fields))
+
+
+def distill_embedding(teacher_dir, student: str, out, train=None, args: EmbeddingArgs = EmbeddingArgs(),
+                      overrides: dict | None = None, overwrite: bool = False, resume: bool = False,
+                      progress: bool = True, data=None, eval_limit: int | None = None, callbacks=()) -> dict:
+    """Distil ``teacher_dir``'s sentence embeddings into ``student`` (a preset shaped by ``overrides``, or a
+    model folder) on ``train`` text (default: :func:`default_corpus`) or a prepared ``data`` folder.
+
+    ``out`` receives the student as a sentence-transformers folder (backbone, tokenizer, pooling, Dense
+    head when narrower, Normalize as the teacher), ``metrics.json`` (STS-B dev Spearman of teacher, student
+    at step 0 and at the end; steps; seconds) and ``log_history.json``. Returns the metrics.
+    """
+    from transformers import TrainingArguments, set_seed
+
+    from ..curves import write_curves
+    from .callbacks import WallClockLimit
+
+    if args.loss not in LOSSES:
+        raise ValueError(f"--loss {args.loss!r}: choose one of {', '.join(LOSSES)}")
+    if args.init not in ("teacher", "random"):
+        raise ValueError(f"--init {args.init!r}: choose teacher or random")
+    inputs = (teacher_dir, *([data] if data is not None else []), *(train or []))
+    out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume, inputs=inputs)
+    from ..recipe import read_recipe
+
+    check_encoder(teacher_dir)
+    recipe = read_recipe(teacher_dir)
+    if recipe.pooling not in POOLING:
+        raise ValueError(f"the teacher pools by {recipe.pooling!r}; embedding distillation supports "
+                         f"{', '.join(POOLING)}")
+    t_config = load_config(teacher_dir)
+    t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
+    set_seed(args.seed)
+    model = build_student(student, overrides or {}, t_config.vocab_size)
+    if Path(student).exists():
+        check_tokenizers(t_tok, load_tokenizer(student, model.config.vocab_size), teacher_dir, student)
+    teacher = load_encoder(teacher_dir)
+    w = args.weights
+    pairs, groups, _ = _maps(model, teacher, w, args.seed)
+    t_head = recipe_head(teacher_dir, recipe)
+    t_width = recipe.dense[-1].out_features if recipe.dense else teacher.config.hidden_size
+    projections = EmbeddingProjections(model.config.hidden_size, teacher.config.hidden_size, t_width)
+    init = {"init": "random"}
+    if args.init == "teacher" and not Path(student).exists():
+        from .student_init import init_from_teacher
+
+        init = init_from_teacher(model, teacher, projections.head if t_head is None else None)
+    seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings,
+                  recipe.max_seq_length or args.seq_len)
+    if data is not None:
+        raise ValueError("--data is not supported by --objective embedding yet; give --train text files")
+    sentences = read_sentences(train or default_corpus(), args.max_train_samples)
+    train_ds = SentenceDataset(t_tok, sentences, seq_len)
+    pooling = recipe.pooling
+    score = lambda m, head: sts_spearman(m, t_tok, pooling, head, seq_len, eval_limit)  # noqa: E731
+    metrics = {"objective": "embedding", "loss": args.loss, "pooling": pooling, "normalize": recipe.normalize,
+               "teacher_dir": str(teacher_dir), "student": student, **init, "seq_len": seq_len,
+               "train_sentences": len(sentences), "sts_dev_pairs": eval_limit or "all"}
+    metrics["teacher_sts_spearman"] = score(teacher, t_head)
+    targets = _teacher_targets(teacher, t_head, t_tok, sentences, pooling, seq_len, out)
+    if projections.head is not None and args.init == "teacher" and not resume:
+        fit_head(projections.head, encode(model, t_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len),
+                 targets[:HEAD_FIT])
+    metrics["start_sts_spearman"] = score(model, projections.head)
+    if not (w.hidden or w.embedding or w.attention):
+        train_ds = WithTeacherLogits(train_ds, targets)
+
+    cuda = torch.cuda.is_available()
+    targs = TrainingArguments(
+        output_dir=str(out / "checkpoints"), overwrite_output_dir=True, learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=2,
+        logging_steps=max(1, min(50, args.eval_steps or 50)), seed=args.seed,
+        bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=no_bars(progress),
+        dataloader_num_workers=0, dataloader_pin_memory=cuda, remove_unused_columns=False,
+    )
+    clock = WallClockLimit(args.max_time) if args.max_time else None
+    trainer = _make_embedding_trainer(pooling, args.loss)(
+        model=model, args=targs, train_dataset=train_ds, processing_class=t_tok,
+        data_collator=_Collator(t_tok), teacher=teacher, projections=projections, weights=w,
+        pairs=pairs, groups=groups, callbacks=[c for c in (clock, *callbacks) if c is not None])
+    trainer.teacher_head = t_head
+    show_progress(trainer, progress)
+    result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
+    model = trainer.model.eval()
+    metrics.update(steps=trainer.state.global_step, train_loss=result.training_loss,
+                   train_seconds=round(result.metrics.get("train_runtime", 0.0), 1),
+                   stopped_by_time=bool(clock and clock.reached), last_terms=dict(trainer._parts), seed=args.seed)
+    metrics["student_sts_spearman"] = score(model, projections.head)
+    if trainer.is_world_process_zero():
+        save_student(model, projections.head, t_tok, out, recipe, seq_len)
+        write_json(out / "log_history.json", trainer.state.log_history)
+        write_curves(out)
+        write_json(out / "metrics.json", finite(metrics))
+    return finite(metrics)
+
+
+class _Collator:
+    """Pads token fields (the teacher's tokenizer) and stacks the teacher's vectors."""
+
+    def __init__(self, tokenizer):
+        from transformers import DataCollatorWithPadding
+
+        self.pad = DataCollatorWithPadding(tokenizer)
+
+    def __call__(self, features: list[dict]) -> dict:
+        targets = [f.pop("teacher_logits") for f in features] if "teacher_logits" in features[0] else None
+        batch = self.pad(features)
+        if targets is not None:
+            batch["teacher_logits"] = torch.tensor(np.asarray(targets), dtype=torch.float32)
+        return batch
+
+
+def save_student(model, head, tokenizer, out: Path, teacher_recipe, seq_len: int) -> None:
+    """The student as a sentence-transformers folder: backbone and tokenizer, then the teacher's recipe with the
+    student's own output projection (if any) as its one Dense layer (``sharebert.recipe.write_recipe``)."""
+    from ..recipe import DenseLayer, EmbeddingRecipe, write_recipe
+
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    dense, weights = (), ()
+    if head is not None:
+        dense = (DenseLayer("2_Dense", head.in_features, head.out_features, True, "torch.nn.modules.linear.Identity"),)
+        weights = [(head.weight.detach().cpu().numpy(), head.bias.detach().cpu().numpy())]
+    recipe = EmbeddingRecipe(pooling=teacher_recipe.pooling, normalize=teacher_recipe.normalize, dense=dense,
+                             max_seq_length=seq_len, do_lower_case=teacher_recipe.do_lower_case,
+                             source="modules.json")
+    write_recipe(out, recipe, weights, hidden_size=model.config.hidden_size)

@@ -1,0 +1,88 @@
+"""A student that starts from its teacher: the teacher's embedding tables reduced to the student's widths.
+
+The teacher's token vectors ``W`` (E x H) are reduced by PCA (truncated SVD of the centred table):
+``Q_F`` (H x F) the top-F principal directions, ``Q_V`` (H x V) the top-V (identity-like when V >= H).
+ShareBERT's factorised embeddings ``LN_V(W_in LN_F(A[ids]) + pos + type)`` then start as:
+
+- ``A = (W - mu) Q_F`` (E x F): each token's coordinates on the top-F directions;
+- ``W_in = Q_V^T Q_F`` (V x F), bias ``mu Q_V``: back to the teacher's space seen through ``Q_V``;
+- positions ``P_t Q_V`` and token types ``T_t Q_V`` (the first ``max_position_embeddings`` rows);
+- the embedding LayerNorm's scale and shift seen through ``Q_V`` (``diag(Q_V^T diag(g) Q_V)``, ``b Q_V``);
+- the student's output projection (V -> H, when V differs from H): ``Q_V`` itself, so a student
+  vector maps back into the teacher's space.
+
+The encoder's generated weights come from ``A`` through the (random) virtual projection, so the layers
+start random but small; the residual stream starts as the teacher's embeddings.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def pca_basis(table: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mean (H,), basis (H, k))``: the top-``k`` principal directions of ``table`` (rows = points); for
+    ``k >= H`` the identity padded with zero columns (the space is kept whole)."""
+    table = table.detach().double()
+    mean = table.mean(0)
+    H = table.shape[1]
+    if k >= H:
+        return mean.float(), torch.eye(H, k, dtype=torch.float32)
+    _, _, vh = torch.linalg.svd(table - mean, full_matrices=False)
+    return mean.float(), vh[:k].T.float().contiguous()
+
+
+def teacher_tables(teacher) -> dict[str, torch.Tensor]:
+    """The teacher's word (E x H), position (P x H) and token-type (T x H) tables and embedding LayerNorm.
+
+    ``ValueError`` for a model without BERT-style embeddings or whose word table is not H wide (a
+    factorised teacher: start the student with ``--init random``)."""
+    emb = getattr(teacher, "embeddings", None)
+    need = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
+    if emb is None or not all(hasattr(emb, n) for n in need):
+        raise ValueError(f"the teacher ({type(teacher).__name__}) has no BERT-style embeddings to start the student "
+                         "from; use --init random")
+    H = teacher.config.hidden_size
+    if emb.word_embeddings.weight.shape[1] != H:
+        raise ValueError(f"the teacher's word embeddings are {emb.word_embeddings.weight.shape[1]} wide, its hidden "
+                         f"size {H} (factorised); use --init random")
+    return {"word": emb.word_embeddings.weight, "position": emb.position_embeddings.weight,
+            "token_type": emb.token_type_embeddings.weight, "ln_weight": emb.LayerNorm.weight,
+            "ln_bias": emb.LayerNorm.bias}
+
+
+@torch.no_grad()
+def init_from_teacher(student, teacher, head: torch.nn.Linear | None = None) -> dict:
+    """Set ``student``'s (a ``ShareBertModel``) embeddings from ``teacher``'s (see the module docstring), and
+    ``head`` (V -> H), the student's output projection, to ``Q_V``. Returns what was done (for metrics.json)."""
+    t = teacher_tables(teacher)
+    c = student.config
+    E, H = t["word"].shape
+    V, Fw = c.hidden_size, c.word_embedding_size
+    if c.vocab_size < E:
+        raise ValueError(f"the student's vocab_size {c.vocab_size} is smaller than the teacher's {E}")
+    emb = student.embeddings
+    mu, q_v = pca_basis(t["word"], V)
+    word = emb.word_embeddings.weight
+    if hasattr(emb, "input_projection"):
+        _, q_f = pca_basis(t["word"], Fw)
+        a = (t["word"].float() - mu) @ q_f  # E x F
+        word[:E].copy_(a)
+        emb.input_projection.weight.copy_(q_v.T @ q_f)
+        emb.input_projection.bias.copy_(mu @ q_v)
+        emb.input_norm.weight.fill_(float(a.std(dim=1).mean()))  # LN_F keeps a token's scale roughly as it was
+        emb.input_norm.bias.zero_()
+    else:
+        word[:E].copy_(t["word"].float() @ q_v)
+    if word.shape[0] > E:  # padding rows past the tokenizer: never looked up
+        word[E:].zero_()
+    P = min(emb.position_embeddings.weight.shape[0], t["position"].shape[0])
+    emb.position_embeddings.weight[:P].copy_(t["position"][:P].float() @ q_v)
+    T = min(emb.token_type_embeddings.weight.shape[0], t["token_type"].shape[0])
+    emb.token_type_embeddings.weight[:T].copy_(t["token_type"][:T].float() @ q_v)
+    emb.LayerNorm.weight.copy_(((q_v * q_v) * t["ln_weight"].float()[:, None]).sum(0))
+    emb.LayerNorm.bias.copy_(t["ln_bias"].float() @ q_v)
+    if head is not None:
+        head.weight.copy_(q_v)  # (H, V): a student vector back into the teacher's space
+        head.bias.zero_()
+    return {"init": "teacher", "teacher_width": H, "word_pca_dims": Fw if hasattr(emb, "input_projection") else V,
+            "hidden_pca_dims": min(V, H)}

@@ -1,0 +1,186 @@
+"""Embedding distillation and `sharebert compress` on the real all-MiniLM-L6-v2 (issue 21).
+
+One short `compress` run (tiny budgets) is shared: it improves STS-B Spearman over its start, its student is a
+standard sentence-transformers folder, and its artifact alone gives the student's embeddings (projection
+included). The teacher-started student is closer to the teacher than a random one; the loss is 0 for
+identical vectors; bad inputs get one-line errors.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sharebert.cli import main
+from sharebert.training.distill_embedding import (HEAD_FIT, EmbeddingProjections, build_student, default_corpus,
+                                                   embedding_loss, encode, fit_head, load_encoder, read_sentences,
+                                                   recipe_head)
+
+SENTENCES = ["A man is playing a guitar.", "A woman is slicing an onion in the kitchen.",
+             "The stock market fell sharply on Monday after the announcement.", "Two dogs run across a snowy field.",
+             "Children are playing football in the park.", "The president spoke about the economy.",
+             "A cat is sleeping on the warm windowsill.", "Heavy rain flooded the streets of the city."]
+
+
+@pytest.fixture(scope="session")
+def compressed(minilm_dir, tmp_path_factory):
+    """A short `sharebert compress` of the real MiniLM: 40 steps on 400 sentences, 200 STS-B dev pairs."""
+    out = tmp_path_factory.mktemp("compress") / "run"
+    rc = main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "40", "--max-train-samples", "400",
+               "--eval-limit", "200", "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M"])
+    assert rc == 0
+    return out
+
+
+def _cos(a, b):
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(-1)
+
+
+def test_teacher_start_is_closer_to_the_teacher_than_a_random_start(minilm_dir):
+    from transformers import AutoTokenizer
+
+    from sharebert.training.student_init import init_from_teacher
+
+    teacher, tok = load_encoder(minilm_dir), AutoTokenizer.from_pretrained(minilm_dir)
+    fit, held = read_sentences(default_corpus(), 400), SENTENCES
+    t_fit, t_held = encode(teacher, tok, fit, "mean"), encode(teacher, tok, held, "mean")
+    shape = {"embedding_size": 64, "hidden_size": 256, "num_hidden_layers": 2, "intermediate_size": 256}
+    closeness = {}
+    for init in ("teacher", "random"):
+        torch.manual_seed(0)
+        student = build_student("sharebert-tiny", shape, teacher.config.vocab_size).eval()
+        head = EmbeddingProjections(256, 384, 384).head
+        if init == "teacher":
+            init_from_teacher(student, teacher, head)
+        fit_head(head, encode(student, tok, fit, "mean"), t_fit)  # the same head fit for both starts
+        closeness[init] = float(_cos(encode(student, tok, held, "mean", head), t_held).mean())
+    assert np.isfinite(list(closeness.values())).all()
+    assert closeness["teacher"] >= closeness["random"] + 0.05, closeness
+
+
+def test_embedding_loss_is_zero_for_identical_vectors_and_positive_otherwise(minilm_dir):
+    from transformers import AutoTokenizer
+
+    teacher, tok = load_encoder(minilm_dir), AutoTokenizer.from_pretrained(minilm_dir)
+    t = torch.from_numpy(encode(teacher, tok, SENTENCES, "mean"))
+    s = torch.from_numpy(encode(teacher, tok, SENTENCES, "mean"))  # the teacher as its own student
+    for kind in ("mse", "cosine"):
+        assert float(embedding_loss(s, t, kind)) <= 1e-6
+        assert float(embedding_loss(s.roll(1, 0), t, kind)) >= 1e-3  # other sentences' vectors: a real loss
+    assert float(embedding_loss(3 * s, t, "cosine")) <= 1e-6  # cosine ignores the scale, mse does not
+    assert float(embedding_loss(3 * s, t, "mse")) >= 1e-3
+
+
+def test_fit_head_recovers_a_linear_map():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(HEAD_FIT // 8, 16))
+    w, b = rng.normal(size=(16, 24)), rng.normal(size=24)
+    head = torch.nn.Linear(16, 24)
+    fit_head(head, x, x @ w + b, ridge=0.0)
+    assert np.abs(head.weight.detach().numpy().T - w).max() <= 1e-4
+    assert np.abs(head.bias.detach().numpy() - b).max() <= 1e-4
+
+
+def test_short_compress_improves_spearman_over_its_start(compressed):
+    r = json.loads((compressed / "report.json").read_text())
+    s, t = r["student"], r["teacher"]
+    assert np.isfinite([s["sts_spearman"], s["sts_spearman_fp32"], s["sts_spearman_start"], t["sts_spearman"]]).all()
+    assert s["sts_spearman_fp32"] >= s["sts_spearman_start"] + 0.02, s
+    assert s["learned_params"] <= 2.5e6 and t["learned_params"] == 22_713_216
+    assert s["file_bytes"] < t["artifact_bytes"] / 4
+    assert (compressed / "report.md").is_file() and (compressed / "report.png").stat().st_size > 1000
+
+
+def test_student_is_a_sentence_transformers_folder_and_its_artifact_gives_its_embeddings(compressed):
+    from sentence_transformers import SentenceTransformer
+
+    from sharebert.deploy import Runtime
+    from sharebert.recipe import read_recipe
+
+    student = compressed / "student"
+    recipe = read_recipe(student)
+    assert recipe.pooling == "mean" and recipe.normalize and len(recipe.dense) == 1  # narrower: its projection kept
+    assert recipe.dense[0].out_features == 384
+    model, head = load_encoder(student), recipe_head(student, recipe)
+    from transformers import AutoTokenizer
+
+    ours = encode(model, AutoTokenizer.from_pretrained(student), SENTENCES, "mean", head, normalize=True)
+    st = SentenceTransformer(str(student), device="cpu").encode(SENTENCES)
+    assert np.abs(st - ours).max() <= 1e-5
+    art = np.stack(Runtime(compressed / "artifact").embed(SENTENCES))  # int8: the projection is in the graph
+    assert art.shape == (len(SENTENCES), 384)
+    assert _cos(art, ours).min() >= 0.98
+
+
+def test_fp32_artifact_equals_the_pytorch_student(compressed, tmp_path):
+    from transformers import AutoTokenizer
+
+    from sharebert.deploy import Runtime
+    from sharebert.export import export_model
+    from sharebert.recipe import read_recipe
+
+    student = compressed / "student"
+    export_model(student, tmp_path / "fp32", task="feature-extraction", check_limit=16, runs=2, progress=False)
+    recipe = read_recipe(student)
+    ours = encode(load_encoder(student), AutoTokenizer.from_pretrained(student), SENTENCES, "mean",
+                  recipe_head(student, recipe), normalize=True)
+    art = np.stack(Runtime(tmp_path / "fp32").embed(SENTENCES))
+    assert np.abs(art - ours).max() <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(minilm_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    raw = json.loads((minilm_dir / "config.json").read_text())
+    decoder = root / "decoder"
+    decoder.mkdir()
+    (decoder / "config.json").write_text(json.dumps({**raw, "is_decoder": True, "architectures": ["BertLMHeadModel"]}))
+    classifier = root / "classifier"
+    classifier.mkdir()
+    (classifier / "config.json").write_text(json.dumps({**raw, "architectures": ["BertForSequenceClassification"]}))
+    from sharebert.build import build_model
+
+    build_model("sharebert-tiny", root / "other_tok", {"hidden_size": 64, "num_hidden_layers": 2, "embedding_size": 16,
+                                                       "intermediate_size": 128, "num_attention_heads": 2})
+    return root
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["compress", "{root}/decoder", "--out", "{root}/o1"], "causal (decoder) model"),
+    (["distill", "--objective", "embedding", "--teacher", "{root}/decoder", "--student", "sharebert-tiny",
+      "--out", "{root}/o2"], "needs a bidirectional encoder teacher"),
+    (["compress", "{root}/classifier", "--out", "{root}/o3"], "is a classifier"),
+    (["compress", "{minilm}", "--out", "{root}/o4", "--max-params", "100k"], "no ShareBERT student fits under max-params 100k"),
+    (["compress", "{minilm}", "--out", "{root}/o5", "--max-bytes", "300kB"], "no ShareBERT student fits"),
+    (["compress", "{minilm}", "--out", "{root}/o6", "--max-time", "-5"], "--max-time must be positive"),
+    (["compress", "{minilm}", "--out", "{root}/o7", "--max-params", "lots"], "cannot read size 'lots'"),
+    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
+      "--out", "{root}/o8"], "do not share a tokenizer"),
+    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
+      "--set", "vocab_size=100", "--out", "{root}/o9"], "takes the teacher's vocabulary"),
+    (["distill", "--objective", "glue", "--task", "sst2", "--teacher", "{minilm}", "--student", "sharebert-tiny",
+      "--set", "hidden_size=64", "--out", "{root}/o10"], "are for --objective embedding"),
+])
+def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, argv, message, capsys):
+    argv = [a.format(root=bad_inputs, minilm=minilm_dir) for a in argv]
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert "Traceback" not in err
+    assert not Path(argv[argv.index("--out") + 1]).exists()  # nothing half-written
+
+
+def test_mlm_distillation_accepts_a_teacher_without_an_mlm_head(minilm_dir, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(SENTENCES * 8) + "\n")
+    rc = main(["distill", "--objective", "mlm", "--teacher", str(minilm_dir), "--student", "sharebert-tiny",
+               "--train", str(text), "--out", str(tmp_path / "out"), "--max-steps", "2", "--batch-size", "4",
+               "--seq-len", "32"])
+    assert rc == 0
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert m["steps"] == 2 and m["soft_targets"] is False
+    assert "kl" not in m["last_terms"] and np.isfinite([m["last_terms"][k] for k in ("hidden", "attention")]).all()
