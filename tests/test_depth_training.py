@@ -240,7 +240,7 @@ BAD = [
     ("no depth input", ["evaluate", "glue", "--model", "{old}", "--task", "sst2", "--depths", "1"], "has no depth input"),
     ("artifact pairs", ["evaluate", "glue", "--model", "{art}", "--task", "qnli", "--depths", "1"], "sentence pairs"),
     ("sampling 0", ["finetune", "--model", "{base}", "--task", "sst2", "--out", "{out}", "--depth-sampling", "0"],
-     "--depth-sampling MIN must be an integer in 1..4"),
+     "--depth-sampling: must be an integer >= 1, got 0"),
     ("sampling 9", ["finetune", "--model", "{base}", "--task", "sst2", "--out", "{out}", "--depth-sampling", "9"], "got 9"),
     ("pretrain 9", ["pretrain", "--preset", "sharebert-tiny", *SET, "--train", "{corpus}", "--out", "{out}",
                     "--depth-sampling", "9"], "in 1..4"),
