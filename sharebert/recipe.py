@@ -91,6 +91,8 @@ def _read_json(path: Path, what: str):
         raise ValueError(f"{path} not found ({what})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not valid JSON (nested too deeply)") from None
     except OSError as e:
         raise ValueError(f"{path} cannot be read ({e.strerror or e})") from None
 
@@ -116,7 +118,7 @@ def _module_kind(entry, path: Path) -> tuple[str, str]:
         raise ValueError(f"{path}: module type {entry['type']!r} is not supported (a recipe holds a Transformer, "
                          "then Pooling, Dense modules and Normalize)")
     folder = entry.get("path", "")
-    if Path(folder).is_absolute() or ".." in Path(folder).parts:
+    if Path(folder).is_absolute() or ".." in Path(folder).parts or "\x00" in folder:
         raise ValueError(f"{path}: module path {folder!r} is not a folder inside the model folder")
     return kind, folder
 
@@ -129,7 +131,7 @@ def _pooling(model_dir: Path, folder: str, hidden_size: int | None) -> str:
     if "pooling_mode" in cfg:
         mode = cfg["pooling_mode"]
         modes = list(mode) if isinstance(mode, list) else [mode]
-        bad = [m for m in modes if m not in _ST_MODES]
+        bad = [m for m in modes if not isinstance(m, str) or m not in _ST_MODES]
         if bad or not modes:
             raise ValueError(f"{path}: pooling_mode {mode!r} is not one of {', '.join(_ST_MODES)}")
         modes = [_ST_MODES[m] for m in modes]
@@ -158,7 +160,7 @@ def _dense(model_dir: Path, folder: str) -> DenseLayer:
             raise ValueError(f"{path}: {key} is missing")
         _int(cfg[key], path, key)
     activation = cfg.get("activation_function", _DEFAULT_ACTIVATION)
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ValueError(f"{path}: activation_function {activation!r} is not supported "
                          f"(supported: {', '.join(a.rsplit('.', 1)[-1] for a in ACTIVATIONS)})")
     for key in ("module_input_name", "module_output_name"):
