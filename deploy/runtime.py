@@ -248,6 +248,8 @@ class Runtime:
         """``(ids, token type ids)`` of each ``(text, text_pair)`` as the tokenizer makes them (``[CLS] a [SEP]
         b [SEP]``, types 0 then 1), cut to ``max_length`` longest first (transformers' default), and the count cut."""
         texts = [texts] if isinstance(texts, str) else list(texts)
+        if not isinstance(text_pair, str) and (isinstance(text_pair, (dict, set, bytes)) or not hasattr(text_pair, "__iter__")):
+            raise TypeError(f"text_pair must be a string or a list of strings, got {type(text_pair).__name__}")
         pairs = [text_pair] if isinstance(text_pair, str) else list(text_pair)
         if len(pairs) != len(texts):
             raise ValueError(f"text_pair must give one second text per text: {len(texts)} texts, {len(pairs)} pairs")
@@ -416,7 +418,7 @@ class Runtime:
         self._need("feature-extraction")
         recipe = self.manifest.get("embedding") or {"pooling": "cls", "normalize": False}
         pooling = recipe["pooling"] if pooling is None else pooling
-        if pooling not in POOLERS:
+        if not isinstance(pooling, str) or pooling not in POOLERS:
             raise ValueError(f"pooling must be one of {', '.join(POOLERS)}, got {pooling!r}")
         normalize = recipe["normalize"] if normalize is None else normalize
         if not isinstance(normalize, (bool, np.bool_)):

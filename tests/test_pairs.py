@@ -142,6 +142,8 @@ def test_serve_answers_pairs(stsb_model, stsb_pairs):
 @pytest.mark.parametrize("call, error, says", [
     (lambda rt: rt.classify(["a", "b"], text_pair=["c"]), ValueError, "one second text per text"),
     (lambda rt: rt.classify(["a"], text_pair=[3]), TypeError, "must be strings"),
+    (lambda rt: rt.classify(["a"], text_pair=3), TypeError, "text_pair must be a string or a list of strings, got int"),
+    (lambda rt: rt.classify(["a"], text_pair={"b": 1}), TypeError, "text_pair must be a string or a list of strings, got dict"),
 ])
 def test_bad_pairs_are_refused(stsb_model, call, error, says):
     with pytest.raises(error, match=says):

@@ -218,3 +218,11 @@ def test_pooling_modes_are_the_recipes():
     from sharebert.deploy.pooling import POOLERS
 
     assert tuple(POOLERS) == POOLING_MODES  # the runtime pools every mode a recipe may name
+
+
+@pytest.mark.parametrize("mode", ["median", ["mean"], None, {"mean": True}])
+def test_unknown_pooling_mode_is_refused(mode):
+    from sharebert.deploy.pooling import pool
+
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        pool(np.zeros((1, 2, 3), np.float32), np.ones((1, 2), np.int64), mode)
