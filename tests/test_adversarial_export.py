@@ -368,6 +368,8 @@ PREDICT_CASES = [
     ("output-in-missing-folder", ["--output", "nope/out.jsonl"], "does not exist"),
     ("output-is-the-input", ["--output", "in.txt"], "is the --input file"),
     ("top-k-zero", ["--top-k", "0"], "--top-k"),
+    ("pooling-on-fill-mask", ["--pooling", "mean"], "--pooling and --normalize are for feature-extraction"),
+    ("normalize-on-fill-mask", ["--no-normalize"], "--pooling and --normalize are for feature-extraction"),
 ]
 
 
