@@ -18,7 +18,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .outdir import write_json
+from .outdir import parse_json, write_json
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # sentence-transformers' names for them: its ``pooling_mode`` strings and its legacy boolean keys.
@@ -86,15 +86,12 @@ DEFAULT_RECIPE = EmbeddingRecipe(pooling="cls", normalize=False)
 
 def _read_json(path: Path, what: str):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes()
     except FileNotFoundError:
         raise ValueError(f"{path} not found ({what})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
-    except RecursionError:
-        raise ValueError(f"{path} is not valid JSON (nested too deeply)") from None
     except OSError as e:
         raise ValueError(f"{path} cannot be read ({e.strerror or e})") from None
+    return parse_json(text, str(path))
 
 
 def _int(value, path: Path, key: str, minimum: int = 1) -> int:
