@@ -129,6 +129,22 @@ def test_bad_input_is_one_line_exit_2_nothing_lost(world, capsys, argv, message,
         assert not (world / absent).exists()
 
 
+def test_build_overwrite_replaces_the_folder_whole(world):
+    """--overwrite of a model folder leaves none of the old model's files (a sentence-transformers recipe, portable
+    code) behind, and a build that fails leaves the old folder as it was."""
+    folder = world / "replaced"
+    shutil.copytree(world / "model", folder)
+    (folder / "modules.json").write_text("[]")
+    (folder / "1_Pooling").mkdir()
+    (folder / "modeling_sharebert.py").write_text("# an old copy\n")
+    assert main(["build", "--preset", "sharebert-tiny", "--out", str(folder), "--overwrite", "--set", "hidden_size=7"]) == 2
+    kept = _snapshot(folder)
+    assert "modules.json" in kept and not (world / ".replaced.partial").exists()
+    assert main(["build", "--preset", "sharebert-tiny", "--out", str(folder), "--overwrite"]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in (world / "model").iterdir())
+    assert not (world / ".replaced.partial").exists()
+
+
 def test_device_install_names_the_extra_to_install(world):
     """Without torch (a `pip install sharebert` device install), a workstation command says what to install."""
     code = ("import sys; sys.modules.update(torch=None, transformers=None); from sharebert.cli import main; "
