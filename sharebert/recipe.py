@@ -204,6 +204,10 @@ def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
     if chain[0][1] != "":
         raise ValueError(f"{modules_path}: the Transformer module is in {chain[0][1]!r}; it must be the model folder "
                          "itself (path \"\")")
+    for kind, folder in chain[1:]:
+        if kind in ("Pooling", "Dense") and Path(folder) == Path("."):
+            raise ValueError(f"{modules_path}: the {kind} module's path is the model folder itself; its config.json "
+                             "is the model's, not the module's (give the module its own folder, e.g. 1_Pooling)")
     hidden_size = _hidden_size(model_dir)
     pooling = _pooling(model_dir, chain[1][1], hidden_size)
     dense = tuple(_dense(model_dir, folder) for kind, folder in chain if kind == "Dense")

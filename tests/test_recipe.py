@@ -109,6 +109,8 @@ BAD_FILES = [
     ("modules.json", CHAIN[:1] + [dict(CHAIN[1], path="../elsewhere")], "inside the model folder"),
     ("modules.json", CHAIN[:1] + [dict(CHAIN[1], path="1_Pooling\x00")], "inside the model folder"),
     ("modules.json", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("modules.json", CHAIN[:1] + [dict(CHAIN[1], path="")] + CHAIN[2:], "the Pooling module's path is the model folder"),
+    ("modules.json", CHAIN[:2] + [dict(CHAIN[2], path=".")] + CHAIN[3:], "the Dense module's path is the model folder"),
     ("1_Pooling/config.json", None, "not found"),
     ("1_Pooling/config.json", "{'a': 1}", "not valid JSON"),
     ("1_Pooling/config.json", [1], "not a JSON object"),
