@@ -129,7 +129,7 @@ def _check_embedding(entry, bad) -> None:
 
     if not isinstance(entry, dict):
         bad("embedding", "must be an object")
-    if entry.get("pooling") not in POOLERS:
+    if not isinstance(entry.get("pooling"), str) or entry["pooling"] not in POOLERS:
         bad("embedding", f"pooling {entry.get('pooling')!r} is not one of {', '.join(POOLERS)}")
     if not isinstance(entry.get("normalize"), bool) or entry.get("do_lower_case") not in (None, True, False):
         bad("embedding", "normalize must be true or false, do_lower_case true, false or null")

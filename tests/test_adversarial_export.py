@@ -300,6 +300,9 @@ RUNTIME_CASES = [
     ("task-does-not-fit-the-output", _field(task="text-classification", labels=["a", "b"]), "does not fit"),
     ("max-length-over-the-positions", _field(max_length=4096), "max_length 4096 exceeds the model's"),
     ("max-depth-over-the-layers", _field(max_depth=3), "max_depth 3"),
+    ("embedding-pooling-a-list", _field(embedding={"pooling": ["mean"], "normalize": True, "output": "logits"}),
+     "pooling ['mean'] is not one of"),
+    ("embedding-not-an-object", _field(embedding="mean"), "embedding must be an object"),
 ]
 
 
