@@ -165,16 +165,22 @@ def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:
     return [entry["generator"], entry["compute"]]
 
 
+def model_config(root: Path) -> dict:
+    """The artifact's ``config.json`` (``{}`` when missing or malformed: it only cross-checks the manifest and
+    says what the graph cannot, e.g. ``type_vocab_size``)."""
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def check_fits_model(manifest: dict, root: Path, input_names: list[str]) -> None:
     """Manifest fields that must fit the model, checked at load (``ArtifactError`` naming the field): ``max_length``
     within ``config.json``'s ``max_position_embeddings``; ``max_depth`` only with a ``depth`` input and within
     ``num_hidden_layers``. Otherwise every request would fail inside ONNX Runtime."""
     path = root / MANIFEST
-    try:
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        config = {}
-    config = config if isinstance(config, dict) else {}
+    config = model_config(root)
     positions, layers = config.get("max_position_embeddings"), config.get("num_hidden_layers")
     if _is_int(positions, 1) and manifest["max_length"] > positions:
         raise ArtifactError(f"{path}: max_length {manifest['max_length']} exceeds the model's {positions} positions "

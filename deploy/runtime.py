@@ -22,8 +22,8 @@ from tokenizers import Tokenizer
 
 from ..errors import first_line
 from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError,
-                       check_fits_model, depth_limit, model_feeds, open_ort_format, quantize_per_channel, quantize_rows,
-                       session_options, verify_artifact)
+                       check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, quantize_per_channel,
+                       quantize_rows, session_options, verify_artifact)
 from .memory import give_back
 from .pooling import POOLERS, l2_normalize, pool
 
@@ -89,6 +89,8 @@ class Runtime:
         self.tokenizer.no_truncation()
         self._int8_inputs: dict[str, ort.OrtValue] = {}
         self._pair_tokenizer = None  # made on the first pair: truncation longest first
+        # a model with one token type (type_vocab_size 1) reads a pair with type 0 throughout, as it was trained
+        self._one_token_type = model_config(self.path).get("type_vocab_size") == 1
         if self.manifest.get("model_format") == "ort":
             self.session = self._load_ort()
         elif ram == "int8":
@@ -302,7 +304,7 @@ class Runtime:
             types = None
         else:
             pairs, cut = self._pair_tokenized(texts, text_pair)
-            rows, types = [ids for ids, _ in pairs], [t for _, t in pairs]
+            rows, types = [ids for ids, _ in pairs], (None if self._one_token_type else [t for _, t in pairs])
         results = [None] * len(rows)
         for call in self._calls([len(r) for r in rows], self.batch_size, self.max_batch_tokens):
             ids, mask = self._pad([rows[i] for i in call])
