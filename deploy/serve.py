@@ -191,7 +191,8 @@ class Admission:
 
 class _DeadlineReader:
     """A connection's buffered reader whose every read waits only until the request's deadline (:meth:`start`), so
-    a client dribbling a header line every few seconds is cut off after ``timeout`` seconds in all (``TimeoutError``)."""
+    a client dribbling a header line (or a byte) every few seconds is cut off after ``timeout`` seconds in all
+    (``TimeoutError``)."""
 
     def __init__(self, inner, sock, seconds: float):
         self._inner, self._sock, self._seconds = inner, sock, seconds
