@@ -12,6 +12,12 @@ from pathlib import Path
 HELP = "run the whole path (report, build, pre-train, export int8, predict) on a tiny default"
 
 SENTENCES = ["the capital of france is [MASK].", "he went to the [MASK] to buy some bread."]
+DEMO_PARTS = ("model", "pretrained", "onnx-int8")  # what the demo writes into --out, and nothing else
+
+
+def _is_demo_folder(path: Path) -> bool:
+    """Whether ``path`` holds only what an earlier demo wrote (the demo replaces such a folder, never another)."""
+    return all(p.name in DEMO_PARTS and p.is_dir() for p in path.iterdir())
 
 
 def add_arguments(p):
@@ -27,10 +33,11 @@ def run(args) -> int:
     import shutil
 
     from ..cli import main
+    from ..outdir import check_out_dir
     from ..paths import data_path
 
-    out = Path(args.out)
-    if out.exists():  # the demo owns its working folder: start clean every time
+    out = check_out_dir(args.out, "demo folder", _is_demo_folder, overwrite=True)
+    if out.exists():  # an earlier demo's folder: start clean every time
         shutil.rmtree(out)
     wiki = data_path("wikitext-2-raw")
     t0 = time.time()
