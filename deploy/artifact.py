@@ -129,7 +129,7 @@ def _check_embedding(entry, bad) -> None:
 
     if not isinstance(entry, dict):
         bad("embedding", "must be an object")
-    if entry.get("pooling") not in POOLERS:
+    if not isinstance(entry.get("pooling"), str) or entry["pooling"] not in POOLERS:
         bad("embedding", f"pooling {entry.get('pooling')!r} is not one of {', '.join(POOLERS)}")
     if not isinstance(entry.get("normalize"), bool) or entry.get("do_lower_case") not in (None, True, False):
         bad("embedding", "normalize must be true or false, do_lower_case true, false or null")
@@ -165,16 +165,22 @@ def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:
     return [entry["generator"], entry["compute"]]
 
 
+def model_config(root: Path) -> dict:
+    """The artifact's ``config.json`` (``{}`` when missing or malformed: it only cross-checks the manifest and
+    says what the graph cannot, e.g. ``type_vocab_size``)."""
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def check_fits_model(manifest: dict, root: Path, input_names: list[str]) -> None:
     """Manifest fields that must fit the model, checked at load (``ArtifactError`` naming the field): ``max_length``
     within ``config.json``'s ``max_position_embeddings``; ``max_depth`` only with a ``depth`` input and within
     ``num_hidden_layers``. Otherwise every request would fail inside ONNX Runtime."""
     path = root / MANIFEST
-    try:
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        config = {}
-    config = config if isinstance(config, dict) else {}
+    config = model_config(root)
     positions, layers = config.get("max_position_embeddings"), config.get("num_hidden_layers")
     if _is_int(positions, 1) and manifest["max_length"] > positions:
         raise ArtifactError(f"{path}: max_length {manifest['max_length']} exceeds the model's {positions} positions "

@@ -219,6 +219,9 @@ def run(args) -> int:
         _check_output(args.output, args.input)
     runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, batch_size=args.batch_size, depth=args.depth,
                       manifest_sha256=args.pin)
+    if runtime.task != "feature-extraction" and (args.pooling is not None or args.normalize is not None):
+        raise ValueError(f"--pooling and --normalize are for feature-extraction artifacts; {args.artifact} is "
+                         f"{runtime.task}")
 
     if args.texts and not (args.output or args.json):
         preds = runtime.predict(args.texts, **_task_kwargs(runtime, args))

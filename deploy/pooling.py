@@ -54,7 +54,7 @@ POOLERS = {"cls": _cls, "mean": _mean, "max": _max, "mean_sqrt_len": _mean_sqrt_
 
 def pool(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
     """``(B, H)`` float32 sentence vectors of token states ``hidden (B, T, H)`` under ``mask (B, T)``."""
-    if mode not in POOLERS:
+    if not isinstance(mode, str) or mode not in POOLERS:
         raise ValueError(f"pooling must be one of {', '.join(POOLERS)}, got {mode!r}")
     return np.asarray(POOLERS[mode](hidden.astype(np.float32, copy=False), mask), dtype=np.float32)
 

@@ -22,8 +22,8 @@ from tokenizers import Tokenizer
 
 from ..errors import first_line
 from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError,
-                       check_fits_model, depth_limit, model_feeds, open_ort_format, quantize_per_channel, quantize_rows,
-                       session_options, verify_artifact)
+                       check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, quantize_per_channel,
+                       quantize_rows, session_options, verify_artifact)
 from .memory import give_back
 from .pooling import POOLERS, l2_normalize, pool
 
@@ -89,6 +89,8 @@ class Runtime:
         self.tokenizer.no_truncation()
         self._int8_inputs: dict[str, ort.OrtValue] = {}
         self._pair_tokenizer = None  # made on the first pair: truncation longest first
+        # a model with one token type (type_vocab_size 1) reads a pair with type 0 throughout, as it was trained
+        self._one_token_type = model_config(self.path).get("type_vocab_size") == 1
         if self.manifest.get("model_format") == "ort":
             self.session = self._load_ort()
         elif ram == "int8":
@@ -248,6 +250,8 @@ class Runtime:
         """``(ids, token type ids)`` of each ``(text, text_pair)`` as the tokenizer makes them (``[CLS] a [SEP]
         b [SEP]``, types 0 then 1), cut to ``max_length`` longest first (transformers' default), and the count cut."""
         texts = [texts] if isinstance(texts, str) else list(texts)
+        if not isinstance(text_pair, str) and (isinstance(text_pair, (dict, set, bytes)) or not hasattr(text_pair, "__iter__")):
+            raise TypeError(f"text_pair must be a string or a list of strings, got {type(text_pair).__name__}")
         pairs = [text_pair] if isinstance(text_pair, str) else list(text_pair)
         if len(pairs) != len(texts):
             raise ValueError(f"text_pair must give one second text per text: {len(texts)} texts, {len(pairs)} pairs")
@@ -300,7 +304,7 @@ class Runtime:
             types = None
         else:
             pairs, cut = self._pair_tokenized(texts, text_pair)
-            rows, types = [ids for ids, _ in pairs], [t for _, t in pairs]
+            rows, types = [ids for ids, _ in pairs], (None if self._one_token_type else [t for _, t in pairs])
         results = [None] * len(rows)
         for call in self._calls([len(r) for r in rows], self.batch_size, self.max_batch_tokens):
             ids, mask = self._pad([rows[i] for i in call])
@@ -416,7 +420,7 @@ class Runtime:
         self._need("feature-extraction")
         recipe = self.manifest.get("embedding") or {"pooling": "cls", "normalize": False}
         pooling = recipe["pooling"] if pooling is None else pooling
-        if pooling not in POOLERS:
+        if not isinstance(pooling, str) or pooling not in POOLERS:
             raise ValueError(f"pooling must be one of {', '.join(POOLERS)}, got {pooling!r}")
         normalize = recipe["normalize"] if normalize is None else normalize
         if not isinstance(normalize, (bool, np.bool_)):

@@ -191,7 +191,8 @@ class Admission:
 
 class _DeadlineReader:
     """A connection's buffered reader whose every read waits only until the request's deadline (:meth:`start`), so
-    a client dribbling a header line every few seconds is cut off after ``timeout`` seconds in all (``TimeoutError``)."""
+    a client dribbling a header line (or a byte) every few seconds is cut off after ``timeout`` seconds in all
+    (``TimeoutError``)."""
 
     def __init__(self, inner, sock, seconds: float):
         self._inner, self._sock, self._seconds = inner, sock, seconds
@@ -206,9 +207,21 @@ class _DeadlineReader:
             raise TimeoutError("request deadline passed")
         self._sock.settimeout(left)
 
-    def readline(self, *args):
-        self._arm()
-        return self._inner.readline(*args)
+    def readline(self, limit: int = -1) -> bytes:
+        """One line (at most ``limit`` bytes), each receive armed anew: a line sent a byte at a time ends at the
+        deadline too (the socket's timeout bounds one receive, not the line)."""
+        line = bytearray()
+        while limit is None or limit < 0 or len(line) < limit:
+            self._arm()
+            buffered = self._inner.peek(1)  # what is buffered, or one receive: b"" at the end of the stream
+            if not buffered:
+                break
+            want = len(buffered) if limit is None or limit < 0 else min(len(buffered), limit - len(line))
+            end = buffered.find(b"\n", 0, want)
+            line += self._inner.read(want if end < 0 else end + 1)  # from the buffer, no wait
+            if end >= 0:
+                break
+        return bytes(line)
 
     def read(self, *args):
         self._arm()

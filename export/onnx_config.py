@@ -62,4 +62,19 @@ def onnx_config_for(model, task: str):
         exporter="onnx", model_type=model_type, task=optimum_task, library_name="transformers")
     if optimum_task.endswith("-with-past"):  # one graph for every step: past inputs always present
         return constructor(model.config, use_past_in_inputs=True)
-    return constructor(model.config)
+    config = constructor(model.config)
+    if getattr(model.config, "type_vocab_size", 2) == 1 and "token_type_ids" in config.inputs:
+        return _one_token_type(type(config))(model.config, **constructor.keywords)
+    return config
+
+
+def _one_token_type(config_class):
+    """``config_class`` tracing with ``token_type_ids`` all 0: optimum's dummy inputs draw them from {0, 1}, an index
+    past the table of a model with one token type (``type_vocab_size=1``)."""
+    class OneTokenTypeOnnxConfig(config_class):
+        def generate_dummy_inputs(self, framework: str = "pt", **input_shapes):
+            dummy = super().generate_dummy_inputs(framework, **input_shapes)
+            dummy["token_type_ids"] = dummy["token_type_ids"] * 0
+            return dummy
+
+    return OneTokenTypeOnnxConfig

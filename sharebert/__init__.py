@@ -74,4 +74,10 @@ def _registers() -> bool:
 
 
 if _registers():
-    importlib.import_module("transformers_sharebert")  # imports this package's models; see its docstring
+    try:
+        importlib.import_module("transformers_sharebert")  # imports this package's models; see its docstring
+    except ImportError as e:  # a broken torch/transformers install: sharebert.deploy (torch-free) still imports
+        import warnings
+
+        warnings.warn(f"sharebert is not registered with transformers: {e} (SHAREBERT_REGISTER=0 skips "
+                      "the registration)", stacklevel=2)

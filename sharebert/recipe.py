@@ -18,7 +18,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .outdir import write_json
+from .outdir import parse_json, write_json
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # sentence-transformers' names for them: its ``pooling_mode`` strings and its legacy boolean keys.
@@ -86,13 +86,12 @@ DEFAULT_RECIPE = EmbeddingRecipe(pooling="cls", normalize=False)
 
 def _read_json(path: Path, what: str):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes()
     except FileNotFoundError:
         raise ValueError(f"{path} not found ({what})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
     except OSError as e:
         raise ValueError(f"{path} cannot be read ({e.strerror or e})") from None
+    return parse_json(text, str(path))
 
 
 def _int(value, path: Path, key: str, minimum: int = 1) -> int:
@@ -116,7 +115,7 @@ def _module_kind(entry, path: Path) -> tuple[str, str]:
         raise ValueError(f"{path}: module type {entry['type']!r} is not supported (a recipe holds a Transformer, "
                          "then Pooling, Dense modules and Normalize)")
     folder = entry.get("path", "")
-    if Path(folder).is_absolute() or ".." in Path(folder).parts:
+    if Path(folder).is_absolute() or ".." in Path(folder).parts or "\x00" in folder:
         raise ValueError(f"{path}: module path {folder!r} is not a folder inside the model folder")
     return kind, folder
 
@@ -129,7 +128,7 @@ def _pooling(model_dir: Path, folder: str, hidden_size: int | None) -> str:
     if "pooling_mode" in cfg:
         mode = cfg["pooling_mode"]
         modes = list(mode) if isinstance(mode, list) else [mode]
-        bad = [m for m in modes if m not in _ST_MODES]
+        bad = [m for m in modes if not isinstance(m, str) or m not in _ST_MODES]
         if bad or not modes:
             raise ValueError(f"{path}: pooling_mode {mode!r} is not one of {', '.join(_ST_MODES)}")
         modes = [_ST_MODES[m] for m in modes]
@@ -158,7 +157,7 @@ def _dense(model_dir: Path, folder: str) -> DenseLayer:
             raise ValueError(f"{path}: {key} is missing")
         _int(cfg[key], path, key)
     activation = cfg.get("activation_function", _DEFAULT_ACTIVATION)
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ValueError(f"{path}: activation_function {activation!r} is not supported "
                          f"(supported: {', '.join(a.rsplit('.', 1)[-1] for a in ACTIVATIONS)})")
     for key in ("module_input_name", "module_output_name"):
@@ -205,6 +204,10 @@ def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
     if chain[0][1] != "":
         raise ValueError(f"{modules_path}: the Transformer module is in {chain[0][1]!r}; it must be the model folder "
                          "itself (path \"\")")
+    for kind, folder in chain[1:]:
+        if kind in ("Pooling", "Dense") and Path(folder) == Path("."):
+            raise ValueError(f"{modules_path}: the {kind} module's path is the model folder itself; its config.json "
+                             "is the model's, not the module's (give the module its own folder, e.g. 1_Pooling)")
     hidden_size = _hidden_size(model_dir)
     pooling = _pooling(model_dir, chain[1][1], hidden_size)
     dense = tuple(_dense(model_dir, folder) for kind, folder in chain if kind == "Dense")

@@ -74,6 +74,9 @@ CASES = [
     ("out-under-file", ["build", "--preset", "sharebert-tiny", "--out", "{root}/notes.txt/sub"],
      "notes.txt is a file, not a folder", ["notes.txt"], None),
     ("out-foreign", ["build", "--preset", "sharebert-tiny", "--out", "{root}/mine"], "not a model folder", ["mine"], None),
+    ("demo-into-a-user-folder", ["demo", "--out", "{root}/mine"], "is a non-empty folder that is not a demo folder",
+     ["mine"], None),
+    ("demo-into-a-file", ["demo", "--out", "{root}/notes.txt"], "is a file, not a folder", ["notes.txt"], None),
     ("out-foreign-overwrite", ["build", "--preset", "sharebert-tiny", "--out", "{root}/mine", "--overwrite"],
      "not a model folder", ["mine"], None),
     ("vocab-binary", ["build", "--preset", "sharebert-tiny", "--vocab", "{root}/vocab.bin", "--out", "{root}/new2"],
@@ -170,6 +173,22 @@ def test_bad_input_is_one_line_exit_2_nothing_lost(world, capsys, argv, message,
     assert {p: _snapshot(world / p) for p in intact} == before
     if absent:
         assert not (world / absent).exists()
+
+
+def test_build_overwrite_replaces_the_folder_whole(world):
+    """--overwrite of a model folder leaves none of the old model's files (a sentence-transformers recipe, portable
+    code) behind, and a build that fails leaves the old folder as it was."""
+    folder = world / "replaced"
+    shutil.copytree(world / "model", folder)
+    (folder / "modules.json").write_text("[]")
+    (folder / "1_Pooling").mkdir()
+    (folder / "modeling_sharebert.py").write_text("# an old copy\n")
+    assert main(["build", "--preset", "sharebert-tiny", "--out", str(folder), "--overwrite", "--set", "hidden_size=7"]) == 2
+    kept = _snapshot(folder)
+    assert "modules.json" in kept and not (world / ".replaced.partial").exists()
+    assert main(["build", "--preset", "sharebert-tiny", "--out", str(folder), "--overwrite"]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in (world / "model").iterdir())
+    assert not (world / ".replaced.partial").exists()
 
 
 def test_device_install_names_the_extra_to_install(world):

@@ -302,6 +302,9 @@ RUNTIME_CASES = [
     ("task-does-not-fit-the-output", _field(task="text-classification", labels=["a", "b"]), "does not fit"),
     ("max-length-over-the-positions", _field(max_length=4096), "max_length 4096 exceeds the model's"),
     ("max-depth-over-the-layers", _field(max_depth=3), "max_depth 3"),
+    ("embedding-pooling-a-list", _field(embedding={"pooling": ["mean"], "normalize": True, "output": "logits"}),
+     "pooling ['mean'] is not one of"),
+    ("embedding-not-an-object", _field(embedding="mean"), "embedding must be an object"),
 ]
 
 
@@ -370,6 +373,8 @@ PREDICT_CASES = [
     ("output-in-missing-folder", ["--output", "nope/out.jsonl"], "does not exist"),
     ("output-is-the-input", ["--output", "in.txt"], "is the --input file"),
     ("top-k-zero", ["--top-k", "0"], "--top-k"),
+    ("pooling-on-fill-mask", ["--pooling", "mean"], "--pooling and --normalize are for feature-extraction"),
+    ("normalize-on-fill-mask", ["--no-normalize"], "--pooling and --normalize are for feature-extraction"),
 ]
 
 

@@ -41,6 +41,8 @@ RUN_LANGUAGES = {"bash": "shell", "sh": "shell", "shell": "shell", "python": "py
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 SKIP_BLOCK = re.compile(r"<!--\s*docs-check:\s*skip\b\s*(.*?)\s*-->")
 NEEDS = re.compile(r"\s#\s*(needs\b.*)$")
+ASSIGNMENT = re.compile(r"^([A-Za-z_]\w*)=\S")  # `M=$(python -c ...)`: a shell variable for the lines after
+VARIABLE = re.compile(r"\$(?:([A-Za-z_]\w*)|\{([A-Za-z_]\w*)\})")
 SHELL_OPERATORS = {"|", "||", "&", "&&", ";", ">", ">>", "<", "2>", "$("}
 LINKED = ("examples", "benchmarks")
 
@@ -132,7 +134,15 @@ class Scratch:
                 if needs:
                     say(f"{block.id}: skipped `{line[:needs.start()].strip()[:80]}`: {needs.group(1)}")
                     continue
-                argv = words(line)
+                assignment = ASSIGNMENT.match(line.strip())
+                if assignment:  # kept, as a shell keeps it, for the block's later lines (bash and in-process)
+                    name = assignment.group(1)
+                    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", f'{line}\nprintf %s "${name}"'],
+                                          cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=600)
+                    assert done.returncode == 0, f"{block.id}: `{line}` exited {done.returncode}: {done.stderr[-500:]}"
+                    self.env[name] = done.stdout
+                    continue
+                argv = [VARIABLE.sub(lambda m: self.env.get(m.group(1) or m.group(2), m.group(0)), w) for w in words(line)]
                 if "..." in argv:
                     say(f"{block.id}: skipped `{line[:80]}`: an outline (holds ...)")
                     continue

@@ -142,7 +142,29 @@ def test_serve_answers_pairs(stsb_model, stsb_pairs):
 @pytest.mark.parametrize("call, error, says", [
     (lambda rt: rt.classify(["a", "b"], text_pair=["c"]), ValueError, "one second text per text"),
     (lambda rt: rt.classify(["a"], text_pair=[3]), TypeError, "must be strings"),
+    (lambda rt: rt.classify(["a"], text_pair=3), TypeError, "text_pair must be a string or a list of strings, got int"),
+    (lambda rt: rt.classify(["a"], text_pair={"b": 1}), TypeError, "text_pair must be a string or a list of strings, got dict"),
 ])
 def test_bad_pairs_are_refused(stsb_model, call, error, says):
     with pytest.raises(error, match=says):
         call(Runtime(stsb_model[1], threads=1))
+
+
+def test_pairs_on_a_model_with_one_token_type(tmp_path):
+    """A BERT with type_vocab_size 1 exports (optimum's dummy token types are drawn from {0, 1}) and answers
+    pairs as transformers does for such a model: [CLS] a [SEP] b [SEP], token type 0 throughout."""
+    from sharebert.export.exporter import export_model
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, type_vocab_size=1, initializer_range=0.2, num_labels=2, **SHAPE)
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "bert")
+    BertTokenizerFast(str(default_vocab())).save_pretrained(tmp_path / "bert")
+    export_model(tmp_path / "bert", tmp_path / "art", check_limit=4, runs=1, shapes=("1x8",), progress=False)
+    first, second = ["a man is playing a guitar .", "x"], ["a guitar is being played .", ""]
+    got = np.array([r["scores"]["LABEL_1"] for r in Runtime(tmp_path / "art", threads=1).classify(first, text_pair=second)])
+    tokenizer = BertTokenizerFast.from_pretrained(tmp_path / "bert")
+    enc = tokenizer(first, second, padding=True, return_tensors="pt")
+    enc["token_type_ids"].zero_()
+    with torch.no_grad():
+        want = BertForSequenceClassification.from_pretrained(tmp_path / "bert").eval()(**enc).logits.softmax(-1)[:, 1].numpy()
+    assert np.abs(got - want).max() <= 1e-5

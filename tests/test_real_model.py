@@ -184,6 +184,7 @@ def test_predict_and_serve_embed_by_the_recipe(minilm_artifact, capsys, tmp_path
     finally:
         server.shutdown()
         server.server_close()
-    for kwargs, says in [({"pooling": "median"}, "pooling must be one of"), ({"normalize": "yes"}, "true or false")]:
+    for kwargs, says in [({"pooling": "median"}, "pooling must be one of"), ({"pooling": ["mean"]}, "pooling must be one of"),
+                         ({"normalize": "yes"}, "true or false")]:
         with pytest.raises(ValueError, match=says):
             runtime.embed(texts, **kwargs)

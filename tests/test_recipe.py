@@ -107,10 +107,16 @@ BAD_FILES = [
     ("modules.json", [CHAIN[0], CHAIN[2], CHAIN[1]], "in that order"),
     ("modules.json", [dict(CHAIN[0], path="0_Transformer")] + CHAIN[1:], "model folder itself"),
     ("modules.json", CHAIN[:1] + [dict(CHAIN[1], path="../elsewhere")], "inside the model folder"),
+    ("modules.json", CHAIN[:1] + [dict(CHAIN[1], path="1_Pooling\x00")], "inside the model folder"),
+    ("modules.json", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("modules.json", CHAIN[:1] + [dict(CHAIN[1], path="")] + CHAIN[2:], "the Pooling module's path is the model folder"),
+    ("modules.json", CHAIN[:2] + [dict(CHAIN[2], path=".")] + CHAIN[3:], "the Dense module's path is the model folder"),
     ("1_Pooling/config.json", None, "not found"),
     ("1_Pooling/config.json", "{'a': 1}", "not valid JSON"),
     ("1_Pooling/config.json", [1], "not a JSON object"),
     ("1_Pooling/config.json", {"pooling_mode": "median"}, "'median' is not one of"),
+    ("1_Pooling/config.json", {"pooling_mode": {"mean": True}}, "is not one of"),
+    ("1_Pooling/config.json", {"pooling_mode": [["mean"]]}, "is not one of"),
     ("1_Pooling/config.json", {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True}, "one pooling mode"),
     ("1_Pooling/config.json", {"pooling_mode_mean_tokens": "yes"}, "true or false"),
     ("1_Pooling/config.json", dict(POOL, word_embedding_dimension=384), "not the model's hidden_size 32"),
@@ -120,6 +126,7 @@ BAD_FILES = [
     ("2_Dense/config.json", dict(DENSE, out_features=0), "out_features must be an integer >= 1"),
     ("2_Dense/config.json", dict(DENSE, in_features=16), "not the model's hidden_size 32"),
     ("2_Dense/config.json", dict(DENSE, activation_function="my_package.Swish"), "not supported"),
+    ("2_Dense/config.json", dict(DENSE, activation_function=[TANH]), "not supported"),
     ("2_Dense/config.json", dict(DENSE, module_input_name="token_embeddings"), "not supported"),
     ("2_Dense/model.safetensors", None, "not found"),
     ("sentence_bert_config.json", "{", "not valid JSON"),
@@ -213,3 +220,11 @@ def test_pooling_modes_are_the_recipes():
     from sharebert.deploy.pooling import POOLERS
 
     assert tuple(POOLERS) == POOLING_MODES  # the runtime pools every mode a recipe may name
+
+
+@pytest.mark.parametrize("mode", ["median", ["mean"], None, {"mean": True}])
+def test_unknown_pooling_mode_is_refused(mode):
+    from sharebert.deploy.pooling import pool
+
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        pool(np.zeros((1, 2, 3), np.float32), np.ones((1, 2), np.int64), mode)

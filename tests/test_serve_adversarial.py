@@ -79,17 +79,6 @@ def _length(reply: bytes) -> int:
     return 1 << 30
 
 
-def _answer(s: socket.socket) -> bytes:
-    """One whole answer (headers, then Content-Length bytes of body: they may come in separate segments)."""
-    reply = b""
-    while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < _length(reply):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        reply += chunk
-    return reply
-
-
 def post(body: bytes, headers: bytes = b"", path: bytes = b"/fill-mask") -> bytes:
     return b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n%s\r\n%s" % (path, len(body), headers, body)
 
@@ -215,23 +204,26 @@ def _closed_after(s: socket.socket, limit: float) -> float:
     return limit
 
 
-def _dribble(port: int, seconds: float) -> float:
-    """A client sending one header line every 0.3 s: seconds until the server hangs up (``seconds``: never)."""
+def _dribble(port: int, seconds: float, pieces) -> float:
+    """A client sending ``pieces`` (then header lines) one every 0.3 s: seconds until the server hangs up
+    (``seconds``: never)."""
     t0 = time.monotonic()
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(b"GET /health HTTP/1.1\r\n")
+        pieces = iter(pieces)
         try:
             while time.monotonic() - t0 < seconds:
+                s.sendall(next(pieces, b"X-Drip: 1\r\n"))
                 time.sleep(0.3)
-                s.sendall(b"X-Drip: 1\r\n")
         except OSError:  # the server closed the connection
             return time.monotonic() - t0
         return seconds
 
 
-def test_a_dribbling_client_is_cut_off_at_the_whole_request_deadline(serve):
-    server, _ = serve(**LIMITS)  # timeout 2 s per request, whatever the pace of its lines
-    assert _dribble(server.server_address[1], 8.0) <= 5.0
+@pytest.mark.parametrize("pieces", [[b"GET /health HTTP/1.1\r\n"], [bytes([b]) for b in b"GET /health HTTP/1.1\r\n"] * 4],
+                         ids=["a-header-line-at-a-time", "a-byte-at-a-time"])
+def test_a_dribbling_client_is_cut_off_at_the_whole_request_deadline(serve, pieces):
+    server, _ = serve(**LIMITS)  # timeout 2 s per request, whatever the pace of its lines or bytes
+    assert _dribble(server.server_address[1], 8.0, pieces) <= 5.0
 
 
 def test_connections_per_client_address_are_capped(serve):
@@ -260,18 +252,28 @@ def test_connections_per_client_address_are_capped(serve):
             s.close()
 
 
+def _response(s: socket.socket) -> bytes:
+    """One whole response on a kept-alive connection (its head and Content-Length bytes of body, sent in any pieces)."""
+    reply = b""
+    while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < _length(reply):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        reply += chunk
+    return reply
+
+
 def test_idle_keep_alive_connections_are_capped(serve):
     server, _ = serve(**{**LIMITS, "max_idle": 1, "timeout": 10})
     port = server.server_address[1]
     with socket.create_connection(("127.0.0.1", port)) as first, socket.create_connection(("127.0.0.1", port)) as second:
         first.sendall(b"GET /health HTTP/1.1\r\n\r\n")
-        first.settimeout(10), second.settimeout(10)
-        assert b"Connection: close" not in _answer(first)  # kept alive: the one idle place
+        assert b"Connection: close" not in _response(first)  # kept alive: the one idle place
         second.sendall(b"GET /health HTTP/1.1\r\n\r\n")
         time.sleep(0.2)
-        assert b"Connection: close" in _answer(second) and _closed_after(second, 3) < 3
+        assert b"Connection: close" in _response(second) and _closed_after(second, 3) < 3
         first.sendall(b"GET /metadata HTTP/1.1\r\n\r\n")  # the idle one still serves its next request
-        assert _answer(first).startswith(b"HTTP/1.1 200")
+        assert _response(first).startswith(b"HTTP/1.1 200")
 
 
 def test_a_get_body_is_never_parsed_as_the_next_request(serve):

@@ -80,6 +80,18 @@ def test_the_sharebert_command_registers_nothing(command):
     assert "sharebert" in imported and not imported & {"torch", "transformers", "optimum", "onnx"}
 
 
+def test_a_broken_transformers_install_leaves_sharebert_deploy_importable(tmp_path):
+    """A workstation whose transformers fails to import: ``import sharebert`` warns in one line that it did not
+    register, and the torch-free runtime still imports."""
+    (tmp_path / "transformers").mkdir()
+    (tmp_path / "transformers" / "__init__.py").write_text('raise ImportError("libbroken.so: cannot open")')
+    out = subprocess.run([sys.executable, "-c", "from sharebert.deploy import Runtime; print('imported')"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 0 and out.stdout == "imported\n", out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "not registered with transformers: libbroken.so" in out.stderr
+
+
 REGISTER = "import sharebert"  # the documented import
 
 

@@ -22,6 +22,9 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    import os
+    import shutil
+
     from ..accounting import count_params
     from ..model_folder import is_model_folder
     from ..outdir import check_out_dir
@@ -32,12 +35,27 @@ def run(args) -> int:
     out = check_out_dir(args.out, "model folder", is_model_folder, args.overwrite, inputs=[args.vocab] if args.vocab else ())
     from ..build import build_model  # torch and transformers: only once the input is known to be good
 
-    model, tok = build_model(args.preset, out, overrides, args.vocab, args.head, args.seed)
-    if args.portable:
-        from ..modeling_sharebert import AUTO_CLASSES
-        from ..portable import make_portable
+    # --overwrite replaces the folder whole (no file of the old model stays, e.g. its modules.json): built
+    # beside it, then swapped in; a failed build leaves the old folder as it was
+    target = out
+    if out.is_dir() and any(out.iterdir()):
+        out = out.with_name(f".{out.name}.partial")
+        shutil.rmtree(out, ignore_errors=True)
+    try:
+        model, tok = build_model(args.preset, out, overrides, args.vocab, args.head, args.seed)
+        if args.portable:
+            from ..modeling_sharebert import AUTO_CLASSES
+            from ..portable import make_portable
 
-        make_portable(out, AUTO_CLASSES)
+            make_portable(out, AUTO_CLASSES)
+    except BaseException:
+        if out != target:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    if out != target:
+        shutil.rmtree(target)
+        os.replace(out, target)
+        out = target
     c = model.config
     n = count_params(c)
     print(f"built {args.preset} -> {out}")
