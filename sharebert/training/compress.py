@@ -52,7 +52,8 @@ def _owned(path: Path) -> bool:
 def probe(artifact: Path, runs: int = 30) -> dict:
     """Peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread), in a fresh torch-free process."""
     proc = subprocess.run([sys.executable, "-c", _PROBE, str(artifact), str(runs)], capture_output=True, text=True,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1",
+                               "SHAREBERT_REGISTER": "0"})  # a device's process: import sharebert registers nothing
     if proc.returncode:
         raise RuntimeError(f"measuring {artifact} failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
