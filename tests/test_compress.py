@@ -155,7 +155,7 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (["compress", "{root}/classifier", "--out", "{root}/o3"], "is a classifier"),
     (["compress", "{minilm}", "--out", "{root}/o4", "--max-params", "100k"], "no ShareBERT student fits under max-params 100k"),
     (["compress", "{minilm}", "--out", "{root}/o5", "--max-bytes", "300kB"], "no ShareBERT student fits"),
-    (["compress", "{minilm}", "--out", "{root}/o6", "--max-time", "-5"], "--max-time must be positive"),
+    (["compress", "{minilm}", "--out", "{root}/o6", "--max-time", "-5"], "argument --max-time: must be a number > 0, got -5"),
     (["compress", "{minilm}", "--out", "{root}/o7", "--max-params", "lots"], "cannot read size 'lots'"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
       "--out", "{root}/o8"], "do not share a tokenizer"),

@@ -184,10 +184,10 @@ def bad_folders(tmp_path_factory, teacher_dir):
 
 
 BAD = [
-    ("temperature 0", ["--temperature", "0"], "--temperature must be a positive number"),
-    ("temperature -1", ["--temperature", "-1"], "--temperature must be a positive number"),
-    ("temperature nan", ["--temperature", "nan"], "--temperature must be a positive number"),
-    ("negative weight", ["--kl-weight", "-1"], "--kl-weight must be a finite number >= 0"),
+    ("temperature 0", ["--temperature", "0"], "argument --temperature: must be a number > 0, got 0"),
+    ("temperature -1", ["--temperature", "-1"], "argument --temperature: must be a number > 0, got -1"),
+    ("temperature nan", ["--temperature", "nan"], "argument --temperature: must be a finite number, got nan"),
+    ("negative weight", ["--kl-weight", "-1"], "argument --kl-weight: must be a number >= 0, got -1"),
     ("layer map syntax", ["--layer-map", "1-2"], "expected STUDENT:TEACHER pairs"),
     ("layer map range", ["--layer-map", "1:9"], "out of range"),
     ("teacher label count", ["--teacher", "{bad}/wrong_labels"], "has 3 labels, task sst2 has 2"),

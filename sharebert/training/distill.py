@@ -379,6 +379,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     hidden, attention and embedding weights at 0 the teacher then never runs during training.
     """
     args = cap(args)
+    args.weights.check_teaches()
     from transformers import DataCollatorWithPadding
 
     task_ = get_task(task)
@@ -465,6 +466,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     ``metrics.json`` (steps, train loss, the last value of each term).
     """
     args = cap(args)
+    args.weights.check_teaches()
     from transformers import TrainingArguments
 
     from ..build import config_for_vocab

@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..docs_check import cap, cap_value
 from ..model_folder import load_config, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_tokenizers, distill_losses, \
-    _is_distill_out, _latest_checkpoint, _make_trainer_class, _maps
+    _is_distill_out, _make_trainer_class, _maps, _resume_from
 from .progress import no_bars, show_progress
 
 LOSSES = ("cosine", "mse")
@@ -310,14 +311,16 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     from transformers import TrainingArguments, set_seed
 
     from ..curves import write_curves
-    from .callbacks import WallClockLimit
+    from .callbacks import MarkCheckpoints, WallClockLimit
 
+    args, eval_limit = cap(args), cap_value("max_eval_samples", eval_limit)  # SHAREBERT_DOCS_CHECK=1: a few steps
     if args.loss not in LOSSES:
         raise ValueError(f"--loss {args.loss!r}: choose one of {', '.join(LOSSES)}")
     if args.init not in ("teacher", "random"):
         raise ValueError(f"--init {args.init!r}: choose teacher or random")
     inputs = (teacher_dir, *([data] if data is not None else []), *(train or []))
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume, inputs=inputs)
+    start_from = _resume_from(out, resume)  # nothing to resume: said now, before any work
     from ..recipe import read_recipe
 
     check_encoder(teacher_dir)
@@ -376,10 +379,10 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     trainer = _make_embedding_trainer(pooling, args.loss)(
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok,
         data_collator=_Collator(t_tok), teacher=teacher, projections=projections, weights=w,
-        pairs=pairs, groups=groups, callbacks=[c for c in (clock, *callbacks) if c is not None])
+        pairs=pairs, groups=groups, callbacks=[c for c in (clock, MarkCheckpoints(), *callbacks) if c is not None])
     trainer.teacher_head = t_head
     show_progress(trainer, progress)
-    result = trainer.train(resume_from_checkpoint=_latest_checkpoint(out) if resume else None)
+    result = trainer.train(resume_from_checkpoint=start_from)
     model = trainer.model.eval()
     metrics.update(steps=trainer.state.global_step, train_loss=result.training_loss,
                    train_seconds=round(result.metrics.get("train_runtime", 0.0), 1),

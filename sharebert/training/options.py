@@ -85,6 +85,10 @@ class DistillWeights:
             w = getattr(self, name)
             if not (w >= 0 and math.isfinite(w)):
                 raise ValueError(f"--{name}-weight must be a finite number >= 0, got {w}")
+
+    def check_teaches(self) -> None:
+        """``ValueError`` when every term is 0 (task and general distillation learn from these terms alone; the
+        embedding objective adds its own sentence loss, so it does not call this)."""
         if not any(getattr(self, name) for name in ("kl", "hard", "hidden", "attention", "embedding")):
             raise ValueError("every loss weight is 0 (--kl-weight, --hard-weight, --hidden-weight, --attention-weight, "
                              "--embedding-weight): the student would learn nothing; give at least one a weight > 0")
