@@ -74,7 +74,7 @@ CASES = [
     ("out-under-file", ["build", "--preset", "sharebert-tiny", "--out", "{root}/notes.txt/sub"],
      "notes.txt is a file, not a folder", ["notes.txt"], None),
     ("out-foreign", ["build", "--preset", "sharebert-tiny", "--out", "{root}/mine"], "not a model folder", ["mine"], None),
-    ("demo-into-a-user-folder", ["demo", "--out", "{root}/mine"], "is a non-empty folder that is not a demo folder",
+    ("demo-into-a-user-folder", ["demo", "--out", "{root}/mine"], "is a non-empty folder that is not a sharebert demo folder",
      ["mine"], None),
     ("demo-into-a-file", ["demo", "--out", "{root}/notes.txt"], "is a file, not a folder", ["notes.txt"], None),
     ("out-foreign-overwrite", ["build", "--preset", "sharebert-tiny", "--out", "{root}/mine", "--overwrite"],

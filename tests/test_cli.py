@@ -58,6 +58,7 @@ FAST = {
     "predict": [["predict", "--help"], ["predict"]],
     "serve": [["serve", "--help"], ["serve", "--port", "x"]],
     "demo": [["demo", "--help"], ["demo", "--steps", "x"]],
+    "compress": [["compress", "--help"], ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--max-time", "-1"]],
 }
 PROBE = """
 import json, sys
