@@ -88,6 +88,15 @@ def params(task: str, max_top_k: int) -> list[tuple]:
             "causal-lm": [("max_new_tokens", int, 0, MAX_NEW_TOKENS)], "text-classification": []}[task]
 
 
+def _check_unicode(texts: list[str], what: str) -> None:
+    """400 for a text that cannot be encoded (a lone surrogate escape from JSON)."""
+    for i, t in enumerate(texts):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(400, f"{what} {i} is not valid Unicode (a lone surrogate escape)") from None
+
+
 def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMITS["max_top_k"][0],
                   max_depth: int | None = None) -> tuple[list[str], dict]:
     """Request body -> ``(texts, keyword arguments)``: the task's and ``depth`` (when ``max_depth``, the
@@ -109,11 +118,7 @@ def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMIT
         raise BadRequest(400, '"texts" must be a list of strings and "text" a string')
     if len(texts) > max_batch:
         raise BadRequest(413, f"{len(texts)} texts exceed the limit of {max_batch} per request")
-    for i, t in enumerate(texts):
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest(400, f"text {i} is not valid Unicode (a lone surrogate escape)") from None
+    _check_unicode(texts, "text")
     kwargs = {}
     specs = params(task, max_top_k) + ([("depth", int, 1, max_depth)] if max_depth else [])
     if "depth" in payload and not max_depth:
@@ -148,11 +153,7 @@ def _text_pair(payload: dict, task: str, texts: list[str]) -> list[str]:
         raise BadRequest(400, '"text_pair" must be a string with "text", or a list of strings with "texts"')
     if len(pairs) != len(texts):
         raise BadRequest(400, f'"text_pair" gives {len(pairs)} second texts for {len(texts)} texts; give one per text')
-    for i, t in enumerate(pairs):
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest(400, f"text_pair {i} is not valid Unicode (a lone surrogate escape)") from None
+    _check_unicode(pairs, "text_pair")
     return pairs
 
 

@@ -55,12 +55,7 @@ def exchange(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict, st
     """Send raw bytes, read until the server closes or one full response arrived: (status, JSON body, head)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(data)
-        reply = b""
-        while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < _length(reply):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            reply += chunk
+        reply = _response(s)
     head, _, body = reply.partition(b"\r\n\r\n")
     status_line = head.split(b"\r\n")[0].decode("latin-1")
     assert status_line.startswith("HTTP/1.1 ") and status_line[9:12].isdigit(), reply[:200]

@@ -456,6 +456,22 @@ def _maps(model, teacher, w: "DistillWeights", seed: int):
     return pairs, groups, Projections(model.config.hidden_size, teacher.config.hidden_size)
 
 
+def stream_training_args(out: Path, args: DistillArgs, progress: bool, **extra):
+    """``TrainingArguments`` of a distillation on unlabelled text (general and embedding): no dev set, a
+    checkpoint every ``eval_steps`` (500 when unset) in ``out/checkpoints``, the last two kept."""
+    from transformers import TrainingArguments
+
+    cuda = torch.cuda.is_available()
+    return TrainingArguments(
+        output_dir=str(out / "checkpoints"), overwrite_output_dir=True, learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=2,
+        logging_steps=max(1, min(50, args.eval_steps or 50)), seed=args.seed,
+        bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=no_bars(progress),
+        dataloader_num_workers=0, dataloader_pin_memory=cuda, **extra)
+
+
 def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = DistillArgs(), overwrite: bool = False,
                 resume: bool = False, progress: bool = True, data=None) -> dict:
     """General distillation during pre-training: the teacher's MLM distribution at the masked positions as
@@ -467,8 +483,6 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     """
     args = cap(args)
     args.weights.check_teaches()
-    from transformers import TrainingArguments
-
     from ..build import config_for_vocab
     from ..modeling_sharebert import ShareBertForMaskedLM
     from ..shape import PRESETS
@@ -526,16 +540,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         blocks = pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[: args.max_train_samples]
     train_ds = PackedDataset.for_objective(blocks, t_tok, "mlm", seed=args.seed)
 
-    cuda = torch.cuda.is_available()
-    targs = TrainingArguments(
-        output_dir=str(out / "checkpoints"), overwrite_output_dir=True, learning_rate=args.lr,
-        per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
-        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=2,
-        logging_steps=max(1, min(50, args.eval_steps or 50)), seed=args.seed,
-        bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=no_bars(progress),
-        dataloader_num_workers=0, dataloader_pin_memory=cuda,
-    )
+    targs = stream_training_args(out, args, progress)
     trainer = _make_trainer_class()(
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok, teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)

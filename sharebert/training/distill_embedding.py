@@ -28,8 +28,8 @@ from ..model_folder import load_config, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_tokenizers, distill_losses, \
-    _is_distill_out, _make_trainer_class, _maps, _resume_from
-from .progress import no_bars, show_progress
+    _is_distill_out, _make_trainer_class, _maps, _resume_from, stream_training_args
+from .progress import show_progress
 
 LOSSES = ("cosine", "mse")
 POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
@@ -308,7 +308,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     head when narrower, Normalize as the teacher), ``metrics.json`` (STS-B dev Spearman of teacher, student
     at step 0 and at the end; steps; seconds) and ``log_history.json``. Returns the metrics.
     """
-    from transformers import TrainingArguments, set_seed
+    from transformers import set_seed
 
     from ..curves import write_curves
     from .callbacks import MarkCheckpoints, WallClockLimit
@@ -365,16 +365,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     if not (w.hidden or w.embedding or w.attention):
         train_ds = WithTeacherLogits(train_ds, targets)
 
-    cuda = torch.cuda.is_available()
-    targs = TrainingArguments(
-        output_dir=str(out / "checkpoints"), overwrite_output_dir=True, learning_rate=args.lr,
-        per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
-        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=2,
-        logging_steps=max(1, min(50, args.eval_steps or 50)), seed=args.seed,
-        bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=no_bars(progress),
-        dataloader_num_workers=0, dataloader_pin_memory=cuda, remove_unused_columns=False,
-    )
+    targs = stream_training_args(out, args, progress, remove_unused_columns=False)
     clock = WallClockLimit(args.max_time) if args.max_time else None
     trainer = _make_embedding_trainer(pooling, args.loss)(
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok,
