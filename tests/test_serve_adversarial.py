@@ -325,7 +325,8 @@ def test_many_simultaneous_clients_all_answered(artifact):
     """80 clients connect while the server is not yet accepting: the backlog holds them all (the stdlib's
     5 held 6 and left the others' handshakes unanswered), then every one gets its right answer."""
     runtime = Runtime(artifact, threads=1)
-    server = make_server(runtime, "127.0.0.1", 0, quiet=True, max_queue=100)  # listening, not yet accepting
+    server = make_server(runtime, "127.0.0.1", 0, quiet=True, max_queue=100,  # listening, not yet accepting
+                         max_client_connections=100)  # all 80 from one address: the backlog is tested here
     port, n = server.server_address[1], 80
     want = json.loads(json.dumps(list(runtime.fill_mask(["a [MASK] film"], top_k=2))))
     clients, serving = [socket.socket() for _ in range(n)], None

@@ -88,8 +88,16 @@ def corrupt_file(folder: str | Path) -> Path | None:
 def resume_checkpoint(out: str | Path, say=print) -> Path | None:
     """The newest complete checkpoint whose files match their hashes. A corrupt one is renamed
     ``corrupt-checkpoint-N`` (kept, never resumed from) and the previous one is tried, saying so;
-    ``ValueError`` naming the file when no intact checkpoint is left."""
-    complete = [p for _, p, ok in checkpoints(out) if ok]
+    ``ValueError`` naming the file when no intact checkpoint is left. An incomplete one (a save killed
+    halfway) is renamed ``incomplete-checkpoint-N`` (kept): left as ``checkpoint-N``, transformers' rotation
+    would count it as the newest and delete the checkpoints the resumed run saves."""
+    found = checkpoints(out)
+    for _, ckpt, ok in found:
+        if not ok:
+            aside = ckpt.with_name(f"incomplete-{ckpt.name}")
+            os.replace(ckpt, aside)
+            say(f"{ckpt.name} was never completed (a save stopped halfway); set aside as {aside.name}")
+    complete = [p for _, p, ok in found if ok]
     bad = None
     for ckpt in reversed(complete):
         bad = corrupt_file(ckpt)
