@@ -48,3 +48,23 @@ def _load_without_sharebert(folder, cls: str, feeds: dict):
 
     name, logits = json.loads(out.stdout.strip().splitlines()[-1])
     return name, np.array(logits)
+
+
+@pytest.fixture(scope="session")
+def http_json():
+    """``call(url, body=None)`` -> ``(status, JSON answer)``: POST ``body`` as JSON (GET without one) to a
+    server on 127.0.0.1, 4xx/5xx answers included."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    def call(url, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    return call

@@ -4,8 +4,6 @@ answered by Runtime.classify / predict / serve with text_pair as PyTorch answers
 import csv
 import json
 import threading
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -104,7 +102,7 @@ def test_predict_reads_pairs_from_json_lines_and_tsv(stsb_model, stsb_pairs, tmp
         assert np.abs(np.array([r["result"]["score"] for r in rows]) - want).max() <= 1e-4
 
 
-def test_serve_answers_pairs(stsb_model, stsb_pairs):
+def test_serve_answers_pairs(stsb_model, stsb_pairs, http_json):
     from sharebert.deploy.serve import make_server
 
     folder, artifact = stsb_model
@@ -114,12 +112,7 @@ def test_serve_answers_pairs(stsb_model, stsb_pairs):
     url = f"http://127.0.0.1:{server.server_address[1]}/predict"
 
     def post(body):
-        req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+        return http_json(url, body)
 
     try:
         status, body = post({"texts": first, "text_pair": second})

@@ -140,12 +140,10 @@ def test_manifest_counts_what_the_file_holds(minilm_artifact, minilm_dir):
     assert 0 <= stored - manifest["learned_params"] <= 16, stored  # the rest: scalar constants (eps, 0.5, ...)
 
 
-def test_predict_and_serve_embed_by_the_recipe(minilm_artifact, capsys, tmp_path):
+def test_predict_and_serve_embed_by_the_recipe(minilm_artifact, capsys, tmp_path, http_json):
     """`predict` and `serve /embed` answer with the recipe's embeddings by default; --pooling/--no-normalize and
     the request's "pooling"/"normalize" override it; a bad override is refused in one line."""
     import threading
-    import urllib.error
-    import urllib.request
 
     from sharebert.cli import main
     from sharebert.deploy.serve import make_server
@@ -165,12 +163,7 @@ def test_predict_and_serve_embed_by_the_recipe(minilm_artifact, capsys, tmp_path
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
     def post(body):
-        req = urllib.request.Request(f"http://127.0.0.1:{server.server_address[1]}/embed", json.dumps(body).encode())
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+        return http_json(f"http://127.0.0.1:{server.server_address[1]}/embed", body)
 
     try:
         status, body = post({"texts": texts})
