@@ -65,3 +65,30 @@ def test_plot_bad_input(tmp_path, capsys, setup, message):
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "curves.png").exists()
+
+
+def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_time(capsys):
+    """`--max-time` without `--max-steps`: the learning rate warms up by steps, then falls linearly to 0 as the
+    clock is spent (compress and `distill --objective embedding` follow it), and progress lines count time."""
+    import io
+    import time
+    from types import SimpleNamespace
+
+    from sharebert.training.callbacks import WallClockLimit
+    from sharebert.training.progress import LogLines
+
+    clock = WallClockLimit(100.0)
+    assert clock.spent() == 0.0 and clock.lr_factor(0, 10) == pytest.approx(0.1)  # before train begin
+    clock._start = time.monotonic() - 50.0
+    assert clock.lr_factor(1000, 10) == pytest.approx(0.5, abs=0.01)
+    assert clock.lr_factor(4, 10) == pytest.approx(0.25, abs=0.01)  # warmup and decay multiply
+    clock._start = time.monotonic() - 150.0
+    assert clock.spent() == 1.0 and clock.lr_factor(1000, 10) == 0.0
+    clock._start = time.monotonic() - 25.0
+    stream = io.StringIO()
+    lines = LogLines(stream=stream, clock=clock)
+    lines.on_train_begin(None, SimpleNamespace(global_step=0), None)
+    lines.on_log(None, SimpleNamespace(is_world_process_zero=True, global_step=50, max_steps=10 ** 6), None,
+                 logs={"loss": 0.5})
+    line = stream.getvalue().strip()
+    assert re.fullmatch(r"step 50 \(25% of 1m40s\) loss 0\.5000 [0-9.]+ steps/s ETA 1m1[45]s", line), line

@@ -264,6 +264,15 @@ class WallClockLimit(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._start = time.monotonic()
 
+    def spent(self) -> float:
+        """The share of ``seconds`` used since train begin (0 before it), in [0, 1]."""
+        return 0.0 if self._start is None else min(1.0, (time.monotonic() - self._start) / self.seconds)
+
+    def lr_factor(self, step: int, warmup_steps: int) -> float:
+        """Learning-rate multiplier of a run that this clock ends: linear warmup over ``warmup_steps``, then a
+        linear decay to 0 as the time is spent (a run stopped by time ends annealed)."""
+        return min(1.0, (step + 1) / max(1, warmup_steps)) * (1.0 - self.spent())
+
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_start = time.monotonic()
 

@@ -167,12 +167,15 @@ class SentenceDataset(torch.utils.data.Dataset):
 
 @torch.no_grad()
 def encode(model, tokenizer, sentences: list[str], pooling: str, head=None, seq_len: int = 128,
-           batch_size: int = 64, normalize: bool = False) -> np.ndarray:
-    """Sentence vectors ``(N, H)`` of a backbone (+ ``head``), batches sorted by length, in input order."""
+           batch_size: int = 64, normalize: bool = False, desc: str | None = None) -> np.ndarray:
+    """Sentence vectors ``(N, H)`` of a backbone (+ ``head``), batches sorted by length, in input order;
+    ``desc``: show progress under that name (long passes: the teacher over the training sentences)."""
+    from ..progress import bar
+
     order = np.argsort([len(s) for s in sentences])
     out = [None] * len(sentences)
     model.eval()
-    for i in range(0, len(order), batch_size):
+    for i in bar(range(0, len(order), batch_size), desc is not None, desc=desc, unit="batch"):
         idx = order[i:i + batch_size]
         enc = tokenizer([sentences[j] for j in idx], truncation=True, max_length=seq_len, padding=True,
                         return_tensors="pt")
@@ -187,14 +190,17 @@ def encode(model, tokenizer, sentences: list[str], pooling: str, head=None, seq_
     return np.stack(out)
 
 
-def sts_spearman(model, tokenizer, pooling: str, head=None, seq_len: int = 128, limit: int | None = None) -> float:
-    """Spearman correlation of cosine similarities with the gold scores on STS-B dev (first ``limit`` pairs)."""
+def sts_spearman(model, tokenizer, pooling: str, head=None, seq_len: int = 128, limit: int | None = None,
+                 desc: str | None = None) -> float:
+    """Spearman correlation of cosine similarities with the gold scores on STS-B dev (first ``limit`` pairs);
+    ``desc``: show progress under that name."""
     from .glue import read_split
     from .metrics import spearman
 
     split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(limit)
-    a = encode(model, tokenizer, split.text_a, pooling, head, seq_len, normalize=True)
-    b = encode(model, tokenizer, split.text_b, pooling, head, seq_len, normalize=True)
+    a, b = (encode(model, tokenizer, texts, pooling, head, seq_len, normalize=True,
+                   desc=desc and f"{desc} (STS-B dev, {side})") for side, texts in (("first", split.text_a),
+                                                                                   ("second", split.text_b)))
     return float(spearman((a * b).sum(-1), np.asarray(split.labels, dtype=np.float64)))
 
 
@@ -227,6 +233,18 @@ def _make_embedding_trainer(pooling: str, loss: str):
         """``distill``'s trainer whose loss is the sentence-embedding loss (plus any token-level terms)."""
 
         teacher_head = None  # the teacher's Dense layers, applied to its pooled vector
+        clock = None  # a ``WallClockLimit`` when training is bounded by time only: the learning rate follows it
+
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            """With a time budget and no step budget, the learning rate follows the clock
+            (``WallClockLimit.lr_factor``): a run stopped by ``--max-time`` ends annealed."""
+            if self.clock is None:
+                return super().create_scheduler(num_training_steps, optimizer)
+            if self.lr_scheduler is None:
+                warmup, clock = self.args.warmup_steps, self.clock
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                    optimizer or self.optimizer, lambda step: clock.lr_factor(step, warmup))
+            return self.lr_scheduler
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             w = self.weights
@@ -255,7 +273,7 @@ def _make_embedding_trainer(pooling: str, loss: str):
     return EmbeddingTrainer
 
 
-def _teacher_targets(teacher, head, tokenizer, sentences, pooling, seq_len, out: Path) -> np.ndarray:
+def _teacher_targets(teacher, head, tokenizer, sentences, pooling, seq_len, out: Path, progress: bool) -> np.ndarray:
     import hashlib
 
     key = hashlib.sha256("\n".join([str(teacher.name_or_path), str(seq_len), pooling, *sentences]).encode())
@@ -264,7 +282,8 @@ def _teacher_targets(teacher, head, tokenizer, sentences, pooling, seq_len, out:
         cached = np.load(path)
         if cached.shape[0] == len(sentences) and np.isfinite(cached).all():
             return cached
-    t = encode(teacher, tokenizer, sentences, pooling, head, seq_len=seq_len)
+    t = encode(teacher, tokenizer, sentences, pooling, head, seq_len=seq_len,
+               desc=f"teacher over {len(sentences):,} training sentences" if progress else None)
     out.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, t)
@@ -352,16 +371,17 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     sentences = read_sentences(train or default_corpus(), args.max_train_samples)
     train_ds = SentenceDataset(t_tok, sentences, seq_len)
     pooling = recipe.pooling
-    score = lambda m, head: sts_spearman(m, t_tok, pooling, head, seq_len, eval_limit)  # noqa: E731
+    score = lambda m, head, who: sts_spearman(m, t_tok, pooling, head, seq_len, eval_limit,  # noqa: E731
+                                              who if progress else None)
     metrics = {"objective": "embedding", "loss": args.loss, "pooling": pooling, "normalize": recipe.normalize,
                "teacher_dir": str(teacher_dir), "student": student, **init, "seq_len": seq_len,
                "train_sentences": len(sentences), "sts_dev_pairs": eval_limit or "all"}
-    metrics["teacher_sts_spearman"] = score(teacher, t_head)
-    targets = _teacher_targets(teacher, t_head, t_tok, sentences, pooling, seq_len, out)
+    metrics["teacher_sts_spearman"] = score(teacher, t_head, "teacher")
+    targets = _teacher_targets(teacher, t_head, t_tok, sentences, pooling, seq_len, out, progress)
     if projections.head is not None and args.init == "teacher" and not resume:
         fit_head(projections.head, encode(model, t_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len),
                  targets[:HEAD_FIT])
-    metrics["start_sts_spearman"] = score(model, projections.head)
+    metrics["start_sts_spearman"] = score(model, projections.head, "student at step 0")
     if not (w.hidden or w.embedding or w.attention):
         train_ds = WithTeacherLogits(train_ds, targets)
 
@@ -372,13 +392,14 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         data_collator=_Collator(t_tok), teacher=teacher, projections=projections, weights=w,
         pairs=pairs, groups=groups, callbacks=[c for c in (clock, MarkCheckpoints(), *callbacks) if c is not None])
     trainer.teacher_head = t_head
-    show_progress(trainer, progress)
+    trainer.clock = clock if args.max_time and not args.max_steps else None
+    show_progress(trainer, progress, trainer.clock)
     result = trainer.train(resume_from_checkpoint=start_from)
     model = trainer.model.eval()
     metrics.update(steps=trainer.state.global_step, train_loss=result.training_loss,
                    train_seconds=round(result.metrics.get("train_runtime", 0.0), 1),
                    stopped_by_time=bool(clock and clock.reached), last_terms=dict(trainer._parts), seed=args.seed)
-    metrics["student_sts_spearman"] = score(model, projections.head)
+    metrics["student_sts_spearman"] = score(model, projections.head, "student")
     if trainer.is_world_process_zero():
         save_student(model, projections.head, t_tok, out, recipe, seq_len)
         write_json(out / "log_history.json", trainer.state.log_history)

@@ -20,8 +20,9 @@ class LogLines(TrainerCallback):
     """Prints ``step 120/1000 (12%) loss 3.2100 lr 4.50e-05 2.31 steps/s ETA 6m21s`` at each Trainer log
     (every ``logging_steps``) and each evaluation, to ``stream`` (default standard error)."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, clock=None):
         self.stream, self.start, self.first, self.printed = stream, None, 0, 0.0
+        self.clock = clock  # a ``WallClockLimit`` when time, not a step count, ends the run: progress by time
         self.eval_start, self.eval_batches, self.eval_printed = None, 0, 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -44,6 +45,12 @@ class LogLines(TrainerCallback):
         step, total = state.global_step, state.max_steps
         self.printed = time.monotonic()
         rate = (step - self.first) / max(self.printed - self.start, 1e-9)
+        if self.clock is not None:
+            spent = self.clock.spent()
+            parts = [f"step {step} ({100 * spent:.0f}% of {_duration(self.clock.seconds)})", *values,
+                     f"{rate:.2f} steps/s ETA {_duration((1 - spent) * self.clock.seconds)}"]
+            print(" ".join(parts), file=self.stream or sys.stderr, flush=True)
+            return
         parts = [f"step {step}/{total} ({100 * step / max(total, 1):.0f}%)", *values]
         if rate > 0:
             parts.append(f"{rate:.2f} steps/s ETA {_duration((total - step) / rate)}")
@@ -77,9 +84,10 @@ def no_bars(progress: bool) -> bool:
     return not (progress and interactive())
 
 
-def show_progress(trainer, progress: bool) -> None:
+def show_progress(trainer, progress: bool, clock=None) -> None:
     """Wherever there are no bars (off a terminal, or ``progress`` off: ``--no-progress``), :class:`LogLines` in
-    place of the Trainer's printed log dictionaries."""
+    place of the Trainer's printed log dictionaries; ``clock``: the ``WallClockLimit`` that ends a run bounded by
+    time only (its lines count time, not steps)."""
     if no_bars(progress):
         trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(LogLines())
+        trainer.add_callback(LogLines(clock=clock))
