@@ -3,6 +3,7 @@ and report teacher vs student (size, memory, speed, STS-B dev Spearman)."""
 from __future__ import annotations
 
 from .. import options as opt
+from ..training.options import EMBEDDING_LOSS, EMBEDDING_LOSSES
 
 HELP = "compress a pre-trained encoder (e.g. all-MiniLM-L6-v2) into a small ShareBERT: pick, distil, export, report"
 
@@ -23,7 +24,8 @@ def add_arguments(p):
                                                                "GLUE .tsv); default: WikiText-2 valid, STS-B and SST-2 "
                                                                "training sentences from the data folder")
     p.add_argument("--max-train-samples", type=opt.positive_int, default=SENTENCES, help=f"sentences to train on (default {SENTENCES})")
-    p.add_argument("--loss", choices=["cosine", "mse"], default="mse", help="loss on the sentence vectors (default mse)")
+    p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
+                   help=f"loss on the sentence vectors (default {EMBEDDING_LOSS})")
     p.add_argument("--lr", type=opt.positive_float, default=LR, help=f"peak learning rate (default {LR:g})")
     p.add_argument("--batch-size", type=opt.positive_int, default=BATCH, help=f"default {BATCH}")
     p.add_argument("--eval-limit", type=opt.positive_int, help="score the first N STS-B dev pairs (default all 1,500)")

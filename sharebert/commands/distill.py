@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from .. import options as opt
+from ..training.options import EMBEDDING_LOSS, EMBEDDING_LOSSES
 
 HELP = "distil a fine-tuned BERT teacher into a ShareBERT student on a GLUE task (best dev student, metrics.json)"
 
@@ -22,8 +23,8 @@ def add_arguments(p):
                         "the teacher's sentence embeddings on --train text (default: the data folder's sentences)")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
                    help="--objective embedding: shape the preset student, e.g. --set embedding_size=128 (repeatable)")
-    p.add_argument("--loss", choices=["cosine", "mse"], default="mse",
-                   help="--objective embedding: loss on the sentence vectors (default mse)")
+    p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
+                   help=f"--objective embedding: loss on the sentence vectors (default {EMBEDDING_LOSS})")
     p.add_argument("--init", choices=["teacher", "random"], default="teacher",
                    help="--objective embedding: start the student's embeddings from the teacher's (PCA) or at random")
     p.add_argument("--max-time", type=opt.positive_float, metavar="SECONDS",

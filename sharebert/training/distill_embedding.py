@@ -29,9 +29,9 @@ from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_tokenizers, distill_losses, \
     _is_distill_out, _make_trainer_class, _maps, _resume_from, stream_training_args
+from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES
 from .progress import show_progress
 
-LOSSES = ("cosine", "mse")
 POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
 TARGETS_FILE = "teacher_targets"  # -<sha256 of teacher, length, pooling, sentences>.npy
 HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
@@ -42,7 +42,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 class EmbeddingArgs(DistillArgs):
     """The distillation recipe plus the embedding loss; token-level terms are off unless asked for."""
 
-    loss: str = "mse"
+    loss: str = EMBEDDING_LOSS
     init: str = "teacher"  # or "random"
     max_time: float | None = None  # seconds of training (a checkpoint, then the student is saved)
 
@@ -66,7 +66,7 @@ def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str) -> t
         return (1 - F.cosine_similarity(s, t, dim=-1, eps=1e-8)).mean()
     if kind == "mse":
         return F.mse_loss(s, t)
-    raise ValueError(f"--loss {kind!r}: choose one of {', '.join(LOSSES)}")
+    raise ValueError(f"--loss {kind!r}: choose one of {', '.join(EMBEDDING_LOSSES)}")
 
 
 _ACTIVATION_MODULES = {"Identity": nn.Identity, "Tanh": nn.Tanh, "Relu": nn.ReLU, "Sigmoid": nn.Sigmoid, "Gelu": nn.GELU}
@@ -333,8 +333,8 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     from .callbacks import MarkCheckpoints, WallClockLimit
 
     args, eval_limit = cap(args), cap_value("max_eval_samples", eval_limit)  # SHAREBERT_DOCS_CHECK=1: a few steps
-    if args.loss not in LOSSES:
-        raise ValueError(f"--loss {args.loss!r}: choose one of {', '.join(LOSSES)}")
+    if args.loss not in EMBEDDING_LOSSES:
+        raise ValueError(f"--loss {args.loss!r}: choose one of {', '.join(EMBEDDING_LOSSES)}")
     if args.init not in ("teacher", "random"):
         raise ValueError(f"--init {args.init!r}: choose teacher or random")
     inputs = (teacher_dir, *([data] if data is not None else []), *(train or []))
