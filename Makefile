@@ -21,7 +21,7 @@ demo: $(STAMP)
 	OMP_NUM_THREADS=2 $(VENV)/bin/sharebert demo
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # The shell and Python blocks of README.md and docs/*.md, run in order with budgets capped (also part of `make test`).
 docs-check: $(STAMP)
