@@ -16,13 +16,13 @@ import pytest
 
 from sharebert.build import build_model
 from sharebert.deploy import Runtime
-from sharebert.deploy.runtime import top_k_softmax
+from sharebert.deploy.runtime import shortest_floats, top_k_softmax
 from sharebert.deploy.serve import make_server
 from sharebert.export.exporter import export_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 LIMITS = dict(max_batch=8, max_body_bytes=12000, max_tokens=200, max_top_k=5, timeout=2, workers=1, max_queue=1,
-              max_connections=16)
+              max_connections=16, max_candidates=40)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +90,10 @@ HOSTILE = [  # (case, raw request, status, part of the error message)
     ("not UTF-8", post(b'{"text": "\xff"}'), 400, "UTF-8"),
     ("texts over the cap", post(json.dumps({"texts": ["a"] * 9}).encode()), 413, "limit of 8"),
     ("tokens over the cap", post(json.dumps({"texts": ["word " * 60] * 4}).encode()), 413, "limit of 200"),
+    ("candidates over the cap", post(json.dumps({"text": "[MASK] " * 9, "top_k": 5}).encode()), 413,
+     "9 [MASK] tokens x top_k 5 = 45 candidates exceed the limit of 40 per request (--max-candidates)"),
+    ("candidates over the cap, default top_k", post(json.dumps({"texts": ["[MASK] a [MASK]"] * 4 + ["[MASK]"]}).encode()),
+     413, "9 [MASK] tokens x top_k 5 = 45 candidates"),
     ("body over the cap", post(json.dumps({"text": "y" * 13000}).encode()), 413, "limit of 12000"),
     ("declared 1 GB, nothing sent", b"POST /fill-mask HTTP/1.1\r\nContent-Length: 1000000000\r\n\r\n", 413, "limit of 12000"),
     ("Expect 100-continue, oversize", b"POST /fill-mask HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 99999\r\n\r\n",
@@ -307,6 +311,14 @@ def test_a_non_finite_output_is_a_json_error_never_nan(serve, artifact, tmp_path
         server.shutdown()
         server.server_close()
     assert status == 500 and "not finite" in body["error"]
+
+
+def test_scores_are_written_in_float32s_shortest_form():
+    values = np.random.default_rng(0).random(200, dtype=np.float32) ** 8
+    short = shortest_floats(values)
+    assert np.array_equal(np.array(short, dtype=np.float32), values)  # the same float32 numbers
+    assert sum(map(len, map(repr, short))) < 0.7 * sum(len(repr(float(v))) for v in values)
+    assert shortest_floats(np.float32(1) / 3) == 0.33333334
 
 
 def test_heavy_requests_leave_a_worker_to_light_ones():
