@@ -371,6 +371,8 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
     class Handler(BaseHTTPRequestHandler):
         server_version = "sharebert-serve"
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # TCP_NODELAY: the body, written after the head, is not held back by Nagle
+        # until the client's delayed ACK of the head (40 ms on Linux: one-sentence answers took 48 ms instead of 8)
         default_request_version = "HTTP/1.0"  # refusals of unreadable request lines still get a status line
 
         def setup(self):
