@@ -20,8 +20,7 @@ however slowly dribbled); at most ``--max-idle`` connections are kept alive betw
 answer is strict JSON (a non-finite result is a 500 with an error, never ``NaN``); a GET with a body
 closes its connection (the body is never read as the next request).
 
-Large requests run on threads of the lowest CPU priority (``--heavy-priority idle``, Linux ``SCHED_IDLE``): small
-ones get the CPU first. Scores and vectors are written in float32's shortest decimal form.
+Scores and vectors are written in float32's shortest decimal form.
 
 Memory is bounded by the limits: at most ``--workers`` requests run at once, each one ONNX Runtime
 call of at most ``--max-batch-tokens`` padded tokens at a time (see docs/DEVICE.md for the bound).
@@ -30,12 +29,10 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import re
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,7 +47,6 @@ MAX_NEW_TOKENS = 256
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait
 DRAIN_BYTES = 1 << 16  # after refusing a body, read at most this much of it so the client sees the answer
 DIGITS = re.compile(r"[0-9]{1,18}")
-HEAVY_PRIORITIES = ("idle", "normal")
 LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
     "max_batch": (64, "texts per request"),
     "max_tokens": (8192, "tokens per request, after each text is cut to the artifact's max_length"),
@@ -81,9 +77,6 @@ def add_arguments(p):
     p.add_argument("--ram", choices=("fp32", "int8"), default="fp32", help="see `sharebert predict --help`")
     for name, (default, what) in LIMITS.items():
         p.add_argument("--" + name.replace("_", "-"), type=int, default=default, help=f"most {what} (default: {default})")
-    p.add_argument("--heavy-priority", choices=HEAVY_PRIORITIES, default="idle",
-                   help="CPU priority of large requests (over --max-batch-tokens tokens): idle (the default: they get "
-                        "only the CPU time small ones leave; Linux SCHED_IDLE) or normal")
     p.add_argument("--quiet", action="store_true", help="do not log each request")
     p.add_argument("--pin", metavar="SHA256", help="refuse the artifact unless manifest.json has this sha256")
     p.add_argument("--depth", type=int, default=None, metavar="K",
@@ -201,15 +194,6 @@ class Admission:
                 self.heavy -= heavy
 
 
-def _idle_priority() -> None:
-    """The calling thread runs only on CPU time no other thread wants (Linux ``SCHED_IDLE``; elsewhere unchanged)."""
-    if hasattr(os, "SCHED_IDLE"):
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # pid 0: this thread only
-        except OSError:  # not permitted here: normal priority
-            pass
-
-
 class _DeadlineReader:
     """A connection's buffered reader whose every read waits only until the request's deadline (:meth:`start`), so
     a client dribbling a header line (or a byte) every few seconds is cut off after ``timeout`` seconds in all
@@ -316,22 +300,11 @@ class Server(ThreadingHTTPServer):
         with self.count_lock:
             self.idle -= 1
 
-    def server_close(self):
-        super().server_close()
-        if getattr(self, "heavy_pool", None) is not None:
-            self.heavy_pool.shutdown(wait=False)
-
     def handle_error(self, request, client_address):
         """One line on stderr (a client that went away, say), never a traceback."""
         if not self.quiet:
             error = sys.exc_info()[1]
             sys.stderr.write(f"{client_address[0]} - connection error: {type(error).__name__}: {error}\n")
-
-
-def _predict_and_give_back(model, texts: list[str], kwargs: dict):
-    preds = model.predict(texts, **kwargs)
-    give_back()
-    return preds
 
 
 def _raw_response(status: int, payload: dict) -> bytes:
@@ -340,18 +313,14 @@ def _raw_response(status: int, payload: dict) -> bytes:
             f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n").encode() + body
 
 
-def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool = False,
-                heavy_priority: str = "idle", **limits) -> Server:
+def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool = False, **limits) -> Server:
     """A threading HTTP server answering ``runtime``'s task (call ``serve_forever()``).
 
     ``limits``: any of :data:`LIMITS` (``max_batch=64``, ``max_tokens=8192``, ...), each a positive
-    integer; ``max_batch_tokens`` is set on ``runtime``. ``heavy_priority``: ``"idle"`` runs requests of more
-    than ``max_batch_tokens`` tokens on threads of the lowest CPU priority, so small ones are not slowed by them.
+    integer; ``max_batch_tokens`` is set on ``runtime``.
     """
     from .runtime import shortest_floats
 
-    if heavy_priority not in HEAVY_PRIORITIES:
-        raise ValueError(f"heavy_priority must be one of {', '.join(HEAVY_PRIORITIES)}, got {heavy_priority!r}")
     unknown = set(limits) - set(LIMITS)
     if unknown:
         raise TypeError(f"unknown limit(s): {', '.join(sorted(unknown))}")
@@ -363,8 +332,6 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
     task_path = TASK_PATHS[runtime.task]
     metadata = {**runtime.metadata(), "endpoint": task_path, **limits}
     admission = Admission(limits["workers"], limits["max_queue"])
-    heavy_pool = ThreadPoolExecutor(admission.heavy_limit, "heavy",  # its threads live as long as the process
-                                    initializer=_idle_priority if heavy_priority == "idle" else None)
     timeout = limits["timeout"]
     default_top_k = inspect.signature(runtime.fill_mask).parameters["top_k"].default
 
@@ -521,10 +488,9 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
                                           f"the limit of {limits['max_candidates']} per request (--max-candidates)")
                 heavy = tokens > limits["max_batch_tokens"]
                 with admission.slot(heavy=heavy):
-                    if heavy:  # on a thread of the lowest CPU priority; its freed blocks go back to the OS
-                        preds = heavy_pool.submit(_predict_and_give_back, model, texts, kwargs).result()
-                    else:
-                        preds = model.predict(texts, **kwargs)
+                    preds = model.predict(texts, **kwargs)
+                    if heavy:
+                        give_back()  # a large request's freed blocks go back to the OS
             except BadRequest as e:
                 self._send(e.status, {"error": str(e)})
                 return
@@ -539,7 +505,7 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
                 sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
 
     server = Server((host, port), Handler, limits["max_connections"], limits["max_client_connections"], limits["max_idle"])
-    server.quiet, server.admission, server.heavy_pool = quiet, admission, heavy_pool
+    server.quiet, server.admission = quiet, admission
     return server
 
 
@@ -555,7 +521,7 @@ def run(args) -> int:
     limit_arenas(2)  # before any thread: one malloc arena per connection thread would keep each one's freed memory
     runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, manifest_sha256=args.pin, depth=args.depth)
     try:
-        server = make_server(runtime, args.host, args.port, args.quiet, args.heavy_priority, **limits)
+        server = make_server(runtime, args.host, args.port, args.quiet, **limits)
     except OSError as e:  # port in use, address not on this machine, unknown host
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     host, port = server.server_address[:2]

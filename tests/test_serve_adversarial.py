@@ -3,7 +3,6 @@ JSON 4xx (never a reset, a hang or a 5xx other than the 503 of overload); limits
 from __future__ import annotations
 
 import json
-import os
 import select
 import socket
 import subprocess
@@ -312,26 +311,6 @@ def test_a_non_finite_output_is_a_json_error_never_nan(serve, artifact, tmp_path
         server.shutdown()
         server.server_close()
     assert status == 500 and "not finite" in body["error"]
-
-
-def test_a_light_request_is_answered_while_the_heavy_lane_is_taken(serve, artifact):
-    """With a large request in flight (the one heavy place of 2 workers taken), a small request is answered at
-    once and another large one gets 503; a large request runs on a thread of the lowest CPU priority and is
-    answered as the runtime answers it."""
-    server, runtime = serve(**{**LIMITS, "workers": 2, "max_batch_tokens": 64, "max_candidates": 100})
-    port, light = server.server_address[1], post(b'{"text": "a [MASK] film", "top_k": 2}')
-    heavy_texts = ["a [MASK] film that " + "is very " * 25 + "[MASK] ."] * 2  # 2 x 56 tokens: over 64
-    heavy = post(json.dumps({"texts": heavy_texts, "top_k": 3}).encode())
-    with server.admission.slot(heavy=True):  # a large request is running
-        status, body, _ = exchange(port, light)
-        assert (status, body["results"]) == (200, json.loads(json.dumps(list(runtime.fill_mask(["a [MASK] film"], top_k=2)))))
-        status, body, head = exchange(port, heavy)
-        assert status == 503 and "large request" in body["error"] and "Retry-After: 1" in head
-    status, body, _ = exchange(port, heavy, timeout=120)  # the lane is free again
-    assert (status, body["results"]) == (200, json.loads(json.dumps(list(runtime.fill_mask(heavy_texts, top_k=3)))))
-    if hasattr(os, "SCHED_IDLE"):
-        pool = [t for t in threading.enumerate() if t.name.startswith("heavy")]
-        assert pool and all(os.sched_getscheduler(t.native_id) == os.SCHED_IDLE for t in pool if t.is_alive())
 
 
 def test_scores_are_written_in_float32s_shortest_form():
