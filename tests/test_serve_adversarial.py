@@ -313,6 +313,22 @@ def test_a_non_finite_output_is_a_json_error_never_nan(serve, artifact, tmp_path
     assert status == 500 and "not finite" in body["error"]
 
 
+def test_a_light_request_is_answered_while_the_heavy_lane_is_taken(serve):
+    """With a large request in flight (the one large place of 2 workers taken), a small request is answered at
+    once, as the runtime answers it, and another large one gets 503 + Retry-After; once free, it is answered."""
+    server, runtime = serve(**{**LIMITS, "workers": 2, "max_batch_tokens": 64, "max_candidates": 100})
+    port, light = server.server_address[1], post(b'{"text": "a [MASK] film", "top_k": 2}')
+    heavy_texts = ["a [MASK] film that " + "is very " * 25 + "[MASK] ."] * 2  # 2 x 56 tokens: over 64
+    heavy = post(json.dumps({"texts": heavy_texts, "top_k": 3}).encode())
+    with server.admission.slot(heavy=True):  # a large request is running
+        status, body, _ = exchange(port, light)
+        assert (status, body["results"]) == (200, json.loads(json.dumps(list(runtime.fill_mask(["a [MASK] film"], top_k=2)))))
+        status, body, head = exchange(port, heavy)
+        assert status == 503 and "large request" in body["error"] and "Retry-After: 1" in head
+    status, body, _ = exchange(port, heavy, timeout=120)
+    assert (status, body["results"]) == (200, json.loads(json.dumps(list(runtime.fill_mask(heavy_texts, top_k=3)))))
+
+
 def test_scores_are_written_in_float32s_shortest_form():
     values = np.random.default_rng(0).random(200, dtype=np.float32) ** 8
     short = shortest_floats(values)
