@@ -14,7 +14,7 @@ fields, headers or request line (an unsupported HTTP version included), 404/405 
 408 a request not sent within ``--timeout``, 411 no length, 413 body, texts, tokens or fill-mask
 candidates (``[MASK]`` tokens x ``top_k``) over the limits (an oversize body is refused before it is read). Overload gets 503 with ``Retry-After``:
 more than ``--workers`` + ``--max-queue`` requests admitted, more than ``--workers`` - 1 large ones (over
-``--max-batch-tokens`` tokens: small requests always keep a worker), ``--max-connections`` open or
+``--max-batch-tokens`` tokens: small requests always keep a worker) or a large one while no worker is free, ``--max-connections`` open or
 ``--max-client-connections`` from one address. ``--timeout`` bounds a whole request (headers and body,
 however slowly dribbled); at most ``--max-idle`` connections are kept alive between requests. Every
 answer is strict JSON (a non-finite result is a 500 with an error, never ``NaN``); a GET with a body
@@ -165,11 +165,12 @@ class Admission:
     """At most ``workers`` requests computed at once and ``queue`` more waiting; beyond, :class:`BadRequest` 503.
 
     Cost-aware: a heavy request (more tokens than one ONNX Runtime call takes) may hold at most ``workers - 1``
-    places, running or waiting (1 with one worker), so light requests always find a worker of their own;
-    more heavy ones get 503 + Retry-After."""
+    places, running or waiting (1 with one worker), so light requests always find a worker of their own, and
+    is admitted only while fewer than ``workers`` requests are (none waits for a worker): under load, heavy
+    ones are shed first. Refused ones get 503 + Retry-After."""
 
     def __init__(self, workers: int, queue: int):
-        self.limit = workers + queue
+        self.workers, self.limit = workers, workers + queue
         self.heavy_limit = max(1, workers - 1)
         self.admitted = self.heavy = 0
         self.lock = threading.Lock()
@@ -183,6 +184,9 @@ class Admission:
             if heavy and self.heavy >= self.heavy_limit:
                 raise BadRequest(503, f"busy: {self.heavy_limit} large request(s) already running or queued "
                                       f"(the other workers stay free for small ones); retry later")
+            if heavy and self.admitted >= self.workers:
+                raise BadRequest(503, f"busy: {self.admitted} requests running or queued; a large request is taken only "
+                                      f"while a worker is free (small ones first); retry later")
             self.admitted += 1
             self.heavy += heavy
         try:

@@ -347,6 +347,12 @@ def test_heavy_requests_leave_a_worker_to_light_ones():
         assert e.value.status == 503 and "large request" in str(e.value)
         with admission.slot():  # a light request still gets the other worker at once
             pass
+    with admission.slot(), admission.slot():  # both workers busy with small requests: a large one is shed first
+        with pytest.raises(BadRequest) as e, admission.slot(heavy=True):
+            pass
+        assert e.value.status == 503 and "while a worker is free" in str(e.value)
+    with admission.slot(), admission.slot(heavy=True):  # one worker free: taken
+        pass
 
 
 def test_many_simultaneous_clients_all_answered(artifact):
