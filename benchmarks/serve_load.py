@@ -20,10 +20,19 @@ under ``artifacts/serve_bench/`` (reused when present; the figures are about tim
         --duration 20 --threads 1 --max-memory 990                                  # hostile mix, 100 clients
     python benchmarks/serve_load.py --preset sharebert-tiny --quantize none --clients 80 --hostile 20 \
         --dribblers 130 --duration 60 --threads 1                                   # and 130 slow dribblers
+    python benchmarks/serve_load.py --preset sharebert-tiny --quantize none --mixes 80+0,80+20,8+20 \
+        --duration 20 --threads 1                       # light p95 / unloaded p95 of each mix, in one run
+    python benchmarks/serve_load.py --preset sharebert-tiny --quantize none --mixes 80+0,80+20 \
+        --duration 20 --threads 1 --variant="" --variant="--workers 3"    # two servers side by side
+    python benchmarks/serve_load.py ... --variant="PYTHONSAFEPATH=1 PYTHONPATH=/tmp/old" --variant=""  # an older version beside
 
-Before the load, one client alone sends ``--unloaded`` requests: their p95 is the unloaded p95 the
+Before each load, one client alone sends ``--unloaded`` requests: their p95 is the unloaded p95 the
 loaded one is compared with (goal: loaded p95 <= 10x unloaded, light requests not starved by heavy
-ones). ``--dribblers`` connections from 127.0.0.2 each send one header line every 5 s, forever (the
+ones). ``--mixes`` runs several loads (plain + hostile clients) in turn; with ``--variant`` given more than once,
+each mix runs on every variant's server in turn (servers started side by side), so the shared machine's
+drift hits them alike; a table of the ratios ends the output. An older version as a variant: its tree made
+importable (``git archive OLD | tar -x -C /tmp/old``, then ``ln -s ../deploy /tmp/old/sharebert/deploy`` and
+``ln -s ../export /tmp/old/sharebert/export``: the installed package maps those folders). ``--dribblers`` connections from 127.0.0.2 each send one header line every 5 s, forever (the
 server's whole-request deadline cuts them off; they reconnect), while a probe from 127.0.0.1 asks
 ``GET /health`` twice a second: every probe must get 200.
 """
@@ -32,7 +41,9 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -44,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 HOST = "127.0.0.1"
+ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=.*")  # a --variant word that sets the server's environment
 BENCH_DIR = Path("artifacts/serve_bench")
 
 
@@ -84,12 +96,14 @@ def ensure_artifact(preset: str, quantize: str) -> Path:
 class Server:
     """``sharebert serve`` in a subprocess on 127.0.0.1; stderr is drained (last lines kept for errors)."""
 
-    def __init__(self, artifact: Path, port: int, ram: str, threads: int | None, limits: list[str]):
+    def __init__(self, artifact: Path, port: int, ram: str, threads: int | None, limits: list[str],
+                 env: dict[str, str] | None = None):
         cmd = [sys.executable, "-m", "sharebert", "serve", str(artifact), "--host", HOST, "--port", str(port),
                "--ram", ram, "--quiet", *limits]
         if threads:
             cmd += ["--threads", str(threads)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
         self.log: deque[str] = deque(maxlen=40)
         self.port: int | None = port or None
         threading.Thread(target=self._drain, daemon=True).start()
@@ -232,7 +246,11 @@ class Load:
         return time.perf_counter() - t0
 
 
-HEAVY = json.dumps({"texts": [" ".join(["[MASK]"] * 126)] * 64, "top_k": 20}).encode()  # 8,192 tokens, all [MASK]
+# the heaviest request the default limits allow: 64 texts of 128 tokens (8,192), 3 [MASK] each, top_k 20 (3,840 of the
+# 4,096 candidates --max-candidates allows); and one over that budget: every token a [MASK] (161,280 candidates: 413)
+HEAVY = json.dumps({"texts": [" ".join(["the"] * 40 + ["[MASK]"] + ["the"] * 41 + ["[MASK]"] * 2 + ["the"] * 42)] * 64,
+                    "top_k": 20}).encode()
+OVER_BUDGET = json.dumps({"texts": [" ".join(["[MASK]"] * 126)] * 64, "top_k": 20}).encode()
 MALFORMED = [
     b"POST /fill-mask HTTP/1.1\r\nContent-Length: 8000\r\n\r\n" + b"[" * 4000 + b"]" * 4000,
     b'POST /fill-mask HTTP/1.1\r\nContent-Length: 27\r\n\r\n{"text": "a \\ud800 [MASK]"}',
@@ -245,10 +263,11 @@ MALFORMED = [
 
 class Hostile:
     """Threads sending, in turn: a declared 1 GB body (413 expected), a half-sent body left hanging (408),
-    a malformed request (4xx) and the heaviest allowed request (64 all-[MASK] texts, top_k 20: 200).
+    a malformed request (4xx), the heaviest allowed request (:data:`HEAVY`: 200, or 503 while another one runs)
+    and one over the candidate budget (:data:`OVER_BUDGET`, 64 all-[MASK] texts, top_k 20: 413).
     Outcomes are counted as ``kind status`` ('kind reset' for a connection that got no answer)."""
 
-    KINDS = ("oversize", "slow", "malformed", "heavy")
+    KINDS = ("oversize", "slow", "malformed", "heavy", "overbudget")
 
     def __init__(self, port: int, end: float, timeout: float):
         self.port, self.end, self.timeout = port, end, timeout
@@ -266,8 +285,9 @@ class Hostile:
             elif kind == "malformed":
                 s.sendall(MALFORMED[n % len(MALFORMED)])
             else:
-                s.sendall(b"POST /fill-mask HTTP/1.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(HEAVY)
-                          + HEAVY)
+                body = HEAVY if kind == "heavy" else OVER_BUDGET
+                s.sendall(b"POST /fill-mask HTTP/1.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+                          + body)
             reply = b""
             while not reply.startswith(b"HTTP/1.1 ") or b"\r\n\r\n" not in reply:
                 chunk = s.recv(1 << 16)
@@ -300,7 +320,8 @@ class Hostile:
     def bad(self) -> dict[str, int]:
         """Outcomes that miss what HTTP says: 5xx, resets, or the wrong status for the kind (a heavy request may
         get 503 + Retry-After: at most workers - 1 of them are admitted at once)."""
-        want = {"oversize": {"413"}, "slow": {"408"}, "malformed": {"400", "404"}, "heavy": {"200", "503"}}
+        want = {"oversize": {"413"}, "slow": {"408"}, "malformed": {"400", "404"}, "heavy": {"200", "503"},
+                "overbudget": {"413"}}
         return {k: v for k, v in self.outcomes.items() if k.split(" ", 1)[1] not in want[k.split(" ")[0]]}
 
 
@@ -381,6 +402,17 @@ def reference(artifact: Path, ram: str, threads: int | None, requests: list[list
     return ids, scores
 
 
+def _mixes(text: str) -> list[tuple[int, int]]:
+    """``80+0,80+20`` -> ``[(80, 0), (80, 20)]``."""
+    try:
+        mixes = [tuple(int(n) for n in part.split("+")) for part in text.split(",")]
+    except ValueError:
+        mixes = []
+    if not mixes or any(len(m) != 2 or m[0] < 1 or m[1] < 0 for m in mixes):
+        raise argparse.ArgumentTypeError(f"expected CLIENTS+HOSTILE[,...] with CLIENTS >= 1, got {text!r}")
+    return mixes
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifact", help="an exported fill-mask artifact (default: build and export --preset)")
@@ -408,6 +440,13 @@ def main(argv=None) -> int:
     ap.add_argument("--server-timeout", type=int, default=5, help="server --timeout, what a half-sent body waits (default: 5)")
     ap.add_argument("--max-memory", type=float, default=None,
                     help="MB: fail when the server's peak RSS exceeds it (docs/DEVICE.md derives it from the limits)")
+    ap.add_argument("--mixes", type=_mixes, default=None, metavar="C+H,...",
+                    help="load mixes run in turn on one server, e.g. 80+0,80+20,8+20: C plain clients + H hostile ones "
+                         "(default: --clients + --hostile)")
+    ap.add_argument("--variant", action="append", metavar="OPTIONS",
+                    help="more `sharebert serve` options for a server, e.g. --variant=\"--workers 3\"; NAME=VALUE words set "
+                         "its environment (--variant=\"PYTHONSAFEPATH=1 PYTHONPATH=/old/checkout\" runs an older version); given more than once, "
+                         "every mix runs on each variant's server in turn (default: one server, no more options)")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.batch < 1 or args.requests < 1 or args.duration <= 0 or args.sentences < 1:
         ap.error("--clients, --batch, --requests, --sentences and --duration must be positive")
@@ -424,43 +463,76 @@ def main(argv=None) -> int:
           flush=True)
     expected, expected_scores = reference(artifact, args.ram, args.threads, requests)
 
+    mixes = args.mixes or [(args.clients, args.hostile)]
+    variants = args.variant or [""]
+    configs = [(v if len(variants) > 1 else "", shlex.split(v)) for v in variants]
+    configs = [(name, [w for w in words if not ENV_WORD.fullmatch(w)],  # NAME=VALUE words: the server's environment
+                dict(w.split("=", 1) for w in words if ENV_WORD.fullmatch(w))) for name, words in configs]
+    most = max(c + h for c, h in mixes)
     limits = ["--max-batch", str(max(64, args.batch)), "--workers", str(args.workers), "--max-batch-tokens",
               str(args.max_batch_tokens), "--timeout", str(args.server_timeout),
-              "--max-queue", str(args.clients + args.hostile), "--max-connections", str(2 * (args.clients + args.hostile + 10)),
-              "--max-client-connections", str(args.clients + args.hostile + 10)]  # 127.0.0.1's clients; dribblers no more
-    server = Server(artifact, args.port, args.ram, args.threads, limits)
+              "--max-queue", str(most), "--max-connections", str(2 * (most + 10)),
+              "--max-client-connections", str(most + 10)]  # 127.0.0.1's clients; dribblers no more
+    servers = [(name, Server(artifact, args.port, args.ram, args.threads, limits + extra, env))
+               for name, extra, env in configs]
+    table, ok = [], True
     try:
-        ready_s = server.wait_healthy(timeout=300)
-        print(f"server pid {server.proc.pid} healthy on {HOST}:{server.port} after {ready_s:.2f} s", flush=True)
-        warm = Load(server, requests, expected, expected_scores, 30.0, args.clients, args.timeout)
-        warm.run(args.clients)  # one request per client: connections and first-run allocations
-        warm_rss = server.memory_mb()
-        alone = Load(server, requests, expected, expected_scores, 60.0, args.unloaded, args.timeout)
-        alone.run(1)
-        unloaded_p95 = float(np.percentile(np.asarray(alone.latencies) * 1e3, 95)) if alone.latencies else float("nan")
-        load = Load(server, requests, expected, expected_scores, args.duration, args.requests, args.timeout)
-        print(f"load: {args.clients} clients, {args.batch} text(s)/request, up to {args.duration:g} s "
-              f"or {args.requests} requests; {args.hostile} hostile clients ...", flush=True)
-        hostile = Hostile(server.port, time.perf_counter() + args.duration, args.timeout)
-        hostile_threads = hostile.start(args.hostile)
-        dribblers = Dribblers(server.port, time.perf_counter() + args.duration, args.dribblers)
-        dribbler_threads = dribblers.start() if args.dribblers else []
-        wall = load.run(args.clients)
-        for t in dribbler_threads:
-            t.join(15)
-        for t in hostile_threads:
-            t.join(args.timeout + args.server_timeout + 5)
-        memory = server.memory_mb()
-        alive = server.proc.poll() is None
+        for name, server in servers:
+            ready_s = server.wait_healthy(timeout=300)
+            print(f"server {name} pid {server.proc.pid} healthy on {HOST}:{server.port} after {ready_s:.2f} s", flush=True)
+            Load(server, requests, expected, expected_scores, 30.0, most, args.timeout).run(most)  # connections, first runs
+        for clients, hostile_n in mixes:  # each mix on every server in turn: the machine's drift hits them alike
+            for name, server in servers:
+                summary = run_mix(args, artifact, server, name, clients, hostile_n, requests, expected, expected_scores)
+                ok &= summary.pop("ok")
+                table.append((name, clients, hostile_n, summary))
     finally:
-        stopped = server.stop()
+        for name, server in servers:
+            print(f"server {name} {server.stop()}")
+    print("\nlight p95 loaded / unloaded (one-sentence requests, unloaded p95 measured just before; goal <= 10):")
+    for name, clients, hostile_n, summary in table:
+        print(f"  {clients} clients + {hostile_n} hostile{', ' + name if name else ''}: p95 {summary['latency_ms']['p95']} ms "
+              f"/ unloaded {summary['unloaded_p95_ms']} ms = {summary['p95_over_unloaded']}x "
+              f"({summary['answered']} answered, correct rate {summary['correct_rate']}"
+              f"{', heavy ' + str({k: v for k, v in summary['hostile'].items() if k.startswith('heavy')}) if hostile_n else ''})")
+    return 0 if ok else 1
 
+
+def run_mix(args, artifact, server, name, clients, hostile_n, requests, expected, expected_scores) -> dict:
+    """The unloaded p95 (one client alone), then ``clients`` plain clients + ``hostile_n`` hostile ones (and
+    ``--dribblers``) for ``--duration`` s; prints the figures, returns the summary (``ok``: every answer correct,
+    no wrong hostile status, memory within ``--max-memory``, /health always 200 beside the dribblers)."""
+    alone = Load(server, requests, expected, expected_scores, 60.0, args.unloaded, args.timeout)
+    alone.run(1)
+    unloaded_p95 = float(np.percentile(np.asarray(alone.latencies) * 1e3, 95)) if alone.latencies else float("nan")
+    warm_rss = server.memory_mb()
+    load = Load(server, requests, expected, expected_scores, args.duration, args.requests, args.timeout)
+    print(f"\nload{' (' + name + ')' if name else ''}: {clients} clients, {args.batch} text(s)/request, up to "
+          f"{args.duration:g} s or {args.requests} requests; {hostile_n} hostile clients ...", flush=True)
+    hostile = Hostile(server.port, time.perf_counter() + args.duration, args.timeout)
+    hostile_threads = hostile.start(hostile_n)
+    dribblers = Dribblers(server.port, time.perf_counter() + args.duration, args.dribblers)
+    dribbler_threads = dribblers.start() if args.dribblers else []
+    wall = load.run(clients)
+    for t in dribbler_threads:
+        t.join(15)
+    for t in hostile_threads:
+        t.join(args.timeout + args.server_timeout + 5)
+    memory = server.memory_mb()
+    alive = server.proc.poll() is None
+    return report(args, artifact, clients, hostile_n, load, hostile, dribblers, wall, unloaded_p95, warm_rss, memory,
+                  alive)
+
+
+def report(args, artifact, clients, hostile_n, load, hostile, dribblers, wall, unloaded_p95, warm_rss, memory,
+           alive) -> dict:
+    """Print one mix's figures; return its summary (with ``ok``)."""
     lat = np.asarray(load.latencies) * 1e3
     done = sum(load.outcomes.values())
     answered = load.outcomes["correct"] + load.outcomes["wrong answer"]
     pct = {p: float(np.percentile(lat, p)) if lat.size else float("nan") for p in (50, 95, 99)}
     summary = {
-        "artifact": str(artifact), "ram": args.ram, "threads": args.threads, "clients": args.clients,
+        "artifact": str(artifact), "ram": args.ram, "threads": args.threads, "clients": clients,
         "batch": args.batch,
         "requests": done, "answered": answered, "texts": answered * args.batch, "wall_s": round(wall, 3),
         "requests_per_s": round(answered / wall, 2), "texts_per_s": round(answered * args.batch / wall, 2),
@@ -469,15 +541,16 @@ def main(argv=None) -> int:
         "errors": {k: v for k, v in load.outcomes.items() if k != "correct"},
         "correct_rate": round(load.outcomes["correct"] / done, 4) if done else None,
         "max_top1_score_diff": load.max_score_diff,
-        "server_ready_s": round(ready_s, 2), "server_rss_warm_mb": warm_rss["VmRSS"],
+        "server_rss_before_mb": warm_rss["VmRSS"],
         "server_rss_after_mb": memory["VmRSS"], "server_peak_rss_mb": memory["VmHWM"],
-        "server_alive_after_load": alive, "server_stop": stopped,
-        "hostile": dict(hostile.outcomes), "hostile_wrong_status": hostile.bad(), "max_memory_mb": args.max_memory,
+        "server_alive_after_load": alive,
+        "hostile_clients": hostile_n, "hostile": dict(hostile.outcomes), "hostile_wrong_status": hostile.bad(),
+        "max_memory_mb": args.max_memory,
         "unloaded_p95_ms": round(unloaded_p95, 2), "p95_over_unloaded": round(pct[95] / unloaded_p95, 2),
         "dribblers": {"peak_connected": dribblers.peak, "cut_off": dribblers.cut, "health": dict(dribblers.health),
                       "health_max_ms": round(max(dribblers.health_ms), 1) if dribblers.health_ms else None},
     }
-    print(f"\nrequests        {done} sent, {answered} answered with 200 "
+    print(f"requests        {done} sent, {answered} answered with 200 "
           f"({args.batch} text(s) each = {answered * args.batch} texts)")
     print(f"wall time       {wall:.2f} s")
     print(f"throughput      {summary['requests_per_s']:.2f} requests/s, {summary['texts_per_s']:.2f} texts/s")
@@ -486,10 +559,9 @@ def main(argv=None) -> int:
     print(f"unloaded p95    {unloaded_p95:.1f} ms (one client alone); loaded p95 / unloaded = {pct[95] / unloaded_p95:.2f}")
     print(f"errors          {summary['errors'] or 'none'}")
     print(f"correct (top-1) {summary['correct_rate']}  (largest top-1 score difference {load.max_score_diff:.2e})")
-    print(f"server RSS (MB) after warm-up {warm_rss['VmRSS']}, after load {memory['VmRSS']}, "
-          f"peak (VmHWM) {memory['VmHWM']}")
-    print(f"server          ready after {ready_s:.2f} s, {'alive' if alive else 'DEAD'} after the load, {stopped}")
-    if args.hostile:
+    print(f"server RSS (MB) before the load {warm_rss['VmRSS']}, after {memory['VmRSS']}, "
+          f"peak (VmHWM) {memory['VmHWM']}; {'alive' if alive else 'DEAD'} after the load")
+    if hostile_n:
         print(f"hostile         {dict(sorted(hostile.outcomes.items()))}")
         print(f"hostile wrong   {hostile.bad() or 'none'} (5xx, resets, or a status other than HTTP's for the kind)")
     health_bad = args.dribblers and set(dribblers.health) != {"200"}
@@ -503,8 +575,9 @@ def main(argv=None) -> int:
     for note in load.examples:
         print(f"  e.g. {note}")
     print("SUMMARY " + json.dumps(summary), flush=True)
-    return 0 if done and load.outcomes["correct"] == done and not hostile.bad() and not over and not health_bad else 1
-
+    summary["ok"] = bool(done and load.outcomes["correct"] == done and not hostile.bad() and not over and not health_bad
+                         and alive)
+    return summary
 
 if __name__ == "__main__":
     try:

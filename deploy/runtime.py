@@ -325,6 +325,14 @@ class Runtime:
             return sum(len(ids) for ids, _ in self._pair_tokenized(texts, text_pair)[0])
         return sum(map(len, self._tokenized(texts, special_tokens)[0]))
 
+    def request_size(self, texts, text_pair=None) -> tuple[int, int]:
+        """``(tokens, [MASK] tokens)`` the model will see for ``texts`` (as :meth:`token_count`; ``[MASK]``
+        tokens are the rows a fill-mask answers, ``top_k`` candidates each; 0 without a mask token)."""
+        if text_pair is not None:
+            return self.token_count(texts, text_pair=text_pair), 0
+        rows = self._tokenized(texts)[0]
+        return sum(map(len, rows)), 0 if self.mask_id is None else sum(row.count(self.mask_id) for row in rows)
+
     def _run(self, input_ids: np.ndarray, mask: np.ndarray, past: dict | None = None,
              token_type_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """One ONNX Runtime call: every output by name (a causal LM's ``present.*`` too)."""
@@ -380,11 +388,11 @@ class Runtime:
             picked = [top_k_softmax(logits[rows[i: i + 64], cols[i: i + 64]], top_k) for i in range(0, len(rows), 64)]
             del logits
             best = [t for tokens, _ in picked for t in tokens]
-            scores = [p for _, probs in picked for p in probs]
+            scores = [p for _, probs in picked for p in shortest_floats(probs)]
             answers = [[] for _ in range(len(ids))]
             for row, tokens, probs in zip(rows, best, scores):
                 answers[row].append([{"token": self.tokenizer.id_to_token(int(t)), "token_id": int(t),
-                                      "score": float(p)} for t, p in zip(tokens, probs)])
+                                      "score": p} for t, p in zip(tokens, probs)])
             return answers
 
         return self._answered(texts, answer)
@@ -546,6 +554,12 @@ def top_k_softmax(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     peak = logits.max(axis=-1, keepdims=True)
     total = np.exp(logits - peak).sum(axis=-1, keepdims=True)
     return top, np.exp(picked - peak) / total
+
+
+def shortest_floats(values: np.ndarray) -> list:
+    """float32 ``values`` as (nested) Python floats of their shortest decimal form: ``0.33333334`` rather than
+    ``0.3333333432674408``, the same float32, about half the characters in JSON."""
+    return np.asarray(values, dtype=np.float32).astype(str).astype(float).tolist()
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

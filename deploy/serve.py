@@ -11,20 +11,23 @@ Endpoints:
 
 Bad input of any shape gets a 4xx with ``{"error": message}`` and a valid status line: 400 bad JSON,
 fields, headers or request line (an unsupported HTTP version included), 404/405 wrong path or method,
-408 a request not sent within ``--timeout``, 411 no length, 413 body, texts, tokens or ``top_k`` over
-the limits (an oversize body is refused before it is read). Overload gets 503 with ``Retry-After``:
+408 a request not sent within ``--timeout``, 411 no length, 413 body, texts, tokens or fill-mask
+candidates (``[MASK]`` tokens x ``top_k``) over the limits (an oversize body is refused before it is read). Overload gets 503 with ``Retry-After``:
 more than ``--workers`` + ``--max-queue`` requests admitted, more than ``--workers`` - 1 large ones (over
-``--max-batch-tokens`` tokens: small requests always keep a worker), ``--max-connections`` open or
+``--max-batch-tokens`` tokens: small requests always keep a worker) or a large one while no worker is free, ``--max-connections`` open or
 ``--max-client-connections`` from one address. ``--timeout`` bounds a whole request (headers and body,
 however slowly dribbled); at most ``--max-idle`` connections are kept alive between requests. Every
 answer is strict JSON (a non-finite result is a 500 with an error, never ``NaN``); a GET with a body
 closes its connection (the body is never read as the next request).
+
+Scores and vectors are written in float32's shortest decimal form.
 
 Memory is bounded by the limits: at most ``--workers`` requests run at once, each one ONNX Runtime
 call of at most ``--max-batch-tokens`` padded tokens at a time (see docs/DEVICE.md for the bound).
 """
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import sys
@@ -48,6 +51,7 @@ LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
     "max_batch": (64, "texts per request"),
     "max_tokens": (8192, "tokens per request, after each text is cut to the artifact's max_length"),
     "max_top_k": (20, "fill-mask: largest top_k"),
+    "max_candidates": (4096, "fill-mask: [MASK] tokens x top_k per request (the candidates answered)"),
     "max_body_bytes": (1 << 20, "request body bytes"),
     "max_batch_tokens": (1024, "padded tokens per ONNX Runtime call (bounds each call's memory)"),
     "workers": (2, "requests computed at once"),
@@ -161,11 +165,12 @@ class Admission:
     """At most ``workers`` requests computed at once and ``queue`` more waiting; beyond, :class:`BadRequest` 503.
 
     Cost-aware: a heavy request (more tokens than one ONNX Runtime call takes) may hold at most ``workers - 1``
-    places, running or waiting (1 with one worker), so light requests always find a worker of their own;
-    more heavy ones get 503 + Retry-After."""
+    places, running or waiting (1 with one worker), so light requests always find a worker of their own, and
+    is admitted only while fewer than ``workers`` requests are (none waits for a worker): under load, heavy
+    ones are shed first. Refused ones get 503 + Retry-After."""
 
     def __init__(self, workers: int, queue: int):
-        self.limit = workers + queue
+        self.workers, self.limit = workers, workers + queue
         self.heavy_limit = max(1, workers - 1)
         self.admitted = self.heavy = 0
         self.lock = threading.Lock()
@@ -179,6 +184,9 @@ class Admission:
             if heavy and self.heavy >= self.heavy_limit:
                 raise BadRequest(503, f"busy: {self.heavy_limit} large request(s) already running or queued "
                                       f"(the other workers stay free for small ones); retry later")
+            if heavy and self.admitted >= self.workers:
+                raise BadRequest(503, f"busy: {self.admitted} requests running or queued; a large request is taken only "
+                                      f"while a worker is free (small ones first); retry later")
             self.admitted += 1
             self.heavy += heavy
         try:
@@ -315,6 +323,8 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
     ``limits``: any of :data:`LIMITS` (``max_batch=64``, ``max_tokens=8192``, ...), each a positive
     integer; ``max_batch_tokens`` is set on ``runtime``.
     """
+    from .runtime import shortest_floats
+
     unknown = set(limits) - set(LIMITS)
     if unknown:
         raise TypeError(f"unknown limit(s): {', '.join(sorted(unknown))}")
@@ -327,10 +337,13 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
     metadata = {**runtime.metadata(), "endpoint": task_path, **limits}
     admission = Admission(limits["workers"], limits["max_queue"])
     timeout = limits["timeout"]
+    default_top_k = inspect.signature(runtime.fill_mask).parameters["top_k"].default
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "sharebert-serve"
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # TCP_NODELAY: the body, written after the head, is not held back by Nagle
+        # until the client's delayed ACK of the head (40 ms on Linux: one-sentence answers took 48 ms instead of 8)
         default_request_version = "HTTP/1.0"  # refusals of unreadable request lines still get a status line
 
         def setup(self):
@@ -470,12 +483,17 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
                                      f"no endpoint {self.path[:200]} for task {runtime.task}; POST /predict or {task_path}")
                 texts, kwargs = parse_request(body, runtime.task, limits["max_batch"], limits["max_top_k"], runtime.max_depth)
                 model = runtime.at_depth(kwargs.pop("depth")) if "depth" in kwargs else runtime
-                tokens = runtime.token_count(texts, text_pair=kwargs.get("text_pair"))
+                tokens, masks = runtime.request_size(texts, text_pair=kwargs.get("text_pair"))
                 if tokens > limits["max_tokens"]:
                     raise BadRequest(413, f"{tokens} tokens exceed the limit of {limits['max_tokens']} per request")
-                with admission.slot(heavy=tokens > limits["max_batch_tokens"]):
+                top_k = kwargs.get("top_k", default_top_k)
+                if runtime.task == "fill-mask" and masks * top_k > limits["max_candidates"]:
+                    raise BadRequest(413, f"{masks} [MASK] tokens x top_k {top_k} = {masks * top_k} candidates exceed "
+                                          f"the limit of {limits['max_candidates']} per request (--max-candidates)")
+                heavy = tokens > limits["max_batch_tokens"]
+                with admission.slot(heavy=heavy):
                     preds = model.predict(texts, **kwargs)
-                    if tokens > limits["max_batch_tokens"]:
+                    if heavy:
                         give_back()  # a large request's freed blocks go back to the OS
             except BadRequest as e:
                 self._send(e.status, {"error": str(e)})
@@ -483,7 +501,7 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
             except Exception as e:  # input was validated above: this is the server's fault
                 self._send(500, {"error": f"internal error: {type(e).__name__}: {e}"})
                 return
-            results = [p.tolist() if hasattr(p, "tolist") else p for p in preds]
+            results = [shortest_floats(p) if hasattr(p, "tolist") else p for p in preds]
             self._send(200, {"results": results, "truncated": preds.truncated})
 
         def log_message(self, fmt, *args):

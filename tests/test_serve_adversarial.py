@@ -16,13 +16,13 @@ import pytest
 
 from sharebert.build import build_model
 from sharebert.deploy import Runtime
-from sharebert.deploy.runtime import top_k_softmax
+from sharebert.deploy.runtime import shortest_floats, top_k_softmax
 from sharebert.deploy.serve import make_server
 from sharebert.export.exporter import export_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 LIMITS = dict(max_batch=8, max_body_bytes=12000, max_tokens=200, max_top_k=5, timeout=2, workers=1, max_queue=1,
-              max_connections=16)
+              max_connections=16, max_candidates=40)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +90,10 @@ HOSTILE = [  # (case, raw request, status, part of the error message)
     ("not UTF-8", post(b'{"text": "\xff"}'), 400, "UTF-8"),
     ("texts over the cap", post(json.dumps({"texts": ["a"] * 9}).encode()), 413, "limit of 8"),
     ("tokens over the cap", post(json.dumps({"texts": ["word " * 60] * 4}).encode()), 413, "limit of 200"),
+    ("candidates over the cap", post(json.dumps({"text": "[MASK] " * 9, "top_k": 5}).encode()), 413,
+     "9 [MASK] tokens x top_k 5 = 45 candidates exceed the limit of 40 per request (--max-candidates)"),
+    ("candidates over the cap, default top_k", post(json.dumps({"texts": ["[MASK] a [MASK]"] * 4 + ["[MASK]"]}).encode()),
+     413, "9 [MASK] tokens x top_k 5 = 45 candidates"),
     ("body over the cap", post(json.dumps({"text": "y" * 13000}).encode()), 413, "limit of 12000"),
     ("declared 1 GB, nothing sent", b"POST /fill-mask HTTP/1.1\r\nContent-Length: 1000000000\r\n\r\n", 413, "limit of 12000"),
     ("Expect 100-continue, oversize", b"POST /fill-mask HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 99999\r\n\r\n",
@@ -309,6 +313,30 @@ def test_a_non_finite_output_is_a_json_error_never_nan(serve, artifact, tmp_path
     assert status == 500 and "not finite" in body["error"]
 
 
+def test_a_light_request_is_answered_while_the_heavy_lane_is_taken(serve):
+    """With a large request in flight (the one large place of 2 workers taken), a small request is answered at
+    once, as the runtime answers it, and another large one gets 503 + Retry-After; once free, it is answered."""
+    server, runtime = serve(**{**LIMITS, "workers": 2, "max_batch_tokens": 64, "max_candidates": 100})
+    port, light = server.server_address[1], post(b'{"text": "a [MASK] film", "top_k": 2}')
+    heavy_texts = ["a [MASK] film that " + "is very " * 25 + "[MASK] ."] * 2  # 2 x 56 tokens: over 64
+    heavy = post(json.dumps({"texts": heavy_texts, "top_k": 3}).encode())
+    with server.admission.slot(heavy=True):  # a large request is running
+        status, body, _ = exchange(port, light)
+        assert (status, body["results"]) == (200, json.loads(json.dumps(list(runtime.fill_mask(["a [MASK] film"], top_k=2)))))
+        status, body, head = exchange(port, heavy)
+        assert status == 503 and "large request" in body["error"] and "Retry-After: 1" in head
+    status, body, _ = exchange(port, heavy, timeout=120)
+    assert (status, body["results"]) == (200, json.loads(json.dumps(list(runtime.fill_mask(heavy_texts, top_k=3)))))
+
+
+def test_scores_are_written_in_float32s_shortest_form():
+    values = np.random.default_rng(0).random(200, dtype=np.float32) ** 8
+    short = shortest_floats(values)
+    assert np.array_equal(np.array(short, dtype=np.float32), values)  # the same float32 numbers
+    assert sum(map(len, map(repr, short))) < 0.7 * sum(len(repr(float(v))) for v in values)
+    assert shortest_floats(np.float32(1) / 3) == 0.33333334
+
+
 def test_heavy_requests_leave_a_worker_to_light_ones():
     from sharebert.deploy.serve import Admission, BadRequest
 
@@ -319,6 +347,12 @@ def test_heavy_requests_leave_a_worker_to_light_ones():
         assert e.value.status == 503 and "large request" in str(e.value)
         with admission.slot():  # a light request still gets the other worker at once
             pass
+    with admission.slot(), admission.slot():  # both workers busy with small requests: a large one is shed first
+        with pytest.raises(BadRequest) as e, admission.slot(heavy=True):
+            pass
+        assert e.value.status == 503 and "while a worker is free" in str(e.value)
+    with admission.slot(), admission.slot(heavy=True):  # one worker free: taken
+        pass
 
 
 def test_many_simultaneous_clients_all_answered(artifact):
