@@ -10,7 +10,9 @@ so memory stays bounded for any input size; the runtime orders a chunk by token 
 non-string ``"text"``, a result that is not finite) is reported on stderr with its number and
 skipped; the run goes on and exits with status 1 at the end when any line was skipped (0 when all
 were answered). Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` in input order (strict
-JSON, never NaN; to ``--output``, written to a temporary file and renamed at the end, or stdout);
+JSON, never NaN; ``line`` and ``result`` are always predict's own (:data:`OWN_FIELDS`): a record's fields of
+those names are not copied, said once on stderr); to ``--output``, written to a temporary file and renamed at the end, or
+stdout);
 texts given as arguments print readably. A line over :data:`~sharebert.textlines.MAX_LINE_BYTES` (1 MiB) ends
 the run with an error naming it (an input without newlines, such as ``/dev/zero``, is not one text per line).
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 from ..errors import first_line
 from ..textlines import check_text_file, numbered_lines
 
+OWN_FIELDS = ("line", "result")  # the output record's fields that predict writes; an input record's are not copied
 CHUNK_LINES = 1024  # lines handed to the runtime at once: it groups texts of similar lengths within a chunk
 HELP = "answer the task of an exported artifact (fill-mask, classify, embed, generate) without torch"
 
@@ -165,7 +168,7 @@ def _answer_run(runtime, args, batch, sink, counts) -> None:
         return
     for number, record, result in results:
         try:
-            line = _dumps({"line": number, **record, "result": _jsonable(result)})
+            line = _dumps(_output_record(number, record, _jsonable(result), counts))
             line.encode("utf-8")  # a lone surrogate from a JSON escape cannot be written
         except ValueError as e:
             why = "the result is not finite (NaN or infinity)" if "JSON compliant" in str(e) else str(e)
@@ -173,6 +176,19 @@ def _answer_run(runtime, args, batch, sink, counts) -> None:
             continue
         sink.write(line + "\n")
         counts["written"] += 1
+
+
+def _output_record(number: int, record: dict, result, counts) -> dict:
+    """``{"line": number, **record, "result": result}`` where the line number and the result are always ours: a
+    record's own :data:`OWN_FIELDS` are left out (said once per run on stderr), never written over ours."""
+    own = [key for key in OWN_FIELDS if key in record]
+    if own and not counts.get("own_fields_said"):
+        from tqdm import tqdm
+
+        counts["own_fields_said"] = True
+        tqdm.write(f"line {number}: the record's own {', '.join(repr(k) for k in own)} not copied to the output: "
+                   f"{' and '.join(repr(k) for k in OWN_FIELDS)} are predict's (said once)", file=sys.stderr)
+    return {"line": number, **{k: v for k, v in record.items() if k not in OWN_FIELDS}, "result": result}
 
 
 def _skip(number, message, counts) -> None:

@@ -442,15 +442,18 @@ def test_predict_never_writes_nan(tmp_path, artifact):
 
 def test_predict_goes_on_after_bad_lines(tmp_path, artifact):
     lines = [b"the [MASK] is red .", b"{not json [MASK]", b'{"txt": "x"}', b'{"text": 5}', b"\xff\xfe bad",
-             b'{"text": "a \\ud800 [MASK]"}', b'{"text": "fine [MASK]", "id": 3}', b'["text"]']
+             b'{"text": "a \\ud800 [MASK]"}', b'{"text": "fine [MASK]", "id": 3}', b'["text"]',
+             b'{"text": "mine [MASK]", "line": 99, "result": "my own", "id": 9}']
     (tmp_path / "in.txt").write_bytes(b"\n".join(lines) + b"\n")
     proc = _cli("predict", artifact, "--input", "in.txt", "--output", "out.jsonl", "--batch-size", "3", "--top-k", "1",
                 cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     records = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [r["line"] for r in records] == [1, 2, 3, 7, 8]
+    assert [r["line"] for r in records] == [1, 2, 3, 7, 8, 9]  # a record's own "line" never hides the line number
     assert records[1]["text"] == "{not json [MASK]" and records[2]["text"] == '{"txt": "x"}'  # text starting with {
     assert records[3]["id"] == 3 and records[4]["text"] == '["text"]'
+    assert records[5]["id"] == 9 and len(records[5]["result"]) == 1 and list(records[5]) == ["line", "text", "id", "result"]
+    assert "line 9: the record's own 'line', 'result' not copied to the output" in proc.stderr
     for number, message in ((4, '"text" must be a string'), (5, "not valid UTF-8"), (6, "the JSON holds a lone surrogate")):
         assert f"line {number}: {message}" in proc.stderr
     assert "3 line(s) skipped" in proc.stderr
