@@ -11,8 +11,9 @@ non-string ``"text"``, a result that is not finite) is reported on stderr with i
 skipped; the run goes on and exits with status 1 at the end when any line was skipped (0 when all
 were answered). Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` in input order (strict
 JSON, never NaN; ``line`` and ``result`` are always predict's own (:data:`OWN_FIELDS`): a record's fields of
-those names are not copied, said once on stderr); to ``--output``, written to a temporary file and renamed at the end, or
-stdout);
+those names are not copied, said once on stderr); to ``--output``, written to a hidden temporary file beside it
+and renamed at the end (any failure, a full disk included, removes it and leaves an existing file as it was),
+or stdout;
 texts given as arguments print readably. A line over :data:`~sharebert.textlines.MAX_LINE_BYTES` (1 MiB) ends
 the run with an error naming it (an input without newlines, such as ``/dev/zero``, is not one text per line).
 """
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from ..errors import first_line
@@ -191,6 +193,16 @@ def _output_record(number: int, record: dict, result, counts) -> dict:
     return {"line": number, **{k: v for k, v in record.items() if k not in OWN_FIELDS}, "result": result}
 
 
+def _open_output(out_path: Path):
+    """``(temporary path, text file)``: a new hidden file beside ``out_path`` (never a file of the user's), with
+    the permissions a new file gets under the umask; renamed over ``out_path`` once every line is written."""
+    fd, name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".partial", dir=out_path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    return Path(name), open(fd, "w", encoding="utf-8")
+
+
 def _skip(number, message, counts) -> None:
     from tqdm import tqdm
 
@@ -248,8 +260,7 @@ def run(args) -> int:
         return 0
 
     out_path = Path(args.output) if args.output else None
-    tmp = out_path.with_name(out_path.name + ".partial") if out_path else None
-    sink = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
+    tmp, sink = _open_output(out_path) if out_path else (None, sys.stdout)
     counts = {"written": 0, "skipped": 0, "truncated": 0}
     stream = None
     try:
@@ -274,17 +285,22 @@ def run(args) -> int:
         if batch:
             _answer(runtime, args, batch, sink, counts)
         progress.close()
+        if tmp:  # the last writes, where a full disk shows up, are inside the clean-up's reach
+            sink.flush()
+            os.fsync(sink.fileno())
+            sink.close()
+            os.replace(tmp, out_path)
     except BaseException:
         if tmp:
-            sink.close()
+            try:
+                sink.close()  # flushing what is left may fail again (a full disk): the file is closed anyway
+            except OSError:
+                pass
             tmp.unlink(missing_ok=True)
         raise
     finally:
         if stream is not None and stream is not sys.stdin.buffer:
             stream.close()
-    if tmp:
-        sink.close()
-        os.replace(tmp, out_path)
     print(f"{counts['written']} results{f' -> {out_path}' if out_path else ''}; {counts['skipped']} line(s) "
           f"skipped; {counts['truncated']} input(s) cut to {runtime.max_length} tokens", file=sys.stderr)
     return 1 if counts["skipped"] else 0
