@@ -26,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import options as opt
 from ..errors import first_line
 from ..textlines import check_text_file, numbered_lines
 
@@ -37,8 +38,8 @@ HELP = "answer the task of an exported artifact (fill-mask, classify, embed, gen
 def add_arguments(p):
     p.add_argument("artifact", help="artifact folder written by `sharebert export`")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to answer (or use --input)")
-    p.add_argument("--input", metavar="FILE|-", help="one text (or JSON object with a \"text\" key) per line; - is stdin")
-    p.add_argument("--output", metavar="FILE.jsonl", help="write JSON lines here (default: stdout)")
+    p.add_argument("--input", type=opt.path, metavar="FILE|-", help="one text (or JSON object with a \"text\" key) per line; - is stdin")
+    p.add_argument("--output", type=opt.path, metavar="FILE.jsonl", help="write JSON lines here (default: stdout)")
     p.add_argument("--batch-size", type=int, default=32, help="texts per ONNX Runtime call (default: 32)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: ORT's choice)")
     p.add_argument("--ram", choices=("fp32", "int8"), default="fp32",

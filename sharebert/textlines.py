@@ -18,6 +18,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from .options import symlink_loop
+
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: the most one line of text may hold (a text is cut to max_length tokens anyway)
 PIECE_CHARS = MAX_LINE_BYTES // 4  # a corpus line is tokenized in pieces of at most this many characters (<= 1 MiB)
 
@@ -38,7 +40,7 @@ def check_text_file(path: str | Path, what: str = "file") -> Path:
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} {path}: not found") from None
     except OSError as e:  # a symlink loop, a path through a file, no permission
-        raise ValueError(f"{what} {path}: cannot be read ({e.strerror or e})") from None
+        raise ValueError(f"{what} {symlink_loop(path) or f'{path}: cannot be read ({e.strerror or e})'}") from None
     if stat.S_ISREG(mode):
         return path
     kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")

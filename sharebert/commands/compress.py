@@ -11,15 +11,15 @@ MAX_PARAMS, MAX_TIME, LR, BATCH, SENTENCES = "5M", 600.0, 5e-4, 32, 15000
 
 
 def add_arguments(p):
-    p.add_argument("teacher", metavar="TEACHER", help="the teacher: a sentence-transformers or BERT-family model folder")
-    p.add_argument("--out", required=True, help="output folder: student/, artifact/, report.md, report.json, report.png")
+    p.add_argument("teacher", type=opt.path, metavar="TEACHER", help="the teacher: a sentence-transformers or BERT-family model folder")
+    p.add_argument("--out", type=opt.path, required=True, help="output folder: student/, artifact/, report.md, report.json, report.png")
     p.add_argument("--max-params", default=None, help=f"learned parameters of the student, e.g. 3M (default {MAX_PARAMS} "
                                                       "unless --max-bytes is given)")
     p.add_argument("--max-bytes", help="bytes of the student's int8 file, e.g. 4MB")
     p.add_argument("--max-time", type=opt.positive_float, default=MAX_TIME, metavar="SECONDS",
                    help=f"training time (default {MAX_TIME:g} s; a checkpoint, then export)")
     p.add_argument("--max-steps", type=opt.positive_int, help="stop after N optimizer steps (default: --max-time decides)")
-    p.add_argument("--train", nargs="+", metavar="FILE", help="unlabelled text (one paragraph or sentence per line, or "
+    p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="unlabelled text (one paragraph or sentence per line, or "
                                                                "GLUE .tsv); default: WikiText-2 valid, STS-B and SST-2 "
                                                                "training sentences from the data folder")
     p.add_argument("--max-train-samples", type=opt.positive_int, default=SENTENCES, help=f"sentences to train on (default {SENTENCES})")

@@ -13,11 +13,11 @@ def add_arguments(p):
     from ..training.options import FinetuneArgs
 
     d = FinetuneArgs()
-    p.add_argument("--model", required=True, help="pre-trained model folder (e.g. a `sharebert pretrain` output)")
+    p.add_argument("--model", type=opt.path, required=True, help="pre-trained model folder (e.g. a `sharebert pretrain` output)")
     p.add_argument("--task", required=True, choices=list(TASKS), help="GLUE task")
-    p.add_argument("--data-dir", help="the task's folder holding train.tsv and dev.tsv (MNLI: dev_matched.tsv, "
+    p.add_argument("--data-dir", type=opt.path, help="the task's folder holding train.tsv and dev.tsv (MNLI: dev_matched.tsv, "
                                       "dev_mismatched.tsv); default ../shared/data/glue/<Task>")
-    p.add_argument("--out", required=True, help="output folder: best model, tokenizer, metrics.json")
+    p.add_argument("--out", type=opt.path, required=True, help="output folder: best model, tokenizer, metrics.json")
     add_training_arguments(p, d)
     p.add_argument("--keep-checkpoints", action="store_true", help="keep out/checkpoints after training")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning result in --out")

@@ -36,7 +36,8 @@ CHAR_SPECIALS = ("[PAD]", "[UNK]")
 
 # -- reading ------------------------------------------------------------------------------------
 def resolve_sources(items: Iterable[str | Path]) -> list[Path | str]:
-    """Expand folders into their files; keep ``hf:`` names; raise for missing paths."""
+    """Expand folders into their files (subfolders and hidden files left out; any other entry that is not a readable
+    regular file, such as a symbolic link loop, is refused by name); keep ``hf:`` names; raise for missing paths."""
     out: list[Path | str] = []
     for item in items:
         if isinstance(item, str) and item.startswith("hf:"):
@@ -44,7 +45,8 @@ def resolve_sources(items: Iterable[str | Path]) -> list[Path | str]:
             continue
         path = Path(item)
         if path.is_dir():
-            files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+            files = [check_text_file(p, "corpus file") for p in sorted(path.iterdir())
+                     if not p.name.startswith(".") and not p.is_dir()]
             if not files:
                 raise ValueError(f"corpus folder {path} holds no files")
             out.extend(files)
