@@ -64,7 +64,8 @@ def run(args) -> int:
     dargs = DistillArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                         weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                        eval_steps=args.eval_steps, seed=args.seed, depth_sampling=args.depth_sampling, weights=weights)
+                        eval_steps=args.eval_steps, save_minutes=args.save_minutes, seed=args.seed,
+                        depth_sampling=args.depth_sampling, weights=weights)
     if args.objective != "embedding" and (args.overrides or args.max_time or args.init != "teacher"):
         raise ValueError("--set, --init and --max-time are for --objective embedding")
     if args.objective == "embedding":

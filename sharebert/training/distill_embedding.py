@@ -370,7 +370,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     trainer = _make_embedding_trainer(pooling, args.loss)(
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok,
         data_collator=_Collator(t_tok), teacher=teacher, projections=projections, weights=w,
-        pairs=pairs, groups=groups, callbacks=[c for c in (clock, MarkCheckpoints(), *callbacks) if c is not None])
+        pairs=pairs, groups=groups, callbacks=[c for c in (clock, MarkCheckpoints(args.save_minutes, keep=2), *callbacks) if c is not None])
     trainer.teacher_head = t_head
     show_progress(trainer, progress)
     result = trainer.train(resume_from_checkpoint=start_from)
