@@ -45,6 +45,7 @@ def world(tmp_path_factory):
     (artifact / "model.onnx").write_bytes(b"onnx")
     (root / "notes.txt").write_text("my notes\n")
     (root / "vocab.bin").write_bytes(bytes(range(255, -1, -1)) * 8)
+    (root / "vocab-one-line.txt").write_bytes(b"[PAD] [UNK] " * (1 << 17))  # 1.5 MiB without a newline
     (root / "mine").mkdir()
     (root / "mine" / "thesis.tex").write_text("\\documentclass{article}\n")
     (root / "loop1").symlink_to(root / "loop2")
@@ -84,6 +85,11 @@ CASES = [
      "not a model folder", ["mine"], None),
     ("vocab-binary", ["build", "--preset", "sharebert-tiny", "--vocab", "{root}/vocab.bin", "--out", "{root}/new2"],
      "vocab.bin is not a UTF-8 text file", ["vocab.bin"], "new2"),
+    ("vocab-dev-zero", ["build", "--preset", "sharebert-tiny", "--vocab", "/dev/zero", "--out", "{root}/new2"],
+     "vocabulary file /dev/zero: a character device, not a regular file", [], "new2"),
+    ("vocab-line-over-1MiB", ["pretrain", "--preset", "sharebert-tiny", "--vocab", "{root}/vocab-one-line.txt", "--train",
+                              "{root}/notes.txt", "--out", "{root}/new2"], "vocab-one-line.txt line 1: longer than 1048576",
+     ["vocab-one-line.txt"], "new2"),
     ("out-existing-model", ["build", "--preset", "sharebert-tiny", "--out", "{root}/model"],
      "already holds a model folder; pass --overwrite", ["model"], None),
     ("out-unwritable", ["build", "--preset", "sharebert-tiny", "--out", "/proc/sharebert-test"], "cannot write", [], None),
