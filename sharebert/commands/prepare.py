@@ -25,6 +25,11 @@ def add_arguments(p):
 def run(args) -> int:
     import time
 
+    from ..textlines import resolve_sources
+
+    for sources in (args.train, args.valid):  # a bad source is refused before the training modules load torch
+        if sources:
+            resolve_sources(sources)
     from ..training.shards import Interrupted, prepare
 
     received: list[int] = []

@@ -29,34 +29,12 @@ import numpy as np
 import torch
 
 from ..progress import bar as progress_bar
-from ..textlines import check_text_file, text_pieces
+from ..textlines import text_pieces
 
 CHAR_SPECIALS = ("[PAD]", "[UNK]")
 
 
 # -- reading ------------------------------------------------------------------------------------
-def resolve_sources(items: Iterable[str | Path]) -> list[Path | str]:
-    """Expand folders into their files (subfolders and hidden files left out; any other entry that is not a readable
-    regular file, such as a symbolic link loop, is refused by name); keep ``hf:`` names; raise for missing paths."""
-    out: list[Path | str] = []
-    for item in items:
-        if isinstance(item, str) and item.startswith("hf:"):
-            out.append(item)
-            continue
-        path = Path(item)
-        if path.is_dir():
-            files = [check_text_file(p, "corpus file") for p in sorted(path.iterdir())
-                     if not p.name.startswith(".") and not p.is_dir()]
-            if not files:
-                raise ValueError(f"corpus folder {path} holds no files")
-            out.extend(files)
-        else:
-            out.append(check_text_file(path, "corpus file"))
-    if not out:
-        raise ValueError("no corpus files given")
-    return out
-
-
 def _open_binary(path: Path):
     with open(path, "rb") as f:
         magic = f.read(3)

@@ -487,7 +487,8 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     from ..build import config_for_vocab
     from ..modeling_sharebert import ShareBertForMaskedLM
     from ..shape import PRESETS
-    from .corpus import PackedDataset, encode_sources, pack, resolve_sources
+    from ..textlines import resolve_sources
+    from .corpus import PackedDataset, encode_sources, pack
 
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
                         inputs=(teacher_dir, *([data] if data is not None else [])))

@@ -126,7 +126,8 @@ def read_sentences(sources, limit: int | None = None) -> list[str]:
     """Sentences of text files (one paragraph per line, split into sentences) or GLUE ``.tsv`` files (their
     text columns by header name, e.g. SST-2's ``sentence``, STS-B's ``sentence1``/``sentence2``), in order,
     duplicates dropped, at most ``limit``."""
-    from .corpus import iter_lines, resolve_sources
+    from ..textlines import resolve_sources
+    from .corpus import iter_lines
 
     seen, out = set(), []
     for src in resolve_sources(sources):
