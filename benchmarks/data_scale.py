@@ -12,10 +12,13 @@ lines shuffled with a fixed seed and repeated) under ``--out`` (git-ignored ``ru
 Goals: prepare >= 5 MB/s per core; first step <= 10 s; RSS(largest) / RSS(smallest) <= 1.1;
 tokens/s of --data within 5% of --train.
 
-``--hostile`` adds the hostile inputs (issue 23): ``prepare`` of a 60 MB file without one newline (peak RSS
-side by side with the same text in lines: both bounded by sharebert.textlines), and ``prepare --train
-/dev/zero`` and ``predict --input - < /dev/zero`` (a one-line refusal, exit 2, bounded RSS). Only those run
-with ``--hostile-only``.
+``--hostile`` adds the hostile inputs (issue 23), each with its peak RSS and seconds from launch to its result or
+refusal: ``prepare`` of a 60 MB file without one newline (side by side with the same text in lines: both bounded
+by sharebert.textlines); ``/dev/zero`` given to every reader of user text (``prepare --train``, ``pretrain
+--train``, ``predict --input``, ``predict --input -`` on stdin, ``export --calibration`` and ``--check-file``) and
+the one-line file to those that take one text per line (predict, from a file and on stdin, and export's sentence
+files): each a one-line refusal, exit 2, in bounded memory, naming the input (and the line). Only those run with
+``--hostile-only``.
 
     .venv/bin/python benchmarks/data_scale.py [--sizes-mb 100 1000] [--steps 40] [--out runs/data_scale]
     .venv/bin/python benchmarks/data_scale.py --hostile-only
@@ -124,18 +127,34 @@ def hostile(out: Path) -> None:
         p = prepare(corpus, out / f"data-{corpus.stem}", 1)
         print(f"prepare {corpus.name} ({corpus.stat().st_size / 1e6:.0f} MB): peak RSS {p['peak_rss_mb']:.0f} MB, "
               f"{p['seconds']:.1f} s, {p['tokens']:,} tokens", flush=True)
-    r = timed([*CLI, "prepare", "--train", "/dev/zero", "--out", str(out / "data-zero"), "--no-progress"], refused=True)
-    print(f"prepare --train /dev/zero: peak RSS {r['peak_rss_mb']:.0f} MB, {r['seconds']:.1f} s: {r['message']}", flush=True)
-    artifact = out / "tiny-artifact"
+    artifact, model = out / "tiny-artifact", out / "tiny"
     if not (artifact / "manifest.json").is_file():
-        subprocess.run([*CLI, "build", "--preset", "sharebert-tiny", "--out", str(out / "tiny"), "--overwrite"],
+        subprocess.run([*CLI, "build", "--preset", "sharebert-tiny", "--out", str(model), "--overwrite"],
                        cwd=REPO, env=ENV, check=True, capture_output=True)
-        subprocess.run([*CLI, "export", "--model", str(out / "tiny"), "--out", str(artifact), "--overwrite",
+        subprocess.run([*CLI, "export", "--model", str(model), "--out", str(artifact), "--overwrite",
                         "--check-limit", "8"], cwd=REPO, env=ENV, check=True, capture_output=True)
-    with open("/dev/zero", "rb") as zero:
-        r = timed([*CLI, "predict", str(artifact), "--input", "-"], stdin=zero, refused=True)
-    print(f"predict --input - < /dev/zero: peak RSS {r['peak_rss_mb']:.0f} MB, {r['seconds']:.1f} s: {r['message']}",
-          flush=True)
+    refusals = [  # (what, command with {src} for the hostile input)
+        ("prepare --train {src}", ["prepare", "--train", "{src}", "--out", str(out / "data-refused"), "--no-progress"]),
+        ("pretrain --train {src}", ["pretrain", "--model", str(model), "--train", "{src}", "--out", str(out / "pt-refused"),
+                                    "--max-steps", "1", "--no-progress"]),
+        ("predict --input {src}", ["predict", str(artifact), "--input", "{src}"]),
+        ("export --calibration {src}", ["export", "--model", str(model), "--out", str(out / "ex-refused"), "--quantize",
+                                        "int8-static", "--calibration", "{src}"]),
+        ("export --check-file {src}", ["export", "--model", str(model), "--out", str(out / "ex-refused"), "--check-file",
+                                       "{src}"]),
+    ]
+    for src in ("/dev/zero", str(one)):
+        for what, argv in refusals:
+            if what.startswith(("prepare", "pretrain")) and src == str(one):
+                continue  # a corpus line is read in pieces: prepare trains on it (above); pretrain would too
+            r = timed([*CLI, *(a.replace("{src}", src) for a in argv)], refused=True)
+            print(f"{what.format(src=Path(src).name)}: refused in {r['seconds']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB: "
+                  f"{r['message']}", flush=True)
+    for src in ("/dev/zero", str(one)):
+        with open(src, "rb") as stream:
+            r = timed([*CLI, "predict", str(artifact), "--input", "-"], stdin=stream, refused=True)
+        print(f"predict --input - < {Path(src).name}: refused in {r['seconds']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB: "
+              f"{r['message']}", flush=True)
 
 
 def main() -> None:

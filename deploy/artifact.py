@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from ..options import symlink_loop
+
 FORMAT, FORMAT_VERSION = "sharebert-onnx", 1
 TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
 MANIFEST, MODEL, TOKENIZER = "manifest.json", "model.onnx", "tokenizer.json"
@@ -291,7 +293,8 @@ def verify_artifact(artifact_dir: str | Path, manifest_sha256: str | None = None
     """
     root = Path(artifact_dir)
     if not root.is_dir():
-        raise ArtifactError(f"{root} is a file, not an artifact folder" if root.exists() else f"artifact folder not found: {root}")
+        raise ArtifactError(f"{root} is a file, not an artifact folder" if root.exists() else
+                            symlink_loop(root) or f"artifact folder not found: {root}")
     path = root / MANIFEST
     if not path.is_file():
         raise ArtifactError(f"{path} is missing: not a sharebert artifact (write one with `sharebert export`)")

@@ -10,7 +10,10 @@ so memory stays bounded for any input size; the runtime orders a chunk by token 
 non-string ``"text"``, a result that is not finite) is reported on stderr with its number and
 skipped; the run goes on and exits with status 1 at the end when any line was skipped (0 when all
 were answered). Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` in input order (strict
-JSON, never NaN; to ``--output``, written to a temporary file and renamed at the end, or stdout);
+JSON, never NaN; ``line`` and ``result`` are always predict's own (:data:`OWN_FIELDS`): a record's fields of
+those names are not copied, said once on stderr); to ``--output``, written to a hidden temporary file beside it
+and renamed at the end (any failure, a full disk included, removes it and leaves an existing file as it was),
+or stdout;
 texts given as arguments print readably. A line over :data:`~sharebert.textlines.MAX_LINE_BYTES` (1 MiB) ends
 the run with an error naming it (an input without newlines, such as ``/dev/zero``, is not one text per line).
 """
@@ -20,11 +23,14 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
+from .. import options as opt
 from ..errors import first_line
 from ..textlines import check_text_file, numbered_lines
 
+OWN_FIELDS = ("line", "result")  # the output record's fields that predict writes; an input record's are not copied
 CHUNK_LINES = 1024  # lines handed to the runtime at once: it groups texts of similar lengths within a chunk
 HELP = "answer the task of an exported artifact (fill-mask, classify, embed, generate) without torch"
 
@@ -32,8 +38,8 @@ HELP = "answer the task of an exported artifact (fill-mask, classify, embed, gen
 def add_arguments(p):
     p.add_argument("artifact", help="artifact folder written by `sharebert export`")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to answer (or use --input)")
-    p.add_argument("--input", metavar="FILE|-", help="one text (or JSON object with a \"text\" key) per line; - is stdin")
-    p.add_argument("--output", metavar="FILE.jsonl", help="write JSON lines here (default: stdout)")
+    p.add_argument("--input", type=opt.path, metavar="FILE|-", help="one text (or JSON object with a \"text\" key) per line; - is stdin")
+    p.add_argument("--output", type=opt.path, metavar="FILE.jsonl", help="write JSON lines here (default: stdout)")
     p.add_argument("--batch-size", type=int, default=32, help="texts per ONNX Runtime call (default: 32)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: ORT's choice)")
     p.add_argument("--ram", choices=("fp32", "int8"), default="fp32",
@@ -165,7 +171,7 @@ def _answer_run(runtime, args, batch, sink, counts) -> None:
         return
     for number, record, result in results:
         try:
-            line = _dumps({"line": number, **record, "result": _jsonable(result)})
+            line = _dumps(_output_record(number, record, _jsonable(result), counts))
             line.encode("utf-8")  # a lone surrogate from a JSON escape cannot be written
         except ValueError as e:
             why = "the result is not finite (NaN or infinity)" if "JSON compliant" in str(e) else str(e)
@@ -173,6 +179,29 @@ def _answer_run(runtime, args, batch, sink, counts) -> None:
             continue
         sink.write(line + "\n")
         counts["written"] += 1
+
+
+def _output_record(number: int, record: dict, result, counts) -> dict:
+    """``{"line": number, **record, "result": result}`` where the line number and the result are always ours: a
+    record's own :data:`OWN_FIELDS` are left out (said once per run on stderr), never written over ours."""
+    own = [key for key in OWN_FIELDS if key in record]
+    if own and not counts.get("own_fields_said"):
+        from tqdm import tqdm
+
+        counts["own_fields_said"] = True
+        tqdm.write(f"line {number}: the record's own {', '.join(repr(k) for k in own)} not copied to the output: "
+                   f"{' and '.join(repr(k) for k in OWN_FIELDS)} are predict's (said once)", file=sys.stderr)
+    return {"line": number, **{k: v for k, v in record.items() if k not in OWN_FIELDS}, "result": result}
+
+
+def _open_output(out_path: Path):
+    """``(temporary path, text file)``: a new hidden file beside ``out_path`` (never a file of the user's), with
+    the permissions a new file gets under the umask; renamed over ``out_path`` once every line is written."""
+    fd, name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".partial", dir=out_path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    return Path(name), open(fd, "w", encoding="utf-8")
 
 
 def _skip(number, message, counts) -> None:
@@ -232,8 +261,7 @@ def run(args) -> int:
         return 0
 
     out_path = Path(args.output) if args.output else None
-    tmp = out_path.with_name(out_path.name + ".partial") if out_path else None
-    sink = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
+    tmp, sink = _open_output(out_path) if out_path else (None, sys.stdout)
     counts = {"written": 0, "skipped": 0, "truncated": 0}
     stream = None
     try:
@@ -258,17 +286,22 @@ def run(args) -> int:
         if batch:
             _answer(runtime, args, batch, sink, counts)
         progress.close()
+        if tmp:  # the last writes, where a full disk shows up, are inside the clean-up's reach
+            sink.flush()
+            os.fsync(sink.fileno())
+            sink.close()
+            os.replace(tmp, out_path)
     except BaseException:
         if tmp:
-            sink.close()
+            try:
+                sink.close()  # flushing what is left may fail again (a full disk): the file is closed anyway
+            except OSError:
+                pass
             tmp.unlink(missing_ok=True)
         raise
     finally:
         if stream is not None and stream is not sys.stdin.buffer:
             stream.close()
-    if tmp:
-        sink.close()
-        os.replace(tmp, out_path)
     print(f"{counts['written']} results{f' -> {out_path}' if out_path else ''}; {counts['skipped']} line(s) "
           f"skipped; {counts['truncated']} input(s) cut to {runtime.max_length} tokens", file=sys.stderr)
     return 1 if counts["skipped"] else 0

@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 
 from .errors import first_line
+from .options import symlink_loop
 from .shape import CONFIG_FIELDS, preset_fields
 
 MODEL_TYPES = ("sharebert", "bert")
@@ -38,7 +39,7 @@ def read_config(model_dir: str | Path, unfinished_ok: bool = False) -> dict:
     except FileNotFoundError:
         raise FileNotFoundError(f"model folder not found: {model_dir}") from None
     except OSError as e:  # a symlink loop, a path through a file, no permission
-        raise ValueError(f"model folder {model_dir} cannot be opened ({e.strerror or e})") from None
+        raise ValueError(f"model folder {symlink_loop(model_dir) or f'{model_dir} cannot be opened ({e.strerror or e})'}") from None
     if not is_dir:
         raise ValueError(f"{model_dir} is a file, not a model folder")
     if (model_dir / "manifest.json").is_file() and (model_dir / "model.onnx").is_file():

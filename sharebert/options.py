@@ -1,11 +1,36 @@
-"""Numeric command-line options (stdlib only): argparse ``type=`` functions that refuse a value no run can use,
-so every command says which option is wrong before any work ("argument --seq-len: must be an integer >= 1,
-got '0'"). NaN and infinities are never accepted.
+"""Command-line option types (stdlib only; the torch-free ``predict`` uses them too): argparse ``type=`` functions
+that refuse a value no run can use, so every command says which option is wrong before any work ("argument
+--seq-len: must be an integer >= 1, got '0'"). NaN and infinities are never accepted; :func:`path`, the type of
+every file or folder option, refuses a symbolic link loop by name (``os.path.exists`` calls it missing).
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import math
+import os
+
+
+def symlink_loop(path) -> str | None:
+    """The one message for a ``path`` that is, or passes through, a symbolic link loop (``os.stat`` fails with
+    ELOOP), else None."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{path} cannot be opened: it is a symbolic link loop"
+    except ValueError:  # a NUL byte: not a path the system can name, and no loop
+        pass
+    return None
+
+
+def path(text: str) -> str:
+    """A file or folder option (read or written; a preset name or ``-`` pass too): ``text`` unchanged, refused
+    when it is a symbolic link loop."""
+    loop = symlink_loop(text)
+    if loop:
+        raise argparse.ArgumentTypeError(loop)
+    return text
 
 
 def _number(text: str, kind):

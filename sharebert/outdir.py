@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from .options import symlink_loop
+
 
 def _nearest_existing(path: Path) -> Path:
     for p in (path, *path.parents):
@@ -44,7 +46,7 @@ def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], ove
         try:
             resolved = Path(source).expanduser().resolve()
         except (RuntimeError, OSError):  # Python raises RuntimeError for a symlink loop
-            raise ValueError(f"{source} cannot be opened: it is a symbolic link loop") from None
+            raise ValueError(symlink_loop(source) or f"{source} cannot be opened: it is a symbolic link loop") from None
         if _inside(resolved, out.resolve()):
             raise ValueError(f"--out {given} is, or holds, the input {source}: writing there would destroy it; "
                              "choose another folder")

@@ -5,6 +5,8 @@ Every reader of user text goes through here, so one line of input costs at most
 
 * :func:`check_text_file` names what a path is when it is not a regular file (a folder, a character
   device such as ``/dev/zero``, a FIFO, a socket, a symlink loop) before anything is read;
+* :func:`resolve_sources` expands corpus sources (``--train`` / ``--valid`` items) into their files, each checked
+  so (``prepare`` calls it before importing the training modules: a bad source is refused without loading torch);
 * :func:`text_pieces` (corpora: ``prepare``, ``pretrain --train``, ``distill``) cuts a longer line into
   pieces of at most ``MAX_LINE_BYTES // 4`` characters (at a space or tab in the piece's second half
   when there is one), so a file with no newline is tokenized piece by piece;
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from .options import symlink_loop
 
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: the most one line of text may hold (a text is cut to max_length tokens anyway)
 PIECE_CHARS = MAX_LINE_BYTES // 4  # a corpus line is tokenized in pieces of at most this many characters (<= 1 MiB)
@@ -38,7 +42,7 @@ def check_text_file(path: str | Path, what: str = "file") -> Path:
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} {path}: not found") from None
     except OSError as e:  # a symlink loop, a path through a file, no permission
-        raise ValueError(f"{what} {path}: cannot be read ({e.strerror or e})") from None
+        raise ValueError(f"{what} {symlink_loop(path) or f'{path}: cannot be read ({e.strerror or e})'}") from None
     if stat.S_ISREG(mode):
         return path
     kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
@@ -83,3 +87,25 @@ def numbered_lines(stream, name: str, limit: int = MAX_LINE_BYTES) -> Iterator[t
             raise LineTooLong(f"{name} line {number}: longer than {limit} bytes, the most one line of text may "
                               f"hold (sharebert.textlines.MAX_LINE_BYTES); give one text per line")
         yield number, raw
+
+
+def resolve_sources(items: Iterable[str | Path]) -> list[Path | str]:
+    """Expand folders into their files (subfolders and hidden files left out; any other entry that is not a readable
+    regular file, such as a symbolic link loop, is refused by name); keep ``hf:`` names; raise for missing paths."""
+    out: list[Path | str] = []
+    for item in items:
+        if isinstance(item, str) and item.startswith("hf:"):
+            out.append(item)
+            continue
+        path = Path(item)
+        if path.is_dir():
+            files = [check_text_file(p, "corpus file") for p in sorted(path.iterdir())
+                     if not p.name.startswith(".") and not p.is_dir()]
+            if not files:
+                raise ValueError(f"corpus folder {path} holds no files")
+            out.extend(files)
+        else:
+            out.append(check_text_file(path, "corpus file"))
+    if not out:
+        raise ValueError("no corpus files given")
+    return out

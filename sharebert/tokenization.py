@@ -6,24 +6,26 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
+from .textlines import check_text_file, numbered_lines
+
 SPECIAL = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
 
 
 def wordpiece_tokenizer(vocab_file: str | Path, lowercase: bool = True) -> Tokenizer:
-    """A BERT WordPiece ``tokenizers.Tokenizer`` with [CLS] ... [SEP] post-processing."""
-    vocab_file = Path(vocab_file)
-    if not vocab_file.is_file():
-        raise FileNotFoundError(f"vocabulary file not found: {vocab_file}")
+    """A BERT WordPiece ``tokenizers.Tokenizer`` with [CLS] ... [SEP] post-processing. ``vocab_file`` is read as
+    user text (:mod:`sharebert.textlines`): not a regular file (``/dev/zero``, a folder, a symlink loop) or a line
+    over ``MAX_LINE_BYTES`` is refused naming it, in bounded memory."""
+    vocab_file = check_text_file(vocab_file, "vocabulary file")
     vocab = {}
-    try:
-        with open(vocab_file, encoding="utf-8") as f:
-            for line in f:
-                token = line.rstrip("\n")
-                if token and token not in vocab:
-                    vocab[token] = len(vocab)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{vocab_file} is not a UTF-8 text file ({e.reason} at byte {e.start}): a vocab.txt lists "
-                         "one token per line") from None
+    with open(vocab_file, "rb") as f:
+        for number, raw in numbered_lines(f, f"vocabulary file {vocab_file}"):
+            try:
+                token = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{vocab_file} is not a UTF-8 text file ({e.reason} at line {number}): a vocab.txt "
+                                 "lists one token per line") from None
+            if token and token not in vocab:
+                vocab[token] = len(vocab)
     missing = [t for t in SPECIAL.values() if t not in vocab]
     if missing:
         raise ValueError(f"{vocab_file} lacks the special tokens {missing}; a BERT vocab.txt lists them")

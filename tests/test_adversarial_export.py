@@ -409,7 +409,58 @@ def test_predict_reads_input_lines_in_bounded_memory(tmp_path, artifact, path, s
         proc = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(artifact), "--input", path, "--output",
                                "out.jsonl"], cwd=tmp_path, env=ENV, stdin=f, capture_output=True, text=True, timeout=600)
     _assert_refused(proc, fragment)
-    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.jsonl.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.txt"]  # no output, no temporary file
+
+
+def _file_size_limit():
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+
+def _full_disk_predict(tmp_path, artifact, lines, limit):
+    """``predict --input in.txt --output disk/out.jsonl`` with ``disk/out.jsonl`` the user's earlier results, the
+    disk full at 4 KiB of new output: ``limit`` "rlimit" (a file size limit: EFBIG) or "tmpfs" (an 8 KiB tmpfs
+    mounted on ``disk`` in a new user and mount namespace: a real ENOSPC). Returns the process, and ``disk``'s
+    files and the earlier results as the command left them."""
+    (tmp_path / "in.txt").write_text("".join(f"the [MASK] number {n} .\n" for n in range(lines)))
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    predict = [sys.executable, "-m", "sharebert", "predict", str(artifact), "--input", "in.txt", "--output",
+               "disk/out.jsonl", "--top-k", "5"]
+    if limit == "rlimit":
+        (disk / "out.jsonl").write_text("earlier results\n")
+        proc = subprocess.run(predict, cwd=tmp_path, env=ENV, capture_output=True, text=True, preexec_fn=_file_size_limit,
+                              timeout=600)
+        return proc, sorted(p.name for p in disk.iterdir()), (disk / "out.jsonl").read_text()
+    mount = f"mount -t tmpfs -o size=8k tmpfs {disk} && echo 'earlier results' > {disk}/out.jsonl"
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "sh", "-c", mount]).returncode:
+        pytest.skip("no tmpfs can be mounted here (unshare -Urm: user namespaces not allowed)")
+    script = (f'{mount} && "$@" 2>{tmp_path}/err; code=$?; ls -A {disk} > {tmp_path}/left; '
+              f'cat {disk}/out.jsonl > {tmp_path}/kept; exit $code')
+    proc = subprocess.run(["unshare", "-Urm", "sh", "-c", script, "sh", *predict], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    proc.stderr = (tmp_path / "err").read_text()
+    return proc, (tmp_path / "left").read_text().split(), (tmp_path / "kept").read_text()
+
+
+@pytest.mark.parametrize("limit, lines", [("rlimit", 12), ("tmpfs", 300)], ids=["file-size-limit-at-the-end", "tmpfs-full-mid-run"])
+def test_predict_output_on_a_full_disk_leaves_no_temporary_file(tmp_path, artifact, limit, lines):
+    """A full disk while --output is written (at its last flush: 12 lines of output fit in the write buffer; or
+    mid-run): one line naming the file, exit 2, no temporary file left, the user's earlier file as it was."""
+    proc, left, kept = _full_disk_predict(tmp_path, artifact, lines, limit)
+    _assert_refused(proc, "no space left on the device", "while writing disk/out.jsonl")
+    assert left == ["out.jsonl"] and kept == "earlier results\n"
+
+
+def test_predict_output_keeps_the_umask_permissions(tmp_path, artifact):
+    (tmp_path / "in.txt").write_text("a [MASK] .\n")
+    assert _cli("predict", artifact, "--input", "in.txt", "--output", "out.jsonl", cwd=tmp_path).returncode == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "out.jsonl").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
 
 
 def _nan_artifact(artifact: Path, folder: Path) -> Path:
@@ -442,15 +493,18 @@ def test_predict_never_writes_nan(tmp_path, artifact):
 
 def test_predict_goes_on_after_bad_lines(tmp_path, artifact):
     lines = [b"the [MASK] is red .", b"{not json [MASK]", b'{"txt": "x"}', b'{"text": 5}', b"\xff\xfe bad",
-             b'{"text": "a \\ud800 [MASK]"}', b'{"text": "fine [MASK]", "id": 3}', b'["text"]']
+             b'{"text": "a \\ud800 [MASK]"}', b'{"text": "fine [MASK]", "id": 3}', b'["text"]',
+             b'{"text": "mine [MASK]", "line": 99, "result": "my own", "id": 9}']
     (tmp_path / "in.txt").write_bytes(b"\n".join(lines) + b"\n")
     proc = _cli("predict", artifact, "--input", "in.txt", "--output", "out.jsonl", "--batch-size", "3", "--top-k", "1",
                 cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     records = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [r["line"] for r in records] == [1, 2, 3, 7, 8]
+    assert [r["line"] for r in records] == [1, 2, 3, 7, 8, 9]  # a record's own "line" never hides the line number
     assert records[1]["text"] == "{not json [MASK]" and records[2]["text"] == '{"txt": "x"}'  # text starting with {
     assert records[3]["id"] == 3 and records[4]["text"] == '["text"]'
+    assert records[5]["id"] == 9 and len(records[5]["result"]) == 1 and list(records[5]) == ["line", "text", "id", "result"]
+    assert "line 9: the record's own 'line', 'result' not copied to the output" in proc.stderr
     for number, message in ((4, '"text" must be a string'), (5, "not valid UTF-8"), (6, "the JSON holds a lone surrogate")):
         assert f"line {number}: {message}" in proc.stderr
     assert "3 line(s) skipped" in proc.stderr

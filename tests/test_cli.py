@@ -43,7 +43,7 @@ FAST = {
               ["build", "--preset", "sharebert-tiny", "--out", "{tmp}/full"]],  # a folder holding a file of the user's
     "report": [["report", "--help"], ["report", "--preset", "sharebert-tiny", "--seq-len", "x"]],
     "budget": [["budget", "--help"], ["budget", "--max-params", "10M", "--dtype", "fp8"]],
-    "prepare": [["prepare", "--help"], ["prepare", "--out", "{tmp}/d"]],
+    "prepare": [["prepare", "--help"], ["prepare", "--out", "{tmp}/d"], ["prepare", "--train", "/dev/zero", "--out", "{tmp}/d"]],
     "pretrain": [["pretrain", "--help"], ["pretrain", "--out", "{tmp}/p", "--max-steps", "x"],
                  ["pretrain", "--preset", "sharebrt-tiny", "--out", "{tmp}/p"]],
     "finetune": [["finetune", "--help"], ["finetune", "--model", "m", "--task", "sst3", "--out", "{tmp}/f"],

@@ -25,10 +25,11 @@ SENTENCES = ["A man is playing a guitar.", "A woman is slicing an onion in the k
 
 @pytest.fixture(scope="session")
 def compressed(minilm_dir, tmp_path_factory):
-    """A short `sharebert compress` of the real MiniLM: 40 steps on 400 sentences, 200 STS-B dev pairs."""
+    """A short `sharebert compress` of the real MiniLM: 40 steps on 400 sentences, 200 STS-B dev pairs, a checkpoint
+    every 1.2 s of training."""
     out = tmp_path_factory.mktemp("compress") / "run"
     rc = main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "40", "--max-train-samples", "400",
-               "--eval-limit", "200", "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M"])
+               "--eval-limit", "200", "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--save-minutes", "0.02"])
     assert rc == 0
     return out
 
@@ -92,6 +93,16 @@ def test_short_compress_improves_spearman_over_its_start(compressed):
     assert s["learned_params"] <= 2.5e6 and t["learned_params"] == 22_713_216
     assert s["file_bytes"] < t["artifact_bytes"] / 4
     assert (compressed / "report.md").is_file() and (compressed / "report.png").stat().st_size > 1000
+
+
+def test_compress_keeps_checkpoints_by_time(compressed):
+    """--save-minutes: checkpoints mid-run (its steps save every 200, past the run's 40), the two newest kept, each
+    complete, so a compress killed at any time can --resume (issue 23)."""
+    from sharebert.training.callbacks import checkpoints
+
+    found = checkpoints(compressed / "student" / "checkpoints")
+    assert 1 <= len(found) <= 2 and all(ok for _, _, ok in found), found
+    assert 0 < found[0][0] < 40
 
 
 def test_student_is_a_sentence_transformers_folder_and_its_artifact_gives_its_embeddings(compressed):

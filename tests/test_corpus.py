@@ -9,10 +9,10 @@ import torch
 from sharebert.paths import data_path, default_vocab
 from sharebert.tokenization import hf_tokenizer
 from sharebert.training.corpus import (
-    char_tokenizer, encode_sources, iter_lines, pack, read_text, resolve_sources, strip_wiki_markup,
+    char_tokenizer, encode_sources, iter_lines, pack, read_text, strip_wiki_markup,
 )
 from sharebert.model_folder import load_tokenizer
-from sharebert.textlines import PIECE_CHARS
+from sharebert.textlines import PIECE_CHARS, resolve_sources
 
 ENWIKI = data_path("enwiki-sample")
 SHAKESPEARE = data_path("tinyshakespeare", "input.txt")

@@ -221,13 +221,19 @@ def test_mlm_general_distillation_on_text(bad_folders, tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["distill", "--objective", "mlm", "--teacher", str(bad_folders / "mlm"), "--student", str(student),
             "--train", str(data_path("wikitext-2-raw", "wiki.valid.raw")), "--out", str(out), "--max-steps", "3",
-            "--batch-size", "4", "--seq-len", "32", "--max-train-samples", "64", "--eval-steps", "2"]
+            "--batch-size", "4", "--seq-len", "32", "--max-train-samples", "64", "--save-minutes", "0.0001"]
     assert main(argv) == 0, capsys.readouterr().err
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 3 and set(m["last_terms"]) == {"kl", "hard", "hidden", "attention", "embedding"}
     assert all(np.isfinite(v) and v > 0 for v in m["last_terms"].values())
     from sharebert.modeling_sharebert import ShareBertForMaskedLM
     assert load_model(ShareBertForMaskedLM, out)[1] == []
+    # --save-minutes: a checkpoint by time at every step (save_steps is 500), the two newest kept; --resume goes on
+    from sharebert.training.callbacks import checkpoints
+    assert [(step, ok) for step, _, ok in checkpoints(out / "checkpoints")] == [(2, True), (3, True)]
+    assert main(argv[:-2] + ["--max-steps", "4", "--resume"]) == 0, capsys.readouterr().err
+    assert f"resuming from {out / 'checkpoints' / 'checkpoint-3'}" in capsys.readouterr().out
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 4
     assert main(argv[:-2] + ["--task", "sst2"]) == 2  # --task belongs to task distillation
 
 

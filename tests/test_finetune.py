@@ -1,6 +1,10 @@
 """Short real fine-tunes of a tiny ShareBERT with the transformers Trainer (SST-2, STS-B) and bad input."""
 import json
+import os
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -143,3 +147,30 @@ def test_resume_continues_from_the_newest_complete_checkpoint(base, tmp_path, ca
     assert [h["step"] for h in history if "loss" in h] == [2, 4]  # step 2 from the checkpoint, then 3..4 trained
     assert [h for h in history if h["step"] <= 2] == first
     assert json.loads((out / "metrics.json").read_text())["steps"] == 4
+
+
+def test_a_run_killed_mid_epoch_keeps_a_checkpoint_by_time_and_resumes_from_it(base, tmp_path, capsys):
+    """--save-minutes (issue 23: a finetune killed after minutes kept nothing): a checkpoint by time in the middle of
+    a 64-step epoch with no --eval-steps; after kill -9 the newest complete one is resumed from (its step > 0)."""
+    from sharebert.training.callbacks import latest_checkpoint
+
+    out = tmp_path / "ft"
+    argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-train-samples", "256",
+            "--max-eval-samples", "16", "--batch-size", "4", "--keep-checkpoints"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    run = subprocess.Popen([sys.executable, "-m", "sharebert", *argv, "--save-minutes", "0.002"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while latest_checkpoint(out / "checkpoints") is None and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        run.kill()  # SIGKILL: no handler runs
+        run.wait()
+    found = latest_checkpoint(out / "checkpoints")  # rotation never removes the last complete one before the next is
+    assert found is not None and run.returncode == -9
+    step = int(found.name.split("-")[1])
+    assert 0 < step < 64  # saved by time, before the end of the epoch (the only other save)
+    assert main([*argv, "--max-steps", str(step + 1), "--resume"]) == 0
+    assert f"resuming from {found}" in capsys.readouterr().out
+    assert json.loads((out / "metrics.json").read_text())["steps"] == step + 1

@@ -15,9 +15,9 @@ def add_arguments(p):
     p.add_argument("--max-ram", help="RAM at load (learned + generated weights at --dtype), e.g. 64MB")
     p.add_argument("--seq-len", type=opt.positive_int, default=128)
     p.add_argument("--top", type=opt.positive_int, default=10, help="rows to print (largest first)")
-    p.add_argument("--model", action="append", metavar="DIR", default=[],
+    p.add_argument("--model", type=opt.path, action="append", metavar="DIR", default=[],
                    help="place your own model folder (e.g. a BERT teacher) among the candidates (repeatable)")
-    p.add_argument("--plot", metavar="FILE.png", help="draw candidates, front and reference points (needs matplotlib)")
+    p.add_argument("--plot", type=opt.path, metavar="FILE.png", help="draw candidates, front and reference points (needs matplotlib)")
 
 
 def run(args) -> int:

@@ -1,6 +1,8 @@
 """``sharebert build``: write a ready-to-train model folder from a preset."""
 from __future__ import annotations
 
+from .. import options as opt
+
 HELP = "build a model folder (config, safetensors, tokenizer) from a preset"
 
 
@@ -10,14 +12,14 @@ def add_arguments(p):
     p.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
                    help="override a config field, e.g. --set attention=symmetric (repeatable)")
-    p.add_argument("--vocab", help="WordPiece vocab.txt (default: ../shared/data/bert-base-uncased/vocab.txt)")
+    p.add_argument("--vocab", type=opt.path, help="WordPiece vocab.txt (default: ../shared/data/bert-base-uncased/vocab.txt)")
     p.add_argument("--head", choices=["mlm", "clm"],
                    help="masked-LM or causal-LM head (default: causal for a decoder preset such as charlm-tiny, else masked)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--portable", action="store_true",
                    help="also write the modeling code into the folder (config.json auto_map): it then loads with "
                         "transformers' trust_remote_code=True where sharebert is not installed")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", type=opt.path, required=True, help="output folder")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
 
 

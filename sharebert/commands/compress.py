@@ -12,15 +12,18 @@ MAX_PARAMS, MAX_TIME, LR, BATCH, SENTENCES = "5M", 600.0, 5e-4, 32, 15000
 
 
 def add_arguments(p):
-    p.add_argument("teacher", metavar="TEACHER", help="the teacher: a sentence-transformers or BERT-family model folder")
-    p.add_argument("--out", required=True, help="output folder: student/, artifact/, report.md, report.json, report.png")
+    from ..training.options import FinetuneArgs
+    from .finetune import add_save_minutes_argument
+
+    p.add_argument("teacher", type=opt.path, metavar="TEACHER", help="the teacher: a sentence-transformers or BERT-family model folder")
+    p.add_argument("--out", type=opt.path, required=True, help="output folder: student/, artifact/, report.md, report.json, report.png")
     p.add_argument("--max-params", default=None, help=f"learned parameters of the student, e.g. 3M (default {MAX_PARAMS} "
                                                       "unless --max-bytes is given)")
     p.add_argument("--max-bytes", help="bytes of the student's int8 file, e.g. 4MB")
     p.add_argument("--max-time", type=opt.positive_float, default=MAX_TIME, metavar="SECONDS",
                    help=f"training time (default {MAX_TIME:g} s; a checkpoint, then export)")
     p.add_argument("--max-steps", type=opt.positive_int, help="stop after N optimizer steps (default: --max-time decides)")
-    p.add_argument("--train", nargs="+", metavar="FILE", help="unlabelled text (one paragraph or sentence per line, or "
+    p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="unlabelled text (one paragraph or sentence per line, or "
                                                                "GLUE .tsv); default: WikiText-2 valid, STS-B and SST-2 "
                                                                "training sentences from the data folder")
     p.add_argument("--max-train-samples", type=opt.positive_int, default=SENTENCES, help=f"sentences to train on (default {SENTENCES})")
@@ -30,6 +33,7 @@ def add_arguments(p):
     p.add_argument("--batch-size", type=opt.positive_int, default=BATCH, help=f"default {BATCH}")
     p.add_argument("--eval-limit", type=opt.positive_int, help="score the first N STS-B dev pairs (default all 1,500)")
     p.add_argument("--seed", type=int, default=0)
+    add_save_minutes_argument(p, FinetuneArgs.save_minutes)
     p.add_argument("--resume", action="store_true", help="continue a stopped run in --out")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier compress result in --out")
 
@@ -54,7 +58,8 @@ def run(args) -> int:
     eargs = EmbeddingArgs(lr=args.lr, batch_size=args.batch_size, warmup_steps=min(100, (args.max_steps or 500) // 5), epochs=1000.0,
                           max_steps=args.max_steps or (None if args.max_time else 1000), seed=args.seed,
                           max_train_samples=args.max_train_samples, eval_steps=200, loss=args.loss,
-                          max_time=args.max_time, weights=DistillWeights(hidden=0, attention=0, embedding=0))
+                          max_time=args.max_time, save_minutes=args.save_minutes,
+                          weights=DistillWeights(hidden=0, attention=0, embedding=0))
     with SignalCheckpoint() as stopper:
         r = compress(args.teacher, args.out, limits, eargs, train=args.train, overwrite=args.overwrite,
                      resume=args.resume, eval_limit=args.eval_limit, stopper=stopper)

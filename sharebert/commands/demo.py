@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from .. import options as opt
+
 HELP = "run the whole path (report, build, pre-train, export int8, predict) on a tiny default"
 
 MARKER = ".sharebert_demo"  # written first: marks a folder as the demo's own, which a re-run may replace
@@ -64,7 +66,7 @@ def _compress_demo(main, out: Path, t0: float) -> int:
 
 
 def add_arguments(p):
-    p.add_argument("--out", default="runs/demo", help="working folder (default: runs/demo)")
+    p.add_argument("--out", type=opt.path, default="runs/demo", help="working folder (default: runs/demo)")
     from ..options import positive_int
 
     p.add_argument("--steps", type=positive_int, default=300, help="pre-training steps (default: 300)")

@@ -15,9 +15,9 @@ def add_arguments(p):
     from .finetune import add_training_arguments
 
     d, w = FinetuneArgs(), DistillWeights()
-    p.add_argument("--teacher", required=True, help="teacher folder: a transformers BertForSequenceClassification or "
+    p.add_argument("--teacher", type=opt.path, required=True, help="teacher folder: a transformers BertForSequenceClassification or "
                                                     "a `sharebert finetune` output for --task")
-    p.add_argument("--student", required=True, help="student: a preset (e.g. sharebert-tiny) or a model folder")
+    p.add_argument("--student", type=opt.path, required=True, help="student: a preset (e.g. sharebert-tiny) or a model folder")
     p.add_argument("--objective", choices=["glue", "mlm", "embedding"], default="glue",
                    help="glue: task distillation (--task); mlm: general distillation on --train text; embedding: "
                         "the teacher's sentence embeddings on --train text (default: the data folder's sentences)")
@@ -30,10 +30,10 @@ def add_arguments(p):
     p.add_argument("--max-time", type=opt.positive_float, metavar="SECONDS",
                    help="--objective embedding: stop training after SECONDS (checkpoint, then the student is saved)")
     p.add_argument("--task", choices=list(TASKS), help="GLUE task (--objective glue)")
-    p.add_argument("--train", nargs="+", metavar="FILE", help="--objective mlm: text files, MediaWiki XML or folders")
-    p.add_argument("--data", metavar="DIR", help="--objective mlm: a folder from `sharebert prepare` (the teacher's tokenizer)")
-    p.add_argument("--data-dir", help="the task's folder (default ../shared/data/glue/<Task>)")
-    p.add_argument("--out", required=True, help="output folder: best student, tokenizer, metrics.json")
+    p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="--objective mlm: text files, MediaWiki XML or folders")
+    p.add_argument("--data", type=opt.path, metavar="DIR", help="--objective mlm: a folder from `sharebert prepare` (the teacher's tokenizer)")
+    p.add_argument("--data-dir", type=opt.path, help="the task's folder (default ../shared/data/glue/<Task>)")
+    p.add_argument("--out", type=opt.path, required=True, help="output folder: best student, tokenizer, metrics.json")
     p.add_argument("--temperature", type=opt.positive_float, default=w.temperature, help=f"softmax temperature (default {w.temperature:g})")
     for name, what in (("kl", "soft-target KL (x T^2)"), ("hard", "gold-label loss"), ("hidden", "hidden-state MSE"),
                        ("attention", "attention-map MSE"), ("embedding", "embedding-output MSE")):
@@ -41,7 +41,7 @@ def add_arguments(p):
                                                             "0 with --objective embedding)")
     p.add_argument("--layer-map", help="STUDENT:TEACHER layer pairs, 1-based, e.g. 1:3,2:6 (default: uniform)")
     add_training_arguments(p, d)
-    p.add_argument("--cache-teacher", metavar="DIR", help="keep the teacher's training-set logits in DIR (reused by "
+    p.add_argument("--cache-teacher", type=opt.path, metavar="DIR", help="keep the teacher's training-set logits in DIR (reused by "
                                                           "later runs; with --hidden/--attention/--embedding-weight 0 "
                                                           "the teacher does not run during training)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
@@ -65,7 +65,8 @@ def run(args) -> int:
     dargs = DistillArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                         weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                        eval_steps=args.eval_steps, seed=args.seed, depth_sampling=args.depth_sampling, weights=weights)
+                        eval_steps=args.eval_steps, save_minutes=args.save_minutes, seed=args.seed,
+                        depth_sampling=args.depth_sampling, weights=weights)
     if args.objective != "embedding" and (args.overrides or args.max_time or args.init != "teacher"):
         raise ValueError("--set, --init and --max-time are for --objective embedding")
     if args.objective == "embedding":

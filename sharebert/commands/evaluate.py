@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import options as opt
+
 HELP = "evaluate models: glue | wordsim | analogy | noise | cross-domain"
 
 
 def _common(p, json_out=True):
     if json_out:
-        p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+        p.add_argument("--json", type=opt.path, metavar="FILE", help="also write the results as JSON")
 
 
 def add_arguments(p):
@@ -17,23 +19,23 @@ def add_arguments(p):
 
     sub = p.add_subparsers(dest="mode", metavar="MODE", required=True)
     g = sub.add_parser("glue", help="dev metrics of a fine-tuned model")
-    g.add_argument("--model", required=True, help="fine-tuned model folder (`sharebert finetune --out`); with --depths "
+    g.add_argument("--model", type=opt.path, required=True, help="fine-tuned model folder (`sharebert finetune --out`); with --depths "
                                                   "also a text-classification artifact folder (`sharebert export`)")
     g.add_argument("--task", required=True, choices=list(TASKS))
-    g.add_argument("--data-dir", help="the task's folder (default ../shared/data/glue/<Task>)")
+    g.add_argument("--data-dir", type=opt.path, help="the task's folder (default ../shared/data/glue/<Task>)")
     g.add_argument("--max-eval-samples", type=int)
     g.add_argument("--batch-size", type=int, default=64)
     g.add_argument("--depths", nargs="+", type=int, metavar="K",
                    help="a table by inference depth: the dev metric and p50 latency of one sentence when only the first "
                         "K encoder layers run (the full depth is always added, as the reference)")
-    g.add_argument("--plot", metavar="FILE.png", help="with --depths: draw metric and latency against depth")
+    g.add_argument("--plot", type=opt.path, metavar="FILE.png", help="with --depths: draw metric and latency against depth")
     g.add_argument("--threads", type=int, default=1, help="with --depths: threads for the latency (default 1)")
     g.add_argument("--latency-samples", type=int, default=100,
                    help="with --depths: dev sentences timed one at a time, the median reported (default 100)")
     _common(g)
 
     w = sub.add_parser("wordsim", help="word similarity (Spearman) of the (virtual) embeddings")
-    w.add_argument("--model", required=True, help="any ShareBERT model folder")
+    w.add_argument("--model", type=opt.path, required=True, help="any ShareBERT model folder")
     w.add_argument("--sets", nargs="+", help=f"names ({', '.join(WORDSIM_SETS)}) or 'word1 word2 score' files; default: all present")
     multi = dict(choices=MULTI_TOKEN, default="mean",
                  help="a word WordPiece splits: the mean of its pieces' vectors (default), the first piece, or skip it")
@@ -41,15 +43,15 @@ def add_arguments(p):
     _common(w)
 
     a = sub.add_parser("analogy", help="word analogy accuracy (3CosAdd); answers are single-token words")
-    a.add_argument("--model", required=True, help="any ShareBERT model folder")
-    a.add_argument("--file", help="analogy questions (default ../shared/data/analogy/questions-words.txt)")
+    a.add_argument("--model", type=opt.path, required=True, help="any ShareBERT model folder")
+    a.add_argument("--file", type=opt.path, help="analogy questions (default ../shared/data/analogy/questions-words.txt)")
     a.add_argument("--multi-token", **multi)
     _common(a)
 
     n = sub.add_parser("noise", help="accuracy under Gaussian noise on the input embeddings (Kowsher Table 5)")
-    n.add_argument("--model", required=True, help="fine-tuned model folder")
+    n.add_argument("--model", type=opt.path, required=True, help="fine-tuned model folder")
     n.add_argument("--task", required=True, choices=list(TASKS))
-    n.add_argument("--data-dir", help="the task's folder (default ../shared/data/glue/<Task>)")
+    n.add_argument("--data-dir", type=opt.path, help="the task's folder (default ../shared/data/glue/<Task>)")
     n.add_argument("--levels", default=",".join(f"{x:g}" for x in NOISE_LEVELS),
                    help="noise levels as fractions of the mean embedding norm (default 0,0.05,...,0.4)")
     n.add_argument("--max-eval-samples", type=int)

@@ -12,14 +12,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = "quantization modes:\n" + "\n".join(f"  {k:13s} {v}" for k, v in QUANTIZE_HELP.items())
-    p.add_argument("--model", required=True, help="model folder (sharebert or transformers BERT, with tokenizer)")
-    p.add_argument("--out", required=True, help="artifact folder to write (refused if it exists, unless --overwrite)")
+    p.add_argument("--model", type=opt.path, required=True, help="model folder (sharebert or transformers BERT, with tokenizer)")
+    p.add_argument("--out", type=opt.path, required=True, help="artifact folder to write (refused if it exists, unless --overwrite)")
     p.add_argument("--task", choices=TASKS, help="default: from the model's saved architecture")
     p.add_argument("--weights", choices=("compact", "materialized"), default="compact",
                    help="compact (default): the file stores only learned tensors, generated weights are graph nodes "
                         "ONNX Runtime folds at load; materialized: generated weights stored (bigger file)")
     p.add_argument("--quantize", choices=tuple(QUANTIZE_HELP), default="none", help="see 'quantization modes' below")
-    p.add_argument("--calibration", help="sentence file for int8-static (.tsv with a 'sentence' column, or one per line)")
+    p.add_argument("--calibration", type=opt.path, help="sentence file for int8-static (.tsv with a 'sentence' column, or one per line)")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, 14..20 (default 17)")
     p.add_argument("--format", default="onnx", metavar="onnx|ort",
                    help="onnx (default): model.onnx; ort: ORT-format graphs for ONNX Runtime mobile / minimal builds "
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pattern matches); weight generation and the depth input stay; fp32 (--quantize none), "
                         "encoder tasks, --format onnx; no RAM-int8 graphs")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
-    p.add_argument("--check-file", help="parity sentences (default: ../shared/data/glue/SST-2/dev.tsv)")
+    p.add_argument("--check-file", type=opt.path, help="parity sentences (default: ../shared/data/glue/SST-2/dev.tsv)")
     p.add_argument("--check-limit", type=opt.positive_int, help="use only the first N parity sentences")
     p.add_argument("--shapes", nargs="+", default=["1x128"], metavar="BxT",
                    help="latency shapes, batch x sequence (default 1x128)")

@@ -13,11 +13,11 @@ def add_arguments(p):
     from ..training.options import FinetuneArgs
 
     d = FinetuneArgs()
-    p.add_argument("--model", required=True, help="pre-trained model folder (e.g. a `sharebert pretrain` output)")
+    p.add_argument("--model", type=opt.path, required=True, help="pre-trained model folder (e.g. a `sharebert pretrain` output)")
     p.add_argument("--task", required=True, choices=list(TASKS), help="GLUE task")
-    p.add_argument("--data-dir", help="the task's folder holding train.tsv and dev.tsv (MNLI: dev_matched.tsv, "
+    p.add_argument("--data-dir", type=opt.path, help="the task's folder holding train.tsv and dev.tsv (MNLI: dev_matched.tsv, "
                                       "dev_mismatched.tsv); default ../shared/data/glue/<Task>")
-    p.add_argument("--out", required=True, help="output folder: best model, tokenizer, metrics.json")
+    p.add_argument("--out", type=opt.path, required=True, help="output folder: best model, tokenizer, metrics.json")
     add_training_arguments(p, d)
     p.add_argument("--keep-checkpoints", action="store_true", help="keep out/checkpoints after training")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning result in --out")
@@ -25,7 +25,7 @@ def add_arguments(p):
                    help="save a transformers BERT --model as a ShareBERT folder (default: BERT in, BERT out)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest complete checkpoint in --out/checkpoints (saved every epoch, or "
-                        "every --eval-steps)")
+                        "every --eval-steps, and every --save-minutes)")
 
 
 def add_training_arguments(p, d) -> None:
@@ -41,8 +41,17 @@ def add_training_arguments(p, d) -> None:
     p.add_argument("--max-train-samples", type=opt.positive_int, help="use the first N training examples")
     p.add_argument("--max-eval-samples", type=opt.positive_int, help="score the first N dev examples")
     p.add_argument("--eval-steps", type=opt.positive_int, help="score the dev set every N steps (default: every epoch)")
+    add_save_minutes_argument(p, d.save_minutes)
     p.add_argument("--seed", type=int, default=d.seed)
     add_depth_sampling_argument(p)
+
+
+def add_save_minutes_argument(p, default: float) -> None:
+    """``--save-minutes M`` of ``finetune``, ``distill`` and ``compress``."""
+    p.add_argument("--save-minutes", type=opt.non_negative_float, default=default, metavar="M",
+                   help=f"also save a checkpoint after every M minutes of training, so a run killed at any time "
+                        f"(kill -9 included) can --resume from at most M minutes back (default {default:g}; 0: only "
+                        "the per-epoch / --eval-steps checkpoints)")
 
 
 def add_depth_sampling_argument(p) -> None:
@@ -61,8 +70,8 @@ def run(args) -> int:
     fargs = FinetuneArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                          weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                          max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                         eval_steps=args.eval_steps, seed=args.seed, depth_sampling=args.depth_sampling,
-                         convert_to_sharebert=args.convert_to_sharebert)
+                         eval_steps=args.eval_steps, save_minutes=args.save_minutes, seed=args.seed,
+                         depth_sampling=args.depth_sampling, convert_to_sharebert=args.convert_to_sharebert)
     metrics = finetune(args.model, args.task, args.out, args.data_dir, fargs, overwrite=args.overwrite,
                        keep_checkpoints=args.keep_checkpoints, resume=args.resume)
     if int(os.environ.get("RANK", "0")) == 0:  # one table under torchrun

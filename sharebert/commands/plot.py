@@ -1,12 +1,14 @@
 """``sharebert plot RUN_DIR``: (re)draw a run's training curves."""
 from __future__ import annotations
 
+from .. import options as opt
+
 HELP = "draw a pretrain/finetune run's loss and learning-rate curves (curves.png) from its log"
 
 
 def add_arguments(p):
-    p.add_argument("run", help="a `sharebert pretrain` or `finetune` output folder (log.jsonl / log_history.json)")
-    p.add_argument("--out", help="image to write (default RUN/curves.png)")
+    p.add_argument("run", type=opt.path, help="a `sharebert pretrain` or `finetune` output folder (log.jsonl / log_history.json)")
+    p.add_argument("--out", type=opt.path, help="image to write (default RUN/curves.png)")
 
 
 def run(args) -> int:

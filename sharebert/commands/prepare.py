@@ -5,16 +5,18 @@ import os
 import signal
 import sys
 
+from .. import options as opt
+
 HELP = "tokenize corpora once into a data folder of memory-mapped token shards for `pretrain --data`"
 
 
 def add_arguments(p):
-    p.add_argument("--train", nargs="+", required=True, metavar="SOURCE",
+    p.add_argument("--train", type=opt.path, nargs="+", required=True, metavar="SOURCE",
                    help="text files (.bz2/.gz too), MediaWiki XML dumps, folders or hf:NAME[:CONFIG][:SPLIT]")
-    p.add_argument("--valid", nargs="+", metavar="SOURCE", help="validation corpora (a separate split)")
-    p.add_argument("--tokenizer", default="sharebert-tiny",
+    p.add_argument("--valid", type=opt.path, nargs="+", metavar="SOURCE", help="validation corpora (a separate split)")
+    p.add_argument("--tokenizer", type=opt.path, default="sharebert-tiny",
                    help="a model folder (its tokenizer) or a preset name (the default WordPiece vocabulary)")
-    p.add_argument("--out", required=True, help="the data folder to write (resumed when it holds an unfinished prepare)")
+    p.add_argument("--out", type=opt.path, required=True, help="the data folder to write (resumed when it holds an unfinished prepare)")
     p.add_argument("--workers", type=int, default=max(1, len(os.sched_getaffinity(0))),
                    help="tokenizing processes (default: the usable cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -23,6 +25,11 @@ def add_arguments(p):
 def run(args) -> int:
     import time
 
+    from ..textlines import resolve_sources
+
+    for sources in (args.train, args.valid):  # a bad source is refused before the training modules load torch
+        if sources:
+            resolve_sources(sources)
     from ..training.shards import Interrupted, prepare
 
     received: list[int] = []

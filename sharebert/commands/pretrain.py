@@ -18,21 +18,21 @@ def add_arguments(p):
 
     d = PretrainArgs()
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="model folder to start from (config.json, weights, tokenizer)")
+    src.add_argument("--model", type=opt.path, help="model folder to start from (config.json, weights, tokenizer)")
     src.add_argument("--preset", help=f"build a fresh model into --out first; one of: {', '.join(PRESETS)}")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
                    help="override a preset config field, e.g. --set qk_share_ratio=0.9 (repeatable; --preset only)")
-    p.add_argument("--vocab", help="WordPiece vocab.txt for --preset (default: bert-base-uncased)")
-    p.add_argument("--train", nargs="+", metavar="FILE",
+    p.add_argument("--vocab", type=opt.path, help="WordPiece vocab.txt for --preset (default: bert-base-uncased)")
+    p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE",
                    help="text files, MediaWiki XML dumps (.xml/.xml.bz2), folders or hf:NAME[:CONFIG][:SPLIT] "
                         "(default with --char-level: tinyshakespeare)")
-    p.add_argument("--data", metavar="DATA_DIR",
+    p.add_argument("--data", type=opt.path, metavar="DATA_DIR",
                    help="a data folder from `sharebert prepare` (memory-mapped token shards) instead of --train")
-    p.add_argument("--valid", nargs="+", metavar="FILE",
+    p.add_argument("--valid", type=opt.path, nargs="+", metavar="FILE",
                    help=f"validation corpora (default: the last {d.valid_fraction:.0%}% of --train)")
     p.add_argument("--valid-fraction", type=opt.fraction, default=d.valid_fraction,
                    help="share of the train stream held out when --valid is not given (0: no validation)")
-    p.add_argument("--out", required=True, help="output folder: checkpoints, logs, final model, metrics.json")
+    p.add_argument("--out", type=opt.path, required=True, help="output folder: checkpoints, logs, final model, metrics.json")
     p.add_argument("--objective", choices=["mlm", "clm"], default=d.objective)
     p.add_argument("--char-level", action="store_true",
                    help="character tokenizer + causal LM (needs --objective clm; default preset charlm-6l)")

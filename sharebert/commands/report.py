@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import json
 
+from .. import options as opt
+
 HELP = "parameter, memory and FLOP report of a preset or model folder (analytic, no model built)"
 
 
 def add_arguments(p):
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", help="a preset name (see `sharebert build --help`)")
-    src.add_argument("--model", help="a model folder holding config.json")
+    src.add_argument("--model", type=opt.path, help="a model folder holding config.json")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
                    help="override a config field, e.g. --set hidden_size=512 (repeatable)")
     p.add_argument("--head", choices=["none", "mlm", "classifier"], default="none",

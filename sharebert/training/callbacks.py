@@ -135,12 +135,13 @@ def remove_incomplete(out: str | Path) -> list[Path]:
     return removed
 
 
-def rotate(out: str | Path, keep: int | None) -> None:
-    """Keep the ``keep`` newest complete checkpoints (None: all); never touches incomplete ones and
-    always keeps the newest, whatever ``keep`` says."""
+def rotate(out: str | Path, keep: int | None, spare: str | Path | None = None) -> None:
+    """Keep the ``keep`` newest complete checkpoints (None: all) and ``spare`` (the best one, when the run keeps
+    it); never touches incomplete ones and always keeps the newest, whatever ``keep`` says."""
     if keep is None:
         return
-    complete = [p for _, p, ok in checkpoints(out) if ok]
+    spare = Path(spare).name if spare else None
+    complete = [p for _, p, ok in checkpoints(out) if ok and p.name != spare]
     for p in complete[: max(0, len(complete) - max(1, keep))]:
         shutil.rmtree(p, ignore_errors=True)
 
@@ -161,11 +162,30 @@ def resume_from(folder: str | Path, resume: bool, say=print) -> Path | None:
 
 class MarkCheckpoints(TrainerCallback):
     """Writes each checkpoint's completion marker (:func:`mark_complete`) once the Trainer has saved it, so the
-    Trainers of fine-tuning and distillation skip a save killed halfway as pre-training does."""
+    Trainers of fine-tuning and distillation skip a save killed halfway as pre-training does; then keeps the
+    ``keep`` newest complete checkpoints and the best (:func:`rotate`: the Trainer's own ``save_total_limit``
+    must be None, as it deleted the last complete checkpoint before the new one was marked). ``minutes``: also
+    a checkpoint at the first step end ``minutes`` of training after the last save (or the start), whatever the
+    epoch and ``save_steps`` say, so a run killed at any time (kill -9 included) loses at most about that much
+    (None or 0: none by time). Distributed ranks agree (MAX), so they save at the same step."""
+
+    def __init__(self, minutes: float | None = None, keep: int | None = None):
+        self.seconds, self.keep = (60 * minutes if minutes else None), keep
+        self._last = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.seconds is not None and any_rank(time.monotonic() - self._last >= self.seconds, args.device):
+            control.should_save = True
+        return control
 
     def on_save(self, args, state, control, **kwargs):
+        self._last = time.monotonic()
         if state.is_world_process_zero:
             mark_complete(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step)
+            rotate(args.output_dir, self.keep, state.best_model_checkpoint)
 
 
 class JsonlLogger(TrainerCallback):

@@ -29,32 +29,12 @@ import numpy as np
 import torch
 
 from ..progress import bar as progress_bar
-from ..textlines import check_text_file, text_pieces
+from ..textlines import text_pieces
 
 CHAR_SPECIALS = ("[PAD]", "[UNK]")
 
 
 # -- reading ------------------------------------------------------------------------------------
-def resolve_sources(items: Iterable[str | Path]) -> list[Path | str]:
-    """Expand folders into their files; keep ``hf:`` names; raise for missing paths."""
-    out: list[Path | str] = []
-    for item in items:
-        if isinstance(item, str) and item.startswith("hf:"):
-            out.append(item)
-            continue
-        path = Path(item)
-        if path.is_dir():
-            files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-            if not files:
-                raise ValueError(f"corpus folder {path} holds no files")
-            out.extend(files)
-        else:
-            out.append(check_text_file(path, "corpus file"))
-    if not out:
-        raise ValueError("no corpus files given")
-    return out
-
-
 def _open_binary(path: Path):
     with open(path, "rb") as f:
         magic = f.read(3)

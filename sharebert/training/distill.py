@@ -421,7 +421,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression)
     show_progress(trainer, progress)
-    trainer.add_callback(MarkCheckpoints())
+    trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=1))
     result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
 
@@ -458,7 +458,8 @@ def _maps(model, teacher, w: "DistillWeights", seed: int):
 
 def stream_training_args(out: Path, args: DistillArgs, progress: bool, **extra):
     """``TrainingArguments`` of a distillation on unlabelled text (general and embedding): no dev set, a
-    checkpoint every ``eval_steps`` (500 when unset) in ``out/checkpoints``, the last two kept."""
+    checkpoint every ``eval_steps`` (500 when unset) in ``out/checkpoints``, the last two kept (by
+    ``MarkCheckpoints(keep=2)``, after the marker)."""
     from transformers import TrainingArguments
 
     cuda = torch.cuda.is_available()
@@ -466,7 +467,7 @@ def stream_training_args(out: Path, args: DistillArgs, progress: bool, **extra):
         output_dir=str(out / "checkpoints"), overwrite_output_dir=True, learning_rate=args.lr,
         per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
         lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=2,
+        save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=None,  # MarkCheckpoints keep=2
         logging_steps=max(1, min(50, args.eval_steps or 50)), seed=args.seed,
         bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=no_bars(progress),
         dataloader_num_workers=0, dataloader_pin_memory=cuda, **extra)
@@ -486,7 +487,8 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     from ..build import config_for_vocab
     from ..modeling_sharebert import ShareBertForMaskedLM
     from ..shape import PRESETS
-    from .corpus import PackedDataset, encode_sources, pack, resolve_sources
+    from ..textlines import resolve_sources
+    from .corpus import PackedDataset, encode_sources, pack
 
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
                         inputs=(teacher_dir, *([data] if data is not None else [])))
@@ -545,7 +547,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok, teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
     show_progress(trainer, progress)
-    trainer.add_callback(MarkCheckpoints())
+    trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=2))
     result = trainer.train(resume_from_checkpoint=start_from)
     metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),
                "train_loss": result.training_loss, "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1),

@@ -126,7 +126,8 @@ def read_sentences(sources, limit: int | None = None) -> list[str]:
     """Sentences of text files (one paragraph per line, split into sentences) or GLUE ``.tsv`` files (their
     text columns by header name, e.g. SST-2's ``sentence``, STS-B's ``sentence1``/``sentence2``), in order,
     duplicates dropped, at most ``limit``."""
-    from .corpus import iter_lines, resolve_sources
+    from ..textlines import resolve_sources
+    from .corpus import iter_lines
 
     seen, out = set(), []
     for src in resolve_sources(sources):
@@ -390,7 +391,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     trainer = _make_embedding_trainer(pooling, args.loss)(
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok,
         data_collator=_Collator(t_tok), teacher=teacher, projections=projections, weights=w,
-        pairs=pairs, groups=groups, callbacks=[c for c in (clock, MarkCheckpoints(), *callbacks) if c is not None])
+        pairs=pairs, groups=groups, callbacks=[c for c in (clock, MarkCheckpoints(args.save_minutes, keep=2), *callbacks) if c is not None])
     trainer.teacher_head = t_head
     trainer.clock = clock if args.max_time and not args.max_steps else None
     show_progress(trainer, progress, trainer.clock)

@@ -56,7 +56,8 @@ def _unfinished(path: Path) -> bool:
 
 def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: bool, save_only_model: bool = True):
     """The Trainer's arguments for a run over a GLUE task: checkpoints under ``out/checkpoints``, the dev set
-    scored every epoch (or ``eval_steps``), the best checkpoint by the task's metric kept and reloaded,
+    scored every epoch (or ``eval_steps``), the best checkpoint by the task's metric kept and reloaded (the
+    rotation is :class:`~.callbacks.MarkCheckpoints`' with ``keep=1``, after the marker),
     bf16 (or fp16) on a GPU. ``save_only_model=False`` keeps optimizer states for ``--resume``."""
     from transformers import TrainingArguments
 
@@ -70,7 +71,7 @@ def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: 
         lr_scheduler_type="polynomial", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
         eval_strategy=strategy, save_strategy=strategy, eval_steps=args.eval_steps, save_steps=args.eval_steps,
         load_best_model_at_end=True, metric_for_best_model=task.main_metric, greater_is_better=True,
-        save_total_limit=1, save_only_model=save_only_model, logging_steps=max(1, min(50, args.eval_steps or 50)),
+        save_total_limit=None, save_only_model=save_only_model, logging_steps=max(1, min(50, args.eval_steps or 50)),
         seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=no_bars(progress),
         dataloader_num_workers=0, dataloader_pin_memory=cuda,
     )
@@ -139,7 +140,7 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
                       processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer),
                       compute_metrics=metrics_for(task_))
     show_progress(trainer, progress)
-    trainer.add_callback(MarkCheckpoints())
+    trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=1))
     result = trainer.train(resume_from_checkpoint=str(start_from) if start_from else None)
     best = trainer.state.best_model_checkpoint
 

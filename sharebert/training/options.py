@@ -61,6 +61,7 @@ class FinetuneArgs:
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
     eval_steps: int | None = None  # None: score the dev set after every epoch
+    save_minutes: float | None = 10.0  # a checkpoint at least this often (minutes of training); None or 0: no time saves
     seed: int = 0
     depth_sampling: int | None = None  # train_min_depth: each training forward runs a depth from MIN..N
     convert_to_sharebert: bool = False  # a transformers BERT folder is saved as BERT unless this asks for ShareBERT

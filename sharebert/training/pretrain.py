@@ -40,8 +40,8 @@ from ..curves import write_curves
 from ..outdir import OutLock, check_out_dir, write_json
 from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, WallClockLimit, any_rank, checkpoints,
                         latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint, rotate)
-from .corpus import (PackedDataset, char_tokenizer, encode_sources, pack, read_text, resolve_sources,
-                     sniff_text)
+from ..textlines import resolve_sources
+from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
 from .depth import check_depth_sampling
 from .options import PretrainArgs
 from .progress import no_bars, show_progress

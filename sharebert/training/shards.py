@@ -34,7 +34,8 @@ import numpy as np
 from ..errors import first_line
 from ..outdir import OutLock, check_out_dir, read_json, write_json
 from ..progress import bar as progress_bar
-from .corpus import encode_lines, iter_lines, resolve_sources, sniff_text
+from ..textlines import resolve_sources
+from .corpus import encode_lines, iter_lines, sniff_text
 
 FORMAT = "sharebert-tokens"
 VERSION = 1
