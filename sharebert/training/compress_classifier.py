@@ -32,6 +32,31 @@ PHASES = "phases.json"
 TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
 
 
+def _evaluate_at_stop(stopper):
+    """A ``TrainerCallback`` that scores the dev set at the step where training stops (``--max-time``, ``--max-steps``),
+    so the best-checkpoint choice sees the last steps too; not after SIGINT/SIGTERM (stop at once)."""
+    from transformers import TrainerCallback
+
+    class EvaluateAtStop(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if control.should_training_stop and (stopper is None or stopper.received is None):
+                control.should_evaluate = control.should_save = True
+            return control
+
+    return EvaluateAtStop()
+
+
+def _resumable(phase: Path) -> bool:
+    """Whether a stopped phase left a checkpoint to continue from; without one its folder is cleared (a phase
+    stopped before its first save starts afresh)."""
+    from .callbacks import latest_checkpoint
+
+    if latest_checkpoint(phase / "checkpoints") is not None:
+        return True
+    shutil.rmtree(phase, ignore_errors=True)
+    return False
+
+
 def _recorded_task(teacher: Path):
     """The task in the teacher's ``metrics.json`` (a ``sharebert finetune`` output), or None."""
     from .glue import TASKS
@@ -131,7 +156,7 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     if "general" not in phases:
         say(f"phase 1/2, general distillation (the teacher's pooled states on unlabelled text) -> {general}")
         m = distill_embedding(teacher, "sharebert-tiny", general, train, args, overrides=overrides, overwrite=overwrite,
-                              resume=(general / "checkpoints").is_dir(), progress=progress,
+                              resume=_resumable(general), progress=progress,
                               callbacks=(stopper,) if stopper is not None else (), score_sts=False)
         if stopped():
             return {"stopped": True, "phase": "general", "steps": m["steps"]}
@@ -144,8 +169,9 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
         clock = WallClockLimit(args.max_time) if args.max_time else None
         t_args = replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS))
         m = distill_glue(teacher, str(general), task_.name, student, data_dir, t_args, overwrite=overwrite,
-                         resume=(student / "checkpoints").is_dir(), keep_checkpoints=True, progress=progress,
-                         cache_teacher=out / "teacher_logits", callbacks=[c for c in (clock, stopper) if c is not None])
+                         resume=_resumable(student), keep_checkpoints=True, progress=progress,
+                         cache_teacher=out / "teacher_logits",
+                         callbacks=[c for c in (clock, stopper, _evaluate_at_stop(stopper)) if c is not None])
         if stopped():
             return {"stopped": True, "phase": "task", "steps": m["steps"]}
         phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached)}
