@@ -84,3 +84,15 @@ def test_the_artifact_classifies_and_its_metric_is_the_reported_one(classifier_r
     assert abs(r["student"]["glue_dev"] - student) <= 1e-9
     assert abs(r["teacher"]["glue_dev_artifact"] - teacher) <= 1e-9
     assert np.isfinite([r["teacher"]["glue_dev"], r["student"]["glue_dev_fp32"], r["student"]["p50_ms_16"]]).all()
+
+
+def test_resume_of_a_finished_run_trains_no_phase_again(classifier_run):
+    out = classifier_run / "out"
+    before = json.loads((out / "report.json").read_text())
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "general" / "model.safetensors", out / "student" / "model.safetensors")}
+    assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS),
+                 "--eval-limit", str(EVAL), "--resume"]) == 0
+    after = json.loads((out / "report.json").read_text())
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # both phases recorded: neither ran again
+    assert after["general"] == before["general"] and after["training"] == before["training"]
+    assert after["student"]["glue_dev"] == before["student"]["glue_dev"]
