@@ -87,7 +87,8 @@ def artifact_spearman(artifact: Path, limit: int | None = None) -> float:
     return float(spearman((a * b).sum(-1), np.asarray(split.labels, dtype=np.float64)))
 
 
-def _bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors", ".bin")) -> int:
+def weight_bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors", ".bin")) -> int:
+    """Bytes of a model folder's or artifact's weight and graph files (checkpoints included if present)."""
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and f.suffix in suffixes)
 
 
@@ -161,10 +162,10 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     s_manifest = json.loads((art / "manifest.json").read_text())
     report = {
         "teacher": {"folder": str(teacher), "learned_params": safetensor_params(Path(teacher)),
-                    "file_bytes": _bytes(Path(teacher)), "artifact_bytes": _bytes(t_art),
+                    "file_bytes": weight_bytes(Path(teacher)), "artifact_bytes": weight_bytes(t_art),
                     "sts_spearman": m["teacher_sts_spearman"], **t_probe},
         "student": {"folder": str(student_dir), "shape": cand.describe(), "config": overrides,
-                    "learned_params": safetensor_params(student_dir), "file_bytes": _bytes(art),
+                    "learned_params": safetensor_params(student_dir), "file_bytes": weight_bytes(art),
                     "sts_spearman_fp32": m["student_sts_spearman"], "sts_spearman_start": m["start_sts_spearman"],
                     "sts_spearman": art_rho, "quantization": s_manifest.get("quantization"), **s_probe},
         "training": {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "loss", "init",

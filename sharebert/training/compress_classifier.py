@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 
 from ..outdir import write_json
-from .compress import (STUDENT_FIELDS, _bytes, export_once, prepare_out, probe, safetensor_params, write_report)
+from .compress import STUDENT_FIELDS, export_once, prepare_out, probe, safetensor_params, weight_bytes, write_report
 
 PHASES = "phases.json"
 TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
@@ -191,14 +191,15 @@ def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: di
     metric, g, t = task_.main_metric, phases["general"], phases["task"]
     say(f"measuring memory, speed and {task_.name} dev {metric} ...")
     s_probe, t_probe = probe(art), probe(t_art)
-    s_scores, t_scores = artifact_glue_metrics(art, task_, data_dir, limit), artifact_glue_metrics(t_art, task_, data_dir, limit)
+    s_scores = artifact_glue_metrics(art, task_, data_dir, limit)
+    t_scores = artifact_glue_metrics(t_art, task_, data_dir, limit)
     parity = json.loads((art / "manifest.json").read_text())["parity"]
     report = {
-        "teacher": {"folder": str(teacher), "learned_params": safetensor_params(teacher), "file_bytes": _bytes(teacher),
-                    "artifact_bytes": _bytes(t_art), "glue_dev": t["teacher"][metric],
+        "teacher": {"folder": str(teacher), "learned_params": safetensor_params(teacher),
+                    "file_bytes": weight_bytes(teacher), "artifact_bytes": weight_bytes(t_art), "glue_dev": t["teacher"][metric],
                     "glue_dev_artifact": t_scores[metric], **t_probe},
         "student": {"folder": str(student), "shape": cand.describe(), "config": overrides,
-                    "learned_params": safetensor_params(student), "file_bytes": _bytes(art),
+                    "learned_params": safetensor_params(student), "file_bytes": weight_bytes(art),
                     "glue_dev_fp32": t[metric], "glue_dev": s_scores[metric], "artifact_metrics": s_scores,
                     "quantization": "int8", "int8_agreement": parity.get("agreement"), **s_probe},
         "task": task_.name, "metric": metric, "dev_examples": t["eval_samples"],
