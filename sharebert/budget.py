@@ -258,10 +258,11 @@ def _wrap(text: str, width: int) -> str:
     return "\n   ".join(textwrap.wrap(text, width))
 
 
-def student_for(teacher: dict, limits: dict, seq_len: int = 128) -> tuple[Candidate, int]:
-    """``(candidate, output projection parameters)``: the ShareBERT student ``sharebert compress`` trains for a
-    teacher (its config fields: ``vocab_size``, ``hidden_size`` H, ``num_hidden_layers`` L) under ``limits``
-    (``max_params``, ``max_bytes`` at int8, counting the V -> H output projection a narrower student keeps).
+def student_for(teacher: dict, limits: dict, seq_len: int = 128, num_labels: int | None = None) -> tuple[Candidate, int]:
+    """``(candidate, head parameters)``: the ShareBERT student ``sharebert compress`` trains for a teacher (its
+    config fields: ``vocab_size``, ``hidden_size`` H, ``num_hidden_layers`` L) under ``limits`` (``max_params``,
+    ``max_bytes`` at int8), counting the head the student keeps: the V -> H output projection of a narrower
+    embedding student, or a classifier's V -> ``num_labels`` layer.
 
     Among VEPS candidates with standard attention, V <= H and at most L layers (no pooler: the sentence vector
     is pooled from token states): the widest word embeddings F (their table is the teacher's, reduced), then
@@ -272,7 +273,9 @@ def student_for(teacher: dict, limits: dict, seq_len: int = 128) -> tuple[Candid
                if c["sharing"] == "veps" and c.get("attention", "standard") == "standard" and c["hidden_size"] <= H
                and c["num_hidden_layers"] <= max(L, 4) and c["max_position_embeddings"] == 128]
     cands = score(configs, "int8", seq_len)
-    head = lambda c: 0 if c.config["hidden_size"] == H else (c.config["hidden_size"] + 1) * H  # noqa: E731
+    out_width = H if num_labels is None else num_labels
+    head = lambda c: (0 if num_labels is None and c.config["hidden_size"] == H  # noqa: E731
+                      else (c.config["hidden_size"] + 1) * out_width)
     total = lambda c: c.params + head(c)  # noqa: E731
     fits = [c for c in cands if all(total(c) <= v for k, v in limits.items() if v is not None
                                     and k in ("max_params", "max_bytes"))]

@@ -58,7 +58,9 @@ FAST = {
     "predict": [["predict", "--help"], ["predict"]],
     "serve": [["serve", "--help"], ["serve", "--port", "x"]],
     "demo": [["demo", "--help"], ["demo", "--steps", "x"]],
-    "compress": [["compress", "--help"], ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--max-time", "-1"]],
+    "compress": [["compress", "--help"], ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--max-time", "-1"],
+                 ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--task", "sst3"],
+                 ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--task-lr", "0"]],
 }
 PROBE = """
 import json, sys

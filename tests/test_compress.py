@@ -152,6 +152,10 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     classifier = root / "classifier"
     classifier.mkdir()
     (classifier / "config.json").write_text(json.dumps({**raw, "architectures": ["BertForSequenceClassification"]}))
+    finetuned = root / "finetuned_sst2"  # a classifier whose metrics.json (as `finetune` writes it) records its task
+    finetuned.mkdir()
+    (finetuned / "config.json").write_text((classifier / "config.json").read_text())
+    (finetuned / "metrics.json").write_text(json.dumps({"task": "sst2", "accuracy": 0.9}))
     from sharebert.build import build_model
 
     build_model("sharebert-tiny", root / "other_tok", {"hidden_size": 64, "num_hidden_layers": 2, "embedding_size": 16,
@@ -163,7 +167,15 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (["compress", "{root}/decoder", "--out", "{root}/o1"], "causal (decoder) model"),
     (["distill", "--objective", "embedding", "--teacher", "{root}/decoder", "--student", "sharebert-tiny",
       "--out", "{root}/o2"], "needs a bidirectional encoder teacher"),
-    (["compress", "{root}/classifier", "--out", "{root}/o3"], "is a classifier"),
+    (["compress", "{root}/classifier", "--out", "{root}/o3"], "is a classifier whose GLUE task is unknown (no "
+     "metrics.json from `sharebert finetune`; its labels [] name no task); name it with --task, e.g. --task sst2"),
+    (["compress", "{root}/finetuned_sst2", "--task", "cola", "--out", "{root}/o11"],
+     "--task cola, but {root}/finetuned_sst2 was fine-tuned on sst2 (its metrics.json)"),
+    (["compress", "{root}/classifier", "--task", "stsb", "--out", "{root}/o12"], "has 2 labels, task stsb has 1"),
+    (["compress", "{root}/classifier", "--task", "mnli", "--out", "{root}/o13"], "has 2 labels, task mnli has 3"),
+    (["compress", "{minilm}", "--task", "sst2", "--out", "{root}/o14"], "--task is for a classifier teacher"),
+    (["compress", "{root}/finetuned_sst2", "--out", "{root}/o15", "--max-params", "100k"],
+     "no ShareBERT student fits under max-params 100k"),
     (["compress", "{minilm}", "--out", "{root}/o4", "--max-params", "100k"], "no ShareBERT student fits under max-params 100k"),
     (["compress", "{minilm}", "--out", "{root}/o5", "--max-bytes", "300kB"], "no ShareBERT student fits"),
     (["compress", "{minilm}", "--out", "{root}/o6", "--max-time", "-5"], "argument --max-time: must be a number > 0, got -5"),
@@ -177,6 +189,7 @@ def bad_inputs(minilm_dir, tmp_path_factory):
 ])
 def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, argv, message, capsys):
     argv = [a.format(root=bad_inputs, minilm=minilm_dir) for a in argv]
+    message = message.format(root=bad_inputs)
     rc = main(argv)
     err = capsys.readouterr().err.strip()
     assert rc == 2, err

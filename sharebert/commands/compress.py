@@ -1,6 +1,9 @@
-"""``sharebert compress``: distil a pre-trained sentence-embedding encoder into a small ShareBERT, export it int8
-and report teacher vs student (size, memory, speed, STS-B dev Spearman)."""
+"""``sharebert compress``: distil a pre-trained sentence-embedding encoder (or a GLUE classifier: general, then task
+distillation) into a small ShareBERT, export it int8 and report teacher vs student (size, memory, speed, STS-B dev
+Spearman or the task's dev metric)."""
 from __future__ import annotations
+
+import sys
 
 from .. import options as opt
 from ..training.options import EMBEDDING_LOSS, EMBEDDING_LOSSES
@@ -8,30 +11,39 @@ from ..training.options import EMBEDDING_LOSS, EMBEDDING_LOSSES
 HELP = "compress a pre-trained encoder (e.g. all-MiniLM-L6-v2) into a small ShareBERT: pick, distil, export, report"
 
 # Defaults, torch-free (the --help of every command answers before torch is imported).
-MAX_PARAMS, MAX_TIME, LR, BATCH, SENTENCES = "5M", 600.0, 5e-4, 32, 15000
+MAX_PARAMS, MAX_TIME, LR, BATCH, SENTENCES, TASK_LR = "5M", 600.0, 5e-4, 32, 15000, 1e-4
 
 
 def add_arguments(p):
+    from ..training.glue import TASKS
     from ..training.options import FinetuneArgs
     from .finetune import add_save_minutes_argument
 
-    p.add_argument("teacher", type=opt.path, metavar="TEACHER", help="the teacher: a sentence-transformers or BERT-family model folder")
+    p.add_argument("teacher", type=opt.path, metavar="TEACHER", help="the teacher: a sentence-transformers or BERT-family model folder, "
+                                                                     "or a BERT-family classifier fine-tuned on a GLUE task")
     p.add_argument("--out", type=opt.path, required=True, help="output folder: student/, artifact/, report.md, report.json, report.png")
     p.add_argument("--max-params", default=None, help=f"learned parameters of the student, e.g. 3M (default {MAX_PARAMS} "
                                                       "unless --max-bytes is given)")
     p.add_argument("--max-bytes", help="bytes of the student's int8 file, e.g. 4MB")
     p.add_argument("--max-time", type=opt.positive_float, default=MAX_TIME, metavar="SECONDS",
-                   help=f"training time (default {MAX_TIME:g} s; a checkpoint, then export)")
+                   help=f"training time (default {MAX_TIME:g} s; a classifier: of each phase; a checkpoint, then "
+                        "export)")
     p.add_argument("--max-steps", type=opt.positive_int, help="stop after N optimizer steps (default: --max-time decides)")
     p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="unlabelled text (one paragraph or sentence per line, or "
                                                                "GLUE .tsv); default: WikiText-2 valid, STS-B and SST-2 "
                                                                "training sentences from the data folder")
-    p.add_argument("--max-train-samples", type=opt.positive_int, default=SENTENCES, help=f"sentences to train on (default {SENTENCES})")
+    p.add_argument("--max-train-samples", type=opt.positive_int, default=SENTENCES, help=f"sentences to train on (default {SENTENCES}; "
+                                                                                       "a classifier: also its task's training examples)")
     p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
                    help=f"loss on the sentence vectors (default {EMBEDDING_LOSS})")
     p.add_argument("--lr", type=opt.positive_float, default=LR, help=f"peak learning rate (default {LR:g})")
     p.add_argument("--batch-size", type=opt.positive_int, default=BATCH, help=f"default {BATCH}")
-    p.add_argument("--eval-limit", type=opt.positive_int, help="score the first N STS-B dev pairs (default all 1,500)")
+    p.add_argument("--eval-limit", type=opt.positive_int, help="score the first N STS-B dev pairs (default all 1,500), or "
+                                                                 "a classifier's first N GLUE dev examples (default all)")
+    p.add_argument("--task", choices=list(TASKS), help="a classifier teacher's GLUE task (default: the one its "
+                                                       "`sharebert finetune` metrics.json records, or its label names tell)")
+    p.add_argument("--task-lr", type=opt.positive_float, default=TASK_LR,
+                   help=f"a classifier's task distillation: peak learning rate (default {TASK_LR:g})")
     p.add_argument("--seed", type=int, default=0)
     add_save_minutes_argument(p, FinetuneArgs.save_minutes)
     p.add_argument("--resume", action="store_true", help="continue a stopped run in --out")
@@ -45,32 +57,46 @@ def run(args) -> int:
               "max_bytes": parse_size(args.max_bytes) if args.max_bytes else None}
     if limits["max_params"] is None and limits["max_bytes"] is None:
         limits["max_params"] = parse_size(MAX_PARAMS)
-    for name in ("max_time", "max_steps", "max_train_samples", "lr", "batch_size", "eval_limit"):
+    for name in ("max_time", "max_steps", "max_train_samples", "lr", "batch_size", "eval_limit", "task_lr"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
 
-    from ..training.callbacks import SignalCheckpoint
+    from ..training.callbacks import SignalCheckpoint, StopRequested
     from ..training.compress import compress
-    from ..training.distill import DistillWeights
+    from ..training.distill import DistillArgs, DistillWeights
     from ..training.distill_embedding import EmbeddingArgs
 
-    eargs = EmbeddingArgs(lr=args.lr, batch_size=args.batch_size, warmup_steps=min(100, (args.max_steps or 500) // 5), epochs=1000.0,
-                          max_steps=args.max_steps or (None if args.max_time else 1000), seed=args.seed,
-                          max_train_samples=args.max_train_samples, eval_steps=200, loss=args.loss,
-                          max_time=args.max_time, save_minutes=args.save_minutes,
+    steps = dict(epochs=1000.0, batch_size=args.batch_size, warmup_steps=min(100, (args.max_steps or 500) // 5),
+                 max_steps=args.max_steps or (None if args.max_time else 1000), seed=args.seed,
+                 max_train_samples=args.max_train_samples, eval_steps=200, save_minutes=args.save_minutes)
+    eargs = EmbeddingArgs(lr=args.lr, **steps, loss=args.loss, max_time=args.max_time,
                           weights=DistillWeights(hidden=0, attention=0, embedding=0))
-    with SignalCheckpoint() as stopper:
-        r = compress(args.teacher, args.out, limits, eargs, train=args.train, overwrite=args.overwrite,
-                     resume=args.resume, eval_limit=args.eval_limit, stopper=stopper)
+    task_args = DistillArgs(lr=args.task_lr, **steps, max_eval_samples=args.eval_limit)
+    resume = f"continue with: sharebert compress {args.teacher} --out {args.out} --resume"
+    try:
+        with SignalCheckpoint() as stopper:
+            r = compress(args.teacher, args.out, limits, eargs, train=args.train, overwrite=args.overwrite,
+                         resume=args.resume, eval_limit=args.eval_limit, stopper=stopper, task=args.task,
+                         task_args=task_args)
+    except StopRequested as e:
+        print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)
+        return 128 + e.signum
     if r.get("stopped"):
-        print(f"stopped at step {r['steps']} (checkpoint saved); continue with: sharebert compress {args.teacher} "
-              f"--out {args.out} --resume")
+        phase = f" of the {r['phase']} phase" if "phase" in r else ""
+        print(f"stopped at step {r['steps']}{phase} (checkpoint saved); {resume}")
         return 130
     t, s = r["teacher"], r["student"]
-    print(f"teacher {t['learned_params']:,} params, {t['artifact_bytes'] / 1e6:.1f} MB int8-dynamic, STS-B "
-          f"{t['sts_spearman']:.4f}, p50 16 tok {t['p50_ms_16']:.1f} ms")
-    print(f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, STS-B {s['sts_spearman']:.4f} "
-          f"(fp32 {s['sts_spearman_fp32']:.4f}, start {s['sts_spearman_start']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms")
+    if "task" in r:
+        q = f"{r['task']} dev {r['metric']}"
+        print(f"teacher {t['learned_params']:,} params, {t['artifact_bytes'] / 1e6:.1f} MB int8-dynamic, {q} "
+              f"{t['glue_dev']:.4f} (int8-dynamic {t['glue_dev_artifact']:.4f}), p50 16 tok {t['p50_ms_16']:.1f} ms")
+        print(f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, {q} {s['glue_dev']:.4f} "
+              f"(fp32 {s['glue_dev_fp32']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms")
+    else:
+        print(f"teacher {t['learned_params']:,} params, {t['artifact_bytes'] / 1e6:.1f} MB int8-dynamic, STS-B "
+              f"{t['sts_spearman']:.4f}, p50 16 tok {t['p50_ms_16']:.1f} ms")
+        print(f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, STS-B {s['sts_spearman']:.4f} "
+              f"(fp32 {s['sts_spearman_fp32']:.4f}, start {s['sts_spearman_start']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms")
     print(f"report.md, report.json, report.png -> {args.out}")
     return 0

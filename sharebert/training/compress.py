@@ -1,5 +1,8 @@
 """``sharebert compress``: a pre-trained sentence-embedding encoder into a small ShareBERT, in one command.
 
+A classifier teacher (``...ForSequenceClassification``) takes the two-phase path of ``compress_classifier``;
+this module holds what both paths share: the probe, the exports, the report (table, JSON, picture).
+
 Steps, each in its own subfolder of ``out`` so a stopped run resumes where it was:
 
 1. pick the student under the limits (``budget.student_for``: learned parameters incl. its output projection);
@@ -14,6 +17,7 @@ Steps, each in its own subfolder of ``out`` so a stopped run resumes where it wa
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +25,8 @@ from pathlib import Path
 from ..outdir import check_out_dir, finite, write_json
 
 REPORT = "report.json"
+PARTS = ("general", "student", "artifact", "teacher_artifact", "teacher_logits", "phases.json", REPORT, "report.md",
+         "report.png")  # what a compress run writes in ``out`` (``--overwrite`` removes these, nothing else)
 
 # Runs in a fresh process (torch never imported): peak RSS after loading the artifact (VmHWM: ru_maxrss would
 # count the parent's peak, kept across exec), then p50 latencies.
@@ -30,23 +36,28 @@ import numpy as np
 from sharebert.deploy import Runtime
 rt = Runtime(sys.argv[1], threads=1)
 rss = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
-tok = rt.tokenizer
+run = rt.embed if rt.task == "feature-extraction" else rt.classify
 out = {"peak_rss_bytes": rss}
 for n in (16, 128):
     words = ("the quick brown fox jumps over the lazy dog " * 40).split()
     text = " ".join(words[: n - 2])
     for _ in range(3):
-        rt.embed([text])
+        run([text])
     times = []
     for _ in range(int(sys.argv[2])):
-        t = time.perf_counter(); rt.embed([text]); times.append(time.perf_counter() - t)
+        t = time.perf_counter(); run([text]); times.append(time.perf_counter() - t)
     out[f"p50_ms_{n}"] = float(np.median(times) * 1000)
 print(json.dumps(out))
 """
 
 
 def _owned(path: Path) -> bool:
-    return (path / REPORT).is_file() or (path / "student").is_dir()
+    return (path / REPORT).is_file() or (path / "student").is_dir() or (path / "general").is_dir()
+
+
+def is_classifier(config: dict) -> bool:
+    """Whether a model folder's config dict names a sequence classifier (``...ForSequenceClassification``)."""
+    return any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or [])
 
 
 def probe(artifact: Path, runs: int = 30) -> dict:
@@ -76,22 +87,42 @@ def artifact_spearman(artifact: Path, limit: int | None = None) -> float:
     return float(spearman((a * b).sum(-1), np.asarray(split.labels, dtype=np.float64)))
 
 
-def _bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors", ".bin")) -> int:
+def weight_bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors", ".bin")) -> int:
+    """Bytes of a model folder's or artifact's weight and graph files (checkpoints included if present)."""
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and f.suffix in suffixes)
 
 
-def _export(model_dir: Path, out: Path, quantize: str, progress: bool) -> Path:
+def export_once(model_dir: Path, out: Path, quantize: str, progress: bool, task: str = "feature-extraction",
+                allow_low_parity: bool = False) -> Path:
+    """``model_dir`` exported to ``out`` (skipped when ``out`` already holds an artifact: a resumed run)."""
     from sharebert.export import export_model
 
     if not (out / "manifest.json").is_file():
-        export_model(model_dir, out, task="feature-extraction", quantize=quantize, overwrite=True, progress=progress,
-                     check_limit=128, runs=5)
+        export_model(model_dir, out, task=task, quantize=quantize, overwrite=True, progress=progress,
+                     check_limit=128, runs=5, allow_low_parity=allow_low_parity)
     return out
 
 
+def prepare_out(out, teacher, train, overwrite: bool, resume: bool) -> Path:
+    """``out`` checked (a new or empty folder, or an earlier compress result with ``overwrite``/``resume``); with
+    ``overwrite`` (not ``resume``) the earlier result's parts are removed first."""
+    out = check_out_dir(out, "compress result", _owned, overwrite or resume, inputs=(teacher, *(train or [])))
+    if overwrite and not resume:
+        for name in PARTS:
+            part = out / name
+            shutil.rmtree(part) if part.is_dir() else part.unlink(missing_ok=True)
+    return out
+
+
+STUDENT_FIELDS = ("embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                  "attention", "max_position_embeddings", "pooler")  # a budget candidate's shape, as --set overrides
+
+
 def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = False, resume: bool = False,
-             progress: bool = True, eval_limit: int | None = None, stopper=None, say=print) -> dict:
-    """Run the steps of the module docstring; returns the report (also written to ``out/report.json``).
+             progress: bool = True, eval_limit: int | None = None, stopper=None, say=print, task: str | None = None,
+             task_args=None) -> dict:
+    """Run the steps of the module docstring (a classifier teacher: ``compress_classifier``, with ``task`` and
+    ``task_args``); returns the report (also written to ``out/report.json``).
 
     ``args``: ``EmbeddingArgs``; ``stopper``: a ``SignalCheckpoint`` (on SIGTERM/SIGINT the distillation saves a
     checkpoint and the report says ``"stopped"``; run again with ``resume``)."""
@@ -100,16 +131,19 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     from .distill import check_encoder
     from .distill_embedding import distill_embedding
 
-    out = check_out_dir(out, "compress result", _owned, overwrite or resume,
-                        inputs=(teacher, *(train or [])))
     raw = check_encoder(teacher)
-    if any(a.endswith("ForSequenceClassification") for a in raw.get("architectures") or []):
-        raise ValueError(f"{teacher} is a classifier; compress distils sentence-embedding encoders (use "
-                         "`sharebert distill --objective glue` for a classifier teacher)")
+    if is_classifier(raw):
+        from .compress_classifier import compress_classifier
+
+        return compress_classifier(teacher, out, limits, args, task_args, task=task, train=train, overwrite=overwrite,
+                                   resume=resume, progress=progress, stopper=stopper, say=say)
+    if task is not None:
+        raise ValueError(f"--task is for a classifier teacher; {teacher} is an encoder "
+                         f"({', '.join(raw.get('architectures') or ['no architectures'])}): compress distils its "
+                         "sentence embeddings")
+    out = prepare_out(out, teacher, train, overwrite, resume)
     cand, head = student_for(shape_fields(teacher), limits)
-    c = cand.config
-    overrides = {k: c[k] for k in ("embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size",
-                                   "num_attention_heads", "attention", "max_position_embeddings", "pooler")}
+    overrides = {k: cand.config[k] for k in STUDENT_FIELDS}
     say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
     out.mkdir(parents=True, exist_ok=True)
     student_dir = out / "student"
@@ -120,25 +154,37 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}
     say("exporting the student (int8) and the teacher (int8-dynamic) ...")
-    art = _export(student_dir, out / "artifact", "int8", progress)
-    t_art = _export(Path(teacher), out / "teacher_artifact", "int8-dynamic", progress)
+    art = export_once(student_dir, out / "artifact", "int8", progress)
+    t_art = export_once(Path(teacher), out / "teacher_artifact", "int8-dynamic", progress)
     say("measuring memory, speed and STS-B dev Spearman ...")
     s_probe, t_probe = probe(art), probe(t_art)
     art_rho = artifact_spearman(art, eval_limit)
     s_manifest = json.loads((art / "manifest.json").read_text())
     report = {
         "teacher": {"folder": str(teacher), "learned_params": safetensor_params(Path(teacher)),
-                    "file_bytes": _bytes(Path(teacher)), "artifact_bytes": _bytes(t_art),
+                    "file_bytes": weight_bytes(Path(teacher)), "artifact_bytes": weight_bytes(t_art),
                     "sts_spearman": m["teacher_sts_spearman"], **t_probe},
         "student": {"folder": str(student_dir), "shape": cand.describe(), "config": overrides,
-                    "learned_params": safetensor_params(student_dir), "file_bytes": _bytes(art),
+                    "learned_params": safetensor_params(student_dir), "file_bytes": weight_bytes(art),
                     "sts_spearman_fp32": m["student_sts_spearman"], "sts_spearman_start": m["start_sts_spearman"],
                     "sts_spearman": art_rho, "quantization": s_manifest.get("quantization"), **s_probe},
         "training": {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "loss", "init",
                                        "stopped_by_time", "seq_len")},
         "sts_dev_pairs": eval_limit or 1500, "limits": {k: v for k, v in limits.items() if v is not None},
+        "quality": {"label": "STS-B dev Spearman", "key": "sts_spearman"},
     }
-    write_json(out / REPORT, finite(report))
+    tr = report["training"]
+    summary = (f"Student STS-B dev Spearman: {report['student']['sts_spearman_start']:.4f} at step 0 (initialised from "
+               f"the teacher), {report['student']['sts_spearman_fp32']:.4f} in PyTorch fp32 after {tr['steps']} steps "
+               f"({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences, {tr['loss']} loss), "
+               f"{art_rho:.4f} from the int8 artifact ({report['sts_dev_pairs']} dev pairs).")
+    return write_report(out, report, summary)
+
+
+def write_report(out: Path, report: dict, summary: str) -> dict:
+    """``report.json`` (``report`` with ``summary``), ``report.md`` (the table, then ``summary``), ``report.png``."""
+    report = finite({**report, "summary": summary})
+    write_json(out / REPORT, report)
     (out / "report.md").write_text(report_markdown(report), encoding="utf-8")
     plot_report(report, out / "report.png")
     return report
@@ -162,7 +208,12 @@ def safetensor_params(folder: Path) -> int:
 
 ROWS = (("learned parameters", "learned_params", "{:,}"), ("file bytes (int8 artifact)", "file_bytes", None),
         ("peak RSS at load", "peak_rss_bytes", None), ("p50, 16 tokens, 1 thread", "p50_ms_16", "{:.2f} ms"),
-        ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms"), ("STS-B dev Spearman", "sts_spearman", "{:.4f}"))
+        ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms"))  # then the report's quality row
+
+
+def rows(r: dict) -> tuple:
+    """The report's rows ``(label, key, format)``: size, memory and speed, then its quality measure."""
+    return ROWS + ((r["quality"]["label"], r["quality"]["key"], "{:.4f}"),)
 
 
 def _fmt(value, fmt) -> str:
@@ -174,16 +225,12 @@ def report_markdown(r: dict) -> str:
     t, s = dict(r["teacher"]), dict(r["student"])
     t["file_bytes"] = t["artifact_bytes"]
     lines = [f"# Compression report", "", f"teacher `{t['folder']}` -> student {s['shape']} (`{s['folder']}`)", "",
-             "| | teacher (int8-dynamic artifact; Spearman in PyTorch fp32) | student (int8 artifact) | student / teacher |",
-             "|---|---|---|---|"]
-    for label, key, fmt in ROWS:
-        lines.append(f"| {label} | {_fmt(t[key], fmt)} | {_fmt(s[key], fmt)} | {s[key] / t[key]:.3f} |")
-    tr = r["training"]
-    lines += ["", f"Student STS-B dev Spearman: {s['sts_spearman_start']:.4f} at step 0 (initialised from the teacher), "
-              f"{s['sts_spearman_fp32']:.4f} in PyTorch fp32 after {tr['steps']} steps ({tr['train_seconds']:.0f} s, "
-              f"{tr['train_sentences']:,} sentences, {tr['loss']} loss), {s['sts_spearman']:.4f} from the int8 artifact "
-              f"({r['sts_dev_pairs']} dev pairs).", ""]
-    return "\n".join(lines)
+             f"| | teacher (int8-dynamic artifact; {r['quality']['label']} in PyTorch fp32) | student (int8 artifact) "
+             "| student / teacher |", "|---|---|---|---|"]
+    for label, key, fmt in rows(r):
+        ratio = f"{s[key] / t[key]:.3f}" if t[key] else "-"
+        lines.append(f"| {label} | {_fmt(t[key], fmt)} | {_fmt(s[key], fmt)} | {ratio} |")
+    return "\n".join(lines + ["", r["summary"], ""])
 
 
 def plot_report(r: dict, path: Path) -> None:
@@ -195,8 +242,8 @@ def plot_report(r: dict, path: Path) -> None:
 
     t, s = dict(r["teacher"]), dict(r["student"])
     t["file_bytes"] = t["artifact_bytes"]
-    fig, axes = plt.subplots(1, len(ROWS), figsize=(3 * len(ROWS), 3.2))
-    for ax, (label, key, _) in zip(axes, ROWS):
+    fig, axes = plt.subplots(1, len(rows(r)), figsize=(3 * len(rows(r)), 3.2))
+    for ax, (label, key, _) in zip(axes, rows(r)):
         ax.bar(["teacher", "student"], [t[key], s[key]], color=["tab:gray", "tab:blue"])
         ax.set_title(label, fontsize=9)
         ax.tick_params(labelsize=8)

@@ -369,14 +369,15 @@ def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed
 
 def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args: DistillArgs = DistillArgs(),
                  overwrite: bool = False, resume: bool = False, keep_checkpoints: bool = False,
-                 progress: bool = True, cache_teacher=None) -> dict:
+                 progress: bool = True, cache_teacher=None, callbacks=()) -> dict:
     """Distil ``teacher_dir`` (a classifier fine-tuned on ``task``) into ``student``; returns the metrics.
 
     ``out`` receives the best student by the task's dev metric (projections dropped), its tokenizer,
     ``log_history.json`` and ``metrics.json``: the student's dev metrics at top level, as ``finetune``
     writes them, and the teacher's under ``"teacher"``. Every input is checked before training.
     ``cache_teacher`` (a folder) keeps the teacher's training-set logits between runs; with the
-    hidden, attention and embedding weights at 0 the teacher then never runs during training.
+    hidden, attention and embedding weights at 0 the teacher then never runs during training. ``callbacks``:
+    more ``TrainerCallback``s (``sharebert compress``: a wall-clock limit and the signal checkpoint).
     """
     args = cap(args)
     args.weights.check_teaches()
@@ -421,7 +422,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression)
     show_progress(trainer, progress)
-    trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=1))
+    for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
+        trainer.add_callback(callback)
     result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
 

@@ -320,13 +320,15 @@ def build_student(student: str, overrides: dict, vocab_size: int):
 
 def distill_embedding(teacher_dir, student: str, out, train=None, args: EmbeddingArgs = EmbeddingArgs(),
                       overrides: dict | None = None, overwrite: bool = False, resume: bool = False,
-                      progress: bool = True, data=None, eval_limit: int | None = None, callbacks=()) -> dict:
+                      progress: bool = True, data=None, eval_limit: int | None = None, callbacks=(),
+                      score_sts: bool = True) -> dict:
     """Distil ``teacher_dir``'s sentence embeddings into ``student`` (a preset shaped by ``overrides``, or a
     model folder) on ``train`` text (default: :func:`default_corpus`) or a prepared ``data`` folder.
 
     ``out`` receives the student as a sentence-transformers folder (backbone, tokenizer, pooling, Dense
     head when narrower, Normalize as the teacher), ``metrics.json`` (STS-B dev Spearman of teacher, student
-    at step 0 and at the end; steps; seconds) and ``log_history.json``. Returns the metrics.
+    at step 0 and at the end, unless ``score_sts`` is False: a classifier's general distillation; steps;
+    seconds) and ``log_history.json``. Returns the metrics.
     """
     from transformers import set_seed
 
@@ -373,7 +375,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     train_ds = SentenceDataset(t_tok, sentences, seq_len)
     pooling = recipe.pooling
     score = lambda m, head, who: sts_spearman(m, t_tok, pooling, head, seq_len, eval_limit,  # noqa: E731
-                                              who if progress else None)
+                                              who if progress else None) if score_sts else None
     metrics = {"objective": "embedding", "loss": args.loss, "pooling": pooling, "normalize": recipe.normalize,
                "teacher_dir": str(teacher_dir), "student": student, **init, "seq_len": seq_len,
                "train_sentences": len(sentences), "sts_dev_pairs": eval_limit or "all"}

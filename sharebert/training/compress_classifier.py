@@ -1,0 +1,220 @@
+"""``sharebert compress`` for a classifier teacher (``...ForSequenceClassification``): general distillation, then
+task distillation, then the int8 artifact and the report (``compress``'s probe, exports and table).
+
+0. The GLUE task (:func:`classifier_task`): ``--task``, else the task the teacher's ``metrics.json`` records
+   (``sharebert finetune`` writes it), else the one task whose label names are the teacher's ``id2label``.
+   The teacher's labels and the task's files are checked before any work.
+1. General distillation -> ``out/general`` (``distill_embedding``): the student, picked by
+   ``budget.student_for`` (its classifier counted) and started from the teacher's embedding tables, learns the
+   teacher backbone's pooled state on unlabelled text. A plain transformers classifier folder has no
+   sentence-transformers recipe, so that state is its [CLS] vector, the one its classification head reads.
+   The teacher runs once over the sentences (cached targets); hidden-state terms would run it at every step.
+2. Task distillation -> ``out/student`` (``distill_glue`` from ``out/general``): soft targets at T=2 plus the
+   gold labels on the task's training rows, the teacher's logits computed once (``out/teacher_logits``); the
+   best student by the dev metric is kept.
+3. Export int8, task text-classification -> ``out/artifact``; the teacher int8-dynamic -> ``out/teacher_artifact``.
+   Report: size, memory and speed rows, and the task's dev metric of teacher (PyTorch fp32; its artifact in the
+   JSON) and student (its int8 artifact through the torch-free runtime; PyTorch fp32 in the JSON).
+
+Each phase is recorded in ``out/phases.json`` when it ends; a stopped one (SIGINT/SIGTERM: checkpoint) resumes
+from its checkpoints, a recorded one is not run again.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ..outdir import write_json
+from .compress import STUDENT_FIELDS, export_once, prepare_out, probe, safetensor_params, weight_bytes, write_report
+
+PHASES = "phases.json"
+TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
+
+
+def _evaluate_at_stop(stopper):
+    """A ``TrainerCallback`` that scores the dev set at the step where training stops (``--max-time``, ``--max-steps``),
+    so the best-checkpoint choice sees the last steps too; not after SIGINT/SIGTERM (stop at once)."""
+    from transformers import TrainerCallback
+
+    class EvaluateAtStop(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if control.should_training_stop and (stopper is None or stopper.received is None):
+                control.should_evaluate = control.should_save = True
+            return control
+
+    return EvaluateAtStop()
+
+
+def _resumable(phase: Path) -> bool:
+    """Whether a stopped phase left a checkpoint to continue from; without one its folder is cleared (a phase
+    stopped before its first save starts afresh)."""
+    from .callbacks import latest_checkpoint
+
+    if latest_checkpoint(phase / "checkpoints") is not None:
+        return True
+    shutil.rmtree(phase, ignore_errors=True)
+    return False
+
+
+def _recorded_task(teacher: Path):
+    """The task in the teacher's ``metrics.json`` (a ``sharebert finetune`` output), or None."""
+    from .glue import TASKS
+
+    try:
+        m = json.loads((teacher / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    name = m.get("task") if isinstance(m, dict) else None
+    return TASKS.get(name) if isinstance(name, str) else None
+
+
+def classifier_task(teacher, config: dict, task: str | None):
+    """The ``GlueTask`` a classifier teacher was fine-tuned on (module docstring, step 0); ``ValueError`` when it
+    cannot be told or ``task`` contradicts the teacher's record."""
+    from .glue import TASKS, get_task
+
+    teacher = Path(teacher)
+    recorded = _recorded_task(teacher)
+    if task is not None:
+        chosen = get_task(task)
+        if recorded is not None and recorded.name != chosen.name:
+            raise ValueError(f"--task {task}, but {teacher} was fine-tuned on {recorded.name} (its metrics.json); "
+                             f"drop --task or give a teacher fine-tuned on {chosen.name}")
+        return chosen
+    if recorded is not None:
+        return recorded
+    id2label = config.get("id2label") or {}
+    names = tuple(str(id2label.get(str(i), id2label.get(i, ""))) for i in range(len(id2label)))
+    if config.get("problem_type") == "regression" or len(names) == 1:
+        matches = [t for t in TASKS.values() if t.is_regression]
+    else:
+        matches = [t for t in TASKS.values() if t.label_names == names]
+    if len(matches) == 1:
+        return matches[0]
+    fits = f"fit {', '.join(t.name for t in matches)}" if matches else "name no task"
+    raise ValueError(f"{teacher} is a classifier whose GLUE task is unknown (no metrics.json from `sharebert "
+                     f"finetune`; its labels {list(names)} {fits}); name it with --task, e.g. --task sst2")
+
+
+def artifact_glue_metrics(artifact: Path, task, data_dir: Path, limit: int | None = None) -> dict:
+    """The task's dev metrics (first ``limit`` examples of its main dev split) of a text-classification artifact,
+    through the torch-free ``Runtime.classify``; its classes are the task's by label name (generic ``LABEL_i``:
+    in the task's order)."""
+    import numpy as np
+
+    from ..deploy import Runtime
+    from .glue import read_split
+    from .metrics import task_metrics
+
+    split = read_split(task, data_dir, task.dev_splits[0]).head(limit)
+    rt = Runtime(artifact)
+    answers = rt.classify(split.text_a, text_pair=split.text_b)
+    if task.is_regression:
+        preds = np.array([a["score"] for a in answers])
+    else:
+        names = list(answers[0]["scores"])
+        to_task = [task.label_names.index(n) if n in task.label_names else i for i, n in enumerate(names)]
+        preds = np.array([to_task[names.index(a["label"])] for a in answers])
+    return task_metrics(task.metrics, preds, np.asarray(split.labels))
+
+
+def _phases(out: Path) -> dict:
+    path = out / PHASES
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def compress_classifier(teacher, out, limits: dict, args, task_args, task: str | None = None, train=None,
+                        overwrite: bool = False, resume: bool = False, progress: bool = True, stopper=None,
+                        say=print) -> dict:
+    """The steps of the module docstring; returns the report (``out/report.json``), or ``{"stopped": True,
+    "phase", "steps"}`` after SIGINT/SIGTERM. ``args``: ``EmbeddingArgs`` (phase 1; its ``max_time`` bounds each
+    phase); ``task_args``: ``DistillArgs`` (phase 2; ``max_eval_samples`` also bounds the report's dev rows)."""
+    from dataclasses import replace
+
+    from ..budget import student_for
+    from ..model_folder import load_config, read_config, shape_fields
+    from ..paths import data_path
+    from .callbacks import WallClockLimit
+    from .distill import check_teacher_labels, distill_glue
+    from .distill_embedding import distill_embedding
+    from .glue import task_file
+
+    task_ = classifier_task(teacher, read_config(teacher), task)
+    check_teacher_labels(teacher, load_config(teacher), task_)
+    data_dir = data_path("glue", task_.folder)
+    for split in ("train", *task_.dev_splits):  # the task's files: found before any work
+        task_file(task_, data_dir, split)
+    out = prepare_out(out, teacher, train, overwrite, resume)
+    cand, head = student_for(shape_fields(teacher), limits, num_labels=task_.num_labels)
+    overrides = {k: cand.config[k] for k in STUDENT_FIELDS}
+    say(f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
+        f"(classifier {head:,})")
+    out.mkdir(parents=True, exist_ok=True)
+    phases, general, student = _phases(out), out / "general", out / "student"
+    stopped = lambda: stopper is not None and stopper.received is not None  # noqa: E731
+    if "general" not in phases:
+        say(f"phase 1/2, general distillation (the teacher's pooled states on unlabelled text) -> {general}")
+        m = distill_embedding(teacher, "sharebert-tiny", general, train, args, overrides=overrides, overwrite=overwrite,
+                              resume=_resumable(general), progress=progress,
+                              callbacks=(stopper,) if stopper is not None else (), score_sts=False)
+        if stopped():
+            return {"stopped": True, "phase": "general", "steps": m["steps"]}
+        phases["general"] = {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "train_loss",
+                                               "stopped_by_time", "pooling", "loss", "init", "seq_len")}
+        shutil.rmtree(general / "checkpoints", ignore_errors=True)
+        write_json(out / PHASES, phases)
+    if "task" not in phases:
+        say(f"phase 2/2, task distillation on {task_.name} (soft targets and gold labels) -> {student}")
+        clock = WallClockLimit(args.max_time) if args.max_time else None
+        t_args = replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS))
+        m = distill_glue(teacher, str(general), task_.name, student, data_dir, t_args, overwrite=overwrite,
+                         resume=_resumable(student), keep_checkpoints=True, progress=progress,
+                         cache_teacher=out / "teacher_logits",
+                         callbacks=[c for c in (clock, stopper, _evaluate_at_stop(stopper)) if c is not None])
+        if stopped():
+            return {"stopped": True, "phase": "task", "steps": m["steps"]}
+        phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached)}
+        shutil.rmtree(student / "checkpoints", ignore_errors=True)
+        write_json(out / PHASES, phases)
+    return _report(out, Path(teacher), task_, data_dir, cand, overrides, phases, limits, task_args.max_eval_samples,
+                   progress, say)
+
+
+def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: dict, phases: dict, limits: dict,
+            limit: int | None, progress: bool, say) -> dict:
+    say("exporting the student (int8) and the teacher (int8-dynamic), task text-classification ...")
+    student = out / "student"
+    art = export_once(student, out / "artifact", "int8", progress, task="text-classification", allow_low_parity=True)
+    t_art = export_once(teacher, out / "teacher_artifact", "int8-dynamic", progress, task="text-classification",
+                        allow_low_parity=True)
+    metric, g, t = task_.main_metric, phases["general"], phases["task"]
+    say(f"measuring memory, speed and {task_.name} dev {metric} ...")
+    s_probe, t_probe = probe(art), probe(t_art)
+    s_scores = artifact_glue_metrics(art, task_, data_dir, limit)
+    t_scores = artifact_glue_metrics(t_art, task_, data_dir, limit)
+    parity = json.loads((art / "manifest.json").read_text())["parity"]
+    report = {
+        "teacher": {"folder": str(teacher), "learned_params": safetensor_params(teacher),
+                    "file_bytes": weight_bytes(teacher), "artifact_bytes": weight_bytes(t_art), "glue_dev": t["teacher"][metric],
+                    "glue_dev_artifact": t_scores[metric], **t_probe},
+        "student": {"folder": str(student), "shape": cand.describe(), "config": overrides,
+                    "learned_params": safetensor_params(student), "file_bytes": weight_bytes(art),
+                    "glue_dev_fp32": t[metric], "glue_dev": s_scores[metric], "artifact_metrics": s_scores,
+                    "quantization": "int8", "int8_agreement": parity.get("agreement"), **s_probe},
+        "task": task_.name, "metric": metric, "dev_examples": t["eval_samples"],
+        "general": g, "training": {k: t[k] for k in ("steps", "best_step", "train_seconds", "train_samples",
+                                                     "stopped_by_time", "losses", "temperature")},
+        "limits": {k: v for k, v in limits.items() if v is not None},
+        "quality": {"label": f"{task_.folder} dev {metric}", "key": "glue_dev"},
+    }
+    s = report["student"]
+    summary = (f"General distillation: {g['steps']} steps ({g['train_seconds']:.0f} s) on {g['train_sentences']:,} "
+               f"unlabelled sentences ({g['pooling']} state, {g['loss']} loss). Task distillation on {task_.name}: "
+               f"{t['steps']} steps ({t['train_seconds']:.0f} s) on {t['train_samples']:,} training examples, best "
+               f"dev at step {t['best_step']}. {task_.folder} dev {metric} ({t['eval_samples']} examples): teacher "
+               f"{report['teacher']['glue_dev']:.4f} in PyTorch fp32, {t_scores[metric]:.4f} from its int8-dynamic "
+               f"artifact; student {s['glue_dev_fp32']:.4f} in PyTorch fp32, {s['glue_dev']:.4f} from its int8 "
+               f"artifact (int8 and fp32 agree on {s['int8_agreement']:.0%} of {parity.get('sentences')} check "
+               "sentences).")
+    return write_report(out, report, summary)

@@ -1,0 +1,98 @@
+"""`sharebert compress` of a classifier teacher (issue 21): general then task distillation, an int8
+text-classification artifact, and a report whose GLUE dev metric is the artifact's own.
+
+One session run: a tiny BERT (hidden 256, 2 layers) fine-tuned a few steps on SST-2 with `sharebert finetune`
+(so its task is recorded in metrics.json), compressed with a few steps per phase. Bad inputs are in
+tests/test_compress.py's table.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from sharebert.cli import main
+
+EVAL, STEPS, SENTENCES, MAX_PARAMS = 120, 6, 200, 2_500_000
+
+
+@pytest.fixture(scope="session")
+def classifier_run(tmp_path_factory):
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from sharebert.paths import default_vocab
+
+    root = tmp_path_factory.mktemp("compress_classifier")
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=512, max_position_embeddings=128)).save_pretrained(root / "base")
+    BertTokenizerFast(str(default_vocab())).save_pretrained(root / "base")
+    assert main(["finetune", "--model", str(root / "base"), "--task", "sst2", "--out", str(root / "teacher"),
+                 "--max-steps", "10", "--max-train-samples", "320", "--max-eval-samples", "64", "--lr", "1e-3",
+                 "--batch-size", "32"]) == 0
+    assert main(["compress", str(root / "teacher"), "--out", str(root / "out"), "--max-steps", str(STEPS),
+                 "--max-train-samples", str(SENTENCES), "--eval-limit", str(EVAL), "--batch-size", "16",
+                 "--max-params", str(MAX_PARAMS)]) == 0
+    return root
+
+
+def _artifact_accuracy(artifact, rows):
+    """Accuracy of an artifact on the first ``rows`` SST-2 dev examples, counted here from its answers."""
+    from sharebert.deploy import Runtime
+    from sharebert.paths import data_path
+    from sharebert.training.glue import read_split
+
+    split = read_split("sst2", data_path("glue", "SST-2"), "dev").head(rows)
+    answers = Runtime(artifact).classify(split.text_a)
+    labels = np.array(split.labels)
+    predicted = np.array([["negative", "positive"].index(a["label"]) for a in answers])
+    return float((predicted == labels).mean()), len(answers)
+
+
+def test_report_has_both_phases_and_the_budgeted_student(classifier_run):
+    from sharebert.budget import student_for
+    from sharebert.model_folder import shape_fields
+
+    out = classifier_run / "out"
+    r = json.loads((out / "report.json").read_text())
+    assert r["task"] == "sst2" and r["metric"] == "accuracy" and r["dev_examples"] == EVAL  # from finetune's metrics.json
+    assert r["general"]["steps"] == STEPS and r["general"]["train_sentences"] == SENTENCES
+    assert r["general"]["pooling"] == "cls"  # a plain classifier folder: the [CLS] state its head reads
+    assert r["training"]["steps"] == STEPS and r["training"]["train_samples"] == SENTENCES
+    assert set(json.loads((out / "phases.json").read_text())) == {"general", "task"}
+    cand, head = student_for(shape_fields(classifier_run / "teacher"), {"max_params": MAX_PARAMS}, num_labels=2)
+    assert r["student"]["learned_params"] == cand.params + head <= MAX_PARAMS  # the budget counts what is saved
+    assert r["student"]["learned_params"] < r["teacher"]["learned_params"] / 3
+    md = (out / "report.md").read_text()
+    assert "| SST-2 dev accuracy |" in md and f"General distillation: {STEPS} steps" in md and "Task distillation on sst2" in md
+    assert (out / "report.png").stat().st_size > 1000
+    assert not (out / "general" / "checkpoints").exists() and not (out / "student" / "checkpoints").exists()
+
+
+def test_the_artifact_classifies_and_its_metric_is_the_reported_one(classifier_run):
+    from sharebert.deploy import Runtime
+
+    out = classifier_run / "out"
+    r = json.loads((out / "report.json").read_text())
+    rt = Runtime(out / "artifact")
+    assert rt.task == "text-classification" and rt.labels == ["negative", "positive"]
+    answer = rt.classify(["a gorgeous, witty, seductive movie."])[0]
+    assert answer["label"] in ("negative", "positive") and abs(sum(answer["scores"].values()) - 1) <= 1e-5
+    student, n = _artifact_accuracy(out / "artifact", EVAL)
+    teacher, _ = _artifact_accuracy(out / "teacher_artifact", EVAL)
+    assert n == EVAL and 0 <= student <= 1
+    assert abs(r["student"]["glue_dev"] - student) <= 1e-9
+    assert abs(r["teacher"]["glue_dev_artifact"] - teacher) <= 1e-9
+    assert np.isfinite([r["teacher"]["glue_dev"], r["student"]["glue_dev_fp32"], r["student"]["p50_ms_16"]]).all()
+
+
+def test_resume_of_a_finished_run_trains_no_phase_again(classifier_run):
+    out = classifier_run / "out"
+    before = json.loads((out / "report.json").read_text())
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "general" / "model.safetensors", out / "student" / "model.safetensors")}
+    assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS),
+                 "--eval-limit", str(EVAL), "--resume"]) == 0
+    after = json.loads((out / "report.json").read_text())
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # both phases recorded: neither ran again
+    assert after["general"] == before["general"] and after["training"] == before["training"]
+    assert after["student"]["glue_dev"] == before["student"]["glue_dev"]
