@@ -2,13 +2,26 @@
 
 Every layer of a layer-shared model runs the same generated weights, so running ``k < N`` layers
 needs nothing new on disk or in RAM. :func:`wrap_layers` rewrites an exported graph so that each
-layer ``i >= 1`` runs inside an ONNX ``If(i < depth)``: the then-branch holds the layer's nodes that
+layer ``i`` runs inside an ONNX ``If(i < depth)``: the then-branch holds the layer's nodes that
 depend on its input hidden states, the else-branch passes them (and a causal LM's cache) through.
 ``depth`` is an optional graph input (an overridable initializer holding ``N``), so a caller that
-does not feed it gets the full model. Layer 0 always runs (``1 <= depth <= N``). Constant work
-inside a layer's scope (transposed generated weights, shape constants) stays in the outer graph,
+does not feed it gets the full model (``1 <= depth <= N``; the runtimes refuse other values). Constant
+work inside a layer's scope (transposed generated weights, shape constants) stays in the outer graph,
 so ONNX Runtime still folds it once at load. :func:`inline_layers` is the inverse (a flat graph for
 the passes that derive other graphs from ``model.onnx``).
+
+The gated graph is built so that ONNX Runtime's transformer optimizer (``optimize_model``, which
+prunes by explicit node inputs and fuses patterns across the whole model, subgraphs included) writes a
+valid model from it:
+
+* every layer is gated, layer 0 too (its ``If`` is true for any valid depth), so every hidden state
+  that crosses a layer boundary is an ``If`` output: no fusion pattern (a residual ``Add`` with the
+  next layer's LayerNorm as ``SkipLayerNormalization``) spans two graphs;
+* each ``If`` outputs the next one's condition (``i + 1 < depth`` where the layer ran, its own false
+  condition where it did not), which the next ``If`` reads as its explicit input: the chain of ``If``
+  nodes is joined by explicit edges, so no pruning that follows explicit inputs drops a layer whose
+  output only the next layer's branches read (from the outer scope);
+* a branch output is never a ``Constant`` node's (the optimizer drops a Constant that no node reads).
 
 Layers are found by the exporter's node-name scopes (``.../layers.{i}/...``; a transformers BERT's
 ``.../encoder/layer.{i}/...``).
@@ -58,11 +71,16 @@ def is_wrapped(graph) -> bool:
 
 
 def wrap_layers(model) -> int:
-    """Gate layers ``1..N-1`` of ``model`` (an ``onnx.ModelProto``, changed in place) by a ``depth`` input.
+    """Gate each layer ``i`` of ``model`` (an ``onnx.ModelProto``, changed in place) by a ``depth`` input.
 
-    Returns ``N`` (0 when the graph has fewer than two layers or is wrapped already: nothing changed).
-    Raises :class:`DepthError` when a layer's dynamic values reach anything but the next layer's
-    hidden states and the cache outputs.
+    Layer ``i`` runs inside ``If(i < depth)`` (the else-branch passes its input hidden states, and a causal LM's
+    cache, through). Each ``If`` also outputs the next layer's condition (``i + 1 < depth`` when the layer ran,
+    false when it did not), and that is the next ``If``'s explicit input; so every value that crosses a layer
+    boundary is an ``If`` output, and the chain of ``If`` nodes is joined by explicit edges as well as by the
+    hidden states the branches read from the outer scope (see the module docstring: why ONNX Runtime's
+    transformer optimizer needs both). Returns ``N`` (0 when the graph has fewer than two layers or is wrapped
+    already: nothing changed). Raises :class:`DepthError` when a layer's dynamic values reach anything but the
+    next layer's hidden states and the cache outputs.
     """
     g = model.graph
     N = layer_count(g)
@@ -83,16 +101,29 @@ def wrap_layers(model) -> int:
     for k, n in enumerate(g.node):
         for name in node_inputs(n):
             readers.setdefault(name, set()).add(k)
-    hidden = None  # the hidden states leaving the previous layer
-    for k in sorted(k for k, i in layer_of.items() if i == 0):
-        for out in g.node[k].output:
-            if any(layer_of.get(r) == 1 for r in readers.get(out, ())):
-                hidden = out
-    if hidden is None:
-        raise DepthError("cannot find the hidden states passed from layer 0 to layer 1")
-    kept, ifs = [], []
-    for i in range(1, N):
-        body = [k for k in sorted(layer_of) if layer_of[k] == i]
+    bodies = [[k for k in sorted(layer_of) if layer_of[k] == i] for i in range(N)]
+    produced = {o for n in g.node for o in n.output}
+
+    def entering(body: list[int]) -> set[str]:  # dynamic values computed outside the layer that it reads
+        inside = {o for k in body for o in g.node[k].output}
+        return ({x for k in body for x in node_inputs(g.node[k])} - inside) & dynamic & produced
+
+    first = entering(bodies[0]) - entering(bodies[1])  # the embeddings: read by layer 0 only
+    if len(first) != 1:
+        raise DepthError(f"cannot find the hidden states entering layer 0 (candidates: {sorted(first)})")
+    hidden = first.pop()  # the hidden states entering the current layer
+    bool_value = lambda name: helper.make_tensor_value_info(name, TensorProto.BOOL, [])  # noqa: E731
+    value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, None)  # noqa: E731
+
+    def condition(i: int, out: str) -> list:  # out = (i < depth)
+        index = f"{_IF}{i}_index"
+        return [helper.make_node("Constant", [], [index], name=f"{index}_const",
+                                 value=helper.make_tensor(index, TensorProto.INT64, [], [i])),
+                helper.make_node("Less", [index, DEPTH], [out], name=f"{_IF}{i}_less")]
+
+    ifs = condition(0, f"{_IF}0_runs")
+    for i in range(N):
+        body = bodies[i]
         inside = {o for k in body for o in g.node[k].output}
         leaving = sorted({o for o in inside if o in outputs or any(r not in body for r in readers.get(o, ()))})
         passthrough = {o: PAST + o[len(PRESENT):] if o.startswith(PRESENT) else hidden for o in leaving}
@@ -107,19 +138,24 @@ def wrap_layers(model) -> int:
                                     name=node.name, domain=node.domain)
             copy.attribute.extend(node.attribute)
             then_nodes.append(copy)
-        value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, None)  # noqa: E731
-        then_graph = helper.make_graph(then_nodes, f"layer_{i}", [], [value(rename[o]) for o in leaving])
         skip = [helper.make_node("Identity", [passthrough[o]], [f"{o}__depth_skip"], name=f"{_IF}{i}_skip_{j}")
                 for j, o in enumerate(leaving)]
-        else_graph = helper.make_graph(skip, f"layer_{i}_skipped", [], [value(f"{o}__depth_skip") for o in leaving])
-        index, cond = f"{_IF}{i}_index", f"{_IF}{i}_runs"
-        ifs += [helper.make_node("Constant", [], [index], name=f"{index}_const",
-                                 value=helper.make_tensor(index, TensorProto.INT64, [], [i])),
-                helper.make_node("Less", [index, DEPTH], [cond], name=f"{_IF}{i}_less"),
-                helper.make_node("If", [cond], leaving, name=f"{_IF}{i}", then_branch=then_graph, else_branch=else_graph)]
-        kept.extend(body)
+        then_out, skip_out = [value(rename[o]) for o in leaving], [value(f"{o}__depth_skip") for o in leaving]
+        results = list(leaving)
+        if i + 1 < N:  # the next layer runs when this one did and i + 1 < depth
+            runs = f"{_IF}{i + 1}_runs"
+            then_nodes += condition(i + 1, f"{runs}__depth_then")
+            skip.append(helper.make_node("Identity", [f"{_IF}{i}_runs"], [f"{runs}__depth_skip"],  # false here
+                                         name=f"{_IF}{i + 1}_never"))
+            then_out.append(bool_value(f"{runs}__depth_then"))
+            skip_out.append(bool_value(f"{runs}__depth_skip"))
+            results.append(runs)
+        then_graph = helper.make_graph(then_nodes, f"layer_{i}", [], then_out)
+        else_graph = helper.make_graph(skip, f"layer_{i}_skipped", [], skip_out)
+        ifs.append(helper.make_node("If", [f"{_IF}{i}_runs"], results, name=f"{_IF}{i}",
+                                    then_branch=then_graph, else_branch=else_graph))
         hidden = nexts[0]
-    gated = set(kept)
+    gated = set(layer_of)
     rest = [n for k, n in enumerate(g.node) if k not in gated]
     order = _topological(rest + ifs)
     del g.node[:]
@@ -143,6 +179,8 @@ def inline_layers(model) -> None:
             then = next(a.g for a in n.attribute if a.name == "then_branch")
             rename = {o.name: outer for o, outer in zip(then.output, n.output)}
             for inner in then.node:
+                if inner.name.startswith(_IF):  # the next layer's condition
+                    continue
                 inner.input[:] = [rename.get(x, x) for x in inner.input]
                 inner.output[:] = [rename.get(o, o) for o in inner.output]
                 nodes.append(inner)

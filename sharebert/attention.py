@@ -44,8 +44,10 @@ class SelfAttention(nn.Module):
         return F.linear(x, w[name], self.bias[name] if name in self.bias else None)
 
     def _heads(self, t, dim=None):  # (B, T, h*d) -> (B, h, T, d)
-        B, T, _ = t.shape
-        return t.view(B, T, self.heads, dim or self.head_dim).transpose(1, 2)
+        # unflatten, not view(B, T, h, d): its ONNX shape is Concat(Slice(Shape(t)), [h, d]), which ONNX Runtime's
+        # Reshape fusion leaves alone (it rewrites Concat(Gather(Shape)...) shapes and misplaces the new shape
+        # constants across a depth-gated graph's If branches; docs/EXPORT.md)
+        return t.unflatten(-1, (self.heads, dim or self.head_dim)).transpose(1, 2)
 
     def qkv(self, x: torch.Tensor, w: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values, each ``(B, heads, T, d)``."""
@@ -102,6 +104,5 @@ class SelfAttention(nn.Module):
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=self.scale)
             if head_mask is not None:  # probs * m_h, then @ V, is ctx_h * m_h
                 ctx = ctx * head_mask.view(1, -1, 1, 1)
-        B, _, T, _ = ctx.shape
-        ctx = ctx.transpose(1, 2).reshape(B, T, -1)
+        ctx = ctx.transpose(1, 2).flatten(2)  # (B, T, h*d); no Gather(Shape) pattern in ONNX either (see _heads)
         return F.linear(ctx, w["output"], self.output_bias), probs

@@ -32,6 +32,41 @@ def mlm_dir(tmp_path_factory):
     return out
 
 
+QUICK_EXPORT = dict(check_limit=8, runs=1, shapes=("1x16",), progress=False)
+ARTIFACT_KINDS = {  # what `sharebert export` writes, by kind: (export options, layers)
+    "fp32 fill-mask": (dict(task="fill-mask"), 2),  # depth-gated; its ram_int8/ graphs are the RAM-int8 kind
+    "int8 fill-mask": (dict(task="fill-mask", quantize="int8"), 2),
+    "int8-dynamic fill-mask": (dict(task="fill-mask", quantize="int8-dynamic"), 2),
+    "feature-extraction": (dict(task="feature-extraction"), 2),  # last_hidden_state and sentence_embedding
+    "classification, one layer": (dict(task="text-classification"), 1),  # no depth input
+}
+
+
+@pytest.fixture(scope="module")
+def artifact_of(mlm_dir, tmp_path_factory):
+    """``artifact_of(kind)``: the artifact folder of ``ARTIFACT_KINDS[kind]`` (exported on first use) of the
+    module's tiny model (a one-layer classifier built beside it for the one-layer kind)."""
+    root, made = tmp_path_factory.mktemp("artifacts"), {}
+
+    def make(kind):
+        if kind not in made:
+            options, layers = ARTIFACT_KINDS[kind]
+            source = mlm_dir
+            if layers != TINY["num_hidden_layers"] or options["task"] == "text-classification":
+                from sharebert.modeling_sharebert import ShareBertForSequenceClassification
+
+                source = root / f"model-{layers}"
+                build_model("sharebert-tiny", source, {**TINY, "num_hidden_layers": layers}, seed=0)
+                ShareBertForSequenceClassification.from_pretrained(source, num_labels=2).save_pretrained(source)
+            from sharebert.export.exporter import export_model
+
+            export_model(source, root / kind.replace(" ", "-"), allow_low_parity=True, **options, **QUICK_EXPORT)
+            made[kind] = root / kind.replace(" ", "-")
+        return made[kind]
+
+    return make
+
+
 def test_import_sharebert_is_the_one_import(mlm_dir, tmp_path):
     """A user's script, written the obvious way: ``import sharebert``, then transformers' and optimum's own
     entry points on a sharebert folder (AutoConfig, AutoTokenizer, AutoModel*, pipeline, main_export)."""
@@ -315,7 +350,7 @@ print(json.dumps(model.encode({texts!r}, convert_to_numpy=True).tolist()))
     assert np.abs(np.asarray(json.loads(done.stdout.strip().splitlines()[-1])) - artifact).max() <= 1e-4
 
 
-def test_export_optimize_fuses_keeps_depth_and_equals_the_plain_artifact(mlm_dir, tmp_path):
+def test_export_optimize_fuses_keeps_depth_and_equals_the_plain_artifact(mlm_dir, artifact_of, tmp_path):
     """``--optimize``: ONNX Runtime's BERT fusions on a depth-gated artifact; the session loads, the depth input
     still gates, and every depth gives the plain artifact's outputs."""
     import onnx
@@ -324,16 +359,15 @@ def test_export_optimize_fuses_keeps_depth_and_equals_the_plain_artifact(mlm_dir
     from sharebert.deploy.artifact import MODEL
     from sharebert.export.exporter import export_model
 
-    common = dict(task="fill-mask", check_limit=8, runs=1, shapes=("1x16",), progress=False)
-    plain = export_model(mlm_dir, tmp_path / "plain", **common)
-    fused = export_model(mlm_dir, tmp_path / "fused", optimize=True, **common)
+    plain = json.loads((artifact_of("fp32 fill-mask") / "manifest.json").read_text())
+    fused = export_model(mlm_dir, tmp_path / "fused", optimize=True, task="fill-mask", **QUICK_EXPORT)
     assert plain["optimized"] is None and fused["max_depth"] == plain["max_depth"] == TINY["num_hidden_layers"]
     assert fused["optimized"].get("SkipLayerNormalization", 0) >= 1 and fused["optimized"].get("LayerNormalization", 0) >= 1
     ops = {n.op_type for n in onnx.load(str(tmp_path / "fused" / MODEL)).graph.node}
     assert "If" in ops and "SkipLayerNormalization" in ops
     assert fused["parity"]["max_abs_diff"] <= 1e-3 and fused["parity"]["depth_1"]["max_abs_diff"] <= 1e-3
-    sessions = [ort.InferenceSession(str(tmp_path / name / MODEL), providers=["CPUExecutionProvider"])
-                for name in ("plain", "fused")]
+    sessions = [ort.InferenceSession(str(folder / MODEL), providers=["CPUExecutionProvider"])
+                for folder in (artifact_of("fp32 fill-mask"), tmp_path / "fused")]
     ids = np.random.default_rng(0).integers(1000, 30000, (2, 12)).astype(np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
     outs = {}
@@ -342,6 +376,95 @@ def test_export_optimize_fuses_keeps_depth_and_equals_the_plain_artifact(mlm_dir
         assert np.abs(a - b).max() <= 1e-4
         outs[depth] = b
     assert np.abs(outs[1] - outs[TINY["num_hidden_layers"]]).max() > 1e-3  # depth still gates
+
+
+def _ort_optimize(model, call: str):
+    """ONNX Runtime's transformer optimizer on ``model`` (a path or ModelProto) as a user calls it: ``default``
+    (``optimize_model(path, model_type="bert", ...)``: ONNX Runtime's basic graph optimizations, then the
+    fusions) or ``fusions`` (``opt_level=0`` without symbolic shape inference, as ``--optimize``: the fusions
+    alone, SkipLayerNormalization included)."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    kwargs = {}
+    if call == "fusions":
+        options = FusionOptions("bert")
+        options.enable_shape_inference = False
+        kwargs = dict(opt_level=0, optimization_options=options)
+    return optimize_model(model, model_type="bert", num_heads=TINY["num_attention_heads"],
+                          hidden_size=TINY["hidden_size"], use_gpu=False, **kwargs)
+
+
+def _ort_feeds(session) -> dict:
+    ids = np.random.default_rng(0).integers(1000, 2000, (2, 9)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, -3:] = 0  # a padded row
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    return {i.name: feeds[i.name] for i in session.get_inputs() if i.name in feeds}
+
+
+@pytest.mark.parametrize("call", ["default", "fusions"])
+@pytest.mark.parametrize("kind", list(ARTIFACT_KINDS))
+def test_ort_transformer_optimizer_writes_a_valid_model_with_the_artifacts_outputs(artifact_of, kind, call, tmp_path):
+    """ONNX Runtime's own ``optimize_model(model_type="bert")`` on a ``sharebert export`` artifact, called by hand:
+    the model it writes loads, fuses something, and gives the artifact's outputs at every depth (the depth input
+    still gates)."""
+    import onnx
+    import onnxruntime as ort
+
+    from sharebert.deploy.artifact import DEPTH, MODEL
+    from sharebert.export import session_options
+
+    folder = artifact_of(kind)
+    optimized = _ort_optimize(str(folder / MODEL), call)
+    optimized.save_model_to_file(str(tmp_path / MODEL))
+    fused = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
+    assert fused.get("SkipLayerNormalization", 0) + fused.get("BiasGelu", 0) + fused.get("Gelu", 0) >= 1, fused
+    sessions = [ort.InferenceSession(str(f / MODEL), session_options(folder), providers=["CPUExecutionProvider"])
+                for f in (folder, tmp_path)]
+    feeds = _ort_feeds(sessions[0])
+    gated = DEPTH in {i.name for i in sessions[0].get_overridable_initializers()}  # an input with a default
+    assert gated == (ARTIFACT_KINDS[kind][1] > 1) == bool(json.loads((folder / "manifest.json").read_text())["max_depth"])
+    if gated:
+        assert DEPTH in {i.name for i in sessions[1].get_overridable_initializers()}
+        assert "If" in {n.op_type for n in onnx.load(str(tmp_path / MODEL)).graph.node}
+    outs = {}
+    for depth in ((1, TINY["num_hidden_layers"]) if gated else (None,)):
+        run = {**feeds, DEPTH: np.array(depth, np.int64)} if gated else feeds
+        want, got = (s.run(None, run) for s in sessions)
+        assert len(want) == len(got) >= 1 and all(np.isfinite(g).all() for g in got)
+        diff = max(float(np.abs(w - g).max()) for w, g in zip(want, got))
+        assert diff <= 1e-4, (kind, call, depth, diff)
+        outs[depth] = got[0]
+    if gated:
+        assert np.abs(outs[1] - outs[TINY["num_hidden_layers"]]).max() > 1e-3  # depth still gates
+
+
+@pytest.mark.parametrize("call", ["default", "fusions"])
+def test_ort_transformer_optimizer_on_the_ram_int8_compute_graph(artifact_of, call):
+    """The RAM-int8 kind: ``ram_int8/compute.onnx`` (its external data read from the artifact folder) through ONNX
+    Runtime's optimizer gives the device runtime's RAM-int8 outputs at every depth."""
+    import onnx
+    import onnxruntime as ort
+    from onnx.external_data_helper import load_external_data_for_model
+
+    from sharebert.deploy import Runtime
+    from sharebert.deploy.artifact import RAM_INT8_COMPUTE, session_options
+
+    folder = artifact_of("fp32 fill-mask")
+    runtime = Runtime(folder, ram="int8", threads=1)
+    ids = np.random.default_rng(0).integers(1000, 2000, (2, 9)).astype(np.int64)
+    depths = (1, TINY["num_hidden_layers"])
+    want = {d: runtime.at_depth(d)._run(ids, np.ones_like(ids))["logits"] for d in depths}
+    graph = onnx.load(str(folder / RAM_INT8_COMPUTE), load_external_data=False)
+    load_external_data_for_model(graph, str(folder))
+    optimized = _ort_optimize(graph, call)
+    runtime.session = ort.InferenceSession(optimized.model.SerializeToString(), session_options(None, 1),
+                                           providers=["CPUExecutionProvider"])
+    for d in depths:
+        got = runtime.at_depth(d)._run(ids, np.ones_like(ids))["logits"]
+        assert np.isfinite(got).all() and np.abs(got - want[d]).max() <= 1e-4, d
+    assert np.abs(want[1] - want[TINY["num_hidden_layers"]]).max() > 1e-3
 
 
 @pytest.mark.parametrize("args, said", [
