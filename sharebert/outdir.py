@@ -10,11 +10,13 @@ write and read our JSON files (strict JSON; any malformed file, deep nesting inc
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -58,7 +60,7 @@ def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], ove
         return out
     if not out.is_dir():
         raise ValueError(f"--out {given} is a file, not a folder")
-    if any(out.iterdir()):
+    if any(p.name != OutLock.NAME for p in out.iterdir()):  # a folder holding only a run's lock file is empty
         if not owned(out):
             raise ValueError(f"--out {given} is a non-empty folder that is not a {kind}; refusing to write into it "
                              "(choose a new or empty folder)")
@@ -115,6 +117,32 @@ class OutLock:
     def __exit__(self, *exc):
         fcntl.flock(self.f, fcntl.LOCK_UN)
         self.f.close()
+
+
+@contextlib.contextmanager
+def run_lock(out: str | Path, command: str):
+    """An :class:`OutLock` on ``out`` around a command whose library call checks ``out`` itself (``distill``,
+    ``compress``). A missing ``out`` is created for the lock; when the run fails, the lock file and any folder
+    created here are removed again if nothing else was written, so a refused run leaves nothing behind. Only
+    torchrun's rank 0 locks; a path that is not a folder is left to the command's own check."""
+    out = Path(out)
+    if int(os.environ.get("RANK", "0")) != 0 or (os.path.lexists(out) and not out.is_dir()) \
+            or not _nearest_existing(out.absolute()).is_dir():
+        yield
+        return
+    first_new = next((p for p in reversed((out.absolute(), *out.absolute().parents)) if not os.path.lexists(p)), None)
+    lock_file = out / OutLock.NAME
+    had_lock = lock_file.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with OutLock(out, command):
+            yield
+    except BaseException:
+        if not had_lock:
+            lock_file.unlink(missing_ok=True)
+        if first_new is not None and not any(f.is_file() for f in first_new.rglob("*")):
+            shutil.rmtree(first_new, ignore_errors=True)
+        raise
 
 
 def _check_writable(folder: Path, given) -> None:

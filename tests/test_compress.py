@@ -208,3 +208,39 @@ def test_mlm_distillation_accepts_a_teacher_without_an_mlm_head(minilm_dir, tmp_
     m = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert m["steps"] == 2 and m["soft_targets"] is False
     assert "kl" not in m["last_terms"] and np.isfinite([m["last_terms"][k] for k in ("hidden", "attention")]).all()
+
+
+@pytest.mark.parametrize("command", [
+    ["distill", "--objective", "embedding", "--student", "sharebert-tiny", "--max-steps", "1"],
+    ["distill", "--objective", "glue", "--task", "sst2", "--student", "sharebert-tiny", "--max-steps", "1"],
+    ["compress", "--max-steps", "1"],
+])
+def test_one_run_at_a_time_per_out_and_a_refused_run_leaves_nothing(command, minilm_dir, tmp_path, capsys):
+    """distill and compress hold the --out lock (outdir.run_lock, issue 23 item 4) as prepare, pretrain and
+    finetune do: a second run into a folder being written is refused in one line naming the first; a run refused
+    before writing anything leaves no lock file in a user's folder and no --out it created."""
+    from sharebert.outdir import OutLock
+
+    name = command[0]
+    teacher = (["--teacher", str(minilm_dir)] if name == "distill" else [str(minilm_dir)])
+    argv = lambda out, t=teacher: [name, *t, "--out", str(out), *command[1:]]  # noqa: E731
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    with OutLock(busy, name):
+        assert main(argv(busy)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"another `sharebert {name}` (pid " in err, err
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("precious")
+    assert main(argv(mine)) == 2
+    assert "non-empty folder" in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["thesis.txt"]
+    not_a_model = tmp_path / "notes"
+    not_a_model.mkdir()
+    (not_a_model / "a.txt").write_text("x")
+    bad = ["--teacher", str(not_a_model)] if name == "distill" else [str(not_a_model)]
+    fresh = tmp_path / "new" / "out"
+    assert main(argv(fresh, bad)) == 2
+    capsys.readouterr()
+    assert not (tmp_path / "new").exists()

@@ -62,6 +62,7 @@ def run(args) -> int:
         if value is not None and not value > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
 
+    from ..outdir import run_lock
     from ..training.callbacks import SignalCheckpoint, StopRequested
     from ..training.compress import compress
     from ..training.distill import DistillArgs, DistillWeights
@@ -75,7 +76,7 @@ def run(args) -> int:
     task_args = DistillArgs(lr=args.task_lr, **steps, max_eval_samples=args.eval_limit)
     resume = f"continue with: sharebert compress {args.teacher} --out {args.out} --resume"
     try:
-        with SignalCheckpoint() as stopper:
+        with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
             r = compress(args.teacher, args.out, limits, eargs, train=args.train, overwrite=args.overwrite,
                          resume=args.resume, eval_limit=args.eval_limit, stopper=stopper, task=args.task,
                          task_args=task_args)

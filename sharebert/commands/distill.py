@@ -50,6 +50,13 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    from ..outdir import run_lock
+
+    with run_lock(args.out, "distill"):  # one run at a time per --out (a killed run's lock goes with it)
+        return _run(args)
+
+
+def _run(args) -> int:
     from .tables import format_table
     from ..training.options import DistillArgs, DistillWeights, parse_layer_map
 
