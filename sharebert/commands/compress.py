@@ -23,6 +23,8 @@ def add_arguments(p):
     p.add_argument("--train", nargs="+", metavar="FILE", help="unlabelled text (one paragraph or sentence per line, or "
                                                                "GLUE .tsv); default: WikiText-2 valid, STS-B and SST-2 "
                                                                "training sentences from the data folder")
+    p.add_argument("--data", metavar="DIR", help="a folder from `sharebert prepare --tokenizer TEACHER` instead of "
+                                                 "--train: its packed sequences, memory-mapped, the teacher run per batch")
     p.add_argument("--max-train-samples", type=opt.positive_int, default=SENTENCES, help=f"sentences to train on (default {SENTENCES})")
     p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
                    help=f"loss on the sentence vectors (default {EMBEDDING_LOSS})")
@@ -56,7 +58,7 @@ def run(args) -> int:
                           max_train_samples=args.max_train_samples, eval_steps=200, loss=args.loss,
                           max_time=args.max_time, weights=DistillWeights(hidden=0, attention=0, embedding=0))
     with SignalCheckpoint() as stopper:
-        r = compress(args.teacher, args.out, limits, eargs, train=args.train, overwrite=args.overwrite,
+        r = compress(args.teacher, args.out, limits, eargs, train=args.train, data=args.data, overwrite=args.overwrite,
                      resume=args.resume, eval_limit=args.eval_limit, stopper=stopper)
     if r.get("stopped"):
         print(f"stopped at step {r['steps']} (checkpoint saved); continue with: sharebert compress {args.teacher} "

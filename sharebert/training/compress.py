@@ -89,7 +89,7 @@ def _export(model_dir: Path, out: Path, quantize: str, progress: bool) -> Path:
     return out
 
 
-def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = False, resume: bool = False,
+def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite: bool = False, resume: bool = False,
              progress: bool = True, eval_limit: int | None = None, stopper=None, say=print) -> dict:
     """Run the steps of the module docstring; returns the report (also written to ``out/report.json``).
 
@@ -101,11 +101,16 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     from .distill_embedding import distill_embedding
 
     out = check_out_dir(out, "compress result", _owned, overwrite or resume,
-                        inputs=(teacher, *(train or [])))
+                        inputs=(teacher, *([data] if data is not None else []), *(train or [])))
     raw = check_encoder(teacher)
     if any(a.endswith("ForSequenceClassification") for a in raw.get("architectures") or []):
         raise ValueError(f"{teacher} is a classifier; compress distils sentence-embedding encoders (use "
                          "`sharebert distill --objective glue` for a classifier teacher)")
+    if data is not None:  # refused before anything is written
+        from ..model_folder import load_config, load_tokenizer
+        from .distill_embedding import check_data
+
+        check_data(data, train, load_tokenizer(teacher, load_config(teacher).vocab_size), teacher)
     cand, head = student_for(shape_fields(teacher), limits)
     c = cand.config
     overrides = {k: c[k] for k in ("embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size",
@@ -115,7 +120,7 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     student_dir = out / "student"
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
                           overwrite=overwrite, resume=resume or (student_dir / "checkpoints").is_dir(),
-                          progress=progress, eval_limit=eval_limit,
+                          progress=progress, eval_limit=eval_limit, data=data,
                           callbacks=(stopper,) if stopper is not None else ())
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}
