@@ -20,7 +20,7 @@ def add_arguments(p):
     p.add_argument("--student", required=True, help="student: a preset (e.g. sharebert-tiny) or a model folder")
     p.add_argument("--objective", choices=["glue", "mlm", "embedding"], default="glue",
                    help="glue: task distillation (--task); mlm: general distillation on --train text; embedding: "
-                        "the teacher's sentence embeddings on --train text (default: the data folder's sentences)")
+                        "the teacher's sentence embeddings on --train text (default: the data folder's sentences) or --data")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
                    help="--objective embedding: shape the preset student, e.g. --set embedding_size=128 (repeatable)")
     p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
