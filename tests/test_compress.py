@@ -142,6 +142,46 @@ def test_fp32_artifact_equals_the_pytorch_student(compressed, tmp_path):
     assert np.abs(art - ours).max() <= 1e-4
 
 
+@pytest.fixture(scope="session")
+def prepared(minilm_dir, tmp_path_factory):
+    """A slice of WikiText-2 (valid, first 120 lines) prepared twice: ``minilm`` with the teacher's tokenizer,
+    ``chars`` with a character-level tokenizer of the same text (another vocabulary)."""
+    from sharebert.paths import data_path
+    from sharebert.training.corpus import char_tokenizer
+    from sharebert.training.shards import prepare
+
+    root = tmp_path_factory.mktemp("prepared")
+    text = root / "wiki.txt"
+    with open(data_path("wikitext-2-raw", "wiki.valid.raw"), encoding="utf-8") as f:
+        text.write_text("".join(line for _, line in zip(range(120), f)), encoding="utf-8")
+    char_tokenizer(text.read_text(encoding="utf-8")).save_pretrained(root / "char_tok")
+    for name, tok in (("minilm", str(minilm_dir)), ("chars", str(root / "char_tok"))):
+        prepare([text], root / name, tok, progress=False)
+    return root
+
+
+def test_embedding_distillation_on_prepared_data(minilm_dir, prepared, tmp_path):
+    """``--data``: each packed block of the teacher's tokens is one training sentence, the teacher runs per batch
+    (no teacher_targets file), the student is saved as a sentence-transformers folder."""
+    from sharebert.training.distill import DistillWeights
+    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+
+    args = EmbeddingArgs(max_steps=3, batch_size=4, seq_len=32, lr=1e-3, warmup_steps=0, max_train_samples=24,
+                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    out = tmp_path / "student"
+    m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, overrides={"embedding_size": 32},
+                          progress=False, data=prepared / "minilm", eval_limit=16)
+    assert m["steps"] == 3 and m["train_sentences"] == 24 and m["seq_len"] == 32
+    assert np.isfinite([m["train_loss"], m["last_terms"]["sentence"], m["student_sts_spearman"]]).all()
+    assert 0 < m["last_terms"]["sentence"] <= 2  # cosine loss of unit-free vectors lies in [0, 2]
+    assert not list(out.glob("teacher_targets*"))  # nothing precomputed for the corpus
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(out), device="cpu")
+    v = st.encode(SENTENCES[:2])
+    assert v.shape == (2, 384) and np.isfinite(v).all()
+
+
 @pytest.fixture(scope="module")
 def bad_inputs(minilm_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
@@ -186,9 +226,17 @@ def bad_inputs(minilm_dir, tmp_path_factory):
       "--set", "vocab_size=100", "--out", "{root}/o9"], "takes the teacher's vocabulary"),
     (["distill", "--objective", "glue", "--task", "sst2", "--teacher", "{minilm}", "--student", "sharebert-tiny",
       "--set", "hidden_size=64", "--out", "{root}/o10"], "are for --objective embedding"),
+    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
+      "--data", "{prepared}/chars", "--out", "{root}/o11"], "was prepared with another tokenizer than the teacher's"),
+    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
+      "--data", "{prepared}/minilm", "--train", "{prepared}/wiki.txt", "--out", "{root}/o12"], "are alternatives"),
+    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
+      "--data", "{prepared}", "--out", "{root}/o13"], "is not a prepared data folder"),
+    (["compress", "{minilm}", "--data", "{prepared}/chars", "--out", "{root}/o14"], "another tokenizer than the teacher's"),
+    (["compress", "{minilm}", "--data", "{root}/missing", "--out", "{root}/o15"], "not found"),
 ])
-def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, argv, message, capsys):
-    argv = [a.format(root=bad_inputs, minilm=minilm_dir) for a in argv]
+def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, prepared, argv, message, capsys):
+    argv = [a.format(root=bad_inputs, minilm=minilm_dir, prepared=prepared) for a in argv]
     message = message.format(root=bad_inputs)
     rc = main(argv)
     err = capsys.readouterr().err.strip()

@@ -32,6 +32,8 @@ def add_arguments(p):
     p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="unlabelled text (one paragraph or sentence per line, or "
                                                                "GLUE .tsv); default: WikiText-2 valid, STS-B and SST-2 "
                                                                "training sentences from the data folder")
+    p.add_argument("--data", type=opt.path, metavar="DIR", help="a folder from `sharebert prepare --tokenizer TEACHER` instead of "
+                                                 "--train: its packed sequences, memory-mapped, the teacher run per batch")
     p.add_argument("--max-train-samples", type=opt.positive_int, default=SENTENCES, help=f"sentences to train on (default {SENTENCES}; "
                                                                                        "a classifier: also its task's training examples)")
     p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
@@ -77,7 +79,8 @@ def run(args) -> int:
     resume = f"continue with: sharebert compress {args.teacher} --out {args.out} --resume"
     try:
         with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
-            r = compress(args.teacher, args.out, limits, eargs, train=args.train, overwrite=args.overwrite,
+            r = compress(args.teacher, args.out, limits, eargs, train=args.train, data=args.data,
+                         overwrite=args.overwrite,
                          resume=args.resume, eval_limit=args.eval_limit, stopper=stopper, task=args.task,
                          task_args=task_args)
     except StopRequested as e:

@@ -20,7 +20,7 @@ def add_arguments(p):
     p.add_argument("--student", type=opt.path, required=True, help="student: a preset (e.g. sharebert-tiny) or a model folder")
     p.add_argument("--objective", choices=["glue", "mlm", "embedding"], default="glue",
                    help="glue: task distillation (--task); mlm: general distillation on --train text; embedding: "
-                        "the teacher's sentence embeddings on --train text (default: the data folder's sentences)")
+                        "the teacher's sentence embeddings on --train text (default: the data folder's sentences) or --data")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
                    help="--objective embedding: shape the preset student, e.g. --set embedding_size=128 (repeatable)")
     p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
@@ -31,7 +31,8 @@ def add_arguments(p):
                    help="--objective embedding: stop training after SECONDS (checkpoint, then the student is saved)")
     p.add_argument("--task", choices=list(TASKS), help="GLUE task (--objective glue)")
     p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="--objective mlm: text files, MediaWiki XML or folders")
-    p.add_argument("--data", type=opt.path, metavar="DIR", help="--objective mlm: a folder from `sharebert prepare` (the teacher's tokenizer)")
+    p.add_argument("--data", type=opt.path, metavar="DIR", help="--objective mlm / embedding: a folder from `sharebert prepare` "
+                                                                "(the teacher's tokenizer), instead of --train")
     p.add_argument("--data-dir", type=opt.path, help="the task's folder (default ../shared/data/glue/<Task>)")
     p.add_argument("--out", type=opt.path, required=True, help="output folder: best student, tokenizer, metrics.json")
     p.add_argument("--temperature", type=opt.positive_float, default=w.temperature, help=f"softmax temperature (default {w.temperature:g})")
@@ -112,7 +113,7 @@ def _run_embedding(args, dargs) -> int:
     from ..training.distill_embedding import EmbeddingArgs, distill_embedding
 
     if args.task:
-        raise ValueError("--task is for --objective glue; --objective embedding reads --train text")
+        raise ValueError("--task is for --objective glue; --objective embedding reads --train text or --data")
     if args.max_time is not None and not args.max_time > 0:
         raise ValueError(f"--max-time must be positive, got {args.max_time}")
     eargs = EmbeddingArgs(**asdict(dargs) | {"weights": dargs.weights}, loss=args.loss, init=args.init,

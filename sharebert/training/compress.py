@@ -103,10 +103,11 @@ def export_once(model_dir: Path, out: Path, quantize: str, progress: bool, task:
     return out
 
 
-def prepare_out(out, teacher, train, overwrite: bool, resume: bool) -> Path:
+def prepare_out(out, teacher, train, overwrite: bool, resume: bool, data=None) -> Path:
     """``out`` checked (a new or empty folder, or an earlier compress result with ``overwrite``/``resume``); with
     ``overwrite`` (not ``resume``) the earlier result's parts are removed first."""
-    out = check_out_dir(out, "compress result", _owned, overwrite or resume, inputs=(teacher, *(train or [])))
+    out = check_out_dir(out, "compress result", _owned, overwrite or resume,
+                        inputs=(teacher, *([data] if data is not None else []), *(train or [])))
     if overwrite and not resume:
         for name in PARTS:
             part = out / name
@@ -118,7 +119,7 @@ STUDENT_FIELDS = ("embedding_size", "hidden_size", "num_hidden_layers", "interme
                   "attention", "max_position_embeddings", "pooler")  # a budget candidate's shape, as --set overrides
 
 
-def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = False, resume: bool = False,
+def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite: bool = False, resume: bool = False,
              progress: bool = True, eval_limit: int | None = None, stopper=None, say=print, task: str | None = None,
              task_args=None) -> dict:
     """Run the steps of the module docstring (a classifier teacher: ``compress_classifier``, with ``task`` and
@@ -135,13 +136,20 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     if is_classifier(raw):
         from .compress_classifier import compress_classifier
 
+        if data is not None:
+            raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
         return compress_classifier(teacher, out, limits, args, task_args, task=task, train=train, overwrite=overwrite,
                                    resume=resume, progress=progress, stopper=stopper, say=say)
     if task is not None:
         raise ValueError(f"--task is for a classifier teacher; {teacher} is an encoder "
                          f"({', '.join(raw.get('architectures') or ['no architectures'])}): compress distils its "
                          "sentence embeddings")
-    out = prepare_out(out, teacher, train, overwrite, resume)
+    if data is not None:  # refused before anything is written
+        from ..model_folder import load_config, load_tokenizer
+        from .distill_embedding import check_data
+
+        check_data(data, train, load_tokenizer(teacher, load_config(teacher).vocab_size), teacher)
+    out = prepare_out(out, teacher, train, overwrite, resume, data)
     cand, head = student_for(shape_fields(teacher), limits)
     overrides = {k: cand.config[k] for k in STUDENT_FIELDS}
     say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
@@ -149,7 +157,7 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     student_dir = out / "student"
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
                           overwrite=overwrite, resume=resume or (student_dir / "checkpoints").is_dir(),
-                          progress=progress, eval_limit=eval_limit,
+                          progress=progress, eval_limit=eval_limit, data=data,
                           callbacks=(stopper,) if stopper is not None else ())
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}

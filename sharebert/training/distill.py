@@ -475,6 +475,30 @@ def stream_training_args(out: Path, args: DistillArgs, progress: bool, **extra):
         dataloader_num_workers=0, dataloader_pin_memory=cuda, **extra)
 
 
+def teacher_data(data, t_tok, teacher_dir) -> dict:
+    """The manifest of a prepared ``data`` folder (``shards.read_manifest``: checksum, shard sizes and sha256,
+    ids below the vocabulary), refused unless it was prepared with the teacher's tokenizer ``t_tok``."""
+    from .shards import read_manifest, vocab_sha256
+
+    manifest = read_manifest(data)
+    if manifest["tokenizer"]["vocab_sha256"] != vocab_sha256(t_tok):
+        raise ValueError(f"--data {data} was prepared with another tokenizer than the teacher's (vocab sha256 "
+                         f"{manifest['tokenizer']['vocab_sha256'][:12]} vs {vocab_sha256(t_tok)[:12]}); prepare it "
+                         f"with --tokenizer {teacher_dir}")
+    return manifest
+
+
+def teacher_blocks(data, manifest: dict, t_tok, seq_len: int, limit: int | None = None):
+    """The first ``limit`` (all when None) training sequences of a prepared folder, memory-mapped
+    (``shards.StreamBlocks``): ``[CLS] + (seq_len - 2) tokens + [SEP]`` each, read on demand."""
+    from .shards import StreamBlocks, TokenStream
+
+    stream = TokenStream(data, manifest, "train")
+    total = StreamBlocks.sequences(stream, seq_len, True)
+    return StreamBlocks(stream, seq_len, count=min(total, limit or total), cls_id=t_tok.cls_token_id,
+                        sep_id=t_tok.sep_token_id)
+
+
 def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = DistillArgs(), overwrite: bool = False,
                 resume: bool = False, progress: bool = True, data=None) -> dict:
     """General distillation during pre-training: the teacher's MLM distribution at the masked positions as
@@ -519,26 +543,13 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     check_tokenizers(t_tok, s_tok, teacher_dir, student)
     if bool(train) == (data is not None):
         raise ValueError("--objective mlm needs --train text or --data DIR (from `sharebert prepare`), one of them")
-    manifest = None
-    if data is not None:
-        from .shards import read_manifest, vocab_sha256
-
-        manifest = read_manifest(data)
-        if manifest["tokenizer"]["vocab_sha256"] != vocab_sha256(t_tok):
-            raise ValueError(f"--data {data} was prepared with another tokenizer than the teacher's (vocab sha256 "
-                             f"{manifest['tokenizer']['vocab_sha256'][:12]} vs {vocab_sha256(t_tok)[:12]}); prepare it "
-                             f"with --tokenizer {teacher_dir}")
+    manifest = teacher_data(data, t_tok, teacher_dir) if data is not None else None
     teacher = load_teacher(teacher_dir, head="mlm" if mlm_teacher else "encoder")
     w = args.weights
     pairs, groups, projections = _maps(model, teacher, w, args.seed)
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
     if manifest is not None:
-        from .shards import StreamBlocks, TokenStream
-
-        stream = TokenStream(data, manifest, "train")
-        total = StreamBlocks.sequences(stream, seq_len, True)
-        blocks = StreamBlocks(stream, seq_len, count=min(total, args.max_train_samples or total),
-                              cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)
+        blocks = teacher_blocks(data, manifest, t_tok, seq_len, args.max_train_samples)
     else:
         ids = encode_sources(resolve_sources(train), t_tok, progress=progress)
         blocks = pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[: args.max_train_samples]

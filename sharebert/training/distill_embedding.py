@@ -9,8 +9,11 @@ and exported in the graph). The loss (docs/DISTILLATION.md):
 - ``cosine``: ``mean(1 - cos(s, t))``; ``mse``: ``mean((s - t)^2)`` on the vectors before Normalize;
 - optional token-level terms of ``distill.distill_losses`` (hidden states through a projection, attention maps).
 
-With no token-level term the teacher runs once over the training sentences before training (its vectors
-kept in ``out/teacher_targets.npy`` for ``--resume``), not at every step.
+Training examples are sentences of ``--train`` text, or the packed sequences of a ``--data`` folder
+(``sharebert prepare`` with the teacher's tokenizer, memory-mapped, ``[CLS] + seq_len - 2 tokens + [SEP]``
+each). With ``--train`` and no token-level term the teacher runs once over the training sentences before
+training (its vectors kept in ``out/teacher_targets.npy`` for ``--resume``); with ``--data`` it runs on each
+batch, so nothing grows with the corpus.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from ..model_folder import load_config, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_tokenizers, distill_losses, \
-    _is_distill_out, _make_trainer_class, _maps, _resume_from, stream_training_args
+    teacher_blocks, teacher_data, _is_distill_out, _make_trainer_class, _maps, _resume_from, stream_training_args
 from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES
 from .progress import show_progress
 
@@ -152,6 +155,34 @@ def read_sentences(sources, limit: int | None = None) -> list[str]:
     return out
 
 
+class BlockDataset(torch.utils.data.Dataset):
+    """Packed sequences of a prepared folder (``distill.teacher_blocks``, read on demand) as sentences: item ``i``
+    is ``{"input_ids", "attention_mask"}`` of block ``i`` (``seq_len`` tokens, no padding)."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i: int) -> dict:
+        ids = self.blocks[i].tolist()
+        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+
+
+@torch.no_grad()
+def encode_blocks(model, blocks, count: int, pooling: str, head=None, batch_size: int = 64) -> np.ndarray:
+    """Sentence vectors ``(count, H)`` of a backbone (+ ``head``) over the first ``count`` blocks ``(T,)``."""
+    out = []
+    model.eval()
+    for i in range(0, count, batch_size):
+        ids = torch.stack([blocks[j] for j in range(i, min(count, i + batch_size))]).to(model.device)
+        mask = torch.ones_like(ids)
+        v = pool(model(input_ids=ids, attention_mask=mask).last_hidden_state, mask, pooling)
+        out.append((v if head is None else head(v)).float().cpu().numpy())
+    return np.concatenate(out)
+
+
 class SentenceDataset(torch.utils.data.Dataset):
     """Tokenized sentences (teacher's tokenizer, truncated to ``seq_len``)."""
 
@@ -256,12 +287,13 @@ def _make_embedding_trainer(pooling: str, loss: str):
             if self.projections.head is not None:
                 s = self.projections.head(s)
             parts = {}
-            if need_h or need_a:
+            if need_h or need_a or targets is None:  # --data, or token-level terms: the teacher runs on the batch
                 with torch.no_grad():
                     t_out = self.teacher(**inputs, output_hidden_states=need_h, output_attentions=need_a)
                 if targets is None:
                     targets = pool(t_out.last_hidden_state, inputs["attention_mask"], pooling)
                     targets = targets if self.teacher_head is None else self.teacher_head(targets)
+            if need_h or need_a:
                 terms = replace(w, kl=0.0, hard=0.0)
                 parts = {k: v for k, v in distill_losses(out, t_out, inputs["attention_mask"], None, self.projections,
                                                          terms, self.pairs, self.groups).items() if k != "loss"}
@@ -290,6 +322,16 @@ def _teacher_targets(teacher, head, tokenizer, sentences, pooling, seq_len, out:
     np.save(tmp, t)
     tmp.replace(path)
     return t
+
+
+def check_data(data, train, t_tok, teacher_dir) -> dict | None:
+    """The manifest of the prepared ``data`` folder (``distill.teacher_data``: complete, intact, the teacher's
+    tokenizer), None without one; ``ValueError`` for ``--data`` together with ``--train``."""
+    if data is None:
+        return None
+    if train:
+        raise ValueError("--data and --train are alternatives: give the prepared folder or the text files, not both")
+    return teacher_data(data, t_tok, teacher_dir)
 
 
 def build_student(student: str, overrides: dict, vocab_size: int):
@@ -352,6 +394,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                          f"{', '.join(POOLING)}")
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
+    manifest = check_data(data, train, t_tok, teacher_dir)
     set_seed(args.seed)
     model = build_student(student, overrides or {}, t_config.vocab_size)
     if Path(student).exists():
@@ -369,24 +412,33 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         init = init_from_teacher(model, teacher, projections.head if t_head is None else None)
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings,
                   recipe.max_seq_length or args.seq_len)
-    if data is not None:
-        raise ValueError("--data is not supported by --objective embedding yet; give --train text files")
-    sentences = read_sentences(train or default_corpus(), args.max_train_samples)
-    train_ds = SentenceDataset(t_tok, sentences, seq_len)
+    if manifest is not None:
+        train_ds = BlockDataset(teacher_blocks(data, manifest, t_tok, seq_len, args.max_train_samples))
+    else:
+        sentences = read_sentences(train or default_corpus(), args.max_train_samples)
+        train_ds = SentenceDataset(t_tok, sentences, seq_len)
     pooling = recipe.pooling
     score = lambda m, head, who: sts_spearman(m, t_tok, pooling, head, seq_len, eval_limit,  # noqa: E731
                                               who if progress else None) if score_sts else None
     metrics = {"objective": "embedding", "loss": args.loss, "pooling": pooling, "normalize": recipe.normalize,
                "teacher_dir": str(teacher_dir), "student": student, **init, "seq_len": seq_len,
-               "train_sentences": len(sentences), "sts_dev_pairs": eval_limit or "all"}
+               "train_sentences": len(train_ds), "sts_dev_pairs": eval_limit or "all",
+               **({"train_data": str(data)} if data is not None else {})}
     metrics["teacher_sts_spearman"] = score(teacher, t_head, "teacher")
-    targets = _teacher_targets(teacher, t_head, t_tok, sentences, pooling, seq_len, out, progress)
-    if projections.head is not None and args.init == "teacher" and not resume:
-        fit_head(projections.head, encode(model, t_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len),
-                 targets[:HEAD_FIT])
+    fit = projections.head is not None and args.init == "teacher" and not resume
+    if manifest is not None:  # the teacher runs on each batch; the head is fitted on the first blocks
+        if fit:
+            n = min(HEAD_FIT, len(train_ds))
+            fit_head(projections.head, encode_blocks(model, train_ds.blocks, n, pooling),
+                     encode_blocks(teacher, train_ds.blocks, n, pooling, t_head))
+    else:
+        targets = _teacher_targets(teacher, t_head, t_tok, sentences, pooling, seq_len, out, progress)
+        if fit:
+            fit_head(projections.head, encode(model, t_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len),
+                     targets[:HEAD_FIT])
+        if not (w.hidden or w.embedding or w.attention):
+            train_ds = WithTeacherLogits(train_ds, targets)
     metrics["start_sts_spearman"] = score(model, projections.head, "student at step 0")
-    if not (w.hidden or w.embedding or w.attention):
-        train_ds = WithTeacherLogits(train_ds, targets)
 
     targs = stream_training_args(out, args, progress, remove_unused_columns=False)
     clock = WallClockLimit(args.max_time) if args.max_time else None
