@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..docs_check import cap_value
 from ..outdir import check_out_dir, finite, write_json
 
 REPORT = "report.json"
@@ -100,6 +101,7 @@ def compress(teacher, out, limits: dict, args, train=None, overwrite: bool = Fal
     from .distill import check_encoder
     from .distill_embedding import distill_embedding
 
+    eval_limit = cap_value("max_eval_samples", eval_limit)  # SHAREBERT_DOCS_CHECK=1: the artifact's STS-B too
     out = check_out_dir(out, "compress result", _owned, overwrite or resume,
                         inputs=(teacher, *(train or [])))
     raw = check_encoder(teacher)
