@@ -2,7 +2,7 @@
 
 Every CLI row runs the real command and asserts: exit status 2, one stderr line naming the problem, no
 traceback, and every file of the user's still there, byte-identical, with nothing new left beside them.
-The export table calls ``sharebert.cli.main`` in this process (``_main``: torch loads once; an exception
+The export table (and the overwrite) calls ``sharebert.cli.main`` in this process (``_main``: torch loads once; an exception
 escaping it fails the row); rows about the process itself (a file size limit, bytes in argv, stdin) and
 the predict rows run ``python -m sharebert`` in a subprocess. Runtime rows rewrite one manifest field (or file) of a copied artifact and assert
 the refusal names the manifest or the file.
@@ -183,10 +183,10 @@ def test_export_refuses_unwritable_out(user):
     _assert_refused(_cli("export", "--model", "P/model", "--out", "ro/new", cwd=user), "is not writable")
 
 
-def test_overwrite_replaces_only_an_artifact(user, artifact):
+def test_overwrite_replaces_only_an_artifact(user, artifact, capfd, monkeypatch):
     before = (user / "art" / "manifest.json").read_bytes()
-    proc = _cli("export", "--model", "P/model", "--out", "art", "--overwrite", "--check-limit", "4", "--quantize", "int8",
-                cwd=user)
+    proc = _main("export", "--model", "P/model", "--out", "art", "--overwrite", "--check-limit", "4", "--quantize", "int8",
+                 cwd=user, capfd=capfd, monkeypatch=monkeypatch)
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((user / "art" / "manifest.json").read_text())
     assert manifest["quantization"] == "int8" and (user / "art" / "manifest.json").read_bytes() != before
