@@ -1,8 +1,10 @@
 """Bad input against `sharebert export`, the artifact runtime and `sharebert predict`, as tables.
 
-Every CLI row runs the real command in a subprocess and asserts: exit status 2, one stderr line naming
-the problem, no traceback, and every file of the user's still there, byte-identical, with nothing new
-left beside them. Runtime rows rewrite one manifest field (or file) of a copied artifact and assert
+Every CLI row runs the real command and asserts: exit status 2, one stderr line naming the problem, no
+traceback, and every file of the user's still there, byte-identical, with nothing new left beside them.
+The export table (and the overwrite) calls ``sharebert.cli.main`` in this process (``_main``: torch loads once; an exception
+escaping it fails the row); rows about the process itself (a file size limit, bytes in argv, stdin) and
+the predict rows run ``python -m sharebert`` in a subprocess. Runtime rows rewrite one manifest field (or file) of a copied artifact and assert
 the refusal names the manifest or the file.
 """
 from __future__ import annotations
@@ -44,6 +46,19 @@ def artifact(tmp_path_factory, model_dir):
 def _cli(*argv, cwd, preexec=None):
     return subprocess.run([sys.executable, "-m", "sharebert", *map(str, argv)], cwd=cwd, env=ENV, capture_output=True,
                           text=True, preexec_fn=preexec, timeout=600)
+
+
+def _main(*argv, cwd, capfd, monkeypatch) -> subprocess.CompletedProcess:
+    """``sharebert ARGV`` run in this process from ``cwd`` (``sharebert.cli.main``, as the console script calls
+    it), with what reached fds 1 and 2."""
+    from sharebert.cli import main
+
+    capfd.readouterr()
+    with monkeypatch.context() as m:
+        m.chdir(cwd)
+        rc = main([str(a) for a in argv])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(argv, rc, out, err)
 
 
 def _snapshot(root: Path) -> dict:
@@ -137,13 +152,13 @@ def user(tmp_path, model_dir, artifact):
 
 
 @pytest.mark.parametrize("prepare, args, fragments", [c[1:] for c in EXPORT_CASES], ids=[c[0] for c in EXPORT_CASES])
-def test_export_refuses_bad_input_and_keeps_every_file(user, prepare, args, fragments):
+def test_export_refuses_bad_input_and_keeps_every_file(user, prepare, args, fragments, capfd, monkeypatch):
     if prepare:
         prepare(user)
     before = _snapshot(user)
     argv = ["export", *(["--model", "P/model"] if "--model" not in args else []), *args]
     argv += ["--check-limit", "4"] if "--check-limit" not in args else []
-    _assert_refused(_cli(*argv, cwd=user), *fragments)
+    _assert_refused(_main(*argv, cwd=user, capfd=capfd, monkeypatch=monkeypatch), *fragments)
     assert _snapshot(user) == before  # nothing lost, changed, or left behind (no empty --out, no temporary folder)
 
 
@@ -168,10 +183,10 @@ def test_export_refuses_unwritable_out(user):
     _assert_refused(_cli("export", "--model", "P/model", "--out", "ro/new", cwd=user), "is not writable")
 
 
-def test_overwrite_replaces_only_an_artifact(user, artifact):
+def test_overwrite_replaces_only_an_artifact(user, artifact, capfd, monkeypatch):
     before = (user / "art" / "manifest.json").read_bytes()
-    proc = _cli("export", "--model", "P/model", "--out", "art", "--overwrite", "--check-limit", "4", "--quantize", "int8",
-                cwd=user)
+    proc = _main("export", "--model", "P/model", "--out", "art", "--overwrite", "--check-limit", "4", "--quantize", "int8",
+                 cwd=user, capfd=capfd, monkeypatch=monkeypatch)
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((user / "art" / "manifest.json").read_text())
     assert manifest["quantization"] == "int8" and (user / "art" / "manifest.json").read_bytes() != before

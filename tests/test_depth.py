@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -179,15 +177,24 @@ def test_integral_depths_of_any_kind_are_accepted(mlm):
         Runtime(mlm[1], depth=np.bool_(True))
 
 
-def test_predict_takes_options_before_its_texts(mlm):
+def _predict(capsys, *argv):
+    """``sharebert predict ARGV`` in this process (``sharebert.cli.main``, as the console script calls it):
+    (exit status, stdout, stderr)."""
+    from sharebert.cli import main
+
+    capsys.readouterr()
+    rc = main(["predict", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_predict_takes_options_before_its_texts(mlm, capsys):
     """`sharebert predict ART --depth 1 TEXT`, as documented: options may come before the texts."""
-    r = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(mlm[1]), "--depth", "1", "--json", "a [MASK] day"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.splitlines()[0])["result"] == Runtime(mlm[1], depth=1).fill_mask("a [MASK] day")[0]
-    r = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(mlm[1]), "--depth", "1", "x", "--bogus"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and "sharebert predict: error: unrecognized arguments: --bogus" in r.stderr
+    rc, out, err = _predict(capsys, mlm[1], "--depth", "1", "--json", "a [MASK] day")
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[0])["result"] == Runtime(mlm[1], depth=1).fill_mask("a [MASK] day")[0]
+    rc, out, err = _predict(capsys, mlm[1], "--depth", "1", "x", "--bogus")
+    assert rc == 2 and "sharebert predict: error: unrecognized arguments: --bogus" in err
 
 
 BAD_CLI = [  # (arguments after the artifact, what the one-line error names)
@@ -198,22 +205,19 @@ BAD_CLI = [  # (arguments after the artifact, what the one-line error names)
 
 
 @pytest.mark.parametrize("args, message", BAD_CLI)
-def test_predict_refuses_bad_depth_in_one_line(mlm, args, message):
-    r = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(mlm[1]), "a [MASK] day", *args],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+def test_predict_refuses_bad_depth_in_one_line(mlm, args, message, capsys):
+    rc, _, err = _predict(capsys, mlm[1], "a [MASK] day", *args)  # an exception escaping main would fail here
+    assert rc == 2 and message in err and "Traceback" not in err
 
 
-def test_predict_at_depth_and_refusal_without_depth_support(mlm, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(mlm[1]), "a [MASK] day", "--json",
-                        "--depth", "1"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.splitlines()[0])["result"] == Runtime(mlm[1], depth=1).fill_mask("a [MASK] day")[0]
+def test_predict_at_depth_and_refusal_without_depth_support(mlm, tmp_path, capsys):
+    rc, out, err = _predict(capsys, mlm[1], "a [MASK] day", "--json", "--depth", "1")
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[0])["result"] == Runtime(mlm[1], depth=1).fill_mask("a [MASK] day")[0]
     assert Runtime(mlm[1], depth=1).fill_mask("a [MASK] day") != Runtime(mlm[1]).fill_mask("a [MASK] day")
     old = _without_depth(mlm[1], tmp_path)
-    r = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(old), "a [MASK] day", "--depth", "2"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and "has no depth input" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    rc, _, err = _predict(capsys, old, "a [MASK] day", "--depth", "2")
+    assert rc == 2 and "has no depth input" in err and len(err.strip().splitlines()) == 1
     assert Runtime(old).fill_mask("a [MASK] day")  # without --depth it still runs
 
 

@@ -169,28 +169,74 @@ sys.meta_path.insert(0, _NoSharebert())
 IDS = [[101, 2023, 2003, 1037, 3231, 102, 0], [101, 7592, 2088, 999, 2204, 2154, 102]]
 
 
-def _remote_outputs(folder, auto: str, tmp_path) -> dict:
-    """``auto.from_pretrained(folder, trust_remote_code=True)`` in a process where ``import sharebert`` fails."""
-    site = tmp_path / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(BLOCK_SHAREBERT)
-    script = f"""
+EMBED_TEXTS = ["a good film", "the capital of france is paris .", "short"]
+REMOTE_SCRIPT = """
 import json, sys, torch, transformers
 try:
     import sharebert
     raise SystemExit("sharebert is importable")
 except ImportError:
     pass
-model = getattr(transformers, {auto!r}).from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
-ids = torch.tensor({IDS!r})
-with torch.no_grad():
-    out = model(input_ids=ids, attention_mask=(ids > 0).long())
-print(json.dumps({{"module": type(model).__module__, "logits": out.logits.tolist(),
-                  "loaded": sorted(m for m in sys.modules if m.split(".")[0] == "sharebert")}}))
-"""
-    done = _python(script, PYTHONPATH=str(site), HF_MODULES_CACHE=str(tmp_path / "modules"))
+from sentence_transformers import SentenceTransformer
+folders, texts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ids = torch.tensor({ids!r})
+out = {{}}
+for name, auto in (("portable", "AutoModelForMaskedLM"), ("hub", "AutoModelForSequenceClassification")):
+    model = getattr(transformers, auto).from_pretrained(folders[name], trust_remote_code=True).eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=(ids > 0).long()).logits
+    out[name] = {{"module": type(model).__module__, "logits": logits.tolist()}}
+model = SentenceTransformer(folders["embedder"], device="cpu", trust_remote_code=True)
+out["embedder"] = model.encode(texts, convert_to_numpy=True).tolist()
+out["loaded"] = sorted(m for m in sys.modules if m.split(".")[0] == "sharebert")
+print(json.dumps(out))
+""".format(ids=IDS)
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory):
+    """The three hub-way folders of the tests below, made here: ``portable`` (``sharebert build --portable``),
+    ``hub`` (``register_for_auto_class`` then ``save_pretrained``; its in-memory logits under ``hub_logits``) and
+    ``embedder`` (an encoder with its recipe and portable code). All three are loaded with ``trust_remote_code=True``
+    in ONE process where ``import sharebert`` fails (one interpreter start instead of three); ``outputs``: what
+    it saw (``loaded``: the sharebert modules it imported, after all three loads)."""
+    from sharebert import ShareBertConfig, ShareBertForSequenceClassification, ShareBertModel
+    from sharebert.modeling_sharebert import AUTO_CLASSES
+    from sharebert.portable import make_portable
+    from sharebert.recipe import DenseLayer, EmbeddingRecipe, write_recipe
+
+    root = tmp_path_factory.mktemp("remote")
+    folders = {name: root / name for name in ("portable", "hub", "embedder")}
+    assert main(["build", "--preset", "sharebert-tiny", *[f"--set={k}={v}" for k, v in TINY.items()],
+                 "--portable", "--out", str(folders["portable"])]) == 0
+
+    torch.manual_seed(0)
+    model = ShareBertForSequenceClassification(ShareBertConfig.from_preset("sharebert-tiny", vocab_size=30528,
+                                                                           num_labels=3, **TINY))
+    ShareBertForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+    try:
+        model.save_pretrained(folders["hub"])
+    finally:
+        ShareBertForSequenceClassification._auto_class = None
+
+    folder = folders["embedder"]
+    build_model("sharebert-tiny", folder, TINY, seed=0)
+    ShareBertModel.from_pretrained(folder).save_pretrained(folder)  # the encoder alone, as embedders ship
+    rng = np.random.default_rng(0)
+    w, b = rng.normal(size=(24, TINY["hidden_size"])).astype(np.float32) * 0.2, rng.normal(size=24).astype(np.float32)
+    write_recipe(folder, EmbeddingRecipe("mean", True, (DenseLayer("", TINY["hidden_size"], 24, True,
+                                                                   "torch.nn.modules.activation.Tanh"),), 48, True),
+                 [(w, b)])
+    make_portable(folder, AUTO_CLASSES)
+
+    site = root / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_SHAREBERT)
+    done = subprocess.run([sys.executable, "-c", REMOTE_SCRIPT, json.dumps({k: str(v) for k, v in folders.items()}),
+                           json.dumps(EMBED_TEXTS)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(site), "HF_MODULES_CACHE": str(root / "modules")})
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return {**folders, "hub_logits": _local_logits(model), "outputs": json.loads(done.stdout.strip().splitlines()[-1])}
 
 
 def _local_logits(model) -> np.ndarray:
@@ -199,37 +245,26 @@ def _local_logits(model) -> np.ndarray:
         return model.eval()(input_ids=ids, attention_mask=(ids > 0).long()).logits.numpy()
 
 
-def test_portable_folder_loads_without_sharebert(tmp_path):
+def test_portable_folder_loads_without_sharebert(remote):
     """``sharebert build --portable``: the folder's own code (generated from the package) gives the package's logits."""
     from transformers import AutoModelForMaskedLM
 
-    folder = tmp_path / "portable"
-    assert main(["build", "--preset", "sharebert-tiny", *[f"--set={k}={v}" for k, v in TINY.items()],
-                 "--portable", "--out", str(folder)]) == 0
+    folder = remote["portable"]
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"]["AutoModelForMaskedLM"] == "modeling_sharebert.ShareBertForMaskedLM"
     from sharebert.portable import FILES, portable_source
 
     assert all((folder / f"{name}.py").read_text() == portable_source(name) for name in FILES)
-    got = _remote_outputs(folder, "AutoModelForMaskedLM", tmp_path)
-    assert got["module"].startswith("transformers_modules.") and got["loaded"] == []
+    got = remote["outputs"]["portable"]
+    assert got["module"].startswith("transformers_modules.") and remote["outputs"]["loaded"] == []
     want = _local_logits(AutoModelForMaskedLM.from_pretrained(folder))  # the package's class (no remote code)
     assert np.abs(np.asarray(got["logits"]) - want).max() <= 1e-5
 
 
-def test_register_for_auto_class_then_save_pretrained_shares_the_hub_way(tmp_path):
-    from sharebert import ShareBertConfig, ShareBertForSequenceClassification
-
-    torch.manual_seed(0)
-    model = ShareBertForSequenceClassification(ShareBertConfig.from_preset("sharebert-tiny", vocab_size=30528,
-                                                                           num_labels=3, **TINY))
-    ShareBertForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
-    try:
-        model.save_pretrained(tmp_path / "hub")
-    finally:
-        ShareBertForSequenceClassification._auto_class = None
-    got = _remote_outputs(tmp_path / "hub", "AutoModelForSequenceClassification", tmp_path)
-    assert np.abs(np.asarray(got["logits"]) - _local_logits(model)).max() <= 1e-5
+def test_register_for_auto_class_then_save_pretrained_shares_the_hub_way(remote):
+    got = remote["outputs"]["hub"]
+    assert got["module"].startswith("transformers_modules.")
+    assert np.abs(np.asarray(got["logits"]) - remote["hub_logits"]).max() <= 1e-5
 
 
 @pytest.mark.parametrize("sharing", ["veps", "eps"])
@@ -307,47 +342,24 @@ def test_lora_config_refusals_name_the_problem(config, said):
         sharebert.lora_config(cfg)
 
 
-def test_sentence_transformers_loads_a_sharebert_embedding_folder_as_the_artifact_embeds(tmp_path):
+def test_sentence_transformers_loads_a_sharebert_embedding_folder_as_the_artifact_embeds(remote, tmp_path):
     """A ShareBERT saved with its recipe (``sharebert.recipe.write_recipe``: mean pooling, a Dense layer,
     Normalize): ``SentenceTransformer(dir)`` gives the exported artifact's embeddings, here (registration by
-    ``import sharebert``) and, from the folder's portable code, in a process where sharebert is not installed."""
+    ``import sharebert``) and, from the folder's portable code, in a process where sharebert is not installed
+    (the ``remote`` fixture's)."""
     from sentence_transformers import SentenceTransformer
 
-    from sharebert import ShareBertModel
     from sharebert.deploy import Runtime
     from sharebert.export.exporter import export_model
-    from sharebert.modeling_sharebert import AUTO_CLASSES
-    from sharebert.portable import make_portable
-    from sharebert.recipe import DenseLayer, EmbeddingRecipe, write_recipe
 
-    folder = tmp_path / "embedder"
-    build_model("sharebert-tiny", folder, TINY, seed=0)
-    ShareBertModel.from_pretrained(folder).save_pretrained(folder)  # the encoder alone, as embedders ship
-    rng = np.random.default_rng(0)
-    w, b = rng.normal(size=(24, TINY["hidden_size"])).astype(np.float32) * 0.2, rng.normal(size=24).astype(np.float32)
-    write_recipe(folder, EmbeddingRecipe("mean", True, (DenseLayer("", TINY["hidden_size"], 24, True,
-                                                                   "torch.nn.modules.activation.Tanh"),), 48, True),
-                 [(w, b)])
-    make_portable(folder, AUTO_CLASSES)
-    texts = ["a good film", "the capital of france is paris .", "short"]
+    folder, texts = remote["embedder"], EMBED_TEXTS
     local = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
     export_model(folder, tmp_path / "artifact", task="feature-extraction", check_limit=4, runs=1, shapes=("1x16",),
                  progress=False)
     artifact = np.stack(Runtime(tmp_path / "artifact").embed(texts))
     assert local.shape == (3, 24) and np.abs(np.linalg.norm(local, axis=1) - 1).max() <= 1e-5
     assert np.abs(local - artifact).max() <= 1e-4
-
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(BLOCK_SHAREBERT)
-    done = _python(f"""
-import json
-from sentence_transformers import SentenceTransformer
-model = SentenceTransformer({str(folder)!r}, device="cpu", trust_remote_code=True)
-print(json.dumps(model.encode({texts!r}, convert_to_numpy=True).tolist()))
-""", PYTHONPATH=str(site), HF_MODULES_CACHE=str(tmp_path / "modules"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert np.abs(np.asarray(json.loads(done.stdout.strip().splitlines()[-1])) - artifact).max() <= 1e-4
+    assert np.abs(np.asarray(remote["outputs"]["embedder"]) - artifact).max() <= 1e-4
 
 
 def test_export_optimize_fuses_keeps_depth_and_equals_the_plain_artifact(mlm_dir, artifact_of, tmp_path):

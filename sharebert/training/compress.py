@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..docs_check import cap_value
 from ..outdir import check_out_dir, finite, write_json
 
 REPORT = "report.json"
@@ -132,6 +133,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     from .distill import check_encoder
     from .distill_embedding import distill_embedding
 
+    eval_limit = cap_value("max_eval_samples", eval_limit)  # SHAREBERT_DOCS_CHECK=1: the artifact's STS-B too
     raw = check_encoder(teacher)
     if is_classifier(raw):
         from .compress_classifier import compress_classifier
