@@ -182,6 +182,21 @@ def test_embedding_distillation_on_prepared_data(minilm_dir, prepared, tmp_path)
     assert v.shape == (2, 384) and np.isfinite(v).all()
 
 
+def test_embedding_distillation_samples_depth_with_token_level_terms(minilm_dir, tmp_path):
+    """`--depth-sampling` reaches the embedding student (it was silently ignored): the saved config samples
+    depths 2..4 in training, and the hidden-state term pairs only the iterations that ran at each step."""
+    from sharebert.training.distill import DistillWeights
+    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+
+    args = EmbeddingArgs(max_steps=4, batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16, depth_sampling=2,
+                         weights=DistillWeights(hidden=1.0, attention=0, embedding=0))
+    out = tmp_path / "student"
+    m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, overrides={"embedding_size": 32},
+                          progress=False, eval_limit=16)
+    assert m["steps"] == 4 and np.isfinite([m["last_terms"]["hidden"], m["last_terms"]["sentence"]]).all()
+    assert json.loads((out / "config.json").read_text())["train_min_depth"] == 2
+
+
 @pytest.fixture(scope="module")
 def bad_inputs(minilm_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")

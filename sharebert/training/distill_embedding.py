@@ -31,7 +31,8 @@ from ..model_folder import load_config, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_tokenizers, distill_losses, \
-    teacher_blocks, teacher_data, _is_distill_out, _make_trainer_class, _maps, _resume_from, stream_training_args
+    pairs_that_ran, teacher_blocks, teacher_data, _is_distill_out, _make_trainer_class, _maps, _resume_from, stream_training_args
+from .depth import check_depth_sampling
 from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES
 from .progress import show_progress
 
@@ -295,8 +296,11 @@ def _make_embedding_trainer(pooling: str, loss: str):
                     targets = targets if self.teacher_head is None else self.teacher_head(targets)
             if need_h or need_a:
                 terms = replace(w, kl=0.0, hard=0.0)
+                ran = len(out.attentions) if need_a else len(out.hidden_states) - 1  # fewer under depth sampling
+                pairs = pairs_that_ran(self.pairs, ran, model.config.num_hidden_layers,
+                                       self.teacher.config.num_hidden_layers)
                 parts = {k: v for k, v in distill_losses(out, t_out, inputs["attention_mask"], None, self.projections,
-                                                         terms, self.pairs, self.groups).items() if k != "loss"}
+                                                         terms, pairs, self.groups).items() if k != "loss"}
             parts["sentence"] = embedding_loss(s, targets, loss)
             for k, v in parts.items():
                 self._parts[k] = float(v.detach())
@@ -397,6 +401,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     manifest = check_data(data, train, t_tok, teacher_dir)
     set_seed(args.seed)
     model = build_student(student, overrides or {}, t_config.vocab_size)
+    model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
     if Path(student).exists():
         check_tokenizers(t_tok, load_tokenizer(student, model.config.vocab_size), teacher_dir, student)
     teacher = load_encoder(teacher_dir)
