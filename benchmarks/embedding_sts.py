@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--artifact", action="append", default=[], help="an exported artifact folder (repeatable)")
     ap.add_argument("--model2vec", help="a model2vec folder; 'distill' distils one from --teacher into runs/model2vec")
     ap.add_argument("--limit", type=int)
+    ap.add_argument("--depths", default="", help="also score each depth-gated artifact at these depths, e.g. 2,3")
     a = ap.parse_args()
 
     from sharebert.deploy import Runtime
@@ -58,11 +59,15 @@ def main() -> None:
     for s in a.student:
         torch_row(f"student {s} (PyTorch fp32)", s)
     for art in a.artifact:
-        rt = Runtime(art, threads=1)
-        va, vb = np.stack(rt.embed(split.text_a)), np.stack(rt.embed(split.text_b))
+        full = Runtime(art, threads=1)
         size = sum(f.stat().st_size for f in Path(art).rglob("*") if f.is_file() and f.suffix in (".onnx", ".data", ".ort"))
-        rows.append((f"artifact {art} ({rt.manifest.get('quantization')})", spearman_of(va, vb, split.labels),
-                     rt.manifest.get("learned_params"), size))
+        depths = [None] + [int(d) for d in a.depths.split(",") if d and int(d) < (full.max_depth or 0)]
+        for depth in depths:  # a shallower depth: the same artifact running its first layers only
+            rt = full.at_depth(depth)
+            va, vb = np.stack(rt.embed(split.text_a)), np.stack(rt.embed(split.text_b))
+            at = f", depth {depth}" if depth else ""
+            rows.append((f"artifact {art} ({rt.manifest.get('quantization')}{at})", spearman_of(va, vb, split.labels),
+                         rt.manifest.get("learned_params"), size))
     if a.model2vec:
         from model2vec import StaticModel
 
