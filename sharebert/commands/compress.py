@@ -66,8 +66,9 @@ def run(args) -> int:
 
     from ..outdir import run_lock
     from ..training.callbacks import SignalCheckpoint, StopRequested
-    from ..training.compress import compress
-    from ..training.distill import DistillArgs, DistillWeights
+    from ..training.compress import compress, is_classifier
+    from ..training.compress_classifier import compress_classifier
+    from ..training.distill import DistillArgs, DistillWeights, check_encoder
     from ..training.distill_embedding import EmbeddingArgs
 
     steps = dict(epochs=1000.0, batch_size=args.batch_size, warmup_steps=min(100, (args.max_steps or 500) // 5),
@@ -77,12 +78,19 @@ def run(args) -> int:
                           weights=DistillWeights(hidden=0, attention=0, embedding=0))
     task_args = DistillArgs(lr=args.task_lr, **steps, max_eval_samples=args.eval_limit)
     resume = f"continue with: sharebert compress {args.teacher} --out {args.out} --resume"
+    classifier = is_classifier(check_encoder(args.teacher))
+    if classifier and args.data:
+        raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
     try:
         with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
-            r = compress(args.teacher, args.out, limits, eargs, train=args.train, data=args.data,
-                         overwrite=args.overwrite,
-                         resume=args.resume, eval_limit=args.eval_limit, stopper=stopper, task=args.task,
-                         task_args=task_args)
+            if classifier:
+                r = compress_classifier(args.teacher, args.out, limits, eargs, task_args, task=args.task,
+                                        train=args.train, overwrite=args.overwrite, resume=args.resume,
+                                        stopper=stopper)
+            else:
+                r = compress(args.teacher, args.out, limits, eargs, train=args.train, data=args.data,
+                             overwrite=args.overwrite, resume=args.resume, eval_limit=args.eval_limit,
+                             stopper=stopper, task=args.task)
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)
         return 128 + e.signum

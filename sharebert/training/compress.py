@@ -121,10 +121,10 @@ STUDENT_FIELDS = ("embedding_size", "hidden_size", "num_hidden_layers", "interme
 
 
 def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite: bool = False, resume: bool = False,
-             progress: bool = True, eval_limit: int | None = None, stopper=None, say=print, task: str | None = None,
-             task_args=None) -> dict:
-    """Run the steps of the module docstring (a classifier teacher: ``compress_classifier``, with ``task`` and
-    ``task_args``); returns the report (also written to ``out/report.json``).
+             progress: bool = True, eval_limit: int | None = None, stopper=None, say=print,
+             task: str | None = None) -> dict:
+    """Run the steps of the module docstring for a sentence-embedding teacher (a classifier teacher:
+    ``compress_classifier``; ``task`` is refused here); returns the report (also written to ``out/report.json``).
 
     ``args``: ``EmbeddingArgs``; ``stopper``: a ``SignalCheckpoint`` (on SIGTERM/SIGINT the distillation saves a
     checkpoint and the report says ``"stopped"``; run again with ``resume``)."""
@@ -135,13 +135,8 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
 
     eval_limit = cap_value("max_eval_samples", eval_limit)  # SHAREBERT_DOCS_CHECK=1: the artifact's STS-B too
     raw = check_encoder(teacher)
-    if is_classifier(raw):
-        from .compress_classifier import compress_classifier
-
-        if data is not None:
-            raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
-        return compress_classifier(teacher, out, limits, args, task_args, task=task, train=train, overwrite=overwrite,
-                                   resume=resume, progress=progress, stopper=stopper, say=say)
+    if is_classifier(raw):  # the command sends a classifier to compress_classifier (which imports this module)
+        raise ValueError(f"{teacher} is a classifier: compress it with compress_classifier.compress_classifier")
     if task is not None:
         raise ValueError(f"--task is for a classifier teacher; {teacher} is an encoder "
                          f"({', '.join(raw.get('architectures') or ['no architectures'])}): compress distils its "
