@@ -211,6 +211,12 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     finetuned.mkdir()
     (finetuned / "config.json").write_text((classifier / "config.json").read_text())
     (finetuned / "metrics.json").write_text(json.dumps({"task": "sst2", "accuracy": 0.9}))
+    listed = root / "labels_as_list"  # id2label a JSON list, not a mapping: was an internal AttributeError
+    listed.mkdir()
+    (listed / "config.json").write_text(json.dumps({**raw, "architectures": ["BertForSequenceClassification"],
+                                                    "id2label": ["negative", "positive"]}))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (listed / name).write_bytes((minilm_dir / name).read_bytes())
     from sharebert.build import build_model
 
     build_model("sharebert-tiny", root / "other_tok", {"hidden_size": 64, "num_hidden_layers": 2, "embedding_size": 16,
@@ -229,6 +235,8 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (["compress", "{root}/classifier", "--task", "stsb", "--out", "{root}/o12"], "has 2 labels, task stsb has 1"),
     (["compress", "{root}/classifier", "--task", "mnli", "--out", "{root}/o13"], "has 2 labels, task mnli has 3"),
     (["compress", "{minilm}", "--task", "sst2", "--out", "{root}/o14"], "--task is for a classifier teacher"),
+    (["compress", "{minilm}", "--task-lr", "0.1", "--out", "{root}/o16"], "--task-lr is for a classifier teacher"),
+    (["compress", "{root}/labels_as_list", "--out", "{root}/o17"], "id2label must map label ids to names, got list"),
     (["compress", "{root}/finetuned_sst2", "--out", "{root}/o15", "--max-params", "100k"],
      "no ShareBERT student fits under max-params 100k"),
     (["compress", "{minilm}", "--out", "{root}/o4", "--max-params", "100k"], "no ShareBERT student fits under max-params 100k"),

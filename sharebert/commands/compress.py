@@ -44,7 +44,7 @@ def add_arguments(p):
                                                                  "a classifier's first N GLUE dev examples (default all)")
     p.add_argument("--task", choices=list(TASKS), help="a classifier teacher's GLUE task (default: the one its "
                                                        "`sharebert finetune` metrics.json records, or its label names tell)")
-    p.add_argument("--task-lr", type=opt.positive_float, default=TASK_LR,
+    p.add_argument("--task-lr", type=opt.positive_float, default=None,
                    help=f"a classifier's task distillation: peak learning rate (default {TASK_LR:g})")
     p.add_argument("--seed", type=int, default=0)
     add_save_minutes_argument(p, FinetuneArgs.save_minutes)
@@ -76,11 +76,13 @@ def run(args) -> int:
                  max_train_samples=args.max_train_samples, eval_steps=200, save_minutes=args.save_minutes)
     eargs = EmbeddingArgs(lr=args.lr, **steps, loss=args.loss, max_time=args.max_time,
                           weights=DistillWeights(hidden=0, attention=0, embedding=0))
-    task_args = DistillArgs(lr=args.task_lr, **steps, max_eval_samples=args.eval_limit)
+    task_args = DistillArgs(lr=args.task_lr or TASK_LR, **steps, max_eval_samples=args.eval_limit)
     resume = f"continue with: sharebert compress {args.teacher} --out {args.out} --resume"
     classifier = is_classifier(check_encoder(args.teacher))
     if classifier and args.data:
         raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
+    if not classifier and args.task_lr is not None:
+        raise ValueError(f"--task-lr is for a classifier teacher's task distillation; {args.teacher} is an encoder")
     try:
         with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
             if classifier:

@@ -85,6 +85,8 @@ def classifier_task(teacher, config: dict, task: str | None):
     if recorded is not None:
         return recorded
     id2label = config.get("id2label") or {}
+    if not isinstance(id2label, dict):
+        raise ValueError(f"{teacher}/config.json: id2label must map label ids to names, got {type(id2label).__name__}")
     names = tuple(str(id2label.get(str(i), id2label.get(i, ""))) for i in range(len(id2label)))
     if config.get("problem_type") == "regression" or len(names) == 1:
         matches = [t for t in TASKS.values() if t.is_regression]
