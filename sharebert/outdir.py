@@ -31,6 +31,12 @@ def _nearest_existing(path: Path) -> Path:
     return Path(".")
 
 
+def _resolved(path: Path) -> Path:
+    """``path`` with its nearest existing ancestor's links resolved (the rest does not exist yet)."""
+    existing = _nearest_existing(path)
+    return existing.resolve() / path.relative_to(existing) if existing != Path(".") else path.resolve()
+
+
 def _inside(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
@@ -52,6 +58,9 @@ def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], ove
         if _inside(resolved, out.resolve()):
             raise ValueError(f"--out {given} is, or holds, the input {source}: writing there would destroy it; "
                              "choose another folder")
+        if resolved.is_dir() and _inside(_resolved(out), resolved):
+            raise ValueError(f"--out {given} lies inside the input {source}: writing there would change it; "
+                             "choose a folder outside it")
     existing = _nearest_existing(out)
     if existing != out:  # out does not exist: its nearest existing ancestor must be a writable folder
         if not existing.is_dir():

@@ -100,6 +100,8 @@ def _small_vocab_model(folder: Path) -> None:
 EXPORT_CASES = [
     ("out-is-parent-of-model", None, ["--out", "P", "--overwrite"], ["--out P", "is, or holds, the input"]),
     ("out-is-model", None, ["--out", "P/model", "--overwrite"], ["--out P/model", "is, or holds, the input"]),
+    ("out-inside-model", None, ["--out", "P/model/onnx"], ["--out P/model/onnx", "lies inside the input"]),
+    ("out-deep-inside-model", None, ["--out", "P/model/a/b"], ["--out P/model/a/b", "lies inside the input"]),
     ("out-is-a-file", None, ["--out", "notes.txt", "--overwrite"], ["notes.txt is a file"]),
     ("out-under-a-file", None, ["--out", "notes.txt/art"], ["notes.txt is a file, not a folder"]),
     ("out-not-ours", None, ["--out", "P/..", "--overwrite"], ["is, or holds, the input"]),

@@ -315,3 +315,7 @@ def test_one_run_at_a_time_per_out_and_a_refused_run_leaves_nothing(command, min
     assert main(argv(fresh, bad)) == 2
     capsys.readouterr()
     assert not (tmp_path / "new").exists()
+    inside = minilm_dir / "sharebert-out"  # inside the teacher: refused, and nothing left there
+    assert main(argv(inside)) == 2
+    assert "lies inside the input" in capsys.readouterr().err
+    assert not inside.exists()
