@@ -17,14 +17,6 @@ from pathlib import Path
 import numpy as np
 
 
-def spearman_of(a: np.ndarray, b: np.ndarray, gold) -> float:
-    from sharebert.training.metrics import spearman
-
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return float(spearman((a * b).sum(-1), np.asarray(gold, dtype=np.float64)))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--teacher", required=True)
@@ -41,6 +33,7 @@ def main() -> None:
     from sharebert.training.compress import safetensor_params
     from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
     from sharebert.training.glue import read_split
+    from sharebert.training.metrics import cosine_spearman
     from transformers import AutoTokenizer
 
     split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(a.limit)
@@ -53,7 +46,7 @@ def main() -> None:
         va = encode(model, tok, split.text_a, r.pooling, head, seq)
         vb = encode(model, tok, split.text_b, r.pooling, head, seq)
         size = sum(f.stat().st_size for f in Path(folder).rglob("*.safetensors") if "checkpoint" not in str(f))
-        rows.append((name, spearman_of(va, vb, split.labels), safetensor_params(Path(folder)), size))
+        rows.append((name, cosine_spearman(va, vb, split.labels), safetensor_params(Path(folder)), size))
 
     torch_row("teacher (PyTorch fp32)", a.teacher)
     for s in a.student:
@@ -66,7 +59,7 @@ def main() -> None:
             rt = full.at_depth(depth)
             va, vb = np.stack(rt.embed(split.text_a)), np.stack(rt.embed(split.text_b))
             at = f", depth {depth}" if depth else ""
-            rows.append((f"artifact {art} ({rt.manifest.get('quantization')}{at})", spearman_of(va, vb, split.labels),
+            rows.append((f"artifact {art} ({rt.manifest.get('quantization')}{at})", cosine_spearman(va, vb, split.labels),
                          rt.manifest.get("learned_params"), size))
     if a.model2vec:
         from model2vec import StaticModel
@@ -83,7 +76,7 @@ def main() -> None:
         m = StaticModel.from_pretrained(folder)
         va, vb = m.encode(split.text_a), m.encode(split.text_b)
         size = sum(f.stat().st_size for f in Path(folder).rglob("*.safetensors"))
-        rows.append((f"model2vec {folder}", spearman_of(va, vb, split.labels), int(m.embedding.size), size))
+        rows.append((f"model2vec {folder}", cosine_spearman(va, vb, split.labels), int(m.embedding.size), size))
     print(f"STS-B dev, {len(split)} pairs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     print(f"| model | Spearman | learned params | file bytes |\n|---|---|---|---|")
     for name, rho, n, size in rows:

@@ -59,10 +59,6 @@ def run(args) -> int:
               "max_bytes": parse_size(args.max_bytes) if args.max_bytes else None}
     if limits["max_params"] is None and limits["max_bytes"] is None:
         limits["max_params"] = parse_size(MAX_PARAMS)
-    for name in ("max_time", "max_steps", "max_train_samples", "lr", "batch_size", "eval_limit", "task_lr"):
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
 
     from ..outdir import run_lock
     from ..training.callbacks import SignalCheckpoint, StopRequested

@@ -17,6 +17,7 @@ Steps, each in its own subfolder of ``out`` so a stopped run resumes where it wa
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def is_classifier(config: dict) -> bool:
 def probe(artifact: Path, runs: int = 30) -> dict:
     """Peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread), in a fresh torch-free process."""
     proc = subprocess.run([sys.executable, "-c", _PROBE, str(artifact), str(runs)], capture_output=True, text=True,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1",
+                          env={**os.environ, "OMP_NUM_THREADS": "1",
                                "SHAREBERT_REGISTER": "0"})  # a device's process: import sharebert registers nothing
     if proc.returncode:
         raise RuntimeError(f"measuring {artifact} failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -78,14 +79,11 @@ def artifact_spearman(artifact: Path, limit: int | None = None) -> float:
     from ..deploy import Runtime
     from ..paths import data_path
     from .glue import read_split
-    from .metrics import spearman
+    from .metrics import cosine_spearman
 
     split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(limit)
     rt = Runtime(artifact)
-    a, b = np.stack(rt.embed(split.text_a)), np.stack(rt.embed(split.text_b))
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return float(spearman((a * b).sum(-1), np.asarray(split.labels, dtype=np.float64)))
+    return cosine_spearman(np.stack(rt.embed(split.text_a)), np.stack(rt.embed(split.text_b)), split.labels)
 
 
 def weight_bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors", ".bin")) -> int:

@@ -228,13 +228,12 @@ def sts_spearman(model, tokenizer, pooling: str, head=None, seq_len: int = 128, 
     """Spearman correlation of cosine similarities with the gold scores on STS-B dev (first ``limit`` pairs);
     ``desc``: show progress under that name."""
     from .glue import read_split
-    from .metrics import spearman
+    from .metrics import cosine_spearman
 
     split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(limit)
-    a, b = (encode(model, tokenizer, texts, pooling, head, seq_len, normalize=True,
-                   desc=desc and f"{desc} (STS-B dev, {side})") for side, texts in (("first", split.text_a),
-                                                                                   ("second", split.text_b)))
-    return float(spearman((a * b).sum(-1), np.asarray(split.labels, dtype=np.float64)))
+    a, b = (encode(model, tokenizer, texts, pooling, head, seq_len, desc=desc and f"{desc} (STS-B dev, {side})")
+            for side, texts in (("first", split.text_a), ("second", split.text_b)))
+    return cosine_spearman(a, b, split.labels)
 
 
 @torch.no_grad()

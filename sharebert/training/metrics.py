@@ -65,6 +65,15 @@ def spearman(predictions, labels) -> float:
     return _correlation(stats.spearmanr, predictions, labels)
 
 
+def cosine_spearman(a: np.ndarray, b: np.ndarray, gold) -> float:
+    """Spearman correlation of the cosine similarity of row pairs ``a[i], b[i]`` (``(N, H)`` each) with ``gold``
+    scores ``(N,)``: how STS benchmarks score sentence embeddings."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return spearman(cos, np.asarray(gold, dtype=np.float64))
+
+
 METRICS = {"accuracy": accuracy, "f1": f1, "matthews_correlation": matthews_correlation,
            "pearson": pearson, "spearman": spearman}
 
