@@ -85,6 +85,14 @@ def test_fit_head_recovers_a_linear_map():
     assert np.abs(head.bias.detach().numpy() - b).max() <= 1e-4
 
 
+def test_a_preset_student_trains_without_dropout_unless_set():
+    from sharebert.training.distill_embedding import build_student
+
+    plain = build_student("sharebert-tiny", {"embedding_size": 16}, 30522).config
+    assert (plain.hidden_dropout_prob, plain.attention_probs_dropout_prob, plain.vocab_size) == (0.0, 0.0, 30522)
+    assert build_student("sharebert-tiny", {"hidden_dropout_prob": 0.1}, 30522).config.hidden_dropout_prob == 0.1
+
+
 def test_short_compress_improves_spearman_over_its_start(compressed):
     r = json.loads((compressed / "report.json").read_text())
     s, t = r["student"], r["teacher"]
@@ -211,6 +219,11 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     finetuned.mkdir()
     (finetuned / "config.json").write_text((classifier / "config.json").read_text())
     (finetuned / "metrics.json").write_text(json.dumps({"task": "sst2", "accuracy": 0.9}))
+    (root / "headless.tsv").write_text("id\ttext\n1\tsome words here\n")  # no GLUE layout
+    unreadable = root / "metrics_corrupt"  # a metrics.json that is not JSON: was reported as missing
+    unreadable.mkdir()
+    (unreadable / "config.json").write_text((classifier / "config.json").read_text())
+    (unreadable / "metrics.json").write_text('{"task": "sst2", "acc')
     listed = root / "labels_as_list"  # id2label a JSON list, not a mapping: was an internal AttributeError
     listed.mkdir()
     (listed / "config.json").write_text(json.dumps({**raw, "architectures": ["BertForSequenceClassification"],
@@ -230,6 +243,8 @@ def bad_inputs(minilm_dir, tmp_path_factory):
       "--out", "{root}/o2"], "needs a bidirectional encoder teacher"),
     (["compress", "{root}/classifier", "--out", "{root}/o3"], "is a classifier whose GLUE task is unknown (no "
      "metrics.json from `sharebert finetune`; its labels [] name no task); name it with --task, e.g. --task sst2"),
+    (["compress", "{root}/metrics_corrupt", "--out", "{root}/o18"], "GLUE task is unknown (its metrics.json cannot "
+     "be read: Unterminated string"),
     (["compress", "{root}/finetuned_sst2", "--task", "cola", "--out", "{root}/o11"],
      "--task cola, but {root}/finetuned_sst2 was fine-tuned on sst2 (its metrics.json)"),
     (["compress", "{root}/classifier", "--task", "stsb", "--out", "{root}/o12"], "has 2 labels, task stsb has 1"),
@@ -257,6 +272,10 @@ def bad_inputs(minilm_dir, tmp_path_factory):
       "--data", "{prepared}", "--out", "{root}/o13"], "is not a prepared data folder"),
     (["compress", "{minilm}", "--data", "{prepared}/chars", "--out", "{root}/o14"], "another tokenizer than the teacher's"),
     (["compress", "{minilm}", "--data", "{root}/missing", "--out", "{root}/o15"], "not found"),
+    (["compress", "{minilm}", "--data", "{prepared}/wiki.txt", "--out", "{root}/o16"],
+     "is a file, not a prepared data folder"),
+    (["compress", "{minilm}", "--train", "{root}/headless.tsv", "--out", "{root}/o17"],  # was: column 0 read silently
+     "headless.tsv: a .tsv needs a GLUE header naming its text column"),
 ])
 def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, prepared, argv, message, capsys):
     argv = [a.format(root=bad_inputs, minilm=minilm_dir, prepared=prepared) for a in argv]

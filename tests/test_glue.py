@@ -128,3 +128,18 @@ def test_missing_files_and_tasks(tmp_path):
         read_split("rte", tmp_path / "RTE", "train")
     with pytest.raises(ValueError, match="unknown GLUE task 'squad'"):
         get_task("squad")
+
+
+def test_unlabelled_sentences_of_every_layout_come_from_the_text_fields():
+    """``read_sentences`` (distillation's ``--train``) takes a .tsv's text by GLUE header names, or by CoLA's
+    headerless layout: CoLA's first row is a sentence, not a header, and field 0 (its source code) is no text."""
+    from sharebert.training.distill_embedding import read_sentences
+    from sharebert.training.glue import text_fields
+
+    assert text_fields(["\ufeffsentence1", "x", "sentence2"]) == ([0, 2], True)
+    assert text_fields(["gj04", "1", "", "Some sentence."]) == ([3], False)
+    assert text_fields(["id", "text"]) is None
+    cola = read_sentences([data_path("glue", "CoLA", "train.tsv")])
+    assert len(cola) == 8532 and cola[0].startswith("Our friends won't buy this analysis")
+    qnli = read_sentences([data_path("glue", "QNLI", "dev.tsv")], limit=2)
+    assert qnli[0].endswith("?") and not qnli[1].endswith("?")  # question, then its sentence

@@ -58,15 +58,22 @@ def _resumable(phase: Path) -> bool:
 
 
 def _recorded_task(teacher: Path):
-    """The task in the teacher's ``metrics.json`` (a ``sharebert finetune`` output), or None."""
+    """The task in the teacher's ``metrics.json`` (a ``sharebert finetune`` output) or None, and what the file
+    said when it names none (for the error that follows)."""
+    from ..errors import first_line
     from .glue import TASKS
 
+    path = teacher / "metrics.json"
+    if not path.exists():
+        return None, "no metrics.json from `sharebert finetune`"
     try:
-        m = json.loads((teacher / "metrics.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return None, f"its metrics.json cannot be read: {first_line(e)}"
     name = m.get("task") if isinstance(m, dict) else None
-    return TASKS.get(name) if isinstance(name, str) else None
+    if isinstance(name, str) and name in TASKS:
+        return TASKS[name], ""
+    return None, f"its metrics.json records no GLUE task (task: {name!r})"
 
 
 def classifier_task(teacher, config: dict, task: str | None):
@@ -75,7 +82,7 @@ def classifier_task(teacher, config: dict, task: str | None):
     from .glue import TASKS, get_task
 
     teacher = Path(teacher)
-    recorded = _recorded_task(teacher)
+    recorded, why = _recorded_task(teacher)
     if task is not None:
         chosen = get_task(task)
         if recorded is not None and recorded.name != chosen.name:
@@ -95,8 +102,8 @@ def classifier_task(teacher, config: dict, task: str | None):
     if len(matches) == 1:
         return matches[0]
     fits = f"fit {', '.join(t.name for t in matches)}" if matches else "name no task"
-    raise ValueError(f"{teacher} is a classifier whose GLUE task is unknown (no metrics.json from `sharebert "
-                     f"finetune`; its labels {list(names)} {fits}); name it with --task, e.g. --task sst2")
+    raise ValueError(f"{teacher} is a classifier whose GLUE task is unknown ({why}; its labels {list(names)} "
+                     f"{fits}); name it with --task, e.g. --task sst2")
 
 
 def artifact_glue_metrics(artifact: Path, task, data_dir: Path, limit: int | None = None) -> dict:

@@ -33,7 +33,7 @@ from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_tokenizers, distill_losses, \
     pairs_that_ran, teacher_blocks, teacher_data, _is_distill_out, _make_trainer_class, _maps, _resume_from, stream_training_args
 from .depth import check_depth_sampling
-from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES
+from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 from .progress import show_progress
 
 POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
@@ -123,25 +123,31 @@ def default_corpus() -> list[Path]:
             data_path("glue", "SST-2", "train.tsv")]
 
 
-TSV_TEXT_COLUMNS = ("sentence", "sentence1", "sentence2", "question")
-
-
 def read_sentences(sources, limit: int | None = None) -> list[str]:
     """Sentences of text files (one paragraph per line, split into sentences) or GLUE ``.tsv`` files (their
-    text columns by header name, e.g. SST-2's ``sentence``, STS-B's ``sentence1``/``sentence2``), in order,
-    duplicates dropped, at most ``limit``."""
+    text columns by header name, e.g. SST-2's ``sentence``, STS-B's ``sentence1``/``sentence2``, or CoLA's
+    headerless layout: ``glue.text_fields``), in order, duplicates dropped, at most ``limit``. A ``.tsv``
+    that fits no GLUE layout is a ``ValueError`` naming it."""
     from ..textlines import resolve_sources
     from .corpus import iter_lines
+    from .glue import text_fields
 
     seen, out = set(), []
     for src in resolve_sources(sources):
         columns = None
         for line in iter_lines(src):
             if isinstance(src, Path) and src.suffix == ".tsv":
-                fields = line.rstrip("\n").split("\t")
+                fields = line.rstrip("\r\n").split("\t")
                 if columns is None:
-                    columns = [i for i, name in enumerate(fields) if name in TSV_TEXT_COLUMNS] or [0]
-                    continue
+                    found = text_fields(fields)
+                    if found is None:
+                        raise ValueError(f"{src}: a .tsv needs a GLUE header naming its text column (e.g. "
+                                         f"'sentence', 'sentence1') or CoLA's 4 fields; its first line has "
+                                         f"{len(fields)} field(s) and none of those names (a plain text file: "
+                                         f"give it another suffix)")
+                    columns, is_header = found
+                    if is_header:
+                        continue
                 parts = [fields[i].strip() for i in columns if i < len(fields)]
             else:
                 parts = split_sentences(line)
@@ -338,8 +344,9 @@ def check_data(data, train, t_tok, teacher_dir) -> dict | None:
 
 
 def build_student(student: str, overrides: dict, vocab_size: int):
-    """A fresh ``ShareBertModel`` from a preset (``overrides``: ``--set``) with the teacher's vocabulary size
-    (no pooler: the sentence vector is pooled from the token states), or a model folder's backbone."""
+    """A fresh ``ShareBertModel`` from a preset (``overrides``: ``--set``) with the teacher's vocabulary size,
+    no dropout (``options.STUDENT_DROPOUT``) and no pooler (the sentence vector is pooled from the token
+    states), or a model folder's backbone."""
     from ..configuration_sharebert import ShareBertConfig
     from ..modeling_sharebert import ShareBertModel
     from ..shape import PRESETS
@@ -356,7 +363,7 @@ def build_student(student: str, overrides: dict, vocab_size: int):
         return load_model(ShareBertModel, student, config)[0]
     if student not in PRESETS:
         raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
-    fields = {"pooler": "none", **overrides, "vocab_size": vocab_size}
+    fields = {"pooler": "none", **STUDENT_DROPOUT, **overrides, "vocab_size": vocab_size}
     if overrides.get("vocab_size", vocab_size) != vocab_size:
         raise ValueError(f"--set vocab_size={overrides['vocab_size']}: the student takes the teacher's vocabulary "
                          f"({vocab_size} tokens)")

@@ -137,6 +137,21 @@ def read_split(task: GlueTask | str, data_dir: str | Path, split: str = "train")
     return read_tsv(task, task_file(task, data_dir, split))
 
 
+def text_fields(first_row: list[str]) -> tuple[list[int], bool] | None:
+    """Where the text sits in a GLUE-style TSV whose first row is ``first_row``: the 0-based fields named
+    by any task's header (``sentence``, ``question1``, ...) and True (the row is a header), else the text
+    fields of a headerless layout with that many fields (CoLA) and False (the row is data); None when
+    neither fits."""
+    names = {c for t in TASKS.values() if t.header for c in t.text_columns}
+    named = [i for i, name in enumerate(first_row) if name.strip().lstrip("\ufeff") in names]
+    if named:
+        return named, True
+    for t in TASKS.values():
+        if not t.header and t.n_fields == len(first_row):
+            return list(t.text_columns), False
+    return None
+
+
 def _layout(task: GlueTask) -> str:
     cols = [str(c) for c in (*task.text_columns, task.label_column)]
     if task.header:

@@ -327,6 +327,8 @@ def read_manifest(data_dir: str | Path) -> dict:
     if not path.is_file():
         if (data_dir / PROGRESS).is_file():
             raise ValueError(f"{data_dir} is not complete (prepare was interrupted); run the same `sharebert prepare` again")
+        if data_dir.exists() and not data_dir.is_dir():
+            raise ValueError(f"--data {data_dir} is a file, not a prepared data folder; make one with `sharebert prepare`")
         if not data_dir.is_dir():
             raise FileNotFoundError(f"--data {data_dir} not found")
         raise ValueError(f"--data {data_dir} is not a prepared data folder (no {MANIFEST}); make one with `sharebert prepare`")
