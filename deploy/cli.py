@@ -217,7 +217,8 @@ def _check_output(output, input_file) -> None:
     if out.is_dir():
         raise ValueError(f"--output {output} is a folder; give a file path")
     if not out.parent.is_dir():
-        raise ValueError(f"--output {output}: folder {out.parent} does not exist")
+        what = "is a file, not a folder" if out.parent.exists() else "does not exist"
+        raise ValueError(f"--output {output}: {out.parent} {what}")
     if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise ValueError(f"--output {output} is not writable")
     if input_file and input_file != "-" and out.resolve() == Path(input_file).resolve():

@@ -388,6 +388,7 @@ def test_pinning(artifact, tmp_path):
 PREDICT_CASES = [
     ("output-is-a-folder", ["--output", "."], "is a folder"),
     ("output-in-missing-folder", ["--output", "nope/out.jsonl"], "does not exist"),
+    ("output-under-a-file", ["--output", "in.txt/out.jsonl"], "--output in.txt/out.jsonl: in.txt is a file, not a folder"),
     ("output-is-the-input", ["--output", "in.txt"], "is the --input file"),
     ("top-k-zero", ["--top-k", "0"], "--top-k"),
     ("pooling-on-fill-mask", ["--pooling", "mean"], "--pooling and --normalize are for feature-extraction"),
