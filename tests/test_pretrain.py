@@ -244,6 +244,19 @@ def test_max_time_stops_before_max_steps_and_resumes(tmp_path, model_dir, corpus
     assert step + 1 in logged
 
 
+def test_save_minutes_checkpoints_by_time_between_step_saves(tmp_path, model_dir, corpus):
+    """--save-minutes (issue 23: pretrain kept only --save-steps checkpoints): with --save-steps past the run, a
+    tiny interval saves at every step; each time save is complete (marked, so --resume takes it) and rotated."""
+    out = tmp_path / "run"
+    argv = ["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), "--batch-size", "4",
+            "--seq-len", "32", "--save-steps", "1000", "--eval-steps", "1000", "--max-eval-sequences", "8",
+            "--keep-checkpoints", "2", "--no-progress", "--max-steps", "4"]
+    assert main([*argv, "--save-minutes", "0.00001"]) == 0
+    assert [(step, done) for step, _, done in checkpoints(out)] == [(3, True), (4, True)]
+    assert main([*argv, "--max-steps", "2", "--save-minutes", "0", "--out", str(tmp_path / "none")]) == 0
+    assert [step for step, _, _ in checkpoints(tmp_path / "none")] == [2]  # only the end of the run's
+
+
 def test_max_steps_reached_first_and_bad_max_time(tmp_path, model_dir, corpus):
     args = PretrainArgs(max_steps=2, max_time=3600.0, batch_size=4, seq_len=32, eval_steps=2, save_steps=2,
                         max_eval_sequences=8, progress=False)

@@ -47,11 +47,11 @@ def add_training_arguments(p, d) -> None:
 
 
 def add_save_minutes_argument(p, default: float) -> None:
-    """``--save-minutes M`` of ``finetune``, ``distill`` and ``compress``."""
+    """``--save-minutes M`` of ``pretrain``, ``finetune``, ``distill`` and ``compress``."""
     p.add_argument("--save-minutes", type=opt.non_negative_float, default=default, metavar="M",
                    help=f"also save a checkpoint after every M minutes of training, so a run killed at any time "
                         f"(kill -9 included) can --resume from at most M minutes back (default {default:g}; 0: only "
-                        "the per-epoch / --eval-steps checkpoints)")
+                        "the checkpoints that steps or epochs call for)")
 
 
 def add_depth_sampling_argument(p) -> None:

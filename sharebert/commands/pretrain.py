@@ -14,7 +14,7 @@ HELP = ("pre-train a model folder or a preset on text / MediaWiki XML corpora or
 def add_arguments(p):
     from ..shape import PRESETS
     from ..training.options import PretrainArgs
-    from .finetune import add_depth_sampling_argument
+    from .finetune import add_depth_sampling_argument, add_save_minutes_argument
 
     d = PretrainArgs()
     src = p.add_mutually_exclusive_group()
@@ -51,6 +51,7 @@ def add_arguments(p):
     p.add_argument("--seq-len", type=opt.seq_len, default=None,
                    help="tokens per sequence (default 128; with --char-level the model's block size)")
     p.add_argument("--save-steps", type=opt.positive_int, default=d.save_steps)
+    add_save_minutes_argument(p, d.save_minutes)
     p.add_argument("--eval-steps", type=opt.positive_int, default=d.eval_steps)
     p.add_argument("--logging-steps", type=opt.positive_int, default=d.logging_steps)
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
@@ -79,7 +80,8 @@ def run(args) -> int:
         batch_size=args.batch_size,
         grad_accum=args.grad_accum, lr=args.lr, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
         warmup_ratio=args.warmup_ratio, seq_len=args.seq_len, valid_fraction=args.valid_fraction,
-        max_eval_sequences=args.max_eval_sequences, eval_on_start=args.eval_on_start, save_steps=args.save_steps, eval_steps=args.eval_steps,
+        max_eval_sequences=args.max_eval_sequences, eval_on_start=args.eval_on_start, save_steps=args.save_steps,
+        save_minutes=args.save_minutes, eval_steps=args.eval_steps,
         logging_steps=args.logging_steps, keep_checkpoints=args.keep_checkpoints, precision=args.precision,
         seed=args.seed, depth_sampling=args.depth_sampling, resume=args.resume,
         convert_to_sharebert=args.convert_to_sharebert, progress=not args.no_progress, overrides=parse_overrides(args.overrides),

@@ -160,17 +160,13 @@ def resume_from(folder: str | Path, resume: bool, say=print) -> Path | None:
     return found
 
 
-class MarkCheckpoints(TrainerCallback):
-    """Writes each checkpoint's completion marker (:func:`mark_complete`) once the Trainer has saved it, so the
-    Trainers of fine-tuning and distillation skip a save killed halfway as pre-training does; then keeps the
-    ``keep`` newest complete checkpoints and the best (:func:`rotate`: the Trainer's own ``save_total_limit``
-    must be None, as it deleted the last complete checkpoint before the new one was marked). ``minutes``: also
-    a checkpoint at the first step end ``minutes`` of training after the last save (or the start), whatever the
-    epoch and ``save_steps`` say, so a run killed at any time (kill -9 included) loses at most about that much
-    (None or 0: none by time). Distributed ranks agree (MAX), so they save at the same step."""
+class TimedSaves(TrainerCallback):
+    """A checkpoint at the first step end ``minutes`` of training after the last save (or the start), whatever
+    the epoch and ``save_steps`` say, so a run killed at any time (kill -9 included) loses at most about that
+    much (None or 0: none by time). Distributed ranks agree (MAX), so they save at the same step."""
 
-    def __init__(self, minutes: float | None = None, keep: int | None = None):
-        self.seconds, self.keep = (60 * minutes if minutes else None), keep
+    def __init__(self, minutes: float | None = None):
+        self.seconds = 60 * minutes if minutes else None
         self._last = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -183,6 +179,21 @@ class MarkCheckpoints(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         self._last = time.monotonic()
+
+
+class MarkCheckpoints(TimedSaves):
+    """:class:`TimedSaves` that also writes each checkpoint's completion marker (:func:`mark_complete`) once the
+    Trainer has saved it, so the Trainers of fine-tuning and distillation skip a save killed halfway as
+    pre-training does (its Trainer marks its own); then keeps the ``keep`` newest complete checkpoints and the
+    best (:func:`rotate`: the Trainer's own ``save_total_limit`` must be None, as it deleted the last complete
+    checkpoint before the new one was marked)."""
+
+    def __init__(self, minutes: float | None = None, keep: int | None = None):
+        super().__init__(minutes)
+        self.keep = keep
+
+    def on_save(self, args, state, control, **kwargs):
+        super().on_save(args, state, control, **kwargs)
         if state.is_world_process_zero:
             mark_complete(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step)
             rotate(args.output_dir, self.keep, state.best_model_checkpoint)

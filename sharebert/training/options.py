@@ -34,6 +34,7 @@ class PretrainArgs:
     max_eval_sequences: int | None = 2048  # --eval-samples: validation sequences scored (None: all)
     eval_on_start: bool = False  # also score the untrained model at step 0
     save_steps: int = 1000
+    save_minutes: float | None = 10.0  # also a checkpoint at least this often (minutes of training); None or 0: none by time
     eval_steps: int = 1000
     logging_steps: int = 50
     keep_checkpoints: int | None = 3

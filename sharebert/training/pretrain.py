@@ -38,7 +38,7 @@ from ..model_folder import UNFINISHED, is_bert_folder, read_config, save_as_bert
 from ..shape import preset_fields
 from ..curves import write_curves
 from ..outdir import OutLock, check_out_dir, write_json
-from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, WallClockLimit, any_rank, checkpoints,
+from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, TimedSaves, WallClockLimit, any_rank, checkpoints,
                         latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint, rotate)
 from ..textlines import resolve_sources
 from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
@@ -415,7 +415,7 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     trainer = PretrainTrainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
                               data_collator=default_data_collator, processing_class=tokenizer,
                               callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), stopper, *clock,
-                                         *(callbacks or [])])
+                                         TimedSaves(a.save_minutes), *(callbacks or [])])
     trainer.keep_checkpoints = a.keep_checkpoints
     show_progress(trainer, a.progress)
     trainer.resumed_from(resume_from)
