@@ -179,8 +179,8 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
         t_args = replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS))
         m = distill_glue(teacher, str(general), task_.name, student, data_dir, t_args, overwrite=overwrite,
                          resume=_resumable(student), keep_checkpoints=True, progress=progress,
-                         cache_teacher=out / "teacher_logits",
-                         callbacks=[c for c in (clock, stopper, _evaluate_at_stop(stopper)) if c is not None])
+                         cache_teacher=out / "teacher_logits", clock=clock,
+                         callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None])
         if stopped():
             return {"stopped": True, "phase": "task", "steps": m["steps"]}
         phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached)}

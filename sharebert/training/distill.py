@@ -263,6 +263,19 @@ def _make_trainer_class():
             self.regression, self.mlm = regression, mlm
             self._parts: dict[str, float] = {}
 
+        clock = None  # a ``WallClockLimit`` when training is bounded by time only: the learning rate follows it
+
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            """With a time budget and no step budget, the learning rate follows the clock
+            (``WallClockLimit.lr_factor``): a run stopped by ``--max-time`` ends annealed."""
+            if self.clock is None:
+                return super().create_scheduler(num_training_steps, optimizer)
+            if self.lr_scheduler is None:
+                warmup, clock = self.args.warmup_steps, self.clock
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                    optimizer or self.optimizer, lambda step: clock.lr_factor(step, warmup))
+            return self.lr_scheduler
+
         def create_optimizer(self):
             opt = super().create_optimizer()
             if not any(p is q for g in opt.param_groups for p in g["params"] for q in self.projections.parameters()):
@@ -369,7 +382,7 @@ def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed
 
 def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args: DistillArgs = DistillArgs(),
                  overwrite: bool = False, resume: bool = False, keep_checkpoints: bool = False,
-                 progress: bool = True, cache_teacher=None, callbacks=()) -> dict:
+                 progress: bool = True, cache_teacher=None, callbacks=(), clock=None) -> dict:
     """Distil ``teacher_dir`` (a classifier fine-tuned on ``task``) into ``student``; returns the metrics.
 
     ``out`` receives the best student by the task's dev metric (projections dropped), its tokenizer,
@@ -377,7 +390,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     writes them, and the teacher's under ``"teacher"``. Every input is checked before training.
     ``cache_teacher`` (a folder) keeps the teacher's training-set logits between runs; with the
     hidden, attention and embedding weights at 0 the teacher then never runs during training. ``callbacks``:
-    more ``TrainerCallback``s (``sharebert compress``: a wall-clock limit and the signal checkpoint).
+    more ``TrainerCallback``s (``sharebert compress``: the signal checkpoint). ``clock``: a ``WallClockLimit``
+    that stops training; without ``args.max_steps`` the learning rate and the progress lines follow it.
     """
     args = cap(args)
     args.weights.check_teaches()
@@ -421,9 +435,11 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=t_tok,
         data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression)
-    show_progress(trainer, progress)
-    for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
-        trainer.add_callback(callback)
+    trainer.clock = clock if clock is not None and not args.max_steps else None
+    show_progress(trainer, progress, trainer.clock)
+    for callback in (clock, MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
+        if callback is not None:
+            trainer.add_callback(callback)
     result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
 

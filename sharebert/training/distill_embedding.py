@@ -271,18 +271,6 @@ def _make_embedding_trainer(pooling: str, loss: str):
         """``distill``'s trainer whose loss is the sentence-embedding loss (plus any token-level terms)."""
 
         teacher_head = None  # the teacher's Dense layers, applied to its pooled vector
-        clock = None  # a ``WallClockLimit`` when training is bounded by time only: the learning rate follows it
-
-        def create_scheduler(self, num_training_steps, optimizer=None):
-            """With a time budget and no step budget, the learning rate follows the clock
-            (``WallClockLimit.lr_factor``): a run stopped by ``--max-time`` ends annealed."""
-            if self.clock is None:
-                return super().create_scheduler(num_training_steps, optimizer)
-            if self.lr_scheduler is None:
-                warmup, clock = self.args.warmup_steps, self.clock
-                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-                    optimizer or self.optimizer, lambda step: clock.lr_factor(step, warmup))
-            return self.lr_scheduler
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             w = self.weights
