@@ -276,6 +276,14 @@ def _make_trainer_class():
                     optimizer or self.optimizer, lambda step: clock.lr_factor(step, warmup))
             return self.lr_scheduler
 
+        def bound_by(self, clock, max_steps, progress: bool) -> None:
+            """Stop at ``clock`` (a ``WallClockLimit``, or None); without ``max_steps`` the learning rate and
+            the progress lines follow it. Then the progress display (``show_progress``)."""
+            if clock is not None:
+                self.add_callback(clock)
+            self.clock = clock if clock is not None and not max_steps else None
+            show_progress(self, progress, self.clock)
+
         def create_optimizer(self):
             opt = super().create_optimizer()
             if not any(p is q for g in opt.param_groups for p in g["params"] for q in self.projections.parameters()):
@@ -435,11 +443,9 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=t_tok,
         data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression)
-    trainer.clock = clock if clock is not None and not args.max_steps else None
-    show_progress(trainer, progress, trainer.clock)
-    for callback in (clock, MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
-        if callback is not None:
-            trainer.add_callback(callback)
+    trainer.bound_by(clock, args.max_steps, progress)
+    for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
+        trainer.add_callback(callback)
     result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
 

@@ -34,7 +34,6 @@ from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder,
     pairs_that_ran, teacher_blocks, teacher_data, _is_distill_out, _make_trainer_class, _maps, _resume_from, stream_training_args
 from .depth import check_depth_sampling
 from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
-from .progress import show_progress
 
 POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
 TARGETS_FILE = "teacher_targets"  # -<sha256 of teacher, length, pooling, sentences>.npy
@@ -444,10 +443,9 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     trainer = _make_embedding_trainer(pooling, args.loss)(
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok,
         data_collator=_Collator(t_tok), teacher=teacher, projections=projections, weights=w,
-        pairs=pairs, groups=groups, callbacks=[c for c in (clock, MarkCheckpoints(args.save_minutes, keep=2), *callbacks) if c is not None])
+        pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks])
     trainer.teacher_head = t_head
-    trainer.clock = clock if args.max_time and not args.max_steps else None
-    show_progress(trainer, progress, trainer.clock)
+    trainer.bound_by(clock, args.max_steps, progress)
     result = trainer.train(resume_from_checkpoint=start_from)
     model = trainer.model.eval()
     metrics.update(steps=trainer.state.global_step, train_loss=result.training_loss,
