@@ -113,6 +113,32 @@ def test_compress_keeps_checkpoints_by_time(compressed):
     assert 0 < found[0][0] < 40
 
 
+def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(compressed, minilm_dir, tmp_path):
+    """--resume of a finished compress with more steps: the student trains on from its last checkpoint and the
+    artifact (and so the report) is made again from the new student, not kept from the run it continues."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from sharebert.deploy import Runtime
+    from sharebert.recipe import read_recipe
+
+    out = tmp_path / "run"
+    shutil.copytree(compressed, out)
+    exported = (out / "artifact" / "manifest.json").stat().st_mtime_ns
+    assert main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "48", "--max-train-samples", "400",
+                 "--eval-limit", "200", "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M",
+                 "--resume"]) == 0
+    r = json.loads((out / "report.json").read_text())
+    assert r["training"]["steps"] == 48
+    student, manifest = out / "student", out / "artifact" / "manifest.json"
+    assert manifest.stat().st_mtime_ns > max(exported, (student / "model.safetensors").stat().st_mtime_ns)
+    recipe = read_recipe(student)
+    ours = encode(load_encoder(student), AutoTokenizer.from_pretrained(student), SENTENCES, "mean",
+                  recipe_head(student, recipe), normalize=True)
+    assert _cos(np.stack(Runtime(out / "artifact").embed(SENTENCES)), ours).min() >= 0.98
+
+
 def test_student_is_a_sentence_transformers_folder_and_its_artifact_gives_its_embeddings(compressed):
     from sentence_transformers import SentenceTransformer
 

@@ -237,9 +237,14 @@ def test_max_time_stops_before_max_steps_and_resumes(tmp_path, model_dir, corpus
     assert latest_checkpoint(out).name == f"checkpoint-{step}"  # saved where the clock stopped it
     assert m["eval_loss"] > 0 and (out / "model.safetensors").is_file()  # scored and published as at a normal end
 
-    assert main([*argv, "--resume"]) == 0
+    state = json.loads((latest_checkpoint(out) / "trainer_state.json").read_text())
+    used = state["stateful_callbacks"]["WallClockLimit"]["attributes"]["used_seconds"]
+    assert 0 < used < 3.0, used  # the checkpoint keeps the clock: the budget is the run's, not the process's
+    assert main([*argv[:-1], "3.0", "--resume"]) == 0  # a larger budget goes on from the seconds used
     again = json.loads((out / "metrics.json").read_text())
-    assert again["stopped_by"] == "max_time" and again["global_step"] > step  # a fresh budget from the checkpoint
+    assert again["stopped_by"] == "max_time" and again["global_step"] > step
+    state = json.loads((latest_checkpoint(out) / "trainer_state.json").read_text())
+    assert used < state["stateful_callbacks"]["WallClockLimit"]["attributes"]["used_seconds"]
     logged = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
     assert step + 1 in logged
 

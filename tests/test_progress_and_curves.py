@@ -92,3 +92,26 @@ def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_tim
                  logs={"loss": 0.5})
     line = stream.getvalue().strip()
     assert re.fullmatch(r"step 50 \(25% of 1m40s\) loss 0\.5000 [0-9.]+ steps/s ETA 1m1[45]s", line), line
+
+
+@pytest.mark.parametrize("saved, spent", [
+    ({"WallClockLimit": {"args": {"seconds": 100.0}, "attributes": {"used_seconds": 60.0}}}, 0.6),  # a resume
+    ({}, 0.0),  # a checkpoint from before the clock was kept: a fresh clock
+    ({"WallClockLimit": {"args": {}, "attributes": {"used_seconds": float("nan")}}}, 0.0),  # nonsense: ignored
+    ({"WallClockLimit": {"args": {}, "attributes": {"used_seconds": 500.0}}}, 1.0),  # spent: anneals at once
+])
+def test_a_resumed_clock_goes_on_from_the_seconds_its_checkpoint_kept(saved, spent):
+    """--resume of a time-bounded run (compress, distill --objective embedding, pretrain): the checkpoint's
+    trainer state keeps the seconds used, so the clock and the learning rate that follows it continue where the
+    run stopped rather than starting over at the peak rate with a fresh budget; what it saves next counts both."""
+    from types import SimpleNamespace
+
+    from sharebert.training.callbacks import WallClockLimit
+
+    clock, state = WallClockLimit(100.0), SimpleNamespace(stateful_callbacks=dict(saved))
+    clock.on_train_begin(None, state, None)
+    assert clock.spent() == pytest.approx(spent, abs=0.01)
+    assert clock.lr_factor(10 ** 6, 10) == pytest.approx(1.0 - spent, abs=0.01)
+    kept = state.stateful_callbacks["WallClockLimit"]  # what the next checkpoint writes starts from it
+    assert kept["args"] == {"seconds": 100.0} and kept["attributes"]["used_seconds"] == pytest.approx(
+        min(spent, 1.0) * 100.0 if spent < 1.0 else 500.0, abs=1.0)

@@ -39,9 +39,8 @@ def add_arguments(p):
     p.add_argument("--max-steps", type=opt.positive_int, default=d.max_steps)
     p.add_argument("--max-time", type=opt.positive_float, default=None, metavar="SECONDS",
                    help="stop (with a checkpoint and the final model) so that training and its evaluations, the "
-                        "final one included, fit in this many seconds (counted from the start of this run, so a "
-                        "--resume gets a fresh budget); the learning-rate "
-                        "schedule still follows --max-steps")
+                        "final one included, fit in this many seconds of training (those before a --resume count: "
+                        "raise it to train on); the learning-rate schedule still follows --max-steps")
     p.add_argument("--batch-size", type=opt.positive_int, default=d.batch_size, help="sequences per process and micro-step")
     p.add_argument("--grad-accum", type=opt.positive_int, default=d.grad_accum, help="micro-steps per optimizer step")
     p.add_argument("--lr", type=opt.positive_float, default=d.lr)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 MARKER = "sharebert_complete.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -282,22 +283,35 @@ class SignalCheckpoint(TrainerCallback):
             raise StopRequested(self.received)
 
 
-class WallClockLimit(TrainerCallback):
+class WallClockLimit(TrainerCallback, ExportableState):
     """Stops training (with a checkpoint) at the first step end from which the next step and an evaluation (the
-    longest seen so far, from ``eval_runtime``) would no longer fit in ``seconds`` since train begin, so the
-    evaluations, the final one included, count in the budget; ``reached`` tells whether it did. Distributed
-    ranks agree (MAX) so they stop at the same step."""
+    longest seen so far, from ``eval_runtime``) would no longer fit in ``seconds`` of training, so the
+    evaluations, the final one included, count in the budget; ``reached`` tells whether it did. The seconds
+    used are saved in each checkpoint's trainer state, so a ``--resume`` continues the clock (and a schedule that
+    follows it) where it stopped: ``seconds`` bounds the whole run, as ``--max-steps`` does. Distributed ranks
+    agree (MAX) so they stop at the same step."""
 
     def __init__(self, seconds: float):
         self.seconds, self.reached, self._start = seconds, False, None
         self._step_start, self.step_seconds, self.eval_seconds = None, 0.0, 0.0
 
+    def state(self) -> dict:
+        """What a checkpoint keeps (``TrainerState.stateful_callbacks``): the seconds used so far."""
+        return {"args": {"seconds": self.seconds}, "attributes": {"used_seconds": self.used()}}
+
+    def used(self) -> float:
+        """Seconds of training so far, those of the runs this one resumes included (0 before train begin)."""
+        return 0.0 if self._start is None else time.monotonic() - self._start
+
     def on_train_begin(self, args, state, control, **kwargs):
-        self._start = time.monotonic()
+        saved = state.stateful_callbacks.get(type(self).__name__) or {}  # a resumed run's checkpoint
+        before = float(saved.get("attributes", {}).get("used_seconds", 0.0)) if isinstance(saved, dict) else 0.0
+        self._start = time.monotonic() - (before if math.isfinite(before) and before > 0 else 0.0)
+        state.stateful_callbacks[type(self).__name__] = self.state()  # checkpoints from before this key resume too
 
     def spent(self) -> float:
-        """The share of ``seconds`` used since train begin (0 before it), in [0, 1]."""
-        return 0.0 if self._start is None else min(1.0, (time.monotonic() - self._start) / self.seconds)
+        """The share of ``seconds`` used (0 before train begin), in [0, 1]."""
+        return min(1.0, self.used() / self.seconds)
 
     def lr_factor(self, step: int, warmup_steps: int) -> float:
         """Learning-rate multiplier of a run that this clock ends: linear warmup over ``warmup_steps``, then a
@@ -315,7 +329,7 @@ class WallClockLimit(TrainerCallback):
         now = time.monotonic()
         if self._step_start is not None:
             self.step_seconds = now - self._step_start
-        needed = now - self._start + self.step_seconds + self.eval_seconds
+        needed = self.used() + self.step_seconds + self.eval_seconds
         if any_rank(needed >= self.seconds, args.device) and not control.should_training_stop:
             self.reached = True
             control.should_save = True

@@ -93,10 +93,13 @@ def weight_bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors
 
 def export_once(model_dir: Path, out: Path, quantize: str, progress: bool, task: str = "feature-extraction",
                 allow_low_parity: bool = False) -> Path:
-    """``model_dir`` exported to ``out`` (skipped when ``out`` already holds an artifact: a resumed run)."""
+    """``model_dir`` exported to ``out``, unless ``out`` holds an artifact made after ``model_dir``'s weights
+    were written: a run resumed after its export is not exported twice, one that trained on is."""
     from sharebert.export import export_model
 
-    if not (out / "manifest.json").is_file():
+    manifest = out / "manifest.json"
+    weights = [f.stat().st_mtime for f in Path(model_dir).iterdir() if f.suffix in (".safetensors", ".bin")]
+    if not manifest.is_file() or manifest.stat().st_mtime < max(weights, default=0.0):
         export_model(model_dir, out, task=task, quantize=quantize, overwrite=True, progress=progress,
                      check_limit=128, runs=5, allow_low_parity=allow_low_parity)
     return out
