@@ -297,3 +297,8 @@ def test_cached_teacher_logits_train_the_same_student(teacher_dir, tmp_path):
     for name in ("first", "cached", "damaged"):
         diff = max(float((runs[name][k] - v).abs().max()) for k, v in runs["plain"].items())
         assert diff <= 1e-5, (name, diff)
+    cached = next(cache.glob("*.npy"))  # the cache is what teaches (the teacher does not run again): other
+    np.save(cached, -np.load(cached))  # logits in it train another student
+    distill_glue(teacher_dir, str(student), "sst2", tmp_path / "other", args=args, progress=False, cache_teacher=cache)
+    other = load_model(ShareBertForSequenceClassification, tmp_path / "other")[0].state_dict()
+    assert max(float((other[k] - v).abs().max()) for k, v in runs["plain"].items()) > 1e-4

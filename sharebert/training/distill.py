@@ -437,7 +437,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         scores = evaluate_split(teacher, ds, task_, progress=progress)
         teacher_metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
 
-    targs = task_training_args(args, out, task_, progress, save_only_model=False)  # projections resume too
+    targs = task_training_args(args, out, task_, progress, save_only_model=False,  # projections resume too
+                               keep_columns=cache_teacher is not None)  # the cached logits reach the loss
 
     trainer = _make_trainer_class()(
         model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=t_tok,

@@ -54,11 +54,13 @@ def _unfinished(path: Path) -> bool:
     return path.is_dir() and _is_finetune_out(path) and not (path / "metrics.json").is_file()
 
 
-def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: bool, save_only_model: bool = True):
+def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: bool, save_only_model: bool = True,
+                       keep_columns: bool = False):
     """The Trainer's arguments for a run over a GLUE task: checkpoints under ``out/checkpoints``, the dev set
     scored every epoch (or ``eval_steps``), the best checkpoint by the task's metric kept and reloaded (the
     rotation is :class:`~.callbacks.MarkCheckpoints`' with ``keep=1``, after the marker),
-    bf16 (or fp16) on a GPU. ``save_only_model=False`` keeps optimizer states for ``--resume``."""
+    bf16 (or fp16) on a GPU. ``save_only_model=False`` keeps optimizer states for ``--resume``; ``keep_columns``
+    hands the loss every field of a batch (the Trainer drops those the model's ``forward`` does not take)."""
     from transformers import TrainingArguments
 
     cuda = torch.cuda.is_available()
@@ -73,7 +75,7 @@ def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: 
         load_best_model_at_end=True, metric_for_best_model=task.main_metric, greater_is_better=True,
         save_total_limit=None, save_only_model=save_only_model, logging_steps=max(1, min(50, args.eval_steps or 50)),
         seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=no_bars(progress),
-        dataloader_num_workers=0, dataloader_pin_memory=cuda,
+        dataloader_num_workers=0, dataloader_pin_memory=cuda, remove_unused_columns=not keep_columns,
     )
 
 
