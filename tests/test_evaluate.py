@@ -228,6 +228,19 @@ def test_noise_zero_equals_clean_and_noise_changes_predictions(tiny, tmp_path):
         noise_robustness(clf, "sst2", levels=(2.0,), max_eval_samples=8, progress=False)
 
 
+def test_batched_logits_run_sorted_by_length_and_come_back_in_dataset_order(tiny, tmp_path):
+    """predict_logits batches examples of similar length (the teacher's pass over a training set pads less) and
+    returns row i for example i: the same logits as one example at a time, where nothing is padded."""
+    model, tok = load_finetuned(_classifier(tiny, "sst2", tmp_path / "sst2", 0))
+    ds = encode(read_split("sst2", data_path("glue", "SST-2"), "dev").head(48), tok, 128, progress=False)
+    lengths = [len(r) for r in ds.encodings["input_ids"]]
+    assert lengths != sorted(lengths)  # the dev set is not already in length order
+    one_by_one = predict_logits(model, ds, batch_size=1, progress=False)
+    batched = predict_logits(model, ds, batch_size=16, progress=False)
+    assert batched.shape == (48, 2) and np.isfinite(batched).all()
+    assert np.abs(batched - one_by_one).max() <= 1e-5
+
+
 def test_cross_domain_matrix(tiny, tmp_path):
     rte = tmp_path / "RTE"
     rte.mkdir()
