@@ -290,6 +290,8 @@ def bad_inputs(minilm_dir, tmp_path_factory):
       "--set", "vocab_size=100", "--out", "{root}/o9"], "takes the teacher's vocabulary"),
     (["distill", "--objective", "glue", "--task", "sst2", "--teacher", "{minilm}", "--student", "sharebert-tiny",
       "--set", "hidden_size=64", "--out", "{root}/o10"], "are for --objective embedding"),
+    (["distill", "--objective", "mlm", "--teacher", "{minilm}", "--student", "sharebert-tiny", "--max-time", "60",
+      "--out", "{root}/o10b"], "--max-time is for --objective embedding and glue"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
       "--data", "{prepared}/chars", "--out", "{root}/o11"], "was prepared with another tokenizer than the teacher's"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",

@@ -136,22 +136,21 @@ def test_short_distillation_moves_the_student_toward_the_teacher(teacher_dir, tm
     assert m["teacher"] == saved["teacher"]
 
 
-def test_a_clock_bounded_task_distillation_anneals_its_learning_rate(teacher_dir, tmp_path):
-    """compress's task phase (issue 21): bounded by a ``WallClockLimit`` and no step count, the learning rate
-    followed a 1,000-epoch schedule (constant in practice) and the progress said 'ETA 528h'; it now warms up
-    and falls with the clock, so the last logged rate is far below the peak."""
-    from sharebert.training.callbacks import WallClockLimit
-
+def test_a_clock_bounded_task_distillation_anneals_its_learning_rate(teacher_dir, tmp_path, capsys):
+    """`distill --objective glue --max-time` (compress's task phase, issue 21): bounded by the clock and no step
+    count, the learning rate followed a 1,000-epoch schedule (constant in practice) and the progress said 'ETA
+    528h'; it now warms up and falls with the clock, so the last logged rate is far below the peak."""
     build_model("sharebert-tiny", tmp_path / "s", STUDENT, seed=0)
-    args = DistillArgs(max_steps=None, epochs=1000, max_train_samples=64, max_eval_samples=16, batch_size=16, lr=1e-3,
-                       warmup_steps=1, eval_steps=10_000, seq_len=32, save_minutes=0,
-                       weights=DistillWeights(hard=0.0, hidden=0.0, attention=0.0, embedding=0.0))
-    clock = WallClockLimit(6.0)
-    m = distill_glue(teacher_dir, str(tmp_path / "s"), "sst2", tmp_path / "out", args=args, progress=False, clock=clock)
-    rates = [e["learning_rate"] for e in json.loads((tmp_path / "out" / "log_history.json").read_text())
-             if "learning_rate" in e]
-    assert clock.reached and m["steps"] >= 3 and len(rates) >= 2, (m["steps"], rates)
-    assert max(rates) <= 1e-3 and rates[-1] <= 0.5 * max(rates), rates
+    out = tmp_path / "out"
+    assert main(["distill", "--objective", "glue", "--task", "sst2", "--teacher", str(teacher_dir), "--student",
+                 str(tmp_path / "s"), "--out", str(out), "--max-time", "6", "--epochs", "1000",
+                 "--max-train-samples", "64", "--max-eval-samples", "16", "--batch-size", "16", "--lr", "1e-3",
+                 "--warmup-steps", "1", "--eval-steps", "10000", "--seq-len", "32", "--save-minutes", "0",
+                 "--hard-weight", "0", "--hidden-weight", "0", "--attention-weight", "0", "--embedding-weight", "0"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    rates = [e["learning_rate"] for e in json.loads((out / "log_history.json").read_text()) if "learning_rate" in e]
+    assert m["stopped_by_time"] and m["steps"] >= 3 and len(rates) >= 2, (m["steps"], rates)
+    assert m["train_seconds"] > 0 and max(rates) <= 1e-3 and rates[-1] <= 0.5 * max(rates), (m, rates)
 
 
 def test_all_terms_train_and_projections_are_dropped(teacher_dir, tmp_path):

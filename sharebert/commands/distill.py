@@ -28,7 +28,8 @@ def add_arguments(p):
     p.add_argument("--init", choices=["teacher", "random"], default="teacher",
                    help="--objective embedding: start the student's embeddings from the teacher's (PCA) or at random")
     p.add_argument("--max-time", type=opt.positive_float, metavar="SECONDS",
-                   help="--objective embedding: stop training after SECONDS (checkpoint, then the student is saved)")
+                   help="--objective embedding or glue: stop training after SECONDS (checkpoint, then the student "
+                        "is saved); without --max-steps the learning rate falls to 0 as the time is spent")
     p.add_argument("--task", choices=list(TASKS), help="GLUE task (--objective glue)")
     p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="--objective mlm: text files, MediaWiki XML or folders")
     p.add_argument("--data", type=opt.path, metavar="DIR", help="--objective mlm / embedding: a folder from `sharebert prepare` "
@@ -75,8 +76,10 @@ def _run(args) -> int:
                         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                         eval_steps=args.eval_steps, save_minutes=args.save_minutes, seed=args.seed,
                         depth_sampling=args.depth_sampling, weights=weights)
-    if args.objective != "embedding" and (args.overrides or args.max_time or args.init != "teacher"):
-        raise ValueError("--set, --init and --max-time are for --objective embedding")
+    if args.objective != "embedding" and (args.overrides or args.init != "teacher"):
+        raise ValueError("--set and --init are for --objective embedding")
+    if args.objective == "mlm" and args.max_time:
+        raise ValueError("--max-time is for --objective embedding and glue")
     if args.objective == "embedding":
         return _run_embedding(args, dargs)
     if args.objective == "mlm":
@@ -92,11 +95,13 @@ def _run(args) -> int:
         raise ValueError("--task is required (or --objective mlm with --train)")
     if args.train:
         raise ValueError("--train is for --objective mlm; task distillation reads the task's files (--data-dir)")
+    from ..training.callbacks import WallClockLimit
     from ..training.distill import distill_glue  # torch: once the options are known to be good
 
     metrics = distill_glue(args.teacher, args.student, args.task, args.out, args.data_dir, dargs,
                            overwrite=args.overwrite, resume=args.resume, keep_checkpoints=args.keep_checkpoints,
-                           cache_teacher=args.cache_teacher)
+                           cache_teacher=args.cache_teacher,
+                           clock=WallClockLimit(args.max_time) if args.max_time else None)
     if int(os.environ.get("RANK", "0")) == 0:
         teacher = metrics.pop("teacher")
         rows = [[k, v] for k, v in metrics.items() if not isinstance(v, (dict, list))]

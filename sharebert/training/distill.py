@@ -456,7 +456,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
     metrics.update(train_samples=len(train_ds), eval_samples=len(main_dev), steps=trainer.state.global_step,
                    best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
-                   train_seconds=round(clock.used() if clock else result.metrics.get("train_runtime", 0.0), 1), seed=args.seed,
+                   train_seconds=round(clock.used() if clock else result.metrics.get("train_runtime", 0.0), 1),
+                   stopped_by_time=bool(clock and clock.reached), seed=args.seed,
                    teacher=teacher_metrics, student=student, teacher_dir=str(teacher_dir),
                    losses={k: getattr(w, k) for k in ("kl", "hard", "hidden", "attention", "embedding")},
                    temperature=w.temperature, layer_map=[list(p) for p in pairs])
