@@ -129,8 +129,9 @@ def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(compr
     assert main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "48", "--max-train-samples", "400",
                  "--eval-limit", "200", "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M",
                  "--resume"]) == 0
-    r = json.loads((out / "report.json").read_text())
+    r, before = (json.loads((folder / "report.json").read_text()) for folder in (out, compressed))
     assert r["training"]["steps"] == 48
+    assert abs(r["student"]["sts_spearman_start"] - before["student"]["sts_spearman_start"]) <= 1e-6  # the run's
     student, manifest = out / "student", out / "artifact" / "manifest.json"
     assert manifest.stat().st_mtime_ns > max(exported, (student / "model.safetensors").stat().st_mtime_ns)
     recipe = read_recipe(student)

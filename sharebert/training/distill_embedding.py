@@ -423,7 +423,8 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                "train_sentences": len(train_ds), "sts_dev_pairs": eval_limit or "all",
                **({"train_data": str(data)} if data is not None else {})}
     metrics["teacher_sts_spearman"] = score(teacher, t_head, "teacher")
-    fit = projections.head is not None and args.init == "teacher" and not resume
+    # fitted on a resume too (the checkpoint then replaces it): the step-0 score is the run's, not a random head's
+    fit = projections.head is not None and args.init == "teacher"
     if manifest is not None:  # the teacher runs on each batch; the head is fitted on the first blocks
         if fit:
             n = min(HEAD_FIT, len(train_ds))
