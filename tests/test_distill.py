@@ -139,11 +139,12 @@ def test_short_distillation_moves_the_student_toward_the_teacher(teacher_dir, tm
 def test_a_clock_bounded_task_distillation_anneals_its_learning_rate(teacher_dir, tmp_path, capsys):
     """`distill --objective glue --max-time` (compress's task phase, issue 21): bounded by the clock and no step
     count, the learning rate followed a 1,000-epoch schedule (constant in practice) and the progress said 'ETA
-    528h'; it now warms up and falls with the clock, so the last logged rate is far below the peak."""
+    528h'; it now warms up and falls with the clock, so the last logged rate is far below the peak (and the
+    default 5 epochs, 20 steps here, do not end the run first)."""
     build_model("sharebert-tiny", tmp_path / "s", STUDENT, seed=0)
     out = tmp_path / "out"
     assert main(["distill", "--objective", "glue", "--task", "sst2", "--teacher", str(teacher_dir), "--student",
-                 str(tmp_path / "s"), "--out", str(out), "--max-time", "6", "--epochs", "1000",
+                 str(tmp_path / "s"), "--out", str(out), "--max-time", "6",  # no --epochs: the clock ends it
                  "--max-train-samples", "64", "--max-eval-samples", "16", "--batch-size", "16", "--lr", "1e-3",
                  "--warmup-steps", "1", "--eval-steps", "10000", "--seq-len", "32", "--save-minutes", "0",
                  "--hard-weight", "0", "--hidden-weight", "0", "--attention-weight", "0", "--embedding-weight", "0"]) == 0

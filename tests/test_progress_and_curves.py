@@ -98,6 +98,9 @@ def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_tim
     ({"WallClockLimit": {"args": {"seconds": 100.0}, "attributes": {"used_seconds": 60.0}}}, 0.6),  # a resume
     ({}, 0.0),  # a checkpoint from before the clock was kept: a fresh clock
     ({"WallClockLimit": {"args": {}, "attributes": {"used_seconds": float("nan")}}}, 0.0),  # nonsense: ignored
+    ({"WallClockLimit": {"args": {}, "attributes": {"used_seconds": "abc"}}}, 0.0),
+    ({"WallClockLimit": {"args": {}, "attributes": {"used_seconds": {"x": 1}}}}, 0.0),
+    ({"WallClockLimit": ["not", "a", "dict"]}, 0.0),
     ({"WallClockLimit": {"args": {}, "attributes": {"used_seconds": 500.0}}}, 1.0),  # spent: anneals at once
 ])
 def test_a_resumed_clock_goes_on_from_the_seconds_its_checkpoint_kept(saved, spent):

@@ -75,7 +75,7 @@ def run(args) -> int:
     eargs = EmbeddingArgs(lr=args.lr, **steps, loss=args.loss, max_time=args.max_time,
                           weights=DistillWeights(hidden=0, attention=0, embedding=0))
     task_args = DistillArgs(lr=args.task_lr or TASK_LR, **steps, max_eval_samples=args.eval_limit)
-    resume = f"continue with: sharebert compress {args.teacher} --out {args.out} --resume"
+    resume = "continue with the same command plus --resume"
     classifier = is_classifier(check_encoder(args.teacher))
     if classifier and args.data:
         raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")

@@ -29,7 +29,8 @@ def add_arguments(p):
                    help="--objective embedding: start the student's embeddings from the teacher's (PCA) or at random")
     p.add_argument("--max-time", type=opt.positive_float, metavar="SECONDS",
                    help="--objective embedding or glue: stop training after SECONDS (checkpoint, then the student "
-                        "is saved); without --max-steps the learning rate falls to 0 as the time is spent")
+                        "is saved); without --max-steps the learning rate falls to 0 as the time is spent, and the run "
+                        "goes on until then unless --epochs is given")
     p.add_argument("--task", choices=list(TASKS), help="GLUE task (--objective glue)")
     p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="--objective mlm: text files, MediaWiki XML or folders")
     p.add_argument("--data", type=opt.path, metavar="DIR", help="--objective mlm / embedding: a folder from `sharebert prepare` "
@@ -43,6 +44,7 @@ def add_arguments(p):
                                                             "0 with --objective embedding)")
     p.add_argument("--layer-map", help="STUDENT:TEACHER layer pairs, 1-based, e.g. 1:3,2:6 (default: uniform)")
     add_training_arguments(p, d)
+    p.set_defaults(epochs=None)  # None: --epochs' default, or until --max-time when it bounds the run alone
     p.add_argument("--cache-teacher", type=opt.path, metavar="DIR", help="keep the teacher's training-set logits in DIR (reused by "
                                                           "later runs; with --hidden/--attention/--embedding-weight 0 "
                                                           "the teacher does not run during training)")
@@ -71,6 +73,8 @@ def _run(args) -> int:
     terms = {k: v for k, v in terms.items() if v is not None or off is not None}
     terms = {k: (off if v is None else v) for k, v in terms.items()}
     weights = DistillWeights(temperature=args.temperature, layer_map=parse_layer_map(args.layer_map), **terms)
+    if args.epochs is None:  # --max-time without --max-steps: the clock ends the run (its schedule anneals to 0)
+        args.epochs = 1000.0 if args.max_time and not args.max_steps else DistillArgs.epochs
     dargs = DistillArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                         weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,

@@ -304,9 +304,10 @@ class WallClockLimit(TrainerCallback, ExportableState):
         return 0.0 if self._start is None else time.monotonic() - self._start
 
     def on_train_begin(self, args, state, control, **kwargs):
-        saved = state.stateful_callbacks.get(type(self).__name__) or {}  # a resumed run's checkpoint
-        before = float(saved.get("attributes", {}).get("used_seconds", 0.0)) if isinstance(saved, dict) else 0.0
-        self._start = time.monotonic() - (before if math.isfinite(before) and before > 0 else 0.0)
+        saved = state.stateful_callbacks.get(type(self).__name__)  # a resumed run's checkpoint
+        before = saved.get("attributes", {}).get("used_seconds") if isinstance(saved, dict) else None
+        before = float(before) if isinstance(before, (int, float)) and math.isfinite(before) and before > 0 else 0.0
+        self._start = time.monotonic() - before
         state.stateful_callbacks[type(self).__name__] = self.state()  # checkpoints from before this key resume too
 
     def spent(self) -> float:
