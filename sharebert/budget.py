@@ -269,9 +269,14 @@ def student_for(teacher: dict, limits: dict, seq_len: int = 128, num_labels: int
     the fewest GFLOPs. ``ValueError`` naming the smallest need when none fits.
     """
     H, L = int(teacher["hidden_size"]), int(teacher["num_hidden_layers"])
-    configs = [(n, {**c, "pooler": "none"}) for n, c in candidate_configs(int(teacher["vocab_size"]))
-               if c["sharing"] == "veps" and c.get("attention", "standard") == "standard" and c["hidden_size"] <= H
-               and c["num_hidden_layers"] <= max(L, 4) and c["max_position_embeddings"] == 128]
+    shaped = [(n, {**c, "pooler": "none"}) for n, c in candidate_configs(int(teacher["vocab_size"]))
+              if c["sharing"] == "veps" and c.get("attention", "standard") == "standard"
+              and c["num_hidden_layers"] <= max(L, 4) and c["max_position_embeddings"] == 128]
+    configs = [(n, c) for n, c in shaped if c["hidden_size"] <= H]
+    if not configs:
+        narrowest = min(c["hidden_size"] for _, c in shaped)
+        raise ValueError(f"no ShareBERT student is as narrow as this teacher (hidden_size {H}); the narrowest "
+                         f"candidate has hidden_size {narrowest}")
     cands = score(configs, "int8", seq_len)
     out_width = H if num_labels is None else num_labels
     head = lambda c: (0 if num_labels is None and c.config["hidden_size"] == H  # noqa: E731

@@ -96,3 +96,12 @@ def test_resume_of_a_finished_run_trains_no_phase_again(classifier_run):
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # both phases recorded: neither ran again
     assert after["general"] == before["general"] and after["training"] == before["training"]
     assert after["student"]["glue_dev"] == before["student"]["glue_dev"]
+
+
+@pytest.mark.parametrize("hidden", [16, 32, 128])
+def test_a_teacher_narrower_than_every_student_is_refused_by_name(hidden):
+    """compress of a teacher narrower than every candidate said 'min() arg is an empty sequence'."""
+    from sharebert.budget import student_for
+
+    with pytest.raises(ValueError, match=rf"as narrow as this teacher \(hidden_size {hidden}\); the narrowest"):
+        student_for({"vocab_size": 30522, "hidden_size": hidden, "num_hidden_layers": 2}, {"max_params": 5e6})
