@@ -216,6 +216,9 @@ BAD = [
     ("every loss weight 0", ["--kl-weight", "0", "--hard-weight", "0", "--hidden-weight", "0", "--attention-weight", "0",
                              "--embedding-weight", "0"], "every loss weight is 0"),
     ("max steps 0", ["--max-steps", "0"], "argument --max-steps: must be an integer >= 1, got 0"),
+    ("augment 0", ["--augment", "0"], "argument --augment: must be an integer >= 1, got 0"),
+    ("augment without the kl term", ["--augment", "2", "--kl-weight", "0"], "needs --kl-weight above 0"),
+    ("augment on mlm", ["--objective", "mlm", "--augment", "2"], "--augment is for --objective glue"),
 ]
 
 

@@ -45,6 +45,10 @@ def add_arguments(p):
     p.add_argument("--layer-map", help="STUDENT:TEACHER layer pairs, 1-based, e.g. 1:3,2:6 (default: uniform)")
     add_training_arguments(p, d)
     p.set_defaults(epochs=None)  # None: --epochs' default, or until --max-time when it bounds the run alone
+    p.add_argument("--augment", type=opt.positive_int, metavar="N",
+                   help="--objective glue: add N perturbed copies of each training example (10%% of word tokens "
+                        "masked, 10%% swapped for a near word in the teacher's embedding table), taught by the "
+                        "teacher's logits alone (docs/DISTILLATION.md)")
     p.add_argument("--cache-teacher", type=opt.path, metavar="DIR", help="keep the teacher's training-set logits in DIR (reused by "
                                                           "later runs; with --hidden/--attention/--embedding-weight 0 "
                                                           "the teacher does not run during training)")
@@ -79,9 +83,13 @@ def _run(args) -> int:
                         weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                         eval_steps=args.eval_steps, save_minutes=args.save_minutes, seed=args.seed,
-                        depth_sampling=args.depth_sampling, weights=weights)
+                        depth_sampling=args.depth_sampling, weights=weights, augment=args.augment or 0)
     if args.objective != "embedding" and (args.overrides or args.init != "teacher"):
         raise ValueError("--set and --init are for --objective embedding")
+    if args.objective != "glue" and args.augment:
+        raise ValueError("--augment is for --objective glue")
+    if args.augment and not weights.kl:
+        raise ValueError("--augment's copies learn from the teacher's logits alone: it needs --kl-weight above 0")
     if args.objective == "mlm" and args.max_time:
         raise ValueError("--max-time is for --objective embedding and glue")
     if args.objective == "embedding":

@@ -104,6 +104,19 @@ class Projections(nn.Module):
                 nn.init.zeros_(lin.bias)
 
 
+def hard_loss(logits, labels, regression: bool = False) -> torch.Tensor:
+    """The student's gold-label loss: cross-entropy over the rows (or MLM positions) whose label is not -100,
+    MSE over the finite regression labels; 0 when a batch holds none (copies from ``--augment`` only)."""
+    if regression:
+        s, y = logits.float().squeeze(-1), labels.float().squeeze(-1)
+        keep = torch.isfinite(y)
+        return F.mse_loss(s[keep], y[keep]) if keep.any() else s.sum() * 0
+    keep = labels != -100
+    if not keep.any():
+        return logits.sum() * 0
+    return F.cross_entropy(logits.float()[keep], labels[keep])
+
+
 def distill_losses(student_out, teacher_out, attention_mask, labels, projections: Projections,
                    weights: DistillWeights, pairs, groups, regression: bool = False,
                    logits_mask=None) -> dict[str, torch.Tensor]:
@@ -123,7 +136,7 @@ def distill_losses(student_out, teacher_out, attention_mask, labels, projections
         parts["kl"] = weights.kl * (F.mse_loss(s.float(), t.float()) if regression
                                     else soft_kl(s, t, weights.temperature))
     if weights.hard and labels is not None:
-        parts["hard"] = weights.hard * student_out.loss
+        parts["hard"] = weights.hard * hard_loss(student_out.logits, labels, regression)
     if weights.embedding:
         parts["embedding"] = weights.embedding * masked_mse(
             projections.embedding(student_out.hidden_states[0]), teacher_out.hidden_states[0], attention_mask)
@@ -206,9 +219,11 @@ def load_teacher(teacher_dir, head: str = "classifier"):
     return model.to("cuda" if cuda else "cpu").eval()
 
 
-def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True):
+def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True,
+                   variant: str = ""):
     """The teacher's logits on ``ds`` (N, labels); with ``cache_dir`` read from / written to
-    ``<cache_dir>/<key>.npy``, the key hashing the teacher's config and weights, the split file and ``seq_len``."""
+    ``<cache_dir>/<key>.npy``, the key hashing the teacher's config and weights, the split file, ``seq_len`` and
+    ``variant`` (how the split was augmented; "" for none)."""
     import numpy as np
 
     from .encoded import predict_logits
@@ -216,7 +231,7 @@ def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir
     if cache_dir is None:
         return predict_logits(teacher, ds, progress=progress)
     parts = [sha256(Path(teacher_dir) / f) for f in ("config.json", "model.safetensors")]
-    parts += [sha256(Path(split_path)), str(seq_len), str(len(ds))]
+    parts += [sha256(Path(split_path)), str(seq_len), str(len(ds))] + ([variant] if variant else [])
     path = Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
     if path.is_file():
         try:
@@ -300,7 +315,7 @@ def _make_trainer_class():
             labels = inputs.get("labels")
             if "attention_mask" not in inputs:  # packed pre-training sequences have no padding
                 inputs = {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
-            feed = {k: v for k, v in inputs.items() if k != "labels" or w.hard}
+            feed = {k: v for k, v in inputs.items() if k != "labels"}  # the hard loss is ``hard_loss``'s
             out = model(**feed, output_hidden_states=need_h, output_attentions=need_a)  # at a sampled depth, maybe
             pairs = self.pairs
             if need_h or need_a:
@@ -429,9 +444,16 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     train, train_ds, dev_ds = encoded_task(task_, data_dir, t_tok, seq_len, args.max_train_samples,
                                            args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
+    variant = ""
+    if args.augment:
+        from .augment import augment
+
+        train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
+                           task_.is_regression, seed=args.seed)
+        variant = f"augment={args.augment},seed={args.seed}"
     if cache_teacher is not None:
         train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, train_ds, train.path, seq_len,
-                                                              cache_teacher, progress))
+                                                              cache_teacher, progress, variant))
     teacher_metrics = {}
     for i, (split, ds) in enumerate(dev_ds.items()):
         scores = evaluate_split(teacher, ds, task_, progress=progress)
@@ -454,7 +476,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     for i, (split, ds) in enumerate(dev_ds.items()):
         scores = evaluate_split(trainer.model, ds, task_, batch_size=targs.per_device_eval_batch_size, progress=progress)
         metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
-    metrics.update(train_samples=len(train_ds), eval_samples=len(main_dev), steps=trainer.state.global_step,
+    metrics.update(train_samples=len(train_ds), augment=args.augment, eval_samples=len(main_dev), steps=trainer.state.global_step,
                    best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
                    train_seconds=round(clock.used() if clock else result.metrics.get("train_runtime", 0.0), 1),
                    stopped_by_time=bool(clock and clock.reached), seed=args.seed,

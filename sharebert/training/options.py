@@ -111,9 +111,10 @@ def parse_layer_map(text: str | None) -> tuple[tuple[int, int], ...] | None:
 
 @dataclass(frozen=True)
 class DistillArgs(FinetuneArgs):
-    """The fine-tuning recipe plus the distillation losses."""
+    """The fine-tuning recipe plus the distillation losses and, for a task, its augmentation."""
 
     weights: DistillWeights = field(default_factory=DistillWeights)
+    augment: int = 0  # --objective glue: perturbed copies of each training example, taught by the teacher's logits
 
 
 EMBEDDING_LOSSES = ("cosine", "mse")  # the sentence-vector losses of embedding distillation
