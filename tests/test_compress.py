@@ -140,6 +140,27 @@ def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(compr
     assert _cos(np.stack(Runtime(out / "artifact").embed(SENTENCES)), ours).min() >= 0.98
 
 
+def test_resume_with_limits_that_pick_another_student_is_refused_before_any_work(compressed, minilm_dir, tmp_path,
+                                                                                 capsys):
+    """The limits of a resumed run pick another shape than the student in --out: one line naming what differs,
+    before anything loads or is written (it was a late load_state_dict error)."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(compressed, out)
+    def files():  # the run lock (.lock) aside: every run takes it
+        return {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file() and f.name != ".lock"}
+
+    before = files()
+    capsys.readouterr()
+    assert main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "48", "--max-params", "5M",
+                 "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds a student of another shape than these options pick" in err, err
+    assert "embedding_size 64 -> 128" in err and "--overwrite" in err
+    assert files() == before
+
+
 def test_student_is_a_sentence_transformers_folder_and_its_artifact_gives_its_embeddings(compressed):
     from sentence_transformers import SentenceTransformer
 

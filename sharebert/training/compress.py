@@ -121,6 +121,23 @@ STUDENT_FIELDS = ("embedding_size", "hidden_size", "num_hidden_layers", "interme
                   "attention", "max_position_embeddings", "pooler")  # a budget candidate's shape, as --set overrides
 
 
+def check_same_student(out: Path, overrides: dict, parts=("student",)) -> None:
+    """Refuse to resume into ``out`` when a student it holds (saved, or in a checkpoint) has another shape than the
+    one these limits pick (``overrides``): the run would fail late, loading the weights into the wrong model."""
+    for part in parts:
+        folder = out / part
+        for config in [folder / "config.json", *sorted(folder.glob("checkpoints/checkpoint-*/config.json"))]:
+            try:
+                raw = json.loads(config.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            differ = [f"{k} {raw.get(k)} -> {v}" for k, v in overrides.items() if raw.get(k) != v]
+            if differ:
+                raise ValueError(f"{out} holds a student of another shape than these options pick ({', '.join(differ)}): "
+                                 "resume with the first run's --max-params / --max-bytes, or start again with --overwrite")
+            break
+
+
 def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite: bool = False, resume: bool = False,
              progress: bool = True, eval_limit: int | None = None, stopper=None, say=print,
              task: str | None = None) -> dict:
@@ -150,6 +167,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     out = prepare_out(out, teacher, train, overwrite, resume, data)
     cand, head = student_for(shape_fields(teacher), limits)
     overrides = {k: cand.config[k] for k in STUDENT_FIELDS}
+    check_same_student(out, overrides)
     say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
     out.mkdir(parents=True, exist_ok=True)
     student_dir = out / "student"

@@ -157,6 +157,7 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     out = prepare_out(out, teacher, train, overwrite, resume)
     cand, head = student_for(shape_fields(teacher), limits, num_labels=task_.num_labels)
     overrides = {k: cand.config[k] for k in STUDENT_FIELDS}
+    check_same_student(out, overrides, ("general", "student"))
     say(f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
         f"(classifier {head:,})")
     out.mkdir(parents=True, exist_ok=True)
