@@ -298,12 +298,14 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
     tmp = None
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        _sweep_stale(out_dir)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the published artifact from other users
         manifest = _build(model, tokenizer, tmp, o, sentences, labels, recipe)
         _publish(tmp, out_dir)
+        _sweep_stale(out_dir)  # now that the new artifact is in place: an .old- one a killed export left
     except BaseException as e:
         full = disk_full(e, tmp)  # before the clean-up frees the space
         if tmp is not None:
@@ -318,6 +320,29 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
                              f"nothing was written") from None
         raise
     return manifest
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _sweep_stale(out_dir: Path) -> None:
+    """Remove what an export into ``out_dir`` killed midway (kill -9) left beside it: its half-built
+    ``.NAME.tmp-PID-*`` folder, and its ``.NAME.old-PID`` (the artifact it replaced) once ``out_dir`` is in
+    place again. Folders of a process that still runs are left alone."""
+    for stale in out_dir.parent.glob(f".{out_dir.name}.*-*"):
+        kind, _, rest = stale.name[len(out_dir.name) + 2:].partition("-")
+        pid = rest.split("-", 1)[0]
+        if kind not in ("tmp", "old") or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if kind == "tmp" or out_dir.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _publish(tmp: Path, out_dir: Path) -> None:

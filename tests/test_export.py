@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -173,6 +174,25 @@ def test_manifest_contract(artifacts):
     config = json.loads((folder / "config.json").read_text())  # the fill-mask model's FLOPs, as `sharebert report --head mlm`
     assert f["gflops"] == pytest.approx(count_flops(config, "mlm", 128, 1)["inference"] / 1e9) and f["gflops_shape"] == "1x128"
     assert not list(folder.parent.glob(".*tmp-*"))
+
+
+def test_an_export_sweeps_what_a_killed_export_left_and_spares_a_running_ones(tmp_path, mlm_dir):
+    """kill -9 midway leaves ``.NAME.tmp-PID-*`` (and, between the two renames, ``.NAME.old-PID``) beside the
+    artifact: the next export into it removes those of dead processes, never a live one's."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "art"
+    left = [tmp_path / f".art.tmp-{dead.pid}-x1", tmp_path / f".art.old-{dead.pid}"]
+    live = [tmp_path / f".art.tmp-{os.getpid()}-x2", tmp_path / f".other.tmp-{dead.pid}-x3"]
+    for folder in left + live:
+        folder.mkdir()
+        (folder / "model.onnx").write_bytes(b"half")
+    export_model(mlm_dir, out, **FAST)
+    assert not any(f.exists() for f in left) and all(f.exists() for f in live)
+    assert (out / "manifest.json").is_file()
 
 
 def test_ortmodel_masked_lm_matches_torch(artifacts, mlm_dir):
