@@ -94,6 +94,22 @@ def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_tim
     assert re.fullmatch(r"step 50 \(25% of 1m40s\) loss 0\.5000 [0-9.]+ steps/s ETA 1m1[45]s", line), line
 
 
+def test_the_clock_stops_at_train_end():
+    """What follows training (the final scoring of the best model) is not counted in train_seconds."""
+    import time
+    from types import SimpleNamespace
+
+    from sharebert.training.callbacks import WallClockLimit
+
+    clock, state = WallClockLimit(100.0), SimpleNamespace(stateful_callbacks={})
+    clock.on_train_begin(None, state, None)
+    clock._start -= 5.0
+    clock.on_train_end(None, state, None)
+    used = clock.used()
+    time.sleep(0.05)
+    assert 5.0 <= used <= 6.0 and clock.used() == used
+
+
 @pytest.mark.parametrize("saved, spent", [
     ({"WallClockLimit": {"args": {"seconds": 100.0}, "attributes": {"used_seconds": 60.0}}}, 0.6),  # a resume
     ({}, 0.0),  # a checkpoint from before the clock was kept: a fresh clock

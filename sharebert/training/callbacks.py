@@ -292,7 +292,7 @@ class WallClockLimit(TrainerCallback, ExportableState):
     agree (MAX) so they stop at the same step."""
 
     def __init__(self, seconds: float):
-        self.seconds, self.reached, self._start = seconds, False, None
+        self.seconds, self.reached, self._start, self._end = seconds, False, None, None
         self._step_start, self.step_seconds, self.eval_seconds = None, 0.0, 0.0
 
     def state(self) -> dict:
@@ -300,15 +300,19 @@ class WallClockLimit(TrainerCallback, ExportableState):
         return {"args": {"seconds": self.seconds}, "attributes": {"used_seconds": self.used()}}
 
     def used(self) -> float:
-        """Seconds of training so far, those of the runs this one resumes included (0 before train begin)."""
-        return 0.0 if self._start is None else time.monotonic() - self._start
+        """Seconds of training so far, those of the runs this one resumes included (0 before train begin; what
+        follows train end, e.g. a last scoring of the best model, does not count)."""
+        return 0.0 if self._start is None else (self._end or time.monotonic()) - self._start
 
     def on_train_begin(self, args, state, control, **kwargs):
         saved = state.stateful_callbacks.get(type(self).__name__)  # a resumed run's checkpoint
         before = saved.get("attributes", {}).get("used_seconds") if isinstance(saved, dict) else None
         before = float(before) if isinstance(before, (int, float)) and math.isfinite(before) and before > 0 else 0.0
-        self._start = time.monotonic() - before
+        self._start, self._end = time.monotonic() - before, None
         state.stateful_callbacks[type(self).__name__] = self.state()  # checkpoints from before this key resume too
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._end = time.monotonic()
 
     def spent(self) -> float:
         """The share of ``seconds`` used (0 before train begin), in [0, 1]."""

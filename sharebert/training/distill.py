@@ -296,8 +296,17 @@ def _make_trainer_class():
             the progress lines follow it. Then the progress display (``show_progress``)."""
             if clock is not None:
                 self.add_callback(clock)
+            self.limit = clock
             self.clock = clock if clock is not None and not max_steps else None
             show_progress(self, progress, self.clock)
+
+        limit = None  # the ``WallClockLimit`` of ``bound_by``, whether or not the learning rate follows it
+
+        def trained(self, result) -> dict:
+            """``train_seconds`` (the clock's count over the whole run, its resumes included; without one, this
+            call's runtime) and ``stopped_by_time``, for the metrics."""
+            seconds = self.limit.used() if self.limit else result.metrics.get("train_runtime", 0.0)
+            return {"train_seconds": round(seconds, 1), "stopped_by_time": bool(self.limit and self.limit.reached)}
 
         def create_optimizer(self):
             opt = super().create_optimizer()
@@ -478,8 +487,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
     metrics.update(train_samples=len(train_ds), augment=args.augment, eval_samples=len(main_dev), steps=trainer.state.global_step,
                    best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
-                   train_seconds=round(clock.used() if clock else result.metrics.get("train_runtime", 0.0), 1),
-                   stopped_by_time=bool(clock and clock.reached), seed=args.seed,
+                   **trainer.trained(result), seed=args.seed,
                    teacher=teacher_metrics, student=student, teacher_dir=str(teacher_dir),
                    losses={k: getattr(w, k) for k in ("kl", "hard", "hidden", "attention", "embedding")},
                    temperature=w.temperature, layer_map=[list(p) for p in pairs])

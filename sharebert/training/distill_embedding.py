@@ -450,8 +450,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     result = trainer.train(resume_from_checkpoint=start_from)
     model = trainer.model.eval()
     metrics.update(steps=trainer.state.global_step, train_loss=result.training_loss,
-                   train_seconds=round(clock.used() if clock else result.metrics.get("train_runtime", 0.0), 1),
-                   stopped_by_time=bool(clock and clock.reached), last_terms=dict(trainer._parts), seed=args.seed)
+                   **trainer.trained(result), last_terms=dict(trainer._parts), seed=args.seed)
     metrics["student_sts_spearman"] = score(model, projections.head, "student")
     if trainer.is_world_process_zero():
         save_student(model, projections.head, t_tok, out, recipe, seq_len)
