@@ -243,6 +243,8 @@ def test_max_time_stops_before_max_steps_and_resumes(tmp_path, model_dir, corpus
     assert main([*argv[:-1], "3.0", "--resume"]) == 0  # a larger budget goes on from the seconds used
     again = json.loads((out / "metrics.json").read_text())
     assert again["stopped_by"] == "max_time" and again["global_step"] > step
+    assert again["train_seconds"] > used  # both runs counted (train_runtime: this process only)
+    assert f"after {again['train_seconds']:.0f} s of training" in capsys.readouterr().out
     state = json.loads((latest_checkpoint(out) / "trainer_state.json").read_text())
     assert used < state["stateful_callbacks"]["WallClockLimit"]["attributes"]["used_seconds"]
     logged = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]

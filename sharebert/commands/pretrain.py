@@ -106,7 +106,7 @@ def run(args) -> int:
         print(f"{name}: {saved} at step {m['global_step']}; continue with the same command plus --resume")
         return 128 + m["signal"]
     ev = f", eval loss {m['eval_loss']:.4f} (perplexity {m['eval_perplexity']:.2f})" if "eval_loss" in m else ""
-    limit = f" (stopped by --max-time after {m['train_runtime']:.0f} s)" if m["stopped_by"] == "max_time" else ""
+    limit = f" (stopped by --max-time after {m['train_seconds']:.0f} s of training)" if m["stopped_by"] == "max_time" else ""
     print(f"trained {m['global_step']} steps{limit} on {m['train_tokens']:,} tokens: train loss {m['train_loss']:.4f}{ev}; "
           f"model and metrics.json in {args.out}")
     return 0

@@ -332,7 +332,8 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     Returns the final metrics (also in ``out/metrics.json``): ``status`` (completed | interrupted),
     ``stopped_by`` (max_steps | max_time | signal), ``global_step``, ``train_loss`` (mean over every
     step of the run, resumed parts included), ``last_loss`` (the last step's), ``eval_loss``,
-    ``eval_perplexity``, ``train_tokens``, ``train_runtime``, ``world_size``, ``param_sha256`` (one
+    ``eval_perplexity``, ``train_tokens``, ``train_runtime`` (this process), ``train_seconds`` (the
+    whole run's, resumes included, where ``--max-time`` keeps the count), ``world_size``, ``param_sha256`` (one
     per process; all equal after a correct distributed run), ``checkpoint``. Bad input raises
     ``ValueError`` / ``FileNotFoundError`` before anything is written (an ``out`` this call created is removed).
     """
@@ -445,6 +446,7 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
         "last_loss": losses["last_loss"],
         "train_tokens": trainer.state.global_step * a.batch_size * a.grad_accum * targs.world_size * seq_len,
         "train_runtime": runtime,
+        "train_seconds": round(clock[0].used(), 1) if clock else round(runtime, 1),  # with --max-time: resumes included
         "seq_len": seq_len,
         "train_sequences": len(train_ds),
         "valid_sequences": len(eval_ds) if eval_ds is not None else 0,
