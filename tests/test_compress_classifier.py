@@ -91,11 +91,27 @@ def test_resume_of_a_finished_run_trains_no_phase_again(classifier_run):
     before = json.loads((out / "report.json").read_text())
     stamps = {p: p.stat().st_mtime_ns for p in (out / "general" / "model.safetensors", out / "student" / "model.safetensors")}
     assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS),
-                 "--eval-limit", str(EVAL), "--resume"]) == 0
+                 "--eval-limit", str(EVAL), "--max-params", str(MAX_PARAMS), "--resume"]) == 0
     after = json.loads((out / "report.json").read_text())
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # both phases recorded: neither ran again
     assert after["general"] == before["general"] and after["training"] == before["training"]
     assert after["student"]["glue_dev"] == before["student"]["glue_dev"]
+
+
+def test_resume_of_a_finished_run_with_a_larger_budget_is_refused_not_ignored(classifier_run, capsys):
+    """Both phases done, their checkpoints gone: more --max-steps (or --max-time) cannot train on, and saying
+    nothing while exiting 0 would claim it did; one line instead, nothing changed."""
+    out = classifier_run / "out"
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
+    capsys.readouterr()
+    for budget in (["--max-steps", str(STEPS * 4)], ["--max-time", "600"]):
+        assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), *budget,
+                     "--max-params", str(MAX_PARAMS), "--resume"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "holds a finished compress trained with" in err, err
+        assert f"--max-steps {STEPS}; a finished phase keeps no checkpoint" in err
+        assert "start again with --overwrite" in err
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == stamps
 
 
 @pytest.mark.parametrize("hidden", [16, 32, 128])

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 
 from ..outdir import write_json
-from .compress import STUDENT_FIELDS, export_once, prepare_out, probe, safetensor_params, weight_bytes, write_report
+from .compress import REPORT, STUDENT_FIELDS, check_same_student, export_once, prepare_out, probe, safetensor_params, weight_bytes, write_report
 
 PHASES = "phases.json"
 TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
@@ -128,6 +128,10 @@ def artifact_glue_metrics(artifact: Path, task, data_dir: Path, limit: int | Non
     return task_metrics(task.metrics, preds, np.asarray(split.labels))
 
 
+def _budget(b: dict) -> str:
+    return " and ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in b.items() if v) or "no budget"
+
+
 def _phases(out: Path) -> dict:
     path = out / PHASES
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -162,6 +166,12 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
         f"(classifier {head:,})")
     out.mkdir(parents=True, exist_ok=True)
     phases, general, student = _phases(out), out / "general", out / "student"
+    budget = {"max_time": args.max_time, "max_steps": args.max_steps}  # what bounds each phase
+    done = phases.get("task", {}).get("budget")
+    if resume and "general" in phases and done is not None and done != budget:
+        raise ValueError(f"{out} holds a finished compress trained with {_budget(done)}; a finished phase keeps no "
+                         f"checkpoint to train on from, so {_budget(budget)} cannot continue it: start again with "
+                         "--overwrite (or resume with the run's own budget to make its report again)")
     stopped = lambda: stopper is not None and stopper.received is not None  # noqa: E731
     if "general" not in phases:
         say(f"phase 1/2, general distillation (the teacher's pooled states on unlabelled text) -> {general}")
@@ -184,7 +194,7 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
                          callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None])
         if stopped():
             return {"stopped": True, "phase": "task", "steps": m["steps"]}
-        phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached)}
+        phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached), "budget": budget}
         shutil.rmtree(student / "checkpoints", ignore_errors=True)
         write_json(out / PHASES, phases)
     return _report(out, Path(teacher), task_, data_dir, cand, overrides, phases, limits, task_args.max_eval_samples,
