@@ -299,6 +299,7 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (["compress", "{root}/classifier", "--task", "mnli", "--out", "{root}/o13"], "has 2 labels, task mnli has 3"),
     (["compress", "{minilm}", "--task", "sst2", "--out", "{root}/o14"], "--task is for a classifier teacher"),
     (["compress", "{minilm}", "--task-lr", "0.1", "--out", "{root}/o16"], "--task-lr is for a classifier teacher"),
+    (["compress", "{minilm}", "--augment", "2", "--out", "{root}/o16b"], "--augment is for a classifier teacher"),
     (["compress", "{root}/labels_as_list", "--out", "{root}/o17"], "id2label must map label ids to names, got list"),
     (["compress", "{root}/finetuned_sst2", "--out", "{root}/o15", "--max-params", "100k"],
      "no ShareBERT student fits under max-params 100k"),

@@ -2,7 +2,8 @@
 text-classification artifact, and a report whose GLUE dev metric is the artifact's own.
 
 One session run: a tiny BERT (hidden 256, 2 layers) fine-tuned a few steps on SST-2 with `sharebert finetune`
-(so its task is recorded in metrics.json), compressed with a few steps per phase. Bad inputs are in
+(so its task is recorded in metrics.json), compressed with a few steps per phase (one augmented copy of each
+task example). Bad inputs are in
 tests/test_compress.py's table.
 """
 import json
@@ -32,7 +33,7 @@ def classifier_run(tmp_path_factory):
                  "--batch-size", "32"]) == 0
     assert main(["compress", str(root / "teacher"), "--out", str(root / "out"), "--max-steps", str(STEPS),
                  "--max-train-samples", str(SENTENCES), "--eval-limit", str(EVAL), "--batch-size", "16",
-                 "--max-params", str(MAX_PARAMS)]) == 0
+                 "--max-params", str(MAX_PARAMS), "--augment", "1"]) == 0
     return root
 
 
@@ -58,7 +59,8 @@ def test_report_has_both_phases_and_the_budgeted_student(classifier_run):
     assert r["task"] == "sst2" and r["metric"] == "accuracy" and r["dev_examples"] == EVAL  # from finetune's metrics.json
     assert r["general"]["steps"] == STEPS and r["general"]["train_sentences"] == SENTENCES
     assert r["general"]["pooling"] == "cls"  # a plain classifier folder: the [CLS] state its head reads
-    assert r["training"]["steps"] == STEPS and r["training"]["train_samples"] == SENTENCES
+    assert r["training"]["steps"] == STEPS and r["training"]["train_samples"] == 2 * SENTENCES  # --augment 1
+    assert json.loads((out / "phases.json").read_text())["task"]["augment"] == 1
     assert set(json.loads((out / "phases.json").read_text())) == {"general", "task"}
     cand, head = student_for(shape_fields(classifier_run / "teacher"), {"max_params": MAX_PARAMS}, num_labels=2)
     assert r["student"]["learned_params"] == cand.params + head <= MAX_PARAMS  # the budget counts what is saved

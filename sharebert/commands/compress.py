@@ -48,6 +48,9 @@ def add_arguments(p):
                                                        "`sharebert finetune` metrics.json records, or its label names tell)")
     p.add_argument("--task-lr", type=opt.positive_float, default=None,
                    help=f"a classifier's task distillation: peak learning rate (default {TASK_LR:g})")
+    p.add_argument("--augment", type=opt.positive_int, metavar="N",
+                   help="a classifier's task distillation: add N perturbed copies of each training example, taught "
+                        "by the teacher's logits (`distill --augment`; the teacher's pass grows N + 1 times)")
     p.add_argument("--seed", type=int, default=0)
     add_save_minutes_argument(p, FinetuneArgs.save_minutes)
     p.add_argument("--resume", action="store_true", help="continue a stopped run in --out")
@@ -74,13 +77,16 @@ def run(args) -> int:
                  max_train_samples=args.max_train_samples, eval_steps=200, save_minutes=args.save_minutes)
     eargs = EmbeddingArgs(lr=args.lr, **steps, loss=args.loss, max_time=args.max_time,
                           weights=DistillWeights(hidden=0, attention=0, embedding=0))
-    task_args = DistillArgs(lr=args.task_lr or TASK_LR, **steps, max_eval_samples=args.eval_limit)
+    task_args = DistillArgs(lr=args.task_lr or TASK_LR, **steps, max_eval_samples=args.eval_limit,
+                            augment=args.augment or 0)
     resume = "continue with the same command plus --resume"
     classifier = is_classifier(check_encoder(args.teacher))
     if classifier and args.data:
         raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
-    if not classifier and args.task_lr is not None:
-        raise ValueError(f"--task-lr is for a classifier teacher's task distillation; {args.teacher} is an encoder")
+    for name in ("task_lr", "augment"):
+        if not classifier and getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "
+                             f"{args.teacher} is an encoder")
     try:
         with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
             if classifier:
