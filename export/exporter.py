@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -334,14 +335,15 @@ def _alive(pid: int) -> bool:
 
 def _sweep_stale(out_dir: Path) -> None:
     """Remove what an export into ``out_dir`` killed midway (kill -9) left beside it: its half-built
-    ``.NAME.tmp-PID-*`` folder, and its ``.NAME.old-PID`` (the artifact it replaced) once ``out_dir`` is in
-    place again. Folders of a process that still runs are left alone."""
-    for stale in out_dir.parent.glob(f".{out_dir.name}.*-*"):
-        kind, _, rest = stale.name[len(out_dir.name) + 2:].partition("-")
-        pid = rest.split("-", 1)[0]
-        if kind not in ("tmp", "old") or not pid.isdigit() or _alive(int(pid)):
+    ``.NAME.tmp-PID-XXXXXXXX`` folder (``mkdtemp``'s 8-character suffix), and its ``.NAME.old-PID`` (the
+    artifact it replaced) once ``out_dir`` is in place again. Only those exact names, only real folders (not
+    links), only of processes that no longer run: a user's own ``.NAME.old-notes`` is never touched."""
+    own = re.compile(rf"\.{re.escape(out_dir.name)}\.(?:tmp-(\d+)-[a-z0-9_]{{8}}|old-(\d+))")
+    for stale in out_dir.parent.iterdir():
+        m = own.fullmatch(stale.name)
+        if m is None or stale.is_symlink() or not stale.is_dir() or _alive(int(m[1] or m[2])):
             continue
-        if kind == "tmp" or out_dir.is_dir():
+        if m[1] or out_dir.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -97,3 +97,22 @@ def test_distillation_with_copies_caches_teacher_logits_for_all_rows(teacher_dir
     assert shapes == [(48, 2), (144, 2)]  # one cache file per variant, the copies' rows included
     cached = np.load(next(p for p in cache.glob("*.npy") if np.load(p).shape[0] == 144))
     assert np.isfinite(cached).all() and not np.allclose(cached[:48], cached[48:96])  # the copies differ
+
+
+def test_resume_on_other_copies_than_the_checkpoint_is_refused(teacher_dir, tmp_path):  # noqa: F811
+    """A checkpoint keeps how its training set was augmented: --resume with another --augment (or seed) would
+    continue on another dataset; refused before any model loads, and the same data resumes."""
+    student = tmp_path / "s"
+    build_model("sharebert-tiny", student, STUDENT, seed=0)
+    base = dict(max_train_samples=32, max_eval_samples=16, batch_size=16, warmup_steps=1, seq_len=32,
+                weights=DistillWeights(hidden=0.0, attention=0.0, embedding=0.0))
+    out = tmp_path / "out"
+    distill_glue(teacher_dir, str(student), "sst2", out, args=DistillArgs(max_steps=2, augment=2, **base),
+                 progress=False, keep_checkpoints=True)
+    for other in (dict(augment=3), dict(augment=0), dict(augment=2, seed=7)):
+        with pytest.raises(ValueError, match=r"trained with --augment 2 and --seed 0; resume with the same"):
+            distill_glue(teacher_dir, str(student), "sst2", out, args=DistillArgs(max_steps=4, **{**base, **other}),
+                         progress=False, resume=True)
+    m = distill_glue(teacher_dir, str(student), "sst2", out, args=DistillArgs(max_steps=4, augment=2, **base),
+                     progress=False, resume=True)
+    assert m["steps"] == 4 and m["train_samples"] == 96

@@ -93,7 +93,7 @@ def test_resume_of_a_finished_run_trains_no_phase_again(classifier_run):
     before = json.loads((out / "report.json").read_text())
     stamps = {p: p.stat().st_mtime_ns for p in (out / "general" / "model.safetensors", out / "student" / "model.safetensors")}
     assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS),
-                 "--eval-limit", str(EVAL), "--max-params", str(MAX_PARAMS), "--resume"]) == 0
+                 "--eval-limit", str(EVAL), "--max-params", str(MAX_PARAMS), "--augment", "1", "--resume"]) == 0
     after = json.loads((out / "report.json").read_text())
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # both phases recorded: neither ran again
     assert after["general"] == before["general"] and after["training"] == before["training"]
@@ -106,14 +106,36 @@ def test_resume_of_a_finished_run_with_a_larger_budget_is_refused_not_ignored(cl
     out = classifier_run / "out"
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
     capsys.readouterr()
-    for budget in (["--max-steps", str(STEPS * 4)], ["--max-time", "600"]):
+    for budget in (["--max-steps", str(STEPS * 4)], ["--max-time", "600"], ["--max-steps", str(STEPS), "--augment", "4"],
+                   ["--max-steps", str(STEPS)]):  # the last: without the run's --augment 1
         assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), *budget,
                      "--max-params", str(MAX_PARAMS), "--resume"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "holds a finished compress trained with" in err, err
-        assert f"--max-steps {STEPS}; a finished phase keeps no checkpoint" in err
+        assert f"--max-steps {STEPS} and --augment 1; a finished phase keeps no checkpoint" in err
         assert "start again with --overwrite" in err
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == stamps
+
+
+@pytest.mark.parametrize("part, text, message", [
+    ("phases.json", "{", "phases.json cannot be read (Expecting property name"),
+    ("phases.json", "[]", "phases.json is not a record of compress phases"),
+    ("phases.json", '{"general": 5, "task": []}', "phases.json is not a record of compress phases"),
+    ("student/config.json", "[1, 2]", "student/config.json is not a model config (a JSON object)"),
+    ("general/config.json", "garbage", "general/config.json is not a model config (a JSON object)"),
+])
+def test_resume_with_a_damaged_record_is_one_line_naming_the_file(classifier_run, tmp_path, part, text, message,
+                                                                   capsys):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(classifier_run / "out", out)
+    (out / part).write_text(text)
+    capsys.readouterr()
+    assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS),
+                 "--max-params", str(MAX_PARAMS), "--augment", "1", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and "--overwrite" in err, err
 
 
 @pytest.mark.parametrize("hidden", [16, 32, 128])

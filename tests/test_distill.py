@@ -190,6 +190,8 @@ def bad_folders(tmp_path_factory, teacher_dir):
     root = tmp_path_factory.mktemp("bad")
     _bert_classifier(root / "wrong_labels", num_labels=3)
     _bert_classifier(root / "named", id2label={0: "yes", 1: "no"}, label2id={"yes": 0, "no": 1})
+    _bert_classifier(root / "nomask")
+    BertTokenizerFast(str(default_vocab()), mask_token=None).save_pretrained(root / "nomask")  # no [MASK] to augment with
     from transformers import BertForMaskedLM
     BertForMaskedLM(BertConfig(vocab_size=30522, **SHAPE)).save_pretrained(root / "mlm")
     BertTokenizerFast(str(default_vocab())).save_pretrained(root / "mlm")
@@ -219,6 +221,9 @@ BAD = [
     ("augment 0", ["--augment", "0"], "argument --augment: must be an integer >= 1, got 0"),
     ("augment without the kl term", ["--augment", "2", "--kl-weight", "0"], "needs --kl-weight above 0"),
     ("augment on mlm", ["--objective", "mlm", "--augment", "2"], "--augment is for --objective glue"),
+    ("augment without a mask token", ["--augment", "2", "--teacher", "{bad}/nomask", "--student", "sharebert-tiny"],
+     "the tokenizer of {bad}/nomask has none"),
+    ("augment past the row limit", ["--augment", "1000000"], "makes 16,000,016 training rows from 16 examples, more than 2,000,000"),
 ]
 
 
@@ -227,6 +232,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(case, extra, message
     opts = {"--teacher": str(teacher_dir), "--student": "sharebert-tiny", "--task": "sst2",
             "--out": str(tmp_path / "out"), "--max-steps": "1", "--max-train-samples": "16"}
     extra = [e.replace("{bad}", str(bad_folders)) for e in extra]
+    message = message.replace("{bad}", str(bad_folders))
     for k, v in zip(extra[::2], extra[1::2]):
         opts[k] = v
     argv = ["distill"] + [x for kv in opts.items() for x in kv]

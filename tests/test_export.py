@@ -176,23 +176,31 @@ def test_manifest_contract(artifacts):
     assert not list(folder.parent.glob(".*tmp-*"))
 
 
-def test_an_export_sweeps_what_a_killed_export_left_and_spares_a_running_ones(tmp_path, mlm_dir):
-    """kill -9 midway leaves ``.NAME.tmp-PID-*`` (and, between the two renames, ``.NAME.old-PID``) beside the
-    artifact: the next export into it removes those of dead processes, never a live one's."""
+def test_an_export_sweeps_what_a_killed_export_left_and_nothing_else(tmp_path, mlm_dir):
+    """kill -9 midway leaves ``.NAME.tmp-PID-XXXXXXXX`` (and, between the two renames, ``.NAME.old-PID``) beside
+    the artifact: the next export into it removes those of dead processes; never a live one's, a user's folder of
+    a like name, a link (or its target), another artifact's, nor what a glob character in NAME would match."""
     import subprocess
     import sys
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    out = tmp_path / "art"
-    left = [tmp_path / f".art.tmp-{dead.pid}-x1", tmp_path / f".art.old-{dead.pid}"]
-    live = [tmp_path / f".art.tmp-{os.getpid()}-x2", tmp_path / f".other.tmp-{dead.pid}-x3"]
-    for folder in left + live:
-        folder.mkdir()
-        (folder / "model.onnx").write_bytes(b"half")
-    export_model(mlm_dir, out, **FAST)
-    assert not any(f.exists() for f in left) and all(f.exists() for f in live)
-    assert (out / "manifest.json").is_file()
+    d = dead.pid
+    for name in ("art", "a?"):
+        root = tmp_path / ("plain" if name == "art" else "glob")
+        root.mkdir()
+        left = [root / f".{name}.tmp-{d}-x1abc_9z", root / f".{name}.old-{d}"]
+        kept = [root / f".{name}.tmp-{os.getpid()}-x2abcdef", root / f".other.tmp-{d}-x3abcdef",
+                root / f".{name}.tmp-{d}-notes", root / f".{name}.old-{d}-backup", root / f".{name}.old-2024-01-05",
+                root / f".{name}x.old-{d}", root / ".ab.old-99991", root / "target"]
+        for folder in left + kept:
+            folder.mkdir()
+            (folder / "model.onnx").write_bytes(b"half")
+        link = root / f".{name}.tmp-{d}-linkabcd"
+        link.symlink_to(root / "target")
+        export_model(mlm_dir, root / name, **FAST)
+        assert not any(f.exists() for f in left) and all((f / "model.onnx").is_file() for f in kept), name
+        assert link.is_symlink() and (root / name / "manifest.json").is_file()
 
 
 def test_ortmodel_masked_lm_matches_torch(artifacts, mlm_dir):

@@ -19,6 +19,18 @@ import torch
 from .encoded import EncodedSplit
 
 IGNORE_LABEL = -100  # the label of a copy: the hard (gold-label) loss skips it
+MAX_ROWS = 2_000_000  # examples and copies together (about 30 times SST-2's training set): built in memory
+
+
+def check_augment(copies: int, examples: int, tokenizer, teacher_dir) -> None:
+    """``ValueError`` (naming the option) for copies that cannot be made: no ``[MASK]`` token in the teacher's
+    tokenizer, or more than ``MAX_ROWS`` rows in all."""
+    if tokenizer.mask_token_id is None:
+        raise ValueError(f"--augment masks words with the teacher's mask token; the tokenizer of {teacher_dir} has none")
+    rows = examples * (copies + 1)
+    if rows > MAX_ROWS:
+        raise ValueError(f"--augment {copies} makes {rows:,} training rows from {examples:,} examples, more than "
+                         f"{MAX_ROWS:,}: ask for fewer copies (or fewer examples, --max-train-samples)")
 
 
 def word_ids(tokenizer) -> np.ndarray:
@@ -62,7 +74,8 @@ def augment(ds: EncodedSplit, copies: int, tokenizer, embeddings: torch.Tensor, 
     ids = ds.encodings["input_ids"]
     seen = np.unique(np.concatenate([np.asarray(r) for r in ids]))
     seen = seen[seen < len(words)]
-    near = nearest_words(embeddings, seen[words[seen]], words, k)
+    k = min(k, int(words.sum()) - 1)  # a vocabulary of few whole words: fewer neighbours, or no swaps
+    near = nearest_words(embeddings, seen[words[seen]], words, k) if k >= 1 else {}
     is_piece = np.zeros(len(words) + 1, dtype=bool)
     is_piece[[i for t, i in tokenizer.get_vocab().items() if t.startswith("##") and i < len(words)]] = True
     mask_id = tokenizer.mask_token_id

@@ -130,6 +130,10 @@ def check_same_student(out: Path, overrides: dict, parts=("student",)) -> None:
             try:
                 raw = json.loads(config.read_text(encoding="utf-8"))
             except (OSError, ValueError):
+                raw = None
+            if not isinstance(raw, dict):
+                if config.parent == folder and config.exists():  # a checkpoint's may be a save cut short: skipped
+                    raise ValueError(f"{config} is not a model config (a JSON object): start again with --overwrite")
                 continue
             differ = [f"{k} {raw.get(k)} -> {v}" for k, v in overrides.items() if raw.get(k) != v]
             if differ:

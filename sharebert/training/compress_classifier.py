@@ -25,6 +25,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..errors import first_line
 from ..outdir import write_json
 from .compress import REPORT, STUDENT_FIELDS, check_same_student, export_once, prepare_out, probe, safetensor_params, weight_bytes, write_report
 
@@ -133,8 +134,17 @@ def _budget(b: dict) -> str:
 
 
 def _phases(out: Path) -> dict:
+    """The phases a run recorded (``{}`` for none); ``ValueError`` naming the file when it is not theirs."""
     path = out / PHASES
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        phases = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} cannot be read ({first_line(e)}): start again with --overwrite") from None
+    if not (isinstance(phases, dict) and all(isinstance(v, dict) for v in phases.values())):
+        raise ValueError(f"{path} is not a record of compress phases: start again with --overwrite")
+    return phases
 
 
 def compress_classifier(teacher, out, limits: dict, args, task_args, task: str | None = None, train=None,
@@ -166,9 +176,11 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
         f"(classifier {head:,})")
     out.mkdir(parents=True, exist_ok=True)
     phases, general, student = _phases(out), out / "general", out / "student"
-    budget = {"max_time": args.max_time, "max_steps": args.max_steps}  # what bounds each phase
+    budget = {"max_time": args.max_time, "max_steps": args.max_steps,  # what bounds each phase, and the task data
+              "augment": task_args.augment}
     done = phases.get("task", {}).get("budget")
-    if resume and "general" in phases and done is not None and done != budget:
+    if resume and "general" in phases and done is not None and any(  # an unset option and 0 are alike
+            (done.get(k) or None) != (budget.get(k) or None) for k in {*done, *budget}):
         raise ValueError(f"{out} holds a finished compress trained with {_budget(done)}; a finished phase keeps no "
                          f"checkpoint to train on from, so {_budget(budget)} cannot continue it: start again with "
                          "--overwrite (or resume with the run's own budget to make its report again)")

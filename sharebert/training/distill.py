@@ -19,6 +19,7 @@ The projections are trained with the student and never saved with it.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -44,6 +45,8 @@ from .options import DistillArgs, DistillWeights
 from .progress import no_bars, show_progress
 
 PROJECTIONS_FILE = "distill_projections.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")  # in the cache key
+DATA_FILE = "distill_data.json"  # in each checkpoint of a task distillation: how its training set was augmented
 
 
 def layer_map(student_layers: int, teacher_layers: int, given=None) -> tuple[tuple[int, int], ...]:
@@ -222,8 +225,8 @@ def load_teacher(teacher_dir, head: str = "classifier"):
 def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True,
                    variant: str = ""):
     """The teacher's logits on ``ds`` (N, labels); with ``cache_dir`` read from / written to
-    ``<cache_dir>/<key>.npy``, the key hashing the teacher's config and weights, the split file, ``seq_len`` and
-    ``variant`` (how the split was augmented; "" for none)."""
+    ``<cache_dir>/<key>.npy``, the key hashing the teacher's config, weights and tokenizer files, the split file,
+    ``seq_len`` and ``variant`` (how the split was augmented; "" for none)."""
     import numpy as np
 
     from .encoded import predict_logits
@@ -231,6 +234,7 @@ def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir
     if cache_dir is None:
         return predict_logits(teacher, ds, progress=progress)
     parts = [sha256(Path(teacher_dir) / f) for f in ("config.json", "model.safetensors")]
+    parts += [sha256(Path(teacher_dir) / f) for f in TOKENIZER_FILES if (Path(teacher_dir) / f).is_file()]
     parts += [sha256(Path(split_path)), str(seq_len), str(len(ds))] + ([variant] if variant else [])
     path = Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
     if path.is_file():
@@ -242,7 +246,7 @@ def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir
             return logits
     logits = predict_logits(teacher, ds, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
+    tmp = path.with_suffix(f".tmp-{os.getpid()}.npy")  # two runs writing one key never share a half-written file
     np.save(tmp, logits)
     tmp.replace(path)
     return logits
@@ -277,6 +281,8 @@ def _make_trainer_class():
             self.projections = projections.to(self.args.device)
             self.regression, self.mlm = regression, mlm
             self._parts: dict[str, float] = {}
+
+        data = None  # a task distillation's ``{"augment", "seed"}``, kept in each checkpoint (``DATA_FILE``)
 
         clock = None  # a ``WallClockLimit`` when training is bounded by time only: the learning rate follows it
 
@@ -366,6 +372,8 @@ def _make_trainer_class():
 
                 out = Path(output_dir or self.args.output_dir)
                 save_file({k: v.contiguous() for k, v in self.projections.state_dict().items()}, str(out / PROJECTIONS_FILE))
+                if self.data is not None:
+                    write_json(out / DATA_FILE, self.data)
 
         def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
             super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -386,6 +394,25 @@ def _resume_from(out: Path, resume: bool) -> str | None:
     """The newest complete checkpoint under ``out/checkpoints`` with ``resume`` (``ValueError`` if none)."""
     found = resume_from(out / "checkpoints", resume)
     return str(found) if found else None
+
+
+def check_same_data(checkpoint: Path, data: dict) -> None:
+    """Refuse to resume a task distillation on another training set than its checkpoint's (``--augment``, and the
+    seed that drew the copies); a checkpoint from before ``DATA_FILE`` was kept trained without copies."""
+    import json
+
+    try:
+        saved = json.loads((checkpoint / DATA_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        saved = {"augment": 0, "seed": data["seed"]}
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{checkpoint / DATA_FILE} cannot be read ({first_line(e)})") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{checkpoint / DATA_FILE} is not a JSON object")
+    if saved.get("augment", 0) != data["augment"] or (data["augment"] and saved.get("seed") != data["seed"]):
+        raise ValueError(f"--resume: {checkpoint} trained with --augment {saved.get('augment', 0)} and --seed "
+                         f"{saved.get('seed')}; resume with the same (now --augment {data['augment']}, --seed "
+                         f"{data['seed']}), or start again with --overwrite")
 
 
 def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed: int):
@@ -436,9 +463,16 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before any model loads
         task_file(task_, data_dir, split)
     start_from = _resume_from(out, resume)
+    data = {"augment": args.augment, "seed": args.seed}
+    if start_from is not None:
+        check_same_data(Path(start_from), data)
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     check_teacher_labels(teacher_dir, t_config, task_)
+    if args.augment:
+        from .augment import check_augment
+
+        check_augment(args.augment, 0, t_tok, teacher_dir)
     model, s_tok = load_student(student, task_, t_tok, t_config, args.seed)
     model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
     check_tokenizers(t_tok, s_tok, teacher_dir, student)
@@ -455,8 +489,9 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     main_dev = dev_ds[task_.dev_splits[0]]
     variant = ""
     if args.augment:
-        from .augment import augment
+        from .augment import augment, check_augment
 
+        check_augment(args.augment, len(train_ds), t_tok, teacher_dir)
         train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
                            task_.is_regression, seed=args.seed)
         variant = f"augment={args.augment},seed={args.seed}"
@@ -475,6 +510,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=t_tok,
         data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression)
+    trainer.data = data
     trainer.bound_by(clock, args.max_steps, progress)
     for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
         trainer.add_callback(callback)
