@@ -22,12 +22,12 @@ IGNORE_LABEL = -100  # the label of a copy: the hard (gold-label) loss skips it
 MAX_ROWS = 2_000_000  # examples and copies together (about 30 times SST-2's training set): built in memory
 
 
-def check_augment(copies: int, examples: int, tokenizer, teacher_dir) -> None:
+def check_augment(copies: int, tokenizer, teacher_dir, examples: int | None = None) -> None:
     """``ValueError`` (naming the option) for copies that cannot be made: no ``[MASK]`` token in the teacher's
-    tokenizer, or more than ``MAX_ROWS`` rows in all."""
+    tokenizer, or (once ``examples`` is known) more than ``MAX_ROWS`` rows in all."""
     if tokenizer.mask_token_id is None:
         raise ValueError(f"--augment masks words with the teacher's mask token; the tokenizer of {teacher_dir} has none")
-    rows = examples * (copies + 1)
+    rows = (examples or 0) * (copies + 1)
     if rows > MAX_ROWS:
         raise ValueError(f"--augment {copies} makes {rows:,} training rows from {examples:,} examples, more than "
                          f"{MAX_ROWS:,}: ask for fewer copies (or fewer examples, --max-train-samples)")

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from ..docs_check import cap_value
-from ..outdir import check_out_dir, finite, write_json
+from ..outdir import check_out_dir, finite, read_json, write_json
 
 REPORT = "report.json"
 PARTS = ("general", "student", "artifact", "teacher_artifact", "teacher_logits", "phases.json", REPORT, "report.md",
@@ -128,7 +128,7 @@ def check_same_student(out: Path, overrides: dict, parts=("student",)) -> None:
         folder = out / part
         for config in [folder / "config.json", *sorted(folder.glob("checkpoints/checkpoint-*/config.json"))]:
             try:
-                raw = json.loads(config.read_text(encoding="utf-8"))
+                raw = read_json(config)
             except (OSError, ValueError):
                 raw = None
             if not isinstance(raw, dict):

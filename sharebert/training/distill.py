@@ -34,8 +34,9 @@ from ..deploy.artifact import sha256
 from ..docs_check import cap
 from ..errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
-from ..outdir import check_out_dir, finite, write_json
+from ..outdir import check_out_dir, finite, read_json, write_json
 from ..paths import data_path
+from .augment import IGNORE_LABEL, augment, check_augment
 from .callbacks import MarkCheckpoints, resume_from
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
@@ -108,13 +109,14 @@ class Projections(nn.Module):
 
 
 def hard_loss(logits, labels, regression: bool = False) -> torch.Tensor:
-    """The student's gold-label loss: cross-entropy over the rows (or MLM positions) whose label is not -100,
-    MSE over the finite regression labels; 0 when a batch holds none (copies from ``--augment`` only)."""
+    """The student's gold-label loss: cross-entropy over the rows (or MLM positions) whose label is not
+    ``IGNORE_LABEL`` (-100), MSE over the finite regression labels; 0 when a batch holds none (copies from
+    ``--augment`` only)."""
     if regression:
         s, y = logits.float().squeeze(-1), labels.float().squeeze(-1)
         keep = torch.isfinite(y)
         return F.mse_loss(s[keep], y[keep]) if keep.any() else s.sum() * 0
-    keep = labels != -100
+    keep = labels != IGNORE_LABEL
     if not keep.any():
         return logits.sum() * 0
     return F.cross_entropy(logits.float()[keep], labels[keep])
@@ -399,10 +401,8 @@ def _resume_from(out: Path, resume: bool) -> str | None:
 def check_same_data(checkpoint: Path, data: dict) -> None:
     """Refuse to resume a task distillation on another training set than its checkpoint's (``--augment``, and the
     seed that drew the copies); a checkpoint from before ``DATA_FILE`` was kept trained without copies."""
-    import json
-
     try:
-        saved = json.loads((checkpoint / DATA_FILE).read_text(encoding="utf-8"))
+        saved = read_json(checkpoint / DATA_FILE)
     except FileNotFoundError:
         saved = {"augment": 0, "seed": data["seed"]}
     except (OSError, ValueError) as e:
@@ -469,10 +469,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
     check_teacher_labels(teacher_dir, t_config, task_)
-    if args.augment:
-        from .augment import check_augment
-
-        check_augment(args.augment, 0, t_tok, teacher_dir)
+    if args.augment:  # before any model loads
+        check_augment(args.augment, t_tok, teacher_dir)
     model, s_tok = load_student(student, task_, t_tok, t_config, args.seed)
     model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
     check_tokenizers(t_tok, s_tok, teacher_dir, student)
@@ -487,15 +485,12 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     train, train_ds, dev_ds = encoded_task(task_, data_dir, t_tok, seq_len, args.max_train_samples,
                                            args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
-    variant = ""
     if args.augment:
-        from .augment import augment, check_augment
-
-        check_augment(args.augment, len(train_ds), t_tok, teacher_dir)
+        check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
         train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
                            task_.is_regression, seed=args.seed)
-        variant = f"augment={args.augment},seed={args.seed}"
     if cache_teacher is not None:
+        variant = ",".join(f"{k}={v}" for k, v in data.items()) if args.augment else ""
         train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, train_ds, train.path, seq_len,
                                                               cache_teacher, progress, variant))
     teacher_metrics = {}
