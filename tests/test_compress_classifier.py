@@ -118,7 +118,8 @@ def test_resume_of_a_finished_run_with_a_larger_budget_is_refused_not_ignored(cl
 
 
 @pytest.mark.parametrize("part, text, message", [
-    ("phases.json", "{", "phases.json cannot be read (Expecting property name"),
+    ("phases.json", "{", "phases.json is not valid JSON (Expecting property name"),
+    ("phases.json", "[" * 100_000 + "]" * 100_000, "phases.json is not valid JSON (nested too deeply)"),
     ("phases.json", "[]", "phases.json is not a record of compress phases"),
     ("phases.json", '{"general": 5, "task": []}', "phases.json is not a record of compress phases"),
     ("student/config.json", "[1, 2]", "student/config.json is not a model config (a JSON object)"),

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import first_line
-from ..outdir import write_json
+from ..outdir import read_json, write_json
 from .compress import REPORT, STUDENT_FIELDS, check_same_student, export_once, prepare_out, probe, safetensor_params, weight_bytes, write_report
 
 PHASES = "phases.json"
@@ -139,9 +139,9 @@ def _phases(out: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        phases = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path} cannot be read ({first_line(e)}): start again with --overwrite") from None
+        phases = read_json(path)
+    except (OSError, ValueError) as e:  # read_json: bad syntax and nesting too deep alike
+        raise ValueError(f"{first_line(e)}: start again with --overwrite") from None
     if not (isinstance(phases, dict) and all(isinstance(v, dict) for v in phases.values())):
         raise ValueError(f"{path} is not a record of compress phases: start again with --overwrite")
     return phases
