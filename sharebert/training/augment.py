@@ -48,7 +48,7 @@ def nearest_words(embeddings: torch.Tensor, ids: np.ndarray, candidates: np.ndar
                   chunk: int = 4096) -> dict[int, np.ndarray]:
     """For each id in ``ids``, its ``k`` nearest ids among ``candidates`` (itself excluded) by the cosine of
     rows of ``embeddings`` ``(V, H)``: ``{id: (k,) ids}``."""
-    table = torch.nn.functional.normalize(embeddings.float(), dim=-1)
+    table = torch.nn.functional.normalize(embeddings.detach().float().cpu(), dim=-1)  # a teacher on a GPU too
     cand = torch.from_numpy(np.flatnonzero(candidates))
     cand_vecs = table[cand]
     out = {}

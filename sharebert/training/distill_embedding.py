@@ -93,7 +93,8 @@ def recipe_head(model_dir, recipe) -> nn.Module | None:
 
 def load_encoder(model_dir):
     """The backbone of any BERT-family or sharebert folder (``AutoModel``), eval mode, no gradients, eager
-    attention (attention maps for the token-level terms)."""
+    attention (attention maps for the token-level terms), on the CPU (``distill_embedding`` moves it to the
+    GPU, where there is one, once the student is initialised from it)."""
     import sharebert.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
     from transformers import AutoModel
 
@@ -408,6 +409,10 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         from .student_init import init_from_teacher
 
         init = init_from_teacher(model, teacher, projections.head if t_head is None else None)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the teacher's passes (targets, terms) on the GPU
+    teacher.to(device)
+    if t_head is not None:
+        t_head.to(device)
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings,
                   recipe.max_seq_length or args.seq_len)
     if manifest is not None:
