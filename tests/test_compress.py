@@ -238,11 +238,16 @@ def test_embedding_distillation_on_prepared_data(minilm_dir, prepared, tmp_path)
     assert v.shape == (2, 384) and np.isfinite(v).all()
 
 
-def test_embedding_distillation_samples_depth_with_token_level_terms(minilm_dir, tmp_path):
+def test_embedding_distillation_samples_depth_with_token_level_terms(minilm_dir, tmp_path, monkeypatch):
     """`--depth-sampling` reaches the embedding student (it was silently ignored): the saved config samples
-    depths 2..4 in training, and the hidden-state term pairs only the iterations that ran at each step."""
+    depths 2..4 in training, and the hidden-state term pairs only the iterations that ran at each step.
+    The teacher runs on each batch for that term, so its vectors are computed only for the sentences the
+    output projection is fitted on (before: a pass over every training sentence, unused)."""
+    import sharebert.training.distill_embedding as de
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+
+    monkeypatch.setattr(de, "HEAD_FIT", 4)
 
     args = EmbeddingArgs(max_steps=4, batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16, depth_sampling=2,
                          weights=DistillWeights(hidden=1.0, attention=0, embedding=0))
@@ -251,6 +256,8 @@ def test_embedding_distillation_samples_depth_with_token_level_terms(minilm_dir,
                           progress=False, eval_limit=16)
     assert m["steps"] == 4 and np.isfinite([m["last_terms"]["hidden"], m["last_terms"]["sentence"]]).all()
     assert json.loads((out / "config.json").read_text())["train_min_depth"] == 2
+    (targets,) = out.glob("teacher_targets*.npy")
+    assert m["train_sentences"] == 16 and np.load(targets).shape[0] == 4
 
 
 @pytest.fixture(scope="module")

@@ -436,11 +436,14 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
             fit_head(projections.head, encode_blocks(model, train_ds.blocks, n, pooling),
                      encode_blocks(teacher, train_ds.blocks, n, pooling, t_head))
     else:
-        targets = _teacher_targets(teacher, t_head, t_tok, sentences, pooling, seq_len, out, progress)
+        live = w.hidden or w.embedding or w.attention  # the teacher runs on each batch: vectors only for the fit
+        if fit or not live:
+            targets = _teacher_targets(teacher, t_head, t_tok, sentences[:HEAD_FIT] if live else sentences,
+                                       pooling, seq_len, out, progress)
         if fit:
             fit_head(projections.head, encode(model, t_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len),
                      targets[:HEAD_FIT])
-        if not (w.hidden or w.embedding or w.attention):
+        if not live:
             train_ds = WithTeacherLogits(train_ds, targets)
     metrics["start_sts_spearman"] = score(model, projections.head, "student at step 0")
 
