@@ -316,6 +316,10 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (["compress", "{minilm}", "--out", "{root}/o7", "--max-params", "lots"], "cannot read size 'lots'"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
       "--out", "{root}/o8"], "do not share a tokenizer"),
+    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
+      "--out", "{root}/other_tok", "--overwrite"], "is, or holds, the input {root}/other_tok"),  # was: replaced it
+    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
+      "--out", "{root}/other_tok/inner"], "lies inside the input {root}/other_tok"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
       "--set", "vocab_size=100", "--out", "{root}/o9"], "takes the teacher's vocabulary"),
     (["distill", "--objective", "glue", "--task", "sst2", "--teacher", "{minilm}", "--student", "sharebert-tiny",
@@ -338,12 +342,15 @@ def bad_inputs(minilm_dir, tmp_path_factory):
 def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, prepared, argv, message, capsys):
     argv = [a.format(root=bad_inputs, minilm=minilm_dir, prepared=prepared) for a in argv]
     message = message.format(root=bad_inputs)
+    out = Path(argv[argv.index("--out") + 1])
+    before = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*")) if out.exists() else None
     rc = main(argv)
     err = capsys.readouterr().err.strip()
     assert rc == 2, err
     assert len(err.splitlines()) == 1 and message in err, err
     assert "Traceback" not in err
-    assert not Path(argv[argv.index("--out") + 1]).exists()  # nothing half-written
+    after = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*")) if out.exists() else None
+    assert after == before  # nothing half-written, nothing of an existing folder (an input as --out) touched
 
 
 def test_mlm_distillation_accepts_a_teacher_without_an_mlm_head(minilm_dir, tmp_path):
@@ -396,3 +403,68 @@ def test_one_run_at_a_time_per_out_and_a_refused_run_leaves_nothing(command, min
     assert main(argv(inside)) == 2
     assert "lies inside the input" in capsys.readouterr().err
     assert not inside.exists()
+
+
+def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_dir, tmp_path):
+    """The cached sentence vectors are keyed by the teacher's files, not its path: a teacher changed in place
+    gets new vectors (before: the old teacher's, silently). A damaged cache file (truncated, not an array,
+    another width) is recomputed and replaced (before: numpy's message, or an internal RuntimeError)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from sharebert.training.distill_embedding import _teacher_targets
+    from transformers import AutoTokenizer
+
+    teacher_dir = tmp_path / "teacher"
+    shutil.copytree(minilm_dir, teacher_dir)
+    tok, out = AutoTokenizer.from_pretrained(teacher_dir), tmp_path / "out"
+
+    def vectors():
+        return _teacher_targets(load_encoder(teacher_dir), teacher_dir, None, tok, SENTENCES[:4], "mean", 32, 384,
+                                out, progress=False)
+
+    first = vectors()
+    (cached,) = out.glob("teacher_targets-*.npy")
+    for damage in (cached.read_bytes()[:200], b"not an array", None):
+        if damage is None:
+            np.save(cached, np.ones((4, 10), dtype=np.float32))
+        else:
+            cached.write_bytes(damage)
+        again = vectors()
+        assert again.shape == (4, 384) and np.allclose(again, first, atol=1e-5)
+        assert np.load(cached).shape == (4, 384)  # replaced
+    weights = load_file(str(teacher_dir / "model.safetensors"))
+    weights = {k: (v * 1.5 if k.endswith("word_embeddings.weight") else v) for k, v in weights.items()}
+    save_file(weights, str(teacher_dir / "model.safetensors"), metadata={"format": "pt"})
+    changed = vectors()
+    assert len(list(out.glob("teacher_targets-*.npy"))) == 2
+    assert not np.allclose(changed, first, atol=1e-3)
+
+
+def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
+    """`--overwrite` starts without the replaced run's checkpoints, so a later `--resume` continues the new run
+    (before: the older run's newest checkpoint, silently). A folder killed after the teacher's pass and before
+    its first checkpoint is recognised as a distillation's (before: refused as not one, even with --overwrite)."""
+    from sharebert.training.distill import DistillWeights
+    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+
+    out = tmp_path / "run"
+    kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
+    args = EmbeddingArgs(max_steps=4, batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16,
+                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
+    assert (out / "checkpoints" / "checkpoint-4").is_dir()
+    short = EmbeddingArgs(**{**args.__dict__, "max_steps": 2})
+    distill_embedding(minilm_dir, "sharebert-tiny", out, args=short, overwrite=True, **kw)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-2"]
+    m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
+                          resume=True, **kw)
+    assert m["steps"] == 3
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    for f in out.glob("teacher_targets-*.npy"):
+        (killed / f.name).write_bytes(f.read_bytes())
+    m = distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, overwrite=True, **kw)
+    assert m["steps"] == 2

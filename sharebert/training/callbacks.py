@@ -161,6 +161,14 @@ def resume_from(folder: str | Path, resume: bool, say=print) -> Path | None:
     return found
 
 
+def start_checkpoints(folder: str | Path, start_from) -> None:
+    """Just before training: a run that does not resume (``start_from`` None) starts with no checkpoint of an
+    earlier run in ``folder`` (left by the run ``--overwrite`` replaces), else a later ``--resume`` would
+    continue the older run."""
+    if start_from is None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class TimedSaves(TrainerCallback):
     """A checkpoint at the first step end ``minutes`` of training after the last save (or the start), whatever
     the epoch and ``save_steps`` say, so a run killed at any time (kill -9 included) loses at most about that

@@ -37,7 +37,7 @@ from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, read_json, write_json
 from ..paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
-from .callbacks import MarkCheckpoints, resume_from
+from .callbacks import MarkCheckpoints, resume_from, start_checkpoints
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .finetune import load_classifier, metrics_for, task_training_args
@@ -204,6 +204,21 @@ def check_teacher_labels(teacher_dir, config, task: GlueTask) -> None:
                              f"{list(task.label_names)}")
 
 
+def training_device() -> str:
+    """Where this process trains: its own GPU (``LOCAL_RANK`` under torchrun) where CUDA is available, else the
+    CPU. The teacher goes there, beside the student the Trainer places."""
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+
+
+def teacher_fingerprint(teacher_dir) -> list[str]:
+    """``name:sha256`` of each file that makes a teacher's outputs, the caches' view of it: config, weights,
+    tokenizer files, and a sentence-transformers folder's modules (``modules.json``, ``2_Dense/...``)."""
+    d = Path(teacher_dir)
+    files = [d / f for f in ("config.json", "model.safetensors", "pytorch_model.bin", *TOKENIZER_FILES, "modules.json")]
+    files += sorted(p for p in d.glob("*/*") if p.suffix in (".json", ".safetensors", ".bin"))
+    return [f"{p.relative_to(d)}:{sha256(p)}" for p in files if p.is_file()]
+
+
 def load_teacher(teacher_dir, head: str = "classifier"):
     """The teacher through the transformers Auto classes (sharebert folders included): eval mode, no gradients.
     ``head``: ``classifier``, ``mlm`` or ``encoder`` (the backbone alone: hidden and attention terms only).
@@ -221,7 +236,7 @@ def load_teacher(teacher_dir, head: str = "classifier"):
     except (OSError, ValueError) as e:
         raise ValueError(f"--teacher {teacher_dir} cannot be loaded: {first_line(e)}") from None
     model.requires_grad_(False)
-    return model.to("cuda" if cuda else "cpu").eval()
+    return model.to(training_device()).eval()
 
 
 def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True,
@@ -235,9 +250,7 @@ def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir
 
     if cache_dir is None:
         return predict_logits(teacher, ds, progress=progress)
-    parts = [sha256(Path(teacher_dir) / f) for f in ("config.json", "model.safetensors")]
-    parts += [sha256(Path(teacher_dir) / f) for f in TOKENIZER_FILES if (Path(teacher_dir) / f).is_file()]
-    parts += [sha256(Path(split_path)), str(seq_len), str(len(ds))] + ([variant] if variant else [])
+    parts = teacher_fingerprint(teacher_dir) + [sha256(Path(split_path)), str(seq_len), str(len(ds))] + ([variant] if variant else [])
     path = Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
     if path.is_file():
         try:
@@ -389,7 +402,12 @@ def _make_trainer_class():
 
 
 def _is_distill_out(path: Path) -> bool:
-    return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
+    """A distillation's folder: its result, its checkpoints, or (killed before its first checkpoint) the
+    teacher's vectors an embedding distillation computed first."""
+    from .distill_embedding import TARGETS_FILE
+
+    return ((path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
+            or any(path.glob(f"{TARGETS_FILE}-*.npy")))
 
 
 def _resume_from(out: Path, resume: bool) -> str | None:
@@ -509,6 +527,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     trainer.bound_by(clock, args.max_steps, progress)
     for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
         trainer.add_callback(callback)
+    start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
 
@@ -646,6 +665,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
     show_progress(trainer, progress)
     trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=2))
+    start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
     metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),
                "train_loss": result.training_loss, "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1),

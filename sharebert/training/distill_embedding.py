@@ -31,7 +31,8 @@ from ..model_folder import load_config, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_tokenizers, distill_losses, \
-    pairs_that_ran, teacher_blocks, teacher_data, _is_distill_out, _make_trainer_class, _maps, _resume_from, stream_training_args
+    pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, _make_trainer_class, \
+    _maps, _resume_from, stream_training_args
 from .depth import check_depth_sampling
 from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
@@ -303,14 +304,20 @@ def _make_embedding_trainer(pooling: str, loss: str):
     return EmbeddingTrainer
 
 
-def _teacher_targets(teacher, head, tokenizer, sentences, pooling, seq_len, out: Path, progress: bool) -> np.ndarray:
+def _teacher_targets(teacher, teacher_dir, head, tokenizer, sentences, pooling, seq_len, width: int, out: Path,
+                     progress: bool) -> np.ndarray:
+    """The teacher's sentence vectors ``(N, width)``, kept in ``out`` under a key of the teacher's files
+    (:func:`~.distill.teacher_fingerprint`), ``seq_len``, pooling and the sentences; a damaged file is recomputed."""
     import hashlib
 
-    key = hashlib.sha256("\n".join([str(teacher.name_or_path), str(seq_len), pooling, *sentences]).encode())
+    key = hashlib.sha256("\n".join([*teacher_fingerprint(teacher_dir), str(seq_len), pooling, *sentences]).encode())
     path = out / f"{TARGETS_FILE}-{key.hexdigest()[:12]}.npy"
     if path.is_file():
-        cached = np.load(path)
-        if cached.shape[0] == len(sentences) and np.isfinite(cached).all():
+        try:
+            cached = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError):  # truncated or not an array: recomputed and replaced below
+            cached = None
+        if cached is not None and cached.shape == (len(sentences), width) and np.isfinite(cached).all():
             return cached
     t = encode(teacher, tokenizer, sentences, pooling, head, seq_len=seq_len,
                desc=f"teacher over {len(sentences):,} training sentences" if progress else None)
@@ -373,14 +380,15 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     from transformers import set_seed
 
     from ..curves import write_curves
-    from .callbacks import MarkCheckpoints, WallClockLimit
+    from .callbacks import MarkCheckpoints, WallClockLimit, start_checkpoints
 
     args, eval_limit = cap(args), cap_value("max_eval_samples", eval_limit)  # SHAREBERT_DOCS_CHECK=1: a few steps
     if args.loss not in EMBEDDING_LOSSES:
         raise ValueError(f"--loss {args.loss!r}: choose one of {', '.join(EMBEDDING_LOSSES)}")
     if args.init not in ("teacher", "random"):
         raise ValueError(f"--init {args.init!r}: choose teacher or random")
-    inputs = (teacher_dir, *([data] if data is not None else []), *(train or []))
+    inputs = (teacher_dir, *([data] if data is not None else []), *(train or []),
+              *([student] if Path(student).exists() else []))
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume, inputs=inputs)
     start_from = _resume_from(out, resume)  # nothing to resume: said now, before any work
     from ..recipe import read_recipe
@@ -409,10 +417,9 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         from .student_init import init_from_teacher
 
         init = init_from_teacher(model, teacher, projections.head if t_head is None else None)
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the teacher's passes (targets, terms) on the GPU
-    teacher.to(device)
+    teacher.to(training_device())  # the teacher's passes (targets, terms) on the GPU, where there is one
     if t_head is not None:
-        t_head.to(device)
+        t_head.to(training_device())
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings,
                   recipe.max_seq_length or args.seq_len)
     if manifest is not None:
@@ -438,8 +445,8 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     else:
         live = w.hidden or w.embedding or w.attention  # the teacher runs on each batch: vectors only for the fit
         if fit or not live:
-            targets = _teacher_targets(teacher, t_head, t_tok, sentences[:HEAD_FIT] if live else sentences,
-                                       pooling, seq_len, out, progress)
+            targets = _teacher_targets(teacher, teacher_dir, t_head, t_tok, sentences[:HEAD_FIT] if live else sentences,
+                                       pooling, seq_len, t_width, out, progress)
         if fit:
             fit_head(projections.head, encode(model, t_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len),
                      targets[:HEAD_FIT])
@@ -455,6 +462,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks])
     trainer.teacher_head = t_head
     trainer.bound_by(clock, args.max_steps, progress)
+    start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
     model = trainer.model.eval()
     metrics.update(steps=trainer.state.global_step, train_loss=result.training_loss,
