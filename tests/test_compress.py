@@ -444,7 +444,7 @@ def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_di
 
 def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     """`--overwrite` starts without the replaced run's checkpoints, so a later `--resume` continues the new run
-    (before: the older run's newest checkpoint, silently). A folder killed after the teacher's pass and before
+    (before: the older run's newest checkpoint, silently); a `--resume` on other sentences is refused. A folder killed after the teacher's pass and before
     its first checkpoint is recognised as a distillation's (before: refused as not one, even with --overwrite)."""
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
@@ -461,6 +461,9 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
                           resume=True, **kw)
     assert m["steps"] == 3
+    other = EmbeddingArgs(**{**args.__dict__, "max_steps": 5, "max_train_samples": 12})  # was: trained on it silently
+    with pytest.raises(ValueError, match="trained on 16 other sentences; resume on the same"):
+        distill_embedding(minilm_dir, "sharebert-tiny", out, args=other, resume=True, **kw)
 
     killed = tmp_path / "killed"
     killed.mkdir()

@@ -417,17 +417,23 @@ def _resume_from(out: Path, resume: bool) -> str | None:
 
 
 def check_same_data(checkpoint: Path, data: dict) -> None:
-    """Refuse to resume a task distillation on another training set than its checkpoint's (``--augment``, and the
-    seed that drew the copies); a checkpoint from before ``DATA_FILE`` was kept trained without copies."""
+    """Refuse to resume a distillation on another training set than its checkpoint's: a task distillation's
+    ``--augment`` and the seed that drew the copies (a checkpoint from before ``DATA_FILE`` was kept trained
+    without copies), an embedding distillation's sentences (count and hash; unchecked before it was kept)."""
     try:
         saved = read_json(checkpoint / DATA_FILE)
     except FileNotFoundError:
-        saved = {"augment": 0, "seed": data["seed"]}
+        saved = {"augment": 0, "seed": data["seed"]} if "augment" in data else dict(data)
     except (OSError, ValueError) as e:
         raise ValueError(f"{checkpoint / DATA_FILE} cannot be read ({first_line(e)})") from None
     if not isinstance(saved, dict):
         raise ValueError(f"{checkpoint / DATA_FILE} is not a JSON object")
-    if saved.get("augment", 0) != data["augment"] or (data["augment"] and saved.get("seed") != data["seed"]):
+    if "sentences_sha256" in data:
+        if saved.get("sentences_sha256") != data["sentences_sha256"]:
+            raise ValueError(f"--resume: {checkpoint} trained on {saved.get('sentences', '?')} other sentences; "
+                             f"resume on the same --train / --data and --max-train-samples (now {data['sentences']} "
+                             "sentences), or start again with --overwrite")
+    elif saved.get("augment", 0) != data["augment"] or (data["augment"] and saved.get("seed") != data["seed"]):
         raise ValueError(f"--resume: {checkpoint} trained with --augment {saved.get('augment', 0)} and --seed "
                          f"{saved.get('seed')}; resume with the same (now --augment {data['augment']}, --seed "
                          f"{data['seed']}), or start again with --overwrite")

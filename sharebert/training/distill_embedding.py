@@ -17,6 +17,8 @@ batch, so nothing grows with the corpus.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,9 +32,9 @@ from ..docs_check import cap, cap_value
 from ..model_folder import load_config, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
-from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_tokenizers, distill_losses, \
-    pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, _make_trainer_class, \
-    _maps, _resume_from, stream_training_args
+from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_same_data, check_tokenizers, \
+    distill_losses, pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, \
+    _make_trainer_class, _maps, _resume_from, stream_training_args
 from .depth import check_depth_sampling
 from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
@@ -308,8 +310,6 @@ def _teacher_targets(teacher, teacher_dir, head, tokenizer, sentences, pooling, 
                      progress: bool) -> np.ndarray:
     """The teacher's sentence vectors ``(N, width)``, kept in ``out`` under a key of the teacher's files
     (:func:`~.distill.teacher_fingerprint`), ``seq_len``, pooling and the sentences; a damaged file is recomputed."""
-    import hashlib
-
     key = hashlib.sha256("\n".join([*teacher_fingerprint(teacher_dir), str(seq_len), pooling, *sentences]).encode())
     path = out / f"{TARGETS_FILE}-{key.hexdigest()[:12]}.npy"
     if path.is_file():
@@ -427,6 +427,10 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     else:
         sentences = read_sentences(train or default_corpus(), args.max_train_samples)
         train_ds = SentenceDataset(t_tok, sentences, seq_len)
+    seen = "\n".join(sentences) if manifest is None else json.dumps(manifest, sort_keys=True, default=str)
+    trained_on = {"sentences": len(train_ds), "sentences_sha256": hashlib.sha256(seen.encode()).hexdigest()[:16]}
+    if start_from is not None:  # before the teacher's pass: --resume on other text is refused, not trained on
+        check_same_data(Path(start_from), trained_on)
     pooling = recipe.pooling
     score = lambda m, head, who: sts_spearman(m, t_tok, pooling, head, seq_len, eval_limit,  # noqa: E731
                                               who if progress else None) if score_sts else None
@@ -460,7 +464,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok,
         data_collator=_Collator(t_tok), teacher=teacher, projections=projections, weights=w,
         pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks])
-    trainer.teacher_head = t_head
+    trainer.teacher_head, trainer.data = t_head, trained_on
     trainer.bound_by(clock, args.max_steps, progress)
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
