@@ -471,3 +471,12 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
         (killed / f.name).write_bytes(f.read_bytes())
     m = distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, overwrite=True, **kw)
     assert m["steps"] == 2
+
+
+def test_distill_embedding_cli_scores_max_eval_samples_pairs(minilm_dir, tmp_path):
+    """`distill --objective embedding --max-eval-samples N` scores the first N STS-B dev pairs (was: ignored, all)."""
+    out = tmp_path / "s"
+    assert main(["distill", "--objective", "embedding", "--teacher", str(minilm_dir), "--student", "sharebert-tiny",
+                 "--set", "embedding_size=32", "--out", str(out), "--max-steps", "1", "--batch-size", "4",
+                 "--max-train-samples", "8", "--max-eval-samples", "20"]) == 0
+    assert json.loads((out / "metrics.json").read_text())["sts_dev_pairs"] == 20

@@ -137,7 +137,7 @@ def _run_embedding(args, dargs) -> int:
                           max_time=args.max_time)
     m = distill_embedding(args.teacher, args.student, args.out, args.train, eargs,
                           overrides=parse_overrides(args.overrides), overwrite=args.overwrite, resume=args.resume,
-                          data=args.data)
+                          data=args.data, eval_limit=args.max_eval_samples)  # STS-B dev pairs scored
     print(f"distilled {m['steps']} steps in {m['train_seconds']:.0f} s; STS-B dev Spearman: teacher "
           f"{m['teacher_sts_spearman']:.4f}, student at start {m['start_sts_spearman']:.4f}, after "
           f"{m['student_sts_spearman']:.4f}; student and metrics.json -> {args.out}")
