@@ -285,6 +285,8 @@ def bad_inputs(minilm_dir, tmp_path_factory):
                                                     "id2label": ["negative", "positive"]}))
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (listed / name).write_bytes((minilm_dir / name).read_bytes())
+    (root / "o20").mkdir()  # a user's folder holding a --train file
+    (root / "o20" / "corpus.txt").write_text("A man is playing a guitar.\n")
     from sharebert.build import build_model
 
     build_model("sharebert-tiny", root / "other_tok", {"hidden_size": 64, "num_hidden_layers": 2, "embedding_size": 16,
@@ -320,6 +322,13 @@ def bad_inputs(minilm_dir, tmp_path_factory):
       "--out", "{root}/other_tok", "--overwrite"], "is, or holds, the input {root}/other_tok"),  # was: replaced it
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
       "--out", "{root}/other_tok/inner"], "lies inside the input {root}/other_tok"),
+    (["distill", "--objective", "mlm", "--teacher", "{minilm}", "--student", "sharebert-tiny", "--hidden-weight", "1",
+      "--train", "{root}/o20/corpus.txt", "--out", "{root}/o20", "--overwrite"],
+     "is, or holds, the input {root}/o20/corpus.txt"),  # was: trained, and its checkpoints folder wiped
+    (["distill", "--objective", "mlm", "--teacher", "{minilm}", "--student", "{root}/other_tok", "--hidden-weight", "1",
+      "--train", "{root}/o20/corpus.txt", "--out", "{root}/other_tok/x"], "lies inside the input {root}/other_tok"),
+    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
+      "--max-eval-samples", "1", "--out", "{root}/o21"], "needs at least 2 STS-B dev pairs"),  # was: internal error
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
       "--set", "vocab_size=100", "--out", "{root}/o9"], "takes the teacher's vocabulary"),
     (["distill", "--objective", "glue", "--task", "sst2", "--teacher", "{minilm}", "--student", "sharebert-tiny",
@@ -426,9 +435,9 @@ def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_di
 
     first = vectors()
     (cached,) = out.glob("teacher_targets-*.npy")
-    for damage in (cached.read_bytes()[:200], b"not an array", None):
-        if damage is None:
-            np.save(cached, np.ones((4, 10), dtype=np.float32))
+    for damage in (cached.read_bytes()[:200], b"not an array", (4, 10), np.int64, "U1"):
+        if not isinstance(damage, bytes):  # another width; integers or strings of the right shape
+            np.save(cached, np.ones(damage, dtype=np.float32) if isinstance(damage, tuple) else np.ones((4, 384), damage))
         else:
             cached.write_bytes(damage)
         again = vectors()
@@ -480,3 +489,57 @@ def test_distill_embedding_cli_scores_max_eval_samples_pairs(minilm_dir, tmp_pat
                  "--set", "embedding_size=32", "--out", str(out), "--max-steps", "1", "--batch-size", "4",
                  "--max-train-samples", "8", "--max-eval-samples", "20"]) == 0
     assert json.loads((out / "metrics.json").read_text())["sts_dev_pairs"] == 20
+
+
+def test_start_checkpoints_removes_only_its_own_folders(tmp_path):
+    """A run that does not resume clears the checkpoints a replaced run left, and nothing else: a user's files,
+    folders and links there stay, a link's target is never entered, a linked checkpoints folder is left alone."""
+    from sharebert.training.callbacks import start_checkpoints
+
+    ckpts, elsewhere = tmp_path / "out" / "checkpoints", tmp_path / "elsewhere"
+    for name in ("checkpoint-3", "incomplete-checkpoint-4", "corrupt-checkpoint-5", "notes", "checkpoint-x"):
+        (ckpts / name).mkdir(parents=True)
+    (ckpts / "mywork.txt").write_text("precious")
+    (elsewhere / "checkpoint-9").mkdir(parents=True)
+    (ckpts / "checkpoint-8").symlink_to(elsewhere / "checkpoint-9")
+    start_checkpoints(ckpts, start_from=str(ckpts / "checkpoint-3"))  # a resume keeps them all
+    assert len(list(ckpts.iterdir())) == 7
+    start_checkpoints(ckpts, start_from=None)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["checkpoint-8", "checkpoint-x", "mywork.txt", "notes"]
+    assert (elsewhere / "checkpoint-9").is_dir()
+    linked = tmp_path / "linked" / "checkpoints"
+    linked.parent.mkdir()
+    linked.symlink_to(elsewhere)
+    start_checkpoints(linked, start_from=None)
+    assert (elsewhere / "checkpoint-9").is_dir()
+
+
+def test_teacher_fingerprint_covers_shards_and_named_modules(tmp_path):
+    """Sharded weights (and their index) and a Dense module that modules.json names at any depth are part of the
+    caches' key (were not: a changed sharded or nested-module teacher reused stale vectors); an unrelated deep
+    file is not read. An embedding checkpoint is not resumed as a task distillation's."""
+    from sharebert.training.distill import check_same_data, teacher_fingerprint
+
+    t = tmp_path / "t"
+    (t / "modules" / "2_Dense").mkdir(parents=True)
+    (t / "data" / "big").mkdir(parents=True)
+    files = {"config.json": "{}", "model-00001-of-00002.safetensors": "a", "model-00002-of-00002.safetensors": "b",
+             "model.safetensors.index.json": "{}", "modules/2_Dense/model.safetensors": "d",
+             "modules.json": json.dumps([{"path": ""}, {"path": "modules/2_Dense"}]), "data/big/train.bin": "x"}
+    for name, text in files.items():
+        (t / name).write_text(text)
+    first = teacher_fingerprint(t)
+    assert not any(p.startswith("data/") for p in first)
+    for name in ("model-00002-of-00002.safetensors", "modules/2_Dense/model.safetensors", "model.safetensors.index.json"):
+        (t / name).write_text("changed")
+        assert teacher_fingerprint(t) != first, name
+        (t / name).write_text(files[name])
+    assert teacher_fingerprint(t) == first
+    (t / "data" / "big" / "train.bin").write_text("other")
+    assert teacher_fingerprint(t) == first
+
+    ckpt = tmp_path / "checkpoint-2"
+    ckpt.mkdir()
+    (ckpt / "distill_data.json").write_text(json.dumps({"sentences": 16, "sentences_sha256": "ab"}))
+    with pytest.raises(ValueError, match="is an embedding distillation's checkpoint"):
+        check_same_data(ckpt, {"augment": 0, "seed": 0})

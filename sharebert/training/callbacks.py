@@ -164,9 +164,14 @@ def resume_from(folder: str | Path, resume: bool, say=print) -> Path | None:
 def start_checkpoints(folder: str | Path, start_from) -> None:
     """Just before training: a run that does not resume (``start_from`` None) starts with no checkpoint of an
     earlier run in ``folder`` (left by the run ``--overwrite`` replaces), else a later ``--resume`` would
-    continue the older run."""
-    if start_from is None:
-        shutil.rmtree(folder, ignore_errors=True)
+    continue the older run. Only our own folders go (``checkpoint-N``, ``incomplete-`` / ``corrupt-checkpoint-N``,
+    real folders, not links); anything else there stays, and a ``folder`` that is a link is left alone."""
+    folder = Path(folder)
+    if start_from is not None or folder.is_symlink() or not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        if re.fullmatch(r"(incomplete-|corrupt-)?checkpoint-\d+", path.name) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
 
 
 class TimedSaves(TrainerCallback):

@@ -207,16 +207,34 @@ def check_teacher_labels(teacher_dir, config, task: GlueTask) -> None:
 def training_device() -> str:
     """Where this process trains: its own GPU (``LOCAL_RANK`` under torchrun) where CUDA is available, else the
     CPU. The teacher goes there, beside the student the Trainer places."""
-    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"
+    rank = os.environ.get("LOCAL_RANK", "0")
+    return f"cuda:{rank}" if rank.isdigit() else "cuda"
 
 
 def teacher_fingerprint(teacher_dir) -> list[str]:
-    """``name:sha256`` of each file that makes a teacher's outputs, the caches' view of it: config, weights,
-    tokenizer files, and a sentence-transformers folder's modules (``modules.json``, ``2_Dense/...``)."""
+    """``name:sha256`` of each file that makes a teacher's outputs, the caches' view of it: its config, weights
+    (shards and their index too), tokenizer files, and the files of each sentence-transformers module that
+    ``modules.json`` names (``2_Dense/...``, at any depth)."""
     d = Path(teacher_dir)
-    files = [d / f for f in ("config.json", "model.safetensors", "pytorch_model.bin", *TOKENIZER_FILES, "modules.json")]
-    files += sorted(p for p in d.glob("*/*") if p.suffix in (".json", ".safetensors", ".bin"))
-    return [f"{p.relative_to(d)}:{sha256(p)}" for p in files if p.is_file()]
+    files = sorted(p for p in d.iterdir() if p.suffix in (".json", ".safetensors", ".bin", ".txt", ".model"))
+    try:
+        modules = read_json(d / "modules.json") if (d / "modules.json").is_file() else []
+    except ValueError:
+        modules = []  # the recipe reader names a bad modules.json; here it only adds nothing
+    for module in modules if isinstance(modules, list) else []:
+        folder = d / str(module.get("path", "")) if isinstance(module, dict) and module.get("path") else None
+        if folder is not None and folder.is_dir() and folder.resolve() != d.resolve():
+            files += sorted(p for p in folder.iterdir() if p.suffix in (".json", ".safetensors", ".bin"))
+    parts = []
+    for p in files:
+        if p.is_file():
+            try:
+                parts.append(f"{p.relative_to(d)}:{sha256(p)}")
+            except OSError as e:
+                raise ValueError(f"{p} cannot be read: {first_line(e)}") from None
+    return parts
 
 
 def load_teacher(teacher_dir, head: str = "classifier"):
@@ -428,6 +446,9 @@ def check_same_data(checkpoint: Path, data: dict) -> None:
         raise ValueError(f"{checkpoint / DATA_FILE} cannot be read ({first_line(e)})") from None
     if not isinstance(saved, dict):
         raise ValueError(f"{checkpoint / DATA_FILE} is not a JSON object")
+    if "sentences_sha256" in saved and "sentences_sha256" not in data:
+        raise ValueError(f"--resume: {checkpoint} is an embedding distillation's checkpoint; resume it with "
+                         "--objective embedding, or start again with --overwrite")
     if "sentences_sha256" in data:
         if saved.get("sentences_sha256") != data["sentences_sha256"]:
             raise ValueError(f"--resume: {checkpoint} trained on {saved.get('sentences', '?')} other sentences; "
@@ -627,7 +648,8 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     from .corpus import PackedDataset, encode_sources, pack
 
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
-                        inputs=(teacher_dir, *([data] if data is not None else [])))
+                        inputs=(teacher_dir, *([data] if data is not None else []), *(train or []),
+                                *([student] if Path(student).exists() else [])))
     start_from = _resume_from(out, resume)
     t_config = load_config(teacher_dir)
     t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))

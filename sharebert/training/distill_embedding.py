@@ -317,7 +317,8 @@ def _teacher_targets(teacher, teacher_dir, head, tokenizer, sentences, pooling, 
             cached = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError):  # truncated or not an array: recomputed and replaced below
             cached = None
-        if cached is not None and cached.shape == (len(sentences), width) and np.isfinite(cached).all():
+        if (cached is not None and cached.dtype.kind == "f" and cached.shape == (len(sentences), width)
+                and np.isfinite(cached).all()):
             return cached
     t = encode(teacher, tokenizer, sentences, pooling, head, seq_len=seq_len,
                desc=f"teacher over {len(sentences):,} training sentences" if progress else None)
@@ -383,6 +384,9 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     from .callbacks import MarkCheckpoints, WallClockLimit, start_checkpoints
 
     args, eval_limit = cap(args), cap_value("max_eval_samples", eval_limit)  # SHAREBERT_DOCS_CHECK=1: a few steps
+    if score_sts and eval_limit is not None and eval_limit < 2:
+        raise ValueError(f"a Spearman correlation needs at least 2 STS-B dev pairs; --max-eval-samples / --eval-limit "
+                         f"is {eval_limit}")
     if args.loss not in EMBEDDING_LOSSES:
         raise ValueError(f"--loss {args.loss!r}: choose one of {', '.join(EMBEDDING_LOSSES)}")
     if args.init not in ("teacher", "random"):
@@ -427,8 +431,9 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     else:
         sentences = read_sentences(train or default_corpus(), args.max_train_samples)
         train_ds = SentenceDataset(t_tok, sentences, seq_len)
-    seen = "\n".join(sentences) if manifest is None else json.dumps(manifest, sort_keys=True, default=str)
-    trained_on = {"sentences": len(train_ds), "sentences_sha256": hashlib.sha256(seen.encode()).hexdigest()[:16]}
+    seen = "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{seq_len}"
+    trained_on = {"sentences": len(train_ds),
+                  "sentences_sha256": hashlib.sha256(f"{len(train_ds)}|{seen}".encode()).hexdigest()[:16]}
     if start_from is not None:  # before the teacher's pass: --resume on other text is refused, not trained on
         check_same_data(Path(start_from), trained_on)
     pooling = recipe.pooling
