@@ -285,6 +285,8 @@ def bad_inputs(minilm_dir, tmp_path_factory):
                                                     "id2label": ["negative", "positive"]}))
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (listed / name).write_bytes((minilm_dir / name).read_bytes())
+    (root / "o22" / "general").mkdir(parents=True)  # a user's folder with a subfolder named like a compress phase
+    (root / "o22" / "general" / "mywork.txt").write_text("precious")
     (root / "o20").mkdir()  # a user's folder holding a --train file
     (root / "o20" / "corpus.txt").write_text("A man is playing a guitar.\n")
     from sharebert.build import build_model
@@ -329,6 +331,8 @@ def bad_inputs(minilm_dir, tmp_path_factory):
       "--train", "{root}/o20/corpus.txt", "--out", "{root}/other_tok/x"], "lies inside the input {root}/other_tok"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
       "--max-eval-samples", "1", "--out", "{root}/o21"], "needs at least 2 STS-B dev pairs"),  # was: internal error
+    (["compress", "{root}/finetuned_sst2", "--out", "{root}/o22", "--resume"],  # was: general/ deleted, exit 0
+     "o22/general is a non-empty folder that is not a distillation result"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
       "--set", "vocab_size=100", "--out", "{root}/o9"], "takes the teacher's vocabulary"),
     (["distill", "--objective", "glue", "--task", "sst2", "--teacher", "{minilm}", "--student", "sharebert-tiny",

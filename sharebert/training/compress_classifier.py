@@ -48,14 +48,12 @@ def _evaluate_at_stop(stopper):
 
 
 def _resumable(phase: Path) -> bool:
-    """Whether a stopped phase left a checkpoint to continue from; without one its folder is cleared (a phase
-    stopped before its first save starts afresh)."""
+    """Whether a stopped phase left a checkpoint to continue from. Without one the phase starts afresh over its
+    folder (``overwrite``), which the distillation takes only if it is a distillation's: a folder of the user's
+    that happens to be named like a phase is refused, never cleared."""
     from .callbacks import latest_checkpoint
 
-    if latest_checkpoint(phase / "checkpoints") is not None:
-        return True
-    shutil.rmtree(phase, ignore_errors=True)
-    return False
+    return latest_checkpoint(phase / "checkpoints") is not None
 
 
 def _recorded_task(teacher: Path):
@@ -187,8 +185,9 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     stopped = lambda: stopper is not None and stopper.received is not None  # noqa: E731
     if "general" not in phases:
         say(f"phase 1/2, general distillation (the teacher's pooled states on unlabelled text) -> {general}")
-        m = distill_embedding(teacher, "sharebert-tiny", general, train, args, overrides=overrides, overwrite=overwrite,
-                              resume=_resumable(general), progress=progress,
+        again = _resumable(general)
+        m = distill_embedding(teacher, "sharebert-tiny", general, train, args, overrides=overrides,
+                              overwrite=overwrite or not again, resume=again, progress=progress,
                               callbacks=(stopper,) if stopper is not None else (), score_sts=False)
         if stopped():
             return {"stopped": True, "phase": "general", "steps": m["steps"]}
@@ -200,8 +199,9 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
         say(f"phase 2/2, task distillation on {task_.name} (soft targets and gold labels) -> {student}")
         clock = WallClockLimit(args.max_time) if args.max_time else None
         t_args = replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS))
-        m = distill_glue(teacher, str(general), task_.name, student, data_dir, t_args, overwrite=overwrite,
-                         resume=_resumable(student), keep_checkpoints=True, progress=progress,
+        again = _resumable(student)
+        m = distill_glue(teacher, str(general), task_.name, student, data_dir, t_args, overwrite=overwrite or not again,
+                         resume=again, keep_checkpoints=True, progress=progress,
                          cache_teacher=out / "teacher_logits", clock=clock,
                          callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None])
         if stopped():
