@@ -106,13 +106,14 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
                         inputs=(model_dir, data_dir))
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before the model loads
         task_file(task_, data_dir, split)
-    start_from = resume_from(out / "checkpoints", resume)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     created = not out.exists()
     if rank0:
         out.mkdir(parents=True, exist_ok=True)
     try:
         with OutLock(out, "finetune") if rank0 else contextlib.nullcontext():
+            # under the lock: a run still saving there is never taken for an interrupted one (its checkpoint set aside)
+            start_from = resume_from(out / "checkpoints", resume)
             return _finetune(model_dir, task_, out, data_dir, args, keep_checkpoints, progress, start_from)
     except (ValueError, FileNotFoundError):
         if created and rank0 and not (out / "checkpoints").exists():
