@@ -47,6 +47,7 @@ from .progress import no_bars, show_progress
 
 PROJECTIONS_FILE = "distill_projections.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")  # in the cache key
+TARGETS_FILE = "teacher_targets"  # an embedding distillation's teacher vectors: -<key>.npy in its --out
 DATA_FILE = "distill_data.json"  # in each checkpoint of a task distillation: how its training set was augmented
 
 
@@ -422,8 +423,6 @@ def _make_trainer_class():
 def _is_distill_out(path: Path) -> bool:
     """A distillation's folder: its result, its checkpoints, or (killed before its first checkpoint) the
     teacher's vectors an embedding distillation computed first."""
-    from .distill_embedding import TARGETS_FILE
-
     return ((path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
             or any(path.glob(f"{TARGETS_FILE}-*.npy")))
 

@@ -34,12 +34,11 @@ from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_same_data, check_tokenizers, \
     distill_losses, pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, \
-    _make_trainer_class, _maps, _resume_from, stream_training_args
+    TARGETS_FILE, _make_trainer_class, _maps, _resume_from, stream_training_args
 from .depth import check_depth_sampling
 from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
 POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
-TARGETS_FILE = "teacher_targets"  # -<sha256 of teacher, length, pooling, sentences>.npy
 HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
