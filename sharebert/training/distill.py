@@ -46,9 +46,8 @@ from .options import DistillArgs, DistillWeights
 from .progress import no_bars, show_progress
 
 PROJECTIONS_FILE = "distill_projections.safetensors"
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")  # in the cache key
 TARGETS_FILE = "teacher_targets"  # an embedding distillation's teacher vectors: -<key>.npy in its --out
-DATA_FILE = "distill_data.json"  # in each checkpoint of a task distillation: how its training set was augmented
+DATA_FILE = "distill_data.json"  # in each checkpoint: what it trained on (check_same_data)
 
 
 def layer_map(student_layers: int, teacher_layers: int, given=None) -> tuple[tuple[int, int], ...]:
@@ -261,7 +260,7 @@ def load_teacher(teacher_dir, head: str = "classifier"):
 def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True,
                    variant: str = ""):
     """The teacher's logits on ``ds`` (N, labels); with ``cache_dir`` read from / written to
-    ``<cache_dir>/<key>.npy``, the key hashing the teacher's config, weights and tokenizer files, the split file,
+    ``<cache_dir>/<key>.npy``, the key hashing the teacher's files (:func:`teacher_fingerprint`), the split file,
     ``seq_len`` and ``variant`` (how the split was augmented; "" for none)."""
     import numpy as np
 
@@ -316,7 +315,7 @@ def _make_trainer_class():
             self.regression, self.mlm = regression, mlm
             self._parts: dict[str, float] = {}
 
-        data = None  # a task distillation's ``{"augment", "seed"}``, kept in each checkpoint (``DATA_FILE``)
+        data = None  # what the run trains on (``check_same_data``), kept in each checkpoint (``DATA_FILE``)
 
         clock = None  # a ``WallClockLimit`` when training is bounded by time only: the learning rate follows it
 

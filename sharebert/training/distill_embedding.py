@@ -420,9 +420,10 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         from .student_init import init_from_teacher
 
         init = init_from_teacher(model, teacher, projections.head if t_head is None else None)
-    teacher.to(training_device())  # the teacher's passes (targets, terms) on the GPU, where there is one
+    device = training_device()  # the teacher's passes (targets, terms) on the GPU, where there is one
+    teacher.to(device)
     if t_head is not None:
-        t_head.to(training_device())
+        t_head.to(device)
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings,
                   recipe.max_seq_length or args.seq_len)
     if manifest is not None:
