@@ -93,6 +93,24 @@ def recipe_head(model_dir, recipe) -> nn.Module | None:
     return nn.Sequential(*layers).requires_grad_(False).eval() if layers else None
 
 
+def load_student_head(student_dir, head: nn.Linear, pooling: str) -> bool:
+    """Copy a student folder's own output projection (one Dense module without activation, the shape of
+    ``head``, after the same ``pooling`` as the teacher's) into ``head``, so a student distilled further keeps
+    the head it was trained with; False (the head is then fitted afresh) where the folder has no such head."""
+    from ..recipe import ACTIVATIONS, read_dense_weights, read_recipe
+
+    recipe = read_recipe(student_dir)
+    dense = recipe.dense
+    if recipe.pooling != pooling or len(dense) != 1 or ACTIVATIONS[dense[0].activation] != "Identity" or not dense[0].bias \
+            or (dense[0].in_features, dense[0].out_features) != (head.in_features, head.out_features):
+        return False
+    w, b = read_dense_weights(student_dir, dense[0])
+    with torch.no_grad():
+        head.weight.copy_(torch.from_numpy(w))
+        head.bias.copy_(torch.from_numpy(b))
+    return True
+
+
 def load_encoder(model_dir):
     """The backbone of any BERT-family or sharebert folder (``AutoModel``), eval mode, no gradients, eager
     attention (attention maps for the token-level terms), on the CPU (``distill_embedding`` moves it to the
@@ -444,8 +462,13 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                "train_sentences": len(train_ds), "sts_dev_pairs": eval_limit or "all",
                **({"train_data": str(data)} if data is not None else {})}
     metrics["teacher_sts_spearman"] = score(teacher, t_head, "teacher")
-    # fitted on a resume too (the checkpoint then replaces it): the step-0 score is the run's, not a random head's
-    fit = projections.head is not None and args.init == "teacher"
+    # a student folder keeps its own head; otherwise fitted, on a resume too (the checkpoint then replaces it):
+    # the step-0 score is the run's, not a random head's
+    kept = (projections.head is not None and Path(student).exists()
+            and load_student_head(student, projections.head, recipe.pooling))
+    if kept:
+        metrics["head"] = "the student's own"
+    fit = projections.head is not None and args.init == "teacher" and not kept
     if manifest is not None:  # the teacher runs on each batch; the head is fitted on the first blocks
         if fit:
             n = min(HEAD_FIT, len(train_ds))
