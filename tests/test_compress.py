@@ -505,7 +505,9 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     killed.mkdir()
     for f in out.glob("teacher_targets-*.npy"):
         (killed / f.name).write_bytes(f.read_bytes())
-    m = distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, overwrite=True, **kw)
+    with pytest.raises(ValueError, match="no complete checkpoint to continue from; start it again with --overwrite"):
+        distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, resume=True, **kw)  # was: "run without
+    m = distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, overwrite=True, **kw)  # --resume", refused
     assert m["steps"] == 2
 
 
@@ -516,6 +518,8 @@ def test_distill_embedding_cli_scores_max_eval_samples_pairs(minilm_dir, tmp_pat
                  "--set", "embedding_size=32", "--out", str(out), "--max-steps", "1", "--batch-size", "4",
                  "--max-train-samples", "8", "--max-eval-samples", "20"]) == 0
     assert json.loads((out / "metrics.json").read_text())["sts_dev_pairs"] == 20
+    from sharebert.training.distill_embedding import sts_dev
+    assert len(sts_dev(10**6).labels) == len(sts_dev().labels) == 1500  # the count scored (was: the limit asked)
 
 
 def test_start_checkpoints_removes_only_its_own_folders(tmp_path):

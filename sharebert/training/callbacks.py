@@ -155,8 +155,10 @@ def resume_from(folder: str | Path, resume: bool, say=print) -> Path | None:
         return None
     found = resume_checkpoint(folder, say) if Path(folder).is_dir() else None
     if found is None:
-        raise ValueError(f"--resume: {Path(folder).parent} holds no complete checkpoint to continue from; "
-                         "run without --resume to start")
+        out = Path(folder).parent
+        start = ("start it again with --overwrite instead of --resume" if out.is_dir() and any(out.iterdir())
+                 else "run without --resume to start")
+        raise ValueError(f"--resume: {out} holds no complete checkpoint to continue from; {start}")
     say(f"resuming from {found}")
     return found
 

@@ -77,11 +77,10 @@ def artifact_spearman(artifact: Path, limit: int | None = None) -> float:
     import numpy as np
 
     from ..deploy import Runtime
-    from ..paths import data_path
-    from .glue import read_split
+    from .distill_embedding import sts_dev
     from .metrics import cosine_spearman
 
-    split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(limit)
+    split = sts_dev(limit)
     rt = Runtime(artifact)
     return cosine_spearman(np.stack(rt.embed(split.text_a)), np.stack(rt.embed(split.text_b)), split.labels)
 
@@ -198,7 +197,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
                     "sts_spearman": art_rho, "quantization": s_manifest.get("quantization"), **s_probe},
         "training": {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "loss", "init",
                                        "stopped_by_time", "seq_len")},
-        "sts_dev_pairs": eval_limit or 1500, "limits": {k: v for k, v in limits.items() if v is not None},
+        "sts_dev_pairs": m["sts_dev_pairs"], "limits": {k: v for k, v in limits.items() if v is not None},
         "quality": {"label": "STS-B dev Spearman", "key": "sts_spearman"},
     }
     tr = report["training"]

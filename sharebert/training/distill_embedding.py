@@ -249,14 +249,20 @@ def encode(model, tokenizer, sentences: list[str], pooling: str, head=None, seq_
     return np.stack(out)
 
 
+def sts_dev(limit: int | None = None):
+    """The STS-B dev pairs every sentence-embedding score here is on: the first ``limit`` (all 1,500 without)."""
+    from .glue import read_split
+
+    return read_split("stsb", data_path("glue", "STS-B"), "dev").head(limit)
+
+
 def sts_spearman(model, tokenizer, pooling: str, head=None, seq_len: int = 128, limit: int | None = None,
                  desc: str | None = None) -> float:
-    """Spearman correlation of cosine similarities with the gold scores on STS-B dev (first ``limit`` pairs);
-    ``desc``: show progress under that name."""
-    from .glue import read_split
+    """Spearman correlation of cosine similarities with the gold scores on :func:`sts_dev` (first ``limit``
+    pairs); ``desc``: show progress under that name."""
     from .metrics import cosine_spearman
 
-    split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(limit)
+    split = sts_dev(limit)
     a, b = (encode(model, tokenizer, texts, pooling, head, seq_len, desc=desc and f"{desc} (STS-B dev, {side})")
             for side, texts in (("first", split.text_a), ("second", split.text_b)))
     return cosine_spearman(a, b, split.labels)
@@ -459,7 +465,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                                               who if progress else None) if score_sts else None
     metrics = {"objective": "embedding", "loss": args.loss, "pooling": pooling, "normalize": recipe.normalize,
                "teacher_dir": str(teacher_dir), "student": student, **init, "seq_len": seq_len,
-               "train_sentences": len(train_ds), "sts_dev_pairs": eval_limit or "all",
+               "train_sentences": len(train_ds), "sts_dev_pairs": len(sts_dev(eval_limit).labels) if score_sts else None,
                **({"train_data": str(data)} if data is not None else {})}
     metrics["teacher_sts_spearman"] = score(teacher, t_head, "teacher")
     # a student folder keeps its own head; otherwise fitted, on a resume too (the checkpoint then replaces it):
