@@ -53,6 +53,7 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         mlm_logits_in_training: str = "all",
         train_min_depth: int | None = None,
         classifier_dropout: float | None = None,
+        classifier_pooling: str = "cls",
         pad_token_id: int = 0,
         use_cache: bool = True,
         **kwargs,
@@ -84,6 +85,7 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         self.mlm_logits_in_training = mlm_logits_in_training
         self.train_min_depth = train_min_depth
         self.classifier_dropout = classifier_dropout
+        self.classifier_pooling = classifier_pooling
         self.use_cache = use_cache  # causal LM generation keeps a key/value cache
         self.validate()
 

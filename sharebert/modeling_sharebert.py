@@ -484,13 +484,36 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         return res if return_dict else res.to_tuple()
 
 
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Pooled sentence vectors ``(B, H)`` from token states ``(B, T, H)`` and the attention mask ``(B, T)``."""
+    if mode == "cls":
+        return hidden[:, 0]
+    m = mask.to(hidden.dtype).unsqueeze(-1)
+    if mode == "max":
+        return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
+    if mode == "mean":
+        return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
+    raise ValueError(f"pooling {mode!r} is not supported (mean, cls, max)")
+
+
+def sequence_vector(out, attention_mask, pooling: str) -> torch.Tensor:
+    """What a sequence classifier reads ``(B, H)``: the pooler's output where the backbone has one, else
+    ``pool`` of the last token states (``classifier_pooling``)."""
+    if out.pooler_output is not None:
+        return out.pooler_output
+    hidden = out.last_hidden_state
+    mask = attention_mask if attention_mask is not None else torch.ones(hidden.shape[:2], device=hidden.device)
+    return pool(hidden, mask.to(hidden.device), pooling)
+
+
 class ShareBertForSequenceClassification(ShareBertPreTrainedModel):
-    """Classifier on the pooled [CLS] vector; regression (MSE) when ``num_labels == 1``."""
+    """Classifier on the pooled [CLS] vector, or on the mean of the token states (``classifier_pooling="mean"``,
+    no pooler: a student distilled to a mean-pooled sentence embedding); regression (MSE) when ``num_labels == 1``."""
 
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.sharebert = ShareBertModel(config)
+        self.sharebert = ShareBertModel(config, add_pooling_layer=config.classifier_pooling == "cls")
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
@@ -501,7 +524,7 @@ class ShareBertForSequenceClassification(ShareBertPreTrainedModel):
         return_dict = self.config.use_return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
                              output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
-        pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+        pooled = sequence_vector(out, attention_mask, self.config.classifier_pooling)
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
@@ -573,7 +596,7 @@ class ShareBertForMultipleChoice(ShareBertPreTrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
-        self.sharebert = ShareBertModel(config)
+        self.sharebert = ShareBertModel(config, add_pooling_layer=config.classifier_pooling == "cls")
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, 1)
@@ -591,7 +614,7 @@ class ShareBertForMultipleChoice(ShareBertPreTrainedModel):
         out = self.sharebert(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(inputs_embeds),
                              output_attentions, output_hidden_states, return_dict=True, position_ids=flat(position_ids),
                              head_mask=head_mask, depth=depth)
-        pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+        pooled = sequence_vector(out, flat(attention_mask), self.config.classifier_pooling)
         logits = self.classifier(self.dropout(pooled)).view(-1, choices)
         loss = F.cross_entropy(logits, labels.view(-1)) if labels is not None else None
         res = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)

@@ -115,6 +115,7 @@ DEFAULTS = dict(
     mlm_logits_in_training="all",
     train_min_depth=None,  # training only: each training forward runs a depth drawn from train_min_depth..N
     classifier_dropout=None,
+    classifier_pooling="cls",  # what the sequence classifier reads: [CLS] (through the pooler, if any) or the mean
     pad_token_id=0,
 )
 
@@ -133,7 +134,7 @@ CONFIG_FIELDS = frozenset(DEFAULTS) | {key for fields in PRESETS.values() for ke
 # The string fields and their allowed values (``"none"`` is a value here, not Python's None).
 CHOICES = {"sharing": SHARING, "attention": ATTENTION, "pooler": POOLER, "mlm_head": MLM_HEADS,
            "mlm_logits_in_training": ("masked", "all"), "norm_position": ("pre", "post"),
-           "pooler_activation": ("tanh", "none")}
+           "pooler_activation": ("tanh", "none"), "classifier_pooling": ("cls", "mean")}
 
 
 def parse_overrides(items: list[str] | None) -> dict:

@@ -18,6 +18,7 @@ from sharebert.cli import main
      ["column budget exceeded", "short by", "veps"]),
     (dict(sharing="none", pooler="generated"), ["pooler='generated' needs sharing"]),
     (dict(sharing="veps", embedding_size=None), ["embedding_size smaller than hidden_size"]),
+    (dict(classifier_pooling="avg"), ["classifier_pooling='avg' is not one of cls, mean"]),
 ])
 def test_invalid_configs_fail_at_build_time_with_the_fix(kwargs, words):
     with pytest.raises(ValueError) as e:

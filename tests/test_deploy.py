@@ -44,15 +44,18 @@ def mlm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory):
     """(model folder, text-classification artifact) with three named labels."""
+    return _classifier(tmp_path_factory.mktemp("cls"))
+
+
+def _classifier(root, **overrides):
     from sharebert import ShareBertForSequenceClassification
     from sharebert.build import config_for_vocab
     from sharebert.paths import default_vocab
     from sharebert.tokenization import hf_tokenizer
 
-    root = tmp_path_factory.mktemp("cls")
     tokenizer = hf_tokenizer(default_vocab())
     config = config_for_vocab("sharebert-tiny", {**TINY, "num_labels": 3, "id2label": {0: "neg", 1: "neu", 2: "pos"},
-                                                 "label2id": {"neg": 0, "neu": 1, "pos": 2}}, len(tokenizer))
+                                                 "label2id": {"neg": 0, "neu": 1, "pos": 2}, **overrides}, len(tokenizer))
     torch.manual_seed(0)
     model = ShareBertForSequenceClassification(config)
     with torch.no_grad():  # a classifier head large enough that the three probabilities differ visibly
@@ -191,6 +194,18 @@ def test_classify_matches_pytorch_and_accepts_empty(classifier):
         assert p["label"] == ["neg", "neu", "pos"][int(ref.argmax())]
     with pytest.raises(ValueError, match="task is 'text-classification'"):
         rt.fill_mask(texts)
+
+
+def test_a_mean_pooling_classifier_artifact_matches_pytorch_on_padded_batches(tmp_path):
+    """`classifier_pooling="mean"` is in the exported graph: one batch of sentences of different lengths (padded
+    by the runtime) gives PyTorch's probabilities, each sentence as it gives alone."""
+    model_dir, artifact = _classifier(tmp_path, classifier_pooling="mean", pooler="none")
+    texts = ["a charming movie", "dull , tedious and far too long for what it has to say", "fine"]
+    batch = Runtime(artifact, threads=1).classify(texts)
+    for i, text in enumerate(texts):
+        logits, _ = _torch_logits(model_dir, [text], head="cls")
+        ref = torch.softmax(torch.from_numpy(logits), -1).numpy()[0]
+        assert np.abs(np.array(list(batch[i]["scores"].values())) - ref).max() <= 1e-5  # NaN fails
 
 
 def test_concurrent_threads_get_the_sequential_answers(classifier):

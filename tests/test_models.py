@@ -195,6 +195,27 @@ def test_regression_when_one_label():
     assert model.config.problem_type == "regression"
 
 
+def test_mean_pooling_classifier_reads_the_mean_of_the_unpadded_token_states():
+    """``classifier_pooling="mean"``: logits = classifier(mean of the real tokens' last states); no pooler is built,
+    and padding a sentence further leaves its logits unchanged (the mask keeps pads out of the mean)."""
+    torch.manual_seed(0)
+    model = ShareBertForSequenceClassification(tiny(num_labels=2, classifier_pooling="mean")).eval()
+    assert not model.sharebert.has_pooler
+    ids, mask = batch(pad=4)
+    with torch.no_grad():
+        hidden = model.sharebert(ids, mask).last_hidden_state
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        m = mask.unsqueeze(-1).float()
+        torch.testing.assert_close(logits, model.classifier((hidden * m).sum(1) / m.sum(1)))
+        longer = model(input_ids=torch.cat([ids, ids[:, :5]], 1),
+                       attention_mask=torch.cat([mask, torch.zeros(2, 5, dtype=mask.dtype)], 1)).logits
+    torch.testing.assert_close(longer, logits, atol=1e-5, rtol=0)
+    cls = ShareBertForSequenceClassification(tiny(num_labels=2, pooler="none")).eval()
+    with torch.no_grad():  # the default reads [CLS]
+        torch.testing.assert_close(cls(input_ids=ids, attention_mask=mask).logits,
+                                   cls.classifier(cls.sharebert(ids, mask).last_hidden_state[:, 0]))
+
+
 def test_causal_lm_does_not_look_ahead():
     model = ShareBertForCausalLM(tiny()).eval()
     ids, _ = batch(B=1)

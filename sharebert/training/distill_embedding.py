@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..docs_check import cap, cap_value
+from ..modeling_sharebert import pool
 from ..model_folder import load_config, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
@@ -50,18 +51,6 @@ class EmbeddingArgs(DistillArgs):
     loss: str = EMBEDDING_LOSS
     init: str = "teacher"  # or "random"
     max_time: float | None = None  # seconds of training (a checkpoint, then the student is saved)
-
-
-def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """Pooled sentence vectors ``(B, H)`` from token states ``(B, T, H)`` and the attention mask ``(B, T)``."""
-    if mode == "cls":
-        return hidden[:, 0]
-    m = mask.to(hidden.dtype).unsqueeze(-1)
-    if mode == "max":
-        return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
-    if mode == "mean":
-        return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
-    raise ValueError(f"pooling {mode!r} is not supported (mean, cls, max)")
 
 
 def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str) -> torch.Tensor:
