@@ -2,7 +2,6 @@
 Trainer, few steps), DDP with layers skipped, `evaluate glue --depths` (PyTorch and artifact), bad input."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -267,20 +266,3 @@ def test_bad_input_is_one_line_exit_2(case, argv, message, base, classifier, art
     assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
 
-
-@pytest.mark.parametrize("recipe_pooling,expect", [(None, "cls"), ("mean", "mean"), ("cls", "cls"), ("max", "cls")])
-def test_a_sentence_embedding_folder_classifies_on_the_vector_it_was_trained_to_give(base, tmp_path, recipe_pooling,
-                                                                                      expect):
-    """A folder with sentence-transformers files (a `distill --objective embedding` student) becomes a classifier
-    that pools as its recipe does (mean: the masked mean of the token states, no pooler); a plain folder, or a
-    pooling the classifier lacks (max), keeps the config's [CLS]."""
-    from sharebert.recipe import EmbeddingRecipe, write_recipe
-
-    folder = tmp_path / "m"
-    shutil.copytree(base, folder)
-    if recipe_pooling:
-        write_recipe(folder, EmbeddingRecipe(pooling=recipe_pooling, normalize=True, dense=(), max_seq_length=64,
-                                             do_lower_case=True, source="modules.json"), hidden_size=64)
-    model = load_classifier(folder, get_task("sst2"))
-    assert model.config.classifier_pooling == expect
-    assert model.sharebert.has_pooler == (expect == "cls")

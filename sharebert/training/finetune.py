@@ -32,16 +32,10 @@ from .progress import no_bars, show_progress
 
 
 def load_classifier(model_dir: str | Path, task: GlueTask):
-    """``ShareBertForSequenceClassification`` from ``model_dir`` with the task's labels (head freshly initialised).
-    A sentence-embedding folder (sentence-transformers' ``modules.json``, e.g. a ``distill --objective embedding``
-    student) classifies on the vector it was trained to give: ``classifier_pooling`` from its pooling (cls or mean)."""
+    """``ShareBertForSequenceClassification`` from ``model_dir`` with the task's labels (head freshly initialised)."""
     from ..modeling_sharebert import ShareBertForSequenceClassification
-    from ..recipe import read_recipe
 
     config = load_config(model_dir)
-    recipe = read_recipe(model_dir)
-    if recipe.source == "modules.json" and recipe.pooling in ("cls", "mean"):
-        config.classifier_pooling = recipe.pooling
     labels = {"num_labels": task.num_labels}
     if not task.is_regression:
         labels["id2label"] = dict(enumerate(task.label_names))
