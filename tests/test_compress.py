@@ -389,6 +389,28 @@ def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, prepared, argv, 
     assert after == before  # nothing half-written, nothing of an existing folder (an input as --out) touched
 
 
+def test_train_text_over_the_in_memory_limit_is_refused_before_the_teacher_runs(minilm_dir, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """--train sentences are held in memory with the teacher's vectors (~2 GB a million): more than IN_MEMORY
+    without --max-train-samples is refused in one line naming both ways out (measured before: a 1 GB text would
+    have been read whole, then the teacher's pass and its vectors would outgrow the machine); nothing is written.
+    --max-train-samples above the limit is the user's call and trains."""
+    import sharebert.training.distill_embedding as de
+
+    monkeypatch.setattr(de, "IN_MEMORY", 6)
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(SENTENCES) + "\n")  # 8 sentences
+    argv = ["distill", "--objective", "embedding", "--teacher", str(minilm_dir), "--student", "sharebert-tiny",
+            "--set", "embedding_size=32", "--train", str(text), "--max-steps", "1", "--batch-size", "4",
+            "--max-eval-samples", "8"]
+    assert main([*argv, "--out", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert "--train holds over 6 sentences" in err and "--max-train-samples" in err and "--data" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()
+    assert main([*argv, "--out", str(tmp_path / "ok"), "--max-train-samples", "8"]) == 0
+    assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["train_sentences"] == 8
+
+
 def test_mlm_distillation_accepts_a_teacher_without_an_mlm_head(minilm_dir, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("\n".join(SENTENCES * 8) + "\n")

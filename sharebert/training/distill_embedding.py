@@ -41,6 +41,7 @@ from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
 POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
 HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
+IN_MEMORY = 1_000_000  # --train sentences held (with the teacher's vectors, ~2 GB) unless --max-train-samples says
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
 
@@ -442,7 +443,11 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     if manifest is not None:
         train_ds = BlockDataset(teacher_blocks(data, manifest, t_tok, seq_len, args.max_train_samples))
     else:
-        sentences = read_sentences(train or default_corpus(), args.max_train_samples)
+        sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY + 1)
+        if not args.max_train_samples and len(sentences) > IN_MEMORY:  # refused now, not out of memory hours later
+            raise ValueError(f"--train holds over {IN_MEMORY:,} sentences, and each is kept in memory with its "
+                             f"teacher vector: pass --max-train-samples N, or `sharebert prepare --tokenizer "
+                             f"{teacher_dir}` the text and pass --data, which streams a corpus of any size")
         train_ds = SentenceDataset(t_tok, sentences, seq_len)
     seen = "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{seq_len}"
     trained_on = {"sentences": len(train_ds),
