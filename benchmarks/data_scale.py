@@ -15,7 +15,7 @@ tokens/s of --data within 5% of --train.
 ``--hostile`` adds the hostile inputs (issue 23), each with its peak RSS and seconds from launch to its result or
 refusal: ``prepare`` of a 60 MB file without one newline (side by side with the same text in lines: both bounded
 by sharebert.textlines); ``/dev/zero`` given to every reader of user text (``prepare --train``, ``pretrain
---train``, ``predict --input``, ``predict --input -`` on stdin, ``export --calibration`` and ``--check-file``) and
+--train``, ``distill --objective embedding --train``, ``predict --input``, ``predict --input -`` on stdin, ``export --calibration`` and ``--check-file``) and
 the one-line file to those that take one text per line (predict, from a file and on stdin, and export's sentence
 files): each a one-line refusal, exit 2, in bounded memory, naming the input (and the line). Only those run with
 ``--hostile-only``.
@@ -137,6 +137,9 @@ def hostile(out: Path) -> None:
         ("prepare --train {src}", ["prepare", "--train", "{src}", "--out", str(out / "data-refused"), "--no-progress"]),
         ("pretrain --train {src}", ["pretrain", "--model", str(model), "--train", "{src}", "--out", str(out / "pt-refused"),
                                     "--max-steps", "1", "--no-progress"]),
+        ("distill --objective embedding --train {src}", ["distill", "--objective", "embedding", "--teacher", str(model),
+                                                          "--student", "sharebert-tiny", "--train", "{src}", "--out",
+                                                          str(out / "de-refused"), "--max-steps", "1"]),
         ("predict --input {src}", ["predict", str(artifact), "--input", "{src}"]),
         ("export --calibration {src}", ["export", "--model", str(model), "--out", str(out / "ex-refused"), "--quantize",
                                         "int8-static", "--calibration", "{src}"]),
@@ -145,7 +148,7 @@ def hostile(out: Path) -> None:
     ]
     for src in ("/dev/zero", str(one)):
         for what, argv in refusals:
-            if what.startswith(("prepare", "pretrain")) and src == str(one):
+            if what.startswith(("prepare", "pretrain", "distill")) and src == str(one):
                 continue  # a corpus line is read in pieces: prepare trains on it (above); pretrain would too
             r = timed([*CLI, *(a.replace("{src}", src) for a in argv)], refused=True)
             print(f"{what.format(src=Path(src).name)}: refused in {r['seconds']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB: "
