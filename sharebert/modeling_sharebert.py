@@ -507,8 +507,8 @@ def sequence_vector(out, attention_mask, pooling: str) -> torch.Tensor:
 
 
 class ShareBertForSequenceClassification(ShareBertPreTrainedModel):
-    """Classifier on the pooled [CLS] vector, or on the mean of the token states (``classifier_pooling="mean"``,
-    no pooler: a student distilled to a mean-pooled sentence embedding); regression (MSE) when ``num_labels == 1``."""
+    """Classifier on the pooled [CLS] vector, or on the masked mean of the token states (``classifier_pooling=
+    "mean"``, no pooler); regression (MSE) when ``num_labels == 1``."""
 
     def __init__(self, config):
         super().__init__(config)

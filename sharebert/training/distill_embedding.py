@@ -91,10 +91,13 @@ def load_student_head(student_dir, head: nn.Linear, pooling: str) -> bool:
 
     recipe = read_recipe(student_dir)
     dense = recipe.dense
-    if recipe.pooling != pooling or len(dense) != 1 or ACTIVATIONS[dense[0].activation] != "Identity" or not dense[0].bias \
-            or (dense[0].in_features, dense[0].out_features) != (head.in_features, head.out_features):
+    if recipe.pooling != pooling or len(dense) != 1:
         return False
-    w, b = read_dense_weights(student_dir, dense[0])
+    layer = dense[0]
+    if ACTIVATIONS[layer.activation] != "Identity" or not layer.bias \
+            or (layer.in_features, layer.out_features) != (head.in_features, head.out_features):
+        return False
+    w, b = read_dense_weights(student_dir, layer)
     with torch.no_grad():
         head.weight.copy_(torch.from_numpy(w))
         head.bias.copy_(torch.from_numpy(b))
