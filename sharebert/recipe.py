@@ -242,6 +242,10 @@ def read_dense_weights(model_dir: str | Path, layer: DenseLayer):
         tensors = load_file(weights)
     except (OSError, SafetensorError, ValueError) as e:
         raise ValueError(f"{weights} cannot be read ({e}); the file is damaged") from None
+    except TypeError:  # a dtype numpy lacks (bfloat16, unless ml_dtypes was imported): read through torch
+        from safetensors.torch import load_file as load_torch
+
+        tensors = {k: v.float().numpy() for k, v in load_torch(weights).items()}
     w = tensors.get("linear.weight")
     if w is None or w.shape != (layer.out_features, layer.in_features):
         raise ValueError(f"{weights}: linear.weight must have shape [{layer.out_features}, {layer.in_features}], "

@@ -180,6 +180,26 @@ def test_bad_dense_weights_are_refused_naming_the_file(recipe_folder, tmp_path, 
     assert len(str(e.value).splitlines()) == 1 and str(path) in str(e.value) and says in str(e.value), str(e.value)
 
 
+def test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes(recipe_folder, tmp_path):
+    """bfloat16 Dense weights (numpy alone cannot read them: `internal error: TypeError: data type 'bfloat16' not
+    understood` before) read as float32, in a fresh process where nothing registered bfloat16 with numpy."""
+    import subprocess
+    import sys
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = _copy(recipe_folder, tmp_path / "st")
+    path = folder / "2_Dense" / "model.safetensors"
+    save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(path)).items()}, str(path))
+    code = ("import sys; sys.modules['ml_dtypes'] = None; "  # nothing can register bfloat16 with numpy
+            "from sharebert.recipe import read_dense_weights, read_recipe; "
+            "w, b = read_dense_weights(sys.argv[1], read_recipe(sys.argv[1]).dense[0]); "
+            "print(w.dtype, w.shape, b.dtype, sys.modules.get('ml_dtypes') is None)")
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.split() == ["float32", "(8,", "32)", "float32", "True"], done
+
+
 GELU, RELU = "torch.nn.modules.activation.GELU", "torch.nn.modules.activation.ReLU"
 
 

@@ -155,9 +155,11 @@ def resume_from(folder: str | Path, resume: bool, say=print) -> Path | None:
         return None
     found = resume_checkpoint(folder, say) if Path(folder).is_dir() else None
     if found is None:
-        out = Path(folder).parent
-        start = ("start it again with --overwrite instead of --resume" if out.is_dir() and any(out.iterdir())
-                 else "run without --resume to start")
+        from ..outdir import OutLock
+
+        out = Path(folder).parent  # used: holds more than the lock this run took
+        used = out.is_dir() and any(p.name != OutLock.NAME for p in out.iterdir())
+        start = "start it again with --overwrite instead of --resume" if used else "run without --resume to start"
         raise ValueError(f"--resume: {out} holds no complete checkpoint to continue from; {start}")
     say(f"resuming from {found}")
     return found
