@@ -407,8 +407,9 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         raise ValueError(f"--loss {args.loss!r}: choose one of {', '.join(EMBEDDING_LOSSES)}")
     if args.init not in ("teacher", "random"):
         raise ValueError(f"--init {args.init!r}: choose teacher or random")
+    student_folder = Path(student).exists()  # else a preset's name
     inputs = (teacher_dir, *([data] if data is not None else []), *(train or []),
-              *([student] if Path(student).exists() else []))
+              *([student] if student_folder else []))
     out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume, inputs=inputs)
     start_from = _resume_from(out, resume)  # nothing to resume: said now, before any work
     from ..recipe import read_recipe
@@ -424,7 +425,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     set_seed(args.seed)
     model = build_student(student, overrides or {}, t_config.vocab_size)
     model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
-    if Path(student).exists():
+    if student_folder:
         check_tokenizers(t_tok, load_tokenizer(student, model.config.vocab_size), teacher_dir, student)
     teacher = load_encoder(teacher_dir)
     w = args.weights
@@ -433,7 +434,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     t_width = recipe.dense[-1].out_features if recipe.dense else teacher.config.hidden_size
     projections = EmbeddingProjections(model.config.hidden_size, teacher.config.hidden_size, t_width)
     init = {"init": "random"}
-    if args.init == "teacher" and not Path(student).exists():
+    if args.init == "teacher" and not student_folder:
         from .student_init import init_from_teacher
 
         init = init_from_teacher(model, teacher, projections.head if t_head is None else None)
@@ -467,7 +468,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     metrics["teacher_sts_spearman"] = score(teacher, t_head, "teacher")
     # a student folder keeps its own head; otherwise fitted, on a resume too (the checkpoint then replaces it):
     # the step-0 score is the run's, not a random head's
-    kept = (projections.head is not None and Path(student).exists()
+    kept = (projections.head is not None and student_folder
             and load_student_head(student, projections.head, recipe.pooling))
     if kept:
         metrics["head"] = "the student's own"
