@@ -99,6 +99,14 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         config.preset = name
         return config
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """As ``PretrainedConfig.from_dict``, then validated again: keyword overrides (as in
+        ``from_pretrained(folder, classifier_pooling="mean")``) are set after ``__init__`` checked the folder's values."""
+        result = super().from_dict(config_dict, **kwargs)
+        (result[0] if isinstance(result, tuple) else result).validate()
+        return result
+
 
 # -- registration with transformers' Auto classes (left out of a folder's portable copy: sharebert/portable.py)
 AutoConfig.register(ShareBertConfig.model_type, ShareBertConfig, exist_ok=True)  # AutoConfig reads sharebert folders

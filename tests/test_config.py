@@ -58,6 +58,21 @@ def test_config_json_round_trip(tmp_path):
     assert {k: v for k, v in back.to_dict().items() if k not in drop} == {k: v for k, v in c.to_dict().items() if k not in drop}
 
 
+@pytest.mark.parametrize("override,words", [
+    (dict(classifier_pooling="avg"), "classifier_pooling='avg' is not one of cls, mean"),
+    (dict(pooler="bogus"), "pooler='bogus' is not one of"),
+    (dict(num_hidden_layers=0), "num_hidden_layers must be a positive integer"),
+])
+def test_from_pretrained_keyword_overrides_are_validated(tmp_path, override, words):
+    """transformers sets from_pretrained's keyword overrides after __init__ validated the folder's values."""
+    ShareBertConfig.from_preset("sharebert-tiny").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=words):
+        ShareBertConfig.from_pretrained(tmp_path, **override)
+    with pytest.raises(ValueError, match=words):
+        ShareBertForMaskedLM.from_pretrained(tmp_path, **override)
+    assert ShareBertConfig.from_pretrained(tmp_path, classifier_pooling="mean").classifier_pooling == "mean"
+
+
 def test_parse_overrides_types():
     assert parse_overrides(["hidden_size=1", "qk_share_ratio=0.5", "is_decoder=true", "embedding_size=none",
                             "attention=symmetric", "num-hidden-layers=2"]) == \
