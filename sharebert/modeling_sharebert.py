@@ -635,11 +635,12 @@ for _auto, _cls in AUTO_CLASSES.items():
 
 
 def _save_pretrained(self, save_directory, *args, **kwargs):
-    """transformers' save. After ``register_for_auto_class()`` the folder gets sharebert's portable modeling code
-    and ``auto_map`` (``sharebert.portable``), loadable with ``trust_remote_code=True`` where sharebert is not
-    installed, instead of transformers' copy of the module defining the class (which imports sharebert). Package
-    only: a portable copy, itself remote code, is saved by transformers as it is."""
-    if self._auto_class is None:
+    """transformers' save. After ``register_for_auto_class()``, or for a model loaded from a portable folder (its
+    config has an ``auto_map``: a fine-tuned copy must not point at code it lacks), the folder gets sharebert's
+    portable modeling code and ``auto_map`` (``sharebert.portable``), loadable with ``trust_remote_code=True`` where
+    sharebert is not installed, instead of transformers' copy of the module defining the class (which imports
+    sharebert). Package only: a portable copy, itself remote code, is saved by transformers as it is."""
+    if self._auto_class is None and not getattr(self.config, "auto_map", None):
         return PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
     self._auto_class = None  # shadows the class attribute for this one save
     try:

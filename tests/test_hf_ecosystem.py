@@ -181,7 +181,8 @@ from sentence_transformers import SentenceTransformer
 folders, texts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 ids = torch.tensor({ids!r})
 out = {{}}
-for name, auto in (("portable", "AutoModelForMaskedLM"), ("hub", "AutoModelForSequenceClassification")):
+for name, auto in (("portable", "AutoModelForMaskedLM"), ("hub", "AutoModelForSequenceClassification"),
+                   ("resaved", "AutoModelForSequenceClassification")):
     model = getattr(transformers, auto).from_pretrained(folders[name], trust_remote_code=True).eval()
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=(ids > 0).long()).logits
@@ -206,9 +207,11 @@ def remote(tmp_path_factory):
     from sharebert.recipe import DenseLayer, EmbeddingRecipe, write_recipe
 
     root = tmp_path_factory.mktemp("remote")
-    folders = {name: root / name for name in ("portable", "hub", "embedder")}
+    folders = {name: root / name for name in ("portable", "hub", "embedder", "resaved")}
     assert main(["build", "--preset", "sharebert-tiny", *[f"--set={k}={v}" for k, v in TINY.items()],
                  "--portable", "--out", str(folders["portable"])]) == 0
+    torch.manual_seed(0)  # the portable folder loaded by the package's class and saved again, as finetune does
+    ShareBertForSequenceClassification.from_pretrained(folders["portable"]).save_pretrained(folders["resaved"])
 
     torch.manual_seed(0)
     model = ShareBertForSequenceClassification(ShareBertConfig.from_preset("sharebert-tiny", vocab_size=30528,
@@ -258,6 +261,22 @@ def test_portable_folder_loads_without_sharebert(remote):
     got = remote["outputs"]["portable"]
     assert got["module"].startswith("transformers_modules.") and remote["outputs"]["loaded"] == []
     want = _local_logits(AutoModelForMaskedLM.from_pretrained(folder))  # the package's class (no remote code)
+    assert np.abs(np.asarray(got["logits"]) - want).max() <= 1e-5
+
+
+def test_a_portable_model_saved_again_keeps_its_code(remote):
+    """A model loaded from a portable folder and saved (finetune's path) writes the code its ``auto_map`` names
+    (was: config.json kept the ``auto_map``, the .py files were not written, so it loaded nowhere without sharebert)."""
+    from sharebert import ShareBertForSequenceClassification
+    from sharebert.portable import FILES, portable_source
+
+    folder = remote["resaved"]
+    config = json.loads((folder / "config.json").read_text())
+    assert {v.split(".")[0] for v in config["auto_map"].values()} == set(FILES)
+    assert all((folder / f"{name}.py").read_text() == portable_source(name) for name in FILES)
+    got = remote["outputs"]["resaved"]
+    assert got["module"].startswith("transformers_modules.")
+    want = _local_logits(ShareBertForSequenceClassification.from_pretrained(folder))
     assert np.abs(np.asarray(got["logits"]) - want).max() <= 1e-5
 
 
