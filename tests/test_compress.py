@@ -500,6 +500,32 @@ def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_di
     assert not np.allclose(changed, first, atol=1e-3)
 
 
+def test_a_student_as_wide_as_its_teacher_keeps_its_own_head(minilm_dir, tmp_path):
+    """A student folder whose width equals the teacher's output width, with its own Dense projection (a student of
+    another teacher), keeps that projection (was: no head is made where the widths match, so it was dropped)."""
+    from dataclasses import replace
+
+    from sharebert.recipe import DenseLayer, read_dense_weights, read_recipe, write_recipe
+    from sharebert.training.distill import DistillWeights
+    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+
+    args = EmbeddingArgs(max_steps=1, batch_size=4, lr=1e-9, warmup_steps=0, max_train_samples=8,
+                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    wide = tmp_path / "wide"
+    kw = dict(progress=False, eval_limit=8)
+    distill_embedding(minilm_dir, "sharebert-tiny", wide, args=args, **kw,
+                      overrides={"embedding_size": 32, "hidden_size": 384, "num_attention_heads": 6})
+    assert read_recipe(wide).dense == ()  # as wide as MiniLM's 384: no projection of its own yet
+    rng = np.random.default_rng(0)
+    w0, b0 = (rng.normal(size=(384, 384)) * 0.05).astype(np.float32), rng.normal(size=384).astype(np.float32)
+    dense = DenseLayer("", 384, 384, True, "torch.nn.modules.linear.Identity")
+    write_recipe(wide, replace(read_recipe(wide), dense=(dense,)), [(w0, b0)])
+    m = distill_embedding(minilm_dir, str(wide), tmp_path / "on", args=args, **kw)
+    assert m["head"] == "the student's own"
+    w1, b1 = read_dense_weights(tmp_path / "on", read_recipe(tmp_path / "on").dense[0])
+    assert np.abs(w1 - w0).max() <= 1e-6 and np.abs(b1 - b0).max() <= 1e-6
+
+
 def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     """`--overwrite` starts without the replaced run's checkpoints, so a later `--resume` continues the new run
     (before: the older run's newest checkpoint, silently); a `--resume` on other sentences is refused. A folder killed after the teacher's pass and before
@@ -522,6 +548,10 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     other = EmbeddingArgs(**{**args.__dict__, "max_steps": 5, "max_train_samples": 12})  # was: trained on it silently
     with pytest.raises(ValueError, match="trained on 16 other sentences; resume on the same"):
         distill_embedding(minilm_dir, "sharebert-tiny", out, args=other, resume=True, **kw)
+    with pytest.raises(ValueError, match="distilled the student sharebert-tiny --set embedding_size=32; resume with "
+                       "the same --student and --set \\(now sharebert-tiny --set embedding_size=48\\)"):  # was: loaded
+        distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True,  # or failed on shapes
+                          **{**kw, "overrides": {"embedding_size": 48}})
 
     killed = tmp_path / "killed"
     killed.mkdir()

@@ -435,7 +435,8 @@ def _resume_from(out: Path, resume: bool) -> str | None:
 def check_same_data(checkpoint: Path, data: dict) -> None:
     """Refuse to resume a distillation on another training set than its checkpoint's: a task distillation's
     ``--augment`` and the seed that drew the copies (a checkpoint from before ``DATA_FILE`` was kept trained
-    without copies), an embedding distillation's sentences (count and hash; unchecked before it was kept)."""
+    without copies), an embedding distillation's sentences (count and hash; unchecked before it was kept) and
+    student (``--student`` and ``--set``), nor a checkpoint of one kind as the other's."""
     try:
         saved = read_json(checkpoint / DATA_FILE)
     except FileNotFoundError:
@@ -447,6 +448,9 @@ def check_same_data(checkpoint: Path, data: dict) -> None:
     if "sentences_sha256" in saved and "sentences_sha256" not in data:
         raise ValueError(f"--resume: {checkpoint} is an embedding distillation's checkpoint; resume it with "
                          "--objective embedding, or start again with --overwrite")
+    if saved.get("student", data.get("student")) != data.get("student"):  # unchecked before it was kept
+        raise ValueError(f"--resume: {checkpoint} distilled the student {saved['student']}; resume with the same "
+                         f"--student and --set (now {data['student']}), or start again with --overwrite")
     if "sentences_sha256" in data:
         if saved.get("sentences_sha256") != data["sentences_sha256"]:
             raise ValueError(f"--resume: {checkpoint} trained on {saved.get('sentences', '?')} other sentences; "

@@ -83,25 +83,26 @@ def recipe_head(model_dir, recipe) -> nn.Module | None:
     return nn.Sequential(*layers).requires_grad_(False).eval() if layers else None
 
 
-def load_student_head(student_dir, head: nn.Linear, pooling: str) -> bool:
-    """Copy a student folder's own output projection (one Dense module without activation, the shape of
-    ``head``, after the same ``pooling`` as the teacher's) into ``head``, so a student distilled further keeps
-    the head it was trained with; False (the head is then fitted afresh) where the folder has no such head."""
+def student_head(student_dir, in_features: int, out_features: int, pooling: str) -> nn.Linear | None:
+    """A student folder's own output projection ``(in_features -> out_features)``: its one Dense module, without
+    activation, after the same ``pooling`` as the teacher's; so a student distilled further keeps the head it was
+    trained with, also where the widths match (then no head is made afresh). None where the folder has no such head."""
     from ..recipe import ACTIVATIONS, read_dense_weights, read_recipe
 
     recipe = read_recipe(student_dir)
     dense = recipe.dense
     if recipe.pooling != pooling or len(dense) != 1:
-        return False
+        return None
     layer = dense[0]
     if ACTIVATIONS[layer.activation] != "Identity" or not layer.bias \
-            or (layer.in_features, layer.out_features) != (head.in_features, head.out_features):
-        return False
+            or (layer.in_features, layer.out_features) != (in_features, out_features):
+        return None
     w, b = read_dense_weights(student_dir, layer)
+    head = nn.Linear(in_features, out_features)
     with torch.no_grad():
         head.weight.copy_(torch.from_numpy(w))
         head.bias.copy_(torch.from_numpy(b))
-    return True
+    return head
 
 
 def load_encoder(model_dir):
@@ -455,7 +456,9 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         train_ds = SentenceDataset(t_tok, sentences, seq_len)
     seen = "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{seq_len}"
     trained_on = {"sentences": len(train_ds),
-                  "sentences_sha256": hashlib.sha256(f"{len(train_ds)}|{seen}".encode()).hexdigest()[:16]}
+                  "sentences_sha256": hashlib.sha256(f"{len(train_ds)}|{seen}".encode()).hexdigest()[:16],
+                  "student": (str(Path(student).resolve()) if student_folder else student)
+                  + "".join(f" --set {k}={v}" for k, v in sorted((overrides or {}).items()))}
     if start_from is not None:  # before the teacher's pass: --resume on other text is refused, not trained on
         check_same_data(Path(start_from), trained_on)
     pooling = recipe.pooling
@@ -468,9 +471,10 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     metrics["teacher_sts_spearman"] = score(teacher, t_head, "teacher")
     # a student folder keeps its own head; otherwise fitted, on a resume too (the checkpoint then replaces it):
     # the step-0 score is the run's, not a random head's
-    kept = (projections.head is not None and student_folder
-            and load_student_head(student, projections.head, recipe.pooling))
-    if kept:
+    own = student_head(student, model.config.hidden_size, t_width, recipe.pooling) if student_folder else None
+    kept = own is not None
+    if kept:  # moved to the training device with the other projections by the trainer
+        projections.head = own
         metrics["head"] = "the student's own"
     fit = projections.head is not None and args.init == "teacher" and not kept
     if manifest is not None:  # the teacher runs on each batch; the head is fitted on the first blocks
