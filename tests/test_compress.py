@@ -310,6 +310,8 @@ def bad_inputs(minilm_dir, tmp_path_factory):
         (listed / name).write_bytes((minilm_dir / name).read_bytes())
     (root / "o22" / "general").mkdir(parents=True)  # a user's folder with a subfolder named like a compress phase
     (root / "o22" / "general" / "mywork.txt").write_text("precious")
+    (root / "o23").mkdir()  # a compress result whose student folder was deleted: its report alone
+    (root / "o23" / "report.json").write_text("{}")
     (root / "o20").mkdir()  # a user's folder holding a --train file
     (root / "o20" / "corpus.txt").write_text("A man is playing a guitar.\n")
     from sharebert.build import build_model
@@ -356,6 +358,10 @@ def bad_inputs(minilm_dir, tmp_path_factory):
       "--max-eval-samples", "1", "--out", "{root}/o21"], "needs at least 2 STS-B dev pairs"),  # was: internal error
     (["compress", "{root}/finetuned_sst2", "--out", "{root}/o22", "--resume"],  # was: general/ deleted, exit 0
      "o22/general is a non-empty folder that is not a distillation result"),
+    (["compress", "{minilm}", "--out", "{root}/o23", "--resume"],  # was: "{root}/o23/student holds ...; run
+     "--resume: {root}/o23 holds no complete checkpoint to continue from; start it again with --overwrite"),  # without
+    (["compress", "{minilm}", "--out", "{root}/o24", "--resume"],  # --resume" (then refused: o23 is not empty)
+     "--resume: {root}/o24 holds no complete checkpoint to continue from; run without --resume to start"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
       "--set", "vocab_size=100", "--out", "{root}/o9"], "takes the teacher's vocabulary"),
     (["distill", "--objective", "glue", "--task", "sst2", "--teacher", "{minilm}", "--student", "sharebert-tiny",

@@ -147,17 +147,18 @@ def rotate(out: str | Path, keep: int | None, spare: str | Path | None = None) -
         shutil.rmtree(p, ignore_errors=True)
 
 
-def resume_from(folder: str | Path, resume: bool, say=print) -> Path | None:
+def resume_from(folder: str | Path, resume: bool, say=print, out: Path | None = None) -> Path | None:
     """``--resume`` of a fine-tuning or distillation run whose checkpoints are in ``folder``: the newest intact
     complete one (:func:`resume_checkpoint`; a save killed halfway is skipped); None without ``resume``.
-    ``ValueError`` when there is nothing to resume, rather than silently training from scratch."""
+    ``ValueError`` when there is nothing to resume, rather than silently training from scratch, naming ``out``
+    (the user's ``--out``; default ``folder``'s parent)."""
     if not resume:
         return None
     found = resume_checkpoint(folder, say) if Path(folder).is_dir() else None
     if found is None:
         from ..outdir import OutLock
 
-        out = Path(folder).parent  # used: holds more than the lock this run took
+        out = Path(folder).parent if out is None else Path(out)  # used: holds more than the lock this run took
         used = out.is_dir() and any(p.name != OutLock.NAME for p in out.iterdir())
         start = "start it again with --overwrite instead of --resume" if used else "run without --resume to start"
         raise ValueError(f"--resume: {out} holds no complete checkpoint to continue from; {start}")

@@ -151,6 +151,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     checkpoint and the report says ``"stopped"``; run again with ``resume``)."""
     from ..budget import student_for
     from ..model_folder import shape_fields
+    from .callbacks import resume_from
     from .distill import check_encoder
     from .distill_embedding import distill_embedding
 
@@ -172,8 +173,10 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     overrides = {k: cand.config[k] for k in STUDENT_FIELDS}
     check_same_student(out, overrides)
     say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
-    out.mkdir(parents=True, exist_ok=True)
     student_dir = out / "student"
+    if resume:  # nothing to resume: said in terms of --out, before any work
+        resume_from(student_dir / "checkpoints", True, say=lambda _: None, out=out)
+    out.mkdir(parents=True, exist_ok=True)
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
                           overwrite=overwrite, resume=resume or (student_dir / "checkpoints").is_dir(),
                           progress=progress, eval_limit=eval_limit, data=data,
