@@ -551,6 +551,9 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
                           resume=True, **kw)
     assert m["steps"] == 3
+    m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
+                          resume=True, **kw)  # a finished run resumed mid-epoch takes no step (was: step 4 of 3)
+    assert m["steps"] == 3 and not (out / "checkpoints" / "checkpoint-4").exists()
     other = EmbeddingArgs(**{**args.__dict__, "max_steps": 5, "max_train_samples": 12})  # was: trained on it silently
     with pytest.raises(ValueError, match="trained on 16 other sentences; resume on the same"):
         distill_embedding(minilm_dir, "sharebert-tiny", out, args=other, resume=True, **kw)

@@ -301,6 +301,17 @@ class SignalCheckpoint(TrainerCallback):
             raise StopRequested(self.received)
 
 
+class StopsAtMaxSteps:
+    """``Trainer`` mixin: a run resumed from a checkpoint at its ``max_steps`` takes no step (transformers' loop
+    draws a batch before it first checks the limit, so a run resumed mid-epoch trained one step past its end)."""
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        if 0 < self.args.max_steps <= self.state.global_step:
+            self.control.should_training_stop = True
+            return [], None
+        return super().get_batch_samples(epoch_iterator, num_batches, device)
+
+
 class WallClockLimit(TrainerCallback, ExportableState):
     """Stops training (with a checkpoint) at the first step end from which the next step and an evaluation (the
     longest seen so far, from ``eval_runtime``) would no longer fit in ``seconds`` of training, so the

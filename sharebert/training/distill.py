@@ -301,7 +301,9 @@ class WithTeacherLogits(torch.utils.data.Dataset):
 def _make_trainer_class():
     from transformers import Trainer
 
-    class DistillTrainer(Trainer):
+    from .callbacks import StopsAtMaxSteps
+
+    class DistillTrainer(StopsAtMaxSteps, Trainer):
         """``Trainer`` whose ``compute_loss`` adds the distillation terms; the projections train alongside.
 
         Checkpoints hold the student (``model.safetensors``) and the projections (``PROJECTIONS_FILE``),

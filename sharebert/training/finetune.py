@@ -22,7 +22,7 @@ from ..docs_check import cap
 from ..model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from ..outdir import OutLock, check_out_dir, finite, write_json
 from ..paths import data_path
-from .callbacks import MarkCheckpoints, resume_from, start_checkpoints
+from .callbacks import MarkCheckpoints, StopsAtMaxSteps, resume_from, start_checkpoints
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .glue import GlueTask, get_task, task_file
@@ -139,9 +139,9 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
 
     targs = task_training_args(args, out, task_, progress, save_only_model=False)  # optimizer state: --resume
 
-    trainer = Trainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev,
-                      processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer),
-                      compute_metrics=metrics_for(task_))
+    trainer = type("FinetuneTrainer", (StopsAtMaxSteps, Trainer), {})(  # a resume at --max-steps takes no step
+        model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=tokenizer,
+        data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=metrics_for(task_))
     show_progress(trainer, progress)
     trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=1))
     start_checkpoints(out / "checkpoints", start_from)

@@ -38,8 +38,9 @@ from ..model_folder import UNFINISHED, is_bert_folder, read_config, save_as_bert
 from ..shape import preset_fields
 from ..curves import write_curves
 from ..outdir import OutLock, check_out_dir, write_json
-from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, TimedSaves, WallClockLimit, any_rank, checkpoints,
-                        latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint, rotate)
+from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, StopsAtMaxSteps, TimedSaves, WallClockLimit,
+                        any_rank, checkpoints, latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint,
+                        rotate)
 from ..textlines import resolve_sources
 from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
 from .depth import check_depth_sampling
@@ -72,7 +73,7 @@ class _MaskEpoch(TrainerCallback):
         self.dataset.epoch = int(state.epoch or 0)
 
 
-class PretrainTrainer(Trainer):
+class PretrainTrainer(StopsAtMaxSteps, Trainer):
     """``Trainer`` that stops on a non-finite loss, logs perplexity, marks finished checkpoints and keeps
     the loss sum of the whole run (across resumes) for ``metrics.json``."""
 
