@@ -7,8 +7,9 @@ hand-kept copy): each concatenates the modules listed in ``FILES``, its imports 
 inlined module's import dropped, the other file's made relative to it) and the registration with
 transformers' Auto classes left out; and it adds ``auto_map`` to ``config.json``. transformers copies a
 local folder's remote code one relative import deep, hence two self-contained files rather than the
-package's six modules. torch and transformers are all they need. ``sharebert build --portable`` and
-``model.save_pretrained`` after ``register_for_auto_class()`` call it.
+package's six modules. torch and transformers are all they need. ``sharebert build --portable``,
+``model.save_pretrained`` after ``register_for_auto_class()`` and the save of a model loaded from a portable
+folder call it.
 """
 from __future__ import annotations
 
