@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from transformers import Trainer
 
 from ..curves import write_curves
 from ..docs_check import cap
@@ -29,6 +30,10 @@ from .glue import GlueTask, get_task, task_file
 from .metrics import predictions_from_logits, task_metrics
 from .options import FinetuneArgs
 from .progress import no_bars, show_progress
+
+
+class FinetuneTrainer(StopsAtMaxSteps, Trainer):
+    """transformers' ``Trainer``; a run resumed at its ``--max-steps`` takes no step."""
 
 
 def load_classifier(model_dir: str | Path, task: GlueTask):
@@ -123,7 +128,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
 
 def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, keep_checkpoints: bool,
               progress: bool, start_from: Path | None) -> dict:
-    from transformers import DataCollatorWithPadding, Trainer, set_seed
+    from transformers import DataCollatorWithPadding, set_seed
 
     config = load_config(model_dir)
     check_depth_sampling(args.depth_sampling, config.num_hidden_layers)
@@ -139,7 +144,7 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
 
     targs = task_training_args(args, out, task_, progress, save_only_model=False)  # optimizer state: --resume
 
-    trainer = type("FinetuneTrainer", (StopsAtMaxSteps, Trainer), {})(  # a resume at --max-steps takes no step
+    trainer = FinetuneTrainer(
         model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=tokenizer,
         data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=metrics_for(task_))
     show_progress(trainer, progress)
