@@ -647,6 +647,8 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
         result = PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
     finally:
         del self._auto_class
+    if not kwargs.get("is_main_process", True):  # another process writes the folder (distributed training)
+        return result
     from .portable import make_portable
 
     make_portable(save_directory, AUTO_CLASSES)

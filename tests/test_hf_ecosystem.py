@@ -280,6 +280,16 @@ def test_a_portable_model_saved_again_keeps_its_code(remote):
     assert np.abs(np.asarray(got["logits"]) - want).max() <= 1e-5
 
 
+def test_a_portable_model_saved_by_a_process_that_is_not_the_main_one_writes_nothing(remote, tmp_path):
+    """``save_pretrained(..., is_main_process=False)`` (every rank but one under torchrun) writes no file, as
+    transformers' save does (was: FileNotFoundError, the portable code looked for a config.json never written)."""
+    from sharebert import ShareBertForSequenceClassification
+
+    ShareBertForSequenceClassification.from_pretrained(remote["portable"]).save_pretrained(tmp_path / "r",
+                                                                                           is_main_process=False)
+    assert not any((tmp_path / "r").glob("*.json")) and not any((tmp_path / "r").glob("*.py"))
+
+
 def test_register_for_auto_class_then_save_pretrained_shares_the_hub_way(remote):
     got = remote["outputs"]["hub"]
     assert got["module"].startswith("transformers_modules.")

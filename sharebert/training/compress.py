@@ -151,7 +151,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     checkpoint and the report says ``"stopped"``; run again with ``resume``)."""
     from ..budget import student_for
     from ..model_folder import shape_fields
-    from .callbacks import resume_from
+    from .callbacks import latest_checkpoint, resume_from
     from .distill import check_encoder
     from .distill_embedding import distill_embedding
 
@@ -174,8 +174,8 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     check_same_student(out, overrides)
     say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
     student_dir = out / "student"
-    if resume:  # nothing to resume: said in terms of --out, before any work
-        resume_from(student_dir / "checkpoints", True, say=lambda _: None, out=out)
+    if resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
+        resume_from(student_dir / "checkpoints", True, say=say, out=out)
     out.mkdir(parents=True, exist_ok=True)
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
                           overwrite=overwrite, resume=resume or (student_dir / "checkpoints").is_dir(),
