@@ -472,11 +472,10 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     # a student folder keeps its own head; otherwise fitted, on a resume too (the checkpoint then replaces it):
     # the step-0 score is the run's, not a random head's
     own = student_head(student, model.config.hidden_size, t_width, recipe.pooling) if student_folder else None
-    kept = own is not None
-    if kept:  # moved to the training device with the other projections by the trainer
+    if own is not None:  # moved to the training device with the other projections by the trainer
         projections.head = own
         metrics["head"] = "the student's own"
-    fit = projections.head is not None and args.init == "teacher" and not kept
+    fit = projections.head is not None and args.init == "teacher" and own is None
     if manifest is not None:  # the teacher runs on each batch; the head is fitted on the first blocks
         if fit:
             n = min(HEAD_FIT, len(train_ds))
