@@ -551,9 +551,12 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
                           resume=True, **kw)
     assert m["steps"] == 3
+    before = {f: (out / f).read_bytes() for f in ("metrics.json", "checkpoints/checkpoint-3/sharebert_complete.json")}
     m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
                           resume=True, **kw)  # a finished run resumed mid-epoch takes no step (was: step 4 of 3)
     assert m["steps"] == 3 and not (out / "checkpoints" / "checkpoint-4").exists()
+    assert m["train_loss"] > 0 and m["last_terms"]  # was: rewritten as 0.0 and {}, its checkpoint saved again
+    assert {f: (out / f).read_bytes() for f in before} == before
     other = EmbeddingArgs(**{**args.__dict__, "max_steps": 5, "max_train_samples": 12})  # was: trained on it silently
     with pytest.raises(ValueError, match="trained on 16 other sentences; resume on the same"):
         distill_embedding(minilm_dir, "sharebert-tiny", out, args=other, resume=True, **kw)
@@ -570,6 +573,27 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
         distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, resume=True, **kw)  # was: "run without
     m = distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, overwrite=True, **kw)  # --resume", refused
     assert m["steps"] == 2
+
+
+def test_finished_max_time_run_resumed_is_kept(minilm_dir, tmp_path, capsys):
+    """A run its --max-time stopped, resumed with the same limit, takes no step and keeps its results (was: one
+    step more, metrics rewritten); a larger --max-time trains on from where it stopped."""
+    from sharebert.training.distill import DistillWeights
+    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+
+    out = tmp_path / "run"
+    kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
+    args = EmbeddingArgs(max_time=4, epochs=1000, batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16,
+                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    first = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
+    assert first["stopped_by_time"] and first["steps"] > 0
+    saved = (out / "metrics.json").read_bytes()
+    again = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True, **kw)
+    assert again["steps"] == first["steps"] and (out / "metrics.json").read_bytes() == saved
+    assert "had finished (at step" in capsys.readouterr().out
+    longer = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_time": 8}),
+                               resume=True, **kw)
+    assert longer["steps"] > first["steps"] and longer["train_seconds"] > first["train_seconds"]
 
 
 def test_distill_embedding_cli_scores_max_eval_samples_pairs(minilm_dir, tmp_path):

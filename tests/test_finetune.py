@@ -148,6 +148,11 @@ def test_resume_continues_from_the_newest_complete_checkpoint(base, tmp_path, ca
     assert [h["step"] for h in history if "loss" in h] == [2, 4]  # step 2 from the checkpoint, then 3..4 trained
     assert [h for h in history if h["step"] <= 2] == first
     assert json.loads((out / "metrics.json").read_text())["steps"] == 4
+    kept = [out / "metrics.json", out / "checkpoints" / "checkpoint-4" / MARKER]
+    before = [f.read_bytes() for f in kept]
+    assert main([*argv, "--max-steps", "4", "--resume"]) == 0  # finished: its results and checkpoint kept as they
+    assert [f.read_bytes() for f in kept] == before  # were (was: evaluated and saved again, figures rewritten)
+    assert "had finished (at step 4 of 4); nothing left to train" in capsys.readouterr().out
 
 
 def test_a_run_killed_mid_epoch_keeps_a_checkpoint_by_time_and_resumes_from_it(base, tmp_path, capsys):

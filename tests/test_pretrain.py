@@ -262,6 +262,9 @@ def test_save_minutes_checkpoints_by_time_between_step_saves(tmp_path, model_dir
     assert [(step, done) for step, _, done in checkpoints(out)] == [(3, True), (4, True)]
     assert main([*argv, "--max-steps", "2", "--save-minutes", "0", "--out", str(tmp_path / "none")]) == 0
     assert [step for step, _, _ in checkpoints(tmp_path / "none")] == [2]  # only the end of the run's
+    before = (out / "metrics.json").read_bytes()
+    assert main([*argv, "--resume"]) == 0  # finished at step 4: nothing trained, its figures kept as they were
+    assert (out / "metrics.json").read_bytes() == before and [s for s, _, _ in checkpoints(out)] == [3, 4]
 
 
 def test_max_steps_reached_first_and_bad_max_time(tmp_path, model_dir, corpus):

@@ -302,14 +302,70 @@ class SignalCheckpoint(TrainerCallback):
 
 
 class StopsAtMaxSteps:
-    """``Trainer`` mixin: a run resumed from a checkpoint at its ``max_steps`` takes no step (transformers' loop
-    draws a batch before it first checks the limit, so a run resumed mid-epoch trained one step past its end)."""
+    """``Trainer`` mixin: a run resumed from a checkpoint at its ``max_steps`` (or one :func:`kept_result` found
+    finished: ``finished``) takes no step (transformers' loop draws a batch before it first checks the limit, so a
+    run resumed mid-epoch trained one step past its end)."""
+
+    finished = False
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        if 0 < self.args.max_steps <= self.state.global_step:
+        if 0 < self.args.max_steps <= self.state.global_step or self.finished:
             self.control.should_training_stop = True
             return [], None
         return super().get_batch_samples(epoch_iterator, num_batches, device)
+
+
+def finished_run(trainer, checkpoint: str | Path) -> str | None:
+    """Why the run saved in ``checkpoint`` has no step left under ``trainer``'s limits, or None if it has some (a
+    larger ``--max-steps`` / ``--max-time`` continues a finished run): its step reached ``max_steps`` (with epochs
+    instead, the total it planned, if the epochs are unchanged), or its :class:`WallClockLimit` stopped it and the
+    limit is no larger now."""
+    state = trainer_state(checkpoint)
+    step = state.get("global_step")
+    saved_clock = (state.get("stateful_callbacks") or {}).get(WallClockLimit.__name__)
+    a = trainer.args
+    total = a.max_steps if a.max_steps > 0 else state.get("max_steps") if state.get("num_train_epochs") == a.num_train_epochs else None
+    if isinstance(step, int) and isinstance(total, int) and 0 < total <= step:
+        return f"at step {step} of {total}"
+    clock = next((c for c in trainer.callback_handler.callbacks if isinstance(c, WallClockLimit)), None)
+    if clock is not None and isinstance(saved_clock, dict):
+        seconds = (saved_clock.get("args") or {}).get("seconds")
+        if (saved_clock.get("attributes") or {}).get("reached") and isinstance(seconds, (int, float)) \
+                and clock.seconds <= seconds:
+            return f"at step {step}, its --max-time of {clock.seconds:g} s spent"
+    return None
+
+
+def kept_result(trainer, checkpoint: str | Path | None, out: Path, say=print) -> dict | None:
+    """A ``--resume`` of a run that had finished (:func:`finished_run`) and written ``out/metrics.json`` at that
+    checkpoint's step: those metrics, kept as they are (said in one line; the caller returns them instead of
+    training again, which would rewrite its figures and checkpoint); None otherwise. A finished run whose results
+    were never written (stopped while writing them) takes no step (``trainer.finished``) and writes them."""
+    why = None if checkpoint is None else finished_run(trainer, checkpoint)
+    if why is None:
+        return None
+    trainer.finished = True
+    metrics_file = out / "metrics.json"
+    try:
+        metrics = json.loads(metrics_file.read_text())
+        step = metrics.get("steps", metrics.get("global_step"))
+    except (OSError, ValueError, AttributeError):
+        return None
+    marker = Path(checkpoint) / MARKER
+    if step != trainer_state(checkpoint).get("global_step") or (marker.is_file() and metrics_file.stat().st_mtime < marker.stat().st_mtime):
+        return None  # another run's result (an earlier one --overwrite replaces)
+    say(f"--resume: {out} had finished ({why}); nothing left to train, its results are kept as they were "
+        "(a larger --max-steps or --max-time trains on)")
+    return metrics
+
+
+def trainer_state(checkpoint: str | Path) -> dict:
+    """A checkpoint's ``trainer_state.json`` (empty if unreadable)."""
+    try:
+        state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 class WallClockLimit(TrainerCallback, ExportableState):
@@ -325,8 +381,9 @@ class WallClockLimit(TrainerCallback, ExportableState):
         self._step_start, self.step_seconds, self.eval_seconds = None, 0.0, 0.0
 
     def state(self) -> dict:
-        """What a checkpoint keeps (``TrainerState.stateful_callbacks``): the seconds used so far."""
-        return {"args": {"seconds": self.seconds}, "attributes": {"used_seconds": self.used()}}
+        """What a checkpoint keeps (``TrainerState.stateful_callbacks``): the seconds used so far, and whether
+        they stopped the run (:func:`finished_run`)."""
+        return {"args": {"seconds": self.seconds}, "attributes": {"used_seconds": self.used(), "reached": self.reached}}
 
     def used(self) -> float:
         """Seconds of training so far, those of the runs this one resumes included (0 before train begin; what

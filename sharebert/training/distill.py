@@ -37,7 +37,7 @@ from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, read_json, write_json
 from ..paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
-from .callbacks import MarkCheckpoints, resume_from, start_checkpoints
+from .callbacks import MarkCheckpoints, kept_result, resume_from, start_checkpoints
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .finetune import load_classifier, metrics_for, task_training_args
@@ -558,6 +558,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     trainer.bound_by(clock, args.max_steps, progress)
     for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
         trainer.add_callback(callback)
+    if (kept := kept_result(trainer, start_from, out)) is not None:
+        return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
@@ -697,6 +699,8 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
     show_progress(trainer, progress)
     trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=2))
+    if (kept := kept_result(trainer, start_from, out)) is not None:
+        return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
     metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),

@@ -398,7 +398,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     from transformers import set_seed
 
     from ..curves import write_curves
-    from .callbacks import MarkCheckpoints, WallClockLimit, start_checkpoints
+    from .callbacks import MarkCheckpoints, WallClockLimit, kept_result, start_checkpoints
 
     args, eval_limit = cap(args), cap_value("max_eval_samples", eval_limit)  # SHAREBERT_DOCS_CHECK=1: a few steps
     if score_sts and eval_limit is not None and eval_limit < 2:
@@ -501,6 +501,8 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks])
     trainer.teacher_head, trainer.data = t_head, trained_on
     trainer.bound_by(clock, args.max_steps, progress)
+    if (kept := kept_result(trainer, start_from, out)) is not None:
+        return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
     model = trainer.model.eval()

@@ -39,8 +39,8 @@ from ..shape import preset_fields
 from ..curves import write_curves
 from ..outdir import OutLock, check_out_dir, write_json
 from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, StopsAtMaxSteps, TimedSaves, WallClockLimit,
-                        any_rank, checkpoints, latest_checkpoint, mark_complete, remove_incomplete, resume_checkpoint,
-                        rotate)
+                        any_rank, checkpoints, kept_result, latest_checkpoint, mark_complete, remove_incomplete,
+                        resume_checkpoint, rotate)
 from ..textlines import resolve_sources
 from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
 from .depth import check_depth_sampling
@@ -423,6 +423,8 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     trainer.resumed_from(resume_from)
     if a.resume and targs.should_save:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0")
+    if (kept := kept_result(trainer, resume_from, out, say=print if targs.should_save else lambda m: None)) is not None:
+        return kept
     stage["training"] = True
     if targs.should_save:  # until the trained model is saved, out's model (a preset's, an earlier run's) is not it
         write_json(out / UNFINISHED, {"status": "training", "pid": os.getpid()})
