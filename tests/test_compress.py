@@ -613,13 +613,14 @@ def test_start_checkpoints_removes_only_its_own_folders(tmp_path):
     from sharebert.training.callbacks import start_checkpoints
 
     ckpts, elsewhere = tmp_path / "out" / "checkpoints", tmp_path / "elsewhere"
-    for name in ("checkpoint-3", "incomplete-checkpoint-4", "corrupt-checkpoint-5", "notes", "checkpoint-x"):
+    for name in ("checkpoint-3", "incomplete-checkpoint-4", "corrupt-checkpoint-5", "corrupt-checkpoint-5.2", "notes",
+                 "checkpoint-x"):
         (ckpts / name).mkdir(parents=True)
     (ckpts / "mywork.txt").write_text("precious")
     (elsewhere / "checkpoint-9").mkdir(parents=True)
     (ckpts / "checkpoint-8").symlink_to(elsewhere / "checkpoint-9")
     start_checkpoints(ckpts, start_from=str(ckpts / "checkpoint-3"))  # a resume keeps them all
-    assert len(list(ckpts.iterdir())) == 7
+    assert len(list(ckpts.iterdir())) == 8
     start_checkpoints(ckpts, start_from=None)
     assert sorted(p.name for p in ckpts.iterdir()) == ["checkpoint-8", "checkpoint-x", "mywork.txt", "notes"]
     assert (elsewhere / "checkpoint-9").is_dir()

@@ -139,6 +139,18 @@ def test_resume_with_a_damaged_record_is_one_line_naming_the_file(classifier_run
     assert len(err.splitlines()) == 1 and message in err and "--overwrite" in err, err
 
 
+def test_resume_with_nothing_to_resume_is_refused(classifier_run, tmp_path, capsys):
+    """compress --resume of a classifier into a new folder says there is nothing to resume and writes nothing (was:
+    trained from scratch)."""
+    out = tmp_path / "new"
+    assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS),
+                 "--max-params", str(MAX_PARAMS), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--resume: {out} holds no complete checkpoint to continue from; run without --resume to "
+                        "start"), err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("hidden", [16, 32, 128])
 def test_a_teacher_narrower_than_every_student_is_refused_by_name(hidden):
     """compress of a teacher narrower than every candidate said 'min() arg is an empty sequence'."""

@@ -348,6 +348,28 @@ def test_prepared_data_sigterm_in_evaluation_corrupt_checkpoint_and_exact_resume
     assert abs(resumed["last_loss"] - _losses(tmp_path / "whole")[6]) < 1e-4
 
 
+def test_a_step_corrupted_twice_is_set_aside_twice(tmp_path):
+    """A checkpoint of the same step found corrupt a second time (after a resume saved it again) is set aside
+    beside the first (was: OSError "Directory not empty" from the rename)."""
+    from sharebert.training.callbacks import mark_complete, resume_checkpoint
+
+    def save(step, body=b"good"):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "w.bin").write_bytes(body)
+        mark_complete(tmp_path / f"checkpoint-{step}", step)
+        (tmp_path / f"checkpoint-{step}" / "w.bin").write_bytes(b"bad!")  # same size, other bytes
+
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "w.bin").write_bytes(b"ok")
+    mark_complete(tmp_path / "checkpoint-2", 2)
+    said = []
+    for _ in range(2):
+        save(3)
+        assert resume_checkpoint(tmp_path, said.append) == tmp_path / "checkpoint-2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "corrupt-checkpoint-3", "corrupt-checkpoint-3.2"]
+    assert said[-1].endswith("set aside as corrupt-checkpoint-3.2, trying the previous checkpoint"), said
+
+
 def test_rotation_never_deletes_the_newest_checkpoint(tmp_path):
     from sharebert.training.callbacks import mark_complete, rotate
 

@@ -95,8 +95,7 @@ def resume_checkpoint(out: str | Path, say=print) -> Path | None:
     found = checkpoints(out)
     for _, ckpt, ok in found:
         if not ok:
-            aside = ckpt.with_name(f"incomplete-{ckpt.name}")
-            os.replace(ckpt, aside)
+            aside = _set_aside(ckpt, "incomplete")
             say(f"{ckpt.name} was never completed (a save stopped halfway); set aside as {aside.name}")
     complete = [p for _, p, ok in found if ok]
     bad = None
@@ -104,13 +103,26 @@ def resume_checkpoint(out: str | Path, say=print) -> Path | None:
         bad = corrupt_file(ckpt)
         if bad is None:
             return ckpt
-        aside = ckpt.with_name(f"corrupt-{ckpt.name}")
-        os.replace(ckpt, aside)
+        aside = _set_aside(ckpt, "corrupt")
         say(f"{bad} does not match the SHA-256 recorded when it was saved; set aside as {aside.name}, "
             f"trying the previous checkpoint")
     if bad is not None:
         raise ValueError(f"no intact checkpoint left in {out} ({bad.name} was corrupt); start a new --out")
     return None
+
+
+_ASIDE = re.compile(r"(?:(?:incomplete|corrupt)-checkpoint-\d+(?:\.\d+)?|checkpoint-\d+)")  # ours, by name
+
+
+def _set_aside(ckpt: Path, why: str) -> Path:
+    """Rename ``ckpt`` to ``<why>-checkpoint-N`` (``.2``, ``.3``... after it when a checkpoint of that step was set
+    aside before, e.g. corrupted again after a resume); returns the new path."""
+    aside, n = ckpt.with_name(f"{why}-{ckpt.name}"), 1
+    while aside.exists():
+        n += 1
+        aside = ckpt.with_name(f"{why}-{ckpt.name}.{n}")
+    os.replace(ckpt, aside)
+    return aside
 
 
 def checkpoints(out: str | Path) -> list[tuple[int, Path, bool]]:
@@ -175,7 +187,7 @@ def start_checkpoints(folder: str | Path, start_from) -> None:
     if start_from is not None or folder.is_symlink() or not folder.is_dir():
         return
     for path in folder.iterdir():
-        if re.fullmatch(r"(incomplete-|corrupt-)?checkpoint-\d+", path.name) and path.is_dir() and not path.is_symlink():
+        if _ASIDE.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
 
 

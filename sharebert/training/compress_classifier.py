@@ -156,7 +156,7 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     from ..budget import student_for
     from ..model_folder import load_config, read_config, shape_fields
     from ..paths import data_path
-    from .callbacks import WallClockLimit
+    from .callbacks import WallClockLimit, resume_from
     from .distill import check_teacher_labels, distill_glue
     from .distill_embedding import distill_embedding
     from .glue import task_file
@@ -172,8 +172,10 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     check_same_student(out, overrides, ("general", "student"))
     say(f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
         f"(classifier {head:,})")
-    out.mkdir(parents=True, exist_ok=True)
     phases, general, student = _phases(out), out / "general", out / "student"
+    if resume and not phases and not _resumable(general):  # said in terms of --out, before any work
+        resume_from(general / "checkpoints", True, say=say, out=out)
+    out.mkdir(parents=True, exist_ok=True)
     budget = {"max_time": args.max_time, "max_steps": args.max_steps,  # what bounds each phase, and the task data
               "augment": task_args.augment}
     done = phases.get("task", {}).get("budget")
