@@ -476,6 +476,9 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
 
     steps.set_postfix_str("tokenizer, config, ram-int8")
     config.save_pretrained(tmp)
+    saved = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+    if saved.pop("auto_map", None) is not None:  # a portable model's PyTorch code, which the artifact does not carry
+        (tmp / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     _save_tokenizer(tokenizer, tmp, max_length)
     if not (tmp / "tokenizer.json").is_file():
         raise RuntimeError("the tokenizer did not write tokenizer.json")

@@ -13,6 +13,7 @@ Only learned tensors are parameters: generated weights are temporaries, cached i
 from __future__ import annotations
 
 import numbers
+import os
 
 from typing import Optional
 
@@ -639,9 +640,12 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     config has an ``auto_map``: a fine-tuned copy must not point at code it lacks), the folder gets sharebert's
     portable modeling code and ``auto_map`` (``sharebert.portable``), loadable with ``trust_remote_code=True`` where
     sharebert is not installed, instead of transformers' copy of the module defining the class (which imports
-    sharebert). Package only: a portable copy, itself remote code, is saved by transformers as it is."""
+    sharebert). Package only: a portable copy, itself remote code, is saved by transformers as it is. With
+    ``push_to_hub=True`` the upload follows the portable files (``push_to_hub``, which saves through this method)."""
     if self._auto_class is None and not getattr(self.config, "auto_map", None):
         return PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+    push = kwargs.pop("push_to_hub", False)
+    hub = {k: kwargs.pop(k) for k in _HUB_OPTIONS if k in kwargs}
     self._auto_class = None  # shadows the class attribute for this one save
     try:
         result = PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
@@ -652,7 +656,13 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     from .portable import make_portable
 
     make_portable(save_directory, AUTO_CLASSES)
+    if push:  # transformers' own push would upload before the portable files exist
+        self.push_to_hub(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), use_temp_dir=True,
+                         **hub, **{k: kwargs[k] for k in ("max_shard_size", "safe_serialization") if k in kwargs})
     return result
+
+
+_HUB_OPTIONS = ("repo_id", "commit_message", "commit_description", "private", "token", "create_pr", "revision", "tags")
 
 
 ShareBertPreTrainedModel.save_pretrained = _save_pretrained

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -288,6 +289,43 @@ def test_a_portable_model_saved_by_a_process_that_is_not_the_main_one_writes_not
     ShareBertForSequenceClassification.from_pretrained(remote["portable"]).save_pretrained(tmp_path / "r",
                                                                                            is_main_process=False)
     assert not any((tmp_path / "r").glob("*.json")) and not any((tmp_path / "r").glob("*.py"))
+
+
+def test_push_to_hub_of_a_portable_model_uploads_its_code(remote, tmp_path, monkeypatch):
+    """``save_pretrained(..., push_to_hub=True)`` of a model loaded from a portable folder uploads the portable code
+    its ``auto_map`` names (was: transformers uploaded before the .py files were written). The Hub is out of reach
+    in tests: huggingface_hub's repo creation and commit, as transformers calls them, record what they are given."""
+    import transformers.utils.hub as hub
+    from sharebert import ShareBertForSequenceClassification
+    from sharebert.portable import FILES, portable_source
+
+    uploaded = {}
+
+    def create_commit(repo_id, operations, **kw):
+        uploaded.update({op.path_in_repo: Path(op.path_or_fileobj).read_bytes() for op in operations})
+
+    monkeypatch.setattr(hub, "create_repo", lambda repo_id, **kw: type("Url", (), {"repo_id": repo_id})())
+    monkeypatch.setattr(hub, "create_commit", create_commit)
+    monkeypatch.setattr(hub, "create_and_tag_model_card", lambda *a, **kw: type("Card", (), {"save": print})())
+    model = ShareBertForSequenceClassification.from_pretrained(remote["portable"])
+    model.save_pretrained(tmp_path / "local", push_to_hub=True, repo_id="me/tiny", commit_message="up")
+    assert {f"{name}.py" for name in FILES} <= set(uploaded) and "config.json" in uploaded
+    assert all(uploaded[f"{name}.py"].decode() == portable_source(name) for name in FILES)
+    assert (tmp_path / "local" / "modeling_sharebert.py").is_file()  # the local save is portable too
+
+
+def test_export_of_a_portable_folder_leaves_its_auto_map_behind(remote, tmp_path):
+    """The artifact of a portable folder carries no ``auto_map`` (was: kept, naming .py files it does not have) and
+    runs in the device runtime."""
+    from sharebert.cli import main
+    from sharebert.deploy import Runtime
+
+    assert main(["export", "--model", str(remote["portable"]), "--out", str(tmp_path / "art"),
+                 "--shapes", "1x16"]) == 0
+    config = json.loads((tmp_path / "art" / "config.json").read_text())
+    assert "auto_map" not in config and config["model_type"] == "sharebert"
+    assert not any((tmp_path / "art").glob("*.py"))
+    assert Runtime(tmp_path / "art").fill_mask(["a [MASK] day"])
 
 
 def test_register_for_auto_class_then_save_pretrained_shares_the_hub_way(remote):
