@@ -641,9 +641,15 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     portable modeling code and ``auto_map`` (``sharebert.portable``), loadable with ``trust_remote_code=True`` where
     sharebert is not installed, instead of transformers' copy of the module defining the class (which imports
     sharebert). Package only: a portable copy, itself remote code, is saved by transformers as it is. With
-    ``push_to_hub=True`` the upload follows the portable files (``push_to_hub``, which saves through this method)."""
+    ``push_to_hub=True`` the upload follows the portable files (``push_to_hub``, which saves through this method).
+    A save without ``auto_map`` removes the portable files an earlier save left there (``remove_portable``)."""
     if self._auto_class is None and not getattr(self.config, "auto_map", None):
-        return PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+        result = PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            from .portable import remove_portable
+
+            remove_portable(save_directory)  # an earlier portable save's code, which this config no longer names
+        return result
     push = kwargs.pop("push_to_hub", False)
     hub = {k: kwargs.pop(k) for k in _HUB_OPTIONS if k in kwargs}
     self._auto_class = None  # shadows the class attribute for this one save

@@ -328,6 +328,24 @@ def test_export_of_a_portable_folder_leaves_its_auto_map_behind(remote, tmp_path
     assert Runtime(tmp_path / "art").fill_mask(["a [MASK] day"])
 
 
+def test_a_plain_save_over_a_portable_folder_removes_its_code_and_nothing_else(remote, tmp_path):
+    """A model without ``auto_map`` saved over a portable folder (``finetune --overwrite``) leaves no portable code
+    naming classes the folder no longer uses (was: the .py files stayed); a user's file of that name stays."""
+    import shutil
+
+    from sharebert import ShareBertConfig, ShareBertForSequenceClassification
+
+    folder = tmp_path / "f"
+    shutil.copytree(remote["portable"], folder)
+    raw = json.loads((folder / "config.json").read_text())
+    plain = ShareBertForSequenceClassification(ShareBertConfig(**{k: v for k, v in raw.items() if k != "auto_map"}))
+    plain.save_pretrained(folder)
+    assert not any(folder.glob("*.py")) and "auto_map" not in json.loads((folder / "config.json").read_text())
+    (folder / "modeling_sharebert.py").write_text("# the user's own\n")
+    plain.save_pretrained(folder)
+    assert (folder / "modeling_sharebert.py").read_text() == "# the user's own\n"
+
+
 def test_register_for_auto_class_then_save_pretrained_shares_the_hub_way(remote):
     got = remote["outputs"]["hub"]
     assert got["module"].startswith("transformers_modules.")
