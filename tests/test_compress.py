@@ -575,6 +575,29 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     assert m["steps"] == 2
 
 
+def test_a_checkpoint_whose_projections_do_not_fit_is_one_line(minilm_dir, tmp_path):
+    """A checkpoint whose projections file lacks this run's keys (an older sharebert's layout, e.g. before the
+    student's own Dense head was kept) is refused naming the file (was: internal error from load_state_dict)."""
+    from safetensors.torch import load_file, save_file
+
+    from sharebert.training.callbacks import mark_complete
+    from sharebert.training.distill import PROJECTIONS_FILE, DistillWeights
+    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+
+    out = tmp_path / "run"
+    kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
+    args = EmbeddingArgs(max_steps=2, batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16,
+                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
+    ckpt = out / "checkpoints" / "checkpoint-2"
+    saved = load_file(str(ckpt / PROJECTIONS_FILE))
+    save_file({k: v for k, v in saved.items() if not k.startswith("head.")}, str(ckpt / PROJECTIONS_FILE))
+    mark_complete(ckpt, 2)
+    with pytest.raises(ValueError, match=f"{PROJECTIONS_FILE} does not fit this run's projections .*Missing key"):
+        distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
+                          resume=True, **kw)
+
+
 def test_finished_max_time_run_resumed_is_kept(minilm_dir, tmp_path, capsys):
     """A run its --max-time stopped, resumed with the same limit, takes no step and keeps its results (was: one
     step more, metrics rewritten); a larger --max-time trains on from where it stopped."""

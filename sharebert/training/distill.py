@@ -416,7 +416,12 @@ def _make_trainer_class():
             if path.is_file():
                 from safetensors.torch import load_file
 
-                self.projections.load_state_dict(load_file(str(path), device=str(self.args.device)))
+                try:
+                    self.projections.load_state_dict(load_file(str(path), device=str(self.args.device)))
+                except RuntimeError as e:  # another run's (or an older sharebert's) layout: missing keys, shapes
+                    why = first_line(" ".join(str(e).split()), 300)
+                    raise ValueError(f"{path} does not fit this run's projections ({why}); resume with the --student "
+                                     "and --set of the run that saved it, or start again with --overwrite") from None
 
     return DistillTrainer
 
