@@ -336,7 +336,8 @@ def finished_run(trainer, checkpoint: str | Path) -> str | None:
     step = state.get("global_step")
     saved_clock = (state.get("stateful_callbacks") or {}).get(WallClockLimit.__name__)
     a = trainer.args
-    total = a.max_steps if a.max_steps > 0 else state.get("max_steps") if state.get("num_train_epochs") == a.num_train_epochs else None
+    same_epochs = state.get("num_train_epochs") == a.num_train_epochs
+    total = a.max_steps if a.max_steps > 0 else state.get("max_steps") if same_epochs else None
     if isinstance(step, int) and isinstance(total, int) and 0 < total <= step:
         return f"at step {step} of {total}"
     clock = next((c for c in trainer.callback_handler.callbacks if isinstance(c, WallClockLimit)), None)
@@ -364,7 +365,8 @@ def kept_result(trainer, checkpoint: str | Path | None, out: Path, say=print) ->
     except (OSError, ValueError, AttributeError):
         return None
     marker = Path(checkpoint) / MARKER
-    if step != trainer_state(checkpoint).get("global_step") or (marker.is_file() and metrics_file.stat().st_mtime < marker.stat().st_mtime):
+    older = marker.is_file() and metrics_file.stat().st_mtime < marker.stat().st_mtime
+    if step != trainer_state(checkpoint).get("global_step") or older:
         return None  # another run's result (an earlier one --overwrite replaces)
     say(f"--resume: {out} had finished ({why}); nothing left to train, its results are kept as they were "
         "(a larger --max-steps or --max-time trains on)")
