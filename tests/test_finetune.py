@@ -152,7 +152,40 @@ def test_resume_continues_from_the_newest_complete_checkpoint(base, tmp_path, ca
     before = [f.read_bytes() for f in kept]
     assert main([*argv, "--max-steps", "4", "--resume"]) == 0  # finished: its results and checkpoint kept as they
     assert [f.read_bytes() for f in kept] == before  # were (was: evaluated and saved again, figures rewritten)
-    assert "had finished (at step 4 of 4); nothing left to train" in capsys.readouterr().out
+    assert "had finished (at step 4, its last); nothing left to train" in capsys.readouterr().out
+
+
+def test_resume_of_a_finished_run_by_epochs_and_its_refusals(base, tmp_path, capsys):
+    """Which resumes a finished run keeps (break-it findings): a run of --max-steps 3 resumed with --epochs 1 (4
+    steps here) trains on (was: kept, the epochs the Trainer derived from --max-steps taken as planned); one of
+    1.5 epochs resumed as it was is kept (was: a 7th step of 6); a metrics.json cut short is written again (was:
+    'error: train_seconds'); without --keep-checkpoints the refusal says the results stand (was: advised
+    --overwrite alone); a checkpoint of another width is one line (was: internal error)."""
+    out = tmp_path / "ft"
+    argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-train-samples", "32",
+            "--max-eval-samples", "16", "--batch-size", "8", "--eval-steps", "2", "--keep-checkpoints"]
+    steps = lambda: json.loads((out / "metrics.json").read_text())["steps"]  # noqa: E731
+    assert main([*argv, "--max-steps", "3"]) == 0 and steps() == 3
+    assert main([*argv, "--epochs", "1", "--resume"]) == 0 and steps() == 4
+    shutil.rmtree(out)
+    assert main([*argv, "--epochs", "1.5"]) == 0 and steps() == 6
+    before = (out / "metrics.json").read_bytes()
+    capsys.readouterr()
+    assert main([*argv, "--epochs", "1.5", "--resume"]) == 0 and (out / "metrics.json").read_bytes() == before
+    assert "had finished (at step 6, its last)" in capsys.readouterr().out
+    (out / "metrics.json").write_text('{"steps": 6}')
+    assert main([*argv, "--epochs", "1.5", "--resume"]) == 0 and "accuracy" in json.loads((out / "metrics.json").read_text())
+    wide = tmp_path / "wide"
+    build_model("sharebert-tiny", wide, {**TINY, "hidden_size": 128}, seed=0)
+    capsys.readouterr()
+    assert main([str(wide) if a == str(base) else a for a in argv] + ["--epochs", "2", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "checkpoint-6 does not fit this model (Error(s) in loading" in err, err
+    plain = [a for a in argv if a != "--keep-checkpoints"]
+    shutil.rmtree(out)
+    assert main([*plain, "--max-steps", "2"]) == 0
+    assert main([*plain, "--max-steps", "2", "--resume"]) == 2
+    assert "holds a finished run's results and no checkpoint to continue from" in capsys.readouterr().err
 
 
 def test_a_run_killed_mid_epoch_keeps_a_checkpoint_by_time_and_resumes_from_it(base, tmp_path, capsys):

@@ -265,6 +265,10 @@ def test_save_minutes_checkpoints_by_time_between_step_saves(tmp_path, model_dir
     before = (out / "metrics.json").read_bytes()
     assert main([*argv, "--resume"]) == 0  # finished at step 4: nothing trained, its figures kept as they were
     assert (out / "metrics.json").read_bytes() == before and [s for s, _, _ in checkpoints(out)] == [3, 4]
+    from sharebert.training.pretrain import UNFINISHED
+    (out / UNFINISHED).write_text('{"status": "training"}')  # an extension killed before its first checkpoint
+    assert main([*argv, "--resume"]) == 0 and not (out / UNFINISHED).exists()  # published again (was: kept, marked
+    # unfinished, so export refused the folder and sent the user to a --resume that kept it)
 
 
 def test_max_steps_reached_first_and_bad_max_time(tmp_path, model_dir, corpus):
@@ -368,6 +372,10 @@ def test_a_step_corrupted_twice_is_set_aside_twice(tmp_path):
         assert resume_checkpoint(tmp_path, said.append) == tmp_path / "checkpoint-2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "corrupt-checkpoint-3", "corrupt-checkpoint-3.2"]
     assert said[-1].endswith("set aside as corrupt-checkpoint-3.2, trying the previous checkpoint"), said
+    (tmp_path / "corrupt-checkpoint-3.3").symlink_to(tmp_path / "nowhere")  # a link that leads nowhere counts too
+    save(3)
+    assert resume_checkpoint(tmp_path, said.append) == tmp_path / "checkpoint-2"
+    assert (tmp_path / "corrupt-checkpoint-3.4" / "w.bin").is_file()
 
 
 def test_rotation_never_deletes_the_newest_checkpoint(tmp_path):

@@ -22,6 +22,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from ..errors import first_line
+
 MARKER = "sharebert_complete.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -118,7 +120,7 @@ def _set_aside(ckpt: Path, why: str) -> Path:
     """Rename ``ckpt`` to ``<why>-checkpoint-N`` (``.2``, ``.3``... after it when a checkpoint of that step was set
     aside before, e.g. corrupted again after a resume); returns the new path."""
     aside, n = ckpt.with_name(f"{why}-{ckpt.name}"), 1
-    while aside.exists():
+    while os.path.lexists(aside):  # a link counts, even one that leads nowhere
         n += 1
         aside = ckpt.with_name(f"{why}-{ckpt.name}.{n}")
     os.replace(ckpt, aside)
@@ -172,6 +174,10 @@ def resume_from(folder: str | Path, resume: bool, say=print, out: Path | None = 
 
         out = Path(folder).parent if out is None else Path(out)  # used: holds more than the lock this run took
         used = out.is_dir() and any(p.name != OutLock.NAME for p in out.iterdir())
+        if (out / "metrics.json").is_file():
+            raise ValueError(f"--resume: {out} holds a finished run's results and no checkpoint to continue from (they "
+                             "are removed at its end without --keep-checkpoints): its results stand; to train again, "
+                             "start it with --overwrite instead of --resume")
         start = "start it again with --overwrite instead of --resume" if used else "run without --resume to start"
         raise ValueError(f"--resume: {out} holds no complete checkpoint to continue from; {start}")
     say(f"resuming from {found}")
@@ -327,31 +333,45 @@ class StopsAtMaxSteps:
         return super().get_batch_samples(epoch_iterator, num_batches, device)
 
 
+class FitsCheckpoint:
+    """``Trainer`` mixin: a checkpoint whose weights do not fit the model (another ``--model`` / ``--student`` or
+    width than the run that saved it) is refused in one line naming it, rather than a ``load_state_dict`` error."""
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        try:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        except RuntimeError as e:
+            why = first_line(" ".join(str(e).split()), 300)
+            raise ValueError(f"{resume_from_checkpoint} does not fit this model ({why}); resume with the model "
+                             "options of the run that saved it, or start again with --overwrite") from None
+
+
 def finished_run(trainer, checkpoint: str | Path) -> str | None:
     """Why the run saved in ``checkpoint`` has no step left under ``trainer``'s limits, or None if it has some (a
-    larger ``--max-steps`` / ``--max-time`` continues a finished run): its step reached ``max_steps`` (with epochs
-    instead, the total it planned, if the epochs are unchanged), or its :class:`WallClockLimit` stopped it and the
-    limit is no larger now."""
+    larger ``--max-steps`` / ``--max-time`` continues a finished run): its step reached the steps this run plans
+    (``max_steps``, or its epochs' steps as the Trainer counts them), or its :class:`WallClockLimit` stopped it and
+    the limit is no larger now."""
     state = trainer_state(checkpoint)
     step = state.get("global_step")
     saved_clock = (state.get("stateful_callbacks") or {}).get(WallClockLimit.__name__)
     a = trainer.args
-    same_epochs = state.get("num_train_epochs") == a.num_train_epochs
-    total = a.max_steps if a.max_steps > 0 else state.get("max_steps") if same_epochs else None
+    total = a.max_steps if a.max_steps > 0 else trainer.set_initial_training_values(
+        a, trainer.get_train_dataloader(), trainer.get_total_train_batch_size(a))[-1]
     if isinstance(step, int) and isinstance(total, int) and 0 < total <= step:
-        return f"at step {step} of {total}"
+        return f"at step {step}, its last"
     clock = next((c for c in trainer.callback_handler.callbacks if isinstance(c, WallClockLimit)), None)
     if clock is not None and isinstance(saved_clock, dict):
         seconds = (saved_clock.get("args") or {}).get("seconds")
         if (saved_clock.get("attributes") or {}).get("reached") and isinstance(seconds, (int, float)) \
                 and clock.seconds <= seconds:
-            return f"at step {step}, its --max-time of {clock.seconds:g} s spent"
+            return f"at step {step}, its --max-time of {seconds:g} s spent"
     return None
 
 
-def kept_result(trainer, checkpoint: str | Path | None, out: Path, say=print) -> dict | None:
-    """A ``--resume`` of a run that had finished (:func:`finished_run`) and written ``out/metrics.json`` at that
-    checkpoint's step: those metrics, kept as they are (said in one line; the caller returns them instead of
+def kept_result(trainer, checkpoint: str | Path | None, out: Path, expect=(), published: bool = True,
+                say=print) -> dict | None:
+    """A ``--resume`` of a run that had finished (:func:`finished_run`) and written ``out/metrics.json`` (holding
+    every key of ``expect``) at that checkpoint's step, its model ``published`` there: those metrics, kept as they are (said in one line; the caller returns them instead of
     training again, which would rewrite its figures and checkpoint); None otherwise. A finished run whose results
     were never written (stopped while writing them) takes no step (``trainer.finished``) and writes them."""
     why = None if checkpoint is None else finished_run(trainer, checkpoint)
@@ -364,12 +384,14 @@ def kept_result(trainer, checkpoint: str | Path | None, out: Path, say=print) ->
         step = metrics.get("steps", metrics.get("global_step"))
     except (OSError, ValueError, AttributeError):
         return None
+    if not (published and set(expect) <= set(metrics)):  # cut short or edited: written again
+        return None
     marker = Path(checkpoint) / MARKER
     older = marker.is_file() and metrics_file.stat().st_mtime < marker.stat().st_mtime
     if step != trainer_state(checkpoint).get("global_step") or older:
         return None  # another run's result (an earlier one --overwrite replaces)
     say(f"--resume: {out} had finished ({why}); nothing left to train, its results are kept as they were "
-        "(a larger --max-steps or --max-time trains on)")
+        "(a larger limit trains on)")
     return metrics
 
 

@@ -195,8 +195,8 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
             return {"stopped": True, "phase": "general", "steps": m["steps"]}
         phases["general"] = {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "train_loss",
                                                "stopped_by_time", "pooling", "loss", "init", "seq_len")}
+        write_json(out / PHASES, phases)  # then the checkpoints go: a stop between the two leaves a resumable run
         shutil.rmtree(general / "checkpoints", ignore_errors=True)
-        write_json(out / PHASES, phases)
     if "task" not in phases:
         say(f"phase 2/2, task distillation on {task_.name} (soft targets and gold labels) -> {student}")
         clock = WallClockLimit(args.max_time) if args.max_time else None
@@ -209,8 +209,8 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
         if stopped():
             return {"stopped": True, "phase": "task", "steps": m["steps"]}
         phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached), "budget": budget}
-        shutil.rmtree(student / "checkpoints", ignore_errors=True)
         write_json(out / PHASES, phases)
+        shutil.rmtree(student / "checkpoints", ignore_errors=True)
     return _report(out, Path(teacher), task_, data_dir, cand, overrides, phases, limits, task_args.max_eval_samples,
                    progress, say)
 

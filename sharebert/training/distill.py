@@ -301,9 +301,9 @@ class WithTeacherLogits(torch.utils.data.Dataset):
 def _make_trainer_class():
     from transformers import Trainer
 
-    from .callbacks import StopsAtMaxSteps
+    from .callbacks import FitsCheckpoint, StopsAtMaxSteps
 
-    class DistillTrainer(StopsAtMaxSteps, Trainer):
+    class DistillTrainer(FitsCheckpoint, StopsAtMaxSteps, Trainer):
         """``Trainer`` whose ``compute_loss`` adds the distillation terms; the projections train alongside.
 
         Checkpoints hold the student (``model.safetensors``) and the projections (``PROJECTIONS_FILE``),
@@ -414,14 +414,15 @@ def _make_trainer_class():
             super()._load_from_checkpoint(resume_from_checkpoint, model)
             path = Path(resume_from_checkpoint) / PROJECTIONS_FILE
             if path.is_file():
+                from safetensors import SafetensorError
                 from safetensors.torch import load_file
 
                 try:
                     self.projections.load_state_dict(load_file(str(path), device=str(self.args.device)))
-                except RuntimeError as e:  # another run's (or an older sharebert's) layout: missing keys, shapes
+                except (RuntimeError, SafetensorError) as e:  # another run's (or an older sharebert's) layout
                     why = first_line(" ".join(str(e).split()), 300)
                     raise ValueError(f"{path} does not fit this run's projections ({why}); resume with the --student "
-                                     "and --set of the run that saved it, or start again with --overwrite") from None
+                                     "(and --set) of the run that saved it, or start again with --overwrite") from None
 
     return DistillTrainer
 
@@ -563,7 +564,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     trainer.bound_by(clock, args.max_steps, progress)
     for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
         trainer.add_callback(callback)
-    if (kept := kept_result(trainer, start_from, out)) is not None:
+    if (kept := kept_result(trainer, start_from, out, expect=(task_.main_metric, "steps", "best_step", "teacher",
+                                                              "train_seconds", "train_samples"))) is not None:
         return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
@@ -704,7 +706,8 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
     show_progress(trainer, progress)
     trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=2))
-    if (kept := kept_result(trainer, start_from, out)) is not None:
+    if (kept := kept_result(trainer, start_from, out, expect=("steps", "train_loss", "train_seconds",
+                                                              "last_terms"))) is not None:
         return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)

@@ -501,7 +501,8 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks])
     trainer.teacher_head, trainer.data = t_head, trained_on
     trainer.bound_by(clock, args.max_steps, progress)
-    if (kept := kept_result(trainer, start_from, out)) is not None:
+    if (kept := kept_result(trainer, start_from, out, expect=(*metrics, "steps", "train_loss", "last_terms",
+                                                              "student_sts_spearman"))) is not None:
         return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)

@@ -23,7 +23,7 @@ from ..docs_check import cap
 from ..model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from ..outdir import OutLock, check_out_dir, finite, write_json
 from ..paths import data_path
-from .callbacks import MarkCheckpoints, StopsAtMaxSteps, kept_result, resume_from, start_checkpoints
+from .callbacks import FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps, kept_result, resume_from, start_checkpoints
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .glue import GlueTask, get_task, task_file
@@ -32,7 +32,7 @@ from .options import FinetuneArgs
 from .progress import no_bars, show_progress
 
 
-class FinetuneTrainer(StopsAtMaxSteps, Trainer):
+class FinetuneTrainer(FitsCheckpoint, StopsAtMaxSteps, Trainer):
     """transformers' ``Trainer``; a run resumed at its ``--max-steps`` takes no step."""
 
 
@@ -149,7 +149,8 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
         data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=metrics_for(task_))
     show_progress(trainer, progress)
     trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=1))
-    if (kept := kept_result(trainer, start_from, out)) is not None:
+    if (kept := kept_result(trainer, start_from, out, expect=(task_.main_metric, "steps", "best_step",
+                                                              "train_seconds"))) is not None:
         return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=str(start_from) if start_from else None)

@@ -423,7 +423,9 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     trainer.resumed_from(resume_from)
     if a.resume and targs.should_save:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0")
-    if (kept := kept_result(trainer, resume_from, out, say=print if targs.should_save else lambda m: None)) is not None:
+    if (kept := kept_result(trainer, resume_from, out, expect=("status", "global_step", "train_loss", "param_sha256"),
+                            published=not (out / UNFINISHED).exists(),
+                            say=print if targs.should_save else lambda m: None)) is not None:
         return kept
     stage["training"] = True
     if targs.should_save:  # until the trained model is saved, out's model (a preset's, an earlier run's) is not it
