@@ -650,6 +650,9 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
 
             remove_portable(save_directory)  # an earlier portable save's code, which this config no longer names
         return result
+    from .portable import check_portable_target, make_portable
+
+    check_portable_target(save_directory)  # before anything is written
     push = kwargs.pop("push_to_hub", False)
     hub = {k: kwargs.pop(k) for k in _HUB_OPTIONS if k in kwargs}
     self._auto_class = None  # shadows the class attribute for this one save
@@ -659,8 +662,6 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
         del self._auto_class
     if not kwargs.get("is_main_process", True):  # another process writes the folder (distributed training)
         return result
-    from .portable import make_portable
-
     make_portable(save_directory, AUTO_CLASSES)
     if push:  # transformers' own push would upload before the portable files exist
         self.push_to_hub(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), use_temp_dir=True,

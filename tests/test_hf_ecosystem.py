@@ -346,6 +346,22 @@ def test_a_plain_save_over_a_portable_folder_removes_its_code_and_nothing_else(r
     assert (folder / "modeling_sharebert.py").read_text() == "# the user's own\n"
 
 
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_a_portable_save_over_a_users_file_of_that_name_is_refused(remote, tmp_path, kind):
+    """A portable save where the user keeps a file named like a portable one (or a link there) is refused before
+    anything is written (was: overwritten without a word, or written through the link into the user's file)."""
+    from sharebert import ShareBertForMaskedLM
+
+    mine, folder = tmp_path / "mine.py", tmp_path / "f"
+    mine.write_text("# the user's own\n")
+    folder.mkdir()
+    target = folder / "configuration_sharebert.py"
+    target.write_text(mine.read_text()) if kind == "file" else target.symlink_to(mine)
+    with pytest.raises(ValueError, match="configuration_sharebert.py is not code sharebert generated.*move it away"):
+        ShareBertForMaskedLM.from_pretrained(remote["portable"]).save_pretrained(folder)
+    assert mine.read_text() == target.read_text() == "# the user's own\n" and not (folder / "config.json").exists()
+
+
 def test_register_for_auto_class_then_save_pretrained_shares_the_hub_way(remote):
     got = remote["outputs"]["hub"]
     assert got["module"].startswith("transformers_modules.")
