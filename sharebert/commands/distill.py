@@ -101,7 +101,8 @@ def _run(args) -> int:
 
         m = distill_mlm(args.teacher, args.student, args.train, args.out, dargs, overwrite=args.overwrite,
                         resume=args.resume, data=args.data)
-        print(f"distilled {m['steps']} steps: train loss {m['train_loss']:.4f}; student and metrics.json -> {args.out}")
+        loss = "not logged" if m["train_loss"] is None else f"{m['train_loss']:.4f}"  # a resume that logged none
+        print(f"distilled {m['steps']} steps: train loss {loss}; student and metrics.json -> {args.out}")
         return 0
     if not args.task:
         raise ValueError("--task is required (or --objective mlm with --train)")

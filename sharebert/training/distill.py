@@ -343,11 +343,26 @@ def _make_trainer_class():
 
         limit = None  # the ``WallClockLimit`` of ``bound_by``, whether or not the learning rate follows it
 
+        resumed = False  # set when a checkpoint is loaded
+
         def trained(self, result) -> dict:
             """``train_seconds`` (the clock's count over the whole run, its resumes included; without one, this
-            call's runtime) and ``stopped_by_time``, for the metrics."""
+            call's runtime), ``stopped_by_time``, ``train_loss`` and ``last_terms``, for the metrics. After a
+            resume, transformers' ``training_loss`` divides this call's losses by all the run's steps: the loss is
+            then the mean of the logged losses, each weighted by the steps it covers (None with none logged), and
+            the last terms are the last logged ones when this call took no step."""
             seconds = self.limit.used() if self.limit else result.metrics.get("train_runtime", 0.0)
-            return {"train_seconds": round(seconds, 1), "stopped_by_time": bool(self.limit and self.limit.reached)}
+            loss, parts = result.training_loss, dict(self._parts)
+            logged = [h for h in self.state.log_history if "loss" in h and "step" in h]
+            if self.resumed and not logged:
+                loss = None
+            elif self.resumed:
+                steps = [h["step"] for h in logged]
+                spans = [b - a for a, b in zip([0, *steps], steps)]
+                loss = sum(h["loss"] * n for h, n in zip(logged, spans)) / max(1, sum(spans))
+                parts = parts or {k[5:]: v for k, v in logged[-1].items() if k.startswith("loss_")}
+            return {"train_seconds": round(seconds, 1), "stopped_by_time": bool(self.limit and self.limit.reached),
+                    "train_loss": loss, "last_terms": parts}
 
         def create_optimizer(self):
             opt = super().create_optimizer()
@@ -412,6 +427,7 @@ def _make_trainer_class():
 
         def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
             super()._load_from_checkpoint(resume_from_checkpoint, model)
+            self.resumed = True
             path = Path(resume_from_checkpoint) / PROJECTIONS_FILE
             if path.is_file():
                 from safetensors import SafetensorError
@@ -712,9 +728,8 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
     metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),
-               "train_loss": result.training_loss, "train_seconds": round(result.metrics.get("train_runtime", 0.0), 1),
-               "seed": args.seed, "student": student, "teacher_dir": str(teacher_dir),
-               "last_terms": dict(trainer._parts), "temperature": w.temperature, "soft_targets": mlm_teacher,
+               **trainer.trained(result), "seed": args.seed, "student": student, "teacher_dir": str(teacher_dir),
+               "temperature": w.temperature, "soft_targets": mlm_teacher,
                "layer_map": [list(p) for p in pairs]}
     if trainer.is_world_process_zero():
         trainer.model.save_pretrained(str(out))

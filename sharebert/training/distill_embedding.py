@@ -507,8 +507,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
     model = trainer.model.eval()
-    metrics.update(steps=trainer.state.global_step, train_loss=result.training_loss,
-                   **trainer.trained(result), last_terms=dict(trainer._parts), seed=args.seed)
+    metrics.update(steps=trainer.state.global_step, **trainer.trained(result), seed=args.seed)
     metrics["student_sts_spearman"] = score(model, projections.head, "student")
     if trainer.is_world_process_zero():
         save_student(model, projections.head, t_tok, out, recipe, seq_len)
