@@ -33,7 +33,8 @@ from .progress import no_bars, show_progress
 
 
 class FinetuneTrainer(FitsCheckpoint, StopsAtMaxSteps, Trainer):
-    """transformers' ``Trainer``; a run resumed at its ``--max-steps`` takes no step."""
+    """transformers' ``Trainer``; a run resumed at its ``--max-steps`` takes no step, and a checkpoint of another
+    model is refused in one line."""
 
 
 def load_classifier(model_dir: str | Path, task: GlueTask):
