@@ -173,8 +173,8 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     say(f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
         f"(classifier {head:,})")
     phases, general, student = _phases(out), out / "general", out / "student"
-    if resume and not phases and not _resumable(general):  # said in terms of --out, before any work
-        resume_from(general / "checkpoints", True, say=say, out=out)
+    if resume and not phases and not (general.is_dir() and any(general.iterdir())):  # said in terms of --out,
+        resume_from(general / "checkpoints", True, say=say, out=out)  # before any work (a used general/: its own check)
     out.mkdir(parents=True, exist_ok=True)
     budget = {"max_time": args.max_time, "max_steps": args.max_steps,  # what bounds each phase, and the task data
               "augment": task_args.augment}
