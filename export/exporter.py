@@ -23,7 +23,7 @@ from sharebert.deploy import artifact
 from sharebert.docs_check import cap
 from sharebert.errors import first_line
 from sharebert.model_folder import read_config
-from sharebert.outdir import check_out_dir, disk_full
+from sharebert.outdir import check_out_dir, disk_full, read_json, write_json
 
 WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
@@ -476,9 +476,9 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
 
     steps.set_postfix_str("tokenizer, config, ram-int8")
     config.save_pretrained(tmp)
-    saved = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+    saved = read_json(tmp / "config.json")
     if saved.pop("auto_map", None) is not None:  # a portable model's PyTorch code, which the artifact does not carry
-        (tmp / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_json(tmp / "config.json", saved)
     _save_tokenizer(tokenizer, tmp, max_length)
     if not (tmp / "tokenizer.json").is_file():
         raise RuntimeError("the tokenizer did not write tokenizer.json")

@@ -23,6 +23,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..errors import first_line
+from ..outdir import read_json
 
 MARKER = "sharebert_complete.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -346,12 +347,12 @@ class FitsCheckpoint:
                              "options of the run that saved it, or start again with --overwrite") from None
 
 
-def finished_run(trainer, checkpoint: str | Path) -> str | None:
-    """Why the run saved in ``checkpoint`` has no step left under ``trainer``'s limits, or None if it has some (a
+def finished_run(trainer, state: dict) -> str | None:
+    """Why the run whose checkpoint holds ``state`` (:func:`trainer_state`) has no step left under ``trainer``'s
+    limits, or None if it has some (a
     larger ``--max-steps`` / ``--max-time`` continues a finished run): its step reached the steps this run plans
     (``max_steps``, or its epochs' steps as the Trainer counts them), or its :class:`WallClockLimit` stopped it and
     the limit is no larger now."""
-    state = trainer_state(checkpoint)
     step = state.get("global_step")
     saved_clock = (state.get("stateful_callbacks") or {}).get(WallClockLimit.__name__)
     a = trainer.args
@@ -374,13 +375,14 @@ def kept_result(trainer, checkpoint: str | Path | None, out: Path, expect=(), pu
     every key of ``expect``) at that checkpoint's step, its model ``published`` there: those metrics, kept as they are (said in one line; the caller returns them instead of
     training again, which would rewrite its figures and checkpoint); None otherwise. A finished run whose results
     were never written (stopped while writing them) takes no step (``trainer.finished``) and writes them."""
-    why = None if checkpoint is None else finished_run(trainer, checkpoint)
+    state = {} if checkpoint is None else trainer_state(checkpoint)
+    why = None if checkpoint is None else finished_run(trainer, state)
     if why is None:
         return None
     trainer.finished = True
     metrics_file = out / "metrics.json"
     try:
-        metrics = json.loads(metrics_file.read_text())
+        metrics = read_json(metrics_file)
         step = metrics.get("steps", metrics.get("global_step"))
     except (OSError, ValueError, AttributeError):
         return None
@@ -388,7 +390,7 @@ def kept_result(trainer, checkpoint: str | Path | None, out: Path, expect=(), pu
         return None
     marker = Path(checkpoint) / MARKER
     older = marker.is_file() and metrics_file.stat().st_mtime < marker.stat().st_mtime
-    if step != trainer_state(checkpoint).get("global_step") or older:
+    if step != state.get("global_step") or older:
         return None  # another run's result (an earlier one --overwrite replaces)
     say(f"--resume: {out} had finished ({why}); nothing left to train, its results are kept as they were "
         "(a larger limit trains on)")
@@ -398,7 +400,7 @@ def kept_result(trainer, checkpoint: str | Path | None, out: Path, expect=(), pu
 def trainer_state(checkpoint: str | Path) -> dict:
     """A checkpoint's ``trainer_state.json`` (empty if unreadable)."""
     try:
-        state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+        state = read_json(Path(checkpoint) / "trainer_state.json")
     except (OSError, ValueError):
         return {}
     return state if isinstance(state, dict) else {}
