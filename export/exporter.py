@@ -20,7 +20,6 @@ from importlib import metadata
 from pathlib import Path
 
 from sharebert.deploy import artifact
-from sharebert.docs_check import cap
 from sharebert.errors import first_line
 from sharebert.model_folder import read_config
 from sharebert.outdir import check_out_dir, disk_full, read_json, write_json
@@ -290,7 +289,7 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
     """
     from .parity import read_sentences
 
-    options = cap(replace(options or ExportOptions(), **fields))
+    options = replace(options or ExportOptions(), **fields)
     model_dir, out_dir, o = _validate(model_dir, out_dir, options)
     sentences, labels = read_sentences(o.check_file, o.check_limit)
     model, tokenizer = load_model(model_dir, o.task)

@@ -1,6 +1,6 @@
 """The docs run as written: every ```bash and ```python block of README.md and docs/*.md, in reading order
 (``DOC_ORDER``, then any other page alphabetically), in one scratch folder, with the training and evaluation
-budgets capped by ``SHAREBERT_DOCS_CHECK=1`` (``sharebert/docs_check.py``: a few steps and samples each).
+budgets capped here (``CAPS``: a few steps and samples each; the library's functions know nothing of it).
 A command that exits non-zero fails its block's test; later blocks read what earlier ones wrote.
 
 Markers for what cannot run here (the reason is printed):
@@ -11,16 +11,23 @@ Markers for what cannot run here (the reason is printed):
   (``torchrun``, ``optimum-cli`` outside a ``make install``), said so. Blocks without a language are output.
 
 How it runs, in as few processes as possible: ``sharebert`` commands in this process (``sharebert.cli.main``,
-so torch loads once), other commands in ``bash -e -o pipefail``, Python blocks with ``exec``. ``sharebert
-serve`` starts in the background (on a free port that replaces the block's port in its ``curl`` lines) and
+so torch loads once), ``python script.py ...`` with ``runpy``, other commands in ``bash -e -o pipefail``,
+Python blocks with ``exec``. The caps are applied in this process, on the way into the library's budgeted
+functions (``BUDGETED``), so a training or export command in a shell line fails its test: it would run
+uncapped. ``sharebert serve`` starts in the background (on a free port that replaces the block's port in its ``curl`` lines) and
 stops at the end of its block. The scratch folder ``work/`` sits beside a link ``shared`` to the data's
 parent folder, so ``../shared/data`` resolves as it does beside a checkout; ``examples/`` and ``benchmarks/``
 are linked in. ``make docs-check`` runs only this file (``-rs`` lists the skipped blocks).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
+import inspect
 import os
 import re
+import runpy
 import shlex
 import shutil
 import signal
@@ -45,6 +52,39 @@ ASSIGNMENT = re.compile(r"^([A-Za-z_]\w*)=\S")  # `M=$(python -c ...)`: a shell 
 VARIABLE = re.compile(r"\$(?:([A-Za-z_]\w*)|\{([A-Za-z_]\w*)\})")
 SHELL_OPERATORS = {"|", "||", "&", "&&", ";", ">", ">>", "<", "2>", "$("}
 LINKED = ("examples", "benchmarks")
+
+# The budgets the docs run under: a field of an options dataclass, or a parameter, named here becomes
+# ``min(value, cap)``; ``None`` (no limit) becomes the cap.
+CAPS = {
+    "max_steps": 2,  # optimizer steps (pretrain, finetune, distill, compress)
+    "batch_size": 8,
+    "max_train_samples": 64,  # fine-tuning / distillation examples, packed pre-training blocks
+    "max_eval_samples": 32,  # dev examples scored
+    "max_eval_sequences": 8,  # pre-training validation sequences scored
+    "max_questions": 300,  # evaluate analogy: the first questions of the file
+    "latency_samples": 5,  # evaluate glue --depths: sentences timed per depth
+    "check_limit": 16,  # export: parity sentences
+    "runs": 3,  # export: latency runs per shape
+}
+# The library's functions that spend a budget, each capped on the way in: {"module:function": {parameter:
+# the cap it takes, or "module:Class", the options dataclass whose fields are capped (``None`` stands for
+# its defaults)}}. Keyword arguments (``**fields``) named in CAPS are capped too.
+BUDGETED = {
+    "sharebert.training.pretrain:pretrain": {"args": "sharebert.training.options:PretrainArgs"},
+    "sharebert.training.finetune:finetune": {"args": "sharebert.training.options:FinetuneArgs"},
+    "sharebert.training.distill:distill_glue": {"args": "sharebert.training.options:DistillArgs"},
+    "sharebert.training.distill:distill_mlm": {"args": "sharebert.training.options:DistillArgs"},
+    "sharebert.training.distill_embedding:distill_embedding": {
+        "args": "sharebert.training.distill_embedding:EmbeddingArgs", "eval_limit": "max_eval_samples"},
+    "sharebert.training.compress:compress": {"eval_limit": "max_eval_samples"},  # the artifact's STS-B too
+    "sharebert.training.evaluate:_dev_sets": {"max_eval_samples": "max_eval_samples"},
+    "sharebert.training.evaluate:word_analogy": {"max_questions": "max_questions"},
+    "sharebert.training.depth:depth_table": {"max_eval_samples": "max_eval_samples",
+                                             "latency_samples": "latency_samples"},
+    "sharebert.export.exporter:export_model": {"options": "sharebert.export.exporter:ExportOptions"},
+}
+# `sharebert <command>` in a shell line runs in another process, where nothing caps its budget.
+BUDGETED_COMMANDS = {"pretrain", "finetune", "distill", "compress", "evaluate", "export", "demo"}
 
 
 @dataclass
@@ -100,6 +140,73 @@ def words(line: str) -> list[str]:
     return list(lexer)
 
 
+def _resolve(name: str):
+    module, attribute = name.split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def capped_value(cap: str, value):
+    return CAPS[cap] if value is None else min(value, CAPS[cap])
+
+
+def capped_options(options):
+    """A copy of the options dataclass ``options`` with every field named in ``CAPS`` capped."""
+    names = {f.name for f in dataclasses.fields(options)} & CAPS.keys()
+    return dataclasses.replace(options, **{n: capped_value(n, getattr(options, n)) for n in names})
+
+
+class Capping:
+    """Wraps functions so their budgets are capped while ``active`` (a wrapper left behind passes through)."""
+
+    def __init__(self):
+        self.active = False
+
+    def wrap(self, function, parameters: dict):
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def capped(*args, **kwargs):
+            if not self.active:
+                return function(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            for name, value in bound.arguments.items():
+                cap = parameters.get(name)
+                if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                    value = {k: capped_value(k, v) if k in CAPS else v for k, v in value.items()}
+                elif cap is not None and ":" in cap:
+                    value = capped_options(_resolve(cap)() if value is None else value)
+                elif cap is not None:
+                    value = capped_value(cap, value)
+                bound.arguments[name] = value
+            return function(*bound.args, **bound.kwargs)
+
+        return capped
+
+    def install(self, monkeypatch) -> None:
+        """Each of ``BUDGETED`` replaced by its capped wrapper wherever a sharebert module holds it."""
+        for target, parameters in BUDGETED.items():
+            original = _resolve(target)
+            capped = self.wrap(original, parameters)
+            for module in [m for n, m in list(sys.modules.items()) if n.split(".")[0] == "sharebert"]:
+                for attribute, value in list(vars(module).items()):
+                    if value is original:
+                        monkeypatch.setattr(module, attribute, capped)
+
+
+def run_script(argv: list[str]) -> int:
+    """``python script.py args``, in this process (so the caps apply): its exit status."""
+    saved = sys.argv
+    sys.argv = list(argv)
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -119,7 +226,7 @@ class Scratch:
         for name in LINKED:
             (self.cwd / name).symlink_to(REPO / name, target_is_directory=True)
         bindir = str(Path(sys.executable).parent)
-        self.env = {**os.environ, "SHAREBERT_DOCS_CHECK": "1", "SHAREBERT_DATA": str(data), "OMP_NUM_THREADS": "1",
+        self.env = {**os.environ, "SHAREBERT_DATA": str(data), "OMP_NUM_THREADS": "1",
                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                     "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
 
@@ -161,7 +268,14 @@ class Scratch:
 
                     rc = self._in_process(lambda: main(argv[1:]))
                     assert rc == 0, f"{block.id}: `{line}` exited {rc}"
+                elif argv[0] in ("python", "python3") and argv[1:2] and argv[1].endswith(".py") \
+                        and not SHELL_OPERATORS & set(argv):
+                    rc = self._in_process(lambda: run_script(argv[1:]))
+                    assert rc == 0, f"{block.id}: `{line}` exited {rc}"
                 else:
+                    uncapped = any(a == "sharebert" and b in BUDGETED_COMMANDS for a, b in zip(argv, argv[1:]))
+                    assert not uncapped, (f"{block.id}: `{line[:80]}` would run uncapped in a shell: write it "
+                                          "without shell operators or a variable prefix")
                     done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", line], cwd=self.cwd, env=self.env,
                                           timeout=600)
                     assert done.returncode == 0, f"{block.id}: `{line}` exited {done.returncode}"
@@ -199,7 +313,14 @@ BLOCKS = blocks()
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
-    return Scratch(tmp_path_factory.mktemp("docs"))
+    capping = Capping()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        capping.install(monkeypatch)
+        capping.active = True
+        try:
+            yield Scratch(tmp_path_factory.mktemp("docs"))
+        finally:
+            capping.active = False
 
 
 def test_docs_have_runnable_blocks():
@@ -220,17 +341,27 @@ def test_block_runs_as_written(block, scratch, capsys):
         say(f"{block.id}: {time.monotonic() - started:.0f} s")
 
 
-def test_docs_check_caps_budgets_only_when_set(monkeypatch):
-    from sharebert.docs_check import CAPS, cap, cap_value
-    from sharebert.training.options import FinetuneArgs, PretrainArgs
+def test_the_caps_apply_to_options_fields_and_named_limits_only_while_active():
+    from sharebert.training.options import PretrainArgs
 
-    monkeypatch.delenv("SHAREBERT_DOCS_CHECK", raising=False)
-    assert cap(PretrainArgs()) == PretrainArgs() and cap_value("max_eval_samples", None) is None
-    monkeypatch.setenv("SHAREBERT_DOCS_CHECK", "1")
-    a = cap(PretrainArgs(max_steps=2000, batch_size=32, lr=5e-4))
-    assert (a.max_steps, a.batch_size, a.max_eval_sequences, a.lr) == (CAPS["max_steps"], CAPS["batch_size"],
-                                                                       CAPS["max_eval_sequences"], 5e-4)
-    f = cap(FinetuneArgs(max_steps=1, max_train_samples=None))
-    assert (f.max_steps, f.max_train_samples, f.max_eval_samples) == (1, CAPS["max_train_samples"], CAPS["max_eval_samples"])
-    monkeypatch.setenv("SHAREBERT_DOCS_CHECK", "0")
-    assert cap(PretrainArgs()) == PretrainArgs()
+    def run(args=None, eval_limit=None, lr=None, **fields):
+        return args, eval_limit, lr, fields
+
+    capping = Capping()
+    capped = capping.wrap(run, {"args": "sharebert.training.options:PretrainArgs", "eval_limit": "max_eval_samples"})
+    given = PretrainArgs(max_steps=2000, batch_size=32, lr=5e-4)
+    assert capped(given, 100, lr=1, check_limit=100) == (given, 100, 1, {"check_limit": 100})
+    capping.active = True
+    args, eval_limit, lr, fields = capped(given, 100, lr=1, check_limit=100, threads=4)
+    assert (args.max_steps, args.batch_size, args.max_eval_sequences, args.lr) == (
+        CAPS["max_steps"], CAPS["batch_size"], CAPS["max_eval_sequences"], 5e-4)
+    assert (eval_limit, lr, fields) == (CAPS["max_eval_samples"], 1, {"check_limit": CAPS["check_limit"], "threads": 4})
+    assert capped()[0] == capped_options(PretrainArgs()) and capped()[0].max_steps == CAPS["max_steps"]
+    assert capped(given, eval_limit=1)[1] == 1  # below the cap: kept
+
+
+def test_every_budgeted_function_takes_the_parameters_it_is_capped_by():
+    for target, parameters in BUDGETED.items():
+        assert set(parameters) <= set(inspect.signature(_resolve(target)).parameters), target
+        for cap in parameters.values():
+            assert cap in CAPS or dataclasses.is_dataclass(_resolve(cap)), (target, cap)

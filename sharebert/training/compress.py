@@ -23,7 +23,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..docs_check import cap_value
 from ..outdir import check_out_dir, finite, read_json, write_json
 
 REPORT = "report.json"
@@ -155,7 +154,6 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     from .distill import check_encoder
     from .distill_embedding import distill_embedding
 
-    eval_limit = cap_value("max_eval_samples", eval_limit)  # SHAREBERT_DOCS_CHECK=1: the artifact's STS-B too
     raw = check_encoder(teacher)
     if is_classifier(raw):  # the command sends a classifier to compress_classifier (which imports this module)
         raise ValueError(f"{teacher} is a classifier: compress it with compress_classifier.compress_classifier")

@@ -14,7 +14,6 @@ import statistics
 import time
 from pathlib import Path
 
-from ..docs_check import cap_value
 from ..paths import data_path
 from .glue import get_task, read_split
 from .metrics import task_metrics
@@ -108,7 +107,6 @@ def depth_table(model, task: str, depths, data_dir=None, max_eval_samples: int |
     from ..model_folder import read_config
 
     task_ = get_task(task)
-    max_eval_samples, latency_samples = cap_value("max_eval_samples", max_eval_samples), cap_value("latency_samples", latency_samples)
     if not latency_samples >= 1 or not threads >= 1:
         raise ValueError(f"--latency-samples and --threads must be at least 1, got {latency_samples} and {threads}")
     artifact = is_artifact(model)

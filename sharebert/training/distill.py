@@ -31,7 +31,6 @@ from torch import nn
 
 from ..curves import write_curves
 from ..deploy.artifact import sha256
-from ..docs_check import cap
 from ..errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
 from ..outdir import check_out_dir, finite, read_json, write_json
@@ -523,7 +522,6 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     more ``TrainerCallback``s (``sharebert compress``: the signal checkpoint). ``clock``: a ``WallClockLimit``
     that stops training; without ``args.max_steps`` the learning rate and the progress lines follow it.
     """
-    args = cap(args)
     args.weights.check_teaches()
     from transformers import DataCollatorWithPadding
 
@@ -668,7 +666,6 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     ``out`` receives the student (``ShareBertForMaskedLM``, projections dropped), its tokenizer and
     ``metrics.json`` (steps, train loss, the last value of each term).
     """
-    args = cap(args)
     args.weights.check_teaches()
     from ..build import config_for_vocab
     from ..modeling_sharebert import ShareBertForMaskedLM

@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..docs_check import cap, cap_value
 from ..modeling_sharebert import pool
 from ..model_folder import load_config, load_tokenizer
 from ..outdir import check_out_dir, finite, write_json
@@ -400,7 +399,6 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     from ..curves import write_curves
     from .callbacks import MarkCheckpoints, WallClockLimit, kept_result, start_checkpoints
 
-    args, eval_limit = cap(args), cap_value("max_eval_samples", eval_limit)  # SHAREBERT_DOCS_CHECK=1: a few steps
     if score_sts and eval_limit is not None and eval_limit < 2:
         raise ValueError(f"a Spearman correlation needs at least 2 STS-B dev pairs; --max-eval-samples / --eval-limit "
                          f"is {eval_limit}")

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from scipy import stats
 
-from ..docs_check import cap_value
 from ..model_folder import load_config, load_model, load_tokenizer
 from ..paths import data_path
 from .encoded import encode, evaluate_split, label_map, mean_embedding_norm
@@ -49,7 +48,6 @@ def load_finetuned(model_dir: str | Path):
 
 def _dev_sets(task: GlueTask, data_dir, tokenizer, config, max_eval_samples, progress):
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task.folder)
-    max_eval_samples = cap_value("max_eval_samples", max_eval_samples)
     seq_len = min(128, config.max_position_embeddings)
     return {s: encode(read_split(task, data_dir, s).head(max_eval_samples), tokenizer, seq_len, progress=progress)
             for s in task.dev_splits}
@@ -236,17 +234,18 @@ def _candidate_ids(tokenizer, rows: int) -> torch.Tensor:
 
 @torch.no_grad()
 def word_analogy(model, tokenizer, path: str | Path | None = None, batch_size: int = 512, progress: bool = True,
-                 multi_token: str = "mean") -> dict:
+                 multi_token: str = "mean", max_questions: int | None = None) -> dict:
     """3CosAdd accuracy: ``d* = argmax_w cos(w, b - a + c)`` over whole-word tokens except a, b, c.
 
     ``a``, ``b``, ``c`` that WordPiece splits get vectors by ``multi_token`` (:data:`MULTI_TOKEN`); the
     answer ``d`` must be one token (the candidates are whole-word tokens), else the question is skipped.
+    ``max_questions``: the first N questions of the file only (all by default).
     Returns ``{"accuracy", "questions", "used", "used_multitoken", "skipped_oov", "skipped_multitoken",
     "sections": {name: acc}}``.
     """
     if multi_token not in MULTI_TOKEN:
         raise ValueError(f"multi_token must be one of {', '.join(MULTI_TOKEN)}, got {multi_token!r}")
-    questions = read_analogy(path or data_path("analogy", "questions-words.txt"))[:cap_value("max_questions", None)]
+    questions = read_analogy(path or data_path("analogy", "questions-words.txt"))[:max_questions]
     emb = embedding_matrix(model)
     cand = _candidate_ids(tokenizer, emb.shape[0])
     cand_emb = torch.nn.functional.normalize(emb[cand], dim=-1)

@@ -19,7 +19,6 @@ import torch
 from transformers import Trainer
 
 from ..curves import write_curves
-from ..docs_check import cap
 from ..model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from ..outdir import OutLock, check_out_dir, finite, write_json
 from ..paths import data_path
@@ -105,7 +104,6 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     ``best_step`` and ``train_seconds``. ``resume``: continue from the newest complete checkpoint in
     ``out/checkpoints`` (``ValueError`` when there is none).
     """
-    args = cap(args)
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite or resume or _unfinished(Path(out)),

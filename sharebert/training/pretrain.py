@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from ..docs_check import cap
 from ..model_folder import UNFINISHED, is_bert_folder, read_config, save_as_bert
 from ..shape import preset_fields
 from ..curves import write_curves
@@ -340,7 +339,7 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     """
     from ..paths import data_path
 
-    a = cap(args or PretrainArgs())
+    a = args or PretrainArgs()
     if a.char_level and preset is None and model_dir is None:
         preset = "charlm-6l"
     _check_args(a, model_dir, preset, train, data)
