@@ -27,6 +27,8 @@ def main() -> None:
     ap.add_argument("--depths", default="", help="also score each depth-gated artifact at these depths, e.g. 2,3")
     a = ap.parse_args()
 
+    from transformers import AutoTokenizer
+
     from sharebert.deploy import Runtime
     from sharebert.paths import data_path
     from sharebert.recipe import read_recipe
@@ -34,7 +36,6 @@ def main() -> None:
     from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
     from sharebert.training.glue import read_split
     from sharebert.training.metrics import cosine_spearman
-    from transformers import AutoTokenizer
 
     split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(a.limit)
     rows = []
@@ -78,7 +79,7 @@ def main() -> None:
         size = sum(f.stat().st_size for f in Path(folder).rglob("*.safetensors"))
         rows.append((f"model2vec {folder}", cosine_spearman(va, vb, split.labels), int(m.embedding.size), size))
     print(f"STS-B dev, {len(split)} pairs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
-    print(f"| model | Spearman | learned params | file bytes |\n|---|---|---|---|")
+    print("| model | Spearman | learned params | file bytes |\n|---|---|---|---|")
     for name, rho, n, size in rows:
         print(f"| {name} | {rho:.4f} | {n:,} | {size / 1e6:.1f} MB |" if n else f"| {name} | {rho:.4f} | - | {size / 1e6:.1f} MB |")
 

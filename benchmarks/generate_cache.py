@@ -61,7 +61,7 @@ def main() -> None:
           f"best of {a.repeats}")
     print(f"{'new characters':16s} {'':8s} {'cache':>12s} {'no cache':>12s} {'speed-up':>9s}")
     for n in (a.new_tokens, fit):
-        def torch_gen(cache):
+        def torch_gen(cache, n=n):
             with torch.no_grad():
                 return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=cache,
                                       pad_token_id=0)
@@ -69,8 +69,8 @@ def main() -> None:
         rates = {
             ("PyTorch", True): best_rate(lambda: torch_gen(True), n, a.repeats),
             ("PyTorch", False): best_rate(lambda: torch_gen(False), n, a.repeats),
-            ("Runtime", True): best_rate(lambda: runtime.generate(prompt, n, use_cache=True), n, a.repeats),
-            ("Runtime", False): best_rate(lambda: runtime.generate(prompt, n, use_cache=False), n, a.repeats),
+            ("Runtime", True): best_rate(lambda n=n: runtime.generate(prompt, n, use_cache=True), n, a.repeats),
+            ("Runtime", False): best_rate(lambda n=n: runtime.generate(prompt, n, use_cache=False), n, a.repeats),
         }
         for who in ("PyTorch", "Runtime"):
             c, nc = rates[(who, True)], rates[(who, False)]

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     print(f"  one by one          {alone:8.1f} ms")
     size = 2
     while size <= len(texts):
-        ms = best_ms(lambda: [runtime.predict(texts[i: i + size]) for i in range(0, len(texts), size)], args.repeats)
+        ms = best_ms(lambda size=size: [runtime.predict(texts[i: i + size]) for i in range(0, len(texts), size)], args.repeats)
         print(f"  in batches of {size:<4}  {ms:8.1f} ms  ({ms / alone:.2f}x one by one)")
         size *= 2
     return 0

@@ -44,9 +44,9 @@ from transformers import default_data_collator  # noqa: E402
 from sharebert.accounting import count_params  # noqa: E402
 from sharebert.build import build_model  # noqa: E402
 from sharebert.configuration_sharebert import ShareBertConfig  # noqa: E402
+from sharebert.model_folder import load_tokenizer  # noqa: E402
 from sharebert.modeling_sharebert import ShareBertForMaskedLM  # noqa: E402
 from sharebert.paths import data_path  # noqa: E402
-from sharebert.model_folder import load_tokenizer  # noqa: E402
 from sharebert.training.corpus import PackedDataset, encode_sources, pack  # noqa: E402
 from sharebert.training.evaluate import WORDSIM_SETS, load_any, read_wordsim, word_similarity  # noqa: E402
 from sharebert.training.finetune import FinetuneArgs, finetune  # noqa: E402

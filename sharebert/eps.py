@@ -7,7 +7,7 @@ buffer whose rows are the generated columns, and every target is a view of a pie
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +68,7 @@ class _SourceCache:
 class EPSLinear(nn.Module):
     """A linear layer whose weight is a target of a shared EPS generator; it owns only its bias."""
 
-    def __init__(self, generator: "EPSGenerator", name: str, bias: torch.Tensor | None):
+    def __init__(self, generator: EPSGenerator, name: str, bias: torch.Tensor | None):
         super().__init__()
         object.__setattr__(self, "_generator", generator)  # not a submodule: owned by the model root
         self.target = name

@@ -22,8 +22,8 @@ rows are the generated columns, and every target is a reshape (a view) of a piec
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 __all__ = ["TargetSlot", "ColumnPlan"]
 
@@ -57,7 +57,7 @@ class ColumnPlan:
     slots: tuple[TargetSlot, ...]
 
     @classmethod
-    def build(cls, source_rows: int, source_width: int, targets: Sequence[tuple[str, tuple[int, int]]]) -> "ColumnPlan":
+    def build(cls, source_rows: int, source_width: int, targets: Sequence[tuple[str, tuple[int, int]]]) -> ColumnPlan:
         """Plan ``targets`` (``(name, (rows, cols))`` pairs, in fill order) right to left.
 
         Raises ``ValueError`` naming the shortfall when they need more than ``source_width`` columns.
@@ -98,7 +98,7 @@ class ColumnPlan:
     def generated_params(self) -> int:
         return sum(s.numel for s in self.slots)
 
-    def without(self, name: str) -> "ColumnPlan":
+    def without(self, name: str) -> ColumnPlan:
         """The plan minus target ``name``, every other target keeping its columns; only the left-most
         (last-planned) target can go, so the used columns stay one slice ``M[:, first_column:]``."""
         dropped = self.slot(name)

@@ -292,7 +292,7 @@ class ModelShape(ShapeMixin):
             self.validate()
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> "ModelShape":
+    def from_preset(cls, name: str, **overrides) -> ModelShape:
         return cls(**preset_fields(name, **overrides))
 
 

@@ -2,12 +2,11 @@
 import json
 
 import pytest
-import torch
 
 from sharebert import PRESETS, ShareBertConfig, ShareBertForMaskedLM
 from sharebert.build import config_for_vocab
-from sharebert.shape import parse_overrides
 from sharebert.cli import main
+from sharebert.shape import parse_overrides
 
 
 @pytest.mark.parametrize("kwargs,words", [

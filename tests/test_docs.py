@@ -266,11 +266,11 @@ class Scratch:
                 elif argv[0] == "sharebert" and not SHELL_OPERATORS & set(argv):
                     from sharebert.cli import main
 
-                    rc = self._in_process(lambda: main(argv[1:]))
+                    rc = self._in_process(lambda argv=argv: main(argv[1:]))
                     assert rc == 0, f"{block.id}: `{line}` exited {rc}"
                 elif argv[0] in ("python", "python3") and argv[1:2] and argv[1].endswith(".py") \
                         and not SHELL_OPERATORS & set(argv):
-                    rc = self._in_process(lambda: run_script(argv[1:]))
+                    rc = self._in_process(lambda argv=argv: run_script(argv[1:]))
                     assert rc == 0, f"{block.id}: `{line}` exited {rc}"
                 else:
                     uncapped = any(a == "sharebert" and b in BUDGETED_COMMANDS for a, b in zip(argv, argv[1:]))

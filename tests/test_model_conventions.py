@@ -9,8 +9,15 @@ from torch.export import Dim, export
 from transformers import BertConfig, BertModel
 from transformers.cache_utils import DynamicCache
 
-from sharebert import (ShareBertConfig, ShareBertForCausalLM, ShareBertForMaskedLM, ShareBertForQuestionAnswering,
-                       ShareBertForSequenceClassification, ShareBertForTokenClassification, ShareBertModel)
+from sharebert import (
+    ShareBertConfig,
+    ShareBertForCausalLM,
+    ShareBertForMaskedLM,
+    ShareBertForQuestionAnswering,
+    ShareBertForSequenceClassification,
+    ShareBertForTokenClassification,
+    ShareBertModel,
+)
 from sharebert.model_folder import bert_state_dict
 
 ALL_CLASSES = (ShareBertModel, ShareBertForMaskedLM, ShareBertForCausalLM, ShareBertForSequenceClassification,

@@ -3,12 +3,26 @@ import copy
 
 import pytest
 import torch
-from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification,
-                          BertConfig, BertForMaskedLM, pipeline)
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForMaskedLM,
+    pipeline,
+)
 
 import sharebert.modeling_sharebert as modeling
-from sharebert import (ShareBertConfig, ShareBertForCausalLM, ShareBertForMaskedLM, ShareBertForQuestionAnswering,
-                       ShareBertForSequenceClassification, ShareBertForTokenClassification, ShareBertModel)
+from sharebert import (
+    ShareBertConfig,
+    ShareBertForCausalLM,
+    ShareBertForMaskedLM,
+    ShareBertForQuestionAnswering,
+    ShareBertForSequenceClassification,
+    ShareBertForTokenClassification,
+    ShareBertModel,
+)
 from sharebert.build import build_model
 from sharebert.paths import default_vocab
 

@@ -60,7 +60,7 @@ def _compress_demo(main, out: Path, t0: float) -> int:
         print(f"{name}:")
         for score, text in ranked(out / "compress" / folder):
             print(f"  {score:.3f}  {text}")
-    print(f"\nA longer run (sharebert compress ... --max-time 3600) gets closer to the teacher (docs/DISTILLATION.md).")
+    print("\nA longer run (sharebert compress ... --max-time 3600) gets closer to the teacher (docs/DISTILLATION.md).")
     print(f"demo finished in {time.time() - t0:.0f} s; artifacts under {out}/")
     return 0
 

@@ -65,8 +65,8 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from .tables import format_table
     from ..training.options import DistillArgs, DistillWeights, parse_layer_map
+    from .tables import format_table
 
     for name in ("epochs", "batch_size", "lr", "seq_len", "max_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
         value = getattr(args, name)

@@ -14,8 +14,8 @@ def _common(p, json_out=True):
 
 
 def add_arguments(p):
-    from ..training.options import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
     from ..training.glue import TASKS
+    from ..training.options import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
 
     sub = p.add_subparsers(dest="mode", metavar="MODE", required=True)
     g = sub.add_parser("glue", help="dev metrics of a fine-tuned model")

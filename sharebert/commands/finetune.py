@@ -63,10 +63,9 @@ def add_depth_sampling_argument(p) -> None:
 
 
 def run(args) -> int:
-    from .tables import format_table
-    from ..training.options import FinetuneArgs
-
     from ..training.finetune import finetune  # torch: only once the options are known to be good (argparse types)
+    from ..training.options import FinetuneArgs
+    from .tables import format_table
     fargs = FinetuneArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                          weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
                          max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
