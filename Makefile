@@ -22,7 +22,7 @@ demo: $(STAMP)
 
 # `ruff format --check .` joins `lint` once the tree has had its one format commit (pyproject.toml [tool.ruff]).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check .
+	$(PY) -m ruff check .
 
 # Everything: the lint, then every test. Each recipe line's exit status is make's: a lint finding stops it
 # before the tests, and pytest's own status (1 failures, 2 interrupted, 5 nothing collected) fails `make test`.
