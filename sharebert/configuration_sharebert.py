@@ -16,6 +16,10 @@ from .shape import PRESETS, ShapeMixin, pad_vocab_size, preset_fields
 
 __all__ = ["ShareBertConfig", "PRESETS", "pad_vocab_size"]
 
+# Fields transformers 4's PretrainedConfig gave every config (transformers 5 leaves them to each model's config,
+# as BertConfig does): a causal LM sets ``is_decoder`` and ``generate`` reads the special token ids.
+_DECODER_FIELDS = {"is_decoder": False, "add_cross_attention": False, "bos_token_id": None, "eos_token_id": None}
+
 
 class ShareBertConfig(ShapeMixin, PretrainedConfig):
     """Configuration of ShareBERT and of the BERT-style encoders with shared attention weights.
@@ -59,6 +63,9 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         **kwargs,
     ):
         kwargs.setdefault("tie_word_embeddings", mlm_head == "tied")
+        # transformers 5's PreTrainedConfig no longer declares these; the models and generate read them
+        for key, default in _DECODER_FIELDS.items():
+            kwargs.setdefault(key, default)
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         self.vocab_size = vocab_size
         self.embedding_size = embedding_size

@@ -35,9 +35,19 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 
+try:  # transformers 5: each function leaves alone a tensor a checkpoint loaded
+    from transformers import initialization as init
+except ImportError:  # transformers 4 (the optimum extra's environment) initialises before loading
+    from torch.nn import init
+
 from .attention import SelfAttention
 from .configuration_sharebert import ShareBertConfig
 from .eps import _SourceCache, generate_from_source, generate_virtual, tracing
+
+
+# The key/value cache's keyword and output field: transformers 5.2x renamed ``past_key_values`` to ``cache`` (the old
+# name still accepted, with a warning); the models take either and answer under the installed library's name.
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class ShareBertEmbeddings(nn.Module):
@@ -110,12 +120,17 @@ class WeightGenerator(nn.Module):
         return self._cache.get([word_embeddings], lambda: generate_from_source(self.plan, word_embeddings))
 
 
+class LayerMatrices(nn.ParameterDict):
+    """``DenseWeights``' matrices, a type of their own for ``_init_weights``: transformers 5 initialises custom
+    code module by module, each module's own parameters, so these are initialised where they are held."""
+
+
 class DenseWeights(nn.Module):
     """Learned encoder matrices for ``sharing='none'``; ``forward()`` returns them as a dict."""
 
     def __init__(self, config: ShareBertConfig):
         super().__init__()
-        self.matrices = nn.ParameterDict({n: nn.Parameter(torch.empty(s)) for n, s in config.layer_matrices()})
+        self.matrices = LayerMatrices({n: nn.Parameter(torch.empty(s)) for n, s in config.layer_matrices()})
 
     def forward(self) -> dict[str, torch.Tensor]:
         return dict(self.matrices.items())
@@ -154,6 +169,13 @@ class ShareBertLayer(GradientCheckpointingLayer):
         return x, probs
 
 
+def _copy_(tensor: torch.Tensor, value: torch.Tensor):
+    """``init.copy_`` of transformers 5 (torch.nn.init has none): a tensor a checkpoint loaded keeps its values."""
+    if not getattr(tensor, "_is_hf_initialized", False):
+        with torch.no_grad():
+            tensor.copy_(value)
+
+
 class ShareBertPreTrainedModel(PreTrainedModel):
     config_class = ShareBertConfig
     base_model_prefix = "sharebert"
@@ -166,37 +188,33 @@ class ShareBertPreTrainedModel(PreTrainedModel):
                                   "weights; mask heads with head_mask instead")
 
     def _init_weights(self, module):
+        """Each module's own tensors. ``init`` leaves alone a tensor a checkpoint loaded (transformers 5
+        initialises only what a load left missing, module by module)."""
         std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            module.weight.data.normal_(0.0, std)
-            if getattr(module, "bias", None) is not None:
-                module.bias.data.zero_()
-        elif isinstance(module, nn.LayerNorm):
-            module.weight.data.fill_(1.0)
-            module.bias.data.zero_()
-        elif isinstance(module, WeightGenerator) and module.virtual:
+        if isinstance(module, WeightGenerator) and module.virtual:
             # A ~ N(0, std) and P ~ N(0, 1/sqrt(F)) give generated weights of std ~ `std`.
-            module.projection.data.normal_(0.0, module.projection.shape[0] ** -0.5)
-            module.bias.data.zero_()
-        elif isinstance(module, DenseWeights):
-            for name, p in module.matrices.items():
+            init.normal_(module.projection, 0.0, module.projection.shape[0] ** -0.5)
+            init.zeros_(module.bias)
+        elif isinstance(module, LayerMatrices):
+            for name, p in module.items():
                 if name == "pair":  # S_h = I: pairwise starts as symmetric attention
                     d = p.shape[1]
-                    p.data.copy_(torch.eye(d).repeat(p.shape[0] // d, 1))
+                    _copy_(p, torch.eye(d).repeat(p.shape[0] // d, 1))
                 else:
-                    p.data.normal_(0.0, std)
+                    init.normal_(p, 0.0, std)
         elif isinstance(module, SelfAttention):
             for p in module.bias.values():
-                p.data.zero_()
-            module.output_bias.data.zero_()
-            if hasattr(module, "scaling"):
-                for p in module.scaling.values():
-                    p.data.fill_(1.0)
+                init.zeros_(p)
+            init.zeros_(module.output_bias)
+            for p in getattr(module, "scaling", {}).values():
+                init.ones_(p)
         elif isinstance(module, ShareBertLayer):
-            module.ffn_in_bias.data.zero_()
-            module.ffn_out_bias.data.zero_()
+            init.zeros_(module.ffn_in_bias)
+            init.zeros_(module.ffn_out_bias)
         elif isinstance(module, ShareBertModel) and hasattr(module, "pooler_bias"):
-            module.pooler_bias.data.zero_()  # a bare Parameter: the only one outside a submodule
+            init.zeros_(module.pooler_bias)  # a bare Parameter: the only one outside a submodule
+        else:  # nn.Linear and nn.Embedding ~ N(0, std), zero biases; LayerNorm ones and zeros
+            super()._init_weights(module)
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         """transformers' resize for ``sharing='none'``; refused where the encoder is generated from the embeddings.
@@ -309,10 +327,12 @@ class ShareBertModel(ShareBertPreTrainedModel):
         use_cache: Optional[bool] = None,
         head_mask: Optional[torch.Tensor] = None,
         depth: Optional[int] = None,
+        cache: Optional[Cache] = None,
         **kwargs,
     ):
-        """``past_key_values``/``use_cache``: a transformers ``Cache`` of earlier keys and values (causal models;
-        a ``DynamicCache`` is made when ``use_cache`` and none is given). ``head_mask``: ``(heads,)`` or
+        """``cache`` (or ``past_key_values``, its name before transformers 5.2x) and ``use_cache``: a transformers
+        ``Cache`` of earlier keys and values (causal models; a ``DynamicCache`` is made when ``use_cache`` and none
+        is given). ``head_mask``: ``(heads,)`` or
         ``(layers, heads)``, multiplies attention probabilities per head. ``depth``: run only the first
         ``depth`` layers (1..N; default N, or in training with ``config.train_min_depth`` a depth drawn
         uniformly from ``train_min_depth..N`` per forward): every layer shares the generated weights, so
@@ -320,15 +340,16 @@ class ShareBertModel(ShareBertPreTrainedModel):
         are accepted and unused."""
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if use_cache is None:  # by default only where it helps: generating, not training or exporting
             use_cache = self.config.use_cache and not self.training and not tracing()
         use_cache = self.causal and use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()
-        cache = past_key_values if use_cache else None
+        cache = cache if cache is not None else past_key_values
+        if use_cache and cache is None:
+            cache = DynamicCache()
+        cache = cache if use_cache else None
         past = cache.get_seq_length() if cache is not None else 0
         x = self.embeddings(input_ids, token_type_ids, inputs_embeds, position_ids, past)
         T = x.shape[1]
@@ -362,9 +383,9 @@ class ShareBertModel(ShareBertPreTrainedModel):
         out = BaseModelOutputWithPoolingAndCrossAttentions(
             last_hidden_state=x,
             pooler_output=pooled,
-            past_key_values=cache,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attn) if output_attentions else None,
+            **{CACHE: cache},
         )
         return out if return_dict else out.to_tuple()
 
@@ -390,7 +411,8 @@ class ShareBertLMHead(nn.Module):
 
 
 class _WithLMHead(ShareBertPreTrainedModel):
-    _tied_weights_keys = ["lm_head.decoder.weight"]
+    # transformers 5's form, {tied: source}; tied only where config.tie_word_embeddings (mlm_head="tied")
+    _tied_weights_keys = {"lm_head.decoder.weight": "sharebert.embeddings.word_embeddings.weight"}
     accepts_loss_kwargs = False  # our loss is a plain mean; Trainer divides by grad accumulation
 
     def _build(self, config):
@@ -419,7 +441,7 @@ class ShareBertForMaskedLM(_WithLMHead):
         labelled positions (~15%): the same loss and gradients for a sixth of the head's work, and
         ``logits`` is ``None``.
         """
-        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
                              output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
         h, logits, loss = out.last_hidden_state, None, None
@@ -444,7 +466,7 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         self._build(config)
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
-                                      token_type_ids=None, **kwargs):
+                                      token_type_ids=None, cache=None, **kwargs):
         """One generation step's inputs: the tokens the cache has not seen, with their token types (a
         tokenizer's ``token_type_ids``, which ``generate`` extends with each new token) and their positions
         counted over the attention mask (so left padding does not shift them), and every other model keyword.
@@ -453,6 +475,8 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         again from an empty cache (positions cannot grow further).
         """
         P = self.config.max_position_embeddings
+        past_key_values = cache if cache is not None else past_key_values  # its name before transformers 5.2x
+        kwargs.pop("next_sequence_length", None)  # transformers 5's slicing hint: the cache length says the same
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -464,24 +488,24 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         kwargs.pop("position_ids", None)  # generate's own, counted without the mask
         return {**kwargs, "input_ids": input_ids[:, past:], "attention_mask": attention_mask,
-                "token_type_ids": token_type_ids, "position_ids": position_ids[:, past:],
-                "past_key_values": past_key_values}
+                "token_type_ids": token_type_ids, "position_ids": position_ids[:, past:], CACHE: past_key_values}
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None,
-                past_key_values=None, use_cache=None, head_mask=None, depth=None, **kwargs):
-        """``labels`` (B, T): the inputs themselves (shifted inside), -100 to ignore. ``past_key_values``: a
-        transformers ``Cache`` (returned, extended, in the output when ``use_cache``)."""
-        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+                past_key_values=None, use_cache=None, head_mask=None, depth=None, cache=None, **kwargs):
+        """``labels`` (B, T): the inputs themselves (shifted inside), -100 to ignore. ``cache`` (or
+        ``past_key_values``): a transformers ``Cache`` (returned, extended, in the output when ``use_cache``)."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
                              output_hidden_states, return_dict=True, position_ids=position_ids,
-                             past_key_values=past_key_values, use_cache=use_cache, head_mask=head_mask, depth=depth)
+                             past_key_values=past_key_values, use_cache=use_cache, head_mask=head_mask, depth=depth,
+                             cache=cache)
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-        res = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                                     hidden_states=out.hidden_states, attentions=out.attentions)
+        res = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions,
+                                     **{CACHE: getattr(out, CACHE)})
         return res if return_dict else res.to_tuple()
 
 
@@ -522,7 +546,7 @@ class ShareBertForSequenceClassification(ShareBertPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
-        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
                              output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
         pooled = sequence_vector(out, attention_mask, self.config.classifier_pooling)
@@ -555,7 +579,7 @@ class ShareBertForTokenClassification(ShareBertPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
-        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
                              output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
         logits = self.classifier(self.dropout(out.last_hidden_state))
@@ -576,7 +600,7 @@ class ShareBertForQuestionAnswering(ShareBertPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None,
                 start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, position_ids=None, head_mask=None, depth=None):
-        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
                              output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
         start, end = self.qa_outputs(out.last_hidden_state).split(1, dim=-1)
@@ -606,7 +630,7 @@ class ShareBertForMultipleChoice(ShareBertPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
         """``labels`` (B,): the index of the right choice."""
-        return_dict = self.config.use_return_dict if return_dict is None else return_dict
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
 
         def flat(t):  # (B, C, T, ...) -> (B * C, T, ...)

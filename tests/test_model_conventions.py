@@ -197,6 +197,25 @@ def test_left_padded_tokenizer_batch_continues_as_each_text_alone(wordpiece_lm):
     assert torch.equal(batch, torch.stack(alone))
 
 
+def _bert_with_head_mask(bert, head_mask):
+    """``bert`` attending as transformers 4's BERT did with ``head_mask`` (transformers 5 dropped the argument): eager
+    attention whose probabilities, after dropout, are multiplied by ``head_mask[layer]`` per head. Registered as an
+    attention implementation (with eager's mask), transformers 5's documented way to change how a model attends."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.models.bert.modeling_bert import eager_attention_forward
+
+    def attend(module, query, key, value, attention_mask, **kwargs):
+        _, probs = eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        probs = probs * head_mask[module.layer_idx][None, :, None, None]
+        return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+    AttentionInterface.register("sharebert_test_head_mask", attend)
+    AttentionMaskInterface.register("sharebert_test_head_mask", ALL_MASK_ATTENTION_FUNCTIONS["eager"])  # eager's mask
+    bert.set_attn_implementation("sharebert_test_head_mask")
+    return bert
+
+
 def test_head_mask_matches_transformers_bert():
     """sharing='none' is BERT: the same head_mask gives the same hidden states and attentions as BertModel."""
     torch.manual_seed(0)
@@ -209,17 +228,20 @@ def test_head_mask_matches_transformers_bert():
     _, inputs = tester.prepare_config_and_inputs()
     head_mask = torch.tensor([[1.0, 0.0, 1.0, 0.5], [0.0, 1.0, 1.0, 1.0]])
     with torch.no_grad():
-        want = bert(**inputs, head_mask=head_mask, output_attentions=True)
+        want = _bert_with_head_mask(bert, head_mask)(**inputs, output_attentions=True)
         got = ours(**inputs, head_mask=head_mask, output_attentions=True)
         fast = ours(**inputs, head_mask=head_mask).last_hidden_state  # the SDPA path scales the context instead
     keep = inputs["attention_mask"].bool()
     for g in (got.last_hidden_state, fast):
         assert (g[keep] - want.last_hidden_state[keep]).abs().max().item() <= 1e-5
+    for g, w in zip(got.attentions, want.attentions, strict=True):
+        assert (g - w).abs().max().item() <= 1e-5
     assert (got.attentions[0][:, 1] == 0).all() and (got.attentions[1][:, 0] == 0).all()
 
 
 def test_pruning_is_declared_unsupported_and_changes_nothing():
     model = ShareBertForMaskedLM(tester.get_config())
+    before = model.config.to_dict()
     with pytest.raises(NotImplementedError, match="head pruning is not supported"):
         model.prune_heads({0: [1]})
-    assert model.config.pruned_heads == {}
+    assert model.config.to_dict() == before
