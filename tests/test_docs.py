@@ -365,3 +365,17 @@ def test_every_budgeted_function_takes_the_parameters_it_is_capped_by():
         assert set(parameters) <= set(inspect.signature(_resolve(target)).parameters), target
         for cap in parameters.values():
             assert cap in CAPS or dataclasses.is_dataclass(_resolve(cap)), (target, cap)
+
+
+def test_installed_caps_reach_every_holder_of_a_budgeted_function(monkeypatch):
+    import types
+
+    from sharebert.training.distill import distill_glue
+
+    holder = types.ModuleType("sharebert.holder")  # a module that took the function with `from ... import`
+    holder.distill_glue = distill_glue
+    monkeypatch.setitem(sys.modules, holder.__name__, holder)
+    Capping().install(monkeypatch)
+    for target in BUDGETED:
+        assert hasattr(_resolve(target), "__wrapped__"), target
+    assert holder.distill_glue.__wrapped__ is distill_glue
