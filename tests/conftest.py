@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
@@ -68,3 +69,35 @@ def http_json():
             return e.code, json.loads(e.read())
 
     return call
+
+
+class SteppedClock:
+    """Stands in for the ``time`` module of ``sharebert.training.callbacks``: its monotonic clock moves only when
+    a training step ends, by ``step_seconds``, so a ``--max-time`` run takes the same steps on a loaded machine
+    as on a quiet one (an evaluation's own ``eval_runtime``, measured by the Trainer, still counts)."""
+
+    def __init__(self, step_seconds: float):
+        self.step_seconds, self.now = step_seconds, 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):  # time.time() and the rest: the real ones
+        return getattr(time, name)
+
+
+@pytest.fixture
+def stepped_clock(monkeypatch):
+    """Each training step of a ``WallClockLimit`` run takes ``clock.step_seconds`` (0.5 unless the test sets it)."""
+    from sharebert.training import callbacks
+
+    clock = SteppedClock(0.5)
+    on_step_end = callbacks.WallClockLimit.on_step_end
+
+    def stepped(self, *args, **kwargs):
+        clock.now += clock.step_seconds
+        return on_step_end(self, *args, **kwargs)
+
+    monkeypatch.setattr(callbacks, "time", clock)
+    monkeypatch.setattr(callbacks.WallClockLimit, "on_step_end", stepped)
+    return clock

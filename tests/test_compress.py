@@ -618,9 +618,9 @@ def test_a_finished_run_whose_results_were_lost_writes_its_figures_again(minilm_
     assert abs(again["last_terms"]["sentence"] - first["last_terms"]["sentence"]) <= 1e-5
 
 
-def test_finished_max_time_run_resumed_is_kept(minilm_dir, tmp_path, capsys):
-    """A run its --max-time stopped, resumed with the same limit, takes no step and keeps its results (was: one
-    step more, metrics rewritten); a larger --max-time trains on from where it stopped."""
+def test_finished_max_time_run_resumed_is_kept(minilm_dir, tmp_path, capsys, stepped_clock):
+    """A run its --max-time stopped, resumed with the same limit, takes no step and keeps its results (metrics
+    untouched); a larger --max-time trains on from where it stopped."""
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 
