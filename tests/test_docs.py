@@ -1,5 +1,5 @@
-"""The docs run as written: every ```bash and ```python block of README.md and docs/*.md, in reading order
-(``DOC_ORDER``, then any other page alphabetically), in one scratch folder, with the training and evaluation
+"""The docs run as written: every ```bash and ```python block of README.md and docs/*.md (not docs/lab/, the lab
+notes), in reading order (``DOC_ORDER``, then any other page alphabetically), in one scratch folder, with the training and evaluation
 budgets capped here (``CAPS``: a few steps and samples each; the library's functions know nothing of it).
 A command that exits non-zero fails its block's test; later blocks read what earlier ones wrote.
 
