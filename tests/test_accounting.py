@@ -124,7 +124,7 @@ def test_report_json(capsys):
     assert r["gflops"]["training_forward"] > r["gflops"]["inference"]
     assert r["bytes"]["stored"]["fp32"] == 4 * 27_008_512
     assert main(["report", "--preset", "sharebert-large", "--set", "num_hidden_layers=4", "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["paper"] is None  # overridden: no longer the paper's model
+    assert json.loads(capsys.readouterr().out)["paper"] is None  # overridden: not the paper's model
     assert main(["report", "--preset", "bert-base", "--head", "mlm", "--format", "markdown"]) == 0
     out = capsys.readouterr().out
     assert "| &nbsp;&nbsp;= learned | 109,514,298 | 109,514,298 | +0.0% |" in out

@@ -128,13 +128,13 @@ CASES = [
      ["notes.txt"], "p1.png"),
     ("plot-and-json-same", ["evaluate", "glue", "--model", "{root}/model", "--task", "sst2", "--depths", "1",
                             "--plot", "{root}/same.png", "--json", "{root}/same.png"], "name the same file", [], "same.png"),
-    # the demo replaces only its own folder (issue 23: it used to delete any --out with everything in it)
+    # the demo replaces only its own folder, never another --out with everything in it
     ("demo-into-user-folder", ["demo", "--out", "{root}/mine"], "is a non-empty folder that is not a sharebert demo folder",
      ["mine"], None),
     ("demo-into-parent-of-user-work", ["demo", "--out", "{root}"], "not a sharebert demo folder",
      ["mine", "notes.txt", "model"], None),
     ("demo-into-file", ["demo", "--out", "{root}/notes.txt"], "is a file, not a folder", ["notes.txt"], None),
-    # numeric options: refused by name before any work (sharebert/options.py types; issue 23 item 5)
+    # numeric options: refused by name before any work (sharebert/options.py types)
     ("pretrain-seq-len-0", ["pretrain", "--model", "{root}/model", "--train", "{root}/notes.txt", "--out", "{root}/pt1",
                             "--seq-len", "0"], "argument --seq-len: must be an integer >= 3, got 0", ["model"], "pt1"),
     ("pretrain-grad-norm-negative", ["pretrain", "--model", "{root}/model", "--train", "{root}/notes.txt", "--out",

@@ -1,4 +1,4 @@
-"""Embedding distillation and `sharebert compress` on the real all-MiniLM-L6-v2 (issue 21).
+"""Embedding distillation and `sharebert compress` on the real all-MiniLM-L6-v2.
 
 One short `compress` run (tiny budgets) is shared: it improves STS-B Spearman over its start, its student is a
 standard sentence-transformers folder, and its artifact alone gives the student's embeddings (projection
@@ -105,7 +105,7 @@ def test_short_compress_improves_spearman_over_its_start(compressed):
 
 def test_compress_keeps_checkpoints_by_time(compressed):
     """--save-minutes: checkpoints mid-run (its steps save every 200, past the run's 40), the two newest kept, each
-    complete, so a compress killed at any time can --resume (issue 23)."""
+    complete, so a compress killed at any time can --resume."""
     from sharebert.training.callbacks import checkpoints
 
     found = checkpoints(compressed / "student" / "checkpoints")
@@ -183,8 +183,8 @@ def test_student_is_a_sentence_transformers_folder_and_its_artifact_gives_its_em
 
 
 def test_a_student_folder_distilled_further_keeps_its_own_head(compressed, minilm_dir, tmp_path):
-    """A student folder given as `--student` starts with the output projection it was trained with (was: a head
-    fitted afresh by ridge regression, 0.8415 -> 0.8397 STS-B for runs/long3), so its step-0 score is its own."""
+    """A student folder given as `--student` starts with the output projection it was trained with, not a head
+    fitted afresh by ridge regression, so its step-0 score is its own."""
     from transformers import AutoTokenizer
 
     from sharebert.recipe import read_dense_weights, read_recipe
@@ -346,21 +346,21 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
       "--out", "{root}/o8"], "do not share a tokenizer"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
-      "--out", "{root}/other_tok", "--overwrite"], "is, or holds, the input {root}/other_tok"),  # was: replaced it
+      "--out", "{root}/other_tok", "--overwrite"], "is, or holds, the input {root}/other_tok"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
       "--out", "{root}/other_tok/inner"], "lies inside the input {root}/other_tok"),
     (["distill", "--objective", "mlm", "--teacher", "{minilm}", "--student", "sharebert-tiny", "--hidden-weight", "1",
       "--train", "{root}/o20/corpus.txt", "--out", "{root}/o20", "--overwrite"],
-     "is, or holds, the input {root}/o20/corpus.txt"),  # was: trained, and its checkpoints folder wiped
+     "is, or holds, the input {root}/o20/corpus.txt"),
     (["distill", "--objective", "mlm", "--teacher", "{minilm}", "--student", "{root}/other_tok", "--hidden-weight", "1",
       "--train", "{root}/o20/corpus.txt", "--out", "{root}/other_tok/x"], "lies inside the input {root}/other_tok"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
-      "--max-eval-samples", "1", "--out", "{root}/o21"], "needs at least 2 STS-B dev pairs"),  # was: internal error
-    (["compress", "{root}/finetuned_sst2", "--out", "{root}/o22", "--resume"],  # was: general/ deleted, exit 0
+      "--max-eval-samples", "1", "--out", "{root}/o21"], "needs at least 2 STS-B dev pairs"),
+    (["compress", "{root}/finetuned_sst2", "--out", "{root}/o22", "--resume"],
      "o22/general is a non-empty folder that is not a distillation result"),
-    (["compress", "{minilm}", "--out", "{root}/o23", "--resume"],  # was: "{root}/o23/student holds ...; run
-     "--resume: {root}/o23 holds no complete checkpoint to continue from; start it again with --overwrite"),  # without
-    (["compress", "{minilm}", "--out", "{root}/o24", "--resume"],  # --resume" (then refused: o23 is not empty)
+    (["compress", "{minilm}", "--out", "{root}/o23", "--resume"],  # o23 is not empty: the way on is --overwrite
+     "--resume: {root}/o23 holds no complete checkpoint to continue from; start it again with --overwrite"),
+    (["compress", "{minilm}", "--out", "{root}/o24", "--resume"],
      "--resume: {root}/o24 holds no complete checkpoint to continue from; run without --resume to start"),
     (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
       "--set", "vocab_size=100", "--out", "{root}/o9"], "takes the teacher's vocabulary"),
@@ -378,7 +378,7 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (["compress", "{minilm}", "--data", "{root}/missing", "--out", "{root}/o15"], "not found"),
     (["compress", "{minilm}", "--data", "{prepared}/wiki.txt", "--out", "{root}/o16"],
      "is a file, not a prepared data folder"),
-    (["compress", "{minilm}", "--train", "{root}/headless.tsv", "--out", "{root}/o17"],  # was: column 0 read silently
+    (["compress", "{minilm}", "--train", "{root}/headless.tsv", "--out", "{root}/o17"],  # not column 0 read silently
      "headless.tsv: a .tsv needs a GLUE header naming its text column"),
 ])
 def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, prepared, argv, message, capsys):
@@ -435,7 +435,7 @@ def test_mlm_distillation_accepts_a_teacher_without_an_mlm_head(minilm_dir, tmp_
     ["compress", "--max-steps", "1"],
 ])
 def test_one_run_at_a_time_per_out_and_a_refused_run_leaves_nothing(command, minilm_dir, tmp_path, capsys):
-    """distill and compress hold the --out lock (outdir.run_lock, issue 23 item 4) as prepare, pretrain and
+    """distill and compress hold the --out lock (outdir.run_lock) as prepare, pretrain and
     finetune do: a second run into a folder being written is refused in one line naming the first; a run refused
     before writing anything leaves no lock file in a user's folder and no --out it created."""
     from sharebert.outdir import OutLock
@@ -508,7 +508,7 @@ def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_di
 
 def test_a_student_as_wide_as_its_teacher_keeps_its_own_head(minilm_dir, tmp_path):
     """A student folder whose width equals the teacher's output width, with its own Dense projection (a student of
-    another teacher), keeps that projection (was: no head is made where the widths match, so it was dropped)."""
+    another teacher), keeps that projection, though no head is made where the widths match."""
     from dataclasses import replace
 
     from sharebert.recipe import DenseLayer, read_dense_weights, read_recipe, write_recipe
@@ -553,16 +553,16 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     assert m["steps"] == 3
     before = {f: (out / f).read_bytes() for f in ("metrics.json", "checkpoints/checkpoint-3/sharebert_complete.json")}
     m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
-                          resume=True, **kw)  # a finished run resumed mid-epoch takes no step (was: step 4 of 3)
+                          resume=True, **kw)  # a finished run resumed mid-epoch takes no step
     assert m["steps"] == 3 and not (out / "checkpoints" / "checkpoint-4").exists()
-    assert m["last_terms"]  # was: rewritten as {} (and train_loss 0.0), its checkpoint saved again
+    assert m["last_terms"]  # kept, not rewritten as {}; its checkpoint not saved again
     assert {f: (out / f).read_bytes() for f in before} == before
-    other = EmbeddingArgs(**{**args.__dict__, "max_steps": 5, "max_train_samples": 12})  # was: trained on it silently
+    other = EmbeddingArgs(**{**args.__dict__, "max_steps": 5, "max_train_samples": 12})  # refused, not trained on
     with pytest.raises(ValueError, match="trained on 16 other sentences; resume on the same"):
         distill_embedding(minilm_dir, "sharebert-tiny", out, args=other, resume=True, **kw)
     with pytest.raises(ValueError, match="distilled the student sharebert-tiny --set embedding_size=32; resume with "
-                       "the same --student and --set \\(now sharebert-tiny --set embedding_size=48\\)"):  # was: loaded
-        distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True,  # or failed on shapes
+                       "the same --student and --set \\(now sharebert-tiny --set embedding_size=48\\)"):  # not loaded,
+        distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True,  # nor failed on shapes
                           **{**kw, "overrides": {"embedding_size": 48}})
 
     killed = tmp_path / "killed"
@@ -570,14 +570,14 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     for f in out.glob("teacher_targets-*.npy"):
         (killed / f.name).write_bytes(f.read_bytes())
     with pytest.raises(ValueError, match="no complete checkpoint to continue from; start it again with --overwrite"):
-        distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, resume=True, **kw)  # was: "run without
-    m = distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, overwrite=True, **kw)  # --resume", refused
+        distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, resume=True, **kw)
+    m = distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, overwrite=True, **kw)
     assert m["steps"] == 2
 
 
 def test_a_checkpoint_whose_projections_do_not_fit_is_one_line(minilm_dir, tmp_path):
-    """A checkpoint whose projections file lacks this run's keys (an older sharebert's layout, e.g. before the
-    student's own Dense head was kept) is refused naming the file (was: internal error from load_state_dict)."""
+    """A checkpoint whose projections file lacks this run's keys (a layout without the
+    student's own Dense head) is refused in one line naming the file."""
     from safetensors.torch import load_file, save_file
 
     from sharebert.training.callbacks import mark_complete
@@ -600,8 +600,8 @@ def test_a_checkpoint_whose_projections_do_not_fit_is_one_line(minilm_dir, tmp_p
 
 def test_a_finished_run_whose_results_were_lost_writes_its_figures_again(minilm_dir, tmp_path):
     """A run stopped while writing its results (here: metrics.json gone) and resumed takes no step and writes its
-    figures from the run's logged losses (was: train_loss 0.0 and last_terms {}: transformers divides the resumed
-    call's losses, none, by the run's steps)."""
+    figures from the run's logged losses (transformers divides a resumed call's losses, none, by the
+    run's steps: its own train_loss would read 0.0)."""
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 
@@ -640,14 +640,14 @@ def test_finished_max_time_run_resumed_is_kept(minilm_dir, tmp_path, capsys, ste
 
 
 def test_distill_embedding_cli_scores_max_eval_samples_pairs(minilm_dir, tmp_path):
-    """`distill --objective embedding --max-eval-samples N` scores the first N STS-B dev pairs (was: ignored, all)."""
+    """`distill --objective embedding --max-eval-samples N` scores the first N STS-B dev pairs."""
     out = tmp_path / "s"
     assert main(["distill", "--objective", "embedding", "--teacher", str(minilm_dir), "--student", "sharebert-tiny",
                  "--set", "embedding_size=32", "--out", str(out), "--max-steps", "1", "--batch-size", "4",
                  "--max-train-samples", "8", "--max-eval-samples", "20"]) == 0
     assert json.loads((out / "metrics.json").read_text())["sts_dev_pairs"] == 20
     from sharebert.training.distill_embedding import sts_dev
-    assert len(sts_dev(10**6).labels) == len(sts_dev().labels) == 1500  # the count scored (was: the limit asked)
+    assert len(sts_dev(10**6).labels) == len(sts_dev().labels) == 1500  # the count scored, not the limit asked
 
 
 def test_start_checkpoints_removes_only_its_own_folders(tmp_path):

@@ -1,4 +1,4 @@
-"""`sharebert compress` of a classifier teacher (issue 21): general then task distillation, an int8
+"""`sharebert compress` of a classifier teacher: general then task distillation, an int8
 text-classification artifact, and a report whose GLUE dev metric is the artifact's own.
 
 One session run: a tiny BERT (hidden 256, 2 layers) fine-tuned a few steps on SST-2 with `sharebert finetune`
@@ -140,8 +140,8 @@ def test_resume_with_a_damaged_record_is_one_line_naming_the_file(classifier_run
 
 
 def test_resume_with_nothing_to_resume_is_refused(classifier_run, tmp_path, capsys):
-    """compress --resume of a classifier into a new folder says there is nothing to resume and writes nothing (was:
-    trained from scratch)."""
+    """compress --resume of a classifier into a new folder says there is nothing to resume and writes nothing (no
+    training from scratch)."""
     out = tmp_path / "new"
     assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS),
                  "--max-params", str(MAX_PARAMS), "--resume"]) == 2

@@ -170,7 +170,7 @@ def test_all_terms_train_and_projections_are_dropped(teacher_dir, tmp_path):
     losses = [e for e in log if "loss_attention" in e]
     assert losses and all(math.isfinite(e[k]) for e in losses for k in ("loss_kl", "loss_hard", "loss_hidden", "loss_embedding"))
     # --resume continues from the newest complete checkpoint (same steps: nothing left to do, the projections
-    # load); one killed while being saved (no completion marker: issue 23's "No such file ... trainer_state.json")
+    # load); one killed while being saved (no completion marker)
     # is skipped, as pretrain skips it
     from sharebert.training.callbacks import MARKER, is_complete
     assert is_complete(ckpt)
@@ -295,7 +295,7 @@ def test_cached_teacher_logits_train_the_same_student(teacher_dir, tmp_path):
     cache = tmp_path / "cache"
     runs = {}
     for name, c in (("plain", None), ("first", cache), ("cached", cache), ("damaged", cache)):
-        if name == "damaged":  # a corrupt cache file (issue 23: numpy's pickle message) is recomputed and replaced
+        if name == "damaged":  # a corrupt cache file is recomputed and replaced
             cached = next(cache.glob("*.npy"))
             cached.write_bytes(cached.read_bytes()[:40] + b"garbage")
         distill_glue(teacher_dir, str(student), "sst2", tmp_path / name, args=args, progress=False, cache_teacher=c)

@@ -103,7 +103,7 @@ def test_materialized_adds_the_generated_weights(artifacts, mlm_dir):
     generated = sum(o * i for name, (o, i) in config.generated_targets() if name != "pooler")  # MLM: no pooler
     F, V = config.word_embedding_size, config.hidden_size
     stored = graph.stored_tensors(onnx.load(str(folder / "model.onnx")), 2)["float32"]["numel"]
-    # The generator's own tensors (projection P: F x V, bias p: V) are no longer needed.
+    # The generator's own tensors (projection P: F x V, bias p: V) are not needed after folding.
     assert stored == compact["learned_params"] + generated - F * V - V
     assert manifest["footprint"]["folding"]["computed_weights"] < compact["footprint"]["folding"]["computed_weights"]
     feeds = _feeds(folder)
@@ -269,7 +269,7 @@ def test_int8_dynamic_and_static_quantize_every_weight(tmp_path, mlm_dir):
             assert dtypes["ops"]["MatMulInteger"] > 0
         else:
             assert dtypes["ops"]["QuantizeLinear"] > 0
-            # the logits stay fp32 (issue 23): uint8 logits hold at most 256 values, so a trained model's top
+            # the logits stay fp32: uint8 logits hold at most 256 values, so a trained model's top
             # candidates tied and argmax answered the lowest token id
             rt = ort.InferenceSession(str(tmp_path / quantize / "model.onnx"), providers=["CPUExecutionProvider"])
             tok = hf_tokenizer(default_vocab())
@@ -338,7 +338,7 @@ def test_cli_refuses_existing_output_unless_overwrite(tmp_path, mlm_dir, capsys,
     assert json.loads((out / "manifest.json").read_text())["quantization"] == "int8"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
 
-    # A quantized export below its mode's parity thresholds (issue 23) fails in one line, publishes nothing and
+    # A quantized export below its mode's parity thresholds fails in one line, publishes nothing and
     # leaves the existing artifact as it was; --allow-low-parity publishes it, with the shortfall recorded.
     # The table is raised past reach: the real figures are the same, only what they are held to changes.
     before = (out / "manifest.json").read_bytes()

@@ -95,7 +95,7 @@ def test_cli_finetune_and_bad_input(base, tmp_path, capsys):
 
 def test_rerun_into_unfinished_out_and_one_run_at_a_time(base, tmp_path, capsys):
     """A stopped run's --out (checkpoints/, no metrics.json) holds nothing finished: a re-run takes it without
-    --overwrite (issue 23: it was refused as "already holds a fine-tuning result"); a folder another finetune is
+    --overwrite (it is not "already holds a fine-tuning result"); a folder another finetune is
     writing (its flock held) is refused in one line naming that process."""
     import subprocess
     import sys
@@ -122,7 +122,7 @@ def test_rerun_into_unfinished_out_and_one_run_at_a_time(base, tmp_path, capsys)
 
 
 def test_resume_continues_from_the_newest_complete_checkpoint(base, tmp_path, capsys):
-    """finetune --resume (issue 23: there was none) continues from the newest checkpoint with a completion marker
+    """finetune --resume continues from the newest checkpoint with a completion marker
     (a save killed halfway, without one, is skipped as pretrain skips it); with nothing to resume it says so."""
     from sharebert.training.callbacks import MARKER, checkpoints
 
@@ -151,16 +151,15 @@ def test_resume_continues_from_the_newest_complete_checkpoint(base, tmp_path, ca
     kept = [out / "metrics.json", out / "checkpoints" / "checkpoint-4" / MARKER]
     before = [f.read_bytes() for f in kept]
     assert main([*argv, "--max-steps", "4", "--resume"]) == 0  # finished: its results and checkpoint kept as they
-    assert [f.read_bytes() for f in kept] == before  # were (was: evaluated and saved again, figures rewritten)
+    assert [f.read_bytes() for f in kept] == before  # were, not evaluated and saved again
     assert "had finished (at step 4, its last); nothing left to train" in capsys.readouterr().out
 
 
 def test_resume_of_a_finished_run_by_epochs_and_its_refusals(base, tmp_path, capsys):
     """Which resumes a finished run keeps (break-it findings): a run of --max-steps 3 resumed with --epochs 1 (4
-    steps here) trains on (was: kept, the epochs the Trainer derived from --max-steps taken as planned); one of
-    1.5 epochs resumed as it was is kept (was: a 7th step of 6); a metrics.json cut short is written again (was:
-    'error: train_seconds'); without --keep-checkpoints the refusal says the results stand (was: advised
-    --overwrite alone); a checkpoint of another width is one line (was: internal error)."""
+    steps here) trains on (the epochs the Trainer derived from --max-steps are not the plan); one of 1.5 epochs
+    resumed as it was is kept (no 7th step of 6); a metrics.json cut short is written again; without
+    --keep-checkpoints the refusal says the results stand; a checkpoint of another width is one line."""
     out = tmp_path / "ft"
     argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-train-samples", "32",
             "--max-eval-samples", "16", "--batch-size", "8", "--eval-steps", "2", "--keep-checkpoints"]
@@ -189,7 +188,7 @@ def test_resume_of_a_finished_run_by_epochs_and_its_refusals(base, tmp_path, cap
 
 
 def test_a_run_killed_mid_epoch_keeps_a_checkpoint_by_time_and_resumes_from_it(base, tmp_path, capsys):
-    """--save-minutes (issue 23: a finetune killed after minutes kept nothing): a checkpoint by time in the middle of
+    """--save-minutes: a checkpoint by time in the middle of
     a 64-step epoch with no --eval-steps; after kill -9 the newest complete one is resumed from (its step > 0)."""
     from sharebert.training.callbacks import latest_checkpoint
 

@@ -266,8 +266,8 @@ def test_portable_folder_loads_without_sharebert(remote):
 
 
 def test_a_portable_model_saved_again_keeps_its_code(remote):
-    """A model loaded from a portable folder and saved (finetune's path) writes the code its ``auto_map`` names
-    (was: config.json kept the ``auto_map``, the .py files were not written, so it loaded nowhere without sharebert)."""
+    """A model loaded from a portable folder and saved (finetune's path) writes the code its ``auto_map`` names,
+    so it loads where sharebert is not installed."""
     from sharebert import ShareBertForSequenceClassification
     from sharebert.portable import FILES, portable_source
 
@@ -283,7 +283,7 @@ def test_a_portable_model_saved_again_keeps_its_code(remote):
 
 def test_a_portable_model_saved_by_a_process_that_is_not_the_main_one_writes_nothing(remote, tmp_path):
     """``save_pretrained(..., is_main_process=False)`` (every rank but one under torchrun) writes no file, as
-    transformers' save does (was: FileNotFoundError, the portable code looked for a config.json never written)."""
+    transformers' save does (the portable code does not look for a config.json never written)."""
     from sharebert import ShareBertForSequenceClassification
 
     ShareBertForSequenceClassification.from_pretrained(remote["portable"]).save_pretrained(tmp_path / "r",
@@ -293,7 +293,7 @@ def test_a_portable_model_saved_by_a_process_that_is_not_the_main_one_writes_not
 
 def test_push_to_hub_of_a_portable_model_uploads_its_code(remote, tmp_path, monkeypatch):
     """``save_pretrained(..., push_to_hub=True)`` of a model loaded from a portable folder uploads the portable code
-    its ``auto_map`` names (was: transformers uploaded before the .py files were written). The Hub is out of reach
+    its ``auto_map`` names (written before transformers uploads the folder). The Hub is out of reach
     in tests: huggingface_hub's repo creation and commit, as transformers calls them, record what they are given."""
     import transformers.utils.hub as hub
     from sharebert import ShareBertForSequenceClassification
@@ -315,7 +315,7 @@ def test_push_to_hub_of_a_portable_model_uploads_its_code(remote, tmp_path, monk
 
 
 def test_export_of_a_portable_folder_leaves_its_auto_map_behind(remote, tmp_path):
-    """The artifact of a portable folder carries no ``auto_map`` (was: kept, naming .py files it does not have) and
+    """The artifact of a portable folder carries no ``auto_map`` (it has no .py files to name) and
     runs in the device runtime."""
     from sharebert.cli import main
     from sharebert.deploy import Runtime
@@ -330,7 +330,7 @@ def test_export_of_a_portable_folder_leaves_its_auto_map_behind(remote, tmp_path
 
 def test_a_plain_save_over_a_portable_folder_removes_its_code_and_nothing_else(remote, tmp_path):
     """A model without ``auto_map`` saved over a portable folder (``finetune --overwrite``) leaves no portable code
-    naming classes the folder no longer uses (was: the .py files stayed); a user's file of that name stays."""
+    naming classes the folder does not use; a user's file of that name stays."""
     import shutil
 
     from sharebert import ShareBertConfig, ShareBertForSequenceClassification
@@ -349,7 +349,7 @@ def test_a_plain_save_over_a_portable_folder_removes_its_code_and_nothing_else(r
 @pytest.mark.parametrize("kind", ["file", "link"])
 def test_a_portable_save_over_a_users_file_of_that_name_is_refused(remote, tmp_path, kind):
     """A portable save where the user keeps a file named like a portable one (or a link there) is refused before
-    anything is written (was: overwritten without a word, or written through the link into the user's file)."""
+    anything is written: never overwritten without a word, nor written through the link into the user's file."""
     from sharebert import ShareBertForMaskedLM
 
     mine, folder = tmp_path / "mine.py", tmp_path / "f"

@@ -252,7 +252,7 @@ def test_max_time_stops_before_max_steps_and_resumes(tmp_path, model_dir, corpus
 
 
 def test_save_minutes_checkpoints_by_time_between_step_saves(tmp_path, model_dir, corpus):
-    """--save-minutes (issue 23: pretrain kept only --save-steps checkpoints): with --save-steps past the run, a
+    """--save-minutes: with --save-steps past the run, a
     tiny interval saves at every step; each time save is complete (marked, so --resume takes it) and rotated."""
     out = tmp_path / "run"
     argv = ["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), "--batch-size", "4",
@@ -267,8 +267,8 @@ def test_save_minutes_checkpoints_by_time_between_step_saves(tmp_path, model_dir
     assert (out / "metrics.json").read_bytes() == before and [s for s, _, _ in checkpoints(out)] == [3, 4]
     from sharebert.training.pretrain import UNFINISHED
     (out / UNFINISHED).write_text('{"status": "training"}')  # an extension killed before its first checkpoint
-    assert main([*argv, "--resume"]) == 0 and not (out / UNFINISHED).exists()  # published again (was: kept, marked
-    # unfinished, so export refused the folder and sent the user to a --resume that kept it)
+    assert main([*argv, "--resume"]) == 0 and not (out / UNFINISHED).exists()  # published again, not left
+    # marked unfinished (export would refuse the folder and send the user to a --resume that kept it)
 
 
 def test_max_steps_reached_first_and_bad_max_time(tmp_path, model_dir, corpus):
@@ -354,7 +354,7 @@ def test_prepared_data_sigterm_in_evaluation_corrupt_checkpoint_and_exact_resume
 
 def test_a_step_corrupted_twice_is_set_aside_twice(tmp_path):
     """A checkpoint of the same step found corrupt a second time (after a resume saved it again) is set aside
-    beside the first (was: OSError "Directory not empty" from the rename)."""
+    beside the first (the rename would meet a non-empty directory)."""
     from sharebert.training.callbacks import mark_complete, resume_checkpoint
 
     def save(step, body=b"good"):
@@ -423,7 +423,7 @@ def _plain(extra):
     (_plain([]), "under_file", "is a file, not a folder"),
     (_plain([]), "foreign", "is a non-empty folder that is not a pretrain run"),
     (lambda t, m, d, c: ["--model", str(m), "--data", str(t)], "new", "is not a prepared data folder"),
-    # --out may never be the input model, even with --resume (issue 23: it suggested --resume, which overwrote it)
+    # --out may never be the input model, even with --resume (which would overwrite it)
     (_plain([]), "model", "is, or holds, the input"),
     (_plain(["--resume"]), "model", "is, or holds, the input"),
 ])
@@ -520,7 +520,7 @@ def test_one_run_at_a_time_per_out_and_a_killed_run_leaves_no_stuck_lock(tmp_pat
 
 def test_full_disk_during_a_checkpoint_is_one_line_naming_out(tmp_path, corpus):
     """A file size limit (as a full disk) met while torch.save writes a checkpoint: one `error:` line naming --out
-    (issue 23: `internal error: RuntimeError: [enforce fail at inline_container.cc]`), exit 2, --out marked unfinished."""
+    (not torch's `RuntimeError: [enforce fail at inline_container.cc]`), exit 2, --out marked unfinished."""
     def limit():
         import resource
 
