@@ -13,6 +13,28 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+# The slow tier: every test here is part of `make test`, and `make test-fast` (`pytest -m "not slow"`) leaves
+# these out. Whole files of end-to-end tests (training runs, ONNX exports, servers, processes that load
+# torch), then single slow tests of otherwise fast files; a test may also carry `@pytest.mark.slow` itself.
+# tests/test_structure.py checks that every name here exists.
+SLOW_FILES = {
+    "test_adversarial_export.py", "test_bert_folders.py", "test_compress.py", "test_compress_classifier.py",
+    "test_depth_training.py", "test_distill.py", "test_export.py", "test_finetune.py", "test_generate_cache.py",
+    "test_hf_ecosystem.py", "test_optimum.py", "test_ort_format.py", "test_pairs.py", "test_pretrain.py",
+    "test_ram_int8.py", "test_real_model.py", "test_serve.py", "test_serve_adversarial.py",
+}
+SLOW_TESTS = {
+    "test_docs.py::test_block_runs_as_written",  # every command of the docs, in order
+    "test_shards.py::test_sigterm_during_prepare_saves_progress_and_the_rerun_completes",  # 12 MB tokenized twice
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        file = item.path.name
+        if file in SLOW_FILES or f"{file}::{item.originalname}" in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def minilm_dir():

@@ -233,3 +233,13 @@ def test_the_layer_rules_catch_a_breach():
     assert {("sharebert.deploy.runtime", "torch"), ("sharebert.training.finetune", "sharebert.export.exporter"),
             ("sharebert.accounting", "transformers")} <= found
     assert ("sharebert.budget", "transformers") not in found  # through accounting: one finding, at its source
+
+
+def test_the_slow_tier_names_tests_that_exist():
+    from conftest import SLOW_FILES, SLOW_TESTS
+
+    tests = REPO / "tests"
+    assert all((tests / f).is_file() for f in SLOW_FILES), sorted(f for f in SLOW_FILES if not (tests / f).is_file())
+    for name in SLOW_TESTS:
+        file, test = name.split("::")
+        assert f"def {test}(" in (tests / file).read_text(encoding="utf-8"), name
