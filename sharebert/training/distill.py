@@ -33,7 +33,7 @@ from ..curves import write_curves
 from ..deploy.artifact import sha256
 from ..errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
-from ..outdir import check_out_dir, finite, read_json, write_json
+from ..outdir import check_out_dir, check_same_run, file_fingerprint, finite, made_by, mark_out, read_json, write_json
 from ..paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
 from .callbacks import MarkCheckpoints, kept_result, resume_from, start_checkpoints
@@ -442,11 +442,47 @@ def _make_trainer_class():
     return DistillTrainer
 
 
+COMMAND = "distill"  # the marker's command (``outdir.MARK``): a folder is a distillation's only when it says so
+is_distill_out = made_by(COMMAND)
+
+
 def _is_distill_out(path: Path) -> bool:
-    """A distillation's folder: its result, its checkpoints, or (killed before its first checkpoint) the
-    teacher's vectors an embedding distillation computed first."""
+    """A distillation's folder written before the marker existed (its result, its checkpoints, or the teacher's
+    vectors): ``check_out_dir``'s ``legacy``, refused, never replaced."""
     return ((path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
             or any(path.glob(f"{TARGETS_FILE}-*.npy")))
+
+
+def data_files(train=None, data=None, default=()) -> list[Path]:
+    """The files a run trains on, for its fingerprint: a prepared ``data`` folder's manifest (it holds each
+    shard's sha256), else the ``train`` files (``default`` without)."""
+    from ..textlines import resolve_sources
+
+    if data is not None:
+        from .shards import MANIFEST
+
+        return [Path(data) / MANIFEST]
+    return [f for f in resolve_sources(train or default) if isinstance(f, Path)]
+
+
+def run_fingerprint(teacher_dir, student, files, objective: str) -> dict:
+    """What a ``--resume`` must find unchanged (``outdir.check_same_run``): the teacher's files (weights, config,
+    tokenizer, recipe: :func:`teacher_fingerprint`, full sha256), the student (its name or shape), the training
+    files' bytes (``outdir.file_fingerprint``) and the objective."""
+    return {"teacher": teacher_fingerprint(teacher_dir), "student": student,
+            "data": [f"{Path(f).name}:{file_fingerprint(f)}" for f in files], "objective": objective}
+
+
+def _student_name(student: str) -> str:
+    return str(Path(student).resolve()) if Path(student).exists() else student
+
+
+def start_run(out: Path, resume: bool, fp: dict) -> None:
+    """Once every input is checked, before the first write: a ``--resume`` of another run refused (its
+    fingerprint), then ``out`` marked a distillation's."""
+    if resume:
+        check_same_run(out, fp)
+    mark_out(out, COMMAND, fp)
 
 
 def _resume_from(out: Path, resume: bool) -> str | None:
@@ -527,7 +563,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
-    out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
+    out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, legacy=_is_distill_out,
                         inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()))
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before any model loads
         task_file(task_, data_dir, split)
@@ -554,6 +590,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     train, train_ds, dev_ds = encoded_task(task_, data_dir, t_tok, seq_len, args.max_train_samples,
                                            args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
+    start_run(out, start_from is not None, run_fingerprint(teacher_dir, _student_name(student), [train.path],
+                                                           f"task distillation on {task_.name}"))
     if args.augment:
         check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
         train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
@@ -673,7 +711,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     from ..textlines import resolve_sources
     from .corpus import PackedDataset, encode_sources, pack
 
-    out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
+    out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, legacy=_is_distill_out,
                         inputs=(teacher_dir, *([data] if data is not None else []), *(train or []),
                                 *([student] if Path(student).exists() else [])))
     start_from = _resume_from(out, resume)
@@ -712,6 +750,8 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         ids = encode_sources(resolve_sources(train), t_tok, progress=progress)
         blocks = pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[: args.max_train_samples]
     train_ds = PackedDataset.for_objective(blocks, t_tok, "mlm", seed=args.seed)
+    start_run(out, start_from is not None, run_fingerprint(teacher_dir, _student_name(student),
+                                                           data_files(train, data), "mlm"))
 
     targs = stream_training_args(out, args, progress)
     trainer = _make_trainer_class()(
