@@ -23,8 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..outdir import MARK, check_out_dir, check_same_run, file_fingerprint, finite, made_by, mark_out, read_json, \
-    write_json
+from ..outdir import MARK, check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
 
 REPORT = "report.json"
 PARTS = ("general", "student", "artifact", "teacher_artifact", "teacher_logits", "phases.json", REPORT, "report.md",
@@ -161,20 +160,14 @@ def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool 
 
 
 def fingerprint(teacher, student: dict, train, data, objective: str) -> dict:
-    """What a ``--resume`` must find unchanged (``outdir.check_same_run``): the teacher's files (weights, config,
-    tokenizer, recipe; full sha256), the student's shape, the training data (each ``--train`` file's bytes, or the
-    ``--data`` folder's manifest; the default corpus by its files too) and the objective."""
-    from .distill import teacher_fingerprint
+    """What a ``--resume`` must find unchanged (``fingerprint.run_fingerprint``): the teacher's files, the
+    student's shape, the training data (``--train`` files, the ``--data`` manifest, or the default corpus's files)
+    and the objective."""
     from .distill_embedding import default_corpus
+    from .fingerprint import data_files, run_fingerprint
 
-    if data is not None:
-        files = [Path(data) / "manifest.json"]
-    else:
-        from ..textlines import resolve_sources
-
-        files = [f for f in resolve_sources(train or default_corpus()) if isinstance(f, Path)]
-    return {"teacher": teacher_fingerprint(teacher), "student": json.dumps(student, sort_keys=True),
-            "data": [f"{f.name}:{file_fingerprint(f)}" for f in files], "objective": objective}
+    return run_fingerprint(teacher, json.dumps(student, sort_keys=True), data_files(train, data, default_corpus()),
+                           objective)
 
 
 def start_out(out: Path, fp: dict, overwrite: bool, resume: bool) -> Path | None:

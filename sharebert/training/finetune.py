@@ -25,6 +25,7 @@ from ..paths import data_path
 from .callbacks import FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps, kept_result, resume_from, start_checkpoints
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
+from .fingerprint import run_fingerprint
 from .glue import GlueTask, get_task, task_file
 from .metrics import predictions_from_logits, task_metrics
 from .options import FinetuneArgs
@@ -145,8 +146,6 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
     _, train_ds, dev_ds = encoded_task(task_, data_dir, tokenizer, seq_len, args.max_train_samples,
                                        args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
-    from .distill import run_fingerprint  # (distill imports this module)
-
     fp = run_fingerprint(model_dir, None, [task_file(task_, data_dir, "train")], f"fine-tuning on {task_.name}")
     fp = {"model": fp.pop("teacher"), **{k: v for k, v in fp.items() if k != "student"}}
     if start_from is not None:  # the same model, data and task
