@@ -4,7 +4,13 @@
 ``check_out_dir`` refuses, with one line naming the path, an ``--out`` that is a file, lies under a
 file, cannot be written, holds one of the command's inputs (or is one), or is a non-empty folder
 that is not the command's own kind of output. ``--overwrite`` lets a command replace only its own
-kind of folder (``owned(path)`` says which), never anything else. Nothing is created here: a
+kind of folder (``owned(path)`` says which), never anything else. A command's own folder is told by the marker
+file :data:`MARK` it writes there first thing after its checks (``mark_out``; ``made_by(command)`` is its
+``owned``), never by the names of what the folder holds: a user's folder with a ``student/`` or a
+``metrics.json`` is not ours. A folder written before the marker existed (``legacy`` recognises one) is refused
+in one line (move it away, or choose another ``--out``), neither replaced nor resumed. The marker also holds the
+run's fingerprint (teacher files, student shape, data, objective): ``check_same_run`` refuses a ``--resume`` of
+another run. Nothing is created here: a
 command that fails its validation leaves no empty ``--out`` behind. ``write_json`` / ``read_json``
 write and read our JSON files (strict JSON; any malformed file, deep nesting included, is one ``ValueError``).
 """
@@ -13,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -42,7 +49,7 @@ def _inside(child: Path, parent: Path) -> bool:
 
 
 def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], overwrite: bool = False,
-                  inputs: Iterable[str | Path] = ()) -> Path:
+                  inputs: Iterable[str | Path] = (), legacy: Callable[[Path], bool] | None = None) -> Path:
     """Validate ``out`` for a command writing ``kind`` (e.g. "model folder"); return it as an absolute path.
 
     Returns normally when ``out`` does not exist yet, is an empty folder, or is a folder ``owned``
@@ -70,6 +77,11 @@ def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], ove
     if not out.is_dir():
         raise ValueError(f"--out {given} is a file, not a folder")
     if any(p.name != OutLock.NAME for p in out.iterdir()):  # a folder holding only a run's lock file is empty
+        if not owned(out) and legacy is not None and legacy(out):
+            raise ValueError(f"--out {given} holds a {kind} without the {MARK} that sharebert writes in its own output "
+                             "folders (one written by hand, another tool, or a sharebert older than the marker): it is "
+                             "neither replaced nor resumed; move it away (or delete it) and run again, or choose another "
+                             "--out")
         if not owned(out):
             raise ValueError(f"--out {given} is a non-empty folder that is not a {kind}; refusing to write into it "
                              "(choose a new or empty folder)")
@@ -77,6 +89,80 @@ def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], ove
             raise ValueError(f"{given} already holds a {kind}; pass --overwrite to replace it")
     _check_writable(out, given)
     return out
+
+
+MARK = "sharebert_run.json"  # {"command", "fingerprint"}: the folder is that command's output (module docstring)
+
+
+def read_mark(out: str | Path) -> dict | None:
+    """The marker :data:`MARK` of ``out`` (a dict naming its command), or None where there is none readable."""
+    path = Path(out) / MARK
+    if not path.is_file():
+        return None
+    try:
+        mark = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return mark if isinstance(mark, dict) and isinstance(mark.get("command"), str) else None
+
+
+def made_by(command: str) -> Callable[[Path], bool]:
+    """``owned`` for :func:`check_out_dir`: the folder holds ``command``'s marker."""
+    return lambda path: (read_mark(path) or {}).get("command") == command
+
+
+def mark_out(out: str | Path, command: str, fingerprint: dict | None = None) -> None:
+    """Mark ``out`` as ``command``'s output (atomic), with the run's ``fingerprint`` for ``check_same_run``."""
+    write_json(Path(out) / MARK, {"command": command, "fingerprint": fingerprint or {}})
+
+
+FINGERPRINT = {"teacher": "teacher (its weights, config or tokenizer files)", "student": "student shape",
+               "model": "model (its weights, config or tokenizer files)",
+               "data": "training data", "objective": "objective"}  # what a run's fingerprint holds, as said
+
+
+def _differs(key: str, old, new) -> str:
+    what = FINGERPRINT.get(key, key)
+    if isinstance(old, list) and isinstance(new, list):  # "name:digest" entries: name the files that differ
+        names = sorted({e.split(":", 1)[0] for e in set(old) ^ set(new)})
+        return f"{what}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+    if isinstance(old, (str, int, float)) and isinstance(new, (str, int, float)) and len(f"{old}{new}") < 120:
+        return f"{what}: {old} -> {new}"
+    return what
+
+
+def check_same_run(out: str | Path, fingerprint: dict) -> None:
+    """Refuse, in one line naming what differs, a ``--resume`` into ``out`` of another run than the one its marker
+    records (another teacher, student shape, data or objective). A folder without a marker has nothing to compare."""
+    mark = read_mark(out)
+    if mark is None:
+        return
+    saved = mark.get("fingerprint") if isinstance(mark.get("fingerprint"), dict) else {}
+    differ = [_differs(k, saved.get(k), v) for k, v in fingerprint.items() if saved.get(k) != v]
+    if differ:
+        raise ValueError(f"--resume: {out} holds a run of another {'; '.join(differ)}; resume with that run's "
+                         "options, or start again with --overwrite")
+
+
+HUGE = 256 << 20  # bytes above which a file's fingerprint reads only its ends (see file_fingerprint)
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """A sha256 (16 hex digits) of a file's bytes, read streaming; a file over :data:`HUGE` bytes is fingerprinted
+    by its size and the sha256 of its first and last 4 MiB (cheap on a corpus of gigabytes; an edit in the
+    middle that keeps the size is not seen, which a resume check accepts)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size > HUGE:
+            h.update(f"{size}|".encode() + f.read(4 << 20))
+            f.seek(size - (4 << 20))
+            h.update(f.read())
+        else:
+            while block := f.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()[:16]
 
 
 def check_out_file(path: str | Path, option: str, suffixes: Iterable[str] = ()) -> Path:

@@ -125,7 +125,9 @@ TRAINING_STACK = frozenset({"torch", "transformers", "optimum", "onnx", "peft", 
                             "sentence_transformers", "model2vec", "datasets"})
 TORCH_FREE = ("sharebert.shape", "sharebert.plan", "sharebert.accounting", "sharebert.budget", "sharebert.model_folder",
               "sharebert.recipe", "sharebert.outdir", "sharebert.progress", "sharebert.curves", "sharebert.paths",
-              "sharebert.training.options", "sharebert.training.glue", "sharebert.cli", *DEPLOY_HELPERS)
+              "sharebert.training.options", "sharebert.training.glue", "sharebert.cli",
+              "sharebert.training.compress", "sharebert.training.fingerprint",  # compress checks its inputs torch-free
+              *DEPLOY_HELPERS)
 
 RULES = [
     Rule("deploy runs on a device's base install: no torch, of sharebert only its stdlib-only helpers",

@@ -29,12 +29,13 @@ def run(args) -> int:
 
     from ..accounting import count_params
     from ..model_folder import is_model_folder
-    from ..outdir import check_out_dir
+    from ..outdir import check_out_dir, made_by, mark_out
     from ..shape import parse_overrides, preset_fields
 
     overrides = parse_overrides(args.overrides)
     preset_fields(args.preset)  # an unknown preset fails here, before torch is imported
-    out = check_out_dir(args.out, "model folder", is_model_folder, args.overwrite, inputs=[args.vocab] if args.vocab else ())
+    out = check_out_dir(args.out, "model folder", made_by("build"), args.overwrite, legacy=is_model_folder,
+                        inputs=[args.vocab] if args.vocab else ())
     from ..build import build_model  # torch and transformers: only once the input is known to be good
 
     # --overwrite replaces the folder whole (no file of the old model stays, e.g. its modules.json): built
@@ -50,6 +51,7 @@ def run(args) -> int:
             from ..portable import make_portable
 
             make_portable(out, AUTO_CLASSES)
+        mark_out(out, "build")  # --overwrite replaces only a folder `build` made
     except BaseException:
         if out != target:
             shutil.rmtree(out, ignore_errors=True)

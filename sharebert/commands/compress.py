@@ -65,11 +65,23 @@ def run(args) -> int:
     if limits["max_params"] is None and limits["max_bytes"] is None:
         limits["max_params"] = parse_size(MAX_PARAMS)
 
+    from ..training.compress import is_classifier, precheck
+
+    # every check that needs no model comes first, torch not imported yet (a bad --train or --out: < 2 s)
+    _, raw = precheck(args.teacher, args.out, limits, args.train, args.data, args.overwrite, args.resume)
+    classifier = is_classifier(raw)
+    if classifier and args.data:
+        raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
+    for name in ("task_lr", "augment"):
+        if not classifier and getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "
+                             f"{args.teacher} is an encoder")
+
     from ..outdir import run_lock
     from ..training.callbacks import SignalCheckpoint, StopRequested
-    from ..training.compress import compress, is_classifier
+    from ..training.compress import compress
     from ..training.compress_classifier import compress_classifier
-    from ..training.distill import DistillArgs, DistillWeights, check_encoder
+    from ..training.distill import DistillArgs, DistillWeights
     from ..training.distill_embedding import EmbeddingArgs
 
     steps = dict(epochs=1000.0, batch_size=args.batch_size, warmup_steps=min(100, (args.max_steps or 500) // 5),
@@ -80,13 +92,6 @@ def run(args) -> int:
     task_args = DistillArgs(lr=args.task_lr or TASK_LR, **steps, max_eval_samples=args.eval_limit,
                             augment=args.augment or 0)
     resume = "continue with the same command plus --resume"
-    classifier = is_classifier(check_encoder(args.teacher))
-    if classifier and args.data:
-        raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
-    for name in ("task_lr", "augment"):
-        if not classifier and getattr(args, name) is not None:
-            raise ValueError(f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "
-                             f"{args.teacher} is an encoder")
     try:
         with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
             if classifier:

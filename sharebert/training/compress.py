@@ -23,11 +23,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..outdir import check_out_dir, finite, read_json, write_json
+from ..outdir import MARK, check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
 
 REPORT = "report.json"
 PARTS = ("general", "student", "artifact", "teacher_artifact", "teacher_logits", "phases.json", REPORT, "report.md",
-         "report.png")  # what a compress run writes in ``out`` (``--overwrite`` removes these, nothing else)
+         "report.png", MARK)  # what a compress run writes in ``out`` (``--overwrite`` replaces these, nothing else)
 
 # Runs in a fresh process (torch never imported): peak RSS after loading the artifact (VmHWM: ru_maxrss would
 # count the parent's peak, kept across exec), then p50 latencies.
@@ -52,8 +52,19 @@ print(json.dumps(out))
 """
 
 
-def _owned(path: Path) -> bool:
-    return (path / REPORT).is_file() or (path / "student").is_dir() or (path / "general").is_dir()
+COMMAND = "compress"  # the marker's command (outdir.MARK): a folder is a compress result only when it says so
+ASIDE = ".replaced"  # ``--overwrite``: the earlier result's parts wait here until the new report is written
+
+
+def _legacy(path: Path) -> bool:
+    """A compress result written before the marker existed (its report, or a phase's metrics): said so when it is
+    refused (never replaced); anything else is a folder that is not a compress result."""
+    try:
+        report = read_json(path / REPORT) if (path / REPORT).is_file() else None
+    except (OSError, ValueError):
+        report = None
+    return (isinstance(report, dict) and {"teacher", "student"} <= set(report)) or any(
+        (path / part / "metrics.json").is_file() for part in ("student", "general"))
 
 
 def is_classifier(config: dict) -> bool:
@@ -103,16 +114,101 @@ def export_once(model_dir: Path, out: Path, quantize: str, progress: bool, task:
     return out
 
 
-def prepare_out(out, teacher, train, overwrite: bool, resume: bool, data=None) -> Path:
-    """``out`` checked (a new or empty folder, or an earlier compress result with ``overwrite``/``resume``); with
-    ``overwrite`` (not ``resume``) the earlier result's parts are removed first."""
-    out = check_out_dir(out, "compress result", _owned, overwrite or resume,
-                        inputs=(teacher, *([data] if data is not None else []), *(train or [])))
+def check_out(out, teacher, train, overwrite: bool, resume: bool, data=None) -> Path:
+    """``out`` checked, nothing changed: a new or empty folder, or a compress result (its marker) with
+    ``overwrite``/``resume``; one written before the marker existed is refused (``outdir.check_out_dir``)."""
+    return check_out_dir(out, "compress result", made_by(COMMAND), overwrite or resume, legacy=_legacy,
+                         inputs=(teacher, *([data] if data is not None else []), *(train or [])))
+
+
+def check_train(train) -> None:
+    """``--train`` files refused in one line before any model loads (torch-free): missing, not a regular file (a
+    FIFO, a device), empty, binary, or a ``.tsv`` whose first line is no GLUE header."""
+    from ..textlines import resolve_sources
+    from .glue import text_fields
+
+    for src in resolve_sources(train) if train else ():
+        if isinstance(src, str):  # hf: names are read when training starts
+            continue
+        if src.stat().st_size == 0:
+            raise ValueError(f"--train {src} is empty: give a file of text, one paragraph or sentence per line")
+        if src.suffix in (".gz", ".bz2"):  # compressed: the reader sniffs the text inside
+            continue
+        with open(src, "rb") as f:
+            head = f.read(1 << 16)
+        if b"\0" in head:
+            raise ValueError(f"--train {src} is binary, not UTF-8 text")
+        if src.suffix == ".tsv" and text_fields(head.split(b"\n", 1)[0].decode("utf-8", "replace").rstrip("\r")
+                                                .split("\t")) is None:
+            raise ValueError(f"--train {src}: a .tsv needs a GLUE header naming its text column (e.g. 'sentence', "
+                             "'sentence1'); a plain text file: give it another suffix, e.g. .txt")
+
+
+def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool = False, resume: bool = False):
+    """Every check that needs no model, torch-free and in well under 2 s, before anything is loaded or changed:
+    the teacher's config, a student under ``limits``, the ``--train`` files, ``--out``. Returns ``(out, the
+    teacher's config dict)``."""
+    from ..budget import student_for
+    from ..model_folder import read_config, shape_fields
+
+    raw = read_config(teacher)
+    labels = raw.get("id2label") if isinstance(raw.get("id2label"), dict) else {}
+    student_for(shape_fields(teacher), limits, num_labels=max(1, len(labels)) if is_classifier(raw) else None)
+    out = check_out(out, teacher, train, overwrite, resume, data)
+    check_train(train)
+    return out, raw
+
+
+def fingerprint(teacher, student: dict, train, data, objective: str) -> dict:
+    """What a ``--resume`` must find unchanged (``fingerprint.run_fingerprint``): the teacher's files, the
+    student's shape, the training data (``--train`` files, the ``--data`` manifest, or the default corpus's files)
+    and the objective."""
+    from .distill_embedding import default_corpus
+    from .fingerprint import data_files, run_fingerprint
+
+    return run_fingerprint(teacher, json.dumps(student, sort_keys=True), data_files(train, data, default_corpus()),
+                           objective)
+
+
+def start_out(out: Path, fp: dict, overwrite: bool, resume: bool) -> Path | None:
+    """After every check: with ``resume``, the run's fingerprint compared; with ``overwrite``, the earlier
+    result's parts moved into ``out/.replaced`` (kept until :func:`finish_out`; :func:`restore_out` puts them
+    back when the new run fails). Then ``out`` is marked a compress result. Returns the side folder, if any."""
+    if resume:
+        check_same_run(out, fp)
+    aside = out / ASIDE
     if overwrite and not resume:
-        for name in PARTS:
-            part = out / name
-            shutil.rmtree(part) if part.is_dir() else part.unlink(missing_ok=True)
-    return out
+        if aside.is_dir():  # an earlier --overwrite that never finished: its parts are a partial run, the result waits
+            _remove_parts(out)
+        else:
+            aside.mkdir(parents=True)
+            for name in PARTS:
+                if os.path.lexists(out / name):
+                    os.replace(out / name, aside / name)
+    out.mkdir(parents=True, exist_ok=True)
+    mark_out(out, COMMAND, fp)
+    return aside if aside.is_dir() else None
+
+
+def _remove_parts(out: Path) -> None:
+    for name in PARTS:
+        part = out / name
+        shutil.rmtree(part) if part.is_dir() and not part.is_symlink() else part.unlink(missing_ok=True)
+
+
+def restore_out(out: Path, aside: Path | None) -> None:
+    """The new run failed: its parts removed, the earlier result put back as it was."""
+    if aside is None or not aside.is_dir():
+        return
+    _remove_parts(out)
+    for part in aside.iterdir():
+        os.replace(part, out / part.name)
+    aside.rmdir()
+
+
+def finish_out(out: Path) -> None:
+    """The new report is written: the earlier result (``--overwrite``) goes."""
+    shutil.rmtree(out / ASIDE, ignore_errors=True)
 
 
 STUDENT_FIELDS = ("embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
@@ -152,8 +248,8 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     from ..model_folder import shape_fields
     from .callbacks import latest_checkpoint, resume_from
     from .distill import check_encoder
-    from .distill_embedding import distill_embedding
 
+    out, _ = precheck(teacher, out, limits, train, data, overwrite, resume)  # nothing loaded or changed before
     raw = check_encoder(teacher)
     if is_classifier(raw):  # the command sends a classifier to compress_classifier (which imports this module)
         raise ValueError(f"{teacher} is a classifier: compress it with compress_classifier.compress_classifier")
@@ -166,17 +262,37 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
         from .distill_embedding import check_data
 
         check_data(data, train, load_tokenizer(teacher, load_config(teacher).vocab_size), teacher)
-    out = prepare_out(out, teacher, train, overwrite, resume, data)
     cand, head = student_for(shape_fields(teacher), limits)
     overrides = {k: cand.config[k] for k in STUDENT_FIELDS}
+    fp = fingerprint(teacher, overrides, train, data, f"embedding ({args.loss} loss)")
+    if resume:
+        check_same_run(out, fp)
     check_same_student(out, overrides)
-    say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
     student_dir = out / "student"
     if resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
         resume_from(student_dir / "checkpoints", True, say=say, out=out)
-    out.mkdir(parents=True, exist_ok=True)
+    say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
+    aside = start_out(out, fp, overwrite, resume)
+    try:
+        report = _compress(teacher, out, student_dir, cand, overrides, limits, args, train, data, resume, progress,
+                           eval_limit, stopper, say)
+    except Exception as e:
+        from .callbacks import StopRequested
+
+        if not isinstance(e, StopRequested):  # a stop keeps the new run to --resume; a failure, the old result
+            restore_out(out, aside)
+        raise
+    if not report.get("stopped"):
+        finish_out(out)
+    return report
+
+
+def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limits: dict, args, train, data,
+              resume: bool, progress: bool, eval_limit, stopper, say) -> dict:
+    from .distill_embedding import distill_embedding
+
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
-                          overwrite=overwrite, resume=resume or (student_dir / "checkpoints").is_dir(),
+                          overwrite=True, resume=resume or (student_dir / "checkpoints").is_dir(),
                           progress=progress, eval_limit=eval_limit, data=data,
                           callbacks=(stopper,) if stopper is not None else ())
     if stopper is not None and stopper.received:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from ..errors import first_line
 from ..outdir import read_json, write_json
-from .compress import REPORT, STUDENT_FIELDS, check_same_student, export_once, prepare_out, probe, safetensor_params, weight_bytes, write_report
+from .compress import REPORT, STUDENT_FIELDS, check_same_student, export_once, finish_out, fingerprint, precheck, probe, \
+    restore_out, safetensor_params, start_out, weight_bytes, write_report
 
 PHASES = "phases.json"
 TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
@@ -151,31 +152,29 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     """The steps of the module docstring; returns the report (``out/report.json``), or ``{"stopped": True,
     "phase", "steps"}`` after SIGINT/SIGTERM. ``args``: ``EmbeddingArgs`` (phase 1; its ``max_time`` bounds each
     phase); ``task_args``: ``DistillArgs`` (phase 2; ``max_eval_samples`` also bounds the report's dev rows)."""
-    from dataclasses import replace
-
     from ..budget import student_for
-    from ..model_folder import load_config, read_config, shape_fields
+    from ..model_folder import load_config, shape_fields
+    from ..outdir import check_same_run
     from ..paths import data_path
-    from .callbacks import WallClockLimit, resume_from
-    from .distill import check_teacher_labels, distill_glue
-    from .distill_embedding import distill_embedding
+    from .callbacks import resume_from
+    from .distill import check_teacher_labels
     from .glue import task_file
 
-    task_ = classifier_task(teacher, read_config(teacher), task)
+    out, raw = precheck(teacher, out, limits, train, None, overwrite, resume)  # nothing loaded or changed before
+    task_ = classifier_task(teacher, raw, task)
     check_teacher_labels(teacher, load_config(teacher), task_)
     data_dir = data_path("glue", task_.folder)
     for split in ("train", *task_.dev_splits):  # the task's files: found before any work
         task_file(task_, data_dir, split)
-    out = prepare_out(out, teacher, train, overwrite, resume)
     cand, head = student_for(shape_fields(teacher), limits, num_labels=task_.num_labels)
     overrides = {k: cand.config[k] for k in STUDENT_FIELDS}
+    fp = fingerprint(teacher, overrides, train, None, f"classifier: general, then task distillation on {task_.name}")
+    if resume:
+        check_same_run(out, fp)
     check_same_student(out, overrides, ("general", "student"))
-    say(f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
-        f"(classifier {head:,})")
-    phases, general, student = _phases(out), out / "general", out / "student"
+    phases, general = _phases(out), out / "general"
     if resume and not phases and not (general.is_dir() and any(general.iterdir())):  # said in terms of --out,
         resume_from(general / "checkpoints", True, say=say, out=out)  # before any work (a used general/: its own check)
-    out.mkdir(parents=True, exist_ok=True)
     budget = {"max_time": args.max_time, "max_steps": args.max_steps,  # what bounds each phase, and the task data
               "augment": task_args.augment}
     done = phases.get("task", {}).get("budget")
@@ -184,12 +183,39 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
         raise ValueError(f"{out} holds a finished compress trained with {_budget(done)}; a finished phase keeps no "
                          f"checkpoint to train on from, so {_budget(budget)} cannot continue it: start again with "
                          "--overwrite (or resume with the run's own budget to make its report again)")
+    say(f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
+        f"(classifier {head:,})")
+    aside = start_out(out, fp, overwrite, resume)
+    try:
+        report = _phases_then_report(teacher, out, task_, data_dir, cand, overrides, limits, args, task_args, train,
+                                     progress, stopper, say)
+    except Exception as e:
+        from .callbacks import StopRequested
+
+        if not isinstance(e, StopRequested):  # a stop keeps the new run to --resume; a failure, the old result
+            restore_out(out, aside)
+        raise
+    if not report.get("stopped"):
+        finish_out(out)
+    return report
+
+
+def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrides: dict, limits: dict, args,
+                        task_args, train, progress: bool, stopper, say) -> dict:
+    from dataclasses import replace
+
+    from .callbacks import WallClockLimit
+    from .distill import distill_glue
+    from .distill_embedding import distill_embedding
+
+    phases, general, student = _phases(out), out / "general", out / "student"
+    budget = {"max_time": args.max_time, "max_steps": args.max_steps, "augment": task_args.augment}
     stopped = lambda: stopper is not None and stopper.received is not None  # noqa: E731
     if "general" not in phases:
         say(f"phase 1/2, general distillation (the teacher's pooled states on unlabelled text) -> {general}")
         again = _resumable(general)
         m = distill_embedding(teacher, "sharebert-tiny", general, train, args, overrides=overrides,
-                              overwrite=overwrite or not again, resume=again, progress=progress,
+                              overwrite=True, resume=again, progress=progress,
                               callbacks=(stopper,) if stopper is not None else (), score_sts=False)
         if stopped():
             return {"stopped": True, "phase": "general", "steps": m["steps"]}
@@ -202,7 +228,7 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
         clock = WallClockLimit(args.max_time) if args.max_time else None
         t_args = replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS))
         again = _resumable(student)
-        m = distill_glue(teacher, str(general), task_.name, student, data_dir, t_args, overwrite=overwrite or not again,
+        m = distill_glue(teacher, str(general), task_.name, student, data_dir, t_args, overwrite=True,
                          resume=again, keep_checkpoints=True, progress=progress,
                          cache_teacher=out / "teacher_logits", clock=clock,
                          callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None])

@@ -33,7 +33,7 @@ from ..curves import write_curves
 from ..deploy.artifact import sha256
 from ..errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
-from ..outdir import check_out_dir, finite, read_json, write_json
+from ..outdir import check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
 from ..paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
 from .callbacks import MarkCheckpoints, kept_result, resume_from, start_checkpoints
@@ -41,6 +41,7 @@ from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
 from .finetune import load_classifier, metrics_for, task_training_args
 from .glue import GlueTask, get_task, task_file
+from .fingerprint import data_files, run_fingerprint, teacher_fingerprint  # noqa: F401  (distill's names)
 from .options import DistillArgs, DistillWeights
 from .progress import no_bars, show_progress
 
@@ -210,30 +211,6 @@ def training_device() -> str:
         return "cpu"
     rank = os.environ.get("LOCAL_RANK", "0")
     return f"cuda:{rank}" if rank.isdigit() else "cuda"
-
-
-def teacher_fingerprint(teacher_dir) -> list[str]:
-    """``name:sha256`` of each file that makes a teacher's outputs, the caches' view of it: its config, weights
-    (shards and their index too), tokenizer files, and the files of each sentence-transformers module that
-    ``modules.json`` names (``2_Dense/...``, at any depth)."""
-    d = Path(teacher_dir)
-    files = sorted(p for p in d.iterdir() if p.suffix in (".json", ".safetensors", ".bin", ".txt", ".model"))
-    try:
-        modules = read_json(d / "modules.json") if (d / "modules.json").is_file() else []
-    except ValueError:
-        modules = []  # the recipe reader names a bad modules.json; here it only adds nothing
-    for module in modules if isinstance(modules, list) else []:
-        folder = d / str(module.get("path", "")) if isinstance(module, dict) and module.get("path") else None
-        if folder is not None and folder.is_dir() and folder.resolve() != d.resolve():
-            files += sorted(p for p in folder.iterdir() if p.suffix in (".json", ".safetensors", ".bin"))
-    parts = []
-    for p in files:
-        if p.is_file():
-            try:
-                parts.append(f"{p.relative_to(d)}:{sha256(p)}")
-            except OSError as e:
-                raise ValueError(f"{p} cannot be read: {first_line(e)}") from None
-    return parts
 
 
 def load_teacher(teacher_dir, head: str = "classifier"):
@@ -442,11 +419,27 @@ def _make_trainer_class():
     return DistillTrainer
 
 
+COMMAND = "distill"  # the marker's command (``outdir.MARK``): a folder is a distillation's only when it says so
+is_distill_out = made_by(COMMAND)
+
+
 def _is_distill_out(path: Path) -> bool:
-    """A distillation's folder: its result, its checkpoints, or (killed before its first checkpoint) the
-    teacher's vectors an embedding distillation computed first."""
+    """A distillation's folder written before the marker existed (its result, its checkpoints, or the teacher's
+    vectors): ``check_out_dir``'s ``legacy``, refused, never replaced."""
     return ((path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
             or any(path.glob(f"{TARGETS_FILE}-*.npy")))
+
+
+def _student_name(student: str) -> str:
+    return str(Path(student).resolve()) if Path(student).exists() else student
+
+
+def start_run(out: Path, resume: bool, fp: dict) -> None:
+    """Once every input is checked, before the first write: a ``--resume`` of another run refused (its
+    fingerprint), then ``out`` marked a distillation's."""
+    if resume:
+        check_same_run(out, fp)
+    mark_out(out, COMMAND, fp)
 
 
 def _resume_from(out: Path, resume: bool) -> str | None:
@@ -527,7 +520,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
-    out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
+    out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, legacy=_is_distill_out,
                         inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()))
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before any model loads
         task_file(task_, data_dir, split)
@@ -554,6 +547,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     train, train_ds, dev_ds = encoded_task(task_, data_dir, t_tok, seq_len, args.max_train_samples,
                                            args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
+    start_run(out, start_from is not None, run_fingerprint(teacher_dir, _student_name(student), [train.path],
+                                                           f"task distillation on {task_.name}"))
     if args.augment:
         check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
         train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
@@ -673,7 +668,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     from ..textlines import resolve_sources
     from .corpus import PackedDataset, encode_sources, pack
 
-    out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume,
+    out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, legacy=_is_distill_out,
                         inputs=(teacher_dir, *([data] if data is not None else []), *(train or []),
                                 *([student] if Path(student).exists() else [])))
     start_from = _resume_from(out, resume)
@@ -712,6 +707,8 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         ids = encode_sources(resolve_sources(train), t_tok, progress=progress)
         blocks = pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[: args.max_train_samples]
     train_ds = PackedDataset.for_objective(blocks, t_tok, "mlm", seed=args.seed)
+    start_run(out, start_from is not None, run_fingerprint(teacher_dir, _student_name(student),
+                                                           data_files(train, data), "mlm"))
 
     targs = stream_training_args(out, args, progress)
     trainer = _make_trainer_class()(

@@ -34,7 +34,7 @@ from ..outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_same_data, check_tokenizers, \
     distill_losses, pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, \
-    TARGETS_FILE, _make_trainer_class, _maps, _resume_from, stream_training_args
+    is_distill_out, data_files, run_fingerprint, start_run, TARGETS_FILE, _make_trainer_class, _maps, _resume_from, stream_training_args
 from .depth import check_depth_sampling
 from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
@@ -409,7 +409,8 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     student_folder = Path(student).exists()  # else a preset's name
     inputs = (teacher_dir, *([data] if data is not None else []), *(train or []),
               *([student] if student_folder else []))
-    out = check_out_dir(out, "distillation result", _is_distill_out, overwrite or resume, inputs=inputs)
+    out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, inputs=inputs,
+                        legacy=_is_distill_out)
     start_from = _resume_from(out, resume)  # nothing to resume: said now, before any work
     from ..recipe import read_recipe
 
@@ -459,6 +460,9 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                   + "".join(f" --set {k}={v}" for k, v in sorted((overrides or {}).items()))}
     if start_from is not None:  # before the teacher's pass: --resume on other text is refused, not trained on
         check_same_data(Path(start_from), trained_on)
+    start_run(out, start_from is not None, run_fingerprint(teacher_dir, trained_on["student"],
+                                                           data_files(train, data, default_corpus()),
+                                                           f"embedding ({args.loss} loss)"))
     pooling = recipe.pooling
     score = lambda m, head, who: sts_spearman(m, t_tok, pooling, head, seq_len, eval_limit,  # noqa: E731
                                               who if progress else None) if score_sts else None

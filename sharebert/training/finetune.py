@@ -20,11 +20,12 @@ from transformers import Trainer
 
 from ..curves import write_curves
 from ..model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
-from ..outdir import OutLock, check_out_dir, finite, write_json
+from ..outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out, write_json
 from ..paths import data_path
 from .callbacks import FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps, kept_result, resume_from, start_checkpoints
 from .depth import check_depth_sampling
 from .encoded import encoded_task, evaluate_split
+from .fingerprint import run_fingerprint
 from .glue import GlueTask, get_task, task_file
 from .metrics import predictions_from_logits, task_metrics
 from .options import FinetuneArgs
@@ -50,7 +51,12 @@ def load_classifier(model_dir: str | Path, task: GlueTask):
     return load_model(ShareBertForSequenceClassification, model_dir, config, ignore_mismatched_sizes=True)[0]
 
 
-def _is_finetune_out(path: Path) -> bool:
+COMMAND = "finetune"  # the marker's command (``outdir.MARK``): a folder is a fine-tuning result only when it says so
+_is_finetune_out = made_by(COMMAND)
+
+
+def _legacy(path: Path) -> bool:
+    """A fine-tuning result written before the marker existed: ``check_out_dir``'s ``legacy``, never replaced."""
     return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
 
 
@@ -107,7 +113,7 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite or resume or _unfinished(Path(out)),
-                        inputs=(model_dir, data_dir))
+                        inputs=(model_dir, data_dir), legacy=_legacy)
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before the model loads
         task_file(task_, data_dir, split)
     rank0 = int(os.environ.get("RANK", "0")) == 0
@@ -140,6 +146,11 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
     _, train_ds, dev_ds = encoded_task(task_, data_dir, tokenizer, seq_len, args.max_train_samples,
                                        args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
+    fp = run_fingerprint(model_dir, None, [task_file(task_, data_dir, "train")], f"fine-tuning on {task_.name}")
+    fp = {"model": fp.pop("teacher"), **{k: v for k, v in fp.items() if k != "student"}}
+    if start_from is not None:  # the same model, data and task
+        check_same_run(out, fp)
+    mark_out(out, COMMAND, fp)
 
     targs = task_training_args(args, out, task_, progress, save_only_model=False)  # optimizer state: --resume
 

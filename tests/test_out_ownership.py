@@ -1,0 +1,180 @@
+"""Issue 38, items 1, 2 and 6: ``--overwrite`` never destroys before it validates and takes only its own folders
+(the marker ``outdir.MARK``, never subfolder names); a ``--resume`` checks it resumes the same run (teacher,
+student shape, data, objective); ``compress`` refuses bad inputs before torch is imported.
+
+One table per root cause. Each command runs in a subprocess (``SHAREBERT_REGISTER=0``: ``import sharebert``
+registers nothing, as in the ``sharebert`` command) so ``sys.modules`` tells whether torch was imported.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sharebert.outdir import MARK, check_same_run, mark_out, read_mark
+
+DRIVER = ("import sys, json\n"
+          "from sharebert.cli import main\n"
+          "rc = main(sys.argv[1:])\n"
+          "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))\n")
+
+
+def _sharebert(*argv, cwd, env=None):
+    """``(exit status, torch imported, stderr)`` of ``sharebert argv`` in a fresh process."""
+    proc = subprocess.run([sys.executable, "-c", DRIVER, *map(str, argv)], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "SHAREBERT_REGISTER": "0", "OMP_NUM_THREADS": "1", **(env or {})},
+                          timeout=600)
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    return last["rc"], last["torch"], proc.stderr
+
+
+def _snapshot(folder: Path) -> dict:
+    """Every path and file content under ``folder`` (a run's lock file aside: ``outdir.OutLock``)."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))
+            if p.name != ".lock"}
+
+
+# what each --overwrite-taking command writes (a finished result, made by hand with the command's marker), and an
+# invalid limit it finds only after it has checked --out
+FINISHED = {
+    "compress": ("student/config.json", "student/model.safetensors", "artifact/manifest.json", "teacher_artifact/x.onnx",
+                 "report.json", "report.md", "report.png"),
+    "distill": ("config.json", "model.safetensors", "metrics.json", "checkpoints/checkpoint-2/trainer_state.json"),
+    "finetune": ("config.json", "model.safetensors", "metrics.json"),
+    "build": ("config.json", "model.safetensors", "vocab.txt"),
+}
+
+
+def _argv(command, teacher, out, invalid: bool):
+    bad = {"compress": ["--max-params", "1k"], "distill": ["--set", "hidden_size=7"],
+           "finetune": ["--depth-sampling", "99"], "build": ["--set", "hidden_size=7"]}[command] if invalid else []
+    return {
+        "compress": ["compress", teacher, "--out", out, "--overwrite", "--max-steps", "1", *bad],
+        "distill": ["distill", "--objective", "embedding", "--teacher", teacher, "--student", "sharebert-tiny",
+                    "--out", out, "--overwrite", "--max-steps", "1", *bad],
+        "finetune": ["finetune", "--model", teacher, "--task", "sst2", "--out", out, "--overwrite", "--max-steps", "1",
+                     *bad],
+        "build": ["build", "--preset", "sharebert-tiny", "--out", out, "--overwrite", *bad],
+    }[command]
+
+
+def _finished(folder: Path, command: str) -> Path:
+    for name in FINISHED[command]:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(f"{command} {name}\n")
+    if command == "compress":
+        (folder / "report.json").write_text(json.dumps({"teacher": {}, "student": {}}))
+    mark_out(folder, command)
+    return folder
+
+
+def _users(folder: Path) -> Path:
+    """A user's project folder holding what a command's own folder holds, by name (never a sharebert result)."""
+    for name in ("student/essay.txt", "general/notes.txt", "checkpoints/draft.txt", "report.md", "metrics.json",
+                 "config.json"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("the user's own\n")
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 10, "hidden_size": 8,
+                                                    "num_hidden_layers": 1, "num_attention_heads": 1,
+                                                    "intermediate_size": 8}))
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", sorted(FINISHED))
+def test_overwrite_with_an_invalid_limit_keeps_a_finished_result_whole(command, minilm_dir, tmp_path):
+    out = _finished(tmp_path / "result", command)
+    before = _snapshot(out)
+    rc, _, err = _sharebert(*_argv(command, minilm_dir, out, invalid=True), cwd=tmp_path)
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert _snapshot(out) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", sorted(FINISHED))
+def test_overwrite_never_takes_a_users_folder(command, minilm_dir, tmp_path):
+    out = _users(tmp_path / "mine")
+    before = _snapshot(out)
+    for invalid in (True, False):
+        rc, _, err = _sharebert(*_argv(command, minilm_dir, out, invalid), cwd=tmp_path)
+        assert rc == 2, err
+        assert _snapshot(out) == before
+    assert "not a" in err or "without the sharebert_run.json" in err, err
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--train", "empty.txt"], "--train empty.txt is empty"),
+    (["--train", "fifo"], "FIFO"),
+    (["--train", "/dev/zero"], "a character device"),
+    (["--train", "nohdr.tsv"], "a .tsv needs a GLUE header"),
+    (["--train", "missing.txt"], "missing.txt"),
+    (["--max-params", "1k"], "no ShareBERT student fits under max-params 1k"),
+    (["--out", "afile"], "is a file"),
+    (["--out", "mine"], "is a non-empty folder that is not a compress result"),
+    (["--teacher-missing"], "model folder not found"),
+])
+def test_compress_refuses_bad_inputs_before_torch_is_imported(bad, message, minilm_dir, tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "nohdr.tsv").write_text("a\tb\n1\t2\n")
+    (tmp_path / "afile").write_text("x\n")
+    _users(tmp_path / "mine")
+    teacher = tmp_path / "no-such-teacher" if bad == ["--teacher-missing"] else minilm_dir
+    bad = [] if bad == ["--teacher-missing"] else bad
+    out = [] if "--out" in bad else ["--out", "R"]
+    rc, torch_imported, err = _sharebert("compress", teacher, *out, *bad, cwd=tmp_path)
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not torch_imported
+    assert not (tmp_path / "R").exists()
+
+
+def test_a_resume_of_another_run_is_refused_naming_what_differs(tmp_path):
+    fp = {"teacher": ["config.json:aa", "model.safetensors:bb"], "student": "{\"hidden_size\": 64}",
+          "data": ["train.txt:cc"], "objective": "embedding (cosine loss)"}
+    mark_out(tmp_path, "compress", fp)
+    check_same_run(tmp_path, fp)  # the same run resumes
+    cases = {"teacher": (["config.json:aa", "model.safetensors:XX"], "teacher (its weights, config or tokenizer files): "
+                                                                      "model.safetensors"),
+             "student": ("{\"hidden_size\": 128}", "student shape"), "data": (["other.txt:dd"], "training data"),
+             "objective": ("embedding (mse loss)", "objective: embedding (cosine loss) -> embedding (mse loss)")}
+    for key, (value, said) in cases.items():
+        with pytest.raises(ValueError, match="--resume") as e:
+            check_same_run(tmp_path, {**fp, key: value})
+        assert said in str(e.value) and "\n" not in str(e.value)
+    assert read_mark(tmp_path)["command"] == "compress"
+    assert (tmp_path / MARK).is_file()
+
+
+@pytest.mark.slow
+def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm_dir, tmp_path):
+    """A real short embedding distillation, then --resume with another teacher (a copy whose config differs), other
+    --train text, another loss: each refused in one line naming it, the run's folder unchanged."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(minilm_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "note": "another teacher"}))
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
+    text = tmp_path / "train.txt"
+    text.write_text("".join(f"The {a} met the {b} near {i} old trees.\n" for i, a in enumerate(words) for b in words))
+    other_text = tmp_path / "other.txt"
+    other_text.write_text(text.read_text().replace("trees", "rivers"))
+    out = tmp_path / "run"
+    base = ["distill", "--objective", "embedding", "--student", "sharebert-tiny", "--set", "hidden_size=64",
+            "--set", "embedding_size=64", "--set", "intermediate_size=64", "--set", "num_hidden_layers=1",
+            "--out", out, "--max-train-samples", "64", "--batch-size", "16", "--eval-steps", "1",
+            "--max-eval-samples", "8"]
+    rc, _, err = _sharebert(*base, "--teacher", minilm_dir, "--train", text, "--max-steps", "1", cwd=tmp_path)
+    assert rc == 0, err
+    before = _snapshot(out)
+    for change, said in ((["--teacher", other, "--train", text], "teacher (its weights, config or tokenizer files): "
+                                                                  "config.json"),
+                         (["--teacher", minilm_dir, "--train", other_text], "other sentences"),
+                         (["--teacher", minilm_dir, "--train", text, "--loss", "mse"], "objective")):
+        rc, _, err = _sharebert(*base, *change, "--max-steps", "2", "--resume", cwd=tmp_path)
+        assert rc == 2 and said in err and len(err.strip().splitlines()) == 1, err
+        assert _snapshot(out) == before
