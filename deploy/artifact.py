@@ -10,13 +10,14 @@ the int8 weight quantizer of the RAM-int8 mode; the exporter and the runtime bot
 from __future__ import annotations
 
 import hashlib
-import json
+import os
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from ..options import symlink_loop
+from ..untrusted import JSON_BYTES, parse_json, read_bytes, read_json, regular_file
 
 FORMAT, FORMAT_VERSION = "sharebert-onnx", 1
 TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
@@ -170,9 +171,9 @@ def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:
 def model_config(root: Path) -> dict:
     """The artifact's ``config.json`` (``{}`` when missing or malformed: it only cross-checks the manifest and
     says what the graph cannot, e.g. ``type_vocab_size``)."""
-    try:
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+    try:  # bounded and non-blocking: listed in the manifest, a damaged one is refused by its checksum anyway
+        config = read_json(root / "config.json", "the model's config")
+    except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
 
@@ -275,9 +276,12 @@ def _check_file(root: Path, name: str, meta: dict, path: Path) -> None:
         raise ArtifactError(f"{path} lists a file outside the artifact: {name}")
     if not file.resolve().is_relative_to(root.resolve()):
         raise ArtifactError(f"{file} leads outside the artifact folder (a link to {file.resolve()})")
-    if not file.is_file():
-        raise ArtifactError(f"{file} is missing")
-    size = file.stat().st_size
+    try:
+        size = regular_file(file)
+    except FileNotFoundError:
+        raise ArtifactError(f"{file} is missing") from None
+    except ValueError as e:  # a FIFO, device or folder under a listed name: refused before anything is read
+        raise ArtifactError(str(e)) from None
     if size != meta["bytes"]:
         raise ArtifactError(f"{file} has {size} bytes, the manifest says {meta['bytes']} (truncated or replaced)")
     if sha256(file) != meta["sha256"]:
@@ -296,11 +300,14 @@ def verify_artifact(artifact_dir: str | Path, manifest_sha256: str | None = None
         raise ArtifactError(f"{root} is a file, not an artifact folder" if root.exists() else
                             symlink_loop(root) or f"artifact folder not found: {root}")
     path = root / MANIFEST
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ArtifactError(f"{path} is missing: not a sharebert artifact (write one with `sharebert export`)")
     if not path.resolve().is_relative_to(root.resolve()):
         raise ArtifactError(f"{path} leads outside the artifact folder (a link to {path.resolve()})")
-    data = path.read_bytes()
+    try:
+        data = read_bytes(path, "the artifact's manifest", JSON_BYTES)
+    except (OSError, ValueError) as e:  # a FIFO, device, folder or huge file named manifest.json
+        raise ArtifactError(str(e)) from None
     if manifest_sha256 is not None:
         pin = str(manifest_sha256).strip().lower()
         if not (len(pin) == 64 and set(pin) <= _HEX):
@@ -308,9 +315,9 @@ def verify_artifact(artifact_dir: str | Path, manifest_sha256: str | None = None
         if hashlib.sha256(data).hexdigest() != pin:
             raise ArtifactError(f"{path} does not match the pinned sha256 {pin} (a different or rewritten artifact)")
     try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ArtifactError(f"{path} is not valid JSON: {e}") from None
+        manifest = parse_json(data, str(path))
+    except ValueError as e:
+        raise ArtifactError(str(e)) from None
     _check_fields(manifest, path)
     for name, meta in manifest["files"].items():
         _check_file(root, name, meta, path)
@@ -367,8 +374,8 @@ def depth_limit(manifest: dict, where) -> int:
 def is_artifact(folder: str | Path) -> bool:
     """Whether ``folder`` holds a manifest of this format (a quick test, not a verification)."""
     try:
-        manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        manifest = read_json(Path(folder) / MANIFEST, "the artifact's manifest")
+    except (OSError, ValueError):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 

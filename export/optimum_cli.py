@@ -11,12 +11,12 @@ and ``--task auto`` are left to optimum.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from sharebert.errors import first_line
 from sharebert.model_folder import read_config
+from sharebert.untrusted import read_json
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,10 +48,10 @@ def check_export_onnx(argv: list[str]) -> None:
         return
     model = Path(args.model).expanduser()
     try:
-        raw = json.loads((model / "config.json").read_text(encoding="utf-8"))
+        raw = read_json(model / "config.json", "the model's config")  # bounded, never blocks (sharebert.untrusted)
         if isinstance(raw, dict) and raw.get("model_type") != "sharebert":
             return  # another library's folder (BERT included): optimum's own export
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError):
         pass  # missing, unreadable or damaged: read_config names it
     read_config(model)  # a missing folder, a file, an artifact, a damaged config.json: one line naming it
     out = Path(args.output)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .outdir import parse_json, read_json
+from .outdir import read_json
+from .untrusted import RESULT_JSON_BYTES, parse_json, read_bytes
 
 LOGS = ("log.jsonl", "log_history.json")
 
@@ -25,8 +26,8 @@ def read_log(run_dir: str | Path) -> list[dict]:
     if path.suffix == ".json":
         events = read_json(path)
     else:
-        events = [parse_json(line, f"{path} line {n}") for n, line in enumerate(path.read_bytes().splitlines(), 1)
-                  if line.strip()]
+        events = [parse_json(line, f"{path} line {n}", allow_nan=True)  # a diverged run logs NaN losses
+                  for n, line in enumerate(read_bytes(path, "the run's log", RESULT_JSON_BYTES).splitlines(), 1) if line.strip()]
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise ValueError(f"{path}: expected log events (JSON objects with a step)")
     return [e for e in events if isinstance(e.get("step"), (int, float))]

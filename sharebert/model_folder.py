@@ -9,13 +9,25 @@ The config functions are torch-free (``sharebert report`` uses them); model load
 """
 from __future__ import annotations
 
-import json
+import os
 import stat
 from pathlib import Path
 
 from .errors import first_line
 from .options import symlink_loop
-from .shape import CONFIG_FIELDS, preset_fields
+from .shape import CONFIG_FIELDS, DEFAULTS, PRESETS, preset_fields
+from .untrusted import (
+    JSON_BYTES,
+    TOKENIZER_BYTES,
+    bool_field,
+    int_field,
+    number_field,
+    optional_file,
+    read_bytes,
+    read_json,
+    regular_file,
+    str_field,
+)
 
 MODEL_TYPES = ("sharebert", "bert")
 # BERT config fields that carry over unchanged (everything else of the shape is the bert preset's).
@@ -27,6 +39,21 @@ _HEAD_FIELDS = ("architectures", "id2label", "label2id", "problem_type", "num_la
 # In a training run's --out from the start of training until its final model is saved: a folder holding it
 # (a run stopped by a signal, killed, or failed) keeps a model that is not the trained one, so it is refused.
 UNFINISHED = ".sharebert_unfinished"
+
+
+def _field_types() -> dict:
+    """Each shape field's type, from its defaults and presets (``embedding_size``: int, ``share_layers``: bool...)."""
+    types = {}
+    for fields in (DEFAULTS, *PRESETS.values()):
+        for key, value in fields.items():
+            if value is not None:
+                types.setdefault(key, float if isinstance(value, float) else type(value))
+    return types
+
+
+_FIELD_TYPES = {**_field_types(), "classifier_dropout": float, "num_labels": int}
+_NULLABLE = {key for fields in (DEFAULTS, *PRESETS.values()) for key, value in fields.items() if value is None} | {
+    "classifier_dropout", "pad_token_id"}
 
 
 def read_config(model_dir: str | Path, unfinished_ok: bool = False) -> dict:
@@ -48,20 +75,36 @@ def read_config(model_dir: str | Path, unfinished_ok: bool = False) -> dict:
     if (model_dir / UNFINISHED).exists() and not unfinished_ok:
         raise ValueError(f"{model_dir} holds an unfinished training run (stopped before it saved its trained model): "
                          f"finish it with --resume --out {model_dir}, or give one of its checkpoint-N folders")
-    if not path.is_file():
+    if optional_file(path, "the model's config") is None:
         raise FileNotFoundError(f"{path} not found: a model folder is written by `sharebert build` (or is a "
                                 "transformers BERT folder)")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); the folder is damaged") from None
+    raw = read_json(path, "the model's config")
     if not isinstance(raw, dict):
         raise ValueError(f"{path} is not a JSON object: not a model config")
     if raw.get("model_type") not in MODEL_TYPES:
         kind = raw.get("model_type")
         raise ValueError(f"{path}: model_type {kind!r} is not supported (sharebert reads {', '.join(MODEL_TYPES)} "
                          "model folders)")
+    check_field_types(raw, path)
     return raw
+
+
+def check_field_types(raw: dict, path) -> None:
+    """Each shape field ``config.json`` sets has its default's type (an integer, a number, a string, true or false;
+    null where the default is null), so a wrong-typed field is refused naming file and field, never by a
+    conversion deep inside (``invalid literal for int()``)."""
+    for key, value in raw.items():
+        if key not in _FIELD_TYPES or value is None and key in _NULLABLE:
+            continue
+        kind = _FIELD_TYPES[key]
+        if kind is int:
+            int_field(value, path, key, minimum=None)
+        elif kind is float:
+            number_field(value, path, key)
+        elif kind is bool:
+            bool_field(value, path, key)
+        else:
+            str_field(value, path, key)
 
 
 def sharebert_fields(raw: dict, path: str | Path = "config.json") -> dict:
@@ -156,7 +199,7 @@ def load_model(cls, model_dir: str | Path, config=None, unfinished_ok: bool = Fa
     raw = read_config(model_dir, unfinished_ok)
     config = load_config(model_dir, unfinished_ok) if config is None else config
     weights = model_dir / "model.safetensors"
-    if not weights.is_file():
+    if optional_file(weights, "the model's weights") is None:  # a FIFO or device there is an error, never "not found"
         other = [p.name for p in model_dir.glob("*.bin")]
         hint = f" ({', '.join(other)} is a pickle, never loaded: save the model with safetensors)" if other else ""
         raise FileNotFoundError(f"{weights} not found{hint}")
@@ -251,24 +294,33 @@ def _stored_shape(weights: Path, key: str) -> tuple:
         return tuple(f.get_slice(key).get_shape()) if key in f.keys() else ()
 
 
+# The tokenizer files transformers may open in a model folder: each present one must be a regular file of bounded size.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+
+
 def _check_tokenizer_files(model_dir: Path) -> None:
     """Name the damaged or missing tokenizer file before transformers reports something else (a corrupt or
-    missing ``tokenizer_config.json`` made AutoTokenizer fall back to the model's config: "'ShareBertConfig'")."""
+    missing ``tokenizer_config.json`` made AutoTokenizer fall back to the model's config: "'ShareBertConfig'").
+    A FIFO, device or folder under a tokenizer file's name, or a huge one, is refused unread."""
     from tokenizers import Tokenizer
 
+    present = {name for name in TOKENIZER_FILES if optional_file(model_dir / name, "a tokenizer file") is not None}
+    for name in present - {"tokenizer_config.json", "tokenizer.json"}:
+        size = regular_file(model_dir / name, "a tokenizer file")
+        if size > TOKENIZER_BYTES:
+            raise ValueError(f"{model_dir / name} has {size} bytes, more than the {TOKENIZER_BYTES} a tokenizer file may hold")
     settings = model_dir / "tokenizer_config.json"
-    if settings.is_file():
-        try:
-            json.loads(settings.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{settings} is not valid JSON ({e}); the tokenizer files are damaged") from None
-    elif (model_dir / "tokenizer.json").is_file() and read_config(model_dir, True)["model_type"] == "sharebert":
+    if "tokenizer_config.json" in present:
+        read_json(settings, "the tokenizer's settings", JSON_BYTES)
+    elif "tokenizer.json" in present and read_config(model_dir, True)["model_type"] == "sharebert":
         raise ValueError(f"{settings} not found: a sharebert folder's tokenizer is tokenizer.json with "
                                 "tokenizer_config.json (the special tokens); rebuild it with `sharebert build`")
-    if (model_dir / "tokenizer.json").is_file():
+    if "tokenizer.json" in present:
+        text = read_bytes(model_dir / "tokenizer.json", "the tokenizer", TOKENIZER_BYTES)
         try:
-            Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        except Exception as e:  # the tokenizers library's own Exception type
+            Tokenizer.from_str(text.decode("utf-8"))
+        except Exception as e:  # the tokenizers library's own Exception type; UnicodeDecodeError
             raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read (the tokenizer files are damaged): "
                              f"{first_line(e)}") from None
 
@@ -280,7 +332,7 @@ def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
-    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+    if not any(os.path.lexists(model_dir / f) for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
         raise FileNotFoundError(f"{model_dir} has no tokenizer files (tokenizer.json); build the folder with `sharebert build`")
     _check_tokenizer_files(model_dir)
     try:

@@ -28,7 +28,9 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from . import untrusted
 from .options import symlink_loop
+from .untrusted import parse_json  # noqa: F401  (its home; the name outdir's callers import)
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -288,20 +290,10 @@ def finite(obj):
     return obj
 
 
-def parse_json(text: str | bytes, where: str):
-    """``json.loads(text)``, or ``ValueError`` ``"<where> is not valid JSON (...)"`` for any malformed text: bad
-    syntax, not UTF-8, numbers of more than 4300 digits, or nesting deeper than Python's recursion limit."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError(f"{where} is not valid JSON (nested too deeply)") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, too many digits
-        raise ValueError(f"{where} is not valid JSON ({e})") from None
-
-
 def read_json(path: str | Path):
-    """The JSON value in the file ``path`` (the one reader of the JSON files we write); errors as :func:`parse_json`."""
-    return parse_json(Path(path).read_bytes(), str(path))
+    """The JSON value in the file ``path`` (the one reader of the JSON files we write and of transformers' trainer
+    state, whose NaN it keeps): read through :mod:`sharebert.untrusted` (a regular file of bounded size)."""
+    return untrusted.read_json(path, limit=untrusted.RESULT_JSON_BYTES, allow_nan=True)
 
 
 def write_json(path: str | Path, obj) -> None:

@@ -13,12 +13,15 @@ Torch-free: stdlib and json; numpy and safetensors only where Dense weights are 
 """
 from __future__ import annotations
 
-import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .outdir import parse_json, write_json
+from .outdir import write_json
+from .untrusted import JSON_BYTES, optional_file, read_json, regular_file
+from .untrusted import bool_field as _bool
+from .untrusted import int_field as _int
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # sentence-transformers' names for them: its ``pooling_mode`` strings and its legacy boolean keys.
@@ -85,25 +88,7 @@ DEFAULT_RECIPE = EmbeddingRecipe(pooling="cls", normalize=False)
 
 
 def _read_json(path: Path, what: str):
-    try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"{path} not found ({what})") from None
-    except OSError as e:
-        raise ValueError(f"{path} cannot be read ({e.strerror or e})") from None
-    return parse_json(text, str(path))
-
-
-def _int(value, path: Path, key: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{path}: {key} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _bool(value, path: Path, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{path}: {key} must be true or false, got {value!r}")
-    return value
+    return read_json(path, what)  # a regular file of bounded size, strict JSON (sharebert.untrusted)
 
 
 def _module_kind(entry, path: Path) -> tuple[str, str]:
@@ -164,26 +149,41 @@ def _dense(model_dir: Path, folder: str) -> DenseLayer:
         if cfg.get(key) not in (None, "sentence_embedding"):
             raise ValueError(f"{path}: {key} {cfg[key]!r} is not supported (a Dense reads and writes "
                              "'sentence_embedding')")
-    _dense_weights_file(model_dir / folder)
-    return DenseLayer(path=folder, in_features=cfg["in_features"], out_features=cfg["out_features"],
-                      bias=_bool(cfg.get("bias", True), path, "bias"), activation=activation)
+    layer = DenseLayer(path=folder, in_features=cfg["in_features"], out_features=cfg["out_features"],
+                       bias=_bool(cfg.get("bias", True), path, "bias"), activation=activation)
+    _dense_weights_file(model_dir / folder, layer)
+    return layer
 
 
-def _dense_weights_file(folder: Path) -> Path:
+DENSE_HEADER_BYTES = 1 << 20  # a Dense safetensors file's header and padding, beyond its tensors' bytes
+
+
+def _dense_weights_file(folder: Path, layer: DenseLayer | None = None) -> Path:
+    """The Dense module's ``model.safetensors``: a regular file (a FIFO or device under that name is an error, never
+    "not found") no larger than ``layer``'s weights in float64 and a header (a huge file is refused unread)."""
     weights = folder / "model.safetensors"
-    if not weights.is_file():
+    if not os.path.lexists(weights):
         other = [p.name for p in folder.glob("*.bin")]
         hint = f" ({', '.join(other)} is a pickle, never loaded: save the model with safetensors)" if other else ""
         raise ValueError(f"{weights} not found (the Dense module's weights){hint}")
+    size = regular_file(weights, "the Dense module's weights")
+    if layer is not None:
+        limit = DENSE_HEADER_BYTES + 8 * layer.out_features * (layer.in_features + 1)
+        if size > limit:
+            raise ValueError(f"{weights} has {size} bytes, more than a [{layer.out_features}, {layer.in_features}] "
+                             f"Dense layer's weights can take ({limit}); the file is not this layer's")
     return weights
 
 
 def _hidden_size(model_dir: Path) -> int | None:
-    try:
-        size = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("hidden_size")
-    except (OSError, ValueError, AttributeError):
-        return None  # config.json is read (and refused) by model_folder; here it only cross-checks widths
-    return size if isinstance(size, int) else None
+    """``config.json``'s ``hidden_size`` when it is an integer (None when the file is missing or says none: it only
+    cross-checks widths here; model_folder refuses a bad one). An unreadable file is an error, never skipped."""
+    path = model_dir / "config.json"
+    if optional_file(path, "the model's config") is None:
+        return None
+    size = read_json(path, "the model's config", JSON_BYTES)
+    size = size.get("hidden_size") if isinstance(size, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
@@ -191,7 +191,7 @@ def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
     when it has no ``modules.json``. A malformed file is a one-line ``ValueError`` naming it."""
     model_dir = Path(model_dir)
     modules_path = model_dir / "modules.json"
-    if not modules_path.is_file():
+    if optional_file(modules_path, "the module list") is None:  # a FIFO, folder or device there is an error
         return DEFAULT_RECIPE
     modules = _read_json(modules_path, "the module list")
     if not isinstance(modules, list):
@@ -205,6 +205,8 @@ def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
         raise ValueError(f"{modules_path}: the Transformer module is in {chain[0][1]!r}; it must be the model folder "
                          "itself (path \"\")")
     for kind, folder in chain[1:]:
+        if kind == "Normalize" and folder and os.path.lexists(model_dir / folder) and not (model_dir / folder).is_dir():
+            raise ValueError(f"{modules_path}: the Normalize module's path {model_dir / folder} is not a folder")
         if kind in ("Pooling", "Dense") and Path(folder) == Path("."):
             raise ValueError(f"{modules_path}: the {kind} module's path is the model folder itself; its config.json "
                              "is the model's, not the module's (give the module its own folder, e.g. 1_Pooling)")
@@ -216,7 +218,7 @@ def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
                          f"the model's hidden_size {hidden_size}")
     max_seq_length = do_lower_case = None
     st_config = model_dir / "sentence_bert_config.json"
-    if st_config.is_file():
+    if optional_file(st_config, "the Transformer module's config") is not None:
         cfg = _read_json(st_config, "the Transformer module's config")
         if not isinstance(cfg, dict):
             raise ValueError(f"{st_config} is not a JSON object")
@@ -237,7 +239,7 @@ def read_dense_weights(model_dir: str | Path, layer: DenseLayer):
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
-    weights = _dense_weights_file(Path(model_dir) / layer.path)
+    weights = _dense_weights_file(Path(model_dir) / layer.path, layer)
     try:
         tensors = load_file(weights)
     except (OSError, SafetensorError, ValueError) as e:

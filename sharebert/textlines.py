@@ -21,12 +21,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .options import symlink_loop
+from .untrusted import file_kind
 
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: the most one line of text may hold (a text is cut to max_length tokens anyway)
 PIECE_CHARS = MAX_LINE_BYTES // 4  # a corpus line is tokenized in pieces of at most this many characters (<= 1 MiB)
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
 
 
 class LineTooLong(ValueError):
@@ -45,8 +44,7 @@ def check_text_file(path: str | Path, what: str = "file") -> Path:
         raise ValueError(f"{what} {symlink_loop(path) or f'{path}: cannot be read ({e.strerror or e})'}") from None
     if stat.S_ISREG(mode):
         return path
-    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-    raise ValueError(f"{what} {path}: {kind}, not a regular file of text")
+    raise ValueError(f"{what} {path}: {file_kind(mode)}, not a regular file of text")
 
 
 def text_pieces(text, limit: int = PIECE_CHARS) -> Iterator[str]:
