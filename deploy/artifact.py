@@ -40,6 +40,10 @@ ORT_FORMAT_VERSION = 2
 READABLE_VERSIONS = (FORMAT_VERSION, ORT_FORMAT_VERSION)
 ORT_GENERATOR, ORT_COMPUTE = "model.generator.ort", "model.compute.ort.part"
 REQUIRED_OPERATORS = "required_operators.config"  # for a reduced-operator ONNX Runtime build (--include_ops_by_config)
+# A text-classification manifest's ``pairs``: true when the model was trained on sentence pairs (text, text_pair),
+# false on single texts, null (or absent: older artifacts) when the export could not tell; predict and serve
+# decide by it and by the input's content, and say every mismatch (deploy/cli.py, deploy/serve.py).
+PAIRS = "pairs"
 DEPTH = "depth"  # optional int64 scalar input of a layer-gated graph: encoder layers to run (1..N, default N)
 
 
@@ -94,6 +98,8 @@ def _check_fields(manifest, path: Path) -> None:
         bad("labels", "must be a non-empty list of strings (or null)")
     if task == "text-classification" and manifest.get("problem_type") != "regression" and labels is None:
         bad("labels", "are missing for a classification artifact")
+    if manifest.get(PAIRS) not in (None, True, False) or (manifest.get(PAIRS) is not None and task != "text-classification"):
+        bad(PAIRS, f"{manifest.get(PAIRS)!r} must be true, false or null, and only a text-classification artifact says it")
     max_depth = manifest.get("max_depth")
     if max_depth is not None and not _is_int(max_depth, 2):
         bad("max_depth", f"{max_depth!r} is not null or an integer >= 2 (the encoder layers a depth input may run)")

@@ -20,14 +20,15 @@ the run with an error naming it (an input without newlines, such as ``/dev/zero`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from .. import options as opt
 from ..errors import first_line
+from ..outdir import atomic_output
 from ..textlines import check_text_file, numbered_lines
 
 OWN_FIELDS = ("line", "result")  # the output record's fields that predict writes; an input record's are not copied
@@ -72,26 +73,21 @@ def _jsonable(result):
     return result
 
 
-def parse_line(raw: bytes, pairs: bool = False) -> dict:
-    """One input line -> ``{"text": str, ...}`` (``pairs``: a TSV line, ``{"text", "text_pair"}``); raises
-    ``ValueError`` saying what is wrong."""
+def parse_line(raw: bytes) -> dict:
+    """One input line -> ``{"text": str, ...}``: a JSON record, or the line itself as ``{"text": line}`` (marked
+    ``PLAIN``, so :func:`shaped` may read its TAB as a pair's); raises ``ValueError`` saying what is wrong."""
     try:
         line = raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as e:
         raise ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if pairs:
-        columns = line.split("\t")
-        if len(columns) != 2:
-            raise ValueError(f"a .tsv input line needs two tab-separated columns (text, text_pair), got {len(columns)}")
-        return {"text": columns[0], "text_pair": columns[1]}
     if not line.lstrip().startswith("{"):
-        return {"text": line}
+        return {"text": line, PLAIN: True}
     try:
         record = json.loads(line)
     except (json.JSONDecodeError, RecursionError):
-        return {"text": line}  # text that happens to start with "{"
+        return {"text": line, PLAIN: True}  # text that happens to start with "{"
     if not isinstance(record, dict) or "text" not in record:
-        return {"text": line}
+        return {"text": line, PLAIN: True}
     for key in ("text", "text_pair"):
         if key in record and not isinstance(record[key], str):
             raise ValueError(f'"{key}" must be a string, got {type(record[key]).__name__}')
@@ -102,14 +98,61 @@ def parse_line(raw: bytes, pairs: bool = False) -> dict:
     return record
 
 
-def _read(stream, name, progress, pairs: bool = False):
+PLAIN = object()  # the key marking a record made from a plain text line (never a JSON key: not a string)
+
+
+def takes_pairs(task: str, pairs: bool | None) -> bool | None:
+    """Whether a model answers sentence pairs: a text-classification artifact's manifest ``pairs`` (None: the
+    export could not tell); every other task takes single texts (False)."""
+    return pairs if task == "text-classification" else False
+
+
+def shaped(record: dict, number: int, pairs: bool | None, said: dict) -> dict:
+    """``record`` as the model takes it, decided by its content and the model (``pairs``, :func:`takes_pairs`),
+    never by a file name. A plain line of two TAB-separated columns is a pair (text, text_pair) for a pair model, and
+    for a classifier that does not say (a warning, once); a pair model's single text, a single-text model's
+    ``"text_pair"`` and a line of more than two columns for a pair model are ``ValueError`` (the line is skipped);
+    a TAB in a single-text model's line is part of its text (a warning, once). ``said``: the warnings given."""
+    plain = record.pop(PLAIN, False)
+    columns = record["text"].split("\t") if plain else [record["text"]]
+    if "text_pair" in record or (len(columns) == 2 and pairs is not False):
+        if pairs is False:
+            raise ValueError('"text_pair": the model takes single texts, not pairs (it was not trained on pairs); '
+                             "give one text per line")
+        if "text_pair" not in record:
+            record = {"text": columns[0], "text_pair": columns[1]}
+            _say_once(said, "unsaid", number, "a text and its text_pair (TAB-separated): the artifact does not record "
+                      "whether its model was trained on pairs (export it again to record it)", pairs is None)
+        return record
+    if pairs:
+        got = f"{len(columns)} TAB-separated columns" if len(columns) > 2 else "one text"
+        raise ValueError(f"the model classifies sentence pairs, and this line holds {got}: give text<TAB>text_pair, "
+                         'or a JSON record {"text": ..., "text_pair": ...}')
+    _say_once(said, "tab", number, "holds a TAB, read as part of one text: the model takes single texts, not "
+              "text<TAB>text_pair pairs", len(columns) > 1)
+    return record
+
+
+def _say_once(said: dict, key: str, number: int, message: str, when: bool = True) -> None:
+    """A warning on stderr the first time ``key`` applies in a run (its later lines are counted in ``said``)."""
+    if not when:
+        return
+    said[key] = said.get(key, 0) + 1
+    if said[key] == 1:
+        from tqdm import tqdm
+
+        tqdm.write(f"line {number}: {message} (said once)", file=sys.stderr)
+
+
+def _read(stream, name, progress, pairs: bool | None = False, said: dict | None = None):
     """Yield ``(line_number, record or error message)`` for each line of a binary stream (bounded:
-    :class:`~sharebert.textlines.LineTooLong` ends the run at a line over the limit); ``pairs``: a
-    two-column TSV of text and text_pair."""
+    :class:`~sharebert.textlines.LineTooLong` ends the run at a line over the limit), each record
+    :func:`shaped` for a model that takes ``pairs``."""
+    said = {} if said is None else said
     for number, raw in numbered_lines(stream, name):
         progress.update(len(raw))
         try:
-            yield number, parse_line(raw, pairs)
+            yield number, shaped(parse_line(raw), number, pairs, said)
         except ValueError as e:
             yield number, str(e)
 
@@ -194,14 +237,59 @@ def _output_record(number: int, record: dict, result, counts) -> dict:
     return {"line": number, **{k: v for k, v in record.items() if k not in OWN_FIELDS}, "result": result}
 
 
-def _open_output(out_path: Path):
-    """``(temporary path, text file)``: a new hidden file beside ``out_path`` (never a file of the user's), with
-    the permissions a new file gets under the umask; renamed over ``out_path`` once every line is written."""
-    fd, name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".partial", dir=out_path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
-    return Path(name), open(fd, "w", encoding="utf-8")
+def _argument_lines(texts, pairs: bool | None):
+    """``(number, record or error message)`` of TEXT arguments, each :func:`shaped` as an input line is."""
+    said = {}
+    for number, text in enumerate(texts, 1):
+        try:
+            yield number, shaped({"text": text, PLAIN: True}, number, pairs, said)
+        except ValueError as e:
+            yield number, str(e)
+
+
+def _argument_pairs(texts, pairs: bool | None) -> list[tuple[str, str]] | None:
+    """The TEXT arguments as ``(text, text_pair)`` when they are pairs (:func:`shaped`), None when single texts;
+    ``ValueError`` naming the argument that does not fit the model, or a mix of both."""
+    records = []
+    for number, item in _argument_lines(texts, pairs):
+        if isinstance(item, str):
+            raise ValueError(f"TEXT argument {number}: {item}")
+        records.append(item)
+    kinds = {"text_pair" in r for r in records}
+    if len(kinds) > 1:
+        raise ValueError("the TEXT arguments mix pairs (text<TAB>text_pair) and single texts; give one kind")
+    return [(r["text"], r["text_pair"]) for r in records] if kinds == {True} else None
+
+
+def _answer_all(runtime, args, sink, counts) -> None:
+    """Answer every line of the TEXT arguments or ``--input`` into ``sink``, chunk by chunk."""
+    from tqdm import tqdm
+
+    stream = None
+    try:
+        if args.texts:
+            lines = _argument_lines(args.texts, takes_pairs(runtime.task, runtime.pairs))
+            progress = tqdm(disable=True)
+        else:
+            stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")
+            size = None if args.input == "-" else os.path.getsize(args.input)
+            progress = tqdm(total=size, unit="B", unit_scale=True, desc="predict", file=sys.stderr, disable=None)
+            lines = _read(stream, f"--input {args.input}", progress, takes_pairs(runtime.task, runtime.pairs))
+        batch, chunk = [], max(CHUNK_LINES, args.batch_size)
+        for number, item in lines:
+            if isinstance(item, str):
+                _skip(number, item, counts)
+                continue
+            batch.append((number, item))
+            if len(batch) == chunk:
+                _answer(runtime, args, batch, sink, counts)
+                batch = []
+        if batch:
+            _answer(runtime, args, batch, sink, counts)
+        progress.close()
+    finally:
+        if stream is not None and stream is not sys.stdin.buffer:
+            stream.close()
 
 
 def _skip(number, message, counts) -> None:
@@ -226,8 +314,6 @@ def _check_output(output, input_file) -> None:
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
     from .runtime import Runtime
 
     if not args.texts and not args.input:
@@ -254,7 +340,10 @@ def run(args) -> int:
                          f"{runtime.task}")
 
     if args.texts and not (args.output or args.json):
-        preds = runtime.predict(args.texts, **_task_kwargs(runtime, args))
+        kwargs = _task_kwargs(runtime, args)
+        pairs = _argument_pairs(args.texts, takes_pairs(runtime.task, runtime.pairs))
+        preds = runtime.predict([a for a, _ in pairs] if pairs else args.texts, **kwargs,
+                                **({"text_pair": [b for _, b in pairs]} if pairs else {}))
         for text, result in zip(args.texts, preds):
             _print_readable(runtime.task, text, _jsonable(result))
         if preds.truncated:
@@ -262,47 +351,10 @@ def run(args) -> int:
         return 0
 
     out_path = Path(args.output) if args.output else None
-    tmp, sink = _open_output(out_path) if out_path else (None, sys.stdout)
     counts = {"written": 0, "skipped": 0, "truncated": 0}
-    stream = None
-    try:
-        if args.texts:
-            lines = ((n, {"text": t}) for n, t in enumerate(args.texts, 1))
-            progress = tqdm(disable=True)
-        else:
-            stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")
-            size = None if args.input == "-" else os.path.getsize(args.input)
-            progress = tqdm(total=size, unit="B", unit_scale=True, desc="predict", file=sys.stderr, disable=None)
-            lines = _read(stream, f"--input {args.input}", progress,
-                          pairs=args.input != "-" and args.input.lower().endswith(".tsv"))
-        batch, chunk = [], max(CHUNK_LINES, args.batch_size)
-        for number, item in lines:
-            if isinstance(item, str):
-                _skip(number, item, counts)
-                continue
-            batch.append((number, item))
-            if len(batch) == chunk:
-                _answer(runtime, args, batch, sink, counts)
-                batch = []
-        if batch:
-            _answer(runtime, args, batch, sink, counts)
-        progress.close()
-        if tmp:  # the last writes, where a full disk shows up, are inside the clean-up's reach
-            sink.flush()
-            os.fsync(sink.fileno())
-            sink.close()
-            os.replace(tmp, out_path)
-    except BaseException:
-        if tmp:
-            try:
-                sink.close()  # flushing what is left may fail again (a full disk): the file is closed anyway
-            except OSError:
-                pass
-            tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        if stream is not None and stream is not sys.stdin.buffer:
-            stream.close()
+    with atomic_output(out_path) if out_path else contextlib.nullcontext(sys.stdout) as sink:
+        _answer_all(runtime, args, sink, counts)
+        sink.flush()  # stdout too: a write error (a full disk) is this run's error, not one at exit
     print(f"{counts['written']} results{f' -> {out_path}' if out_path else ''}; {counts['skipped']} line(s) "
           f"skipped; {counts['truncated']} input(s) cut to {runtime.max_length} tokens", file=sys.stderr)
     return 1 if counts["skipped"] else 0

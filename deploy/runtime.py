@@ -21,7 +21,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from ..errors import first_line
-from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError,
+from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAIRS, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError,
                        check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, quantize_per_channel,
                        quantize_rows, session_options, verify_artifact)
 from .memory import give_back
@@ -69,6 +69,7 @@ class Runtime:
         self.depth = self._checked_depth(depth)
         self.task = self.manifest["task"]
         self.labels = self.manifest.get("labels")
+        self.pairs = self.manifest.get(PAIRS)  # text-classification: trained on pairs (True), single texts, None: not said
         self.max_length = int(self.manifest["max_length"])
         self.ram = ram
         self.batch_size = batch_size
@@ -513,7 +514,8 @@ class Runtime:
 
     def metadata(self) -> dict:
         """What a caller needs to know: task, labels, maximum length, quantization, RAM mode."""
-        keys = ("task", "labels", "problem_type", "max_length", "weights", "quantization", "learned_params", "opset")
+        keys = ("task", "labels", "problem_type", "pairs", "max_length", "weights", "quantization", "learned_params",
+                "opset")
         return {**{k: self.manifest.get(k) for k in keys}, "ram": self.ram,
                 "int8_generated_weights": len(self._int8_inputs) // 2,
                 "depth": self.depth or self.max_depth, "max_depth": self.max_depth}

@@ -30,6 +30,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import socket
 import sys
 import threading
 import time
@@ -46,6 +47,8 @@ TASK_PATHS = {"fill-mask": "/fill-mask", "text-classification": "/classify", "fe
 MAX_NEW_TOKENS = 256
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait
 DRAIN_BYTES = 1 << 16  # after refusing a body, read at most this much of it so the client sees the answer
+REFUSERS = 64  # connections over a cap answered at once, each by a short-lived thread reading its request first
+REFUSE_READ_S = 2  # seconds such a thread waits for the refused request (and then for the client to close)
 DIGITS = re.compile(r"[0-9]{1,18}")
 LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
     "max_batch": (64, "texts per request"),
@@ -102,9 +105,11 @@ def _check_unicode(texts: list[str], what: str) -> None:
 
 
 def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMITS["max_top_k"][0],
-                  max_depth: int | None = None) -> tuple[list[str], dict]:
+                  max_depth: int | None = None, pairs: bool | None = None) -> tuple[list[str], dict]:
     """Request body -> ``(texts, keyword arguments)``: the task's and ``depth`` (when ``max_depth``, the
-    artifact's layers, allows one); raises :class:`BadRequest`."""
+    artifact's layers, allows one); raises :class:`BadRequest`. ``pairs``: the manifest's (a text-classification
+    model trained on pairs, True; on single texts, False; None: not said): a pair model's texts without
+    ``text_pair`` must each be ``text<TAB>text_pair``, and a single-text model refuses ``text_pair``."""
     try:
         payload = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -140,7 +145,11 @@ def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMIT
             raise BadRequest(400, f'"{name}" must be an integer in [{spec[2]}, {spec[3]}]')
         kwargs[name] = value
     if "text_pair" in payload:
+        if pairs is False:
+            raise BadRequest(400, '"text_pair": this model classifies single texts (it was not trained on pairs)')
         kwargs["text_pair"] = _text_pair(payload, task, texts)
+    elif pairs and task == "text-classification":
+        texts, kwargs["text_pair"] = _tab_pairs(texts)
     unknown = set(payload) - {"text", "texts", "text_pair"} - {s[0] for s in specs}
     if unknown:
         raise BadRequest(400, f"unknown field(s) for task {task}: {', '.join(sorted(map(ascii, unknown)))}")
@@ -159,6 +168,16 @@ def _text_pair(payload: dict, task: str, texts: list[str]) -> list[str]:
         raise BadRequest(400, f'"text_pair" gives {len(pairs)} second texts for {len(texts)} texts; give one per text')
     _check_unicode(pairs, "text_pair")
     return pairs
+
+
+def _tab_pairs(texts: list[str]) -> tuple[list[str], list[str]]:
+    """A pair model's texts sent without ``text_pair``: each must be ``text<TAB>text_pair`` (400 otherwise)."""
+    columns = [t.split("\t") for t in texts]
+    bad = next((i for i, c in enumerate(columns) if len(c) != 2), None)
+    if bad is not None:
+        raise BadRequest(400, f"this model classifies sentence pairs: text {bad} is not text<TAB>text_pair; give "
+                              '"text_pair" (one second text per text)')
+    return [c[0] for c in columns], [c[1] for c in columns]
 
 
 class Admission:
@@ -254,6 +273,7 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, address, handler, max_connections: int, max_client_connections: int, max_idle: int):
         self.connections = threading.BoundedSemaphore(max_connections)
+        self.refusers = threading.BoundedSemaphore(REFUSERS)
         self.max_client_connections, self.max_idle = max_client_connections, max_idle
         self.per_client: dict[str, int] = {}
         self.idle = 0
@@ -272,12 +292,19 @@ class Server(ThreadingHTTPServer):
         if mine:
             self._forget(host)
         why = "too many open connections" if mine else f"more than {self.max_client_connections} connections from {host}"
-        try:  # over a cap: a short 503 from the accepting thread, no new thread
-            request.settimeout(1)
-            request.sendall(_raw_response(503, {"error": f"busy: {why}; retry later"}))
-        except OSError:
-            pass
-        self.shutdown_request(request)
+        answer = _raw_response(503, {"error": f"busy: {why}; retry later"})
+        if self.refusers.acquire(blocking=False):  # over a cap: a readable 503 from a short-lived thread of its own
+            threading.Thread(target=self._refuse, args=(request, answer), daemon=True).start()
+        else:  # too many refusals at once: the accepting thread must not wait on any client
+            _refuse(request, answer, read_s=0)
+            self.shutdown_request(request)
+
+    def _refuse(self, request, answer: bytes) -> None:
+        try:
+            _refuse(request, answer)
+        finally:
+            self.shutdown_request(request)
+            self.refusers.release()
 
     def _forget(self, host: str) -> None:
         with self.count_lock:
@@ -309,6 +336,45 @@ class Server(ThreadingHTTPServer):
         if not self.quiet:
             error = sys.exc_info()[1]
             sys.stderr.write(f"{client_address[0]} - connection error: {type(error).__name__}: {error}\n")
+
+
+def _refuse(sock, answer: bytes, read_s: float = REFUSE_READ_S) -> None:
+    """Send ``answer`` (a 503 with ``Connection: close``) on a connection over a cap so the client can read it: its
+    request is read first (headers and at most :data:`DRAIN_BYTES` of body, within ``read_s`` seconds), and what it
+    sends after the answer is drained until it closes (within ``read_s``). Closing with unread bytes would make the
+    kernel reset the connection, which the client sees as a dropped connection (BrokenPipe), not as the 503."""
+    try:
+        sock.settimeout(read_s or 0.001)
+        try:
+            _read_request(sock, read_s)
+        except TimeoutError:  # a client that sends nothing (or slowly) is answered all the same
+            pass
+        sock.settimeout(1)
+        sock.sendall(answer)
+        sock.shutdown(socket.SHUT_WR)  # the answer is complete: the client reads it, then end of stream
+        deadline = time.monotonic() + read_s
+        while time.monotonic() < deadline and sock.recv(DRAIN_BYTES):  # until the client closes its side
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+    except OSError:  # the client went away, or took too long: nothing more is owed to it
+        pass
+
+
+def _read_request(sock, read_s: float) -> None:
+    """Read a request's head and up to :data:`DRAIN_BYTES` of its body (or whatever arrives within ``read_s``)."""
+    data, deadline = b"", time.monotonic() + read_s
+    while b"\r\n\r\n" not in data and len(data) < DRAIN_BYTES and time.monotonic() < deadline:
+        chunk = sock.recv(DRAIN_BYTES)
+        if not chunk:
+            return
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*([0-9]{1,18})\s*$", head)
+    left = min(int(length.group(1)) if length else 0, DRAIN_BYTES) - len(body)
+    while left > 0 and time.monotonic() < deadline:
+        chunk = sock.recv(min(left, DRAIN_BYTES))
+        if not chunk:
+            return
+        left -= len(chunk)
 
 
 def _raw_response(status: int, payload: dict) -> bytes:
@@ -481,7 +547,8 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
                 if self.path not in ("/predict", task_path):
                     raise BadRequest(404 if self.path not in TASK_PATHS.values() else 400,
                                      f"no endpoint {self.path[:200]} for task {runtime.task}; POST /predict or {task_path}")
-                texts, kwargs = parse_request(body, runtime.task, limits["max_batch"], limits["max_top_k"], runtime.max_depth)
+                texts, kwargs = parse_request(body, runtime.task, limits["max_batch"], limits["max_top_k"], runtime.max_depth,
+                                              runtime.pairs)
                 model = runtime.at_depth(kwargs.pop("depth")) if "depth" in kwargs else runtime
                 tokens, masks = runtime.request_size(texts, text_pair=kwargs.get("text_pair"))
                 if tokens > limits["max_tokens"]:

@@ -280,6 +280,21 @@ def embedding_recipe(model_dir: Path):
     return recipe, [read_dense_weights(model_dir, layer) for layer in recipe.dense]
 
 
+def trained_on_pairs(model_dir: Path, task: str) -> bool | None:
+    """A text-classification model's ``pairs`` for the manifest: whether the GLUE task its folder records
+    (``metrics.json`` of finetune / distill, else ``config.json``'s ``finetuning_task``) reads sentence pairs;
+    None when the folder does not say (deploy then decides by the input alone and says so)."""
+    from sharebert.training.glue import TASKS, recorded_task
+
+    if task != "text-classification":
+        return None
+    glue, _ = recorded_task(model_dir)
+    if glue is None:
+        name = str(read_config(model_dir, unfinished_ok=True).get("finetuning_task") or "").lower().replace("-", "")
+        glue = TASKS.get(name)
+    return None if glue is None else glue.pairs
+
+
 def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fields) -> dict:
     """Export ``model_dir`` to the artifact folder ``out_dir``; return its manifest.
 
@@ -303,7 +318,7 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the published artifact from other users
-        manifest = _build(model, tokenizer, tmp, o, sentences, labels, recipe)
+        manifest = _build(model, tokenizer, tmp, o, sentences, labels, recipe, trained_on_pairs(model_dir, o.task))
         _publish(tmp, out_dir)
         _sweep_stale(out_dir)  # now that the new artifact is in place: an .old- one a killed export left
     except BaseException as e:
@@ -380,7 +395,7 @@ def _save_tokenizer(tokenizer, folder: Path, max_length: int) -> None:
         backend.save(str(path))
 
 
-def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], labels, recipe=None) -> dict:
+def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], labels, recipe=None, pairs=None) -> dict:
     """Write the artifact into ``tmp`` (graph, checks, tokenizer, config, RAM-int8 graphs, footprint, manifest).
 
     ``recipe``: ``(EmbeddingRecipe, dense weights)`` of a feature-extraction export: its pooling and Dense
@@ -520,6 +535,8 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
         "files": {}, "versions": _versions(), "parity": parity, "footprint": footprint,
         "tensor_dtypes": dtypes, "optimized": fusions,
     }
+    if task == "text-classification":
+        manifest[artifact.PAIRS] = pairs
     if recipe is not None:
         from .sentence_embedding import OUTPUT
 

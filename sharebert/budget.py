@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from .accounting import DTYPE_BYTES, as_shape, count_flops, count_params
+from .outdir import save_figure
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 
@@ -230,7 +231,7 @@ def plot(result: dict, path: str) -> None:
                  f"{'red dashes: the ' + drawn + (' limits' if ' and ' in drawn else ' limit') + ' (shaded: outside); ' if drawn else ''}"
                  "stars: ShareBERT Table 2 presets (hollow: outside the limits)", fontsize=8, pad=16)
     ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=7, frameon=False)  # beside the axes: never over a point
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

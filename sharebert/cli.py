@@ -96,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sharebert {chosen}: error: needs the {e.name.split('.')[0]} package, which this install lacks: "
               f"pip install 'sharebert[{extra}]' (a device install holds only predict and serve)", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"sharebert {chosen}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP while an output file was written (outdir.Stopped)
+        signum = getattr(e, "signum", None)
+        print(f"sharebert {chosen}: {e if signum else 'interrupted'}", file=sys.stderr)
+        return 128 + (signum or 2)
     except Exception as e:
         if isinstance(e, BrokenPipeError):  # output piped into `head` and the like
             sys.stderr.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .outdir import read_json
+from .outdir import read_json, save_figure
 from .untrusted import RESULT_JSON_BYTES, parse_json, read_bytes
 
 LOGS = ("log.jsonl", "log_history.json")
@@ -95,7 +95,7 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> Path:
         ax.grid(alpha=0.3)
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return Path(path)
 

@@ -252,6 +252,28 @@ def is_bert_folder(model_dir: str | Path) -> bool:
     return read_config(model_dir, unfinished_ok=True).get("model_type") == "bert"  # a type check: resume reads it too
 
 
+def check_convert(model_dir, out, convert: bool, resume: bool) -> None:
+    """``--convert-to-sharebert`` only where it applies (torch-free, before any work), never ignored: on a
+    transformers BERT ``--model`` (a ShareBERT one has nothing to convert; ``pretrain`` from a preset neither), and
+    not on a ``--resume`` of a finished run whose saved model is of the other kind (a resume keeps that result as it
+    is: the option, given or left out, would not apply). ``ValueError`` in one line saying why."""
+    if not (convert or resume):
+        return
+    bert_in = model_dir is not None and is_bert_folder(model_dir)
+    if convert and not bert_in:
+        what = f"{model_dir} is already a ShareBERT folder" if model_dir is not None else "no --model is given"
+        raise ValueError(f"--convert-to-sharebert converts a transformers BERT --model; {what}: drop the option")
+    out = Path(out)
+    if not (resume and (out / "metrics.json").is_file() and optional_file(out / "config.json") is not None):
+        return
+    saved_bert = read_config(out, unfinished_ok=True)["model_type"] == "bert"
+    if bert_in and saved_bert == convert:
+        saved, asked = ("BERT", "ShareBERT (--convert-to-sharebert)") if saved_bert else ("ShareBERT", "BERT (no --convert-to-sharebert)")
+        raise ValueError(f"--resume: the finished run in {out} saved a {saved} folder, and a resume keeps its result as it "
+                         f"is, so it cannot save {asked}: resume with the option as the run began, or start again "
+                         "with --overwrite")
+
+
 def save_as_bert(model, folder: str | Path) -> None:
     """Write ``model`` (a ShareBERT model read from a BERT folder: ``sharing='none'``, BERT's layout) into
     ``folder`` as what it came from: ``config.json`` with ``model_type="bert"`` and ``model.safetensors`` with

@@ -24,7 +24,10 @@ import json
 import math
 import os
 import shutil
+import signal
+import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -297,12 +300,89 @@ def read_json(path: str | Path):
 
 
 def write_json(path: str | Path, obj) -> None:
-    """Write ``obj`` as JSON atomically and durably (temporary file, fsync, rename); NaN becomes null."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    """Write ``obj`` as JSON atomically and durably (:func:`atomic_output`); NaN becomes null."""
+    with atomic_output(path) as f:
         f.write(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while an output file is written: raised in the main thread so the partial file is removed
+    (the default action kills the process at once); ``signum`` is the signal (exit status ``128 + signum``)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # SIGINT already raises KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stop_signals_raise():
+    """While the block runs, SIGTERM and SIGHUP raise :class:`Stopped` (where they would kill the process: a
+    handler already installed, say a training run's checkpoint on SIGTERM, is left in place; main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    previous = {}
+    for s in STOP_SIGNALS:
+        if signal.getsignal(s) is signal.SIG_DFL:
+            previous[s] = signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path, mode: str = "w"):
+    """A file object for the output file ``path``, the one way every command writes one (``--output``, ``--json``,
+    ``--plot``, reports, our JSON files). A symbolic link is written through, never replaced: the file it leads to
+    gets the content. A regular (or new) file is written to a hidden ``.NAME.XXXX.partial`` beside it, flushed,
+    fsynced and renamed over it at the end, keeping an existing file's permissions (a new one gets the umask's);
+    anything that stops the block (an error, a full disk, Ctrl-C, SIGTERM, SIGHUP) removes the partial file and
+    leaves the old one as it was. Anything else there (``/dev/null``, ``/dev/full``, a FIFO) is written directly,
+    and a failed write is an error, never success. ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
+    target = Path(os.path.realpath(path))  # through every link: the file the user's name leads to
+    encoding = None if "b" in mode else "utf-8"
+    with _stop_signals_raise():
+        try:
+            st = os.stat(target)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            with open(target, mode, encoding=encoding) as f:  # a device or FIFO: no rename possible
+                yield f
+                f.flush()
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+        tmp = Path(name)
+        try:
+            if st is not None:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            else:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.fchmod(fd, 0o666 & ~umask)
+            with open(fd, mode, encoding=encoding) as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def save_figure(fig, path: str | Path, **kwargs) -> Path:
+    """``fig.savefig`` into the output file ``path`` through :func:`atomic_output` (the format from its suffix)."""
+    path = Path(path)
+    with atomic_output(path, "wb") as f:
+        fig.savefig(f, format=path.suffix.lstrip(".").lower() or "png", **kwargs)
+    return path

@@ -63,6 +63,9 @@ def add_depth_sampling_argument(p) -> None:
 
 
 def run(args) -> int:
+    from ..model_folder import check_convert
+
+    check_convert(args.model, args.out, args.convert_to_sharebert, args.resume)  # never ignored; before torch
     from ..training.finetune import finetune  # torch: only once the options are known to be good (argparse types)
     from ..training.options import FinetuneArgs
     from .tables import format_table

@@ -74,6 +74,9 @@ def run(args) -> int:
 
     if args.preset:
         preset_fields(args.preset)  # an unknown preset fails before torch is imported
+    from ..model_folder import check_convert
+
+    check_convert(args.model, args.out, args.convert_to_sharebert, args.resume)  # never ignored; before torch
     a = PretrainArgs(
         objective=args.objective, char_level=args.char_level, max_steps=args.max_steps, max_time=args.max_time,
         batch_size=args.batch_size,

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..outdir import MARK, check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
+from ..outdir import MARK, atomic_output, check_out_dir, check_same_run, finite, made_by, mark_out, read_json, save_figure, write_json
 
 REPORT = "report.json"
 PARTS = ("general", "student", "artifact", "teacher_artifact", "teacher_logits", "phases.json", REPORT, "report.md",
@@ -329,7 +329,8 @@ def write_report(out: Path, report: dict, summary: str) -> dict:
     """``report.json`` (``report`` with ``summary``), ``report.md`` (the table, then ``summary``), ``report.png``."""
     report = finite({**report, "summary": summary})
     write_json(out / REPORT, report)
-    (out / "report.md").write_text(report_markdown(report), encoding="utf-8")
+    with atomic_output(out / "report.md") as f:
+        f.write(report_markdown(report))
     plot_report(report, out / "report.png")
     return report
 
@@ -393,5 +394,5 @@ def plot_report(r: dict, path: Path) -> None:
         ax.tick_params(labelsize=8)
     fig.suptitle(f"{Path(t['folder']).name} -> {s['shape']}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

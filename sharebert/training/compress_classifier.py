@@ -60,20 +60,9 @@ def _resumable(phase: Path) -> bool:
 def _recorded_task(teacher: Path):
     """The task in the teacher's ``metrics.json`` (a ``sharebert finetune`` output) or None, and what the file
     said when it names none (for the error that follows)."""
-    from ..errors import first_line
-    from .glue import TASKS
+    from .glue import recorded_task
 
-    path = teacher / "metrics.json"
-    if not path.exists():
-        return None, "no metrics.json from `sharebert finetune`"
-    try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        return None, f"its metrics.json cannot be read: {first_line(e)}"
-    name = m.get("task") if isinstance(m, dict) else None
-    if isinstance(name, str) and name in TASKS:
-        return TASKS[name], ""
-    return None, f"its metrics.json records no GLUE task (task: {name!r})"
+    return recorded_task(teacher)
 
 
 def classifier_task(teacher, config: dict, task: str | None):

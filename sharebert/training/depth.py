@@ -14,6 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ..outdir import save_figure
 from ..paths import data_path
 from .glue import get_task, read_split
 from .metrics import task_metrics
@@ -157,8 +158,6 @@ def plot_depths(result: dict, path: str | Path) -> Path:
     ax.set_title(f"{result['task']}: {result['backend']}, {result['eval_samples']} dev examples")
     fig.legend(loc="lower center", ncol=2, frameon=False)  # below the axes: never over a point
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    path = save_figure(fig, path)
     plt.close(fig)
     return path

@@ -42,6 +42,11 @@ class GlueTask:
         return self.label_names is None
 
     @property
+    def pairs(self) -> bool:
+        """Whether an example is a sentence pair (text, text_pair), as the model trained on it reads it."""
+        return len(self.text_columns) == 2
+
+    @property
     def num_labels(self) -> int:
         return 1 if self.is_regression else len(self.label_names)
 
@@ -89,6 +94,26 @@ def get_task(name: str) -> GlueTask:
     if key not in TASKS:
         raise ValueError(f"unknown GLUE task {name!r}; choose one of {', '.join(TASKS)}")
     return TASKS[key]
+
+
+def recorded_task(folder: str | Path) -> tuple[GlueTask | None, str]:
+    """The GLUE task a model folder records in its ``metrics.json`` (written by ``sharebert finetune`` and
+    ``distill``) or None, and what the file said when it names none. Read as untrusted input: a FIFO or device
+    under that name is an error, never waited on."""
+    from ..errors import first_line
+    from ..untrusted import optional_file, read_json
+
+    path = Path(folder) / "metrics.json"
+    try:
+        if optional_file(path, "the run's metrics") is None:
+            return None, "no metrics.json from `sharebert finetune`"
+        m = read_json(path, "the run's metrics", allow_nan=True)
+    except (OSError, ValueError) as e:
+        return None, f"its metrics.json cannot be read: {first_line(e)}"
+    name = m.get("task") if isinstance(m, dict) else None
+    if isinstance(name, str) and name in TASKS:
+        return TASKS[name], ""
+    return None, f"its metrics.json records no GLUE task (task: {name!r})"
 
 
 @dataclass
