@@ -660,14 +660,14 @@ for _auto, _cls in AUTO_CLASSES.items():
 
 
 def _save_pretrained(self, save_directory, *args, **kwargs):
-    """transformers' save. After ``register_for_auto_class()``, or for a model loaded from a portable folder (its
+    """transformers' save. After ``register_for_auto_class()`` (the model's or its config's), or for a model loaded from a portable folder (its
     config has an ``auto_map``: a fine-tuned copy must not point at code it lacks), the folder gets sharebert's
     portable modeling code and ``auto_map`` (``sharebert.portable``), loadable with ``trust_remote_code=True`` where
     sharebert is not installed, instead of transformers' copy of the module defining the class (which imports
     sharebert). Package only: a portable copy, itself remote code, is saved by transformers as it is. With
     ``push_to_hub=True`` the upload follows the portable files (``push_to_hub``, which saves through this method).
     A save without ``auto_map`` removes the portable files an earlier save left there (``remove_portable``)."""
-    if self._auto_class is None and not getattr(self.config, "auto_map", None):
+    if self._auto_class is None and self.config._auto_class is None and not getattr(self.config, "auto_map", None):
         result = PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             from .portable import remove_portable
@@ -679,11 +679,13 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     check_portable_target(save_directory)  # before anything is written
     push = kwargs.pop("push_to_hub", False)
     hub = {k: kwargs.pop(k) for k in _HUB_OPTIONS if k in kwargs}
-    self._auto_class = None  # shadows the class attribute for this one save
+    # Shadow the class attributes for this one save, the config's too (``type(m.config).register_for_auto_class()``):
+    # transformers would copy the modules defining the classes (which import sharebert) under the portable files' names.
+    self._auto_class = self.config._auto_class = None
     try:
         result = PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
     finally:
-        del self._auto_class
+        del self._auto_class, self.config._auto_class
     if not kwargs.get("is_main_process", True):  # another process writes the folder (distributed training)
         return result
     make_portable(save_directory, AUTO_CLASSES)

@@ -54,13 +54,13 @@ def plain_transformers():
     return _load_without_sharebert
 
 
-def _load_without_sharebert(folder, cls: str, feeds: dict):
+def _load_without_sharebert(folder, cls: str, feeds: dict, trust_remote_code: bool = False):
     """``(class name, logits)`` of ``folder`` loaded by plain transformers in a process where sharebert (and
-    its transformers registration) cannot be imported."""
+    its transformers registration) cannot be imported (``trust_remote_code``: a portable folder's own code)."""
     code = ("import sys, json, torch\n"
             "sys.modules['sharebert'] = sys.modules['transformers_sharebert'] = None  # import fails\n"
             "import transformers\n"
-            f"model = transformers.{cls}.from_pretrained(sys.argv[1]).eval()\n"
+            f"model = transformers.{cls}.from_pretrained(sys.argv[1], trust_remote_code={trust_remote_code}).eval()\n"
             "feeds = {k: torch.tensor(v) for k, v in json.loads(sys.argv[2]).items()}\n"
             "with torch.no_grad():\n"
             "    print(json.dumps([type(model).__name__, model(**feeds).logits.tolist()]))\n")
