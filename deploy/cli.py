@@ -1,8 +1,9 @@
 """``sharebert predict``: run an exported artifact on texts, a file or stdin (torch-free).
 
 Input lines are plain text, or JSON objects ``{"text": ..., ...}`` (other keys such as ``id`` are
-copied to the output; ``"text_pair"``, a string, is the second text of a pair for text-classification). An
-``--input`` file named ``*.tsv`` holds pairs: two tab-separated columns per line, text and text_pair. The rule: a line is a JSON record when it parses as a JSON object with a
+copied to the output; ``"text_pair"``, a string, is the second text of a pair for text-classification). Pairs
+are recognised by content and the model (:func:`shaped`), never by the file's name: for a model trained on pairs
+(the manifest's ``pairs``) a plain line ``text<TAB>text_pair`` is a pair. The rule: a line is a JSON record when it parses as a JSON object with a
 ``"text"`` key (whose value must then be a string); any other line, ``{`` at its start or not, is the
 text itself. Lines are read and answered in chunks of :data:`CHUNK_LINES` (at least ``--batch-size``),
 so memory stays bounded for any input size; the runtime orders a chunk by token length into calls of
@@ -11,9 +12,9 @@ non-string ``"text"``, a result that is not finite) is reported on stderr with i
 skipped; the run goes on and exits with status 1 at the end when any line was skipped (0 when all
 were answered). Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` in input order (strict
 JSON, never NaN; ``line`` and ``result`` are always predict's own (:data:`OWN_FIELDS`): a record's fields of
-those names are not copied, said once on stderr); to ``--output``, written to a hidden temporary file beside it
-and renamed at the end (any failure, a full disk included, removes it and leaves an existing file as it was),
-or stdout;
+those names are not copied, said once on stderr); to ``--output`` through :func:`~sharebert.outdir.atomic_output`
+(a hidden temporary file beside it renamed at the end; any failure, a full disk or a stopping signal included, removes
+it and leaves an existing file as it was; a symbolic link is written through), or stdout;
 texts given as arguments print readably. A line over :data:`~sharebert.textlines.MAX_LINE_BYTES` (1 MiB) ends
 the run with an error naming it (an input without newlines, such as ``/dev/zero``, is not one text per line).
 """

@@ -243,6 +243,25 @@ def test_convert_to_sharebert_refusal_comes_from_the_command_before_torch(tmp_pa
         assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
+DISTILL_IGNORED = [  # an option the objective does not read -> refused in one line, before torch
+    (["--objective", "glue", "--task", "sst2", "--loss", "mse"], "--loss is for --objective embedding"),
+    (["--objective", "embedding", "--data-dir", "."], "--data-dir is for --objective glue"),
+    (["--objective", "mlm", "--train", "x.txt", "--cache-teacher", "c"], "--cache-teacher is for --objective glue"),
+    (["--objective", "glue", "--task", "sst2", "--data", "d"], "--data is for --objective mlm and embedding"),
+]
+
+
+@pytest.mark.parametrize("argv, refusal", DISTILL_IGNORED)
+def test_distill_refuses_an_option_its_objective_does_not_read(tmp_path, argv, refusal):
+    code = ("import sys; from sharebert.cli import main; rc = main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, "distill", "--teacher", "t", "--student", "sharebert-tiny",
+                           "--out", "o", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**ENV, "SHAREBERT_REGISTER": "0"})
+    assert proc.returncode == 2 and refusal in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- output files: one atomic writer ------------------------------------------------------------------------------
 
 def test_output_through_a_symlink_is_written_through(tmp_path):

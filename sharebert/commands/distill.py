@@ -57,6 +57,11 @@ def add_arguments(p):
     p.add_argument("--overwrite", action="store_true", help="replace an earlier distillation result in --out")
 
 
+# Options only some objectives read (their other option checks are below): given to another, they are refused.
+OBJECTIVE_OPTIONS = {"loss": ("embedding",), "data_dir": ("glue",), "cache_teacher": ("glue",), "data": ("mlm", "embedding")}
+OPTION_DEFAULTS = {"loss": EMBEDDING_LOSS}
+
+
 def run(args) -> int:
     from ..outdir import run_lock
 
@@ -86,6 +91,10 @@ def _run(args) -> int:
                         depth_sampling=args.depth_sampling, weights=weights, augment=args.augment or 0)
     if args.objective != "embedding" and (args.overrides or args.init != "teacher"):
         raise ValueError("--set and --init are for --objective embedding")
+    for option, objectives in OBJECTIVE_OPTIONS.items():  # an option the objective does not read is refused, never ignored
+        if getattr(args, option) not in (None, OPTION_DEFAULTS.get(option)) and args.objective not in objectives:
+            raise ValueError(f"--{option.replace('_', '-')} is for --objective {' and '.join(objectives)}, "
+                             f"not {args.objective}")
     if args.objective != "glue" and args.augment:
         raise ValueError("--augment is for --objective glue")
     if args.augment and not weights.kl:
