@@ -1,6 +1,7 @@
-"""The docs run as written: every ```bash and ```python block of README.md and docs/*.md (not docs/lab/, the lab
-notes), in reading order (``DOC_ORDER``, then any other page alphabetically), in one scratch folder, with the training and evaluation
-budgets capped here (``CAPS``: a few steps and samples each; the library's functions know nothing of it).
+"""The docs run as written: every ```bash and ```python block of README.md and docs/*.md (not docs/lab/, the
+lab notes), in reading order (``DOC_ORDER``, then any other page alphabetically), in one scratch folder, with
+the training and evaluation budgets capped here (``CAPS``: a few steps and samples each; the library's
+functions know nothing of it).
 A command that exits non-zero fails its block's test; later blocks read what earlier ones wrote.
 
 Markers for what cannot run here (the reason is printed):
@@ -86,7 +87,7 @@ BUDGETED = {
                                              "latency_samples": "latency_samples"},
     "sharebert.export.exporter:export_model": {"options": "sharebert.export.exporter:ExportOptions"},
 }
-# `sharebert <command>` in a shell line runs in another process, where nothing caps its budget.
+# The commands whose budget options capped_command_line caps where they run in another process.
 BUDGETED_COMMANDS = {"pretrain", "finetune", "distill", "compress", "evaluate", "export", "demo"}
 
 
