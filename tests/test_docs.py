@@ -304,7 +304,7 @@ class Scratch:
                     rc = self._in_process(lambda argv=argv: run_script(argv[1:]))
                     assert rc == 0, f"{block.id}: `{line}` exited {rc}"
                 elif (capped := capped_command_line(argv)) is not None:  # another process: its options capped
-                    assert not SHELL_OPERATORS & set(argv), f"{block.id}: `{line[:80]}` would run uncapped in a pipeline"
+                    assert not SHELL_OPERATORS & set(argv), f"{block.id}: `{line[:80]}`: uncapped in a pipeline"
                     done = subprocess.run(["env", *capped], cwd=self.cwd, env=self.env, timeout=600)
                     assert done.returncode == 0, f"{block.id}: `{shlex.join(capped)}` exited {done.returncode}"
                 else:
