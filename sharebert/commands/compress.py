@@ -42,8 +42,12 @@ def add_arguments(p):
                    help=f"loss on the sentence vectors (default {EMBEDDING_LOSS})")
     p.add_argument("--lr", type=opt.positive_float, default=LR, help=f"peak learning rate (default {LR:g})")
     p.add_argument("--batch-size", type=opt.positive_int, default=BATCH, help=f"default {BATCH}")
-    p.add_argument("--eval-limit", type=opt.positive_int, help="score the first N STS-B dev pairs (default all 1,500), or "
-                                                                 "a classifier's first N GLUE dev examples (default all)")
+    p.add_argument("--eval-limit", type=opt.positive_int, help="a classifier teacher: score the first N GLUE dev examples "
+                                                                 "(default all)")
+    p.add_argument("--eval-pairs", type=opt.path, metavar="FILE",
+                   help="an encoder teacher: your sentence pairs, tab-separated sentence1, sentence2 and a gold score "
+                        "or same/different; the report gives teacher and student Spearman on them (beside the "
+                        "agreement with the teacher on held-out text, and STS-B dev where the data folder has it)")
     p.add_argument("--task", choices=list(TASKS), help="a classifier teacher's GLUE task (default: the one its "
                                                        "`sharebert finetune` metrics.json records, or its label names tell)")
     p.add_argument("--task-lr", type=opt.positive_float, default=None,
@@ -68,8 +72,15 @@ def run(args) -> int:
     from ..training.compress import is_classifier, precheck
 
     # every check that needs no model comes first, torch not imported yet (a bad --train or --out: < 2 s)
-    _, raw = precheck(args.teacher, args.out, limits, args.train, args.data, args.overwrite, args.resume)
+    _, raw = precheck(args.teacher, args.out, limits, args.train, args.data, args.overwrite, args.resume,
+                      args.eval_pairs)
     classifier = is_classifier(raw)
+    if classifier and args.eval_pairs:
+        raise ValueError("--eval-pairs is for an encoder teacher; a classifier is scored on its GLUE task's dev set "
+                         "(--eval-limit N: its first N examples)")
+    if not classifier and args.eval_limit:
+        raise ValueError("--eval-limit is for a classifier teacher's GLUE dev set; an encoder's STS-B row is always "
+                         "on all 1,500 pairs (--eval-pairs FILE: your own pairs)")
     if classifier and args.data:
         raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
     for name in ("task_lr", "augment"):
@@ -100,7 +111,7 @@ def run(args) -> int:
                                         stopper=stopper)
             else:
                 r = compress(args.teacher, args.out, limits, eargs, train=args.train, data=args.data,
-                             overwrite=args.overwrite, resume=args.resume, eval_limit=args.eval_limit,
+                             overwrite=args.overwrite, resume=args.resume, eval_pairs=args.eval_pairs,
                              stopper=stopper, task=args.task)
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)
@@ -117,9 +128,12 @@ def run(args) -> int:
         print(f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, {q} {s['glue_dev']:.4f} "
               f"(fp32 {s['glue_dev_fp32']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms")
     else:
-        print(f"teacher {t['learned_params']:,} params, {t['artifact_bytes'] / 1e6:.1f} MB int8-dynamic, STS-B "
-              f"{t['sts_spearman']:.4f}, p50 16 tok {t['p50_ms_16']:.1f} ms")
-        print(f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, STS-B {s['sts_spearman']:.4f} "
-              f"(fp32 {s['sts_spearman_fp32']:.4f}, start {s['sts_spearman_start']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms")
+        for who, d in (("teacher", t), ("student", s)):
+            size = f"{d['artifact_bytes' if who == 'teacher' else 'file_bytes'] / 1e6:.1f} MB int8" + (
+                "-dynamic" if who == "teacher" else "")
+            print(f"{who} {d['learned_params']:,} params, {size}, p50 16 tok {d['p50_ms_16']:.1f} ms, peak RSS "
+                  f"{d['peak_rss_bytes'] / 1e6:.0f} MB")
+        for q in r["quality"]:
+            print(f"  {q['label']}: teacher {t[q['key']]:.4f}, student {s[q['key']]:.4f}")
     print(f"report.md, report.json, report.png -> {args.out}")
     return 0

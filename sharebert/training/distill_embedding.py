@@ -131,9 +131,19 @@ def split_sentences(line: str) -> list[str]:
 
 def default_corpus() -> list[Path]:
     """Unlabelled sentences of the data folder: WikiText-2 (validation split), the SST-2 and STS-B training
-    sentences (text only, no labels or scores; STS-B dev, the quality check, is never read for training)."""
-    return [data_path("wikitext-2-raw", "wiki.valid.raw"), data_path("glue", "STS-B", "train.tsv"),
-            data_path("glue", "SST-2", "train.tsv")]
+    sentences (text only, no labels or scores; STS-B dev, the quality check, is never read for training), those of
+    them it holds; where it holds none (the wheel installed elsewhere), the corpus shipped in the package
+    (``paths.packaged_corpus``: 2,482 WikiText-2 sentences)."""
+    from ..paths import packaged_corpus
+
+    files = [data_path("wikitext-2-raw", "wiki.valid.raw"), data_path("glue", "STS-B", "train.tsv"),
+             data_path("glue", "SST-2", "train.tsv")]
+    return [f for f in files if f.is_file()] or [packaged_corpus()]
+
+
+def sts_available() -> bool:
+    """Whether the data folder holds STS-B dev (the sentence-embedding score; optional everywhere)."""
+    return data_path("glue", "STS-B", "dev.tsv").is_file()
 
 
 def read_sentences(sources, limit: int | None = None) -> list[str]:
@@ -399,6 +409,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     from ..curves import write_curves
     from .callbacks import MarkCheckpoints, WallClockLimit, kept_result, start_checkpoints
 
+    score_sts = score_sts and sts_available()  # STS-B is one more measure where the data folder has it
     if score_sts and eval_limit is not None and eval_limit < 2:
         raise ValueError(f"a Spearman correlation needs at least 2 STS-B dev pairs; --max-eval-samples / --eval-limit "
                          f"is {eval_limit}")
