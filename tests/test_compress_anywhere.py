@@ -177,3 +177,25 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir
     assert keys == ["agreement_cosine", "agreement_top1"]
     assert report["training"]["train_sentences"] == 64
     assert not list(empty.iterdir())
+
+
+def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget():
+    """The plan: what the end needs is kept back, the teacher's pass takes at most a third of the rest, training
+    the remainder; a budget below the end's costs is said so (all from measured rates, no clock in the test)."""
+    from sharebert.training.compress import TimeBudget
+
+    said = []
+    now = __import__("time").monotonic()
+    budget = TimeBudget(600, after_sentences=3600, say=said.append, start=now)
+    n = budget.plan(15000, rate=50.0, step=0.2, batch=32)
+    reserve = budget.reserve()
+    assert reserve == pytest.approx(2 * (TimeBudget.EXPORT_SECONDS + 2 * 128 / 50) + 2 * TimeBudget.PROBE_SECONDS
+                                    + 1.5 * 3600 / 50)
+    assert n == pytest.approx(50 * (600 - reserve) / 3, rel=0.02)  # a third of what is left, at 50 sentences a second
+    assert budget.training_seconds() + reserve == pytest.approx(budget.left(), abs=1)  # set when training starts
+    assert f"in ~{600 - reserve - n / 50:.0f} s of training" in said[0]
+    assert len(said) == 1 and "plan for --max-time 600 s" in said[0] and f"{n:,} of 15,000 sentences" in said[0]
+    small = TimeBudget(60, after_sentences=3600, say=said.append, start=now)
+    assert small.plan(15000, rate=50.0, step=0.2, batch=32) == 4 * 32
+    assert "will overrun it" in said[-1]
+    assert TimeBudget(600, start=now).plan(100, rate=50.0, step=0.2, batch=32) == 100  # never more than there is

@@ -28,12 +28,14 @@ def add_arguments(p):
                                                       "unless --max-bytes is given)")
     p.add_argument("--max-bytes", help="bytes of the student's int8 file, e.g. 4MB")
     p.add_argument("--max-time", type=opt.positive_float, default=MAX_TIME, metavar="SECONDS",
-                   help=f"training time (default {MAX_TIME:g} s; a classifier: of each phase; a checkpoint, then "
-                        "export)")
+                   help=f"seconds for the whole command (default {MAX_TIME:g}): the teacher's pass, training, export "
+                        "and measures, planned in one line before the first step; a classifier teacher: the training "
+                        "time of each phase")
     p.add_argument("--max-steps", type=opt.positive_int, help="stop after N optimizer steps (default: --max-time decides)")
     p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="unlabelled text (one paragraph or sentence per line, or "
                                                                "GLUE .tsv); default: WikiText-2 valid, STS-B and SST-2 "
-                                                               "training sentences from the data folder")
+                                                               "training sentences from the data folder, else the text "
+                                                               "shipped in the package (sharebert/data/text)")
     p.add_argument("--data", type=opt.path, metavar="DIR", help="a folder from `sharebert prepare --tokenizer TEACHER` instead of "
                                                  "--train: its packed sequences, memory-mapped, the teacher run per batch")
     p.add_argument("--max-train-samples", type=opt.positive_int, default=SENTENCES, help=f"sentences to train on (default {SENTENCES}; "
@@ -62,7 +64,11 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    import time
+
     from ..budget import parse_size
+
+    started = time.monotonic()  # --max-time bounds the whole command (an encoder teacher), from here
 
     limits = {"max_params": parse_size(args.max_params) if args.max_params else None,
               "max_bytes": parse_size(args.max_bytes) if args.max_bytes else None}
@@ -90,7 +96,7 @@ def run(args) -> int:
 
     from ..outdir import run_lock
     from ..training.callbacks import SignalCheckpoint, StopRequested
-    from ..training.compress import compress
+    from ..training.compress import TimeBudget, compress
     from ..training.compress_classifier import compress_classifier
     from ..training.distill import DistillArgs, DistillWeights
     from ..training.distill_embedding import EmbeddingArgs
@@ -112,6 +118,7 @@ def run(args) -> int:
             else:
                 r = compress(args.teacher, args.out, limits, eargs, train=args.train, data=args.data,
                              overwrite=args.overwrite, resume=args.resume, eval_pairs=args.eval_pairs,
+                             budget=TimeBudget(args.max_time, start=started) if args.max_time else None,
                              stopper=stopper, task=args.task)
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)

@@ -67,6 +67,57 @@ def _legacy(path: Path) -> bool:
         (path / part / "metrics.json").is_file() for part in ("student", "general"))
 
 
+class TimeBudget:
+    """``--max-time T`` for the whole ``compress`` command (an embedding teacher), counted from the command's
+    start: the teacher's pass, training, export, the speed probes and the quality measures within about T.
+
+    Before the first step ``plan`` sizes the teacher's pass from what was measured (the teacher's sentences a
+    second, one student step) and says the plan in one line: what is left after the fixed costs of the end
+    (:meth:`reserve`: two exports with their parity checks, two probes, the quality measures' sentences through
+    teacher and student) goes at most a third to the teacher's vectors, the rest to training, whose clock
+    (``training_seconds``) is what is left when it starts. A budget smaller than the end's costs is said so."""
+
+    EXPORT_SECONDS = 25.0  # one export's fixed part (ONNX trace, quantization, latency runs) besides its parity pass
+    PROBE_SECONDS = 8.0  # one probe: a fresh torch-free process, 2 x 30 timed sentences
+
+    def __init__(self, seconds: float, after_sentences: int = 0, say=print, start: float | None = None):
+        import time
+
+        self.seconds, self.after_sentences, self.say = seconds, after_sentences, say
+        self.start = time.monotonic() if start is None else start
+        self.rate = None
+
+    def left(self) -> float:
+        import time
+
+        return self.seconds - (time.monotonic() - self.start)
+
+    def reserve(self) -> float:
+        """Seconds the steps after training take: two exports (each its parity pass of 128 sentences through
+        PyTorch), two probes, the quality sentences through the teacher and the student (half its cost)."""
+        rate = self.rate or 50.0
+        return 2 * (self.EXPORT_SECONDS + 2 * 128 / rate) + 2 * self.PROBE_SECONDS + 1.5 * self.after_sentences / rate
+
+    def plan(self, available: int, rate: float, step: float, batch: int) -> int:
+        """How many of ``available`` sentences the teacher encodes (at ``rate`` a second), said with the plan."""
+        self.rate = rate
+        reserve, spend = self.reserve(), self.left() - self.reserve()
+        n = int(min(available, max(4 * batch, rate * max(spend, 0.0) / 3)))
+        train = max(spend - n / rate, 1.0)
+        self.say(f"plan for --max-time {self.seconds:.0f} s ({self.left():.0f} s left): the teacher's vectors for "
+                 f"{n:,} of {available:,} sentences (~{n / rate:.0f} s at {rate:.0f} sentences/s), then about "
+                 f"{train / step:,.0f} steps of {batch} in ~{train:.0f} s of training (~{step:.2f} s a step), then "
+                 f"export, speed and quality (~{reserve:.0f} s)")
+        if spend <= n / rate:
+            self.say(f"--max-time {self.seconds:.0f} s is less than exporting and measuring take here (~{reserve:.0f} s "
+                     "after a short training): the run will overrun it; give more time, or --max-steps")
+        return n
+
+    def training_seconds(self) -> float:
+        """The training clock, set when training starts: what is left less the end's :meth:`reserve`."""
+        return max(1.0, self.left() - self.reserve())
+
+
 def is_classifier(config: dict) -> bool:
     """Whether a model folder's config dict names a sequence classifier (``...ForSequenceClassification``)."""
     return any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or [])
@@ -152,6 +203,16 @@ def _cos(a, b):
 
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+
+
+def quality_sentences(eval_pairs=None, limit: int | None = None) -> int:
+    """Sentences :func:`embedding_quality` encodes (each through teacher and student), for :class:`TimeBudget`."""
+    from ..paths import data_path, packaged_heldout
+
+    held = sum(1 for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip())
+    sts = 2 * 1500 if data_path("glue", "STS-B", "dev.tsv").is_file() else 0
+    pairs = 2 * len(read_eval_pairs(eval_pairs)[2]) if eval_pairs is not None else 0
+    return (min(held, limit) + min(sts, 2 * limit) if limit else held + sts) + pairs
 
 
 def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit: int | None = None) -> dict:
@@ -365,13 +426,16 @@ def check_same_student(out: Path, overrides: dict, parts=("student",)) -> None:
 
 def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite: bool = False, resume: bool = False,
              progress: bool = True, eval_pairs=None, stopper=None, say=print, eval_limit: int | None = None,
+             budget: TimeBudget | None = None,
              task: str | None = None) -> dict:
     """Run the steps of the module docstring for a sentence-embedding teacher (a classifier teacher:
     ``compress_classifier``; ``task`` is refused here); returns the report (also written to ``out/report.json``).
 
     ``args``: ``EmbeddingArgs``; ``stopper``: a ``SignalCheckpoint`` (on SIGTERM/SIGINT the distillation saves a
     checkpoint and the report says ``"stopped"``; run again with ``resume``); ``eval_pairs``: ``--eval-pairs FILE``
-    (:func:`read_eval_pairs`); ``eval_limit``: tests and the docs check only (:func:`embedding_quality`)."""
+    (:func:`read_eval_pairs`); ``eval_limit``: tests and the docs check only (:func:`embedding_quality`);
+    ``budget``: a :class:`TimeBudget` (``--max-time`` for the whole command; without, ``args.max_time`` is the
+    training's alone)."""
     from ..budget import student_for
     from ..model_folder import shape_fields
     from .callbacks import latest_checkpoint, resume_from
@@ -400,10 +464,12 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     if resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
         resume_from(student_dir / "checkpoints", True, say=say, out=out)
     say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
+    if budget is not None:
+        budget.after_sentences = quality_sentences(eval_pairs, eval_limit)
     aside = start_out(out, fp, overwrite, resume)
     try:
         report = _compress(teacher, out, student_dir, cand, overrides, limits, args, train, data, resume, progress,
-                           eval_pairs, stopper, say, eval_limit)
+                           eval_pairs, stopper, say, eval_limit, budget)
     except Exception as e:
         from .callbacks import StopRequested
 
@@ -416,12 +482,13 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
 
 
 def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limits: dict, args, train, data,
-              resume: bool, progress: bool, eval_pairs, stopper, say, eval_limit=None) -> dict:
+              resume: bool, progress: bool, eval_pairs, stopper, say, eval_limit=None, budget=None) -> dict:
     from .distill_embedding import distill_embedding
 
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
                           overwrite=True, resume=resume or (student_dir / "checkpoints").is_dir(),
                           progress=progress, data=data, score_sts=False,  # measured once, below, from the artifact
+                          budget=budget if data is None else None,
                           callbacks=(stopper,) if stopper is not None else ())
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}
