@@ -70,9 +70,12 @@ class ParityError(ValueError):
 
 
 def default_check_file() -> Path:
-    from sharebert.paths import data_path
+    """The parity sentences without ``--check-file``: SST-2 dev where the data folder has it (the figures of
+    docs/EXPORT.md), else the held-out sentences shipped in the package (an install without the data folder)."""
+    from sharebert.paths import data_path, packaged_heldout
 
-    return data_path("glue", "SST-2", "dev.tsv")
+    sst2 = data_path("glue", "SST-2", "dev.tsv")
+    return sst2 if sst2.is_file() else packaged_heldout()
 
 
 def infer_task(config: dict) -> str:
@@ -244,8 +247,8 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
     if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"unsupported opset {opset!r}; use {MIN_OPSET}..{MAX_OPSET} (default 17)")
     if quantize == "int8-static" and calibration is None:
-        raise ValueError("--quantize int8-static needs --calibration FILE (sentences, e.g. "
-                         "../shared/data/glue/SST-2/train.tsv)")
+        raise ValueError("--quantize int8-static needs --calibration FILE (sentences, one per line or a .tsv with a "
+                         "'sentence' column)")
     if calibration is not None and quantize != "int8-static":
         raise ValueError("--calibration only applies to --quantize int8-static")
     if calibration is not None:

@@ -1,4 +1,6 @@
-"""Where the shared data lives: ``$SHAREBERT_DATA`` or ``../shared/data`` beside the repository."""
+"""Where the data lives: ``$SHAREBERT_DATA`` or ``../shared/data`` beside the repository (GLUE, WikiText-2, ...;
+present in this workspace, absent where the wheel is installed elsewhere), and the text shipped inside the
+package (``sharebert/data/text``: a small default corpus and held-out sentences, CC BY-SA 3.0, its README)."""
 from __future__ import annotations
 
 import os
@@ -20,3 +22,17 @@ def data_path(*parts: str) -> Path:
 
 def default_vocab() -> Path:
     return data_path("bert-base-uncased", "vocab.txt")
+
+
+PACKAGED_TEXT = Path(__file__).resolve().parent / "data" / "text"
+
+
+def packaged_corpus() -> Path:
+    """The default training text shipped in the package: 2,482 WikiText-2 sentences (about 300 kB)."""
+    return PACKAGED_TEXT / "corpus.txt"
+
+
+def packaged_heldout() -> Path:
+    """600 WikiText-2 test sentences shipped in the package, never in :func:`packaged_corpus`: where a student's
+    agreement with its teacher is measured, and export's parity sentences when the data folder has none."""
+    return PACKAGED_TEXT / "heldout.txt"

@@ -28,12 +28,14 @@ def add_arguments(p):
                                                       "unless --max-bytes is given)")
     p.add_argument("--max-bytes", help="bytes of the student's int8 file, e.g. 4MB")
     p.add_argument("--max-time", type=opt.positive_float, default=MAX_TIME, metavar="SECONDS",
-                   help=f"training time (default {MAX_TIME:g} s; a classifier: of each phase; a checkpoint, then "
-                        "export)")
+                   help=f"seconds for the whole command (default {MAX_TIME:g}): the teacher's pass, training, export "
+                        "and measures, planned in one line before the first step; a classifier teacher: the training "
+                        "time of each phase")
     p.add_argument("--max-steps", type=opt.positive_int, help="stop after N optimizer steps (default: --max-time decides)")
     p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="unlabelled text (one paragraph or sentence per line, or "
                                                                "GLUE .tsv); default: WikiText-2 valid, STS-B and SST-2 "
-                                                               "training sentences from the data folder")
+                                                               "training sentences from the data folder, else the text "
+                                                               "shipped in the package (sharebert/data/text)")
     p.add_argument("--data", type=opt.path, metavar="DIR", help="a folder from `sharebert prepare --tokenizer TEACHER` instead of "
                                                  "--train: its packed sequences, memory-mapped, the teacher run per batch")
     p.add_argument("--max-train-samples", type=opt.positive_int, default=SENTENCES, help=f"sentences to train on (default {SENTENCES}; "
@@ -42,8 +44,12 @@ def add_arguments(p):
                    help=f"loss on the sentence vectors (default {EMBEDDING_LOSS})")
     p.add_argument("--lr", type=opt.positive_float, default=LR, help=f"peak learning rate (default {LR:g})")
     p.add_argument("--batch-size", type=opt.positive_int, default=BATCH, help=f"default {BATCH}")
-    p.add_argument("--eval-limit", type=opt.positive_int, help="score the first N STS-B dev pairs (default all 1,500), or "
-                                                                 "a classifier's first N GLUE dev examples (default all)")
+    p.add_argument("--eval-limit", type=opt.positive_int, help="a classifier teacher: score the first N GLUE dev examples "
+                                                                 "(default all)")
+    p.add_argument("--eval-pairs", type=opt.path, metavar="FILE",
+                   help="an encoder teacher: your sentence pairs, tab-separated sentence1, sentence2 and a gold score "
+                        "or same/different; the report gives teacher and student Spearman on them (beside the "
+                        "agreement with the teacher on held-out text, and STS-B dev where the data folder has it)")
     p.add_argument("--task", choices=list(TASKS), help="a classifier teacher's GLUE task (default: the one its "
                                                        "`sharebert finetune` metrics.json records, or its label names tell)")
     p.add_argument("--task-lr", type=opt.positive_float, default=None,
@@ -58,7 +64,11 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    import time
+
     from ..budget import parse_size
+
+    started = time.monotonic()  # --max-time bounds the whole command (an encoder teacher), from here
 
     limits = {"max_params": parse_size(args.max_params) if args.max_params else None,
               "max_bytes": parse_size(args.max_bytes) if args.max_bytes else None}
@@ -68,8 +78,15 @@ def run(args) -> int:
     from ..training.compress import is_classifier, precheck
 
     # every check that needs no model comes first, torch not imported yet (a bad --train or --out: < 2 s)
-    _, raw = precheck(args.teacher, args.out, limits, args.train, args.data, args.overwrite, args.resume)
+    _, raw = precheck(args.teacher, args.out, limits, args.train, args.data, args.overwrite, args.resume,
+                      args.eval_pairs)
     classifier = is_classifier(raw)
+    if classifier and args.eval_pairs:
+        raise ValueError("--eval-pairs is for an encoder teacher; a classifier is scored on its GLUE task's dev set "
+                         "(--eval-limit N: its first N examples)")
+    if not classifier and args.eval_limit:
+        raise ValueError("--eval-limit is for a classifier teacher's GLUE dev set; an encoder's STS-B row is always "
+                         "on all 1,500 pairs (--eval-pairs FILE: your own pairs)")
     if classifier and args.data:
         raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
     for name in ("task_lr", "augment"):
@@ -79,7 +96,7 @@ def run(args) -> int:
 
     from ..outdir import run_lock
     from ..training.callbacks import SignalCheckpoint, StopRequested
-    from ..training.compress import compress
+    from ..training.compress import TimeBudget, compress
     from ..training.compress_classifier import compress_classifier
     from ..training.distill import DistillArgs, DistillWeights
     from ..training.distill_embedding import EmbeddingArgs
@@ -100,7 +117,8 @@ def run(args) -> int:
                                         stopper=stopper)
             else:
                 r = compress(args.teacher, args.out, limits, eargs, train=args.train, data=args.data,
-                             overwrite=args.overwrite, resume=args.resume, eval_limit=args.eval_limit,
+                             overwrite=args.overwrite, resume=args.resume, eval_pairs=args.eval_pairs,
+                             budget=TimeBudget(args.max_time, start=started) if args.max_time else None,
                              stopper=stopper, task=args.task)
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)
@@ -117,9 +135,12 @@ def run(args) -> int:
         print(f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, {q} {s['glue_dev']:.4f} "
               f"(fp32 {s['glue_dev_fp32']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms")
     else:
-        print(f"teacher {t['learned_params']:,} params, {t['artifact_bytes'] / 1e6:.1f} MB int8-dynamic, STS-B "
-              f"{t['sts_spearman']:.4f}, p50 16 tok {t['p50_ms_16']:.1f} ms")
-        print(f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, STS-B {s['sts_spearman']:.4f} "
-              f"(fp32 {s['sts_spearman_fp32']:.4f}, start {s['sts_spearman_start']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms")
+        for who, d in (("teacher", t), ("student", s)):
+            size = f"{d['artifact_bytes' if who == 'teacher' else 'file_bytes'] / 1e6:.1f} MB int8" + (
+                "-dynamic" if who == "teacher" else "")
+            print(f"{who} {d['learned_params']:,} params, {size}, p50 16 tok {d['p50_ms_16']:.1f} ms, peak RSS "
+                  f"{d['peak_rss_bytes'] / 1e6:.0f} MB")
+        for q in r["quality"]:
+            print(f"  {q['label']}: teacher {t[q['key']]:.4f}, student {s[q['key']]:.4f}")
     print(f"report.md, report.json, report.png -> {args.out}")
     return 0

@@ -41,7 +41,7 @@ def _compress_demo(main, out: Path, t0: float) -> int:
     teacher = _real_teacher()
     _step("2. Compress all-MiniLM-L6-v2 (22.7M parameters) into a ShareBERT under 5M (a 2-minute distillation)")
     rc = main(["compress", str(teacher), "--out", str(out / "compress"), "--max-time", "120",
-               "--max-train-samples", "4000", "--eval-limit", "500"])
+               "--max-train-samples", "4000"])
     if rc:
         return rc
     print((out / "compress" / "report.md").read_text())
@@ -81,7 +81,7 @@ def run(args) -> int:
 
     from ..cli import main
     from ..outdir import check_out_dir
-    from ..paths import data_path
+    from ..paths import data_path, packaged_corpus, packaged_heldout
 
     # The one --out rule: only the demo's own folder (its marker) is replaced; anything else is refused.
     out = check_out_dir(args.out, "sharebert demo folder", lambda p: (p / MARKER).is_file(), overwrite=True)
@@ -90,6 +90,9 @@ def run(args) -> int:
     out.mkdir(parents=True)
     (out / MARKER).write_text("written by `sharebert demo`; a re-run replaces this folder\n")
     wiki = data_path("wikitext-2-raw")
+    train, valid = wiki / "wiki.valid.raw", wiki / "wiki.test.raw"
+    if not (train.is_file() and valid.is_file()):  # installed elsewhere: the text shipped in the package
+        train, valid = packaged_corpus(), packaged_heldout()
     t0 = time.time()
     _step("1. Parameter and FLOP report: ShareBERT Small (analytic, from the config)")
     main(["report", "--preset", "sharebert-small"])
@@ -103,8 +106,8 @@ def run(args) -> int:
         return rc
 
     _step(f"3. Pre-train {args.steps} masked-LM steps on WikiText-2 (valid split; test split held out)")
-    rc = main(["pretrain", "--model", str(out / "model"), "--train", str(wiki / "wiki.valid.raw"),
-               "--valid", str(wiki / "wiki.test.raw"), "--out", str(out / "pretrained"), "--max-steps", str(args.steps),
+    rc = main(["pretrain", "--model", str(out / "model"), "--train", str(train),
+               "--valid", str(valid), "--out", str(out / "pretrained"), "--max-steps", str(args.steps),
                "--batch-size", "32", "--seq-len", "64", "--lr", "2e-3", "--eval-steps", str(args.steps),
                "--save-steps", str(args.steps), "--max-eval-sequences", "64", "--logging-steps", "25"])
     if rc:

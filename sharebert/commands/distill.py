@@ -148,7 +148,8 @@ def _run_embedding(args, dargs) -> int:
     m = distill_embedding(args.teacher, args.student, args.out, args.train, eargs,
                           overrides=parse_overrides(args.overrides), overwrite=args.overwrite, resume=args.resume,
                           data=args.data, eval_limit=args.max_eval_samples)  # STS-B dev pairs scored
-    print(f"distilled {m['steps']} steps in {m['train_seconds']:.0f} s; STS-B dev Spearman: teacher "
-          f"{m['teacher_sts_spearman']:.4f}, student at start {m['start_sts_spearman']:.4f}, after "
-          f"{m['student_sts_spearman']:.4f}; student and metrics.json -> {args.out}")
+    sts = (f"STS-B dev Spearman ({m['sts_dev_pairs']} pairs): teacher {m['teacher_sts_spearman']:.4f}, student at "
+           f"start {m['start_sts_spearman']:.4f}, after {m['student_sts_spearman']:.4f}"
+           if m.get("student_sts_spearman") is not None else "no STS-B dev in the data folder to score on")
+    print(f"distilled {m['steps']} steps in {m['train_seconds']:.0f} s; {sts}; student and metrics.json -> {args.out}")
     return 0

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pattern matches); weight generation and the depth input stay; fp32 (--quantize none), "
                         "encoder tasks, --format onnx; no RAM-int8 graphs")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
-    p.add_argument("--check-file", type=opt.path, help="parity sentences (default: ../shared/data/glue/SST-2/dev.tsv)")
+    p.add_argument("--check-file", type=opt.path, help="parity sentences (default: the data folder's glue/SST-2/dev.tsv, else the "
+                                                                 "held-out sentences shipped in the package)")
     p.add_argument("--check-limit", type=opt.positive_int, help="use only the first N parity sentences")
     p.add_argument("--shapes", nargs="+", default=["1x128"], metavar="BxT",
                    help="latency shapes, batch x sequence (default 1x128)")

@@ -67,6 +67,57 @@ def _legacy(path: Path) -> bool:
         (path / part / "metrics.json").is_file() for part in ("student", "general"))
 
 
+class TimeBudget:
+    """``--max-time T`` for the whole ``compress`` command (an embedding teacher), counted from the command's
+    start: the teacher's pass, training, export, the speed probes and the quality measures within about T.
+
+    Before the first step ``plan`` sizes the teacher's pass from what was measured (the teacher's sentences a
+    second, one student step) and says the plan in one line: what is left after the fixed costs of the end
+    (:meth:`reserve`: two exports with their parity checks, two probes, the quality measures' sentences through
+    teacher and student) goes at most a third to the teacher's vectors, the rest to training, whose clock
+    (``training_seconds``) is what is left when it starts. A budget smaller than the end's costs is said so."""
+
+    EXPORT_SECONDS = 25.0  # one export's fixed part (ONNX trace, quantization, latency runs) besides its parity pass
+    PROBE_SECONDS = 8.0  # one probe: a fresh torch-free process, 2 x 30 timed sentences
+
+    def __init__(self, seconds: float, after_sentences: int = 0, say=print, start: float | None = None):
+        import time
+
+        self.seconds, self.after_sentences, self.say = seconds, after_sentences, say
+        self.start = time.monotonic() if start is None else start
+        self.rate = None
+
+    def left(self) -> float:
+        import time
+
+        return self.seconds - (time.monotonic() - self.start)
+
+    def reserve(self) -> float:
+        """Seconds the steps after training take: two exports (each its parity pass of 128 sentences through
+        PyTorch), two probes, the quality sentences through the teacher and the student (half its cost)."""
+        rate = self.rate or 50.0
+        return 2 * (self.EXPORT_SECONDS + 2 * 128 / rate) + 2 * self.PROBE_SECONDS + 1.5 * self.after_sentences / rate
+
+    def plan(self, available: int, rate: float, step: float, batch: int) -> int:
+        """How many of ``available`` sentences the teacher encodes (at ``rate`` a second), said with the plan."""
+        self.rate = rate
+        reserve, spend = self.reserve(), self.left() - self.reserve()
+        n = int(min(available, max(4 * batch, rate * max(spend, 0.0) / 3)))
+        train = max(spend - n / rate, 1.0)
+        self.say(f"plan for --max-time {self.seconds:.0f} s ({self.left():.0f} s left): the teacher's vectors for "
+                 f"{n:,} of {available:,} sentences (~{n / rate:.0f} s at {rate:.0f} sentences/s), then about "
+                 f"{train / step:,.0f} steps of {batch} in ~{train:.0f} s of training (~{step:.2f} s a step), then "
+                 f"export, speed and quality (~{reserve:.0f} s)")
+        if spend <= n / rate:
+            self.say(f"--max-time {self.seconds:.0f} s is less than exporting and measuring take here (~{reserve:.0f} s "
+                     "after a short training): the run will overrun it; give more time, or --max-steps")
+        return n
+
+    def training_seconds(self) -> float:
+        """The training clock, set when training starts: what is left less the end's :meth:`reserve`."""
+        return max(1.0, self.left() - self.reserve())
+
+
 def is_classifier(config: dict) -> bool:
     """Whether a model folder's config dict names a sequence classifier (``...ForSequenceClassification``)."""
     return any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or [])
@@ -82,17 +133,151 @@ def probe(artifact: Path, runs: int = 30) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def artifact_spearman(artifact: Path, limit: int | None = None) -> float:
-    """STS-B dev Spearman of an artifact's ``embed`` (the torch-free runtime)."""
+SAME = {"same": 1.0, "different": 0.0, "yes": 1.0, "no": 0.0, "true": 1.0, "false": 0.0}  # --eval-pairs labels
+MAX_EVAL_PAIRS = 100_000
+
+
+def read_eval_pairs(path) -> tuple[list[str], list[str], list[float]]:
+    """``--eval-pairs FILE``: tab-separated ``sentence1, sentence2, gold`` per line, gold a score (any scale) or a
+    label (``same``/``different``, ``yes``/``no``, ``1``/``0``); a first line whose gold is neither is a header.
+    ``ValueError`` naming the file and line for anything else (torch-free: checked before any model loads)."""
+    from ..textlines import check_text_file
+
+    path = check_text_file(path, "--eval-pairs")
+    a, b, gold = [], [], []
+    with open(path, encoding="utf-8", errors="strict") as f:
+        try:
+            lines = list(f)
+        except UnicodeDecodeError:
+            raise ValueError(f"--eval-pairs {path} is not UTF-8 text") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        fields = line.rstrip("\r\n").split("\t")
+        value = _gold(fields[-1]) if len(fields) == 3 else None
+        if value is None:
+            if number == 1 and len(fields) == 3:  # a header
+                continue
+            raise ValueError(f"--eval-pairs {path}, line {number}: expected 3 tab-separated fields (sentence1, "
+                             f"sentence2, a score or same/different), got {len(fields)} field(s)"
+                             + (f" ending in {fields[-1][:20]!r}" if len(fields) == 3 else ""))
+        a.append(fields[0])
+        b.append(fields[1])
+        gold.append(value)
+        if len(gold) > MAX_EVAL_PAIRS:
+            raise ValueError(f"--eval-pairs {path} holds over {MAX_EVAL_PAIRS:,} pairs; give a sample")
+    if len(set(gold)) < 2:
+        raise ValueError(f"--eval-pairs {path}: needs at least 2 pairs with different gold values (has {len(gold)} "
+                         "pair(s)); a correlation needs both")
+    return a, b, gold
+
+
+def _gold(text: str) -> float | None:
+    text = text.strip().lower()
+    if text in SAME:
+        return SAME[text]
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def neighbour_agreement(student, teacher) -> float:
+    """Fraction of sentences whose nearest other sentence (cosine) is the same for the student's vectors as for the
+    teacher's: the retrieval answer a user sees, ``(N, H_s)`` and ``(N, H_t)`` rows."""
     import numpy as np
 
-    from ..deploy import Runtime
-    from .distill_embedding import sts_dev
+    def nearest(v):
+        v = np.asarray(v, dtype=np.float64)
+        v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+        sim = v @ v.T
+        np.fill_diagonal(sim, -np.inf)
+        return sim.argmax(1)
+
+    return float((nearest(student) == nearest(teacher)).mean())
+
+
+def _cos(a, b):
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+
+
+def quality_sentences(eval_pairs=None, limit: int | None = None) -> int:
+    """Sentences :func:`embedding_quality` encodes (each through teacher and student), for :class:`TimeBudget`."""
+    from ..paths import data_path, packaged_heldout
+
+    held = sum(1 for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip())
+    sts = 2 * 1500 if data_path("glue", "STS-B", "dev.tsv").is_file() else 0
+    pairs = 2 * len(read_eval_pairs(eval_pairs)[2]) if eval_pairs is not None else 0
+    return (min(held, limit) + min(sts, 2 * limit) if limit else held + sts) + pairs
+
+
+def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit: int | None = None) -> dict:
+    """The embedding measures of the report, each named by what it was measured on (``{key: {"label", "teacher",
+    "student"}}``; the student is ``student_embed`` (texts -> vectors: its int8 artifact's ``Runtime.embed``), the
+    teacher its PyTorch fp32 model and recipe):
+
+    - ``agreement_cosine`` / ``agreement_top1``: the student's mean cosine to the teacher's vector of the same
+      sentence, and its top-1 neighbour agreement, on the held-out sentences shipped in the package
+      (``paths.packaged_heldout``; never trained on by default);
+    - ``eval_pairs_spearman``: Spearman of cosine with the gold of ``--eval-pairs`` (all its pairs);
+    - ``sts_spearman``: STS-B dev Spearman on all 1,500 pairs, where the data folder holds STS-B;
+    - ``calibration``: mean cosine of related pairs (the gold's top quarter, of ``--eval-pairs`` or STS-B) and of
+      unrelated ones (held-out sentences paired with others), for both: a threshold tuned on the teacher moves.
+
+    ``limit`` (tests and the docs check only; the command has none): the first ``limit`` STS-B pairs and held-out
+    sentences, said in the labels."""
+    import numpy as np
+
+    from ..model_folder import load_config, load_tokenizer
+    from ..paths import packaged_heldout
+    from ..recipe import read_recipe
+    from .distill_embedding import encode, load_encoder, recipe_head, sts_available, sts_dev
     from .metrics import cosine_spearman
 
-    split = sts_dev(limit)
-    rt = Runtime(artifact)
-    return cosine_spearman(np.stack(rt.embed(split.text_a)), np.stack(rt.embed(split.text_b)), split.labels)
+    recipe = read_recipe(teacher)
+    t_model, t_head = load_encoder(teacher), recipe_head(teacher, recipe)
+    t_tok = load_tokenizer(teacher, load_config(teacher).vocab_size, needs=("pad",))
+    seq_len = min(recipe.max_seq_length or 512, t_model.config.max_position_embeddings)
+    t_vec = lambda texts: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len)  # noqa: E731
+    s_vec = lambda texts: np.stack(student_embed(list(texts)))  # noqa: E731
+    held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
+    held = held[:max(limit, 3)] if limit else held
+    say(f"measuring the student's agreement with the teacher on {len(held)} held-out sentences ...")
+    t_held, s_held = t_vec(held), s_vec(held)
+    where = f"{len(held)} held-out WikiText-2 sentences"
+    rows = {"agreement_cosine": {"label": f"mean cosine to the teacher's vector ({where})", "teacher": 1.0,
+                                 "student": float(_cos(s_held, t_held).mean()) if s_held.shape == t_held.shape
+                                 else None},
+            "agreement_top1": {"label": f"top-1 neighbour agreement with the teacher ({where})", "teacher": 1.0,
+                               "student": neighbour_agreement(s_held, t_held)}}
+    shift = np.roll(np.arange(len(held)), len(held) // 2)  # each sentence with one far from it: unrelated
+    calibration = {"unrelated": {"teacher": float(_cos(t_held, t_held[shift]).mean()),
+                                 "student": float(_cos(s_held, s_held[shift]).mean()),
+                                 "measured_on": f"{len(held)} pairs of unrelated held-out sentences"}}
+    pair_sets = []
+    if eval_pairs is not None:
+        a, b, gold = read_eval_pairs(eval_pairs)
+        pair_sets.append(("eval_pairs_spearman", f"Spearman of cosine with the gold of {Path(eval_pairs).name} "
+                                                 f"({len(gold)} pairs)", a, b, gold))
+    if sts_available():
+        split, every = sts_dev(limit), len(sts_dev().labels)
+        which = f"all {every}" if len(split.labels) == every else f"the first {len(split.labels)} of {every}"
+        pair_sets.append(("sts_spearman", f"STS-B dev Spearman ({which} pairs)", split.text_a,
+                          split.text_b, split.labels))
+    for key, label, a, b, gold in pair_sets:
+        say(f"measuring {label} ...")
+        (ta, tb), (sa, sb) = (t_vec(a), t_vec(b)), (s_vec(a), s_vec(b))
+        rows[key] = {"label": label, "teacher": cosine_spearman(ta, tb, gold), "student": cosine_spearman(sa, sb, gold)}
+        top = np.asarray(gold, dtype=np.float64) >= np.quantile(gold, 0.75)
+        if "related" not in calibration and top.any():
+            calibration["related"] = {"teacher": float(_cos(ta[top], tb[top]).mean()),
+                                      "student": float(_cos(sa[top], sb[top]).mean()),
+                                      "measured_on": f"the {int(top.sum())} pairs of the gold's top quarter, {label}"}
+    return {"measures": rows, "calibration": calibration}
 
 
 def weight_bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors", ".bin")) -> int:
@@ -144,10 +329,11 @@ def check_train(train) -> None:
                              "'sentence1'); a plain text file: give it another suffix, e.g. .txt")
 
 
-def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool = False, resume: bool = False):
+def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool = False, resume: bool = False,
+             eval_pairs=None):
     """Every check that needs no model, torch-free and in well under 2 s, before anything is loaded or changed:
-    the teacher's config, a student under ``limits``, the ``--train`` files, ``--out``. Returns ``(out, the
-    teacher's config dict)``."""
+    the teacher's config, a student under ``limits``, ``--out``, the ``--train`` and ``--eval-pairs`` files.
+    Returns ``(out, the teacher's config dict)``."""
     from ..budget import student_for
     from ..model_folder import read_config, shape_fields
 
@@ -156,6 +342,8 @@ def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool 
     student_for(shape_fields(teacher), limits, num_labels=max(1, len(labels)) if is_classifier(raw) else None)
     out = check_out(out, teacher, train, overwrite, resume, data)
     check_train(train)
+    if eval_pairs is not None:
+        read_eval_pairs(eval_pairs)
     return out, raw
 
 
@@ -237,19 +425,23 @@ def check_same_student(out: Path, overrides: dict, parts=("student",)) -> None:
 
 
 def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite: bool = False, resume: bool = False,
-             progress: bool = True, eval_limit: int | None = None, stopper=None, say=print,
+             progress: bool = True, eval_pairs=None, stopper=None, say=print, eval_limit: int | None = None,
+             budget: TimeBudget | None = None,
              task: str | None = None) -> dict:
     """Run the steps of the module docstring for a sentence-embedding teacher (a classifier teacher:
     ``compress_classifier``; ``task`` is refused here); returns the report (also written to ``out/report.json``).
 
     ``args``: ``EmbeddingArgs``; ``stopper``: a ``SignalCheckpoint`` (on SIGTERM/SIGINT the distillation saves a
-    checkpoint and the report says ``"stopped"``; run again with ``resume``)."""
+    checkpoint and the report says ``"stopped"``; run again with ``resume``); ``eval_pairs``: ``--eval-pairs FILE``
+    (:func:`read_eval_pairs`); ``eval_limit``: tests and the docs check only (:func:`embedding_quality`);
+    ``budget``: a :class:`TimeBudget` (``--max-time`` for the whole command; without, ``args.max_time`` is the
+    training's alone)."""
     from ..budget import student_for
     from ..model_folder import shape_fields
     from .callbacks import latest_checkpoint, resume_from
     from .distill import check_encoder
 
-    out, _ = precheck(teacher, out, limits, train, data, overwrite, resume)  # nothing loaded or changed before
+    out, _ = precheck(teacher, out, limits, train, data, overwrite, resume, eval_pairs)  # nothing loaded or changed
     raw = check_encoder(teacher)
     if is_classifier(raw):  # the command sends a classifier to compress_classifier (which imports this module)
         raise ValueError(f"{teacher} is a classifier: compress it with compress_classifier.compress_classifier")
@@ -272,10 +464,12 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     if resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
         resume_from(student_dir / "checkpoints", True, say=say, out=out)
     say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
+    if budget is not None:
+        budget.after_sentences = quality_sentences(eval_pairs, eval_limit)
     aside = start_out(out, fp, overwrite, resume)
     try:
         report = _compress(teacher, out, student_dir, cand, overrides, limits, args, train, data, resume, progress,
-                           eval_limit, stopper, say)
+                           eval_pairs, stopper, say, eval_limit, budget)
     except Exception as e:
         from .callbacks import StopRequested
 
@@ -288,41 +482,70 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
 
 
 def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limits: dict, args, train, data,
-              resume: bool, progress: bool, eval_limit, stopper, say) -> dict:
+              resume: bool, progress: bool, eval_pairs, stopper, say, eval_limit=None, budget=None) -> dict:
     from .distill_embedding import distill_embedding
 
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
                           overwrite=True, resume=resume or (student_dir / "checkpoints").is_dir(),
-                          progress=progress, eval_limit=eval_limit, data=data,
+                          progress=progress, data=data, score_sts=False,  # measured once, below, from the artifact
+                          budget=budget if data is None else None,
                           callbacks=(stopper,) if stopper is not None else ())
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}
     say("exporting the student (int8) and the teacher (int8-dynamic) ...")
     art = export_once(student_dir, out / "artifact", "int8", progress)
     t_art = export_once(Path(teacher), out / "teacher_artifact", "int8-dynamic", progress)
-    say("measuring memory, speed and STS-B dev Spearman ...")
+    say("measuring memory and speed ...")
     s_probe, t_probe = probe(art), probe(t_art)
-    art_rho = artifact_spearman(art, eval_limit)
+    from ..deploy import Runtime
+
+    q = embedding_quality(teacher, Runtime(art).embed, eval_pairs, say, eval_limit)
     s_manifest = json.loads((art / "manifest.json").read_text())
     report = {
-        "teacher": {"folder": str(teacher), "learned_params": safetensor_params(Path(teacher)),
+        "teacher": {"folder": str(teacher), "name": teacher_name(teacher),
+                    "learned_params": safetensor_params(Path(teacher)),
                     "file_bytes": weight_bytes(Path(teacher)), "artifact_bytes": weight_bytes(t_art),
-                    "sts_spearman": m["teacher_sts_spearman"], **t_probe},
+                    **{k: v["teacher"] for k, v in q["measures"].items()}, **t_probe},
         "student": {"folder": str(student_dir), "shape": cand.describe(), "config": overrides,
                     "learned_params": safetensor_params(student_dir), "file_bytes": weight_bytes(art),
-                    "sts_spearman_fp32": m["student_sts_spearman"], "sts_spearman_start": m["start_sts_spearman"],
-                    "sts_spearman": art_rho, "quantization": s_manifest.get("quantization"), **s_probe},
+                    **{k: v["student"] for k, v in q["measures"].items()},
+                    "quantization": s_manifest.get("quantization"), **s_probe},
         "training": {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "loss", "init",
                                        "stopped_by_time", "seq_len")},
-        "sts_dev_pairs": m["sts_dev_pairs"], "limits": {k: v for k, v in limits.items() if v is not None},
-        "quality": {"label": "STS-B dev Spearman", "key": "sts_spearman"},
+        "limits": {k: v for k, v in limits.items() if v is not None},
+        "quality": [{"label": v["label"], "key": k} for k, v in q["measures"].items()],
+        "calibration": q["calibration"],
     }
     tr = report["training"]
-    summary = (f"Student STS-B dev Spearman: {report['student']['sts_spearman_start']:.4f} at step 0 (initialised from "
-               f"the teacher), {report['student']['sts_spearman_fp32']:.4f} in PyTorch fp32 after {tr['steps']} steps "
-               f"({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences, {tr['loss']} loss), "
-               f"{art_rho:.4f} from the int8 artifact ({report['sts_dev_pairs']} dev pairs).")
+    summary = (f"Distilled {tr['steps']} steps ({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences of at "
+               f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: PyTorch "
+               "fp32; student figures: its int8 artifact through the torch-free runtime. "
+               + calibration_sentence(q["calibration"]))
     return write_report(out, report, summary)
+
+
+def teacher_name(teacher) -> str:
+    """The teacher's name for titles: its model card's first heading (``README.md``'s ``# all-MiniLM-L6-v2``, as
+    the Hub writes them; config.json's ``_name_or_path`` names the base model a fine-tuned one came from), else
+    the folder's name, with its parent's when that alone says little (``model``, ``snapshot``)."""
+    folder = Path(teacher).absolute()
+    card = folder / "README.md"
+    if card.is_file():
+        with open(card, encoding="utf-8", errors="replace") as f:
+            head = f.read(1 << 16)
+        title = next((line[2:].strip() for line in head.splitlines() if line.startswith("# ")), "")
+        if 0 < len(title) <= 80:
+            return title
+    generic = ("model", "student", "snapshot", "")
+    return folder.name if folder.name not in generic else f"{folder.parent.name}/{folder.name}"
+
+
+def calibration_sentence(c: dict) -> str:
+    """The cosine calibration in words: where a threshold tuned on the teacher's cosines lands for the student."""
+    parts = [f"{kind} pairs {v['teacher']:.2f} (teacher) vs {v['student']:.2f} (student), on {v['measured_on']}"
+             for kind, v in c.items()]
+    return ("Cosine calibration, mean cosine of " + "; ".join(parts) + ": a similarity threshold tuned on the "
+            "teacher's cosines moves with these means.") if parts else ""
 
 
 def write_report(out: Path, report: dict, summary: str) -> dict:
@@ -351,48 +574,85 @@ def safetensor_params(folder: Path) -> int:
     return n
 
 
-ROWS = (("learned parameters", "learned_params", "{:,}"), ("file bytes (int8 artifact)", "file_bytes", None),
-        ("peak RSS at load", "peak_rss_bytes", None), ("p50, 16 tokens, 1 thread", "p50_ms_16", "{:.2f} ms"),
-        ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms"))  # then the report's quality row
+ROWS = (("learned parameters", "learned_params", "{:,}", "count"),
+        ("file bytes (int8 artifact)", "file_bytes", None, "MB"),
+        ("peak RSS at load (1 thread, fresh process)", "peak_rss_bytes", None, "MB"),
+        ("p50, 16 tokens, 1 thread", "p50_ms_16", "{:.2f} ms", "ms"),
+        ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms", "ms"))  # then the report's quality rows
 
 
 def rows(r: dict) -> tuple:
-    """The report's rows ``(label, key, format)``: size, memory and speed, then its quality measure."""
-    return ROWS + ((r["quality"]["label"], r["quality"]["key"], "{:.4f}"),)
+    """The report's rows ``(label, key, format, unit)``: size, memory and speed, then its quality measures, each
+    label saying what it was measured on. ``quality`` is a list (a report from before it was: one dict)."""
+    quality = r["quality"] if isinstance(r["quality"], list) else [r["quality"]]
+    return ROWS + tuple((q["label"], q["key"], "{:.4f}", "") for q in quality)
 
 
 def _fmt(value, fmt) -> str:
+    if value is None:
+        return "-"
     return f"{value / 1e6:.1f} MB" if fmt is None else fmt.format(value)
 
 
-def report_markdown(r: dict) -> str:
-    """The report as a Markdown table, teacher beside student, with the ratio."""
+def _sides(r: dict) -> tuple[dict, dict]:
     t, s = dict(r["teacher"]), dict(r["student"])
-    t["file_bytes"] = t["artifact_bytes"]
-    lines = [f"# Compression report", "", f"teacher `{t['folder']}` -> student {s['shape']} (`{s['folder']}`)", "",
-             f"| | teacher (int8-dynamic artifact; {r['quality']['label']} in PyTorch fp32) | student (int8 artifact) "
+    t["file_bytes"] = t["artifact_bytes"]  # size, memory and speed: both as int8 artifacts
+    return t, s
+
+
+def report_markdown(r: dict) -> str:
+    """The report as a Markdown table, teacher beside student, with the ratio; then the cosine calibration."""
+    t, s = _sides(r)
+    name = t.get("name") or Path(t["folder"]).name
+    lines = ["# Compression report", "", f"teacher {name} (`{t['folder']}`) -> student {s['shape']} (`{s['folder']}`)",
+             "", "| | teacher (int8-dynamic artifact; quality rows in PyTorch fp32) | student (int8 artifact) "
              "| student / teacher |", "|---|---|---|---|"]
-    for label, key, fmt in rows(r):
-        ratio = f"{s[key] / t[key]:.3f}" if t[key] else "-"
-        lines.append(f"| {label} | {_fmt(t[key], fmt)} | {_fmt(s[key], fmt)} | {ratio} |")
+    for label, key, fmt, _ in rows(r):
+        tv, sv = t.get(key), s.get(key)
+        ratio = f"{sv / tv:.3f}" if tv and sv is not None else "-"
+        lines.append(f"| {label} | {_fmt(tv, fmt)} | {_fmt(sv, fmt)} | {ratio} |")
+    calibration = r.get("calibration") or {}
+    if calibration:
+        lines += ["", "| cosine calibration (mean cosine) | teacher | student | measured on |", "|---|---|---|---|"]
+        lines += [f"| {kind} pairs | {v['teacher']:.3f} | {v['student']:.3f} | {v['measured_on']} |"
+                  for kind, v in calibration.items()]
     return "\n".join(lines + ["", r["summary"], ""])
 
 
 def plot_report(r: dict, path: Path) -> None:
-    """One bar pair per measure (teacher, student), each panel on its own scale."""
+    """One bar pair per measure (teacher, student), each panel on its own scale with its unit and the values on
+    the bars; quality panels zoomed on the two values, so the gap shows; titled with the teacher's name."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t, s = dict(r["teacher"]), dict(r["student"])
-    t["file_bytes"] = t["artifact_bytes"]
-    fig, axes = plt.subplots(1, len(rows(r)), figsize=(3 * len(rows(r)), 3.2))
-    for ax, (label, key, _) in zip(axes, rows(r)):
-        ax.bar(["teacher", "student"], [t[key], s[key]], color=["tab:gray", "tab:blue"])
-        ax.set_title(label, fontsize=9)
+    t, s = _sides(r)
+    shown = [row for row in rows(r) if t.get(row[1]) is not None and s.get(row[1]) is not None]
+    fig, axes = plt.subplots(1, len(shown), figsize=(2.9 * len(shown), 3.6), squeeze=False)
+    for ax, (label, key, fmt, unit) in zip(axes[0], shown):
+        scale = 1e6 if unit in ("MB", "count") and max(t[key], s[key]) >= 1e6 else 1.0
+        values = [t[key] / scale, s[key] / scale]
+        bars = ax.bar(["teacher", "student"], values, color=["tab:gray", "tab:blue"])
+        text = [f"{v:.1f}" if unit == "MB" else f"{v:.2f}" if unit in ("ms", "count") else f"{v:.3f}" for v in values]
+        ax.bar_label(bars, labels=text, fontsize=8)
+        ax.set_ylabel({"MB": "MB", "ms": "milliseconds", "count": "millions" if scale > 1 else "count"}.get(unit, "score"),
+                      fontsize=8)
+        if not unit:  # a quality measure: the axis spans the two values, so a gap of 0.05 is seen
+            low, high = min(values), max(values)
+            pad = max(0.02, (high - low) * 0.6)
+            ax.set_ylim(max(-1.0, low - pad), min(1.0, high + pad) + pad / 2)
+        else:
+            ax.set_ylim(0, max(values) * 1.18)
+        ax.set_title("\n".join(_wrap(label, 30)), fontsize=8)
         ax.tick_params(labelsize=8)
-    fig.suptitle(f"{Path(t['folder']).name} -> {s['shape']}", fontsize=10)
+    fig.suptitle(f"{t.get('name') or Path(t['folder']).name} -> ShareBERT {s['shape']}", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
     plt.close(fig)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width) or [text]

@@ -28,7 +28,7 @@ from pathlib import Path
 from ..errors import first_line
 from ..outdir import read_json, write_json
 from .compress import REPORT, STUDENT_FIELDS, check_same_student, export_once, finish_out, fingerprint, precheck, probe, \
-    restore_out, safetensor_params, start_out, weight_bytes, write_report
+    restore_out, safetensor_params, start_out, teacher_name, weight_bytes, write_report
 
 PHASES = "phases.json"
 TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
@@ -244,7 +244,7 @@ def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: di
     t_scores = artifact_glue_metrics(t_art, task_, data_dir, limit)
     parity = json.loads((art / "manifest.json").read_text())["parity"]
     report = {
-        "teacher": {"folder": str(teacher), "learned_params": safetensor_params(teacher),
+        "teacher": {"folder": str(teacher), "name": teacher_name(teacher), "learned_params": safetensor_params(teacher),
                     "file_bytes": weight_bytes(teacher), "artifact_bytes": weight_bytes(t_art), "glue_dev": t["teacher"][metric],
                     "glue_dev_artifact": t_scores[metric], **t_probe},
         "student": {"folder": str(student), "shape": cand.describe(), "config": overrides,
@@ -255,7 +255,7 @@ def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: di
         "general": g, "training": {k: t[k] for k in ("steps", "best_step", "train_seconds", "train_samples",
                                                      "stopped_by_time", "losses", "temperature")},
         "limits": {k: v for k, v in limits.items() if v is not None},
-        "quality": {"label": f"{task_.folder} dev {metric}", "key": "glue_dev"},
+        "quality": [{"label": f"{task_.folder} dev {metric} ({t['eval_samples']} examples)", "key": "glue_dev"}],
     }
     s = report["student"]
     summary = (f"General distillation: {g['steps']} steps ({g['train_seconds']:.0f} s) on {g['train_sentences']:,} "

@@ -131,9 +131,19 @@ def split_sentences(line: str) -> list[str]:
 
 def default_corpus() -> list[Path]:
     """Unlabelled sentences of the data folder: WikiText-2 (validation split), the SST-2 and STS-B training
-    sentences (text only, no labels or scores; STS-B dev, the quality check, is never read for training)."""
-    return [data_path("wikitext-2-raw", "wiki.valid.raw"), data_path("glue", "STS-B", "train.tsv"),
-            data_path("glue", "SST-2", "train.tsv")]
+    sentences (text only, no labels or scores; STS-B dev, the quality check, is never read for training), those of
+    them it holds; where it holds none (the wheel installed elsewhere), the corpus shipped in the package
+    (``paths.packaged_corpus``: 2,482 WikiText-2 sentences)."""
+    from ..paths import packaged_corpus
+
+    files = [data_path("wikitext-2-raw", "wiki.valid.raw"), data_path("glue", "STS-B", "train.tsv"),
+             data_path("glue", "SST-2", "train.tsv")]
+    return [f for f in files if f.is_file()] or [packaged_corpus()]
+
+
+def sts_available() -> bool:
+    """Whether the data folder holds STS-B dev (the sentence-embedding score; optional everywhere)."""
+    return data_path("glue", "STS-B", "dev.tsv").is_file()
 
 
 def read_sentences(sources, limit: int | None = None) -> list[str]:
@@ -385,7 +395,7 @@ def build_student(student: str, overrides: dict, vocab_size: int):
 def distill_embedding(teacher_dir, student: str, out, train=None, args: EmbeddingArgs = EmbeddingArgs(),
                       overrides: dict | None = None, overwrite: bool = False, resume: bool = False,
                       progress: bool = True, data=None, eval_limit: int | None = None, callbacks=(),
-                      score_sts: bool = True) -> dict:
+                      score_sts: bool = True, budget=None) -> dict:
     """Distil ``teacher_dir``'s sentence embeddings into ``student`` (a preset shaped by ``overrides``, or a
     model folder) on ``train`` text (default: :func:`default_corpus`) or a prepared ``data`` folder.
 
@@ -399,6 +409,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     from ..curves import write_curves
     from .callbacks import MarkCheckpoints, WallClockLimit, kept_result, start_checkpoints
 
+    score_sts = score_sts and sts_available()  # STS-B is one more measure where the data folder has it
     if score_sts and eval_limit is not None and eval_limit < 2:
         raise ValueError(f"a Spearman correlation needs at least 2 STS-B dev pairs; --max-eval-samples / --eval-limit "
                          f"is {eval_limit}")
@@ -452,6 +463,9 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
             raise ValueError(f"--train holds over {IN_MEMORY:,} sentences, and each is kept in memory with its "
                              f"teacher vector: pass --max-train-samples N, or `sharebert prepare --tokenizer "
                              f"{teacher_dir}` the text and pass --data, which streams a corpus of any size")
+        if budget is not None:  # the teacher's pass sized to the time (a resume: to the checkpoint's sentences)
+            sentences = sentences[:_budgeted_count(budget, start_from, teacher, model, t_tok, t_head, sentences,
+                                                   pooling=recipe.pooling, seq_len=seq_len, batch=args.batch_size)]
         train_ds = SentenceDataset(t_tok, sentences, seq_len)
     seen = "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{seq_len}"
     trained_on = {"sentences": len(train_ds),
@@ -497,6 +511,8 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
 
     targs = stream_training_args(out, args, progress, remove_unused_columns=False)
     clock = WallClockLimit(args.max_time) if args.max_time else None
+    if budget is not None and start_from is None:  # training gets what the command's budget leaves
+        clock = WallClockLimit(budget.training_seconds())
     trainer = _make_embedding_trainer(pooling, args.loss)(
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok,
         data_collator=_Collator(t_tok), teacher=teacher, projections=projections, weights=w,
@@ -519,6 +535,35 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     return finite(metrics)
 
 
+def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, pooling: str, seq_len: int,
+                    batch: int) -> int:
+    """How many of ``sentences`` a run under ``budget`` (``compress.TimeBudget``) takes: a resumed run, its
+    checkpoint's count (its sentences must be the same); otherwise measured first, the teacher's rate on 64
+    sentences and one student step on a batch, then ``budget.plan`` (which prints the plan line)."""
+    import time
+
+    if start_from is not None:
+        from .distill import DATA_FILE
+        from ..outdir import read_json
+
+        try:
+            saved = read_json(Path(start_from) / DATA_FILE).get("sentences")
+        except (OSError, ValueError, AttributeError):
+            saved = None
+        return saved if isinstance(saved, int) and saved > 0 else len(sentences)
+    sample = sentences[:64]
+    start = time.monotonic()
+    encode(teacher, tok, sample, pooling, head, seq_len)
+    rate = len(sample) / max(time.monotonic() - start, 1e-6)
+    enc = tok(sentences[:batch], truncation=True, max_length=seq_len, padding=True, return_tensors="pt")
+    model.train()
+    start = time.monotonic()
+    model(**{k: v.to(model.device) for k, v in enc.items()}).last_hidden_state.float().pow(2).mean().backward()
+    step = (time.monotonic() - start) * 1.3  # the optimizer's update and the head besides
+    model.zero_grad(set_to_none=True)
+    return budget.plan(len(sentences), rate, step, batch)
+
+
 class _Collator:
     """Pads token fields (the teacher's tokenizer) and stacks the teacher's vectors."""
 
@@ -537,11 +582,18 @@ class _Collator:
 
 def save_student(model, head, tokenizer, out: Path, teacher_recipe, seq_len: int) -> None:
     """The student as a sentence-transformers folder: backbone and tokenizer, then the teacher's recipe with the
-    student's own output projection (if any) as its one Dense layer (``sharebert.recipe.write_recipe``)."""
+    student's own output projection (if any) as its one Dense layer (``sharebert.recipe.write_recipe``). Every file
+    says the length the student was trained at, ``seq_len`` (at most its ``max_position_embeddings``): the
+    tokenizer's ``model_max_length`` and the recipe's ``max_seq_length``, so ``truncation=True`` never gives more
+    tokens than the model has positions."""
     from ..recipe import DenseLayer, EmbeddingRecipe, write_recipe
 
     model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+    kept, tokenizer.model_max_length = tokenizer.model_max_length, seq_len  # its files say what the model reads
+    try:
+        tokenizer.save_pretrained(str(out))
+    finally:
+        tokenizer.model_max_length = kept
     dense, weights = (), ()
     if head is not None:
         dense = (DenseLayer("2_Dense", head.in_features, head.out_features, True, "torch.nn.modules.linear.Identity"),)

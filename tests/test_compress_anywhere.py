@@ -1,0 +1,201 @@
+"""Issue 37: `compress` outside this workspace (the text shipped in the package, `--eval-pairs`, agreement with the
+teacher on held-out text) and a report that reads right (every figure says what it was measured on, the cosine
+calibration, the picture's title, units and values)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sharebert.paths import packaged_corpus, packaged_heldout
+from sharebert.training.compress import neighbour_agreement, plot_report, read_eval_pairs, report_markdown, teacher_name
+
+
+def test_the_package_ships_its_text_with_its_licence():
+    corpus = packaged_corpus().read_text(encoding="utf-8").splitlines()
+    held = packaged_heldout().read_text(encoding="utf-8").splitlines()
+    assert len(corpus) >= 2000 and len(held) >= 500
+    assert not set(corpus) & set(held)  # held out: never trained on by default
+    assert packaged_corpus().stat().st_size + packaged_heldout().stat().st_size < 500_000
+    readme = (packaged_corpus().parent / "README.md").read_text(encoding="utf-8")
+    assert "CC BY-SA 3.0" in readme and "WikiText-2" in readme
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert '"text/*.txt"' in pyproject  # shipped as package data
+
+
+def test_defaults_fall_back_to_the_packaged_text_without_a_data_folder(tmp_path, monkeypatch):
+    from export.exporter import default_check_file
+    from sharebert.training.distill_embedding import default_corpus, sts_available
+
+    monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path))
+    assert default_corpus() == [packaged_corpus()]
+    assert default_check_file() == packaged_heldout()
+    assert not sts_available()
+    (tmp_path / "glue" / "SST-2").mkdir(parents=True)
+    (tmp_path / "glue" / "SST-2" / "dev.tsv").write_text("sentence\tlabel\nfine\t1\n")
+    assert default_check_file() == tmp_path / "glue" / "SST-2" / "dev.tsv"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a\tb\n", "expected 3 tab-separated fields"),
+    ("a\tb\tsame\nc\td\tmaybe\n", "line 2"),
+    ("a\tb\tsame\nc\td\tsame\n", "different gold values"),
+    ("a\tb\t1\nc\td\tnan\n", "line 2"),
+    ("", "different gold values"),
+])
+def test_eval_pairs_refuses_malformed_files_in_one_line(text, message, tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as e:
+        read_eval_pairs(path)
+    assert "\n" not in str(e.value)
+
+
+def test_eval_pairs_reads_scores_labels_and_a_header(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("sentence1\tsentence2\tgold\nA\tB\tsame\nC\tD\tdifferent\nE\tF\t3.5\n")
+    assert read_eval_pairs(path) == (["A", "C", "E"], ["B", "D", "F"], [1.0, 0.0, 3.5])
+    with pytest.raises(ValueError, match="not a regular file|FIFO"):
+        os.mkfifo(tmp_path / "fifo")
+        read_eval_pairs(tmp_path / "fifo")
+
+
+def test_neighbour_agreement_counts_equal_nearest_neighbours():
+    rng = np.random.default_rng(0)
+    teacher = rng.normal(size=(50, 8))
+    assert neighbour_agreement(teacher, teacher) == 1.0
+    assert neighbour_agreement(teacher * 3 + 0, teacher) == 1.0  # cosine: the scale does not matter
+    scrambled = teacher[rng.permutation(50)]
+    assert neighbour_agreement(scrambled, teacher) < 0.3
+
+
+@pytest.mark.slow
+def test_agreement_and_calibration_of_a_perturbed_teacher(minilm_dir, tmp_path, monkeypatch):
+    """The teacher as its own student is in full agreement; the same with noise agrees less, each row named by
+    what it was measured on; without a data folder there is no STS-B row."""
+    from transformers import AutoTokenizer
+
+    from sharebert.recipe import read_recipe
+    from sharebert.training.compress import embedding_quality
+    from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
+
+    monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path / "empty"))
+    recipe, model, tok = read_recipe(minilm_dir), load_encoder(minilm_dir), AutoTokenizer.from_pretrained(minilm_dir)
+    rng = np.random.default_rng(0)
+    noise = {"value": 0.0}
+
+    def student(texts):
+        v = encode(model, tok, texts, recipe.pooling, recipe_head(minilm_dir, recipe), 256)
+        return v + rng.normal(scale=noise["value"], size=v.shape)
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("A man plays a guitar.\tA man is playing the guitar.\tsame\nA cat sleeps.\tThe market fell.\t"
+                     "different\nDogs run in the snow.\tTwo dogs run across a snowy field.\tsame\nRain flooded the "
+                     "city.\tChildren play football in the park.\tdifferent\n")
+    same = embedding_quality(minilm_dir, student, pairs, say=lambda *_: None, limit=60)
+    noise["value"] = 0.05
+    noisy = embedding_quality(minilm_dir, student, pairs, say=lambda *_: None, limit=60)
+    assert set(same["measures"]) == {"agreement_cosine", "agreement_top1", "eval_pairs_spearman"}
+    assert same["measures"]["agreement_cosine"]["student"] == pytest.approx(1.0, abs=1e-5)
+    assert same["measures"]["agreement_top1"]["student"] == 1.0
+    assert noisy["measures"]["agreement_cosine"]["student"] < 0.999
+    assert "60 held-out" in same["measures"]["agreement_top1"]["label"]
+    assert "pairs.tsv (4 pairs)" in same["measures"]["eval_pairs_spearman"]["label"]
+    c = same["calibration"]
+    assert c["related"]["teacher"] > c["unrelated"]["teacher"] + 0.3
+
+
+def _report(tmp_path) -> dict:
+    side = dict(learned_params=22_713_216, file_bytes=90_000_000, artifact_bytes=23_000_000,
+                peak_rss_bytes=120_000_000, p50_ms_16=4.0, p50_ms_128=20.0, agreement_top1=1.0, sts_spearman=0.867)
+    return {"teacher": {"folder": "/x/model", "name": "all-MiniLM-L6-v2", **side},
+            "student": {"folder": "/x/out/student", "shape": "F=64 V=256 N=4", **side, "learned_params": 4_900_000,
+                        "file_bytes": 5_000_000, "agreement_top1": 0.91, "sts_spearman": 0.80},
+            "quality": [{"label": "top-1 neighbour agreement with the teacher (600 held-out WikiText-2 sentences)",
+                         "key": "agreement_top1"},
+                        {"label": "STS-B dev Spearman (all 1500 pairs)", "key": "sts_spearman"}],
+            "calibration": {"unrelated": {"teacher": 0.05, "student": 0.2, "measured_on": "600 pairs"}},
+            "summary": "..."}
+
+
+def test_report_rows_say_what_they_measured_and_the_calibration(tmp_path):
+    md = report_markdown(_report(tmp_path))
+    assert "all-MiniLM-L6-v2" in md
+    assert "| peak RSS at load (1 thread, fresh process) | 120.0 MB |" in md
+    assert "STS-B dev Spearman (all 1500 pairs) | 0.8670 | 0.8000 |" in md
+    assert "600 held-out" in md and "| unrelated pairs | 0.050 | 0.200 |" in md
+
+
+def test_report_picture_is_titled_with_units_and_values(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seen = {}
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig, path, *a, **kw):
+        seen["title"] = fig._suptitle.get_text()
+        seen["axes"] = [(ax.get_ylabel(), [t.get_text() for t in ax.texts], ax.get_ylim()) for ax in fig.axes]
+        return real_savefig(fig, path, *a, **kw)
+
+    monkeypatch.setattr(plt.Figure, "savefig", keep)
+    plot_report(_report(tmp_path), tmp_path / "report.png")
+    assert (tmp_path / "report.png").stat().st_size > 1000
+    assert seen["title"].startswith("all-MiniLM-L6-v2 -> ShareBERT")
+    assert all(label for label, _, _ in seen["axes"])  # every axis has its unit
+    assert all(len(values) == 2 for _, values, _ in seen["axes"])  # both bars carry their value
+    sts_low, sts_high = seen["axes"][-1][2]
+    assert sts_low > 0.5 and sts_high < 1.0  # the quality axis spans the two values: the gap shows
+
+
+def test_teacher_name_reads_the_model_card_heading(minilm_dir, tmp_path):
+    assert teacher_name(minilm_dir) == "all-MiniLM-L6-v2"
+    (tmp_path / "model").mkdir()
+    assert teacher_name(tmp_path / "model") == f"{tmp_path.name}/model"
+
+
+@pytest.mark.slow
+def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir, tmp_path):
+    """A user's machine: `SHAREBERT_DATA` an empty folder, the working folder not the checkout, no --train: the
+    package's own text trains and measures; no STS-B row."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "sharebert", "compress", str(minilm_dir), "--out", "R",
+                           "--max-steps", "2", "--max-train-samples", "64", "--batch-size", "8", "--max-params", "2.5M"],
+                          cwd=work, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "SHAREBERT_DATA": str(empty), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((work / "R" / "report.json").read_text())
+    keys = [q["key"] for q in report["quality"]]
+    assert keys == ["agreement_cosine", "agreement_top1"]
+    assert report["training"]["train_sentences"] == 64
+    assert not list(empty.iterdir())
+
+
+def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget():
+    """The plan: what the end needs is kept back, the teacher's pass takes at most a third of the rest, training
+    the remainder; a budget below the end's costs is said so (all from measured rates, no clock in the test)."""
+    from sharebert.training.compress import TimeBudget
+
+    said = []
+    now = __import__("time").monotonic()
+    budget = TimeBudget(600, after_sentences=3600, say=said.append, start=now)
+    n = budget.plan(15000, rate=50.0, step=0.2, batch=32)
+    reserve = budget.reserve()
+    assert reserve == pytest.approx(2 * (TimeBudget.EXPORT_SECONDS + 2 * 128 / 50) + 2 * TimeBudget.PROBE_SECONDS
+                                    + 1.5 * 3600 / 50)
+    assert n == pytest.approx(50 * (600 - reserve) / 3, rel=0.02)  # a third of what is left, at 50 sentences a second
+    assert budget.training_seconds() + reserve == pytest.approx(budget.left(), abs=1)  # set when training starts
+    assert f"in ~{600 - reserve - n / 50:.0f} s of training" in said[0]
+    assert len(said) == 1 and "plan for --max-time 600 s" in said[0] and f"{n:,} of 15,000 sentences" in said[0]
+    small = TimeBudget(60, after_sentences=3600, say=said.append, start=now)
+    assert small.plan(15000, rate=50.0, step=0.2, batch=32) == 4 * 32
+    assert "will overrun it" in said[-1]
+    assert TimeBudget(600, start=now).plan(100, rate=50.0, step=0.2, batch=32) == 100  # never more than there is
