@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
+        _quiet_libraries()
         return int(_load(args.command).run(args) or 0)
     except ModuleNotFoundError as e:
         extra = _missing_extra(e)
@@ -105,6 +106,18 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.close()
             return 0
         return _failed(chosen, e, getattr(args, "out", None) or getattr(args, "output", None))
+
+
+def _quiet_libraries() -> None:
+    """No bars of transformers' own (transformers 5 draws one for every model it loads or saves) among a command's
+    lines: its progress is its own (``progress.py``). The Trainer's bars are tqdm's, untouched."""
+    try:
+        from huggingface_hub.utils import disable_progress_bars  # read by transformers when it is imported
+    except ImportError:  # a device install without the hub client: nothing draws those bars there
+        return
+    disable_progress_bars()
+    if "transformers" in sys.modules:  # imported already (sharebert.cli.main called from Python)
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
 def _failed(chosen, e: Exception, out) -> int:

@@ -12,6 +12,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded from 
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
+from huggingface_hub.utils import disable_progress_bars  # noqa: E402
+
+# transformers 5 draws a bar for every model it loads or saves; a test's own library calls (building a folder in its
+# setup) would mix them into the output a test checks. The sharebert command turns them off itself (cli.py).
+disable_progress_bars()
 
 # The slow tier: every test here is part of `make test`, and `make test-fast` (`pytest -m "not slow"`) leaves
 # these out. Whole files of end-to-end tests (training runs, ONNX exports, servers, processes that load
@@ -123,3 +128,13 @@ def stepped_clock(monkeypatch):
     monkeypatch.setattr(callbacks, "time", clock)
     monkeypatch.setattr(callbacks.WallClockLimit, "on_step_end", stepped)
     return clock
+
+
+OPTIMUM_ABSENT = ("optimum's ONNX exporter is not installed (the `optimum` extra: optimum-onnx, which requires "
+                  "transformers<4.58; `make test-optimum` runs these tests in a venv of their own)")
+
+
+@pytest.fixture
+def optimum_onnx():
+    """``optimum.exporters.onnx``; the test is skipped where the ``optimum`` extra is not installed."""
+    return pytest.importorskip("optimum.exporters.onnx", reason=OPTIMUM_ABSENT)

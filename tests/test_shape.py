@@ -97,7 +97,9 @@ REGISTER = "import sharebert"  # the documented import
 
 @pytest.mark.parametrize("order", ["sharebert first", "transformers first", "model class first", "optimum exporter",
                                    "pipeline", "optimum ORTModel first"])
-def test_auto_classes_know_sharebert_after_import(order):
+def test_auto_classes_know_sharebert_after_import(order, request):
+    if "optimum" in order:
+        request.getfixturevalue("optimum_onnx")
     first = {"sharebert first": REGISTER,
              "transformers first": "from transformers import AutoModel; " + REGISTER,
              "model class first": "from sharebert import ShareBertModel",
@@ -123,7 +125,7 @@ def test_auto_config_knows_sharebert_after_importing_the_config_class():
     assert _run(code, SHAREBERT_REGISTER="0").split() == ["ShareBertConfig", "False"]
 
 
-def test_import_sharebert_registers_models_and_optimum_configs():
+def test_import_sharebert_registers_models_and_optimum_configs(optimum_onnx):
     code = ("import sharebert, sys; from transformers import AutoConfig; from optimum.exporters.tasks import TasksManager; "
             "print(type(AutoConfig.for_model('sharebert')).__name__, 'sharebert.modeling_sharebert' in sys.modules, "
             "'fill-mask' in TasksManager.get_supported_tasks_for_model_type('sharebert', 'onnx', library_name='transformers'))")

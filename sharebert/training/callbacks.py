@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
+from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import ExportableState
 
 from ..errors import first_line
@@ -237,6 +238,30 @@ class MarkCheckpoints(TimedSaves):
             rotate(args.output_dir, self.keep, state.best_model_checkpoint)
 
 
+def save_checkpoint(trainer) -> None:
+    """A checkpoint of ``trainer``'s last complete step outside its loop (a signal during an evaluation), then the
+    ``on_save`` callbacks, as the loop runs them after a save (the marker, the rotation). ``_save_checkpoint`` is
+    transformers' private method: no public one writes a resumable checkpoint (docs/ARCHITECTURE.md)."""
+    trainer._save_checkpoint(trainer.model, None)
+    trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+
+
+class TensorBoardLogs(TensorBoardCallback):
+    """transformers' TensorBoard logging into ``folder`` (transformers 5 dropped ``TrainingArguments.logging_dir``;
+    its own default is a dated folder under the output folder). The writer is made by the main process only."""
+
+    def __init__(self, folder: str | Path):
+        super().__init__()
+        self.folder = str(folder)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.tb_writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb_writer = SummaryWriter(log_dir=self.folder)
+        super().on_train_begin(args, state, control, **kwargs)
+
+
 class JsonlLogger(TrainerCallback):
     """Appends one JSON object per logging event (train loss, eval loss/perplexity, ...) to ``path``."""
 
@@ -356,8 +381,7 @@ def finished_run(trainer, state: dict) -> str | None:
     step = state.get("global_step")
     saved_clock = (state.get("stateful_callbacks") or {}).get(WallClockLimit.__name__)
     a = trainer.args
-    total = a.max_steps if a.max_steps > 0 else trainer.set_initial_training_values(
-        a, trainer.get_train_dataloader(), trainer.get_total_train_batch_size(a))[-1]
+    total = a.max_steps if a.max_steps > 0 else epochs_steps(trainer)
     if isinstance(step, int) and isinstance(total, int) and 0 < total <= step:
         return f"at step {step}, its last"
     clock = next((c for c in trainer.callback_handler.callbacks if isinstance(c, WallClockLimit)), None)
@@ -367,6 +391,14 @@ def finished_run(trainer, state: dict) -> str | None:
                 and clock.seconds <= seconds:
             return f"at step {step}, its --max-time of {seconds:g} s spent"
     return None
+
+
+def epochs_steps(trainer) -> int:
+    """The optimizer steps ``trainer``'s epochs make, as transformers 5's Trainer counts them (a last short
+    accumulation counts as a step; the same as transformers 4's count without accumulation)."""
+    a = trainer.args
+    per_epoch = max(1, math.ceil(len(trainer.get_train_dataloader()) / a.gradient_accumulation_steps))
+    return math.ceil(a.num_train_epochs * per_epoch)
 
 
 def kept_result(trainer, checkpoint: str | Path | None, out: Path, expect=(), published: bool = True,

@@ -619,7 +619,7 @@ def stream_training_args(out: Path, args: DistillArgs, progress: bool, **extra):
 
     cuda = torch.cuda.is_available()
     return TrainingArguments(
-        output_dir=str(out / "checkpoints"), overwrite_output_dir=True, learning_rate=args.lr,
+        output_dir=str(out / "checkpoints"), learning_rate=args.lr,
         per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
         lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
         save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=None,  # MarkCheckpoints keep=2

@@ -78,7 +78,7 @@ def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: 
     bf16 = cuda and torch.cuda.is_bf16_supported()
     strategy = "steps" if args.eval_steps else "epoch"
     return TrainingArguments(
-        output_dir=str(out / "checkpoints"), overwrite_output_dir=True,
+        output_dir=str(out / "checkpoints"),
         learning_rate=args.lr, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=max(args.batch_size, 64),
         num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
         lr_scheduler_type="polynomial", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,

@@ -37,9 +37,9 @@ from ..model_folder import UNFINISHED, is_bert_folder, read_config, save_as_bert
 from ..shape import preset_fields
 from ..curves import write_curves
 from ..outdir import OutLock, check_out_dir, write_json
-from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, StopsAtMaxSteps, TimedSaves, WallClockLimit,
-                        any_rank, checkpoints, kept_result, latest_checkpoint, mark_complete, remove_incomplete,
-                        resume_checkpoint, rotate)
+from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, StopsAtMaxSteps, TensorBoardLogs, TimedSaves,
+                        WallClockLimit, any_rank, checkpoints, kept_result, latest_checkpoint, mark_complete,
+                        remove_incomplete, resume_checkpoint, rotate, save_checkpoint)
 from ..textlines import resolve_sources
 from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
 from .depth import check_depth_sampling
@@ -108,13 +108,6 @@ class PretrainTrainer(StopsAtMaxSteps, Trainer):
         return {"loss_sum": self.before["loss_sum"] + t[0].item(), "step": self.state.global_step,
                 "last_loss": t[1].item() if ran else self.before["last_loss"]}
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        if checkpoint is None or self.args.world_size == 1 or self.args.device.type != "cpu":
-            return super()._load_optimizer_and_scheduler(checkpoint)
-        # Trainer maps the optimizer state to args.device, "cpu:0" under CPU DDP, which torch.load rejects.
-        self.optimizer.load_state_dict(torch.load(Path(checkpoint) / "optimizer.pt", map_location="cpu", weights_only=True))
-        self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / "scheduler.pt", weights_only=True))
-
     def log(self, logs: dict, start_time=None) -> None:
         if "eval_loss" in logs:
             logs["eval_perplexity"] = perplexity(logs["eval_loss"])
@@ -129,17 +122,27 @@ class PretrainTrainer(StopsAtMaxSteps, Trainer):
         missing = [k for k in load_result.missing_keys if k not in params or params[k].data_ptr() not in kept]
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        self.accelerator.wait_for_everyone()  # every rank has written its files (rng states)
-        losses = self.run_losses()
-        if self.args.should_save:
-            folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+
+class _MarkPretrainCheckpoints(TimedSaves):
+    """:class:`TimedSaves` that, once the Trainer has saved a checkpoint (``on_save``, on every rank), adds the run's
+    loss sum (``LOSSES``), writes the completion marker and rotates (``--keep-checkpoints``)."""
+
+    def __init__(self, trainer: PretrainTrainer, minutes: float | None):
+        super().__init__(minutes)
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        super().on_save(args, state, control, **kwargs)
+        trainer = self.trainer
+        trainer.accelerator.wait_for_everyone()  # every rank has written its files (rng states)
+        losses = trainer.run_losses()  # an all-reduce: every rank calls it
+        if args.should_save:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             (folder / LOSSES).write_text(json.dumps(losses))
-            mark_complete(folder, self.state.global_step)
-            rotate(self.args.output_dir, self.keep_checkpoints)
-        self.saved_step = self.state.global_step
-        self.accelerator.wait_for_everyone()
+            mark_complete(folder, state.global_step)
+            rotate(args.output_dir, trainer.keep_checkpoints)
+        trainer.saved_step = state.global_step
+        trainer.accelerator.wait_for_everyone()
 
 
 def perplexity(loss: float) -> float:
@@ -201,13 +204,14 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
     cuda = torch.cuda.is_available()
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
     return TrainingArguments(
-        output_dir=str(out), overwrite_output_dir=True, max_steps=a.max_steps,
+        output_dir=str(out), max_steps=a.max_steps,
         per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=min(a.batch_size, EVAL_BATCH),
         gradient_accumulation_steps=a.grad_accum, learning_rate=a.lr, adam_beta1=a.betas[0], adam_beta2=a.betas[1],
         adam_epsilon=a.eps, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm,
-        lr_scheduler_type="linear", warmup_ratio=a.warmup_ratio,
+        # warmup_ratio's steps as transformers 4 counted them (5 dropped the option; a float warmup_steps is a ratio)
+        lr_scheduler_type="linear", warmup_steps=math.ceil(a.max_steps * a.warmup_ratio),
         logging_steps=a.logging_steps, logging_first_step=True, logging_nan_inf_filter=False,
-        logging_dir=str(out / "tb"), report_to=["tensorboard"],
+        report_to="none",  # TensorBoard through TensorBoardLogs (out/tb: transformers 5 has no logging_dir)
         prediction_loss_only=True,  # evaluation keeps the loss, never every batch's (B, T, V) logits
         eval_strategy="steps" if has_eval else "no", eval_steps=a.eval_steps, eval_on_start=has_eval and a.eval_on_start,
         save_strategy="steps", save_steps=a.save_steps, save_total_limit=None,  # rotation after the marker
@@ -416,7 +420,8 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     trainer = PretrainTrainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
                               data_collator=default_data_collator, processing_class=tokenizer,
                               callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), stopper, *clock,
-                                         TimedSaves(a.save_minutes), *(callbacks or [])])
+                                         TensorBoardLogs(out / "tb"), *(callbacks or [])])
+    trainer.add_callback(_MarkPretrainCheckpoints(trainer, a.save_minutes))
     trainer.keep_checkpoints = a.keep_checkpoints
     show_progress(trainer, a.progress)
     trainer.resumed_from(resume_from)
@@ -437,7 +442,7 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
             ev = last[-1] if last and last[-1]["step"] == trainer.state.global_step else trainer.evaluate()
     except StopRequested:  # inside an evaluation: keep the last complete step
         if trainer.state.global_step > trainer.saved_step:
-            trainer._save_checkpoint(trainer.model, None)
+            save_checkpoint(trainer)
     runtime = time.monotonic() - started
     interrupted = stopper.received is not None
     losses = trainer.run_losses()
