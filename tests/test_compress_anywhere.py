@@ -199,3 +199,50 @@ def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget():
     assert small.plan(15000, rate=50.0, step=0.2, batch=32) == 4 * 32
     assert "will overrun it" in said[-1]
     assert TimeBudget(600, start=now).plan(100, rate=50.0, step=0.2, batch=32) == 100  # never more than there is
+
+
+@pytest.mark.slow
+def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_positions_allow(minilm_dir, tmp_path):
+    """`--out/student` from a distillation's folder: no checkpoint, teacher vectors, metrics or marker; its
+    tokenizer's model_max_length and the recipe's max_seq_length are the length it was trained at; AutoModel and
+    SentenceTransformer load it with trust_remote_code=True in a process where sharebert cannot be imported."""
+    from transformers import AutoTokenizer
+
+    from sharebert.configuration_sharebert import ShareBertConfig
+    from sharebert.modeling_sharebert import ShareBertModel
+    from sharebert.outdir import mark_out
+    from sharebert.recipe import read_recipe
+    from sharebert.training.compress import publish_student
+    from sharebert.training.distill_embedding import save_student
+
+    work = tmp_path / "work" / "student"
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    assert tok.model_max_length == 512  # the teacher's tokenizer says more than the student has positions
+    model = ShareBertModel(ShareBertConfig.from_preset("sharebert-tiny", vocab_size=len(tok), pooler="none",
+                                                       max_position_embeddings=128))
+    save_student(model, None, tok, work, read_recipe(minilm_dir), seq_len=128)
+    (work / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (work / "teacher_targets-abc.npy").write_bytes(b"x")
+    (work / "metrics.json").write_text("{}")
+    mark_out(work, "distill")
+    student = publish_student(work, tmp_path / "out" / "student", portable=True)
+    names = {p.name for p in student.iterdir()}
+    assert not names & {"checkpoints", "teacher_targets-abc.npy", "metrics.json", "sharebert_run.json"}
+    assert {"configuration_sharebert.py", "modeling_sharebert.py", "modules.json", "config.json"} <= names
+    assert json.loads((student / "tokenizer_config.json").read_text())["model_max_length"] == 128
+    assert json.loads((student / "sentence_bert_config.json").read_text())["max_seq_length"] == 128
+    code = ("import sys, json\n"
+            "sys.modules['sharebert'] = sys.modules['transformers_sharebert'] = None  # import fails\n"
+            "from transformers import AutoModel, AutoTokenizer\n"
+            "from sentence_transformers import SentenceTransformer\n"
+            "tok = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+            "enc = tok('word ' * 1000, truncation=True, return_tensors='pt')\n"
+            "out = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)(**enc).last_hidden_state\n"
+            "st = SentenceTransformer(sys.argv[1], trust_remote_code=True, device='cpu')\n"
+            "print(json.dumps([enc['input_ids'].shape[1], list(out.shape), st.encode(['a', 'b']).shape[1]]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(student)], capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tokens, shape, width = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert tokens == 128 and shape[1] == 128 and width == model.config.hidden_size

@@ -23,7 +23,8 @@ def add_arguments(p):
 
     p.add_argument("teacher", type=opt.path, metavar="TEACHER", help="the teacher: a sentence-transformers or BERT-family model folder, "
                                                                      "or a BERT-family classifier fine-tuned on a GLUE task")
-    p.add_argument("--out", type=opt.path, required=True, help="output folder: student/, artifact/, report.md, report.json, report.png")
+    p.add_argument("--out", type=opt.path, required=True, help="output folder: student/ (the model alone, to ship), "
+                                                               "artifact/, report.md, report.json, report.png")
     p.add_argument("--max-params", default=None, help=f"learned parameters of the student, e.g. 3M (default {MAX_PARAMS} "
                                                       "unless --max-bytes is given)")
     p.add_argument("--max-bytes", help="bytes of the student's int8 file, e.g. 4MB")
@@ -59,6 +60,12 @@ def add_arguments(p):
                         "by the teacher's logits (`distill --augment`; the teacher's pass grows N + 1 times)")
     p.add_argument("--seed", type=int, default=0)
     add_save_minutes_argument(p, FinetuneArgs.save_minutes)
+    p.add_argument("--no-portable", dest="portable", action="store_false",
+                   help="an encoder teacher: --out/student without the modeling code that lets AutoModel / "
+                        "SentenceTransformer load it with trust_remote_code=True where sharebert is not installed")
+    p.add_argument("--keep-work", action="store_true",
+                   help="an encoder teacher: keep --out/work (the distillation's checkpoints and the teacher's "
+                        "vectors), which a finished run removes")
     p.add_argument("--resume", action="store_true", help="continue a stopped run in --out")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier compress result in --out")
 
@@ -89,6 +96,9 @@ def run(args) -> int:
                          "on all 1,500 pairs (--eval-pairs FILE: your own pairs)")
     if classifier and args.data:
         raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
+    if classifier and (args.keep_work or not args.portable):
+        raise ValueError(f"--{'keep-work' if args.keep_work else 'no-portable'} is for an encoder teacher; a "
+                         "classifier's phases keep their own folders (general/, student/)")
     for name in ("task_lr", "augment"):
         if not classifier and getattr(args, name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "
@@ -119,6 +129,7 @@ def run(args) -> int:
                 r = compress(args.teacher, args.out, limits, eargs, train=args.train, data=args.data,
                              overwrite=args.overwrite, resume=args.resume, eval_pairs=args.eval_pairs,
                              budget=TimeBudget(args.max_time, start=started) if args.max_time else None,
+                             portable=args.portable, keep_work=args.keep_work,
                              stopper=stopper, task=args.task)
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)

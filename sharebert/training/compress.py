@@ -26,8 +26,9 @@ from pathlib import Path
 from ..outdir import MARK, atomic_output, check_out_dir, check_same_run, finite, made_by, mark_out, read_json, save_figure, write_json
 
 REPORT = "report.json"
-PARTS = ("general", "student", "artifact", "teacher_artifact", "teacher_logits", "phases.json", REPORT, "report.md",
-         "report.png", MARK)  # what a compress run writes in ``out`` (``--overwrite`` replaces these, nothing else)
+WORK = "work"  # an embedding teacher's distillation (checkpoints, the teacher's vectors): kept with --keep-work
+PARTS = ("general", "student", WORK, "artifact", "teacher_artifact", "teacher_logits", "phases.json", REPORT,
+         "report.md", "report.png", MARK)  # what a compress run writes in ``out`` (``--overwrite`` replaces these, nothing else)
 
 # Runs in a fresh process (torch never imported): peak RSS after loading the artifact (VmHWM: ru_maxrss would
 # count the parent's peak, kept across exec), then p50 latencies.
@@ -426,7 +427,7 @@ def check_same_student(out: Path, overrides: dict, parts=("student",)) -> None:
 
 def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite: bool = False, resume: bool = False,
              progress: bool = True, eval_pairs=None, stopper=None, say=print, eval_limit: int | None = None,
-             budget: TimeBudget | None = None,
+             budget: TimeBudget | None = None, portable: bool = True, keep_work: bool = False,
              task: str | None = None) -> dict:
     """Run the steps of the module docstring for a sentence-embedding teacher (a classifier teacher:
     ``compress_classifier``; ``task`` is refused here); returns the report (also written to ``out/report.json``).
@@ -435,7 +436,9 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     checkpoint and the report says ``"stopped"``; run again with ``resume``); ``eval_pairs``: ``--eval-pairs FILE``
     (:func:`read_eval_pairs`); ``eval_limit``: tests and the docs check only (:func:`embedding_quality`);
     ``budget``: a :class:`TimeBudget` (``--max-time`` for the whole command; without, ``args.max_time`` is the
-    training's alone)."""
+    training's alone). The distillation runs in ``out/work`` (checkpoints, the teacher's vectors; removed when the
+    run finishes unless ``keep_work``); ``out/student`` receives the model alone (:func:`publish_student`),
+    ``portable`` (``portable.make_portable``) unless told otherwise."""
     from ..budget import student_for
     from ..model_folder import shape_fields
     from .callbacks import latest_checkpoint, resume_from
@@ -459,8 +462,8 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     fp = fingerprint(teacher, overrides, train, data, f"embedding ({args.loss} loss)")
     if resume:
         check_same_run(out, fp)
-    check_same_student(out, overrides)
-    student_dir = out / "student"
+    check_same_student(out, overrides, ("student", f"{WORK}/student"))
+    student_dir = out / WORK / "student"
     if resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
         resume_from(student_dir / "checkpoints", True, say=say, out=out)
     say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
@@ -469,7 +472,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     aside = start_out(out, fp, overwrite, resume)
     try:
         report = _compress(teacher, out, student_dir, cand, overrides, limits, args, train, data, resume, progress,
-                           eval_pairs, stopper, say, eval_limit, budget)
+                           eval_pairs, stopper, say, eval_limit, budget, portable)
     except Exception as e:
         from .callbacks import StopRequested
 
@@ -478,11 +481,39 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
         raise
     if not report.get("stopped"):
         finish_out(out)
+        if not keep_work:
+            shutil.rmtree(out / WORK, ignore_errors=True)
     return report
 
 
+def publish_student(work: Path, out: Path, portable: bool) -> Path:
+    """``out`` (``--out/student``) as a folder to ship: the model, its tokenizer and its sentence-transformers
+    recipe from the distillation's folder ``work``, none of its run files (checkpoints, the teacher's vectors,
+    metrics, logs, curves, marker); written beside and swapped in; portable (loads with ``trust_remote_code=True``
+    where sharebert is not installed) unless ``portable`` is False."""
+    from ..modeling_sharebert import AUTO_CLASSES
+    from ..portable import make_portable
+    from .distill import TARGETS_FILE
+
+    run_files = {"checkpoints", "metrics.json", "log_history.json", "curves.png", MARK, ".lock"}
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for item in work.iterdir():
+        if item.name in run_files or item.name.startswith((TARGETS_FILE, ".")):
+            continue
+        (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+    if portable:
+        make_portable(tmp, AUTO_CLASSES)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
 def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limits: dict, args, train, data,
-              resume: bool, progress: bool, eval_pairs, stopper, say, eval_limit=None, budget=None) -> dict:
+              resume: bool, progress: bool, eval_pairs, stopper, say, eval_limit=None, budget=None,
+              portable: bool = True) -> dict:
     from .distill_embedding import distill_embedding
 
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
@@ -492,6 +523,7 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
                           callbacks=(stopper,) if stopper is not None else ())
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}
+    student_dir = publish_student(student_dir, out / "student", portable)
     say("exporting the student (int8) and the teacher (int8-dynamic) ...")
     art = export_once(student_dir, out / "artifact", "int8", progress)
     t_art = export_once(Path(teacher), out / "teacher_artifact", "int8-dynamic", progress)
@@ -516,12 +548,23 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
         "quality": [{"label": v["label"], "key": k} for k, v in q["measures"].items()],
         "calibration": q["calibration"],
     }
+    report["student"].update(portable=portable, max_seq_length=m["seq_len"])
+    report["teacher"]["max_seq_length"] = _max_length(teacher)
     tr = report["training"]
-    summary = (f"Distilled {tr['steps']} steps ({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences of at "
+    summary = (f"The student reads at most {m['seq_len']} tokens (its tokenizer and recipe say so; the teacher "
+               f"reads {report['teacher']['max_seq_length']}: longer texts are cut earlier). Distilled {tr['steps']} steps ({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences of at "
                f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: PyTorch "
                "fp32; student figures: its int8 artifact through the torch-free runtime. "
                + calibration_sentence(q["calibration"]))
     return write_report(out, report, summary)
+
+
+def _max_length(model_dir) -> int:
+    """The tokens a model folder reads: its recipe's ``max_seq_length``, else its position embeddings."""
+    from ..model_folder import read_config
+    from ..recipe import read_recipe
+
+    return read_recipe(model_dir).max_seq_length or int(read_config(model_dir).get("max_position_embeddings", 512))
 
 
 def teacher_name(teacher) -> str:
