@@ -102,9 +102,9 @@ MARK = "sharebert_run.json"  # {"command", "fingerprint"}: the folder is that co
 def read_mark(out: str | Path) -> dict | None:
     """The marker :data:`MARK` of ``out`` (a dict naming its command), or None where there is none readable."""
     path = Path(out) / MARK
-    if not path.is_file():
-        return None
     try:
+        if not path.is_file() or path.stat().st_size > 1 << 20:  # ours are a few kB: a huge one is no marker
+            return None
         mark = read_json(path)
     except (OSError, ValueError):
         return None

@@ -165,7 +165,7 @@ def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm
     other_text.write_text(text.read_text().replace("trees", "rivers"))
     out = tmp_path / "run"
     base = ["distill", "--objective", "embedding", "--student", "sharebert-tiny", "--set", "hidden_size=64",
-            "--set", "embedding_size=64", "--set", "intermediate_size=64", "--set", "num_hidden_layers=1",
+            "--set", "embedding_size=32", "--set", "intermediate_size=64", "--set", "num_hidden_layers=1",
             "--out", out, "--max-train-samples", "64", "--batch-size", "16", "--eval-steps", "1",
             "--max-eval-samples", "8"]
     rc, _, err = _sharebert(*base, "--teacher", minilm_dir, "--train", text, "--max-steps", "1", cwd=tmp_path)
@@ -178,3 +178,38 @@ def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm
         rc, _, err = _sharebert(*base, *change, "--max-steps", "2", "--resume", cwd=tmp_path)
         assert rc == 2 and said in err and len(err.strip().splitlines()) == 1, err
         assert _snapshot(out) == before
+
+
+def test_compress_overwrite_keeps_the_earlier_result_aside_until_the_new_one_is_written(tmp_path):
+    """`start_out` moves the earlier result's parts aside (a user's own file in the folder stays put); a failed run
+    puts them back exactly (`restore_out`), a finished one removes them (`finish_out`)."""
+    from sharebert.training.compress import ASIDE, finish_out, restore_out, start_out
+
+    out = _finished(tmp_path / "result", "compress")
+    (out / "notes.txt").write_text("the user's own\n")
+    before = _snapshot(out)
+    aside = start_out(out, {"objective": "new"}, overwrite=True, resume=False)
+    assert aside == out / ASIDE and not (out / "report.json").exists() and (out / "notes.txt").is_file()
+    assert read_mark(out)["fingerprint"] == {"objective": "new"}
+    (out / "student").mkdir()
+    (out / "student" / "half.safetensors").write_text("partial")
+    restore_out(out, aside)
+    assert _snapshot(out) == before
+    aside = start_out(out, {"objective": "new"}, overwrite=True, resume=False)
+    (out / "report.json").write_text("{}")
+    finish_out(out)
+    assert not (out / ASIDE).exists() and (out / "notes.txt").is_file()
+
+
+def test_a_marker_that_is_no_file_of_ours_owns_nothing(tmp_path):
+    from sharebert.outdir import made_by
+
+    os.mkfifo(tmp_path / MARK)  # never opened: a FIFO would block
+    assert read_mark(tmp_path) is None
+    (tmp_path / MARK).unlink()
+    (tmp_path / MARK).write_text(json.dumps({"command": "compress", "pad": "x" * (2 << 20)}))
+    assert not made_by("compress")(tmp_path)
+    (tmp_path / MARK).write_text("{not json")
+    assert read_mark(tmp_path) is None
+    mark_out(tmp_path, "distill")
+    assert made_by("distill")(tmp_path) and not made_by("compress")(tmp_path)

@@ -135,7 +135,7 @@ def probe(artifact: Path, runs: int = 30) -> dict:
 
 
 SAME = {"same": 1.0, "different": 0.0, "yes": 1.0, "no": 0.0, "true": 1.0, "false": 0.0}  # --eval-pairs labels
-MAX_EVAL_PAIRS = 100_000
+MAX_EVAL_PAIRS, MAX_EVAL_BYTES = 100_000, 64 << 20  # --eval-pairs: read whole, so bounded
 
 
 def read_eval_pairs(path) -> tuple[list[str], list[str], list[float]]:
@@ -145,6 +145,9 @@ def read_eval_pairs(path) -> tuple[list[str], list[str], list[float]]:
     from ..textlines import check_text_file
 
     path = check_text_file(path, "--eval-pairs")
+    if path.stat().st_size > MAX_EVAL_BYTES:
+        raise ValueError(f"--eval-pairs {path} is {path.stat().st_size / 1e6:.0f} MB; give at most "
+                         f"{MAX_EVAL_BYTES / 1e6:.0f} MB of pairs (a sample)")
     a, b, gold = [], [], []
     with open(path, encoding="utf-8", errors="strict") as f:
         try:
@@ -366,6 +369,8 @@ def start_out(out: Path, fp: dict, overwrite: bool, resume: bool) -> Path | None
     if resume:
         check_same_run(out, fp)
     aside = out / ASIDE
+    if os.path.lexists(aside) and not (aside.is_dir() and not aside.is_symlink()):
+        raise ValueError(f"{aside} is not the folder compress keeps an earlier result in; move it away and run again")
     if overwrite and not resume:
         if aside.is_dir():  # an earlier --overwrite that never finished: its parts are a partial run, the result waits
             _remove_parts(out)
