@@ -160,9 +160,10 @@ def test_teacher_name_reads_the_model_card_heading(minilm_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir, tmp_path):
+def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir, tmp_path, optimum_onnx):
     """A user's machine: `SHAREBERT_DATA` an empty folder, the working folder not the checkout, no --train: the
-    package's own text trains and measures; no STS-B row."""
+    package's own text trains and measures; no STS-B row; the plan line comes before the first step; the
+    student folder is the model alone, the work folder gone."""
     empty = tmp_path / "empty"
     empty.mkdir()
     work = tmp_path / "elsewhere"
@@ -177,6 +178,8 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir
     assert keys == ["agreement_cosine", "agreement_top1"]
     assert report["training"]["train_sentences"] == 64
     assert not list(empty.iterdir())
+    assert proc.stdout.index("plan for --max-time") < proc.stdout.index("exporting the student")
+    assert not (work / "R" / "work").exists() and not (work / "R" / "student" / "checkpoints").exists()
 
 
 def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget():
