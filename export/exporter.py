@@ -1,7 +1,7 @@
 """``export_model``: a sharebert (or transformers BERT) model folder -> a verified ONNX artifact folder.
 
-Pipeline: optimum's ``export`` with our ``OnnxConfig`` (TorchScript exporter, no constant folding,
-so the file stores learned tensors only) -> graph clean-up (no initializer as graph input, one node
+Pipeline: torch's TorchScript exporter (``torch_onnx.export_onnx``: named dynamic inputs, no constant folding,
+so the file stores learned tensors only; no optimum) -> graph clean-up (no initializer as graph input, one node
 per distinct constant) -> optional materialization / quantization -> ONNX Runtime folding check ->
 parity with PyTorch on real sentences -> tokenizer, config, RAM-int8 graphs -> footprint measured in
 a subprocess -> ``manifest.json`` with the sha256 of every file. Everything is written to a
@@ -202,6 +202,80 @@ def _gflops(config, task: str, batch: int, seq: int) -> float:
         fields.update(sharing="none", embedding_size=None, pooler="dense", norm_position="post", attention="standard")
     head = {"fill-mask": "mlm", "causal-lm": "mlm", "text-classification": "classifier"}.get(task, "none")
     return count_flops(fields, head, seq, batch)["inference"] / 1e9
+
+
+# Each encoder task's graph output and its dynamic axes (a classifier's logits are per sequence)
+_OUTPUTS = {"fill-mask": ("logits", {0: "batch_size", 1: "sequence_length"}),
+            "text-classification": ("logits", {0: "batch_size"}),
+            "feature-extraction": ("last_hidden_state", {0: "batch_size", 1: "sequence_length"})}
+ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def export_graph(model, task: str, path: Path, opset: int) -> tuple[list[str], list[str]]:
+    """The model's ONNX graph at ``path`` (torch's TorchScript exporter, no constant folding: only learned tensors
+    are stored): an encoder takes ``ENCODER_INPUTS`` and gives its task's output, each dynamic in batch and
+    length; a causal LM is :func:`export_decoder`'s graph. Returns the input and output names."""
+    from .torch_onnx import export_onnx, text_inputs
+
+    if task == "causal-lm":
+        return export_decoder(model, path, opset)
+    output, axes = _OUTPUTS[task]
+    feeds = text_inputs(ENCODER_INPUTS, int(model.config.vocab_size))
+    return export_onnx(model, feeds, path, {output: axes}, opset, fixed={"return_dict": True})
+
+
+class _PastCache:
+    """The key/value cache of a decoder graph: layer ``i``'s past keys and values ``(B, heads, P, d)`` (graph
+    inputs), to which each layer appends its new ones (``update``, as transformers' ``DynamicCache`` does); the
+    results are the graph's ``present`` outputs. ``P`` may be 0 (the first step)."""
+
+    def __init__(self, past: list[tuple]):
+        self.layers = [tuple(kv) for kv in past]
+
+    def get_seq_length(self, layer_idx: int = 0):
+        return self.layers[layer_idx][0].shape[2]
+
+    def update(self, key, value, layer_idx: int, *args, **kwargs):
+        import torch
+
+        past_key, past_value = self.layers[layer_idx]
+        self.layers[layer_idx] = (torch.cat([past_key, key], dim=2), torch.cat([past_value, value], dim=2))
+        return self.layers[layer_idx]
+
+
+def export_decoder(model, path: Path, opset: int) -> tuple[list[str], list[str]]:
+    """A causal LM with its key/value cache as one graph for every step (the first with past length 0), with
+    the input and output names ONNX Runtime generation loops use: ``input_ids`` and ``position_ids`` ``(B, T)``,
+    ``attention_mask`` ``(B, P + T)``, per layer ``past_key_values.{i}.key|value`` ``(B, heads, P, d)`` in and
+    ``present.{i}.key|value`` ``(B, heads, P + T, d)`` out, and ``logits`` ``(B, T, vocab)``."""
+    import torch
+
+    from .torch_onnx import TEXT_AXES, export_onnx, text_inputs
+
+    from sharebert.modeling_sharebert import CACHE
+
+    c = model.config
+    layers, heads, past = int(c.num_hidden_layers), int(c.num_attention_heads), 16
+    feeds = text_inputs(("input_ids",), int(c.vocab_size))
+    B, T = feeds["input_ids"].shape
+    feeds["attention_mask"] = torch.ones(B, past + T, dtype=torch.long)
+    feeds["position_ids"] = torch.arange(past, past + T).expand(B, T).clone()
+    kv = [(f"{i}.{part}") for i in range(layers) for part in ("key", "value")]
+    g = torch.Generator().manual_seed(0)
+    feeds.update({f"past_key_values.{n}": torch.randn(B, heads, past, c.hidden_size // heads, generator=g) for n in kv})
+    axes = {"input_ids": TEXT_AXES, "position_ids": TEXT_AXES,
+            "attention_mask": {0: "batch_size", 1: "past_sequence_length + sequence_length"},
+            **{f"past_key_values.{n}": {0: "batch_size", 2: "past_sequence_length"} for n in kv}}
+    outputs = {"logits": TEXT_AXES, **{f"present.{n}": {0: "batch_size", 2: "past_sequence_length + sequence_length"}
+                                       for n in kv}}
+
+    def call(forward, inputs):
+        pairs = [(inputs[f"past_key_values.{i}.key"], inputs[f"past_key_values.{i}.value"]) for i in range(layers)]
+        out = forward(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                      position_ids=inputs["position_ids"], use_cache=True, return_dict=True, **{CACHE: _PastCache(pairs)})
+        return (out.logits, *(t for kv_pair in getattr(out, CACHE).layers for t in kv_pair))
+
+    return export_onnx(model, feeds, path, outputs, opset, axes=axes, call=call)
 
 
 def _calibration_feeds(tokenizer, path, max_length: int, graph: Path) -> list[dict]:
@@ -405,12 +479,10 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     layers become the graph's ``sentence_embedding`` output, its ``max_seq_length`` the artifact's maximum
     length, and the manifest's ``embedding`` entry records it (normalisation included)."""
     import onnx
-    from optimum.exporters.onnx import export
     from sharebert.progress import bar
 
     from . import depth, graph, quantize as q
     from .footprint import measure
-    from .onnx_config import onnx_config_for
     from .parity import check_parity
     from .ram_int8 import build_int8_ram_graphs
 
@@ -426,8 +498,7 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     steps = bar(total=6, desc="export", progress=progress)
 
     steps.set_postfix_str("torch -> onnx")
-    onnx_config = onnx_config_for(model, task)
-    inputs, outputs = export(model, onnx_config, path, opset, do_constant_folding=False)
+    inputs, outputs = export_graph(model, task, path, opset)
     proto = onnx.load(str(path))
     graph.remove_initializer_inputs(proto)
     graph.dedup_constants(proto)

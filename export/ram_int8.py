@@ -23,7 +23,7 @@ from pathlib import Path
 from sharebert.deploy.artifact import (MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR,
                                        RAM_INT8_ROWS as ROWS, quantize_per_channel, quantize_rows, session_options)
 
-from .depth import inline_layers, wrap_layers
+from .depth import inline_layers, is_wrapped, wrap_layers
 from .graph import computed_products, constant_keys, gather_before_dequantize, node_inputs, prune, replace_all
 
 MIN_WEIGHT_NUMEL = 4096  # smaller computed weights stay fp32 (ORT folds them in the compute graph)
@@ -173,6 +173,7 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
     out_dir = Path(out_dir)
     blob = (out_dir / MODEL).read_bytes()
     source = onnx.load_from_string(blob)
+    gated = is_wrapped(source.graph)  # a sharebert graph; a transformers BERT's runs at full depth only
     inline_layers(source)  # derive from the flat graph; the compute graph is gated by depth again below
     keys = constant_keys(source.graph)
     products = [(node, layout) for node, layout in computed_products(source.graph, keys) if layout is not None]
@@ -253,7 +254,8 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
         c.input.append(helper.make_tensor_value_info(w["int8"], TensorProto.INT8, w["shape"]))
         c.input.append(helper.make_tensor_value_info(w["scale"], TensorProto.FLOAT, [w["shape"][1]]))
     c.name = "sharebert_ram_int8_compute"
-    wrap_layers(compute)
+    if gated:  # as model.onnx is
+        wrap_layers(compute)
     if not any(o.domain == "com.microsoft" for o in compute.opset_import):
         compute.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     _save(compute, out_dir / COMPUTE, blob)

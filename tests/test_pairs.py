@@ -144,7 +144,7 @@ def test_bad_pairs_are_refused(stsb_model, call, error, says):
 
 
 def test_pairs_on_a_model_with_one_token_type(tmp_path):
-    """A BERT with type_vocab_size 1 exports (optimum's dummy token types are drawn from {0, 1}) and answers
+    """A BERT with type_vocab_size 1 exports (with token types 0 traced: an index 1 is past its table) and answers
     pairs as transformers does for such a model: [CLS] a [SEP] b [SEP], token type 0 throughout."""
     from sharebert.export.exporter import export_model
 
