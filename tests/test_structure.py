@@ -119,7 +119,8 @@ def _matches(name: str, patterns) -> bool:
 
 DEPLOY = ("sharebert.deploy", "sharebert.deploy.*")
 EXPORT = ("sharebert.export", "sharebert.export.*")
-DEPLOY_HELPERS = ("sharebert.errors", "sharebert.options", "sharebert.textlines")  # stdlib only
+DEPLOY_HELPERS = ("sharebert.errors", "sharebert.options", "sharebert.textlines", "sharebert.untrusted",
+                  "sharebert.outdir")  # stdlib only
 DEVICE_INSTALL = frozenset({"numpy", "onnxruntime", "tokenizers", "tqdm"})  # the base install (pyproject.toml)
 TRAINING_STACK = frozenset({"torch", "transformers", "optimum", "onnx", "peft", "accelerate", "safetensors",
                             "sentence_transformers", "model2vec", "datasets"})
