@@ -78,7 +78,7 @@ def read_config(model_dir: str | Path, unfinished_ok: bool = False) -> dict:
     if optional_file(path, "the model's config") is None:
         raise FileNotFoundError(f"{path} not found: a model folder is written by `sharebert build` (or is a "
                                 "transformers BERT folder)")
-    raw = read_json(path, "the model's config")
+    raw = read_json(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path} is not a JSON object: not a model config")
     if raw.get("model_type") not in MODEL_TYPES:
@@ -93,18 +93,12 @@ def check_field_types(raw: dict, path) -> None:
     """Each shape field ``config.json`` sets has its default's type (an integer, a number, a string, true or false;
     null where the default is null), so a wrong-typed field is refused naming file and field, never by a
     conversion deep inside (``invalid literal for int()``)."""
+    where = f"{path} is not a valid model config"
     for key, value in raw.items():
         if key not in _FIELD_TYPES or value is None and key in _NULLABLE:
             continue
-        kind = _FIELD_TYPES[key]
-        if kind is int:
-            int_field(value, path, key, minimum=None)
-        elif kind is float:
-            number_field(value, path, key)
-        elif kind is bool:
-            bool_field(value, path, key)
-        else:
-            str_field(value, path, key)
+        check = {int: lambda v, p, k: int_field(v, p, k, minimum=None), float: number_field, bool: bool_field}
+        check.get(_FIELD_TYPES[key], str_field)(value, where, key)
 
 
 def sharebert_fields(raw: dict, path: str | Path = "config.json") -> dict:

@@ -660,8 +660,9 @@ for _auto, _cls in AUTO_CLASSES.items():
 
 
 def _save_pretrained(self, save_directory, *args, **kwargs):
-    """transformers' save. After ``register_for_auto_class()`` (the model's or its config's), or for a model loaded from a portable folder (its
-    config has an ``auto_map``: a fine-tuned copy must not point at code it lacks), the folder gets sharebert's
+    """transformers' save. After ``register_for_auto_class()`` (the model's or its config's), or for a model loaded
+    from a portable folder (its config has an ``auto_map``: a fine-tuned copy must not point at code it lacks), the
+    folder gets sharebert's
     portable modeling code and ``auto_map`` (``sharebert.portable``), loadable with ``trust_remote_code=True`` where
     sharebert is not installed, instead of transformers' copy of the module defining the class (which imports
     sharebert). Package only: a portable copy, itself remote code, is saved by transformers as it is. With
@@ -681,11 +682,16 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     hub = {k: kwargs.pop(k) for k in _HUB_OPTIONS if k in kwargs}
     # Shadow the class attributes for this one save, the config's too (``type(m.config).register_for_auto_class()``):
     # transformers would copy the modules defining the classes (which import sharebert) under the portable files' names.
+    own = [(obj, obj.__dict__.get("_auto_class", _UNSET)) for obj in (self, self.config)]
     self._auto_class = self.config._auto_class = None
     try:
         result = PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
     finally:
-        del self._auto_class, self.config._auto_class
+        for obj, value in own:  # the class attribute shows through again (or the instance's own, as it was)
+            if value is _UNSET:
+                del obj._auto_class
+            else:
+                obj._auto_class = value
     if not kwargs.get("is_main_process", True):  # another process writes the folder (distributed training)
         return result
     make_portable(save_directory, AUTO_CLASSES)
@@ -695,6 +701,7 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     return result
 
 
+_UNSET = object()
 _HUB_OPTIONS = ("repo_id", "commit_message", "commit_description", "private", "token", "create_pr", "revision", "tags")
 
 

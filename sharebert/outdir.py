@@ -33,7 +33,6 @@ from pathlib import Path
 
 from . import untrusted
 from .options import symlink_loop
-from .untrusted import parse_json  # noqa: F401  (its home; the name outdir's callers import)
 
 
 def _nearest_existing(path: Path) -> Path:

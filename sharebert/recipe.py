@@ -88,7 +88,10 @@ DEFAULT_RECIPE = EmbeddingRecipe(pooling="cls", normalize=False)
 
 
 def _read_json(path: Path, what: str):
-    return read_json(path, what)  # a regular file of bounded size, strict JSON (sharebert.untrusted)
+    try:
+        return read_json(path, what)  # a regular file of bounded size, strict JSON (sharebert.untrusted)
+    except FileNotFoundError as e:  # a listed file missing is a malformed recipe: one ValueError like the others
+        raise ValueError(str(e)) from None
 
 
 def _module_kind(entry, path: Path) -> tuple[str, str]:

@@ -231,6 +231,7 @@ def test_convert_to_sharebert_is_refused_where_it_cannot_apply(tmp_path, model_k
         check_convert(model, out, convert, resume)
 
 
+@pytest.mark.slow
 def test_convert_to_sharebert_refusal_comes_from_the_command_before_torch(tmp_path):
     model = _config_folder(tmp_path / "model", "sharebert")
     code = ("import sys; from sharebert.cli import main; rc = main(sys.argv[1:]); "
@@ -251,6 +252,7 @@ DISTILL_IGNORED = [  # an option the objective does not read -> refused in one l
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, refusal", DISTILL_IGNORED)
 def test_distill_refuses_an_option_its_objective_does_not_read(tmp_path, argv, refusal):
     code = ("import sys; from sharebert.cli import main; rc = main(sys.argv[1:]); "
@@ -362,6 +364,7 @@ def _predict(*argv, stdin=None, cwd=None):
                           capture_output=True, text=True, env=ENV, timeout=300)
 
 
+@pytest.mark.slow
 def test_manifest_records_whether_the_model_takes_pairs(artifacts):
     assert [json.loads((artifacts[k] / "manifest.json").read_text()).get("pairs") for k in ("pairs", "single", "mlm")] \
         == [True, False, None]
@@ -383,6 +386,7 @@ PAIR_ROWS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["txt-link", "stdin", "tsv-name"])
 @pytest.mark.parametrize("kind, text, status, paired, words", PAIR_ROWS)
 def test_pairs_are_recognised_by_content_and_the_model_never_by_file_name(artifacts, tmp_path, how, kind, text, status,
@@ -397,6 +401,7 @@ def test_pairs_are_recognised_by_content_and_the_model_never_by_file_name(artifa
         proc.stderr
 
 
+@pytest.mark.slow
 def test_pair_text_arguments_follow_the_same_rule(artifacts):
     ok = _predict(artifacts["pairs"], "a cat\ta dog", "--json")
     assert ok.returncode == 0 and json.loads(ok.stdout)["text_pair"] == "a dog", ok.stderr
@@ -404,6 +409,7 @@ def test_pair_text_arguments_follow_the_same_rule(artifacts):
     assert bad.returncode == 2 and "TEXT argument 1" in bad.stderr and "sentence pairs" in bad.stderr
 
 
+@pytest.mark.slow
 def test_predict_output_is_written_through_a_symlink_and_a_full_disk_fails(artifacts, tmp_path):
     (tmp_path / "in.txt").write_text("the [MASK] sat\n")
     (tmp_path / "target.jsonl").write_text("old\n")
@@ -418,6 +424,7 @@ def test_predict_output_is_written_through_a_symlink_and_a_full_disk_fails(artif
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full.jsonl", "in.txt", "link.jsonl", "target.jsonl"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_predict_stopped_by_a_signal_leaves_no_partial_file(artifacts, tmp_path, sig):
     (tmp_path / "in.txt").write_text("".join(f"the [MASK] sat on mat {i}\n" for i in range(200000)))
@@ -434,6 +441,7 @@ def test_predict_stopped_by_a_signal_leaves_no_partial_file(artifacts, tmp_path,
 
 # -- export never publishes the default recipe when a listed recipe file is unreadable ----------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kind", [("modules.json", "fifo"), ("sentence_bert_config.json", "dev-zero"),
                                         ("1_Pooling/config.json", "dev-urandom"), ("2_Dense/config.json", "folder"),
                                         ("2_Dense/model.safetensors", "huge")])
@@ -507,6 +515,7 @@ def _length(reply: bytes) -> int:
     return 0
 
 
+@pytest.mark.slow
 def test_per_client_cap_answers_a_readable_503_never_a_dropped_connection(artifacts):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -532,6 +541,7 @@ def test_per_client_cap_answers_a_readable_503_never_a_dropped_connection(artifa
 
 # -- the Hub path, exactly as a user writes it --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_register_for_auto_class_then_save_pretrained_loads_without_sharebert(tmp_path):
     import torch
     from transformers import AutoModelForMaskedLM
