@@ -695,9 +695,9 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     if not kwargs.get("is_main_process", True):  # another process writes the folder (distributed training)
         return result
     make_portable(save_directory, AUTO_CLASSES)
-    if push:  # transformers' own push would upload before the portable files exist
-        self.push_to_hub(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), use_temp_dir=True,
-                         **hub, **{k: kwargs[k] for k in ("max_shard_size", "safe_serialization") if k in kwargs})
+    if push:  # transformers' own push would upload before the portable files exist; its save goes through this one
+        self.push_to_hub(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), **hub,
+                         **{k: kwargs[k] for k in ("max_shard_size",) if k in kwargs})
     return result
 
 

@@ -41,8 +41,8 @@ def wordpiece_tokenizer(vocab_file: str | Path, lowercase: bool = True) -> Token
 
 
 def hf_tokenizer(vocab_file: str | Path, model_max_length: int = 512, lowercase: bool = True):
-    """The same tokenizer wrapped as transformers' ``BertTokenizerFast`` (for Trainer/pipelines): saved with
-    ``tokenizer_class`` ``BertTokenizerFast`` (and ``vocab.txt``), so ``AutoTokenizer`` loads it as BERT's."""
+    """The same tokenizer wrapped as transformers' ``BertTokenizerFast`` (for Trainer/pipelines): saved with BERT's
+    ``tokenizer_class`` (and ``tokenizer.json``), so ``AutoTokenizer`` loads it as BERT's."""
     from transformers import BertTokenizerFast
 
     return BertTokenizerFast(tokenizer_object=wordpiece_tokenizer(vocab_file, lowercase), do_lower_case=lowercase,
