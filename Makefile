@@ -3,16 +3,18 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# optimum's integration needs transformers 4.57 (optimum-onnx 0.1.0): a second environment of its own
+OPTIMUM_VENV := .venv-optimum
+OPTIMUM_STAMP := $(OPTIMUM_VENV)/.installed
 
-.PHONY: demo test test-fast lint docs-check install clean
+.PHONY: demo test test-fast test-optimum lint docs-check install install-optimum clean
 
-# optimum-register/ (optimum-cli's hook, docs/EXPORT.md "optimum") is installed non-editably: its module
-# must lie in optimum's own folder.
-$(STAMP): pyproject.toml constraints.txt optimum-register/pyproject.toml optimum-register/optimum/commands/register/sharebert.py
+# The current stack (transformers 5, sentence-transformers 6, CPU torch from constraints.txt). pip builds the
+# editable install in isolation (setuptools >= 77 reads project.license; an older one beside it does not).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[full,plot,dev]"
-	$(PY) -m pip install -q -c constraints.txt ./optimum-register
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -33,9 +35,24 @@ test: lint
 test-fast: lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider --durations=10 -m "not slow" tests
 
+# The `optimum` extra in its own venv, with optimum-cli's hook (optimum-register/, docs/EXPORT.md "optimum"),
+# installed non-editably: its module must lie in optimum's own folder. test-optimum runs the tests marked
+# `optimum` (skipped in `make test`, whose transformers 5 optimum-onnx cannot be installed beside).
+$(OPTIMUM_STAMP): pyproject.toml constraints.txt optimum-register/pyproject.toml optimum-register/optimum/commands/register/sharebert.py
+	test -x $(OPTIMUM_VENV)/bin/python || $(PYTHON) -m venv $(OPTIMUM_VENV)
+	$(OPTIMUM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(OPTIMUM_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[optimum]" "pytest>=8"
+	$(OPTIMUM_VENV)/bin/python -m pip install -q -c constraints.txt --no-deps ./optimum-register
+	touch $(OPTIMUM_STAMP)
+
+install-optimum: $(OPTIMUM_STAMP)
+
+test-optimum: $(OPTIMUM_STAMP)
+	OMP_NUM_THREADS=1 $(OPTIMUM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m optimum --durations=10 tests
+
 # The shell and Python blocks of README.md and docs/*.md, run in order with budgets capped (also part of `make test`).
 docs-check: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -p no:cacheprovider tests/test_docs.py
 
 clean:
-	rm -rf $(VENV) runs artifacts *.egg-info optimum-register/build optimum-register/*.egg-info
+	rm -rf $(VENV) $(OPTIMUM_VENV) runs artifacts *.egg-info optimum-register/build optimum-register/*.egg-info

@@ -32,8 +32,8 @@ COMMANDS = {
 
 
 # Packages of the extras that a device install (`pip install sharebert`, runtime only) lacks.
-EXTRAS = {"full": ("torch", "transformers", "optimum", "onnx", "safetensors", "accelerate", "scipy", "tensorboard"),
-          "plot": ("matplotlib",)}
+EXTRAS = {"full": ("torch", "transformers", "onnx", "safetensors", "accelerate", "scipy", "tensorboard"),
+          "plot": ("matplotlib",), "optimum": ("optimum",)}
 
 
 def _load(name: str):
