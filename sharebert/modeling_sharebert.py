@@ -418,6 +418,8 @@ class _WithLMHead(ShareBertPreTrainedModel):
     def _build(self, config):
         self.sharebert = ShareBertModel(config, add_pooling_layer=False)
         self.lm_head = ShareBertLMHead(config)
+        if config.tie_word_embeddings:  # saved once, as the word embeddings: a checkpoint's load misses nothing else
+            self._keys_to_ignore_on_save = ["lm_head.decoder.weight"]  # (the Trainer then ties it, without a warning)
         self.post_init()
 
     def get_output_embeddings(self):

@@ -138,3 +138,23 @@ OPTIMUM_ABSENT = ("optimum's ONNX exporter is not installed (the `optimum` extra
 def optimum_onnx():
     """``optimum.exporters.onnx``; the test is skipped where the ``optimum`` extra is not installed."""
     return pytest.importorskip("optimum.exporters.onnx", reason=OPTIMUM_ABSENT)
+
+
+def _optimum_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("optimum.exporters.onnx") is not None
+    except ImportError:  # optimum without its exporters
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes ``optimum_onnx`` is marked ``optimum`` (``make test-optimum`` selects them); one marked
+    ``optimum`` is skipped, saying why, where the extra is not installed."""
+    installed = _optimum_installed()
+    for item in items:
+        if "optimum_onnx" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.optimum)
+        if not installed and item.get_closest_marker("optimum"):
+            item.add_marker(pytest.mark.skip(reason=OPTIMUM_ABSENT))

@@ -217,36 +217,39 @@ def test_ortmodel_masked_lm_matches_torch(artifacts, mlm_dir, optimum_onnx):
         assert diff <= (1e-4 if name == "compact-none" else 0.1)
 
 
-def test_classifier_and_features_load_in_ortmodel(tmp_path, clf_dir, mlm_dir, request):
-    """The classifier and feature-extraction artifacts' manifests and parity; where optimum's ONNX Runtime classes are
-    installed (the ``optimum`` extra), they load the artifacts and give PyTorch's outputs."""
-    from transformers import AutoTokenizer
-
-    try:
-        from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTModelForSequenceClassification
-    except ImportError:
-        ORTModelForFeatureExtraction = ORTModelForSequenceClassification = None
+def _classifier_and_features(tmp_path, clf_dir, mlm_dir):
+    """Classifier and feature-extraction artifacts, their manifests and parity checked; returns ``{name: folder}``."""
     manifest = export_model(clf_dir, tmp_path / "clf", **FAST)
     assert manifest["task"] == "text-classification" and manifest["labels"] == ["negative", "positive"]
     assert manifest["problem_type"] == "single_label_classification"
     p = manifest["parity"]
     assert p["agreement"] == 1.0 and p["accuracy_change"] == 0.0 and 0.0 <= p["accuracy_torch"] <= 1.0
-    enc = AutoTokenizer.from_pretrained(tmp_path / "clf")(_sentences(8), padding=True, return_tensors="pt")
-    ref = sharebert.ShareBertForSequenceClassification.from_pretrained(clf_dir).eval()
-    if ORTModelForSequenceClassification is not None:
-        with torch.no_grad():
-            got = ORTModelForSequenceClassification.from_pretrained(tmp_path / "clf")(**enc).logits
-            torch.testing.assert_close(got, ref(**enc).logits, atol=1e-4, rtol=0)
-
     manifest = export_model(mlm_dir, tmp_path / "feat", task="feature-extraction", **FAST)
     assert manifest["outputs"] == ["last_hidden_state", "sentence_embedding"] and manifest["parity"]["max_abs_diff"] <= 1e-3
     assert (manifest["embedding"]["pooling"], manifest["embedding"]["normalize"]) == ("cls", False)  # no recipe files
     assert "no sentence-transformers files" in manifest["embedding"]["source"]
-    ref = sharebert.ShareBertModel.from_pretrained(mlm_dir).eval()
-    if ORTModelForFeatureExtraction is None:
-        request.getfixturevalue("optimum_onnx")  # says why the rest is skipped
+    return {"clf": tmp_path / "clf", "feat": tmp_path / "feat"}
+
+
+def test_classifier_and_features_export(tmp_path, clf_dir, mlm_dir):
+    _classifier_and_features(tmp_path, clf_dir, mlm_dir)
+
+
+def test_classifier_and_features_load_in_ortmodel(tmp_path, clf_dir, mlm_dir, optimum_onnx):
+    """optimum's ONNX Runtime classes (the ``optimum`` extra) load the classifier and feature-extraction artifacts
+    and give PyTorch's outputs."""
+    from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTModelForSequenceClassification
+    from transformers import AutoTokenizer
+
+    folders = _classifier_and_features(tmp_path, clf_dir, mlm_dir)
+    enc = AutoTokenizer.from_pretrained(folders["clf"])(_sentences(8), padding=True, return_tensors="pt")
+    ref = sharebert.ShareBertForSequenceClassification.from_pretrained(clf_dir).eval()
     with torch.no_grad():
-        got = ORTModelForFeatureExtraction.from_pretrained(tmp_path / "feat")(**enc).last_hidden_state
+        got = ORTModelForSequenceClassification.from_pretrained(folders["clf"])(**enc).logits
+        torch.testing.assert_close(got, ref(**enc).logits, atol=1e-4, rtol=0)
+    ref = sharebert.ShareBertModel.from_pretrained(mlm_dir).eval()
+    with torch.no_grad():
+        got = ORTModelForFeatureExtraction.from_pretrained(folders["feat"])(**enc).last_hidden_state
         torch.testing.assert_close(got, ref(**enc).last_hidden_state, atol=1e-4, rtol=0)
 
 

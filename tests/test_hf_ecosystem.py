@@ -68,13 +68,12 @@ def artifact_of(mlm_dir, tmp_path_factory):
     return make
 
 
-@pytest.mark.parametrize("with_optimum", [False, True], ids=["transformers", "optimum"])
-def test_import_sharebert_is_the_one_import(mlm_dir, tmp_path, with_optimum, request):
+@pytest.mark.parametrize("with_optimum", [False, pytest.param(True, marks=pytest.mark.optimum)],
+                         ids=["transformers", "optimum"])
+def test_import_sharebert_is_the_one_import(mlm_dir, tmp_path, with_optimum):
     """A user's script, written the obvious way: ``import sharebert``, then transformers' own entry points on a
     sharebert folder (AutoConfig, AutoTokenizer, AutoModel*, pipeline) and, with the ``optimum`` extra, optimum's
     ``main_export``."""
-    if with_optimum:
-        request.getfixturevalue("optimum_onnx")
     optimum = f"""
 from optimum.exporters.onnx import main_export
 main_export(folder, {str(tmp_path / 'onnx')!r}, task="fill-mask")

@@ -1,6 +1,7 @@
 """optimum's own entry points on sharebert models: ``optimum-cli export onnx`` (the hook of
 ``optimum-register/``), ``main_export`` and ``ORTModel*.from_pretrained(folder, export=True)`` after
-``import sharebert``, and ``ORTQuantizer`` on our artifacts. Real optimum, real ORT sessions."""
+``import sharebert``, and ``ORTQuantizer`` on our artifacts. Real optimum, real ORT sessions. Those marked
+``optimum`` need the ``optimum`` extra (transformers 4.57: ``make test-optimum``) and are skipped without it."""
 from __future__ import annotations
 
 import json
@@ -73,6 +74,7 @@ def _run(args, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=300, **kwargs)
 
 
+@pytest.mark.optimum
 def test_optimum_cli_exports_a_sharebert_folder(tiny, tmp_path):
     model_dir, _ = tiny
     out = tmp_path / "cli"
@@ -83,6 +85,7 @@ def test_optimum_cli_exports_a_sharebert_folder(tiny, tmp_path):
     assert diff <= 1e-4, diff  # fails on NaN too
 
 
+@pytest.mark.optimum
 def test_main_export_and_ortmodel_export_true_after_the_import(tiny, tmp_path):
     """In a fresh process: ``import sharebert``, then optimum's Python entry points."""
     model_dir, _ = tiny
@@ -136,6 +139,7 @@ HOOK_CASES = [
 ]
 
 
+@pytest.mark.optimum
 @pytest.mark.parametrize("model, args, said", [c[1:] for c in HOOK_CASES], ids=[c[0] for c in HOOK_CASES])
 def test_optimum_cli_preflight_names_the_problem(tiny, tmp_path, model, args, said):
     from sharebert.export.optimum_cli import check_export_onnx
@@ -152,6 +156,7 @@ def test_optimum_cli_preflight_names_the_problem(tiny, tmp_path, model, args, sa
     check_export_onnx(["--model", str(model_dir), "--task", "fill-mask", str(tmp_path / "out")])  # a good one passes
 
 
+@pytest.mark.optimum
 def test_optimum_cli_hook_refuses_in_one_line_exit_2(tiny, tmp_path, capfd, monkeypatch):
     """The registration hook as optimum-cli imports it (this checkout's file, run with optimum-cli's argv), in this
     process (an exception other than the exit escaping it fails the test; ``capfd``: all that reaches fd 2)."""
@@ -183,6 +188,7 @@ def test_ram_int8_graphs_sit_in_a_subfolder_and_run(tiny):
     assert diff <= 0.05, diff
 
 
+@pytest.mark.optimum
 def test_ortquantizer_quantizes_an_artifact(tiny, tmp_path):
     """``ORTQuantizer.from_pretrained(artifact)`` (one .onnx in the folder), dynamic int8 for avx2; the result runs
     in ORT and stays near the fp32 artifact. It quantizes every MatMul, the generated weights per run (their
@@ -202,6 +208,7 @@ def test_ortquantizer_quantizes_an_artifact(tiny, tmp_path):
     assert rel <= 0.1, rel
 
 
+@pytest.mark.optimum
 def test_optimum_cli_quantizes_an_artifact(tiny, tmp_path):
     """``optimum-cli onnxruntime quantize``: the hook registers sharebert, so the artifact's config.json is
     copied beside the quantized graph (without it, optimum warns and writes none) and ORTModel loads it."""

@@ -95,11 +95,10 @@ def test_a_broken_transformers_install_leaves_sharebert_deploy_importable(tmp_pa
 REGISTER = "import sharebert"  # the documented import
 
 
-@pytest.mark.parametrize("order", ["sharebert first", "transformers first", "model class first", "optimum exporter",
-                                   "pipeline", "optimum ORTModel first"])
-def test_auto_classes_know_sharebert_after_import(order, request):
-    if "optimum" in order:
-        request.getfixturevalue("optimum_onnx")
+@pytest.mark.parametrize("order", ["sharebert first", "transformers first", "model class first",
+                                   pytest.param("optimum exporter", marks=pytest.mark.optimum), "pipeline",
+                                   pytest.param("optimum ORTModel first", marks=pytest.mark.optimum)])
+def test_auto_classes_know_sharebert_after_import(order):
     first = {"sharebert first": REGISTER,
              "transformers first": "from transformers import AutoModel; " + REGISTER,
              "model class first": "from sharebert import ShareBertModel",

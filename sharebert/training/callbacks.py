@@ -23,7 +23,6 @@ from transformers import TrainerCallback
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import ExportableState
 
-from ..errors import first_line
 from ..outdir import read_json
 
 MARKER = "sharebert_complete.json"
@@ -360,16 +359,33 @@ class StopsAtMaxSteps:
 
 
 class FitsCheckpoint:
-    """``Trainer`` mixin: a checkpoint whose weights do not fit the model (another ``--model`` / ``--student`` or
-    width than the run that saved it) is refused in one line naming it, rather than a ``load_state_dict`` error."""
+    """``Trainer`` mixin: ``train(resume_from_checkpoint=...)`` first refuses, in one line naming it, a checkpoint
+    whose weights do not fit the model (another ``--model`` / ``--student`` or width than the run that saved it),
+    rather than the ``load_state_dict`` error the Trainer's load would raise (:func:`check_fits`)."""
 
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        try:
-            super()._load_from_checkpoint(resume_from_checkpoint, model)
-        except RuntimeError as e:
-            why = first_line(" ".join(str(e).split()), 300)
-            raise ValueError(f"{resume_from_checkpoint} does not fit this model ({why}); resume with the model "
-                             "options of the run that saved it, or start again with --overwrite") from None
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if resume_from_checkpoint:
+            check_fits(self.model, resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+
+def check_fits(model, checkpoint: str | Path) -> None:
+    """``ValueError`` naming ``checkpoint`` when a tensor of its ``model.safetensors`` has another shape than the
+    model's tensor of that name (read from the file's header: nothing is loaded)."""
+    path = Path(checkpoint) / "model.safetensors"
+    if not path.is_file():  # a sharded or torch checkpoint: the Trainer's own load says what is wrong
+        return
+    from safetensors import safe_open
+
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    with safe_open(str(path), "pt") as f:
+        saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    wrong = [f"{k}: {list(s)} in the checkpoint, {list(own[k])} in this model" for k, s in saved.items()
+             if k in own and s != own[k]]
+    if wrong:
+        raise ValueError(f"{checkpoint} does not fit this model (size mismatch for {wrong[0]}"
+                         f"{f', and {len(wrong) - 1} more' if len(wrong) > 1 else ''}); resume with the model options "
+                         "of the run that saved it, or start again with --overwrite")
 
 
 def finished_run(trainer, state: dict) -> str | None:

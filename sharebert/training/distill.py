@@ -277,9 +277,9 @@ class WithTeacherLogits(torch.utils.data.Dataset):
 def _make_trainer_class():
     from transformers import Trainer
 
-    from .callbacks import FitsCheckpoint, StopsAtMaxSteps
+    from .callbacks import StopsAtMaxSteps, check_fits
 
-    class DistillTrainer(FitsCheckpoint, StopsAtMaxSteps, Trainer):
+    class DistillTrainer(StopsAtMaxSteps, Trainer):
         """``Trainer`` whose ``compute_loss`` adds the distillation terms; the projections train alongside.
 
         Checkpoints hold the student (``model.safetensors``) and the projections (``PROJECTIONS_FILE``),
@@ -391,8 +391,9 @@ def _make_trainer_class():
                 logs.update({f"loss_{k}": round(v, 6) for k, v in self._parts.items()})
             super().log(logs, *a, **kw)
 
-        def _save(self, output_dir=None, state_dict=None):
-            super()._save(output_dir, state_dict)
+        def save_model(self, output_dir=None, _internal_call=False):
+            """The student as the Trainer saves it (each checkpoint too), then the projections and the data."""
+            super().save_model(output_dir, _internal_call)
             if self.args.should_save:
                 from safetensors.torch import save_file
 
@@ -401,10 +402,17 @@ def _make_trainer_class():
                 if self.data is not None:
                     write_json(out / DATA_FILE, self.data)
 
-        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        def train(self, resume_from_checkpoint=None, *args, **kwargs):
+            """The Trainer's; resuming, the checkpoint's projections are loaded first (the Trainer loads the student
+            and the optimizer, whose state covers the projections: ``create_optimizer``)."""
+            if resume_from_checkpoint:
+                check_fits(self.model, resume_from_checkpoint)  # the student first, as FitsCheckpoint does
+                self.load_projections(resume_from_checkpoint)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+
+        def load_projections(self, checkpoint) -> None:
             self.resumed = True
-            path = Path(resume_from_checkpoint) / PROJECTIONS_FILE
+            path = Path(checkpoint) / PROJECTIONS_FILE
             if path.is_file():
                 from safetensors import SafetensorError
                 from safetensors.torch import load_file

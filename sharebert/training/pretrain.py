@@ -115,13 +115,6 @@ class PretrainTrainer(StopsAtMaxSteps, Trainer):
             logs["train_loss"] = self.run_losses()["loss_sum"] / self.state.global_step
         super().log(logs, start_time)
 
-    def _issue_warnings_after_load(self, load_result):
-        """A resumed checkpoint lacks the tied decoder weight (safetensors stores a shared tensor once): not missing."""
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        kept = {params[k].data_ptr() for k in params if k not in load_result.missing_keys}
-        missing = [k for k in load_result.missing_keys if k not in params or params[k].data_ptr() not in kept]
-        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
-
 
 class _MarkPretrainCheckpoints(TimedSaves):
     """:class:`TimedSaves` that, once the Trainer has saved a checkpoint (``on_save``, on every rank), adds the run's
