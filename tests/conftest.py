@@ -35,10 +35,17 @@ SLOW_TESTS = {
 
 
 def pytest_collection_modifyitems(items):
+    """The slow tier (above); and a test that takes ``optimum_onnx`` is marked ``optimum`` (``make test-optimum``
+    selects them), one marked ``optimum`` skipped, saying why, where the extra is not installed."""
+    optimum = _optimum_installed()
     for item in items:
         file = item.path.name
         if file in SLOW_FILES or f"{file}::{item.originalname}" in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+        if "optimum_onnx" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.optimum)
+        if not optimum and item.get_closest_marker("optimum"):
+            item.add_marker(pytest.mark.skip(reason=OPTIMUM_ABSENT))
 
 
 @pytest.fixture(scope="session")
@@ -147,14 +154,3 @@ def _optimum_installed() -> bool:
         return importlib.util.find_spec("optimum.exporters.onnx") is not None
     except ImportError:  # optimum without its exporters
         return False
-
-
-def pytest_collection_modifyitems(config, items):
-    """A test that takes ``optimum_onnx`` is marked ``optimum`` (``make test-optimum`` selects them); one marked
-    ``optimum`` is skipped, saying why, where the extra is not installed."""
-    installed = _optimum_installed()
-    for item in items:
-        if "optimum_onnx" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.optimum)
-        if not installed and item.get_closest_marker("optimum"):
-            item.add_marker(pytest.mark.skip(reason=OPTIMUM_ABSENT))
