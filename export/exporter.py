@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sharebert.deploy import artifact
 from sharebert.errors import first_line
-from sharebert.model_folder import read_config
+from sharebert.model_folder import check_has_tokenizer, read_config
 from sharebert.outdir import check_out_dir, disk_full, read_json, write_json
 
 WEIGHTS = ("compact", "materialized")
@@ -193,11 +193,13 @@ def _checked(parity: dict, o: ExportOptions, full_depth: bool = True) -> dict:
     return {**parity, "check_file": str(check_file), **extra}
 
 
-def _gflops(config, task: str, batch: int, seq: int) -> float:
+def _gflops(config, task: str, batch: int, seq: int) -> float | None:
     """Inference GFLOPs of one ``batch x seq`` forward, from the config (``sharebert.accounting``)."""
     from sharebert.accounting import count_flops
 
     fields = config.to_dict()
+    if config.model_type not in ("sharebert", "bert"):  # another architecture: no ShareBERT accounting of its FLOPs
+        return None
     if config.model_type != "sharebert":  # a transformers BERT: dense, post-LN, tanh pooler
         fields.update(sharing="none", embedding_size=None, pooler="dense", norm_position="post", attention="standard")
     head = {"fill-mask": "mlm", "causal-lm": "mlm", "text-classification": "classifier"}.get(task, "none")
@@ -296,7 +298,11 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
     from .quantize import MODES
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    config = read_config(model_dir)  # also refuses an artifact given as --model
+    config = read_config(model_dir, model_types=None)  # also refuses an artifact given as --model
+    if config.get("model_type") not in ("sharebert", "bert"):  # any encoder (export/teacher.py), named in one line
+        from sharebert.training.teacher import read_teacher
+
+        read_teacher(model_dir)
     task = o.task or infer_task(config)
     weights, quantize, calibration, opset, check_limit = o.weights, o.quantize, o.calibration, o.opset, o.check_limit
     if task not in artifact.TASKS:
@@ -339,6 +345,7 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
         if isinstance(positions, int) and int(parts[1]) > positions:
             raise ValueError(f"--shapes {shape}: the model has {positions} positions; measure sequences of at most "
                              f"{positions} tokens (e.g. 1x{positions})")
+    check_has_tokenizer(model_dir)  # before the weights load
     if task == "feature-extraction":
         embedding_recipe(model_dir)  # a malformed sentence-transformers file: refused now, naming it
     out_dir = check_out_dir(out_dir, "sharebert artifact", artifact.is_artifact, o.overwrite, inputs=[model_dir])
@@ -484,12 +491,13 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     from . import depth, graph, quantize as q
     from .footprint import measure
     from .parity import check_parity
+    from .teacher import export_encoder, exports_here, usable_length
     from .ram_int8 import build_int8_ram_graphs
 
     task, weights, quantize, calibration, opset = o.task, o.weights, o.quantize, o.calibration, o.opset
     check_file, shapes, threads, runs, progress = o.check_file, o.shapes, o.threads, o.runs, o.progress
     config = model.config
-    max_length = int(config.max_position_embeddings)
+    max_length = usable_length(model, tokenizer) if exports_here(config) else int(config.max_position_embeddings)
     if recipe is not None and recipe[0].max_seq_length:
         max_length = min(max_length, recipe[0].max_seq_length)
     learned = _learned_params(model, task)
@@ -498,7 +506,10 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     steps = bar(total=6, desc="export", progress=progress)
 
     steps.set_postfix_str("torch -> onnx")
-    inputs, outputs = export_graph(model, task, path, opset)
+    if exports_here(config):  # another encoder architecture: the inputs its tokenizer gives (export/teacher.py)
+        inputs, outputs = export_encoder(model, tokenizer, task, path, opset)
+    else:
+        inputs, outputs = export_graph(model, task, path, opset)
     proto = onnx.load(str(path))
     graph.remove_initializer_inputs(proto)
     graph.dedup_constants(proto)
@@ -570,7 +581,8 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     _save_tokenizer(tokenizer, tmp, max_length)
     if not (tmp / "tokenizer.json").is_file():
         raise RuntimeError("the tokenizer did not write tokenizer.json")
-    ram_int8 = build_int8_ram_graphs(tmp) if weights == "compact" and o.format == "onnx" and not o.optimize else None
+    ram_int8 = build_int8_ram_graphs(tmp) if weights == "compact" and o.format == "onnx" and not o.optimize \
+        and not exports_here(config) else None  # RAM-int8 holds generated weights: sharebert's only
     steps.update()
 
     steps.set_postfix_str("footprint")

@@ -56,9 +56,10 @@ _NULLABLE = {key for fields in (DEFAULTS, *PRESETS.values()) for key, value in f
     "classifier_dropout", "pad_token_id"}
 
 
-def read_config(model_dir: str | Path, unfinished_ok: bool = False) -> dict:
+def read_config(model_dir: str | Path, unfinished_ok: bool = False, model_types: tuple | None = MODEL_TYPES) -> dict:
     """``config.json`` of ``model_dir`` as a dict; ``FileNotFoundError`` / ``ValueError`` naming the file.
-    A folder marked ``UNFINISHED`` is refused unless ``unfinished_ok`` (the run that resumes it)."""
+    A folder marked ``UNFINISHED`` is refused unless ``unfinished_ok`` (the run that resumes it); one of a model type
+    outside ``model_types`` too (None: any, the teachers' check is ``training.teacher.read_teacher``)."""
     model_dir = Path(model_dir)
     path = model_dir / "config.json"
     try:
@@ -81,7 +82,7 @@ def read_config(model_dir: str | Path, unfinished_ok: bool = False) -> dict:
     raw = read_json(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path} is not a JSON object: not a model config")
-    if raw.get("model_type") not in MODEL_TYPES:
+    if model_types is not None and raw.get("model_type") not in model_types:
         kind = raw.get("model_type")
         raise ValueError(f"{path}: model_type {kind!r} is not supported (sharebert reads {', '.join(MODEL_TYPES)} "
                          "model folders)")
@@ -329,7 +330,7 @@ def _check_tokenizer_files(model_dir: Path) -> None:
     settings = model_dir / "tokenizer_config.json"
     if "tokenizer_config.json" in present:
         read_json(settings, "the tokenizer's settings", JSON_BYTES)
-    elif "tokenizer.json" in present and read_config(model_dir, True)["model_type"] == "sharebert":
+    elif "tokenizer.json" in present and read_config(model_dir, True, None).get("model_type") == "sharebert":
         raise ValueError(f"{settings} not found: a sharebert folder's tokenizer is tokenizer.json with "
                                 "tokenizer_config.json (the special tokens); rebuild it with `sharebert build`")
     if "tokenizer.json" in present:
@@ -341,6 +342,12 @@ def _check_tokenizer_files(model_dir: Path) -> None:
                              f"{first_line(e)}") from None
 
 
+def check_has_tokenizer(model_dir: Path) -> None:
+    """``FileNotFoundError`` naming the folder when it holds no tokenizer files at all."""
+    if not any(os.path.lexists(model_dir / f) for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+        raise FileNotFoundError(f"{model_dir} has no tokenizer files (tokenizer.json); build the folder with `sharebert build`")
+
+
 def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...] = ()):
     """The model folder's fast tokenizer; a clear error when it is missing, damaged, larger than a
     ``vocab_size`` model (ids past the embedding table) or lacks a special token the caller ``needs``
@@ -348,8 +355,7 @@ def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
-    if not any(os.path.lexists(model_dir / f) for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
-        raise FileNotFoundError(f"{model_dir} has no tokenizer files (tokenizer.json); build the folder with `sharebert build`")
+    check_has_tokenizer(model_dir)
     _check_tokenizer_files(model_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)

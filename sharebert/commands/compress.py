@@ -21,8 +21,11 @@ def add_arguments(p):
     from ..training.options import FinetuneArgs
     from .finetune import add_save_minutes_argument
 
-    p.add_argument("teacher", type=opt.path, metavar="TEACHER", help="the teacher: a sentence-transformers or BERT-family model folder, "
-                                                                     "or a BERT-family classifier fine-tuned on a GLUE task")
+    p.add_argument("teacher", type=opt.path, metavar="TEACHER", help="the teacher: a sentence-transformers or transformers folder of "
+                                                                     "any encoder architecture (bert, distilbert, roberta, "
+                                                                     "xlm-roberta, mpnet, electra, deberta-v2, albert, "
+                                                                     "modernbert, ...), or such a classifier fine-tuned on "
+                                                                     "a GLUE task")
     p.add_argument("--out", type=opt.path, required=True, help="output folder: student/ (the model alone, to ship), "
                                                                "artifact/, report.md, report.json, report.png")
     p.add_argument("--max-params", default=None, help=f"learned parameters of the student, e.g. 3M (default {MAX_PARAMS} "
@@ -58,6 +61,10 @@ def add_arguments(p):
     p.add_argument("--augment", type=opt.positive_int, metavar="N",
                    help="a classifier's task distillation: add N perturbed copies of each training example, taught "
                         "by the teacher's logits (`distill --augment`; the teacher's pass grows N + 1 times)")
+    p.add_argument("--vocab-size", type=opt.positive_int, metavar="N",
+                   help="an embedding teacher: keep the N tokens of its vocabulary the --train text uses most (with its "
+                        "special and fallback tokens; default: the whole vocabulary, cut to the text's tokens only "
+                        "when it does not fit the limits)")
     p.add_argument("--seed", type=int, default=0)
     add_save_minutes_argument(p, FinetuneArgs.save_minutes)
     p.add_argument("--no-portable", dest="portable", action="store_false",
@@ -99,6 +106,8 @@ def run(args) -> int:
     if classifier and (args.keep_work or not args.portable):
         raise ValueError(f"--{'keep-work' if args.keep_work else 'no-portable'} is for an encoder teacher; a "
                          "classifier's phases keep their own folders (general/, student/)")
+    if classifier and args.vocab_size:
+        raise ValueError("--vocab-size is for an embedding teacher; a classifier's student keeps the teacher's vocabulary")
     for name in ("task_lr", "augment"):
         if not classifier and getattr(args, name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "
@@ -130,7 +139,7 @@ def run(args) -> int:
                              overwrite=args.overwrite, resume=args.resume, eval_pairs=args.eval_pairs,
                              budget=TimeBudget(args.max_time, start=started) if args.max_time else None,
                              portable=args.portable, keep_work=args.keep_work,
-                             stopper=stopper, task=args.task)
+                             stopper=stopper, task=args.task, vocab_size=args.vocab_size)
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)
         return 128 + e.signum
@@ -141,14 +150,14 @@ def run(args) -> int:
     t, s = r["teacher"], r["student"]
     if "task" in r:
         q = f"{r['task']} dev {r['metric']}"
-        print(f"teacher {t['learned_params']:,} params, {t['artifact_bytes'] / 1e6:.1f} MB int8-dynamic, {q} "
-              f"{t['glue_dev']:.4f} (int8-dynamic {t['glue_dev_artifact']:.4f}), p50 16 tok {t['p50_ms_16']:.1f} ms")
+        print(f"teacher {t['learned_params']:,} params, {t['artifact_bytes'] / 1e6:.1f} MB {t['quantization']}, {q} "
+              f"{t['glue_dev']:.4f} ({t['quantization']} {t['glue_dev_artifact']:.4f}), p50 16 tok {t['p50_ms_16']:.1f} ms")
         print(f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, {q} {s['glue_dev']:.4f} "
               f"(fp32 {s['glue_dev_fp32']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms")
     else:
         for who, d in (("teacher", t), ("student", s)):
-            size = f"{d['artifact_bytes' if who == 'teacher' else 'file_bytes'] / 1e6:.1f} MB int8" + (
-                "-dynamic" if who == "teacher" else "")
+            size = (f"{d['artifact_bytes'] / 1e6:.1f} MB {d['quantization']}" if who == "teacher"
+                    else f"{d['file_bytes'] / 1e6:.1f} MB int8")
             print(f"{who} {d['learned_params']:,} params, {size}, p50 16 tok {d['p50_ms_16']:.1f} ms, peak RSS "
                   f"{d['peak_rss_bytes'] / 1e6:.0f} MB")
         for q in r["quality"]:

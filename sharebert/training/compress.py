@@ -9,7 +9,9 @@ Steps, each in its own subfolder of ``out`` so a stopped run resumes where it wa
 2. distil it (``distill_embedding``) for ``max_time`` seconds / ``max_steps`` steps -> ``out/student``
    (a sentence-transformers folder);
 3. export it int8 (``export.export_model``) -> ``out/artifact`` (pooling, projection and Normalize in the artifact);
-   the teacher is exported int8-dynamic (``out/teacher_artifact``) for the speed and memory comparison;
+   the teacher (any encoder architecture) at the first quantization that keeps it within cosine 0.99
+   (``teacher.export_teacher``: int8-dynamic, else int8 weight-only, fp16, fp32) -> ``out/teacher_artifact``, for
+   the speed and memory comparison;
 4. measure teacher and student side by side -> ``report.json``, ``report.md``, ``report.png``: learned
    parameters, file bytes, peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread, in a
    fresh torch-free process each), STS-B dev Spearman (teacher and student in PyTorch, the student's artifact).
@@ -339,16 +341,34 @@ def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool 
     the teacher's config, a student under ``limits``, ``--out``, the ``--train`` and ``--eval-pairs`` files.
     Returns ``(out, the teacher's config dict)``."""
     from ..budget import student_for
-    from ..model_folder import read_config, shape_fields
+    from ..model_folder import MODEL_TYPES, read_config, shape_fields
 
-    raw = read_config(teacher)
-    labels = raw.get("id2label") if isinstance(raw.get("id2label"), dict) else {}
-    student_for(shape_fields(teacher), limits, num_labels=max(1, len(labels)) if is_classifier(raw) else None)
+    raw = read_config(teacher, model_types=None)
+    if raw.get("model_type") in MODEL_TYPES:  # torch-free; another architecture: training.teacher (its budget later,
+        labels = raw.get("id2label") if isinstance(raw.get("id2label"), dict) else {}  # a large vocabulary cut first)
+        shape = shape_fields(teacher)
+        try:
+            student_for(shape, limits, num_labels=max(1, len(labels)) if is_classifier(raw) else None)
+        except ValueError:
+            if is_classifier(raw) or not _cut_may_fit(shape, limits):
+                raise
+    else:
+        from .teacher import read_teacher
+
+        read_teacher(teacher)
     out = check_out(out, teacher, train, overwrite, resume, data)
     check_train(train)
     if eval_pairs is not None:
         read_eval_pairs(eval_pairs)
     return out, raw
+
+
+def _cut_may_fit(shape: dict, limits: dict) -> bool:
+    """Whether an encoder teacher's vocabulary cut (``training.vocab``) could make a student fit ``limits``."""
+    from ..budget import student_for
+    from .vocab import _fits, _ladder
+
+    return any(_fits(student_for, shape, limits, n) for n in _ladder(1000, int(shape["vocab_size"]), 1.5))
 
 
 def fingerprint(teacher, student: dict, train, data, objective: str) -> dict:
@@ -433,7 +453,7 @@ def check_same_student(out: Path, overrides: dict, parts=("student",)) -> None:
 def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite: bool = False, resume: bool = False,
              progress: bool = True, eval_pairs=None, stopper=None, say=print, eval_limit: int | None = None,
              budget: TimeBudget | None = None, portable: bool = True, keep_work: bool = False,
-             task: str | None = None) -> dict:
+             task: str | None = None, vocab_size: int | None = None) -> dict:
     """Run the steps of the module docstring for a sentence-embedding teacher (a classifier teacher:
     ``compress_classifier``; ``task`` is refused here); returns the report (also written to ``out/report.json``).
 
@@ -443,11 +463,12 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     ``budget``: a :class:`TimeBudget` (``--max-time`` for the whole command; without, ``args.max_time`` is the
     training's alone). The distillation runs in ``out/work`` (checkpoints, the teacher's vectors; removed when the
     run finishes unless ``keep_work``); ``out/student`` receives the model alone (:func:`publish_student`),
-    ``portable`` (``portable.make_portable``) unless told otherwise."""
+    ``portable`` (``portable.make_portable``) unless told otherwise. ``vocab_size``: cut the teacher's vocabulary to
+    this many tokens (``training.vocab``; without it, cut only when the teacher's does not fit ``limits``)."""
     from ..budget import student_for
-    from ..model_folder import shape_fields
     from .callbacks import latest_checkpoint, resume_from
     from .distill import check_encoder
+    from .teacher import student_fields, teacher_shape, teacher_tokenizer
 
     out, _ = precheck(teacher, out, limits, train, data, overwrite, resume, eval_pairs)  # nothing loaded or changed
     raw = check_encoder(teacher)
@@ -457,13 +478,15 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
         raise ValueError(f"--task is for a classifier teacher; {teacher} is an encoder "
                          f"({', '.join(raw.get('architectures') or ['no architectures'])}): compress distils its "
                          "sentence embeddings")
+    t_tok = teacher_tokenizer(teacher)
     if data is not None:  # refused before anything is written
-        from ..model_folder import load_config, load_tokenizer
         from .distill_embedding import check_data
 
-        check_data(data, train, load_tokenizer(teacher, load_config(teacher).vocab_size), teacher)
-    cand, head = student_for(shape_fields(teacher), limits)
-    overrides = {k: cand.config[k] for k in STUDENT_FIELDS}
+        check_data(data, train, t_tok, teacher)
+    vocab = student_vocabulary(teacher, t_tok, limits, args, train, data, vocab_size, say)
+    shape = {**teacher_shape(teacher), **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
+    cand, head = student_for(shape, limits)
+    overrides = {**{k: cand.config[k] for k in STUDENT_FIELDS}, **student_fields(t_tok)}
     fp = fingerprint(teacher, overrides, train, data, f"embedding ({args.loss} loss)")
     if resume:
         check_same_run(out, fp)
@@ -477,7 +500,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     aside = start_out(out, fp, overwrite, resume)
     try:
         report = _compress(teacher, out, student_dir, cand, overrides, limits, args, train, data, resume, progress,
-                           eval_pairs, stopper, say, eval_limit, budget, portable)
+                           eval_pairs, stopper, say, eval_limit, budget, portable, vocab)
     except Exception as e:
         from .callbacks import StopRequested
 
@@ -518,20 +541,21 @@ def publish_student(work: Path, out: Path, portable: bool) -> Path:
 
 def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limits: dict, args, train, data,
               resume: bool, progress: bool, eval_pairs, stopper, say, eval_limit=None, budget=None,
-              portable: bool = True) -> dict:
+              portable: bool = True, vocab=None) -> dict:
     from .distill_embedding import distill_embedding
+    from .teacher import export_teacher
 
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
                           overwrite=True, resume=resume or (student_dir / "checkpoints").is_dir(),
                           progress=progress, data=data, score_sts=False,  # measured once, below, from the artifact
                           budget=budget if data is None else None,
-                          callbacks=(stopper,) if stopper is not None else ())
+                          callbacks=(stopper,) if stopper is not None else (), vocab=vocab)
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}
     student_dir = publish_student(student_dir, out / "student", portable)
-    say("exporting the student (int8) and the teacher (int8-dynamic) ...")
+    say("exporting the student (int8) and the teacher (the first quantization that keeps it) ...")
     art = export_once(student_dir, out / "artifact", "int8", progress)
-    t_art = export_once(Path(teacher), out / "teacher_artifact", "int8-dynamic", progress)
+    t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "feature-extraction", progress, say)
     say("measuring memory and speed ...")
     s_probe, t_probe = probe(art), probe(t_art)
     from ..deploy import Runtime
@@ -542,11 +566,13 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
         "teacher": {"folder": str(teacher), "name": teacher_name(teacher),
                     "learned_params": safetensor_params(Path(teacher)),
                     "file_bytes": weight_bytes(Path(teacher)), "artifact_bytes": weight_bytes(t_art),
+                    "quantization": t_quant, "quantization_refused": t_refused,
                     **{k: v["teacher"] for k, v in q["measures"].items()}, **t_probe},
         "student": {"folder": str(student_dir), "shape": cand.describe(), "config": overrides,
                     "learned_params": safetensor_params(student_dir), "file_bytes": weight_bytes(art),
                     **{k: v["student"] for k, v in q["measures"].items()},
-                    "quantization": s_manifest.get("quantization"), **s_probe},
+                    "quantization": s_manifest.get("quantization"), **s_probe,
+                    **({"vocabulary": vocab.as_dict()} if vocab is not None else {})},
         "training": {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "loss", "init",
                                        "stopped_by_time", "seq_len")},
         "limits": {k: v for k, v in limits.items() if v is not None},
@@ -560,8 +586,25 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
                f"reads {report['teacher']['max_seq_length']}: longer texts are cut earlier). Distilled {tr['steps']} steps ({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences of at "
                f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: PyTorch "
                "fp32; student figures: its int8 artifact through the torch-free runtime. "
-               + calibration_sentence(q["calibration"]))
+               + calibration_sentence(q["calibration"])
+               + (f" The student's {vocab.describe()}." if vocab is not None else ""))
     return write_report(out, report, summary)
+
+
+def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_size: int | None, say):
+    """The teacher's vocabulary cut for the student (``training.vocab.plan_vocabulary``), or None to keep it whole."""
+    from ..budget import student_for
+    from .distill_embedding import IN_MEMORY, default_corpus, read_sentences
+    from .teacher import teacher_shape
+    from .vocab import plan_vocabulary
+
+    if data is not None:
+        if vocab_size is not None:
+            raise ValueError("--vocab-size cuts the vocabulary to the tokens of --train text; a --data folder holds the "
+                             "teacher's token ids: give --train")
+        return None
+    text = lambda: read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)  # noqa: E731
+    return plan_vocabulary(t_tok, teacher_shape(teacher), limits, student_for, text, vocab_size, say)
 
 
 def _max_length(model_dir) -> int:
@@ -569,7 +612,8 @@ def _max_length(model_dir) -> int:
     from ..model_folder import read_config
     from ..recipe import read_recipe
 
-    return read_recipe(model_dir).max_seq_length or int(read_config(model_dir).get("max_position_embeddings", 512))
+    return read_recipe(model_dir).max_seq_length or int(read_config(model_dir, model_types=None).get(
+        "max_position_embeddings", 512))
 
 
 def teacher_name(teacher) -> str:
@@ -653,7 +697,8 @@ def report_markdown(r: dict) -> str:
     t, s = _sides(r)
     name = t.get("name") or Path(t["folder"]).name
     lines = ["# Compression report", "", f"teacher {name} (`{t['folder']}`) -> student {s['shape']} (`{s['folder']}`)",
-             "", "| | teacher (int8-dynamic artifact; quality rows in PyTorch fp32) | student (int8 artifact) "
+             "", f"| | teacher ({t.get('quantization', 'int8-dynamic')} artifact; quality rows in PyTorch fp32) "
+             "| student (int8 artifact) "
              "| student / teacher |", "|---|---|---|---|"]
     for label, key, fmt, _ in rows(r):
         tv, sv = t.get(key), s.get(key)

@@ -12,7 +12,8 @@ task distillation, then the int8 artifact and the report (``compress``'s probe, 
 2. Task distillation -> ``out/student`` (``distill_glue`` from ``out/general``): soft targets at T=2 plus the
    gold labels on the task's training rows, the teacher's logits computed once (``out/teacher_logits``); the
    best student by the dev metric is kept.
-3. Export int8, task text-classification -> ``out/artifact``; the teacher int8-dynamic -> ``out/teacher_artifact``.
+3. Export int8, task text-classification -> ``out/artifact``; the teacher at the first quantization that keeps it
+   (``teacher.export_teacher``) -> ``out/teacher_artifact``.
    Report: size, memory and speed rows, and the task's dev metric of teacher (PyTorch fp32; its artifact in the
    JSON) and student (its int8 artifact through the torch-free runtime; PyTorch fp32 in the JSON).
 
@@ -142,8 +143,8 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     "phase", "steps"}`` after SIGINT/SIGTERM. ``args``: ``EmbeddingArgs`` (phase 1; its ``max_time`` bounds each
     phase); ``task_args``: ``DistillArgs`` (phase 2; ``max_eval_samples`` also bounds the report's dev rows)."""
     from ..budget import student_for
-    from ..model_folder import load_config, shape_fields
     from ..outdir import check_same_run
+    from .teacher import student_fields, teacher_config, teacher_shape, teacher_tokenizer
     from ..paths import data_path
     from .callbacks import resume_from
     from .distill import check_teacher_labels
@@ -151,12 +152,12 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
 
     out, raw = precheck(teacher, out, limits, train, None, overwrite, resume)  # nothing loaded or changed before
     task_ = classifier_task(teacher, raw, task)
-    check_teacher_labels(teacher, load_config(teacher), task_)
+    check_teacher_labels(teacher, teacher_config(teacher), task_)
     data_dir = data_path("glue", task_.folder)
     for split in ("train", *task_.dev_splits):  # the task's files: found before any work
         task_file(task_, data_dir, split)
-    cand, head = student_for(shape_fields(teacher), limits, num_labels=task_.num_labels)
-    overrides = {k: cand.config[k] for k in STUDENT_FIELDS}
+    cand, head = student_for(teacher_shape(teacher), limits, num_labels=task_.num_labels)
+    overrides = {**{k: cand.config[k] for k in STUDENT_FIELDS}, **student_fields(teacher_tokenizer(teacher))}
     fp = fingerprint(teacher, overrides, train, None, f"classifier: general, then task distillation on {task_.name}")
     if resume:
         check_same_run(out, fp)
@@ -232,11 +233,12 @@ def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrid
 
 def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: dict, phases: dict, limits: dict,
             limit: int | None, progress: bool, say) -> dict:
-    say("exporting the student (int8) and the teacher (int8-dynamic), task text-classification ...")
+    from .teacher import export_teacher
+
+    say("exporting the student (int8) and the teacher (the first quantization that keeps it), task text-classification ...")
     student = out / "student"
     art = export_once(student, out / "artifact", "int8", progress, task="text-classification", allow_low_parity=True)
-    t_art = export_once(teacher, out / "teacher_artifact", "int8-dynamic", progress, task="text-classification",
-                        allow_low_parity=True)
+    t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "text-classification", progress, say)
     metric, g, t = task_.main_metric, phases["general"], phases["task"]
     say(f"measuring memory, speed and {task_.name} dev {metric} ...")
     s_probe, t_probe = probe(art), probe(t_art)
@@ -246,6 +248,7 @@ def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: di
     report = {
         "teacher": {"folder": str(teacher), "name": teacher_name(teacher), "learned_params": safetensor_params(teacher),
                     "file_bytes": weight_bytes(teacher), "artifact_bytes": weight_bytes(t_art), "glue_dev": t["teacher"][metric],
+                    "quantization": t_quant, "quantization_refused": t_refused,
                     "glue_dev_artifact": t_scores[metric], **t_probe},
         "student": {"folder": str(student), "shape": cand.describe(), "config": overrides,
                     "learned_params": safetensor_params(student), "file_bytes": weight_bytes(art),
@@ -262,7 +265,7 @@ def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: di
                f"unlabelled sentences ({g['pooling']} state, {g['loss']} loss). Task distillation on {task_.name}: "
                f"{t['steps']} steps ({t['train_seconds']:.0f} s) on {t['train_samples']:,} training examples, best "
                f"dev at step {t['best_step']}. {task_.folder} dev {metric} ({t['eval_samples']} examples): teacher "
-               f"{report['teacher']['glue_dev']:.4f} in PyTorch fp32, {t_scores[metric]:.4f} from its int8-dynamic "
+               f"{report['teacher']['glue_dev']:.4f} in PyTorch fp32, {t_scores[metric]:.4f} from its {t_quant} "
                f"artifact; student {s['glue_dev_fp32']:.4f} in PyTorch fp32, {s['glue_dev']:.4f} from its int8 "
                f"artifact (int8 and fp32 agree on {s['int8_agreement']:.0%} of {parity.get('sentences')} check "
                "sentences).")

@@ -177,18 +177,16 @@ def check_tokenizers(teacher_tok, student_tok, teacher_dir, student_name) -> Non
 
 
 def check_encoder(teacher_dir) -> dict:
-    """The teacher's config dict; ``ValueError`` for a model that is not a bidirectional encoder."""
-    raw = read_config(teacher_dir)
-    archs = raw.get("architectures") or []
-    if raw.get("is_decoder") or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        raise ValueError(f"{teacher_dir} is a causal (decoder) model ({', '.join(archs) or 'is_decoder'}); "
-                         "embedding distillation needs a bidirectional encoder teacher")
-    return raw
+    """The teacher's config dict; ``ValueError`` for a model that is not a bidirectional encoder
+    (``teacher.read_teacher``: any encoder architecture of transformers)."""
+    from .teacher import read_teacher
+
+    return read_teacher(teacher_dir)
 
 
 def check_teacher_labels(teacher_dir, config, task: GlueTask) -> None:
     """The teacher must be a classifier (or regressor) over exactly the task's labels."""
-    raw = read_config(teacher_dir)
+    raw = check_encoder(teacher_dir)
     archs = raw.get("architectures") or []
     if not any(a.endswith("ForSequenceClassification") for a in archs):
         raise ValueError(f"{teacher_dir} is not a sequence classifier (architectures: {', '.join(archs) or 'none'}); "
@@ -230,6 +228,9 @@ def load_teacher(teacher_dir, head: str = "classifier"):
     except (OSError, ValueError) as e:
         raise ValueError(f"--teacher {teacher_dir} cannot be loaded: {first_line(e)}") from None
     model.requires_grad_(False)
+    from .teacher import accept_known_inputs
+
+    accept_known_inputs(model)
     return model.to(training_device()).eval()
 
 
@@ -526,6 +527,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     args.weights.check_teaches()
     from transformers import DataCollatorWithPadding
 
+    from .teacher import teacher_config, teacher_tokenizer
+
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, legacy=_is_distill_out,
@@ -536,8 +539,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     data = {"augment": args.augment, "seed": args.seed}
     if start_from is not None:
         check_same_data(Path(start_from), data)
-    t_config = load_config(teacher_dir)
-    t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
+    t_config = teacher_config(teacher_dir)  # any encoder architecture (training.teacher)
+    t_tok = teacher_tokenizer(teacher_dir, t_config)
     check_teacher_labels(teacher_dir, t_config, task_)
     if args.augment:  # before any model loads
         check_augment(args.augment, t_tok, teacher_dir)

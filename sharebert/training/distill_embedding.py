@@ -118,6 +118,9 @@ def load_encoder(model_dir):
     except (OSError, ValueError) as e:
         raise ValueError(f"--teacher {model_dir} cannot be loaded: {first_line(e)}") from None
     model.requires_grad_(False)
+    from .teacher import accept_known_inputs
+
+    accept_known_inputs(model)
     return model.eval()
 
 
@@ -365,6 +368,15 @@ def check_data(data, train, t_tok, teacher_dir) -> dict | None:
     return teacher_data(data, t_tok, teacher_dir)
 
 
+def check_cut(vocab, manifest, weights, student_folder: bool):
+    """The cut vocabulary's tokenizer, for a run that can use it: the student's inputs are its own tokens and the
+    teacher's targets come from the teacher's tokens of the same sentences, so only sentence vectors of --train text."""
+    if manifest is not None or student_folder or weights.hidden or weights.embedding or weights.attention:
+        raise ValueError("a cut vocabulary trains a new student on --train text with sentence vectors only (no --data, "
+                         "no student folder, no token-level terms): the teacher reads other tokens than the student")
+    return vocab.tokenizer
+
+
 def build_student(student: str, overrides: dict, vocab_size: int):
     """A fresh ``ShareBertModel`` from a preset (``overrides``: ``--set``) with the teacher's vocabulary size,
     no dropout (``options.STUDENT_DROPOUT``) and no pooler (the sentence vector is pooled from the token
@@ -395,14 +407,15 @@ def build_student(student: str, overrides: dict, vocab_size: int):
 def distill_embedding(teacher_dir, student: str, out, train=None, args: EmbeddingArgs = EmbeddingArgs(),
                       overrides: dict | None = None, overwrite: bool = False, resume: bool = False,
                       progress: bool = True, data=None, eval_limit: int | None = None, callbacks=(),
-                      score_sts: bool = True, budget=None) -> dict:
+                      score_sts: bool = True, budget=None, vocab=None) -> dict:
     """Distil ``teacher_dir``'s sentence embeddings into ``student`` (a preset shaped by ``overrides``, or a
     model folder) on ``train`` text (default: :func:`default_corpus`) or a prepared ``data`` folder.
 
     ``out`` receives the student as a sentence-transformers folder (backbone, tokenizer, pooling, Dense
     head when narrower, Normalize as the teacher), ``metrics.json`` (STS-B dev Spearman of teacher, student
     at step 0 and at the end, unless ``score_sts`` is False: a classifier's general distillation; steps;
-    seconds) and ``log_history.json``. Returns the metrics.
+    seconds) and ``log_history.json``. Returns the metrics. ``vocab``: a ``vocab.CutVocabulary`` of the teacher's
+    tokenizer, which the student then speaks (its table one row per kept token, started from the teacher's rows).
     """
     from transformers import set_seed
 
@@ -424,17 +437,19 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                         legacy=_is_distill_out)
     start_from = _resume_from(out, resume)  # nothing to resume: said now, before any work
     from ..recipe import read_recipe
+    from .teacher import teacher_config, teacher_tokenizer
 
     check_encoder(teacher_dir)
     recipe = read_recipe(teacher_dir)
     if recipe.pooling not in POOLING:
         raise ValueError(f"the teacher pools by {recipe.pooling!r}; embedding distillation supports "
                          f"{', '.join(POOLING)}")
-    t_config = load_config(teacher_dir)
-    t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
+    t_config = teacher_config(teacher_dir)  # any encoder architecture (training.teacher)
+    t_tok = teacher_tokenizer(teacher_dir, t_config)
     manifest = check_data(data, train, t_tok, teacher_dir)
+    s_tok = t_tok if vocab is None else check_cut(vocab, manifest, args.weights, student_folder)
     set_seed(args.seed)
-    model = build_student(student, overrides or {}, t_config.vocab_size)
+    model = build_student(student, overrides or {}, t_config.vocab_size if vocab is None else vocab.table_rows)
     model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
     if student_folder:
         check_tokenizers(t_tok, load_tokenizer(student, model.config.vocab_size), teacher_dir, student)
@@ -448,7 +463,8 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     if args.init == "teacher" and not student_folder:
         from .student_init import init_from_teacher
 
-        init = init_from_teacher(model, teacher, projections.head if t_head is None else None)
+        init = init_from_teacher(model, teacher, projections.head if t_head is None else None,
+                                 rows=None if vocab is None else vocab.kept)
     device = training_device()  # the teacher's passes (targets, terms) on the GPU, where there is one
     teacher.to(device)
     if t_head is not None:
@@ -465,8 +481,9 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                              f"{teacher_dir}` the text and pass --data, which streams a corpus of any size")
         if budget is not None:  # the teacher's pass sized to the time (a resume: to the checkpoint's sentences)
             sentences = sentences[:_budgeted_count(budget, start_from, teacher, model, t_tok, t_head, sentences,
-                                                   pooling=recipe.pooling, seq_len=seq_len, batch=args.batch_size)]
-        train_ds = SentenceDataset(t_tok, sentences, seq_len)
+                                                   pooling=recipe.pooling, seq_len=seq_len, batch=args.batch_size,
+                                                   student_tok=s_tok)]
+        train_ds = SentenceDataset(s_tok, sentences, seq_len)
     seen = "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{seq_len}"
     trained_on = {"sentences": len(train_ds),
                   "sentences_sha256": hashlib.sha256(f"{len(train_ds)}|{seen}".encode()).hexdigest()[:16],
@@ -478,13 +495,14 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                                                            data_files(train, data, default_corpus()),
                                                            f"embedding ({args.loss} loss)"))
     pooling = recipe.pooling
-    score = lambda m, head, who: sts_spearman(m, t_tok, pooling, head, seq_len, eval_limit,  # noqa: E731
+    score = lambda m, head, who, tok=s_tok: sts_spearman(m, tok, pooling, head, seq_len, eval_limit,  # noqa: E731
                                               who if progress else None) if score_sts else None
     metrics = {"objective": "embedding", "loss": args.loss, "pooling": pooling, "normalize": recipe.normalize,
                "teacher_dir": str(teacher_dir), "student": student, **init, "seq_len": seq_len,
                "train_sentences": len(train_ds), "sts_dev_pairs": len(sts_dev(eval_limit).labels) if score_sts else None,
-               **({"train_data": str(data)} if data is not None else {})}
-    metrics["teacher_sts_spearman"] = score(teacher, t_head, "teacher")
+               **({"train_data": str(data)} if data is not None else {}),
+               **({"vocabulary": vocab.as_dict()} if vocab is not None else {})}
+    metrics["teacher_sts_spearman"] = score(teacher, t_head, "teacher", t_tok)
     # a student folder keeps its own head; otherwise fitted, on a resume too (the checkpoint then replaces it):
     # the step-0 score is the run's, not a random head's
     own = student_head(student, model.config.hidden_size, t_width, recipe.pooling) if student_folder else None
@@ -503,7 +521,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
             targets = _teacher_targets(teacher, teacher_dir, t_head, t_tok, sentences[:HEAD_FIT] if live else sentences,
                                        pooling, seq_len, t_width, out, progress)
         if fit:
-            fit_head(projections.head, encode(model, t_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len),
+            fit_head(projections.head, encode(model, s_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len),
                      targets[:HEAD_FIT])
         if not live:
             train_ds = WithTeacherLogits(train_ds, targets)
@@ -514,8 +532,8 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     if budget is not None and start_from is None:  # training gets what the command's budget leaves
         clock = WallClockLimit(budget.training_seconds())
     trainer = _make_embedding_trainer(pooling, args.loss)(
-        model=model, args=targs, train_dataset=train_ds, processing_class=t_tok,
-        data_collator=_Collator(t_tok), teacher=teacher, projections=projections, weights=w,
+        model=model, args=targs, train_dataset=train_ds, processing_class=s_tok,
+        data_collator=_Collator(s_tok), teacher=teacher, projections=projections, weights=w,
         pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks])
     trainer.teacher_head, trainer.data = t_head, trained_on
     trainer.bound_by(clock, args.max_steps, progress)
@@ -528,7 +546,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     metrics.update(steps=trainer.state.global_step, **trainer.trained(result), seed=args.seed)
     metrics["student_sts_spearman"] = score(model, projections.head, "student")
     if trainer.is_world_process_zero():
-        save_student(model, projections.head, t_tok, out, recipe, seq_len)
+        save_student(model, projections.head, s_tok, out, recipe, seq_len)
         write_json(out / "log_history.json", trainer.state.log_history)
         write_curves(out)
         write_json(out / "metrics.json", finite(metrics))
@@ -536,7 +554,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
 
 
 def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, pooling: str, seq_len: int,
-                    batch: int) -> int:
+                    batch: int, student_tok=None) -> int:
     """How many of ``sentences`` a run under ``budget`` (``compress.TimeBudget``) takes: a resumed run, its
     checkpoint's count (its sentences must be the same); otherwise measured first, the teacher's rate on 64
     sentences and one student step on a batch, then ``budget.plan`` (which prints the plan line)."""
@@ -555,7 +573,8 @@ def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, po
     start = time.monotonic()
     encode(teacher, tok, sample, pooling, head, seq_len)
     rate = len(sample) / max(time.monotonic() - start, 1e-6)
-    enc = tok(sentences[:batch], truncation=True, max_length=seq_len, padding=True, return_tensors="pt")
+    enc = (student_tok or tok)(sentences[:batch], truncation=True, max_length=seq_len, padding=True,
+                               return_tensors="pt")  # the student's own tokens (a cut vocabulary)
     model.train()
     start = time.monotonic()
     model(**{k: v.to(model.device) for k, v in enc.items()}).last_hidden_state.float().pow(2).mean().backward()

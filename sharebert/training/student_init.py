@@ -31,32 +31,25 @@ def pca_basis(table: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return mean.float(), vh[:k].T.float().contiguous()
 
 
-def teacher_tables(teacher) -> dict[str, torch.Tensor]:
-    """The teacher's word (E x H), position (P x H) and token-type (T x H) tables and embedding LayerNorm.
+def teacher_tables(teacher) -> dict[str, torch.Tensor | None]:
+    """The teacher's word (E x e), position (P x e, None for relative or rotary positions), token-type (None
+    without) tables and embedding LayerNorm (None without), of any encoder architecture
+    (``teacher.embedding_tables``); e is the embedding width (ALBERT's, ELECTRA's: below the hidden size)."""
+    from .teacher import embedding_tables
 
-    ``ValueError`` for a model without BERT-style embeddings or whose word table is not H wide (a
-    factorised teacher: start the student with ``--init random``)."""
-    emb = getattr(teacher, "embeddings", None)
-    need = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
-    if emb is None or not all(hasattr(emb, n) for n in need):
-        raise ValueError(f"the teacher ({type(teacher).__name__}) has no BERT-style embeddings to start the student "
-                         "from; use --init random")
-    H = teacher.config.hidden_size
-    if emb.word_embeddings.weight.shape[1] != H:
-        raise ValueError(f"the teacher's word embeddings are {emb.word_embeddings.weight.shape[1]} wide, its hidden "
-                         f"size {H} (factorised); use --init random")
-    return {"word": emb.word_embeddings.weight, "position": emb.position_embeddings.weight,
-            "token_type": emb.token_type_embeddings.weight, "ln_weight": emb.LayerNorm.weight,
-            "ln_bias": emb.LayerNorm.bias}
+    return embedding_tables(teacher)
 
 
 @torch.no_grad()
-def init_from_teacher(student, teacher, head: torch.nn.Linear | None = None) -> dict:
+def init_from_teacher(student, teacher, head: torch.nn.Linear | None = None, rows=None) -> dict:
     """Set ``student``'s (a ``ShareBertModel``) embeddings from ``teacher``'s (see the module docstring), and
-    ``head`` (V -> H), the student's output projection, to ``Q_V``. Returns what was done (for metrics.json)."""
+    ``head`` (V -> H), the student's output projection, to ``Q_V``; ``rows``: the teacher ids of the student's tokens
+    (a cut vocabulary). Returns what was done (for metrics.json)."""
     t = teacher_tables(teacher)
+    if rows is not None:  # a cut vocabulary (training.vocab): student id i is the teacher's token rows[i]
+        t["word"] = t["word"][torch.as_tensor(rows, dtype=torch.long)]
     c = student.config
-    E, H = t["word"].shape
+    E, H = t["word"].shape  # H: the teacher's embedding width, its hidden size but for a factorised teacher
     V, Fw = c.hidden_size, c.word_embedding_size
     if c.vocab_size < E:
         raise ValueError(f"the student's vocab_size {c.vocab_size} is smaller than the teacher's {E}")
@@ -73,15 +66,23 @@ def init_from_teacher(student, teacher, head: torch.nn.Linear | None = None) -> 
         emb.input_norm.bias.zero_()
     else:
         word[:E].copy_(t["word"].float() @ q_v)
-    if word.shape[0] > E:  # padding rows past the tokenizer: never looked up
+    if word.shape[0] > E and rows is not None:  # a cut vocabulary's extra rows: a source of generated weights
+        word[E:].normal_(0.0, float(word[:E].std()))
+    elif word.shape[0] > E:  # padding rows past the tokenizer: never looked up
         word[E:].zero_()
-    P = min(emb.position_embeddings.weight.shape[0], t["position"].shape[0])
-    emb.position_embeddings.weight[:P].copy_(t["position"][:P].float() @ q_v)
-    T = min(emb.token_type_embeddings.weight.shape[0], t["token_type"].shape[0])
-    emb.token_type_embeddings.weight[:T].copy_(t["token_type"][:T].float() @ q_v)
-    emb.LayerNorm.weight.copy_(((q_v * q_v) * t["ln_weight"].float()[:, None]).sum(0))
-    emb.LayerNorm.bias.copy_(t["ln_bias"].float() @ q_v)
-    if head is not None:
+    if t["position"] is not None:  # else (relative or rotary positions) the student's own random start
+        P = min(emb.position_embeddings.weight.shape[0], t["position"].shape[0])
+        emb.position_embeddings.weight[:P].copy_(t["position"][:P].float() @ q_v)
+    if t["token_type"] is not None:
+        T = min(emb.token_type_embeddings.weight.shape[0], t["token_type"].shape[0])
+        emb.token_type_embeddings.weight[:T].copy_(t["token_type"][:T].float() @ q_v)
+    else:  # no token types: every type adds nothing at the start
+        emb.token_type_embeddings.weight.zero_()
+    if t["ln_weight"] is not None:
+        emb.LayerNorm.weight.copy_(((q_v * q_v) * t["ln_weight"].float()[:, None]).sum(0))
+    if t["ln_bias"] is not None:
+        emb.LayerNorm.bias.copy_(t["ln_bias"].float() @ q_v)
+    if head is not None and tuple(head.weight.shape) == tuple(q_v.shape):  # else fitted on sentences (distill_embedding)
         head.weight.copy_(q_v)  # (H, V): a student vector back into the teacher's space
         head.bias.zero_()
     return {"init": "teacher", "teacher_width": H, "word_pca_dims": Fw if hasattr(emb, "input_projection") else V,
