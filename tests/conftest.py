@@ -28,9 +28,19 @@ SLOW_FILES = {
     "test_hf_ecosystem.py", "test_optimum.py", "test_ort_format.py", "test_pairs.py", "test_pretrain.py",
     "test_ram_int8.py", "test_real_model.py", "test_serve.py", "test_serve_adversarial.py",
 }
-SLOW_TESTS = {
+SLOW_TESTS = {  # over 10 s each in a fast-tier run on 2 cores at load 7
     "test_docs.py::test_block_runs_as_written",  # every command of the docs, in order
     "test_shards.py::test_sigterm_during_prepare_saves_progress_and_the_rerun_completes",  # 12 MB tokenized twice
+    "test_shards.py::test_prepared_stream_is_the_in_memory_stream_across_shards",
+    "test_augment.py::test_copies_keep_originals_lengths_and_specials_and_perturb_about_a_fifth_of_words",
+    "test_augment.py::test_distillation_with_copies_caches_teacher_logits_for_all_rows",
+    "test_augment.py::test_resume_on_other_copies_than_the_checkpoint_is_refused",
+    # each a new process that imports torch and transformers
+    "test_shape.py::test_auto_classes_know_sharebert_after_import",
+    "test_shape.py::test_auto_config_knows_sharebert_after_importing_the_config_class",
+    "test_recipe.py::test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes",
+    "test_untrusted.py::test_register_for_auto_class_then_save_pretrained_loads_without_sharebert",
+    "test_untrusted.py::test_every_stopping_signal_removes_the_partial_file",
 }
 
 

@@ -138,9 +138,10 @@ def test_short_distillation_moves_the_student_toward_the_teacher(teacher_dir, tm
 
 def test_a_clock_bounded_task_distillation_anneals_its_learning_rate(teacher_dir, tmp_path, capsys, stepped_clock):
     """`distill --objective glue --max-time` (compress's task phase), bounded by the clock and no step count:
-    the learning rate warms up and falls with the clock, so the last logged rate is far below the peak. Each
-    step takes 0.5 s of the test's clock: the 6 s end the run at about step 11, before the default 5 epochs (20 steps
-    here) would."""
+    the learning rate warms up and falls with the clock, so the last logged rate is far below the peak (and the
+    default 5 epochs, 20 steps here, do not end the run first). Each step takes 0.05 s of the test's clock: the
+    6 s end the run at step 119, its rate logged at steps 50 and 100."""
+    stepped_clock.step_seconds = 0.05
     build_model("sharebert-tiny", tmp_path / "s", STUDENT, seed=0)
     out = tmp_path / "out"
     assert main(["distill", "--objective", "glue", "--task", "sst2", "--teacher", str(teacher_dir), "--student",
