@@ -183,7 +183,7 @@ def test_resume_of_a_finished_run_by_epochs_and_its_refusals(base, tmp_path, cap
     assert main([str(wide) if a == str(base) else a for a in argv] + ["--epochs", "2", "--resume"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds a run of another model (its weights, config or tokenizer files): " \
-        "config.json, model.safetensors" in err, err  # the run's fingerprint (issue 38), before any load
+        "config.json, model.safetensors" in err, err  # the run's fingerprint (issue 38), before training
     plain = [a for a in argv if a != "--keep-checkpoints"]
     shutil.rmtree(out)
     assert main([*plain, "--max-steps", "2"]) == 0
