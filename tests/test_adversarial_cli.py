@@ -91,7 +91,7 @@ CASES = [
                               "{root}/notes.txt", "--out", "{root}/new2"], "vocab-one-line.txt line 1: longer than 1048576",
      ["vocab-one-line.txt"], "new2"),
     ("out-existing-model", ["build", "--preset", "sharebert-tiny", "--out", "{root}/model"],
-     "already holds a model folder; pass --overwrite", ["model"], None),
+     "holds a model folder without the sharebert_run.json", ["model"], None),  # not `build`'s: never replaced
     ("out-unwritable", ["build", "--preset", "sharebert-tiny", "--out", "/proc/sharebert-test"], "cannot write", [], None),
     ("report-bad-config", ["report", "--model", "{root}/bad_config"], "config.json is not valid JSON", ["bad_config"], None),
     ("report-alien-config", ["report", "--model", "{root}/alien_config"], "model_type 'gpt2' is not supported",
@@ -244,6 +244,9 @@ def test_build_overwrite_replaces_the_folder_whole(world):
     code) behind, and a build that fails leaves the old folder as it was."""
     folder = world / "replaced"
     shutil.copytree(world / "model", folder)
+    from sharebert.outdir import mark_out
+
+    mark_out(folder, "build")  # a folder `sharebert build` wrote (its marker): --overwrite replaces only those
     (folder / "modules.json").write_text("[]")
     (folder / "1_Pooling").mkdir()
     (folder / "modeling_sharebert.py").write_text("# an old copy\n")
@@ -251,7 +254,8 @@ def test_build_overwrite_replaces_the_folder_whole(world):
     kept = _snapshot(folder)
     assert "modules.json" in kept and not (world / ".replaced.partial").exists()
     assert main(["build", "--preset", "sharebert-tiny", "--out", str(folder), "--overwrite"]) == 0
-    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in (world / "model").iterdir())
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*(p.name for p in (world / "model").iterdir()),
+                                                                "sharebert_run.json"])
     assert not (world / ".replaced.partial").exists()
 
 

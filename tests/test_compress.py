@@ -351,7 +351,7 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (["compress", "{root}/classifier", "--out", "{root}/o3"], "is a classifier whose GLUE task is unknown (no "
      "metrics.json from `sharebert finetune`; its labels [] name no task); name it with --task, e.g. --task sst2"),
     (["compress", "{root}/metrics_corrupt", "--out", "{root}/o18"], "GLUE task is unknown (its metrics.json cannot "
-     "be read: Unterminated string"),
+     "be read: "),
     (["compress", "{root}/finetuned_sst2", "--task", "cola", "--out", "{root}/o11"],
      "--task cola, but {root}/finetuned_sst2 was fine-tuned on sst2 (its metrics.json)"),
     (["compress", "{root}/classifier", "--task", "stsb", "--out", "{root}/o12"], "has 2 labels, task stsb has 1"),
@@ -590,7 +590,7 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
 
     killed = tmp_path / "killed"
     killed.mkdir()
-    for f in out.glob("teacher_targets-*.npy"):
+    for f in [*out.glob("teacher_targets-*.npy"), out / "sharebert_run.json"]:  # its marker: written before the pass
         (killed / f.name).write_bytes(f.read_bytes())
     with pytest.raises(ValueError, match="no complete checkpoint to continue from; start it again with --overwrite"):
         distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, resume=True, **kw)

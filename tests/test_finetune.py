@@ -101,7 +101,10 @@ def test_rerun_into_unfinished_out_and_one_run_at_a_time(base, tmp_path, capsys)
     import sys
 
     out = tmp_path / "ft"
-    (out / "checkpoints" / "checkpoint-7").mkdir(parents=True)  # what a run killed before its first save leaves
+    (out / "checkpoints" / "checkpoint-7").mkdir(parents=True)  # what a run killed before its first save leaves,
+    from sharebert.outdir import mark_out
+
+    mark_out(out, "finetune")  # with the marker it wrote first (outdir.MARK): a folder without one is not ours
     argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-steps", "2",
             "--max-train-samples", "16", "--max-eval-samples", "16", "--batch-size", "8"]
     holder = subprocess.Popen([sys.executable, "-c", "import time; from sharebert.outdir import OutLock\n"
@@ -179,7 +182,8 @@ def test_resume_of_a_finished_run_by_epochs_and_its_refusals(base, tmp_path, cap
     capsys.readouterr()
     assert main([str(wide) if a == str(base) else a for a in argv] + ["--epochs", "2", "--resume"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "checkpoint-6 does not fit this model (size mismatch for" in err, err
+    assert len(err.splitlines()) == 1 and "holds a run of another model (its weights, config or tokenizer files): " \
+        "config.json, model.safetensors" in err, err  # the run's fingerprint, before training
     plain = [a for a in argv if a != "--keep-checkpoints"]
     shutil.rmtree(out)
     assert main([*plain, "--max-steps", "2"]) == 0

@@ -5,16 +5,21 @@ this module holds what both paths share: the probe, the exports, the report (tab
 
 Steps, each in its own subfolder of ``out`` so a stopped run resumes where it was:
 
+0. every check that needs no model, torch-free (:func:`precheck`); ``out`` is a compress result only by its
+   marker (``outdir.MARK``), a ``--resume`` checks the run's fingerprint, ``--overwrite`` keeps the earlier result
+   in ``out/.replaced`` until the new report is written (:func:`start_out`);
 1. pick the student under the limits (``budget.student_for``: learned parameters incl. its output projection);
-2. distil it (``distill_embedding``) for ``max_time`` seconds / ``max_steps`` steps -> ``out/student``
-   (a sentence-transformers folder);
+2. distil it (``distill_embedding``) in ``out/work/student`` within the :class:`TimeBudget` (``--max-time`` for
+   the whole command) or ``max_steps`` steps, then publish the model alone, portable, in ``out/student``
+   (:func:`publish_student`: a sentence-transformers folder);
 3. export it int8 (``export.export_model``) -> ``out/artifact`` (pooling, projection and Normalize in the artifact);
    the teacher (any encoder architecture) at the first quantization that keeps it within cosine 0.99
    (``teacher.export_teacher``: int8-dynamic, else int8 weight-only, fp16, fp32) -> ``out/teacher_artifact``, for
    the speed and memory comparison;
 4. measure teacher and student side by side -> ``report.json``, ``report.md``, ``report.png``: learned
    parameters, file bytes, peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread, in a
-   fresh torch-free process each), STS-B dev Spearman (teacher and student in PyTorch, the student's artifact).
+   fresh torch-free process each), then :func:`embedding_quality`: agreement with the teacher on held-out
+   text, ``--eval-pairs``, STS-B dev where present, the cosine calibration.
 """
 from __future__ import annotations
 

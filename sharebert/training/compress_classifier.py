@@ -155,6 +155,10 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     check_teacher_labels(teacher, teacher_config(teacher), task_)
     data_dir = data_path("glue", task_.folder)
     for split in ("train", *task_.dev_splits):  # the task's files: found before any work
+        if not (data_dir / task_.file(split)).is_file():  # compress has no --data-dir: the data folder is the way
+            raise FileNotFoundError(f"{task_.name}: a classifier's task distillation trains on the task's GLUE files, "
+                                    f"and {data_dir / task_.file(split)} is not there: set SHAREBERT_DATA to a folder "
+                                    f"holding glue/{task_.folder}/ (train.tsv and its dev files)")
         task_file(task_, data_dir, split)
     cand, head = student_for(teacher_shape(teacher), limits, num_labels=task_.num_labels)
     overrides = {**{k: cand.config[k] for k in STUDENT_FIELDS}, **student_fields(teacher_tokenizer(teacher))}
