@@ -18,7 +18,6 @@ MODES = ("none", "int8-dynamic", "int8-static", "int8", "fp16")
 
 def main() -> None:
     from sharebert.export import export_model
-
     from sharebert.paths import data_path
     from sharebert.training.teacher import kept_cosine
 

@@ -10,7 +10,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from tiny_teachers import ARCHITECTURES, build, training_text
 
 KINDS = {"wordpiece": "bert", "bpe": "roberta", "unigram": "xlm-roberta"}  # one architecture per tokenizer kind
