@@ -66,7 +66,7 @@ def test_report_has_both_phases_and_the_budgeted_student(classifier_run):
     assert r["student"]["learned_params"] == cand.params + head <= MAX_PARAMS  # the budget counts what is saved
     assert r["student"]["learned_params"] < r["teacher"]["learned_params"] / 3
     md = (out / "report.md").read_text()
-    assert "| SST-2 dev accuracy |" in md and f"General distillation: {STEPS} steps" in md and "Task distillation on sst2" in md
+    assert f"| SST-2 dev accuracy ({r['dev_examples']} examples) |" in md and f"General distillation: {STEPS} steps" in md and "Task distillation on sst2" in md
     assert (out / "report.png").stat().st_size > 1000
     assert not (out / "general" / "checkpoints").exists() and not (out / "student" / "checkpoints").exists()
 
