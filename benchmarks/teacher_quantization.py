@@ -3,7 +3,7 @@ encoder architecture, its parity with PyTorch on the export's check sentences (S
 
 Per folder and mode, one JSON line: the mean cosine of the hidden states (``hidden_cos_mean``) and of the sentence
 embeddings (``emb_cos_mean``, a sentence-transformers folder) or the class agreement (a classifier), and the
-graph's bytes. ``compress`` keeps the first of ``teacher.TEACHER_QUANTIZATIONS`` whose figure holds 0.99.
+graph's bytes. ``compress`` keeps the first of ``compress.TEACHER_QUANTIZATIONS`` whose figure holds 0.99.
 
     OMP_NUM_THREADS=1 python benchmarks/teacher_quantization.py FOLDER [FOLDER ...] --out runs/teacher_quant
 """
@@ -19,7 +19,7 @@ MODES = ("none", "int8-dynamic", "int8-static", "int8", "fp16")
 def main() -> None:
     from sharebert.export import export_model
     from sharebert.paths import data_path
-    from sharebert.training.teacher import kept_cosine
+    from sharebert.training.compress import kept_cosine
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folders", nargs="+", type=Path)

@@ -228,7 +228,7 @@ def test_folders_that_are_no_encoder_teacher_get_one_line_errors(teachers, tmp_p
 @pytest.mark.slow
 def test_the_teachers_artifact_takes_the_first_quantization_that_keeps_it(teachers, tmp_path, monkeypatch):
     from sharebert.outdir import read_json
-    from sharebert.training import teacher as t
+    from sharebert.training import compress as t
 
     folder, said = teachers["mpnet"]["embedding"], []
     art, mode, refused = t.export_teacher(folder, tmp_path / "a", "feature-extraction", False, said.append)

@@ -148,8 +148,6 @@ RULES = [
 EXCEPTIONS = {
     ("sharebert.training.compress", "sharebert.export"):
         "compress exports the student and the teacher (a pipeline combining layers, in the library's tree)",
-    ("sharebert.training.teacher", "sharebert.export"):
-        "compress's teacher artifact: export_teacher exports it (the same pipeline as training/compress.py)",
     ("transformers_sharebert", "sharebert.export.onnx_config"):
         "the registration gives optimum's TasksManager sharebert's ONNX config (`import sharebert` imports it)",
     ("sharebert.export.sentence_embedding", "sharebert.deploy.pooling"):

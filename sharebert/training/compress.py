@@ -14,7 +14,7 @@ Steps, each in its own subfolder of ``out`` so a stopped run resumes where it wa
    (:func:`publish_student`: a sentence-transformers folder);
 3. export it int8 (``export.export_model``) -> ``out/artifact`` (pooling, projection and Normalize in the artifact);
    the teacher (any encoder architecture) at the first quantization that keeps it within cosine 0.99
-   (``teacher.export_teacher``: int8-dynamic, else int8 weight-only, fp16, fp32) -> ``out/teacher_artifact``, for
+   (``export_teacher``: int8-dynamic, else int8 weight-only, fp16, fp32) -> ``out/teacher_artifact``, for
    the speed and memory comparison;
 4. measure teacher and student side by side -> ``report.json``, ``report.md``, ``report.png``: learned
    parameters, file bytes, peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread, in a
@@ -30,6 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..errors import first_line
 from ..outdir import MARK, atomic_output, check_out_dir, check_same_run, finite, made_by, mark_out, read_json, save_figure, write_json
 
 REPORT = "report.json"
@@ -296,6 +297,49 @@ def weight_bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and f.suffix in suffixes)
 
 
+# The teacher's artifact in a compress report: the first of these whose outputs keep the teacher (TEACHER_COSINE).
+# Measured (docs/RESULTS.md): all-MiniLM-L6-v2's sentence embeddings at int8-dynamic 0.9866 mean cosine to fp32
+# (refused), int8 weight-only 0.9987, fp16 0.99999994; ORT's dynamic int8 compute is what loses them.
+TEACHER_QUANTIZATIONS = ("int8-dynamic", "int8", "fp16", "none")
+TEACHER_COSINE = 0.99
+
+
+def kept_cosine(manifest: dict) -> float:
+    """How well an artifact keeps its model: the mean cosine of its sentence embeddings (else of its outputs) to
+    PyTorch's on the export's check sentences; a classifier's class agreement counts too (the lower of the two)."""
+    parity = manifest["parity"]
+    cosine = parity.get("sentence_embedding", parity)["cosine_mean"]
+    return min(cosine, parity.get("agreement", 1.0))
+
+
+def export_teacher(teacher, out: Path, task: str, progress: bool, say=print) -> tuple[Path, str, dict]:
+    """The teacher's artifact in ``out`` at the first of :data:`TEACHER_QUANTIZATIONS` that keeps it within
+    :data:`TEACHER_COSINE`: ``(artifact, quantization, {refused mode: why})``. The artifact a resumed run chose is
+    kept (exported again only if the teacher changed since)."""
+    from ..export import export_model
+
+    manifest = Path(out) / "manifest.json"
+    chosen = read_json(manifest).get("quantization") if manifest.is_file() else None
+    if chosen in TEACHER_QUANTIZATIONS:
+        export_once(Path(teacher), Path(out), chosen, progress, task=task, allow_low_parity=True)
+        if kept_cosine(read_json(manifest)) >= TEACHER_COSINE:
+            return Path(out), chosen, {}
+    refused = {}
+    for mode in TEACHER_QUANTIZATIONS:
+        try:
+            export_model(teacher, out, task=task, quantize=mode, overwrite=True, progress=progress, check_limit=128,
+                         runs=5, allow_low_parity=True)
+        except ValueError as e:  # ParityError: outputs not finite
+            refused[mode] = first_line(e)
+            continue
+        cosine = kept_cosine(read_json(manifest))
+        if cosine >= TEACHER_COSINE:
+            return Path(out), mode, refused
+        refused[mode] = f"mean cosine {cosine:.4f} to PyTorch < {TEACHER_COSINE}"
+        say(f"the teacher at --quantize {mode} does not keep it ({refused[mode]}); the next mode instead")
+    raise ValueError(f"no quantization keeps the teacher {teacher}: {'; '.join(f'{k}: {v}' for k, v in refused.items())}")
+
+
 def export_once(model_dir: Path, out: Path, quantize: str, progress: bool, task: str = "feature-extraction",
                 allow_low_parity: bool = False) -> Path:
     """``model_dir`` exported to ``out``, unless ``out`` holds an artifact made after ``model_dir``'s weights
@@ -548,7 +592,6 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
               resume: bool, progress: bool, eval_pairs, stopper, say, eval_limit=None, budget=None,
               portable: bool = True, vocab=None) -> dict:
     from .distill_embedding import distill_embedding
-    from .teacher import export_teacher
 
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
                           overwrite=True, resume=resume or (student_dir / "checkpoints").is_dir(),

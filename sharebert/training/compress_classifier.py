@@ -13,7 +13,7 @@ task distillation, then the int8 artifact and the report (``compress``'s probe, 
    gold labels on the task's training rows, the teacher's logits computed once (``out/teacher_logits``); the
    best student by the dev metric is kept.
 3. Export int8, task text-classification -> ``out/artifact``; the teacher at the first quantization that keeps it
-   (``teacher.export_teacher``) -> ``out/teacher_artifact``.
+   (``compress.export_teacher``) -> ``out/teacher_artifact``.
    Report: size, memory and speed rows, and the task's dev metric of teacher (PyTorch fp32; its artifact in the
    JSON) and student (its int8 artifact through the torch-free runtime; PyTorch fp32 in the JSON).
 
@@ -237,7 +237,7 @@ def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrid
 
 def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: dict, phases: dict, limits: dict,
             limit: int | None, progress: bool, say) -> dict:
-    from .teacher import export_teacher
+    from .compress import export_teacher
 
     say("exporting the student (int8) and the teacher (the first quantization that keeps it), task text-classification ...")
     student = out / "student"
