@@ -160,7 +160,7 @@ def test_teacher_name_reads_the_model_card_heading(minilm_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir, tmp_path, optimum_onnx):
+def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir, tmp_path):
     """A user's machine: `SHAREBERT_DATA` an empty folder, the working folder not the checkout, no --train: the
     package's own text trains and measures; no STS-B row; the plan line comes before the first step; the
     student folder is the model alone, the work folder gone."""
