@@ -374,7 +374,8 @@ def trained_on_pairs(model_dir: Path, task: str) -> bool | None:
         return None
     glue, _ = recorded_task(model_dir)
     if glue is None:
-        name = str(read_config(model_dir, unfinished_ok=True).get("finetuning_task") or "").lower().replace("-", "")
+        name = str(read_config(model_dir, unfinished_ok=True, model_types=None).get("finetuning_task") or "").lower() \
+            .replace("-", "")
         glue = TASKS.get(name)
     return None if glue is None else glue.pairs
 

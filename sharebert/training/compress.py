@@ -244,15 +244,15 @@ def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit:
     sentences, said in the labels."""
     import numpy as np
 
-    from ..model_folder import load_config, load_tokenizer
     from ..paths import packaged_heldout
     from ..recipe import read_recipe
     from .distill_embedding import encode, load_encoder, recipe_head, sts_available, sts_dev
     from .metrics import cosine_spearman
+    from .teacher import teacher_tokenizer
 
     recipe = read_recipe(teacher)
     t_model, t_head = load_encoder(teacher), recipe_head(teacher, recipe)
-    t_tok = load_tokenizer(teacher, load_config(teacher).vocab_size, needs=("pad",))
+    t_tok = teacher_tokenizer(teacher)  # any encoder architecture
     seq_len = min(recipe.max_seq_length or 512, t_model.config.max_position_embeddings)
     t_vec = lambda texts: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len)  # noqa: E731
     s_vec = lambda texts: np.stack(student_embed(list(texts)))  # noqa: E731
