@@ -116,7 +116,8 @@ def _quiet_libraries() -> None:
     except ImportError:  # a device install without the hub client: nothing draws those bars there
         return
     disable_progress_bars()
-    if "transformers" in sys.modules:  # imported already (sharebert.cli.main called from Python)
+    # imported already (sharebert.cli.main called from Python); an entry of None is an import blocked on purpose
+    if sys.modules.get("transformers") is not None:
         sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 

@@ -161,6 +161,12 @@ def tokenizer_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tokenizer")
     (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 32}))
     BertTokenizerFast(str(default_vocab())).save_pretrained(folder)
+    # transformers 5 saves a fast tokenizer as tokenizer.json + tokenizer_config.json only; a folder saved by
+    # transformers 4 (most of the hub's) also holds vocab.txt and special_tokens_map.json, which the check guards too.
+    shutil.copyfile(default_vocab(), folder / "vocab.txt")
+    (folder / "special_tokens_map.json").write_text(json.dumps({"cls_token": "[CLS]", "sep_token": "[SEP]",
+                                                                "pad_token": "[PAD]", "unk_token": "[UNK]",
+                                                                "mask_token": "[MASK]"}))
     _check_tokenizer_files(folder)
     return folder
 
