@@ -200,16 +200,19 @@ def load_model(cls, model_dir: str | Path, config=None, unfinished_ok: bool = Fa
         raise FileNotFoundError(f"{weights} not found{hint}")
     from safetensors import SafetensorError
 
+    new_head_ok = kwargs.pop("ignore_mismatched_sizes", False)
     try:
         if raw["model_type"] == "sharebert":
-            model, info = cls.from_pretrained(model_dir, config=config, output_loading_info=True, **kwargs)
-            mismatched = [(k, _stored_shape(weights, k), tuple(model.state_dict()[k].shape))
-                          for k in info.get("mismatched_keys", [])]
+            # transformers 5 raises one RuntimeError pointing at its log for any mismatch: load them all and name
+            # the first below. Its mismatched_keys are (key, stored shape, configured shape) triples.
+            model, info = cls.from_pretrained(model_dir, config=config, output_loading_info=True,
+                                              ignore_mismatched_sizes=True, **kwargs)
+            mismatched = sorted((k, tuple(stored), tuple(made)) for k, stored, made in info.get("mismatched_keys", ()))
             missing = info["missing_keys"]
         else:
             from safetensors.torch import load_file
 
-            kwargs.pop("ignore_mismatched_sizes", None)  # a head of another size is left out below, as transformers does
+            new_head_ok = True  # a head of another size is left out below, as transformers does
             model = cls(config, **kwargs)
             prefix = "" if cls.__name__ == "ShareBertModel" else model.base_model_prefix + "."
             own = model.state_dict()
@@ -224,7 +227,7 @@ def load_model(cls, model_dir: str | Path, config=None, unfinished_ok: bool = Fa
                          "not match config.json") from None
     # Only a task head may be re-initialised for another label count; any other tensor of the wrong shape
     # means the weights are not this config's (they would be replaced by random numbers).
-    wrong = [m for m in mismatched if not m[0].startswith(TASK_HEADS)]
+    wrong = [m for m in mismatched if not (new_head_ok and m[0].startswith(TASK_HEADS))]
     if wrong:
         key, stored, configured = wrong[0]
         raise ValueError(f"{weights} does not fit {model_dir / 'config.json'}: {key} is stored as "
@@ -303,14 +306,6 @@ def save_as_bert(model, folder: str | Path) -> None:
     bert.save_pretrained(folder)
 
 
-def _stored_shape(weights: Path, key: str) -> tuple:
-    """The shape ``weights`` (a safetensors file) stores for ``key``; ``()`` when it holds no such key."""
-    from safetensors import safe_open
-
-    with safe_open(str(weights), "pt") as f:
-        return tuple(f.get_slice(key).get_shape()) if key in f.keys() else ()
-
-
 # The tokenizer files transformers may open in a model folder: each present one must be a regular file of bounded size.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
@@ -329,7 +324,7 @@ def _check_tokenizer_files(model_dir: Path) -> None:
             raise ValueError(f"{model_dir / name} has {size} bytes, more than the {TOKENIZER_BYTES} a tokenizer file may hold")
     settings = model_dir / "tokenizer_config.json"
     if "tokenizer_config.json" in present:
-        read_json(settings, "the tokenizer's settings", JSON_BYTES)
+        read_json(settings, limit=JSON_BYTES)  # refused as "<path> is not valid JSON", as config.json is
     elif "tokenizer.json" in present and read_config(model_dir, True, None).get("model_type") == "sharebert":
         raise ValueError(f"{settings} not found: a sharebert folder's tokenizer is tokenizer.json with "
                                 "tokenizer_config.json (the special tokens); rebuild it with `sharebert build`")
