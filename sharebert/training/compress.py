@@ -9,13 +9,13 @@ Steps, each in its own subfolder of ``out`` so a stopped run resumes where it wa
    marker (``outdir.MARK``), a ``--resume`` checks the run's fingerprint, ``--overwrite`` keeps the earlier result
    in ``out/.replaced`` until the new report is written (:func:`start_out`);
 1. pick the student under the limits (``budget.student_for``: learned parameters incl. its output projection);
+   export the teacher (any encoder architecture) at the first quantization that keeps it within cosine 0.99
+   (``export_teacher``: int8-dynamic, else int8 weight-only, fp16, fp32) -> ``out/teacher_artifact``, for
+   the speed and memory comparison: first, so its cost is measured before the time budget's plan;
 2. distil it (``distill_embedding``) in ``out/work/student`` within the :class:`TimeBudget` (``--max-time`` for
    the whole command) or ``max_steps`` steps, then publish the model alone, portable, in ``out/student``
    (:func:`publish_student`: a sentence-transformers folder);
 3. export it int8 (``export.export_model``) -> ``out/artifact`` (pooling, projection and Normalize in the artifact);
-   the teacher (any encoder architecture) at the first quantization that keeps it within cosine 0.99
-   (``export_teacher``: int8-dynamic, else int8 weight-only, fp16, fp32) -> ``out/teacher_artifact``, for
-   the speed and memory comparison;
 4. measure teacher and student side by side -> ``report.json``, ``report.md``, ``report.png``: learned
    parameters, file bytes, peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread, in a
    fresh torch-free process each), then :func:`embedding_quality`: agreement with the teacher on held-out
@@ -95,6 +95,7 @@ class TimeBudget:
         self.seconds, self.after_sentences, self.say = seconds, after_sentences, say
         self.start = time.monotonic() if start is None else start
         self.rate = None
+        self.exports = 2  # the student's and the teacher's; 1 once the teacher's is made before training
 
     def left(self) -> float:
         import time
@@ -105,7 +106,8 @@ class TimeBudget:
         """Seconds the steps after training take: two exports (each its parity pass of 128 sentences through
         PyTorch), two probes, the quality sentences through the teacher and the student (half its cost)."""
         rate = self.rate or 50.0
-        return 2 * (self.EXPORT_SECONDS + 2 * 128 / rate) + 2 * self.PROBE_SECONDS + 1.5 * self.after_sentences / rate
+        return (self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate) + 2 * self.PROBE_SECONDS
+                + 1.5 * self.after_sentences / rate)
 
     def plan(self, available: int, rate: float, step: float, batch: int) -> int:
         """How many of ``available`` sentences the teacher encodes (at ``rate`` a second), said with the plan."""
@@ -593,6 +595,12 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
               portable: bool = True, vocab=None) -> dict:
     from .distill_embedding import distill_embedding
 
+    # The teacher's artifact does not depend on the student: made first, its real cost (a refused quantization
+    # is a whole export: ~50 s for MiniLM on a loaded 2-core machine) is spent before the plan, not guessed.
+    say("exporting the teacher (the first quantization that keeps it) ...")
+    t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "feature-extraction", progress, say)
+    if budget is not None:
+        budget.exports = 1
     m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
                           overwrite=True, resume=resume or (student_dir / "checkpoints").is_dir(),
                           progress=progress, data=data, score_sts=False,  # measured once, below, from the artifact
@@ -601,9 +609,8 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}
     student_dir = publish_student(student_dir, out / "student", portable)
-    say("exporting the student (int8) and the teacher (the first quantization that keeps it) ...")
+    say("exporting the student (int8) ...")
     art = export_once(student_dir, out / "artifact", "int8", progress)
-    t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "feature-extraction", progress, say)
     say("measuring memory and speed ...")
     s_probe, t_probe = probe(art), probe(t_art)
     from ..deploy import Runtime
