@@ -213,3 +213,26 @@ def test_a_marker_that_is_no_file_of_ours_owns_nothing(tmp_path):
     assert read_mark(tmp_path) is None
     mark_out(tmp_path, "distill")
     assert made_by("distill")(tmp_path) and not made_by("compress")(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "dev-zero"])
+def test_a_teacher_file_that_is_not_a_regular_file_is_refused_by_the_fingerprint(tmp_path, kind):
+    """The resume fingerprint reads every weights/config/tokenizer file of a teacher: one of them that is a FIFO,
+    a folder or a device is an error naming it, never left out of the fingerprint (nor read forever)."""
+    from sharebert.training.fingerprint import teacher_fingerprint
+
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "config.json").write_text('{"model_type": "bert"}')
+    odd = teacher / "tokenizer.json"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    elif kind == "folder":
+        odd.mkdir()
+    else:
+        odd.symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        teacher_fingerprint(teacher)
+    odd.unlink() if kind != "folder" else odd.rmdir()
+    odd.write_text("{}")
+    assert [p.split(":")[0] for p in teacher_fingerprint(teacher)] == ["config.json", "tokenizer.json"]

@@ -7,6 +7,7 @@ from pathlib import Path
 from ..deploy.artifact import sha256
 from ..errors import first_line
 from ..outdir import file_fingerprint, read_json
+from ..untrusted import regular_file
 
 
 def teacher_fingerprint(teacher_dir) -> list[str]:
@@ -24,12 +25,12 @@ def teacher_fingerprint(teacher_dir) -> list[str]:
         if folder is not None and folder.is_dir() and folder.resolve() != d.resolve():
             files += sorted(p for p in folder.iterdir() if p.suffix in (".json", ".safetensors", ".bin"))
     parts = []
-    for p in files:
-        if p.is_file():
-            try:
-                parts.append(f"{p.relative_to(d)}:{sha256(p)}")
-            except OSError as e:
-                raise ValueError(f"{p} cannot be read: {first_line(e)}") from None
+    for p in files:  # a FIFO, device or folder under a weights/config name is refused, never left out
+        regular_file(p, "a teacher file")
+        try:
+            parts.append(f"{p.relative_to(d)}:{sha256(p)}")
+        except OSError as e:
+            raise ValueError(f"{p} cannot be read: {first_line(e)}") from None
     return parts
 
 
