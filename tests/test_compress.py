@@ -23,13 +23,18 @@ SENTENCES = ["A man is playing a guitar.", "A woman is slicing an onion in the k
              "A cat is sleeping on the warm windowsill.", "Heavy rain flooded the streets of the city."]
 
 
+UNBOUNDED = "86400"  # a --max-time no test run reaches: its --max-steps decide
+
+
 @pytest.fixture(scope="session")
 def compressed(minilm_dir, tmp_path_factory):
     """A short `sharebert compress` of the real MiniLM: 40 steps on 400 sentences, a checkpoint every 1.2 s of
-    training, its work folder kept (--keep-work)."""
+    training, its work folder kept (--keep-work). --max-steps decides, never the clock: --max-time (600 s by
+    default) bounds the whole command, and on a loaded machine its plan left the 40 steps 1."""
     out = tmp_path_factory.mktemp("compress") / "run"
     rc = main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "40", "--max-train-samples", "400",
-               "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--save-minutes", "0.02", "--keep-work"])
+               "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--save-minutes", "0.02", "--keep-work",
+               "--max-time", UNBOUNDED])
     assert rc == 0
     return out
 
@@ -132,7 +137,7 @@ def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(compr
     shutil.copytree(compressed, out)
     exported = (out / "artifact" / "manifest.json").stat().st_mtime_ns
     assert main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "48", "--max-train-samples", "400",
-                 "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--resume"]) == 0
+                 "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--resume", "--max-time", UNBOUNDED]) == 0
     r = json.loads((out / "report.json").read_text())
     assert r["training"]["steps"] == 48
     assert not (out / "work").exists()  # a finished run without --keep-work removes it
