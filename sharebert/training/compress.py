@@ -539,9 +539,9 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     cand, head = student_for(shape, limits)
     overrides = {**{k: cand.config[k] for k in STUDENT_FIELDS}, **student_fields(t_tok)}
     fp = fingerprint(teacher, overrides, train, data, f"embedding ({args.loss} loss)")
+    check_same_student(out, overrides, ("student", f"{WORK}/student"))  # first: it names each field that differs
     if resume:
         check_same_run(out, fp)
-    check_same_student(out, overrides, ("student", f"{WORK}/student"))
     student_dir = out / WORK / "student"
     if resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
         resume_from(student_dir / "checkpoints", True, say=say, out=out)
