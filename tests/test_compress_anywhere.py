@@ -196,6 +196,8 @@ def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget():
                                     + 1.5 * 3600 / 50)
     assert n == pytest.approx(50 * (600 - reserve) / 3, rel=0.02)  # a third of what is left, at 50 sentences a second
     assert budget.training_seconds() + reserve == pytest.approx(budget.left(), abs=1)  # set when training starts
+    budget.exports = 1  # the teacher's artifact made before training: only the student's export is still to come
+    assert budget.reserve() == pytest.approx(reserve - TimeBudget.EXPORT_SECONDS - 2 * 128 / 50)
     assert f"in ~{600 - reserve - n / 50:.0f} s of training" in said[0]
     assert len(said) == 1 and "plan for --max-time 600 s" in said[0] and f"{n:,} of 15,000 sentences" in said[0]
     small = TimeBudget(60, after_sentences=3600, say=said.append, start=now)

@@ -82,7 +82,7 @@ class TimeBudget:
 
     Before the first step ``plan`` sizes the teacher's pass from what was measured (the teacher's sentences a
     second, one student step) and says the plan in one line: what is left after the fixed costs of the end
-    (:meth:`reserve`: two exports with their parity checks, two probes, the quality measures' sentences through
+    (:meth:`reserve`: the exports still to come with their parity checks, two probes, the quality measures' sentences through
     teacher and student) goes at most a third to the teacher's vectors, the rest to training, whose clock
     (``training_seconds``) is what is left when it starts. A budget smaller than the end's costs is said so."""
 
@@ -103,8 +103,8 @@ class TimeBudget:
         return self.seconds - (time.monotonic() - self.start)
 
     def reserve(self) -> float:
-        """Seconds the steps after training take: two exports (each its parity pass of 128 sentences through
-        PyTorch), two probes, the quality sentences through the teacher and the student (half its cost)."""
+        """Seconds the steps after training take: ``exports`` exports (each its parity pass of 128 sentences
+        through PyTorch; ``compress`` makes the teacher's before training, so one), two probes, the quality sentences through the teacher and the student (half its cost)."""
         rate = self.rate or 50.0
         return (self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate) + 2 * self.PROBE_SECONDS
                 + 1.5 * self.after_sentences / rate)
