@@ -558,10 +558,11 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     train, train_ds, dev_ds = encoded_task(task_, data_dir, t_tok, seq_len, args.max_train_samples,
                                            args.max_eval_samples, progress)
     main_dev = dev_ds[task_.dev_splits[0]]
+    if args.augment:  # the row limit, now the examples are counted: before --out is made
+        check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
     start_run(out, start_from is not None, run_fingerprint(teacher_dir, _student_name(student), [train.path],
                                                            f"task distillation on {task_.name}"))
     if args.augment:
-        check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
         train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
                            task_.is_regression, seed=args.seed)
     if cache_teacher is not None:
