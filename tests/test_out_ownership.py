@@ -7,6 +7,7 @@ registers nothing, as in the ``sharebert`` command) so ``sys.modules`` tells whe
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -200,6 +201,34 @@ def test_compress_overwrite_keeps_the_earlier_result_aside_until_the_new_one_is_
     finish_out(out)
     assert not (out / ASIDE).exists() and (out / "notes.txt").is_file()
 
+
+
+def test_publish_over_restores_on_failure_keeps_a_stopped_run_and_clears_aside_when_done(tmp_path):
+    """The one wrapper both compress paths run in: a failing run leaves the earlier result exactly as it was, a
+    stopped one keeps its new parts (to --resume) and the earlier result aside, a finished one drops the aside."""
+    from sharebert.training.callbacks import StopRequested
+    from sharebert.training.compress import ASIDE, publish_over
+
+    out = _finished(tmp_path / "result", "compress")
+    before = _snapshot(out)
+
+    def fails():
+        (out / "student").mkdir()
+        raise ValueError("the new run failed")
+
+    with pytest.raises(ValueError, match="the new run failed"):
+        publish_over(out, {"objective": "new"}, True, False, fails)
+    assert _snapshot(out) == before
+
+    def stopped():
+        (out / "student").mkdir()
+        raise StopRequested(signal.SIGTERM)
+
+    with pytest.raises(StopRequested):
+        publish_over(out, {"objective": "new"}, True, False, stopped)
+    assert (out / "student").is_dir() and (out / ASIDE).is_dir()
+    report = publish_over(out, {"objective": "new"}, False, True, lambda: {"stopped": False})
+    assert report == {"stopped": False} and not (out / ASIDE).exists()
 
 def test_a_marker_that_is_no_file_of_ours_owns_nothing(tmp_path):
     from sharebert.outdir import made_by

@@ -476,6 +476,23 @@ def finish_out(out: Path) -> None:
     shutil.rmtree(out / ASIDE, ignore_errors=True)
 
 
+def publish_over(out: Path, fp: dict, overwrite: bool, resume: bool, run) -> dict:
+    """``run()``'s report, with the earlier result set aside first (:func:`start_out`): put back when the run fails,
+    removed once the new report is written; a stopped run keeps its new parts, to ``--resume``."""
+    from .callbacks import StopRequested
+
+    aside = start_out(out, fp, overwrite, resume)
+    try:
+        report = run()
+    except Exception as e:
+        if not isinstance(e, StopRequested):
+            restore_out(out, aside)
+        raise
+    if not report.get("stopped"):
+        finish_out(out)
+    return report
+
+
 STUDENT_FIELDS = ("embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
                   "attention", "max_position_embeddings", "pooler")  # a budget candidate's shape, as --set overrides
 
@@ -548,20 +565,11 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
     if budget is not None:
         budget.after_sentences = quality_sentences(eval_pairs, eval_limit)
-    aside = start_out(out, fp, overwrite, resume)
-    try:
-        report = _compress(teacher, out, student_dir, cand, overrides, limits, args, train, data, resume, progress,
-                           eval_pairs, stopper, say, eval_limit, budget, portable, vocab)
-    except Exception as e:
-        from .callbacks import StopRequested
-
-        if not isinstance(e, StopRequested):  # a stop keeps the new run to --resume; a failure, the old result
-            restore_out(out, aside)
-        raise
-    if not report.get("stopped"):
-        finish_out(out)
-        if not keep_work:
-            shutil.rmtree(out / WORK, ignore_errors=True)
+    report = publish_over(out, fp, overwrite, resume, lambda: _compress(
+        teacher, out, student_dir, cand, overrides, limits, args, train, data, resume, progress, eval_pairs, stopper,
+        say, eval_limit, budget, portable, vocab))
+    if not report.get("stopped") and not keep_work:
+        shutil.rmtree(out / WORK, ignore_errors=True)
     return report
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from ..errors import first_line
 from ..outdir import read_json, write_json
-from .compress import REPORT, STUDENT_FIELDS, check_same_student, export_once, finish_out, fingerprint, precheck, probe, \
-    restore_out, safetensor_params, start_out, teacher_name, weight_bytes, write_report
+from .compress import REPORT, STUDENT_FIELDS, check_same_student, export_once, fingerprint, precheck, probe, \
+    publish_over, safetensor_params, teacher_name, weight_bytes, write_report
 
 PHASES = "phases.json"
 TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
@@ -179,19 +179,8 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
                          "--overwrite (or resume with the run's own budget to make its report again)")
     say(f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
         f"(classifier {head:,})")
-    aside = start_out(out, fp, overwrite, resume)
-    try:
-        report = _phases_then_report(teacher, out, task_, data_dir, cand, overrides, limits, args, task_args, train,
-                                     progress, stopper, say)
-    except Exception as e:
-        from .callbacks import StopRequested
-
-        if not isinstance(e, StopRequested):  # a stop keeps the new run to --resume; a failure, the old result
-            restore_out(out, aside)
-        raise
-    if not report.get("stopped"):
-        finish_out(out)
-    return report
+    return publish_over(out, fp, overwrite, resume, lambda: _phases_then_report(
+        teacher, out, task_, data_dir, cand, overrides, limits, args, task_args, train, progress, stopper, say))
 
 
 def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrides: dict, limits: dict, args,
