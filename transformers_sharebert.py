@@ -14,11 +14,10 @@ Importing it
   whatever ``library_name`` the caller gave. The classes stay the same objects, re-exported here, so
   pickling (optimum's validation subprocess) finds them under this name.
 """
-import importlib.util
-
+from sharebert import _installed
 from sharebert.modeling_sharebert import AUTO_CLASSES  # Auto classes registration
 
-if importlib.util.find_spec("optimum.exporters.onnx") is not None:
+if _installed("optimum.exporters.onnx"):  # find_spec raises, not None, when the parent `optimum` is absent
     from sharebert.export import onnx_config  # noqa: F401  (TasksManager registration)
 
 for _cls in AUTO_CLASSES.values():

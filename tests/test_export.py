@@ -165,7 +165,7 @@ def test_manifest_contract(artifacts):
     for name, meta in manifest["files"].items():
         data = (folder / name).read_bytes()
         assert meta == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    for key in ("torch", "transformers", "onnx", "onnxruntime", "optimum"):
+    for key in ("sharebert", "torch", "transformers", "onnx", "onnxruntime", "tokenizers"):
         assert key in manifest["versions"]
     f = manifest["footprint"]
     assert f["file_bytes"] == manifest["files"]["model.onnx"]["bytes"]
