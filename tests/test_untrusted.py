@@ -317,12 +317,19 @@ with atomic_output(sys.argv[1]) as f:
 """
 
 
+def _default_signals():
+    """The child's stopping signals at their default action. A suite started from ``nohup ... &`` hands its
+    children SIGINT and SIGHUP ignored, and a process told to ignore a signal rightly keeps ignoring it."""
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_every_stopping_signal_removes_the_partial_file(tmp_path, sig):
     path = tmp_path / "out.jsonl"
     path.write_text("old")
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV)
+                            text=True, env=ENV, preexec_fn=_default_signals)
     assert proc.stdout.readline() == "writing\n"
     assert any(p.name.endswith(".partial") for p in tmp_path.iterdir())
     proc.send_signal(sig)
@@ -435,7 +442,8 @@ def test_predict_output_is_written_through_a_symlink_and_a_full_disk_fails(artif
 def test_predict_stopped_by_a_signal_leaves_no_partial_file(artifacts, tmp_path, sig):
     (tmp_path / "in.txt").write_text("".join(f"the [MASK] sat on mat {i}\n" for i in range(200000)))
     proc = subprocess.Popen([sys.executable, "-m", "sharebert", "predict", str(artifacts["mlm"]), "--input", "in.txt",
-                             "--output", "out.jsonl"], cwd=tmp_path, env=ENV, stderr=subprocess.PIPE, text=True)
+                             "--output", "out.jsonl"], cwd=tmp_path, env=ENV, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_signals)
     deadline = time.monotonic() + 120
     while not any(p.name.endswith(".partial") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.05)
