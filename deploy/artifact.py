@@ -1,4 +1,4 @@
-"""The artifact contract, in one place: what ``sharebert export`` writes and ``sharebert.deploy`` reads.
+"""The artifact contract, in one place: what ``sharebert export`` writes and ``sharebert_runtime`` reads.
 
 An artifact is a folder: ``model.onnx``, ``config.json``, the tokenizer files (``tokenizer.json``), for
 compact exports the RAM-int8 graphs, and ``manifest.json`` (format and version, task, labels, maximum
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..options import symlink_loop
-from ..untrusted import JSON_BYTES, parse_json, read_bytes, read_json, regular_file
+from .options import symlink_loop
+from .untrusted import JSON_BYTES, parse_json, read_bytes, read_json, regular_file
 
 FORMAT, FORMAT_VERSION = "sharebert-onnx", 1
 TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
@@ -229,7 +229,7 @@ def open_ort_format(folder: Path, entry: dict, options: ort.SessionOptions, prov
     """The compute session of an ORT-format artifact in ``folder`` (its manifest's ``ort`` ``entry``): the
     generator run once, its outputs written into the compute file's holes, the result opened with
     ``options``. ``ArtifactError`` naming the file ONNX Runtime cannot load."""
-    from ..errors import first_line
+    from .errors import first_line
 
     def opened(model, label, so, providers):
         try:

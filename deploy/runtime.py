@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from ..errors import first_line
+from .errors import first_line
 from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAIRS, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError,
                        check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, quantize_per_channel,
                        quantize_rows, session_options, verify_artifact)

@@ -42,7 +42,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .memory import give_back, limit_arenas
 
-HELP = "serve an exported artifact over local HTTP/JSON (/predict, /health, /metadata) without torch"
 
 TASK_PATHS = {"fill-mask": "/fill-mask", "text-classification": "/classify", "feature-extraction": "/embed",
               "causal-lm": "/generate"}

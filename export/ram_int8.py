@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sharebert.deploy.artifact import (MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR,
+from sharebert_runtime.artifact import (MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR,
                                        RAM_INT8_ROWS as ROWS, quantize_per_channel, quantize_rows, session_options)
 
 from .depth import inline_layers, is_wrapped, wrap_layers

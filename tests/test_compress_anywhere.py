@@ -215,7 +215,7 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
 
     from sharebert.configuration_sharebert import ShareBertConfig
     from sharebert.modeling_sharebert import ShareBertModel
-    from sharebert.outdir import mark_out
+    from sharebert_runtime.outdir import mark_out
     from sharebert.recipe import read_recipe
     from sharebert.training.compress import publish_student
     from sharebert.training.distill_embedding import save_student

@@ -2,8 +2,8 @@
 (the marker ``outdir.MARK``, never subfolder names); a ``--resume`` checks it resumes the same run (teacher,
 student shape, data, objective); ``compress`` refuses bad inputs before torch is imported.
 
-One table per root cause. Each command runs in a subprocess (``SHAREBERT_REGISTER=0``: ``import sharebert``
-registers nothing, as in the ``sharebert`` command) so ``sys.modules`` tells whether torch was imported.
+One table per root cause. Each command runs in a subprocess with torch and transformers blocked (as on a device
+install, where ``import sharebert`` registers nothing), so a refusal that needed torch fails to come.
 """
 import json
 import os
@@ -13,19 +13,19 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from sharebert.outdir import MARK, check_same_run, mark_out, read_mark
+from sharebert_runtime.outdir import MARK, check_same_run, mark_out, read_mark
 
 DRIVER = ("import sys, json\n"
-          "from sharebert.cli import main\n"
+          "sys.modules.update(torch=None, transformers=None)\n"
+          "from sharebert_runtime.main import main\n"
           "rc = main(sys.argv[1:])\n"
-          "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))\n")
+          "print(json.dumps({'rc': rc, 'torch': sys.modules.get('torch') is not None}))\n")
 
 
 def _sharebert(*argv, cwd, env=None):
     """``(exit status, torch imported, stderr)`` of ``sharebert argv`` in a fresh process."""
     proc = subprocess.run([sys.executable, "-c", DRIVER, *map(str, argv)], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "SHAREBERT_REGISTER": "0", "OMP_NUM_THREADS": "1", **(env or {})},
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
                           timeout=600)
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     return last["rc"], last["torch"], proc.stderr
@@ -231,7 +231,7 @@ def test_publish_over_restores_on_failure_keeps_a_stopped_run_and_clears_aside_w
     assert report == {"stopped": False} and not (out / ASIDE).exists()
 
 def test_a_marker_that_is_no_file_of_ours_owns_nothing(tmp_path):
-    from sharebert.outdir import made_by
+    from sharebert_runtime.outdir import made_by
 
     os.mkfifo(tmp_path / MARK)  # never opened: a FIFO would block
     assert read_mark(tmp_path) is None
