@@ -43,9 +43,12 @@ def add_arguments(p):
     p.add_argument("--output", type=opt.path, metavar="FILE.jsonl", help="write JSON lines here (default: stdout)")
     p.add_argument("--batch-size", type=int, default=32, help="texts per ONNX Runtime call (default: 32)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: ORT's choice)")
-    p.add_argument("--ram", choices=("fp32", "int8"), default="fp32",
+    from .runtime import RAM_MODES
+
+    p.add_argument("--ram", choices=RAM_MODES, default="auto",
                    help="fp32: generated weights folded to fp32 at load; int8: held as int8, dynamic-int8 MatMuls "
-                        "(compact artifacts; about 4x less RAM for them)")
+                        "(compact artifacts; about 4x less RAM for them); auto (default): int8 for a compact artifact "
+                        "whose weights are stored int8, else fp32 (docs/DEVICE.md \"Memory\")")
     p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default: 5)")
     from .pooling import POOLERS
 

@@ -74,7 +74,7 @@ def test_load_makes_generated_weights_in_bounded_row_chunks(artifact, monkeypatc
     rt = Runtime(artifact, ram="int8", threads=1)
     assert spans and max(spans) <= contract.ROWS_PER_CALL + 1
     assert rt.metadata()["int8_generated_weights"] == len(manifest["weights"])
-    fp32 = Runtime(artifact, threads=1).fill_mask("the [MASK] was good .")[0][0]
+    fp32 = Runtime(artifact, ram="fp32", threads=1).fill_mask("the [MASK] was good .")[0][0]
     int8 = rt.fill_mask("the [MASK] was good .")[0][0]
     assert abs(fp32[0]["score"] - int8[0]["score"]) <= 0.05
 
@@ -117,7 +117,31 @@ def test_int8_stored_file_keeps_its_embedding_table_int8_in_ram(tmp_path):
     gathers = [n for n in compute.graph.node if n.op_type == "Gather" and n.input[0] in producer]
     assert not any(producer[n.input[0]].op_type == "DequantizeLinear" for n in gathers)
     text = "the [MASK] was good , and the [MASK] too ."
-    fp32 = Runtime(tmp_path / "art", threads=1).fill_mask(text)
+    fp32 = Runtime(tmp_path / "art", ram="fp32", threads=1).fill_mask(text)
     int8 = Runtime(tmp_path / "art", ram="int8", threads=1).fill_mask(text)
     for a, b in zip(fp32[0], int8[0]):
         assert abs(a[0]["score"] - b[0]["score"]) <= 0.05
+
+
+SENTENCES = ["the capital of france is paris .", "he went to the shop to buy some bread .", "",
+             "a gripping movie , and a moving one .", "it 's a charming and often affecting journey ."]
+
+
+@pytest.mark.parametrize("quantize, default", [("int8", "int8"), ("none", "fp32")])
+def test_every_memory_setting_answers_within_the_artifacts_parity_tolerance(tmp_path, quantize, default):
+    """``ram="auto"`` (the default) holds an int8-stored compact artifact's generated weights as int8 and leaves
+    an fp32 file in fp32; every setting's sentence vectors agree with fp32's within the int8 parity threshold."""
+    from sharebert.export.parity import THRESHOLDS
+
+    build_model("sharebert-tiny", tmp_path / "model", TINY, seed=7)
+    export_model(tmp_path / "model", tmp_path / "art", task="feature-extraction", quantize=quantize, check_limit=8,
+                 runs=2, progress=False)
+    vectors = {}
+    for ram in runtime_module.RAM_MODES:
+        rt = Runtime(tmp_path / "art", ram=ram, threads=1)
+        assert rt.ram == (default if ram == "auto" else ram)
+        vectors[ram] = np.stack(rt.embed(SENTENCES))
+    assert np.array_equal(vectors["auto"], vectors[default])
+    a, b = vectors["fp32"], vectors["int8"]
+    cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert np.isfinite(cosine).all() and cosine.min() >= THRESHOLDS["int8"]["cosine"], cosine

@@ -44,10 +44,14 @@ _PROBE = r"""
 import json, sys, time
 import numpy as np
 from sharebert_runtime import Runtime
+def status(key):
+    return [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key)][0]
+imports = status("VmRSS")
 rt = Runtime(sys.argv[1], threads=1)
-rss = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+rss = status("VmHWM")
 run = rt.embed if rt.task == "feature-extraction" else rt.classify
-out = {"peak_rss_bytes": rss}
+run(["one request"])
+out = {"peak_rss_bytes": rss, "added_rss_bytes": status("VmRSS") - imports}
 for n in (16, 128):
     words = ("the quick brown fox jumps over the lazy dog " * 40).split()
     text = " ".join(words[: n - 2])
@@ -731,6 +735,7 @@ def safetensor_params(folder: Path) -> int:
 ROWS = (("learned parameters", "learned_params", "{:,}", "count"),
         ("file bytes (int8 artifact)", "file_bytes", None, "MB"),
         ("peak RSS at load (1 thread, fresh process)", "peak_rss_bytes", None, "MB"),
+        ("RAM the artifact adds (load + 1 request)", "added_rss_bytes", None, "MB"),
         ("p50, 16 tokens, 1 thread", "p50_ms_16", "{:.2f} ms", "ms"),
         ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms", "ms"))  # then the report's quality rows
 
