@@ -131,8 +131,9 @@ def _quiet_libraries() -> None:
     except ImportError:  # a device install without the hub client: nothing draws those bars there
         return
     disable_progress_bars()
-    if "transformers" in sys.modules:  # imported already (main called from Python)
-        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    transformers = sys.modules.get("transformers")  # None where blocked (a test's device simulation)
+    if transformers is not None:  # imported already (main called from Python)
+        transformers.utils.logging.disable_progress_bar()
 
 
 def _failed(chosen, e: Exception, out) -> int:

@@ -150,6 +150,8 @@ EXCEPTIONS = {
         "compress exports the student and the teacher (a pipeline combining layers, in the library's tree)",
     ("transformers_sharebert", "sharebert.export.onnx_config"):
         "the registration gives optimum's TasksManager sharebert's ONNX config (`import sharebert` imports it)",
+    ("sharebert_runtime.main", "huggingface_hub.utils"):
+        "the command quiets transformers' own progress bars before a library command runs (skipped on a device)",
     ("sharebert.export.sentence_embedding", "sharebert_runtime.pooling"):
         "the exported pooling graph and the runtime's pooling share deploy/pooling.py's one list of modes",
 }
