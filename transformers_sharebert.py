@@ -10,9 +10,9 @@ Importing it
   (``TasksManager.infer_library_from_model``: a name starting with ``transformers`` means transformers, which
   is how it accepts remote-code models from ``transformers_modules``); a class defined in
   ``sharebert.modeling_sharebert`` is refused ("The library name could not be automatically inferred"),
-  whatever ``library_name`` the caller gave. So on that path only, this module becomes the home
-  (``__module__``) of the model classes; they stay the same objects, re-exported here, so pickling
-  (optimum's validation subprocess) finds them under this name.
+  whatever ``library_name`` the caller gave. So this module is the home (``__module__``) of the model classes
+  (transformers' ``save_pretrained`` after ``register_for_auto_class`` needs it too, below); they stay the same
+  objects, re-exported here, so pickling (optimum's validation subprocess) finds them under this name.
 """
 from sharebert import _installed
 from sharebert.modeling_sharebert import AUTO_CLASSES  # Auto classes registration
@@ -22,6 +22,9 @@ __all__ = [cls.__name__ for cls in AUTO_CLASSES.values()]
 if _installed("optimum.exporters.onnx"):  # find_spec raises, not None, when the parent `optimum` is absent
     from sharebert.export import onnx_config  # noqa: F401  (TasksManager registration)
 
-    for _cls in AUTO_CLASSES.values():
-        _cls.__module__ = __name__
-        globals()[_cls.__name__] = _cls
+# Not on the optimum path only: transformers' own save_pretrained after register_for_auto_class copies the class's
+# module file (custom_object_save) before sharebert.portable writes the generated one; from
+# sharebert.modeling_sharebert it would copy a file portable then refuses to overwrite (tests/test_untrusted.py).
+for _cls in AUTO_CLASSES.values():
+    _cls.__module__ = __name__
+    globals()[_cls.__name__] = _cls
