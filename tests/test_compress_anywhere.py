@@ -211,11 +211,11 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
     """`--out/student` from a distillation's folder: no checkpoint, teacher vectors, metrics or marker; its
     tokenizer's model_max_length and the recipe's max_seq_length are the length it was trained at; AutoModel and
     SentenceTransformer load it with trust_remote_code=True in a process where sharebert cannot be imported."""
+    from sharebert_runtime.outdir import mark_out
     from transformers import AutoTokenizer
 
     from sharebert.configuration_sharebert import ShareBertConfig
     from sharebert.modeling_sharebert import ShareBertModel
-    from sharebert_runtime.outdir import mark_out
     from sharebert.recipe import read_recipe
     from sharebert.training.compress import publish_student
     from sharebert.training.distill_embedding import save_student
