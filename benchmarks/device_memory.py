@@ -5,7 +5,7 @@ For each artifact (e.g. a ``sharebert compress`` folder's ``artifact/`` (the stu
 onnxruntime, tokenizers; one thread) reports:
 
 * ``file_mb``: the ONNX files (``model.onnx`` and ``ram_int8/``) + ``tokenizer.json``, and ``bound_mb``,
-  the goal: 2x those files + 8 MB;
+  the goal: 2x those files + 8 MB (``first_x_bound``, ``peak_x_bound``: the figures over it);
 * ``imports_mb``: RSS after the imports (the process without the artifact);
 * ``load_mb``: RSS added by ``Runtime(...)``; ``first_mb``: added after load and one request (the figure the
   bound is about); ``peak_mb``: peak RSS (VmHWM) above the imports; ``after100_mb``: added after 100
@@ -17,7 +17,7 @@ The floor: ONNX Runtime's plain ``InferenceSession`` on the same ``model.onnx`` 
 session entries), with the same requests fed as token ids (no tokenizer). Last, ``sharebert predict ARTIFACT
 "text"`` as a user runs it: wall time to its answer.
 
-    python benchmarks/device_memory.py ART_DIR [ART_DIR ...] [--settings fp32 int8] [--runs 30]
+    python benchmarks/device_memory.py ART_DIR [ART_DIR ...] [--teacher DIR] [--settings fp32 int8] [--runs 30]
 """
 from __future__ import annotations
 
@@ -108,6 +108,19 @@ def predict_wall(art: Path) -> float | None:
     return time.perf_counter() - start if done.returncode == 0 else None
 
 
+def ratios(rows: list[dict], teacher: str | None) -> None:
+    """Each measured row's first_mb and peak_mb over its bound (2x files + 8 MB; at most 1.00 meets the goal) and,
+    with a teacher, over the teacher's under the same setting (at most 0.50 meets the goal)."""
+    theirs = {r["setting"]: r for r in rows if r["artifact"] == teacher and "first_mb" in r}
+    for r in rows:
+        if "first_mb" not in r:
+            continue
+        for key in ("first", "peak"):
+            r[f"{key}_x_bound"] = r[f"{key}_mb"] / r["bound_mb"]
+            base = theirs.get(r["setting"]) or theirs.get("auto")
+            r[f"{key}_x_teacher"] = r[f"{key}_mb"] / base[f"{key}_mb"] if base and r["artifact"] != teacher else None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("artifacts", nargs="+", type=Path)
@@ -115,17 +128,21 @@ def main(argv=None) -> int:
                    help="Runtime ram= settings to measure (plain ONNX Runtime is always measured)")
     p.add_argument("--runs", type=int, default=30, help="timed runs per length for the p50")
     p.add_argument("--json", type=Path, help="also write the rows here")
+    p.add_argument("--teacher", type=Path, help="the artifact the others are compared with (x_teacher: first_mb and "
+                   "peak_mb over the teacher's under the same setting); measured first")
     a = p.parse_args(argv)
+    arts = ([a.teacher] if a.teacher else []) + [x for x in a.artifacts if x != a.teacher]
     rows = []
-    for art in a.artifacts:
+    for art in arts:
         for setting in [*a.settings, "plain-ort"]:
             row = {"artifact": str(art), "setting": setting, "file_mb": file_mb(art)}
             row["bound_mb"] = 2 * row["file_mb"] + 8
             row.update(measure(art, setting, a.runs))
             rows.append(row)
         rows.append({"artifact": str(art), "setting": "sharebert predict (wall)", "predict_wall_s": predict_wall(art)})
+    ratios(rows, str(a.teacher) if a.teacher else None)
     cols = ("file_mb", "bound_mb", "imports_mb", "load_mb", "first_mb", "peak_mb", "after100_mb", "first_answer_s",
-            "p50_16_ms", "p50_128_ms")
+            "p50_16_ms", "p50_128_ms", "first_x_bound", "peak_x_bound", "first_x_teacher", "peak_x_teacher")
     print("| artifact | setting | " + " | ".join(cols) + " |")
     print("|---|---|" + "---:|" * len(cols))
     for r in rows:
@@ -133,7 +150,8 @@ def main(argv=None) -> int:
             wall = r["predict_wall_s"]
             print(f"| {r['artifact']} | {r['setting']} | " + (f"{wall:.2f} s" if wall else "failed") + " |")
             continue
-        cells = [r.get("error", "")] if "error" in r else [f"{r[c]:.2f}" if c.endswith("_s") else f"{r[c]:.1f}"
+        cells = [r.get("error", "")] if "error" in r else ["" if r.get(c) is None else f"{r[c]:.2f}" if
+                                                          c.endswith(("_s", "x_bound", "x_teacher")) else f"{r[c]:.1f}"
                                                           for c in cols]
         print(f"| {r['artifact']} | {r['setting']} | " + " | ".join(cells) + " |")
     if a.json:

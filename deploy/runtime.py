@@ -21,9 +21,9 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from .errors import first_line
-from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAIRS, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError,
-                       check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, quantize_per_channel,
-                       quantize_rows, session_options, verify_artifact)
+from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAIRS, PAST, PRESENT, TOKENIZER, ArtifactError,
+                       check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, product_rows,
+                       quantize_per_channel, quantize_rows, session_options, verify_artifact)
 from .memory import give_back
 from .pooling import POOLERS, l2_normalize, pool
 
@@ -200,22 +200,13 @@ class Runtime:
 
         cut = [w for w in ram["weights"] if "offset" in w]
         if cut:  # most weights: a few rows of their product at a time, never a whole weight in fp32
-            session = graph("rows", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)  # int8-stored sources dequantized once
-            buffer = np.empty((ROWS_PER_CALL + 1, ram["width"]), np.float32)  # ORT writes every call's rows here
-            binding = session.io_binding()
-
-            def rows(start, end):
-                binding.bind_cpu_input("rows.start", np.array([start]))
-                binding.bind_cpu_input("rows.end", np.array([end]))
-                block = buffer[: end - start]
-                binding.bind_output("rows", "cpu", 0, np.float32, list(block.shape), block.ctypes.data)
-                session.run_with_iobinding(binding)
-                return block
-
+            # BASIC folds the small constant parts; an int8 source sliced by columns is dequantized per call
+            session = graph("rows", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+            rows = product_rows(session, ram["width"], ram["height"])
             out = [(np.empty(w["shape"], np.int8), np.empty(w["shape"][1], np.float32)) for w in cut]  # before any chunk
             for w, arrays in zip(cut, out):
                 keep(w, *quantize_rows(rows, ram["width"], w["offset"], w["shape"], arrays))
-            del session, binding, out, buffer
+            del session, rows, out
             give_back()  # the freed chunks, before the next phase allocates
         whole = [w for w in ram["weights"] if "offset" not in w]
         if whole:  # e.g. the transposed embeddings of a tied decoder: one weight at a time

@@ -37,6 +37,39 @@ def test_quantize_rows_equals_quantizing_the_whole_weight(width, offset, K, N, c
     assert max(calls) <= max(chunk, K // width + 1) + 1  # never much more than a chunk of rows in fp32
 
 
+def test_product_rows_made_in_column_slices_and_kept_equal_the_product():
+    """The rows graph's runner: any rows asked for, in any order, equal the product's; the buffer is filled
+    once for a product that fits it, and by column slices where the graph takes them."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=(3, 11)).astype(np.float32)
+    axis = numpy_helper.from_array(np.array([0], np.int64), "zero")
+    axis1 = numpy_helper.from_array(np.array([1], np.int64), "one")
+    nodes = [helper.make_node("Slice", ["a", "rows.start", "rows.end", "zero"], ["ra"]),
+             helper.make_node("Slice", ["b", "cols.start", "cols.end", "one"], ["cb"]),
+             helper.make_node("MatMul", ["ra", "cb"], ["rows"])]
+    graph = helper.make_graph(nodes, "rows", [helper.make_tensor_value_info(n, TensorProto.INT64, [1]) for n in
+                                              ("rows.start", "rows.end", "cols.start", "cols.end")],
+                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, None])],
+                              [numpy_helper.from_array(a, "a"), numpy_helper.from_array(b, "b"), axis, axis1])
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                   .SerializeToString(), providers=["CPUExecutionProvider"])
+    calls = []
+    real = session.run_with_iobinding
+    session.run_with_iobinding = lambda binding: calls.append(1) or real(binding)
+    product = a @ b
+    for cols in (4, 11, 64):
+        calls.clear()
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(contract, "COLUMNS_PER_CALL", cols)
+            rows = contract.product_rows(session, 11, 5)
+        for start, end in [(3, 5), (0, 2), (1, 4), (4, 5)]:
+            np.testing.assert_allclose(rows(start, end), product[start:end], rtol=1e-6)
+        assert len(calls) == -(-11 // min(cols, 11))  # the whole product once, one run per column slice
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_a_non_finite_generated_weight_is_refused(bad):
     """A NaN or inf must not become a finite-looking int8 weight: loading stops with one line."""
@@ -116,6 +149,13 @@ def test_int8_stored_file_keeps_its_embedding_table_int8_in_ram(tmp_path):
     producer = {o: n for n in compute.graph.node for o in n.output}
     gathers = [n for n in compute.graph.node if n.op_type == "Gather" and n.input[0] in producer]
     assert not any(producer[n.input[0]].op_type == "DequantizeLinear" for n in gathers)
+    # the load-time rows graph dequantizes a slice of the int8 table per call, never the whole table
+    rows = onnx.load(str(tmp_path / "art" / contract.RAM_INT8_ROWS), load_external_data=False)
+    producer = {o: n for n in rows.graph.node for o in n.output}
+    gemm = next(n for n in rows.graph.node if n.op_type == "Gemm")
+    dq = producer[gemm.input[1]]
+    assert dq.op_type == "DequantizeLinear" and producer[dq.input[0]].op_type == "Slice"
+    assert {"cols.start", "cols.end"} <= {i.name for i in rows.graph.input}
     text = "the [MASK] was good , and the [MASK] too ."
     fp32 = Runtime(tmp_path / "art", ram="fp32", threads=1).fill_mask(text)
     int8 = Runtime(tmp_path / "art", ram="int8", threads=1).fill_mask(text)
