@@ -382,6 +382,11 @@ def product_rows(session: ort.InferenceSession, width: int, height: int):
     time, so its int8 source is dequantized a slice at a time; one written before that, whole rows at a time.
     """
     by_columns = "cols.start" in {i.name for i in session.get_inputs()}
+    corner = {"rows.start": [height - 1], "rows.end": [height + 1], **({"cols.start": [width - 1], "cols.end":
+                                                                       [width + 1]} if by_columns else {})}
+    made = session.run(["rows"], {k: np.array(v, np.int64) for k, v in corner.items()})[0].shape  # ORT clamps ends
+    if made != (1, 1 if by_columns else width):  # checked here, so no run below can fail on a shape
+        raise ValueError(f"the rows graph's product is not {height} x {width}")
     step = min(width, COLUMNS_PER_CALL) if by_columns else width
     most = min(height, ROWS_PER_CALL + 1)
     buffer = np.empty((most, width), np.float32)
@@ -407,8 +412,8 @@ def product_rows(session: ort.InferenceSession, width: int, height: int):
         held[:] = lo, hi
 
     def rows(start, end):
-        if end - start > most:
-            raise ValueError(f"rows {start}:{end} of the product, more than the {most} it is made in")
+        if not 0 <= start < end <= height or end - start > most:
+            raise ValueError(f"rows {start}:{end} of a product of {height} rows, made {most} at a time")
         if not (held[0] <= start and end <= held[1]):
             lo = max(0, min(start, height - most))  # as many rows as the buffer holds, from start or before it
             fill(lo, lo + most)

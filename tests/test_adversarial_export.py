@@ -311,6 +311,7 @@ RUNTIME_CASES = [
     ("weight-without-source", lambda f, m: _row_weight(m).pop("offset"), "names neither"),
     ("weight-not-an-object", lambda f, m: m["ram_int8"]["weights"].__setitem__(0, 1), "ram_int8"),
     ("rows-width-off-by-one", lambda f, m: m["ram_int8"].update(width=m["ram_int8"]["width"] + 1), "ram_int8"),
+    ("rows-height-off-by-one", lambda f, m: m["ram_int8"].update(height=m["ram_int8"]["height"] + 1), "ram_int8"),
     ("rows-shape-reshaped", lambda f, m: _row_weight(m).update(shape=[2 * _row_weight(m)["shape"][0],
                                                                       _row_weight(m)["shape"][1] // 2]), "ram_int8"),
     ("rows-file-is-the-compute-graph", lambda f, m: m["ram_int8"].update(rows=m["ram_int8"]["compute"]), "ram_int8"),
