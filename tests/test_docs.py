@@ -209,7 +209,7 @@ def capped_command_line(argv: list[str]) -> list[str] | None:
     if at is None:
         return None
     parser = argparse.ArgumentParser(add_help=False)
-    importlib.import_module(COMMANDS[argv[at + 1]]).add_arguments(parser)
+    importlib.import_module(COMMANDS[argv[at + 1]][0]).add_arguments(parser)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             parser = next((action.choices[w] for w in argv[at + 2:] if w in action.choices), parser)
