@@ -14,7 +14,7 @@ tokens/s of --data within 5% of --train.
 
 ``--hostile`` adds the hostile inputs (issue 23), each with its peak RSS and seconds from launch to its result or
 refusal: ``prepare`` of a 60 MB file without one newline (side by side with the same text in lines: both bounded
-by sharebert.textlines); ``/dev/zero`` given to every reader of user text (``prepare --train``, ``pretrain
+by sharebert_runtime.textlines); ``/dev/zero`` given to every reader of user text (``prepare --train``, ``pretrain
 --train``, ``distill --objective embedding --train``, ``predict --input``, ``predict --input -`` on stdin, ``export --calibration`` and ``--check-file``) and
 the one-line file to those that take one text per line (predict, from a file and on stdin, and export's sentence
 files): each a one-line refusal, exit 2, in bounded memory, naming the input (and the line). Only those run with

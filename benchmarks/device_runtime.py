@@ -41,7 +41,7 @@ sys.meta_path.insert(0, _Block())
 CHILD = BLOCK + """
 import json, time
 import numpy as np
-from sharebert.deploy import Runtime
+from sharebert_runtime import Runtime
 spec = json.loads(sys.argv[1])
 def status():  # /proc VmHWM, not getrusage: ru_maxrss survives exec and would report the parent's peak
     return {l.split(":")[0]: int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("Vm")}
@@ -103,9 +103,9 @@ def dense_bert_artifacts(out: Path) -> dict[str, Path]:
     exporter's int8-dynamic quantizer; each with a sharebert manifest so the same runtime runs it."""
     import torch
     from optimum.exporters.onnx import main_export
+    from sharebert_runtime.artifact import sha256
     from transformers import BertConfig, BertForMaskedLM
 
-    from sharebert.deploy.artifact import sha256
     from sharebert.export.quantize import dynamic_int8
     from sharebert.paths import default_vocab
     from sharebert.tokenization import hf_tokenizer
@@ -177,8 +177,7 @@ def measure(spec: dict) -> dict:
 def ram_parity(path: Path, sentences: list[str]) -> dict:
     """``ram="int8"`` vs ``ram="fp32"`` logits at the real tokens of ``sentences``: agreement and error."""
     import numpy as np
-
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
 
     fp32, int8 = Runtime(path), Runtime(path, ram="int8")
     ids, mask, _ = fp32._encode(sentences)

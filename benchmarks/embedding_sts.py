@@ -27,9 +27,9 @@ def main() -> None:
     ap.add_argument("--depths", default="", help="also score each depth-gated artifact at these depths, e.g. 2,3")
     a = ap.parse_args()
 
+    from sharebert_runtime import Runtime
     from transformers import AutoTokenizer
 
-    from sharebert.deploy import Runtime
     from sharebert.paths import data_path
     from sharebert.recipe import read_recipe
     from sharebert.training.compress import safetensor_params

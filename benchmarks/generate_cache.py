@@ -29,11 +29,11 @@ def best_rate(fn, tokens: int, repeats: int) -> float:
 
 
 def main() -> None:
+    from sharebert_runtime import Runtime
     from transformers import AutoTokenizer
 
     from sharebert import ShareBertForCausalLM
     from sharebert.build import build_model
-    from sharebert.deploy import Runtime
     from sharebert.export.exporter import export_model
     from sharebert.paths import data_path
     from sharebert.training.corpus import char_tokenizer

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sharebert_runtime import Runtime
 
-from sharebert.deploy import Runtime
 from sharebert.paths import data_path
 
 BENCH_DIR = Path("runs/grouping")

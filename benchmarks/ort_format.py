@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/ort_format.py --onnx runs/ort/tiny-onnx --ort runs/ort/tiny-ort
 
-Both are opened with ``sharebert.deploy.Runtime`` (threads=1) and timed on the same random token ids, the
+Both are opened with ``sharebert_runtime.Runtime`` (threads=1) and timed on the same random token ids, the
 two sessions alternating run by run so that a busy machine slows both alike.
 """
 from __future__ import annotations
@@ -12,8 +12,7 @@ import json
 import time
 
 import numpy as np
-
-from sharebert.deploy import Runtime
+from sharebert_runtime import Runtime
 
 
 def main() -> None:

@@ -43,12 +43,12 @@ def peak():
     return [int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
 def loaded(spec):
   if spec["kind"] == "ours":
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
     return Runtime(spec["path"], threads=1, ram=spec["ram"]).embed
   else:
     import onnxruntime as ort
     from tokenizers import Tokenizer
-    from sharebert.deploy.pooling import l2_normalize, pool
+    from sharebert_runtime.pooling import l2_normalize, pool
     so = ort.SessionOptions(); so.intra_op_num_threads = 1; so.inter_op_num_threads = 1
     session = ort.InferenceSession(spec["path"], so, providers=["CPUExecutionProvider"])
     tok = Tokenizer.from_file(spec["tokenizer"]); tok.no_padding(); tok.enable_truncation(256)

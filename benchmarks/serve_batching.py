@@ -29,7 +29,7 @@ def best_ms(run, repeats: int) -> float:
 
 
 def main(argv=None) -> int:
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifact", required=True, help="an exported fill-mask, feature-extraction or classification artifact")

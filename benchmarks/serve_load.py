@@ -4,7 +4,7 @@ Starts ``python -m sharebert serve ARTIFACT`` as a subprocess on a loopback port
 then ``--clients`` threads (one keep-alive ``http.client`` connection each) POST ``/fill-mask`` requests
 of ``--batch`` SST-2 dev sentences with one ``[MASK]`` each until ``--duration`` seconds or
 ``--requests`` requests, whichever comes first. Every answer is checked against
-:class:`sharebert.deploy.Runtime` run in this process on the same artifact, RAM mode and batch: the
+:class:`sharebert_runtime.Runtime` run in this process on the same artifact, RAM mode and batch: the
 top-1 token of every ``[MASK]`` must match (the correctness criterion; scores can move in the last
 bits with the thread count, and with ``--ram int8`` the activation scales depend on the whole batch,
 which is why the reference is computed on exactly the batches sent). The largest score difference is
@@ -389,7 +389,7 @@ class Dribblers:
 
 def reference(artifact: Path, ram: str, threads: int | None, requests: list[list[str]]):
     """Per request, per text, per [MASK]: the in-process top-1 token id and its score."""
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
 
     runtime = Runtime(artifact, threads=threads, ram=ram)
     if runtime.task != "fill-mask":

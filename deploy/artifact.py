@@ -1,4 +1,4 @@
-"""The artifact contract, in one place: what ``sharebert export`` writes and ``sharebert.deploy`` reads.
+"""The artifact contract, in one place: what ``sharebert export`` writes and ``sharebert_runtime`` reads.
 
 An artifact is a folder: ``model.onnx``, ``config.json``, the tokenizer files (``tokenizer.json``), for
 compact exports the RAM-int8 graphs, and ``manifest.json`` (format and version, task, labels, maximum
@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..options import symlink_loop
-from ..untrusted import JSON_BYTES, parse_json, read_bytes, read_json, regular_file
+from .memory import give_back
+from .options import symlink_loop
+from .untrusted import JSON_BYTES, parse_json, read_bytes, read_json, regular_file
 
 FORMAT, FORMAT_VERSION = "sharebert-onnx", 1
 TASKS = ("fill-mask", "text-classification", "feature-extraction", "causal-lm")
@@ -29,6 +30,9 @@ RAM_INT8_GENERATOR, RAM_INT8_COMPUTE = "ram_int8/generator.onnx", "ram_int8/comp
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 RAM_INT8_ROWS = "ram_int8/rows.onnx"  # rows [start, end) of the product generated weights are cut from
 ROWS_PER_CALL = 32  # rows of that product per call at load: the most fp32 the RAM-int8 mode ever holds
+# Its columns per call, where the rows graph takes them (cols.start, cols.end): the product's int8-stored source
+# (the word embeddings of a VEPS student) is then dequantized that many of its rows at a time, never whole in fp32
+COLUMNS_PER_CALL = 4096
 INT8_SESSION_CONFIG = {"session.disable_quant_qdq": "1"}  # int8-stored weights dequantized and folded at load
 PAST, PRESENT = "past_key_values.", "present."  # a causal LM's cache inputs and outputs (optimum's names)
 # ORT-format artifacts (`sharebert export --format ort`), format_version 2: no model.onnx; an ORT-format generator
@@ -229,7 +233,7 @@ def open_ort_format(folder: Path, entry: dict, options: ort.SessionOptions, prov
     """The compute session of an ORT-format artifact in ``folder`` (its manifest's ``ort`` ``entry``): the
     generator run once, its outputs written into the compute file's holes, the result opened with
     ``options``. ``ArtifactError`` naming the file ONNX Runtime cannot load."""
-    from ..errors import first_line
+    from .errors import first_line
 
     def opened(model, label, so, providers):
         try:
@@ -353,8 +357,9 @@ def quantize_rows(rows, width: int, offset: int, shape: list[int], out=None, chu
     ``rows(start, end)`` returns rows ``[start, end)`` of the product ``(R, width)``; the weight's output
     channels (``N`` of ``shape = [K, N]``) are consecutive runs of ``K`` numbers from ``offset`` in the
     flattened product. Each call spans at most about ``chunk_rows`` rows and holds whole channels, so
-    the result equals :func:`quantize_per_channel` of the whole weight while no more than one chunk is
-    ever in fp32. ``out``: the ``(q, scale)`` arrays to fill (allocated beforehand, they keep the heap compact).
+    the result equals :func:`quantize_per_channel` of the whole weight while no more than one chunk (and its
+    copy, which is quantized in place) is ever in fp32. ``out``: the ``(q, scale)`` arrays to fill (allocated
+    beforehand, they keep the heap compact).
     """
     K, N = shape
     q, scale = out or (np.empty((K, N), dtype=np.int8), np.empty(N, dtype=np.float32))
@@ -364,8 +369,56 @@ def quantize_rows(rows, width: int, offset: int, shape: list[int], out=None, chu
         lo, hi = offset + c0 * K, offset + c1 * K
         first, last = lo // width, -(-hi // width)
         block = rows(first, last).reshape(-1)[lo - first * width: hi - first * width].reshape(c1 - c0, K)
-        q[:, c0:c1], scale[c0:c1] = quantize_per_channel(block, "nk")
+        q[:, c0:c1], scale[c0:c1] = quantize_per_channel(block.copy(), "nk")  # rows() may keep its buffer
     return q, scale
+
+
+def product_rows(session: ort.InferenceSession, width: int, height: int):
+    """``rows(start, end)`` of the RAM-int8 rows graph's product ``(height, width)``, for :func:`quantize_rows`.
+
+    ORT writes into one buffer of at most ``ROWS_PER_CALL + 1`` rows (what one call of ``quantize_rows``
+    asks for), filled as far as it reaches and kept: the next weight's rows, when they lie in it, cost no run (a small student's whole product is made once). Callers must not write into the view
+    returned. A rows graph that takes ``cols.start`` / ``cols.end`` is run ``COLUMNS_PER_CALL`` columns at a
+    time, so its int8 source is dequantized a slice at a time; one written before that, whole rows at a time.
+    """
+    by_columns = "cols.start" in {i.name for i in session.get_inputs()}
+    corner = {"rows.start": [height - 1], "rows.end": [height + 1], **({"cols.start": [width - 1], "cols.end":
+                                                                       [width + 1]} if by_columns else {})}
+    made = session.run(["rows"], {k: np.array(v, np.int64) for k, v in corner.items()})[0].shape  # ORT clamps ends
+    if made != (1, 1 if by_columns else width):  # checked here, so no run below can fail on a shape
+        raise ValueError(f"the rows graph's product is not {height} x {width}")
+    step = min(width, COLUMNS_PER_CALL) if by_columns else width
+    most = min(height, ROWS_PER_CALL + 1)
+    buffer = np.empty((most, width), np.float32)
+    part = np.empty(most * step, np.float32) if step < width else None  # a slice of columns, before its copy
+    binding = session.io_binding()
+    held = [0, 0]  # the rows [lo, hi) in buffer
+
+    def fill(lo, hi):
+        block = buffer[: hi - lo]
+        binding.bind_cpu_input("rows.start", np.array([lo], np.int64))
+        binding.bind_cpu_input("rows.end", np.array([hi], np.int64))
+        for c0 in range(0, width, step):
+            c1 = min(width, c0 + step)
+            out = block if part is None else part[: block.shape[0] * (c1 - c0)].reshape(block.shape[0], c1 - c0)
+            if by_columns:
+                binding.bind_cpu_input("cols.start", np.array([c0], np.int64))
+                binding.bind_cpu_input("cols.end", np.array([c1], np.int64))
+            binding.bind_output("rows", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+            session.run_with_iobinding(binding)
+            give_back()  # the run's freed fp32 slice: glibc would keep it (and the next one beside it) otherwise
+            if out is not block:
+                block[:, c0:c1] = out
+        held[:] = lo, hi
+
+    def rows(start, end):
+        if not 0 <= start < end <= height or end - start > most:
+            raise ValueError(f"rows {start}:{end} of a product of {height} rows, made {most} at a time")
+        if not (held[0] <= start and end <= held[1]):
+            lo = max(0, min(start, height - most))  # as many rows as the buffer holds, from start or before it
+            fill(lo, lo + most)
+        return buffer[start - held[0]: end - held[0]]
+    return rows
 
 
 def depth_limit(manifest: dict, where) -> int:

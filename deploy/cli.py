@@ -12,10 +12,10 @@ non-string ``"text"``, a result that is not finite) is reported on stderr with i
 skipped; the run goes on and exits with status 1 at the end when any line was skipped (0 when all
 were answered). Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` in input order (strict
 JSON, never NaN; ``line`` and ``result`` are always predict's own (:data:`OWN_FIELDS`): a record's fields of
-those names are not copied, said once on stderr); to ``--output`` through :func:`~sharebert.outdir.atomic_output`
+those names are not copied, said once on stderr); to ``--output`` through :func:`~sharebert_runtime.outdir.atomic_output`
 (a hidden temporary file beside it renamed at the end; any failure, a full disk or a stopping signal included, removes
 it and leaves an existing file as it was; a symbolic link is written through), or stdout;
-texts given as arguments print readably. A line over :data:`~sharebert.textlines.MAX_LINE_BYTES` (1 MiB) ends
+texts given as arguments print readably. A line over :data:`~sharebert_runtime.textlines.MAX_LINE_BYTES` (1 MiB) ends
 the run with an error naming it (an input without newlines, such as ``/dev/zero``, is not one text per line).
 """
 from __future__ import annotations
@@ -27,14 +27,13 @@ import os
 import sys
 from pathlib import Path
 
-from .. import options as opt
-from ..errors import first_line
-from ..outdir import atomic_output
-from ..textlines import check_text_file, numbered_lines
+from . import options as opt
+from .errors import first_line
+from .outdir import atomic_output
+from .textlines import check_text_file, numbered_lines
 
 OWN_FIELDS = ("line", "result")  # the output record's fields that predict writes; an input record's are not copied
 CHUNK_LINES = 1024  # lines handed to the runtime at once: it groups texts of similar lengths within a chunk
-HELP = "answer the task of an exported artifact (fill-mask, classify, embed, generate) without torch"
 
 
 def add_arguments(p):
@@ -44,9 +43,12 @@ def add_arguments(p):
     p.add_argument("--output", type=opt.path, metavar="FILE.jsonl", help="write JSON lines here (default: stdout)")
     p.add_argument("--batch-size", type=int, default=32, help="texts per ONNX Runtime call (default: 32)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: ORT's choice)")
-    p.add_argument("--ram", choices=("fp32", "int8"), default="fp32",
+    from .runtime import RAM_MODES
+
+    p.add_argument("--ram", choices=RAM_MODES, default="auto",
                    help="fp32: generated weights folded to fp32 at load; int8: held as int8, dynamic-int8 MatMuls "
-                        "(compact artifacts; about 4x less RAM for them)")
+                        "(compact artifacts; about 4x less RAM for them); auto (default): int8 for a compact artifact "
+                        "whose weights are stored int8, else fp32 (docs/DEVICE.md \"Memory\")")
     p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default: 5)")
     from .pooling import POOLERS
 
@@ -147,7 +149,7 @@ def _say_once(said: dict, key: str, number: int, message: str, when: bool = True
 
 def _read(stream, name, progress, pairs: bool | None = False, said: dict | None = None):
     """Yield ``(line_number, record or error message)`` for each line of a binary stream (bounded:
-    :class:`~sharebert.textlines.LineTooLong` ends the run at a line over the limit), each record
+    :class:`~sharebert_runtime.textlines.LineTooLong` ends the run at a line over the limit), each record
     :func:`shaped` for a model that takes ``pairs``."""
     said = {} if said is None else said
     for number, raw in numbered_lines(stream, name):

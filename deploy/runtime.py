@@ -20,14 +20,28 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from ..errors import first_line
-from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAIRS, PAST, PRESENT, ROWS_PER_CALL, TOKENIZER, ArtifactError,
-                       check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, quantize_per_channel,
-                       quantize_rows, session_options, verify_artifact)
+from .errors import first_line
+from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAIRS, PAST, PRESENT, TOKENIZER, ArtifactError,
+                       check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, product_rows,
+                       quantize_per_channel, quantize_rows, session_options, verify_artifact)
 from .memory import give_back
 from .pooling import POOLERS, l2_normalize, pool
 
-RAM_MODES = ("fp32", "int8")
+RAM_MODES = ("auto", "fp32", "int8")
+NO_PREPACKING = "session.disable_prepacking"
+
+
+def resolved_ram(manifest: dict, ram: str = "auto") -> str:
+    """``ram``, with ``"auto"`` made ``"int8"`` for an artifact whose weights are stored int8 and that has RAM-int8
+    graphs (a compact ``--quantize int8`` export, as ``compress`` writes), else ``"fp32"``. Such an artifact's
+    weights already carry int8 precision: holding the generated ones as int8 costs a little more rounding
+    (dynamic-int8 activations, within the artifact's parity thresholds) and saves most of the RAM that ORT's
+    fp32 folding spends (docs/DEVICE.md "Memory")."""
+    if ram != "auto":
+        return ram
+    int8_ready = (manifest.get("quantization") == "int8" and (manifest.get("ram_int8") or {}).get("weights")
+                  and manifest.get("model_format") != "ort")
+    return "int8" if int8_ready else "fp32"
 
 
 class Predictions(list):
@@ -42,8 +56,9 @@ class Runtime:
     """Runs an exported artifact: ``fill_mask``, ``classify``, ``embed`` or ``generate`` by task.
 
     ``threads``: ONNX Runtime intra-op threads (default: ORT's choice). ``providers``: ORT execution
-    providers (default CPU). ``ram``: ``"fp32"`` (ORT folds generated weights to fp32) or ``"int8"``
-    (generated weights held as int8, dynamic-int8 MatMuls; compact artifacts only). Every method takes
+    providers (default CPU). ``ram``: ``"fp32"`` (ORT folds generated weights to fp32), ``"int8"``
+    (generated weights held as int8, dynamic-int8 MatMuls; compact artifacts only) or ``"auto"`` (the
+    default: :func:`resolved_ram`); ``self.ram`` is the mode used. Every method takes
     a list of texts (or one text) and returns :class:`Predictions` in the order of the texts. Safe to
     call from several threads. A request's texts are tokenized once, ordered by token length
     (``group_by_length``) and cut into ONNX Runtime calls of similar lengths, each padded to its own
@@ -55,7 +70,7 @@ class Runtime:
     group_by_length = True  # calls of texts of similar token lengths (False: calls in input order)
 
     def __init__(self, artifact_dir: str | Path, threads: int | None = None, providers: list[str] | None = None,
-                 ram: str = "fp32", batch_size: int = 32, manifest_sha256: str | None = None,
+                 ram: str = "auto", batch_size: int = 32, manifest_sha256: str | None = None,
                  depth: int | None = None):
         if ram not in RAM_MODES:
             raise ValueError(f"ram must be one of {', '.join(RAM_MODES)}, got {ram!r}")
@@ -71,7 +86,7 @@ class Runtime:
         self.labels = self.manifest.get("labels")
         self.pairs = self.manifest.get(PAIRS)  # text-classification: trained on pairs (True), single texts, None: not said
         self.max_length = int(self.manifest["max_length"])
-        self.ram = ram
+        self.ram = ram = resolved_ram(self.manifest, ram)
         self.batch_size = batch_size
         self.providers = providers or ["CPUExecutionProvider"]
         self.threads = threads
@@ -143,8 +158,14 @@ class Runtime:
 
     # -- loading ------------------------------------------------------------------------------
     def _options(self, **kwargs) -> ort.SessionOptions:
-        """The artifact's session options; no CPU arena, so a large batch's activations are given back."""
-        return session_options(self.manifest.get("session_config"), self.threads, arena=False, **kwargs)
+        """The artifact's session options; no CPU arena, so a large batch's activations are given back. RAM int8
+        also turns ORT's pre-packing off: its weights are graph inputs (nothing to pack), and packing the load-time
+        graph's folded fp32 sources would only add a copy of them to the peak (47 -> 35 MB above the imports
+        for the compress student, same speed; docs/DEVICE.md "Memory")."""
+        config = dict(self.manifest.get("session_config") or {})
+        if self.ram == "int8":
+            config[NO_PREPACKING] = "1"
+        return session_options(config, self.threads, arena=False, **kwargs)
 
     def _load_int8(self) -> ort.InferenceSession:
         """Generate the weights once, quantize them, bind the int8 arrays; return the compute session.
@@ -179,22 +200,13 @@ class Runtime:
 
         cut = [w for w in ram["weights"] if "offset" in w]
         if cut:  # most weights: a few rows of their product at a time, never a whole weight in fp32
-            session = graph("rows", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)  # int8-stored sources dequantized once
-            buffer = np.empty((ROWS_PER_CALL + 1, ram["width"]), np.float32)  # ORT writes every call's rows here
-            binding = session.io_binding()
-
-            def rows(start, end):
-                binding.bind_cpu_input("rows.start", np.array([start]))
-                binding.bind_cpu_input("rows.end", np.array([end]))
-                block = buffer[: end - start]
-                binding.bind_output("rows", "cpu", 0, np.float32, list(block.shape), block.ctypes.data)
-                session.run_with_iobinding(binding)
-                return block
-
+            # BASIC folds the small constant parts; an int8 source sliced by columns is dequantized per call
+            session = graph("rows", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+            rows = product_rows(session, ram["width"], ram["height"])
             out = [(np.empty(w["shape"], np.int8), np.empty(w["shape"][1], np.float32)) for w in cut]  # before any chunk
             for w, arrays in zip(cut, out):
                 keep(w, *quantize_rows(rows, ram["width"], w["offset"], w["shape"], arrays))
-            del session, binding, out, buffer
+            del session, rows, out
             give_back()  # the freed chunks, before the next phase allocates
         whole = [w for w in ram["weights"] if "offset" not in w]
         if whole:  # e.g. the transposed embeddings of a tied decoder: one weight at a time

@@ -42,7 +42,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .memory import give_back, limit_arenas
 
-HELP = "serve an exported artifact over local HTTP/JSON (/predict, /health, /metadata) without torch"
 
 TASK_PATHS = {"fill-mask": "/fill-mask", "text-classification": "/classify", "feature-extraction": "/embed",
               "causal-lm": "/generate"}
@@ -79,7 +78,9 @@ def add_arguments(p):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per request")
-    p.add_argument("--ram", choices=("fp32", "int8"), default="fp32", help="see `sharebert predict --help`")
+    from .runtime import RAM_MODES
+
+    p.add_argument("--ram", choices=RAM_MODES, default="auto", help="see `sharebert predict --help`")
     for name, (default, what) in LIMITS.items():
         p.add_argument("--" + name.replace("_", "-"), type=int, default=default, help=f"most {what} (default: {default})")
     p.add_argument("--quiet", action="store_true", help="do not log each request")

@@ -32,7 +32,7 @@ import re
 
 from onnx import TensorProto, helper
 
-from sharebert.deploy.artifact import DEPTH, PAST, PRESENT
+from sharebert_runtime.artifact import DEPTH, PAST, PRESENT
 
 from .graph import node_inputs
 

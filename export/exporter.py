@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
-from sharebert.deploy import artifact
-from sharebert.errors import first_line
+from sharebert_runtime import artifact
+from sharebert_runtime.errors import first_line
 from sharebert.model_folder import check_has_tokenizer, read_config
-from sharebert.outdir import check_out_dir, disk_full, read_json, write_json
+from sharebert_runtime.outdir import check_out_dir, disk_full, read_json, write_json
 
 WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20

@@ -1,7 +1,7 @@
 """Footprint of an exported graph: disk, RAM and time, measured in a fresh process.
 
 ``measure(path, ...)`` runs this file as a script (no torch; of sharebert only the torch-free
-``sharebert.deploy``, with ``SHAREBERT_REGISTER=0`` so ``import sharebert`` registers nothing), so the resident memory it reports is ONNX Runtime's alone: ``rss_baseline_mb`` (after importing onnxruntime),
+``sharebert_runtime``, which never imports torch), so the resident memory it reports is ONNX Runtime's alone: ``rss_baseline_mb`` (after importing onnxruntime),
 ``peak_rss_load_mb`` (peak while creating the session: generated weights folded to dense tensors; ``rss_after_load_mb`` is
 the resident size once it is created)
 and ``peak_rss_run_mb`` (peak after the timed runs), the session creation time and p50/p95 latency
@@ -34,7 +34,7 @@ def _child(path: str, session_config: dict, shapes: list[str], threads: int, run
     import numpy as np
     import onnxruntime as ort
 
-    from sharebert.deploy.artifact import model_feeds, session_options  # as the runtime builds them
+    from sharebert_runtime.artifact import model_feeds, session_options  # as the runtime builds them
 
     baseline = _peak_rss_mb()
     so = session_options(session_config, threads)
@@ -67,7 +67,7 @@ def measure(path, session_config: dict | None = None, shapes=("1x128",), threads
     args = json.dumps({"path": str(path), "session_config": session_config or {}, "shapes": list(shapes),
                        "threads": threads, "runs": runs, "vocab": vocab})
     proc = subprocess.run([sys.executable, __file__, args], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": str(threads), "SHAREBERT_REGISTER": "0"})
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if proc.returncode != 0:
         raise RuntimeError(f"footprint measurement of {path} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from sharebert.deploy.artifact import session_options
+from sharebert_runtime.artifact import session_options
 
 # Ops that only move or select numbers: a constant built from one learned tensor with these alone
 # is a view of it (materializing it would store a copy of a learned tensor, not a generated weight).

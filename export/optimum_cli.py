@@ -14,9 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from sharebert.errors import first_line
+from sharebert_runtime.errors import first_line
 from sharebert.model_folder import read_config
-from sharebert.untrusted import read_json
+from sharebert_runtime.untrusted import read_json
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,7 +48,7 @@ def check_export_onnx(argv: list[str]) -> None:
         return
     model = Path(args.model).expanduser()
     try:
-        raw = read_json(model / "config.json", "the model's config")  # bounded, never blocks (sharebert.untrusted)
+        raw = read_json(model / "config.json", "the model's config")  # bounded, never blocks (sharebert_runtime.untrusted)
         if isinstance(raw, dict) and raw.get("model_type") != "sharebert":
             return  # another library's folder (BERT included): optimum's own export
     except (OSError, ValueError):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from sharebert.deploy.artifact import (MODEL, ORT_COMPUTE, ORT_GENERATOR, REQUIRED_OPERATORS, ArtifactError,
+from sharebert_runtime.artifact import (MODEL, ORT_COMPUTE, ORT_GENERATOR, REQUIRED_OPERATORS, ArtifactError,
                                        assemble_ort, open_ort_format, session_options)
 
 from .depth import inline_layers, is_wrapped, wrap_layers
@@ -153,7 +153,7 @@ def to_ort_format(out_dir: Path, session_config: dict, tokenizer, sentences: lis
     import numpy as np
     import onnxruntime as ort
 
-    from sharebert.deploy.artifact import model_feeds
+    from sharebert_runtime.artifact import model_feeds
 
     from .parity import encode
 

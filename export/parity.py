@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 from sharebert.progress import bar
-from sharebert.textlines import check_text_file, numbered_lines
+from sharebert_runtime.textlines import check_text_file, numbered_lines
 
 FP32_TOLERANCE = 1e-3
 
@@ -49,7 +49,7 @@ def below_thresholds(parity: dict, quantize: str) -> list[str]:
 
 def read_sentences(path: str | Path, limit: int | None = None) -> tuple[list[str], list | None]:
     """``(sentences, labels or None)`` from ``path`` (see the module docstring), read line by line in bounded
-    memory (:mod:`sharebert.textlines`: a line over 1 MiB is refused); errors if none."""
+    memory (:mod:`sharebert_runtime.textlines`: a line over 1 MiB is refused); errors if none."""
     path = check_text_file(path, "sentence file")
     lines = []
     with open(path, "rb") as f:
@@ -121,7 +121,7 @@ def check_parity(model, tokenizer, session, task: str, sentences: list[str], lab
     ``depth``: run both with only the first ``depth`` encoder layers (the session's ``depth`` input)."""
     import torch
 
-    from sharebert.deploy.artifact import DEPTH, model_feeds
+    from sharebert_runtime.artifact import DEPTH, model_feeds
 
     names = [i.name for i in session.get_inputs()]
     torch_names = [n for n in ("input_ids", "attention_mask", "token_type_ids", "position_ids") if n in names]

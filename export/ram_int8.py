@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sharebert.deploy.artifact import (MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR,
-                                       RAM_INT8_ROWS as ROWS, quantize_per_channel, quantize_rows, session_options)
+from sharebert_runtime.artifact import (MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR,
+                                       RAM_INT8_ROWS as ROWS, product_rows, quantize_per_channel, quantize_rows,
+                                       session_options)
 
 from .depth import inline_layers, is_wrapped, wrap_layers
 from .graph import computed_products, constant_keys, gather_before_dequantize, node_inputs, prune, replace_all
@@ -105,8 +106,12 @@ def _row_offsets(graph, weights: list[dict]) -> tuple[object, dict[str, int]]:
 
 
 def _rows_graph(generator, gemm):
-    """``generator`` cut to rows ``[rows.start, rows.end)`` of ``gemm``'s output (slicing its A operand and bias):
-    ``(model, height, width)``; None when the bias does not broadcast row by row."""
+    """``generator`` cut to rows ``[rows.start, rows.end)`` and columns ``[cols.start, cols.end)`` of ``gemm``'s
+    output (slicing its A operand, its B operand and its bias): ``(model, height, width)``; None when the bias
+    does not broadcast row by row.
+
+    B is sliced where it is stored: a B dequantized from an int8 initializer (an int8-stored artifact's word
+    embeddings) is sliced in int8 and only the slice dequantized, so the load never holds it whole in fp32."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -123,33 +128,60 @@ def _rows_graph(generator, gemm):
     model = onnx.ModelProto()
     model.CopyFrom(generator)
     g = model.graph
-    start, end = "rows.start", "rows.end"
     axes = {0: "rows.axis0", 1: "rows.axis1"}
     g.node.extend(helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [axis]))
                   for axis, name in axes.items())
-    g.node.append(helper.make_node("Slice", [a, start, end, axes[1 if attrs.get("transA", 0) else 0]], ["rows.a"]))
+
+    def cut(tensor, bounds, axis, out):  # tensor[bounds] along axis
+        g.node.append(helper.make_node("Slice", [tensor, f"{bounds}.start", f"{bounds}.end", axes[axis]], [out]))
+        return out
+
+    column_axis = 0 if attrs.get("transB", 0) else 1
+    rows_a = cut(a, "rows", 1 if attrs.get("transA", 0) else 0, "rows.a")
+    cols_b = _columns_of(g, b, column_axis, cut)
+    if c and len(shapes[c]) and shapes[c][-1] == width > 1:  # a bias per column: its columns too
+        c = cut(c, "cols", len(shapes[c]) - 1, "cols.c")
     if slice_c:
-        g.node.append(helper.make_node("Slice", [c, start, end, axes[0]], ["rows.c"]))
-    g.node.append(helper.make_node("Gemm", ["rows.a", b] + (["rows.c" if slice_c else c] if c else []), ["rows"], **attrs))
+        c = cut(c, "rows", 0, "rows.c")
+    g.node.append(helper.make_node("Gemm", [rows_a, cols_b] + ([c] if c else []), ["rows"], **attrs))
     del g.input[:], g.output[:]
-    g.input.extend(helper.make_tensor_value_info(n, TensorProto.INT64, [1]) for n in (start, end))
-    g.output.append(helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, width]))
+    g.input.extend(helper.make_tensor_value_info(n, TensorProto.INT64, [1])
+                   for n in ("rows.start", "rows.end", "cols.start", "cols.end"))
+    g.output.append(helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, None]))
     g.name = "sharebert_ram_int8_rows"
     prune(model)
     return model, int(height), int(width)
 
 
-def _check_rows(model, width: int, weights: list[dict], whole: dict) -> None:
+def _columns_of(g, b, axis: int, cut) -> str:
+    """The name of ``b`` cut to columns ``[cols.start, cols.end)`` along ``axis``: the int8 slice dequantized when
+    ``b`` is ``DequantizeLinear`` of stored tensors (its scale and zero point sliced where they run along ``axis``)."""
+    from onnx import helper
+
+    stored = {t.name: t for t in g.initializer}
+    dq = next((n for n in g.node if b in n.output), None)
+    if dq is None or dq.op_type != "DequantizeLinear" or not all(i in stored for i in dq.input if i):
+        return cut(b, "cols", axis, "cols.b")
+    q_dims = len(stored[dq.input[0]].dims)
+    dq_axis = {x.name: helper.get_attribute_value(x) for x in dq.attribute}.get("axis", 1) % max(q_dims, 1)
+    inputs = [cut(dq.input[0], "cols", axis, "cols.q")]
+    for k, name in enumerate(dq.input[1:3]):  # scale, zero point: per tensor, or per channel of dq_axis
+        along = bool(name) and len(stored[name].dims) == 1 and q_dims > 1 and dq_axis == axis
+        inputs.append(cut(name, "cols", 0, f"cols.{('scale', 'zero')[k]}") if along else name)
+    node = helper.make_node("DequantizeLinear", inputs, ["cols.b"])
+    node.attribute.extend(dq.attribute)  # the same axis: the sliced dimension keeps its place
+    g.node.append(node)
+    return "cols.b"
+
+
+def _check_rows(model, width: int, height: int, weights: list[dict], whole: dict) -> None:
     """The runtime's chunked quantization of each row weight equals quantizing the generator's whole weight
     (at most one int8 step apart where float rounding of a product row differs; scales within 1e-5)."""
     import numpy as np
     import onnxruntime as ort
 
     session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
-
-    def rows(start, end):
-        return session.run(["rows"], {"rows.start": np.array([start]), "rows.end": np.array([end])})[0]
-
+    rows = product_rows(session, width, height)
     for w in weights:
         q, scale = quantize_rows(rows, width, w["offset"], w["shape"])
         ref_q, ref_scale = quantize_per_channel(whole[w["output"]].copy(), w["layout"])
@@ -217,7 +249,7 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
         for w in weights:
             if w["int8"] in offsets:
                 w["offset"] = offsets[w["int8"]]
-        _check_rows(rows, width, [w for w in weights if "offset" in w], whole)
+        _check_rows(rows, width, height, [w for w in weights if "offset" in w], whole)
         for w in weights:
             if "offset" in w:
                 del w["output"]

@@ -6,7 +6,7 @@ its activation, giving ``sentence_embedding (B, D)``. Normalisation is not in th
 ``embedding.normalize`` says whether the runtime divides by the L2 norm, so ``normalize=False`` can still
 be asked of a normalising model. The nodes read only the graph's final output, so layer gating by the
 ``depth`` input and the RAM-int8 graphs keep working. ``embedding_parity`` checks the nodes against the
-numpy pooling of the device runtime (``sharebert.deploy.pooling``) applied to PyTorch's token states.
+numpy pooling of the device runtime (``sharebert_runtime.pooling``) applied to PyTorch's token states.
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def _hidden_width(graph):
 
 def reference(hidden: np.ndarray, mask: np.ndarray, recipe: EmbeddingRecipe, dense_weights: list) -> np.ndarray:
     """The recipe in numpy (before normalisation): ``(B, D)`` float64 from token states ``(B, T, H)``."""
-    from sharebert.deploy.pooling import pool
+    from sharebert_runtime.pooling import pool
 
     x = pool(hidden, mask, recipe.pooling).astype(np.float64)
     for layer, (w, b) in zip(recipe.dense, dense_weights):
@@ -136,8 +136,8 @@ def embedding_parity(model, tokenizer, session, recipe: EmbeddingRecipe, dense_w
     the recipe says: ``max_abs_diff``, ``cosine_mean`` and ``cosine_min`` over ``sentences``."""
     import torch
 
-    from sharebert.deploy.artifact import model_feeds
-    from sharebert.deploy.pooling import l2_normalize
+    from sharebert_runtime.artifact import model_feeds
+    from sharebert_runtime.pooling import l2_normalize
 
     from .parity import encode
 

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from sharebert_runtime.main import main
 
 sys.exit(main())

@@ -10,8 +10,9 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from sharebert_runtime.outdir import save_figure
+
 from .accounting import DTYPE_BYTES, as_shape, count_flops, count_params
-from .outdir import save_figure
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .outdir import read_json, save_figure
-from .untrusted import RESULT_JSON_BYTES, parse_json, read_bytes
+from sharebert_runtime.outdir import read_json, save_figure
+from sharebert_runtime.untrusted import RESULT_JSON_BYTES, parse_json, read_bytes
 
 LOGS = ("log.jsonl", "log_history.json")
 

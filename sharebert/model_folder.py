@@ -13,10 +13,9 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import first_line
-from .options import symlink_loop
-from .shape import CONFIG_FIELDS, DEFAULTS, PRESETS, preset_fields
-from .untrusted import (
+from sharebert_runtime.errors import first_line
+from sharebert_runtime.options import symlink_loop
+from sharebert_runtime.untrusted import (
     JSON_BYTES,
     TOKENIZER_BYTES,
     bool_field,
@@ -28,6 +27,8 @@ from .untrusted import (
     regular_file,
     str_field,
 )
+
+from .shape import CONFIG_FIELDS, DEFAULTS, PRESETS, preset_fields
 
 MODEL_TYPES = ("sharebert", "bert")
 # BERT config fields that carry over unchanged (everything else of the shape is the bert preset's).

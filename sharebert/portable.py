@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from .outdir import write_json
+from sharebert_runtime.outdir import write_json
 
 # Each portable file and the package modules it holds, in dependency order.
 FILES = {"configuration_sharebert": ("plan", "shape", "configuration_sharebert"),

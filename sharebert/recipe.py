@@ -18,10 +18,10 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .outdir import write_json
-from .untrusted import JSON_BYTES, optional_file, read_json, regular_file
-from .untrusted import bool_field as _bool
-from .untrusted import int_field as _int
+from sharebert_runtime.outdir import write_json
+from sharebert_runtime.untrusted import JSON_BYTES, optional_file, read_json, regular_file
+from sharebert_runtime.untrusted import bool_field as _bool
+from sharebert_runtime.untrusted import int_field as _int
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # sentence-transformers' names for them: its ``pooling_mode`` strings and its legacy boolean keys.
@@ -89,7 +89,7 @@ DEFAULT_RECIPE = EmbeddingRecipe(pooling="cls", normalize=False)
 
 def _read_json(path: Path, what: str):
     try:
-        return read_json(path, what)  # a regular file of bounded size, strict JSON (sharebert.untrusted)
+        return read_json(path, what)  # a regular file of bounded size, strict JSON (sharebert_runtime.untrusted)
     except FileNotFoundError as e:  # a listed file missing is a malformed recipe: one ValueError like the others
         raise ValueError(str(e)) from None
 

@@ -3,17 +3,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sharebert_runtime.textlines import check_text_file, numbered_lines
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
-
-from .textlines import check_text_file, numbered_lines
 
 SPECIAL = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
 
 
 def wordpiece_tokenizer(vocab_file: str | Path, lowercase: bool = True) -> Tokenizer:
     """A BERT WordPiece ``tokenizers.Tokenizer`` with [CLS] ... [SEP] post-processing. ``vocab_file`` is read as
-    user text (:mod:`sharebert.textlines`): not a regular file (``/dev/zero``, a folder, a symlink loop) or a line
+    user text (:mod:`sharebert_runtime.textlines`): not a regular file (``/dev/zero``, a folder, a symlink loop) or a line
     over ``MAX_LINE_BYTES`` is refused naming it, in bounded memory."""
     vocab_file = check_text_file(vocab_file, "vocabulary file")
     vocab = {}

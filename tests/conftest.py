@@ -37,7 +37,6 @@ SLOW_TESTS = {  # over 10 s each in a fast-tier run on 2 cores at load 7
     "test_augment.py::test_resume_on_other_copies_than_the_checkpoint_is_refused",
     # each a new process that imports torch and transformers
     "test_shape.py::test_auto_classes_know_sharebert_after_import",
-    "test_shape.py::test_auto_config_knows_sharebert_after_importing_the_config_class",
     "test_recipe.py::test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes",
     "test_untrusted.py::test_register_for_auto_class_then_save_pretrained_loads_without_sharebert",
     "test_untrusted.py::test_every_stopping_signal_removes_the_partial_file",

@@ -3,10 +3,10 @@ import json
 
 import pytest
 import torch
+from sharebert_runtime.main import main
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_flop_count
 
 from sharebert.accounting import count_bytes, count_flops, count_params, paper_figures, published
-from sharebert.cli import main
 from sharebert.configuration_sharebert import PRESETS, ShareBertConfig
 from sharebert.modeling_sharebert import ShareBertForMaskedLM, ShareBertForSequenceClassification, ShareBertModel
 

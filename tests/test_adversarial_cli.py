@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
+from sharebert_runtime.main import main
 
 from sharebert.build import build_model
-from sharebert.cli import main
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 
@@ -168,7 +168,7 @@ CASES = [
 ]
 
 # A symbolic link loop given as any file or folder option (or through one, or inside a corpus folder): named as a
-# loop (ELOOP; `os.path.exists` calls it missing), never "not found" or an internal error (sharebert.options.path).
+# loop (ELOOP; `os.path.exists` calls it missing), never "not found" or an internal error (sharebert_runtime.options.path).
 L = "{root}/loop1"
 LOOP_CASES = [
     ("build-vocab", ["build", "--preset", "sharebert-tiny", "--vocab", L, "--out", "{root}/n"]),
@@ -244,7 +244,7 @@ def test_build_overwrite_replaces_the_folder_whole(world):
     code) behind, and a build that fails leaves the old folder as it was."""
     folder = world / "replaced"
     shutil.copytree(world / "model", folder)
-    from sharebert.outdir import mark_out
+    from sharebert_runtime.outdir import mark_out
 
     mark_out(folder, "build")  # a folder `sharebert build` wrote (its marker): --overwrite replaces only those
     (folder / "modules.json").write_text("[]")
@@ -261,7 +261,7 @@ def test_build_overwrite_replaces_the_folder_whole(world):
 
 def test_device_install_names_the_extra_to_install(world):
     """Without torch (a `pip install sharebert` device install), a workstation command says what to install."""
-    code = ("import sys; sys.modules.update(torch=None, transformers=None); from sharebert.cli import main; "
+    code = ("import sys; sys.modules.update(torch=None, transformers=None); from sharebert_runtime.main import main; "
             f"sys.exit(main(['build', '--preset', 'sharebert-tiny', '--out', {str(world / 'dev')!r}]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2, proc.stderr

@@ -2,7 +2,7 @@
 
 Every CLI row runs the real command and asserts: exit status 2, one stderr line naming the problem, no
 traceback, and every file of the user's still there, byte-identical, with nothing new left beside them.
-The export table (and the overwrite) calls ``sharebert.cli.main`` in this process (``_main``: torch loads once; an exception
+The export table (and the overwrite) calls ``sharebert_runtime.main.main`` in this process (``_main``: torch loads once; an exception
 escaping it fails the row); rows about the process itself (a file size limit, bytes in argv, stdin) and
 the predict rows run ``python -m sharebert`` in a subprocess. Runtime rows rewrite one manifest field (or file) of a copied artifact and assert
 the refusal names the manifest or the file.
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sharebert_runtime import ArtifactError, Runtime
 
 from sharebert.build import build_model
-from sharebert.deploy import ArtifactError, Runtime
 from sharebert.export.exporter import ParityError, export_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
@@ -49,9 +49,9 @@ def _cli(*argv, cwd, preexec=None):
 
 
 def _main(*argv, cwd, capfd, monkeypatch) -> subprocess.CompletedProcess:
-    """``sharebert ARGV`` run in this process from ``cwd`` (``sharebert.cli.main``, as the console script calls
+    """``sharebert ARGV`` run in this process from ``cwd`` (``sharebert_runtime.main.main``, as the console script calls
     it), with what reached fds 1 and 2."""
-    from sharebert.cli import main
+    from sharebert_runtime.main import main
 
     capfd.readouterr()
     with monkeypatch.context() as m:
@@ -311,6 +311,7 @@ RUNTIME_CASES = [
     ("weight-without-source", lambda f, m: _row_weight(m).pop("offset"), "names neither"),
     ("weight-not-an-object", lambda f, m: m["ram_int8"]["weights"].__setitem__(0, 1), "ram_int8"),
     ("rows-width-off-by-one", lambda f, m: m["ram_int8"].update(width=m["ram_int8"]["width"] + 1), "ram_int8"),
+    ("rows-height-off-by-one", lambda f, m: m["ram_int8"].update(height=m["ram_int8"]["height"] + 1), "ram_int8"),
     ("rows-shape-reshaped", lambda f, m: _row_weight(m).update(shape=[2 * _row_weight(m)["shape"][0],
                                                                       _row_weight(m)["shape"][1] // 2]), "ram_int8"),
     ("rows-file-is-the-compute-graph", lambda f, m: m["ram_int8"].update(rows=m["ram_int8"]["compute"]), "ram_int8"),

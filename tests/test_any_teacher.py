@@ -75,9 +75,9 @@ def test_an_export_reads_no_position_past_the_learned_ones(teachers, model_type,
 @pytest.mark.parametrize("model_type", list(ARCHITECTURES))
 def test_export_of_any_architecture_runs_torch_free_as_pytorch(teachers, model_type, tmp_path):
     from sentence_transformers import SentenceTransformer
+    from sharebert_runtime import Runtime
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from sharebert.deploy import Runtime
     from sharebert.export import export_model
 
     folder = teachers[model_type]["embedding"]
@@ -203,8 +203,7 @@ def test_short_distillation_of_any_teacher_improves_the_students_cosine(teachers
 ])
 def test_folders_that_are_no_encoder_teacher_get_one_line_errors(teachers, tmp_path, kind, message, capsys):
     import transformers
-
-    from sharebert.cli import main
+    from sharebert_runtime.main import main
 
     folder = tmp_path / kind
     if kind == "no_tokenizer":
@@ -227,7 +226,8 @@ def test_folders_that_are_no_encoder_teacher_get_one_line_errors(teachers, tmp_p
 
 @pytest.mark.slow
 def test_the_teachers_artifact_takes_the_first_quantization_that_keeps_it(teachers, tmp_path, monkeypatch):
-    from sharebert.outdir import read_json
+    from sharebert_runtime.outdir import read_json
+
     from sharebert.training import compress as t
 
     folder, said = teachers["mpnet"]["embedding"], []

@@ -1,9 +1,9 @@
 """Budget planner: size parsing, feasibility, the Pareto front, the no-fit explanation, the CLI and plot."""
 import pytest
+from sharebert_runtime.main import main
 
 from sharebert.accounting import count_params
 from sharebert.budget import parse_size, search_candidates
-from sharebert.cli import main
 
 
 def test_parse_size():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from sharebert.cli import main
+from sharebert_runtime.main import main
 from sharebert.training.distill_embedding import (HEAD_FIT, EmbeddingProjections, build_student, default_corpus,
                                                    embedding_loss, encode, fit_head, load_encoder, read_sentences,
                                                    recipe_head)
@@ -132,7 +132,7 @@ def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(compr
 
     from transformers import AutoTokenizer
 
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
     from sharebert.recipe import read_recipe
 
     out = tmp_path / "run"
@@ -194,7 +194,7 @@ def test_resume_with_another_teacher_is_refused_naming_it(compressed, minilm_dir
 def test_student_is_a_sentence_transformers_folder_and_its_artifact_gives_its_embeddings(compressed):
     from sentence_transformers import SentenceTransformer
 
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
     from sharebert.recipe import read_recipe
 
     student = compressed / "student"
@@ -238,7 +238,7 @@ def test_a_student_folder_distilled_further_keeps_its_own_head(compressed, minil
 def test_fp32_artifact_equals_the_pytorch_student(compressed, tmp_path):
     from transformers import AutoTokenizer
 
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
     from sharebert.export import export_model
     from sharebert.recipe import read_recipe
 
@@ -469,7 +469,7 @@ def test_one_run_at_a_time_per_out_and_a_refused_run_leaves_nothing(command, min
     """distill and compress hold the --out lock (outdir.run_lock) as prepare, pretrain and
     finetune do: a second run into a folder being written is refused in one line naming the first; a run refused
     before writing anything leaves no lock file in a user's folder and no --out it created."""
-    from sharebert.outdir import OutLock
+    from sharebert_runtime.outdir import OutLock
 
     name = command[0]
     teacher = (["--teacher", str(minilm_dir)] if name == "distill" else [str(minilm_dir)])

@@ -10,8 +10,7 @@ import json
 
 import numpy as np
 import pytest
-
-from sharebert.cli import main
+from sharebert_runtime.main import main
 
 EVAL, STEPS, SENTENCES, MAX_PARAMS = 120, 6, 200, 2_500_000
 
@@ -39,7 +38,8 @@ def classifier_run(tmp_path_factory):
 
 def _artifact_accuracy(artifact, rows):
     """Accuracy of an artifact on the first ``rows`` SST-2 dev examples, counted here from its answers."""
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
+
     from sharebert.paths import data_path
     from sharebert.training.glue import read_split
 
@@ -72,7 +72,7 @@ def test_report_has_both_phases_and_the_budgeted_student(classifier_run):
 
 
 def test_the_artifact_classifies_and_its_metric_is_the_reported_one(classifier_run):
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
 
     out = classifier_run / "out"
     r = json.loads((out / "report.json").read_text())

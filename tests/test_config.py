@@ -2,10 +2,10 @@
 import json
 
 import pytest
+from sharebert_runtime.main import main
 
 from sharebert import PRESETS, ShareBertConfig, ShareBertForMaskedLM
 from sharebert.build import config_for_vocab
-from sharebert.cli import main
 from sharebert.shape import parse_overrides
 
 

@@ -12,7 +12,7 @@ from sharebert.training.corpus import (
     char_tokenizer, encode_sources, iter_lines, pack, read_text, strip_wiki_markup,
 )
 from sharebert.model_folder import load_tokenizer
-from sharebert.textlines import PIECE_CHARS, resolve_sources
+from sharebert_runtime.textlines import PIECE_CHARS, resolve_sources
 
 ENWIKI = data_path("enwiki-sample")
 SHAKESPEARE = data_path("tinyshakespeare", "input.txt")

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sharebert_runtime import ArtifactError, Runtime, quantize_per_channel
 
 from sharebert.build import build_model
-from sharebert.deploy import ArtifactError, Runtime, quantize_per_channel
 from sharebert.export.exporter import export_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
@@ -81,9 +81,9 @@ def test_device_subprocess_without_torch_matches_pytorch(mlm):
     model_dir, artifact = mlm
     script = BLOCK_IMPORTS + f"""
 import json
-import sharebert.deploy
-from sharebert.deploy import Runtime
-from sharebert.cli import main
+import sharebert_runtime
+from sharebert_runtime import Runtime
+from sharebert_runtime.main import main
 assert not any(m.split(".")[0] in ("torch", "transformers", "optimum", "onnx") for m in sys.modules)
 texts = {SENTENCES!r}
 out = {{mode: Runtime({str(artifact)!r}, threads=1, ram=mode).fill_mask(texts, top_k=3) for mode in ("fp32", "int8")}}
@@ -233,7 +233,7 @@ def test_concurrent_threads_get_the_sequential_answers(classifier):
 
 
 def test_predict_cli_streams_and_reports_malformed_lines(mlm, tmp_path, capsys):
-    from sharebert.cli import main
+    from sharebert_runtime.main import main
 
     _, artifact = mlm
     lines = [b"the [MASK] is red .", b'{"text": "a [MASK] day", "id": 7}', b"{not json", b"\xff\xfe broken",
@@ -255,6 +255,6 @@ def test_predict_cli_streams_and_reports_malformed_lines(mlm, tmp_path, capsys):
 @pytest.mark.parametrize("p, text", [(0.6123, "0.612"), (0.1, "0.100"), (0.0421, "0.0421"), (0.00123, "0.00123"),
                                      (3.2e-05, "3.2e-05"), (0.0, "0")])
 def test_predict_prints_small_probabilities_readably(p, text):
-    from sharebert.deploy.cli import _score
+    from sharebert_runtime.cli import _score
 
     assert _score(p) == text

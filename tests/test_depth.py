@@ -12,11 +12,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from sharebert_runtime import Runtime
+from sharebert_runtime.serve import make_server
 
 import sharebert
 from sharebert.build import build_model
-from sharebert.deploy import Runtime
-from sharebert.deploy.serve import make_server
 from sharebert.export import depth as gating
 from sharebert.export.exporter import export_model
 
@@ -178,9 +178,9 @@ def test_integral_depths_of_any_kind_are_accepted(mlm):
 
 
 def _predict(capsys, *argv):
-    """``sharebert predict ARGV`` in this process (``sharebert.cli.main``, as the console script calls it):
+    """``sharebert predict ARGV`` in this process (``sharebert_runtime.main.main``, as the console script calls it):
     (exit status, stdout, stderr)."""
-    from sharebert.cli import main
+    from sharebert_runtime.main import main
 
     capsys.readouterr()
     rc = main(["predict", *map(str, argv)])

@@ -9,7 +9,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
 from sharebert.build import build_model, config_for_vocab
-from sharebert.cli import main
+from sharebert_runtime.main import main
 from sharebert.model_folder import load_model
 from sharebert.modeling_sharebert import ShareBertForSequenceClassification
 from sharebert.paths import default_vocab

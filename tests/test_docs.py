@@ -11,7 +11,7 @@ Markers for what cannot run here (the reason is printed):
 - a command holding a ``...`` placeholder is an outline, skipped; so is a program this environment lacks
   (``torchrun``, ``optimum-cli`` outside a ``make install``), said so. Blocks without a language are output.
 
-How it runs, in as few processes as possible: ``sharebert`` commands in this process (``sharebert.cli.main``,
+How it runs, in as few processes as possible: ``sharebert`` commands in this process (``sharebert_runtime.main.main``,
 so torch loads once), ``python script.py ...`` with ``runpy``, other commands in ``bash -e -o pipefail``,
 Python blocks with ``exec``. The caps are applied in this process, on the way into the library's budgeted
 functions (``BUDGETED``); a budgeted ``sharebert`` command run in another process (``torchrun -m sharebert
@@ -203,13 +203,13 @@ def capped_command_line(argv: list[str]) -> list[str] | None:
     capped: each option of that command's own parser (``add_arguments``; a subcommand's, as ``evaluate glue``)
     whose destination is in ``CAPS`` set to ``min(value, cap)``, or appended with the cap where the line does not
     give it. ``None`` when the line runs no budgeted command."""
-    from sharebert.cli import COMMANDS
+    from sharebert_runtime.main import COMMANDS
 
     at = next((i for i, (a, b) in enumerate(zip(argv, argv[1:])) if a == "sharebert" and b in BUDGETED_COMMANDS), None)
     if at is None:
         return None
     parser = argparse.ArgumentParser(add_help=False)
-    importlib.import_module(COMMANDS[argv[at + 1]]).add_arguments(parser)
+    importlib.import_module(COMMANDS[argv[at + 1]][0]).add_arguments(parser)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             parser = next((action.choices[w] for w in argv[at + 2:] if w in action.choices), parser)
@@ -295,7 +295,7 @@ class Scratch:
                     served = [a if a != port[0] else port[1] for a in argv[1:]] + ([] if "--port" in argv else ["--port", port[1]])
                     server = self._serve(served, port[1], block)
                 elif argv[0] == "sharebert" and not SHELL_OPERATORS & set(argv):
-                    from sharebert.cli import main
+                    from sharebert_runtime.main import main
 
                     rc = self._in_process(lambda argv=argv: main(argv[1:]))
                     assert rc == 0, f"{block.id}: `{line}` exited {rc}"

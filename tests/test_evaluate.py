@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 from sharebert.build import build_model
-from sharebert.cli import main
+from sharebert_runtime.main import main
 from sharebert.paths import data_path, default_vocab
 from sharebert.training import metrics as M
 from sharebert.training.encoded import encode, label_map, mean_embedding_norm, predict_logits

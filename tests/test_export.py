@@ -15,7 +15,7 @@ import torch
 
 import sharebert
 from sharebert.accounting import count_flops
-from sharebert.cli import main
+from sharebert_runtime.main import main
 from sharebert.export import graph
 from sharebert.export.parity import THRESHOLDS
 from sharebert.export.exporter import ParityError, check_folding, export_model, session_options

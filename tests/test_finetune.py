@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 from scipy import stats
+from sharebert_runtime.main import main
 
 from sharebert.build import build_model
-from sharebert.cli import main
 from sharebert.paths import data_path
 from sharebert.training.encoded import encode, predict_logits
 from sharebert.training.evaluate import evaluate_glue, load_finetuned
@@ -102,12 +102,12 @@ def test_rerun_into_unfinished_out_and_one_run_at_a_time(base, tmp_path, capsys)
 
     out = tmp_path / "ft"
     (out / "checkpoints" / "checkpoint-7").mkdir(parents=True)  # what a run killed before its first save leaves,
-    from sharebert.outdir import mark_out
+    from sharebert_runtime.outdir import mark_out
 
     mark_out(out, "finetune")  # with the marker it wrote first (outdir.MARK): a folder without one is not ours
     argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-steps", "2",
             "--max-train-samples", "16", "--max-eval-samples", "16", "--batch-size", "8"]
-    holder = subprocess.Popen([sys.executable, "-c", "import time; from sharebert.outdir import OutLock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from sharebert_runtime.outdir import OutLock\n"
                                f"with OutLock({str(out)!r}, 'finetune'):\n    print('locked', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sharebert.build import build_model
-from sharebert.cli import main
+from sharebert_runtime.main import main
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16,
             max_position_embeddings=64)
@@ -111,9 +111,8 @@ print(json.dumps(got))
 
 
 def test_without_registration_transformers_does_not_know_sharebert(mlm_dir):
-    """The check above is not vacuous: with ``SHAREBERT_REGISTER=0`` the same first lines fail as before."""
-    done = _python(f"import sharebert; from transformers import AutoConfig; AutoConfig.from_pretrained({str(mlm_dir)!r})",
-                   SHAREBERT_REGISTER="0")
+    """The check above is not vacuous: without ``import sharebert`` the same first lines fail."""
+    done = _python(f"from transformers import AutoConfig; AutoConfig.from_pretrained({str(mlm_dir)!r})")
     assert done.returncode != 0 and "sharebert" in done.stderr
 
 
@@ -341,8 +340,8 @@ def test_push_to_hub_of_a_portable_model_uploads_its_code(remote, tmp_path, monk
 def test_export_of_a_portable_folder_leaves_its_auto_map_behind(remote, tmp_path):
     """The artifact of a portable folder carries no ``auto_map`` (it has no .py files to name) and
     runs in the device runtime."""
-    from sharebert.cli import main
-    from sharebert.deploy import Runtime
+    from sharebert_runtime.main import main
+    from sharebert_runtime import Runtime
 
     assert main(["export", "--model", str(remote["portable"]), "--out", str(tmp_path / "art"),
                  "--shapes", "1x16"]) == 0
@@ -444,7 +443,7 @@ def test_lora_adapts_the_generated_weights_trains_only_adapters_merges_and_expor
     tokenizer.save_pretrained(tmp_path / "merged")
     export_model(tmp_path / "merged", tmp_path / "artifact", task="text-classification", check_limit=4, runs=1,
                  shapes=("1x16",), progress=False)
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
 
     got = Runtime(tmp_path / "artifact").classify(["a good film", "a dull , tedious film", "fine"])
     probs = torch.softmax(adapted, -1).numpy()  # the artifact computes the adapted model (merged in its weights)
@@ -474,7 +473,7 @@ def test_sentence_transformers_loads_a_sharebert_embedding_folder_as_the_artifac
     (the ``remote`` fixture's)."""
     from sentence_transformers import SentenceTransformer
 
-    from sharebert.deploy import Runtime
+    from sharebert_runtime import Runtime
     from sharebert.export.exporter import export_model
 
     folder, texts = remote["embedder"], EMBED_TEXTS
@@ -493,7 +492,7 @@ def test_export_optimize_fuses_keeps_depth_and_equals_the_plain_artifact(mlm_dir
     import onnx
     import onnxruntime as ort
 
-    from sharebert.deploy.artifact import MODEL
+    from sharebert_runtime.artifact import MODEL
     from sharebert.export.exporter import export_model
 
     plain = json.loads((artifact_of("fp32 fill-mask") / "manifest.json").read_text())
@@ -549,7 +548,7 @@ def test_ort_transformer_optimizer_writes_a_valid_model_with_the_artifacts_outpu
     import onnx
     import onnxruntime as ort
 
-    from sharebert.deploy.artifact import DEPTH, MODEL
+    from sharebert_runtime.artifact import DEPTH, MODEL
     from sharebert.export import session_options
 
     folder = artifact_of(kind)
@@ -585,8 +584,8 @@ def test_ort_transformer_optimizer_on_the_ram_int8_compute_graph(artifact_of, ca
     import onnxruntime as ort
     from onnx.external_data_helper import load_external_data_for_model
 
-    from sharebert.deploy import Runtime
-    from sharebert.deploy.artifact import RAM_INT8_COMPUTE, session_options
+    from sharebert_runtime import Runtime
+    from sharebert_runtime.artifact import RAM_INT8_COMPUTE, session_options
 
     folder = artifact_of("fp32 fill-mask")
     runtime = Runtime(folder, ram="int8", threads=1)

@@ -8,10 +8,10 @@ import shutil
 
 import numpy as np
 import pytest
+from sharebert_runtime import Runtime
 
 from sharebert import ShareBertForSequenceClassification
 from sharebert.build import build_model
-from sharebert.deploy import Runtime
 from sharebert.export.exporter import export_model
 from sharebert.paths import data_path
 
@@ -117,8 +117,8 @@ def test_each_call_is_padded_to_its_longest_row_and_grouping_pads_less(artifacts
 
 
 def test_predict_cli_answers_chunks_in_input_order(artifacts, mix, tmp_path, monkeypatch, capsys):
-    from sharebert.cli import main
-    from sharebert.deploy import cli
+    from sharebert_runtime import cli
+    from sharebert_runtime.main import main
 
     artifact = artifacts["fill-mask"]
     texts = _masked(mix)
@@ -139,7 +139,7 @@ def test_predict_cli_answers_chunks_in_input_order(artifacts, mix, tmp_path, mon
 
 
 def test_predict_cli_names_the_line_that_fails_in_a_chunk(artifacts, tmp_path, monkeypatch, capsys):
-    from sharebert.cli import main
+    from sharebert_runtime.main import main
 
     predict = Runtime.predict
 

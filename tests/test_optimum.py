@@ -14,10 +14,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from sharebert_runtime import Runtime, verify_artifact
+from sharebert_runtime.artifact import MODEL, RAM_INT8_COMPUTE, RAM_INT8_GENERATOR
 
 from sharebert.build import build_model
-from sharebert.deploy import Runtime, verify_artifact
-from sharebert.deploy.artifact import MODEL, RAM_INT8_COMPUTE, RAM_INT8_GENERATOR
 from sharebert.export.exporter import export_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from sharebert.build import build_model
-from sharebert.cli import main
-from sharebert.deploy import ArtifactError, Runtime
-from sharebert.deploy.artifact import (MANIFEST, MODEL, ORT_COMPUTE, ORT_GENERATOR, REQUIRED_OPERATORS, assemble_ort,
+from sharebert_runtime.main import main
+from sharebert_runtime import ArtifactError, Runtime
+from sharebert_runtime.artifact import (MANIFEST, MODEL, ORT_COMPUTE, ORT_GENERATOR, REQUIRED_OPERATORS, assemble_ort,
                                        verify_artifact)
 from sharebert.export.exporter import export_model
 from sharebert.export.ort_format import parse_required_operators

@@ -2,8 +2,8 @@
 (the marker ``outdir.MARK``, never subfolder names); a ``--resume`` checks it resumes the same run (teacher,
 student shape, data, objective); ``compress`` refuses bad inputs before torch is imported.
 
-One table per root cause. Each command runs in a subprocess (``SHAREBERT_REGISTER=0``: ``import sharebert``
-registers nothing, as in the ``sharebert`` command) so ``sys.modules`` tells whether torch was imported.
+One table per root cause. Each command runs in a subprocess; ``device=True`` blocks torch and transformers there (as
+on a device install, where ``import sharebert`` registers nothing), so a refusal that needs torch fails to come.
 """
 import json
 import os
@@ -13,19 +13,20 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from sharebert.outdir import MARK, check_same_run, mark_out, read_mark
+from sharebert_runtime.outdir import MARK, check_same_run, mark_out, read_mark
 
 DRIVER = ("import sys, json\n"
-          "from sharebert.cli import main\n"
+          "if sys.argv.pop(1) == 'device':\n"
+          "    sys.modules.update(torch=None, transformers=None)\n"
+          "from sharebert_runtime.main import main\n"
           "rc = main(sys.argv[1:])\n"
-          "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))\n")
+          "print(json.dumps({'rc': rc, 'torch': sys.modules.get('torch') is not None}))\n")
 
 
-def _sharebert(*argv, cwd, env=None):
-    """``(exit status, torch imported, stderr)`` of ``sharebert argv`` in a fresh process."""
-    proc = subprocess.run([sys.executable, "-c", DRIVER, *map(str, argv)], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "SHAREBERT_REGISTER": "0", "OMP_NUM_THREADS": "1", **(env or {})},
+def _sharebert(*argv, cwd, env=None, device=False):
+    """``(exit status, torch imported, stderr)`` of ``sharebert argv`` in a fresh process (``device``: torch blocked)."""
+    proc = subprocess.run([sys.executable, "-c", DRIVER, "device" if device else "workstation", *map(str, argv)], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
                           timeout=600)
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     return last["rc"], last["torch"], proc.stderr
@@ -126,7 +127,7 @@ def test_compress_refuses_bad_inputs_before_torch_is_imported(bad, message, mini
     teacher = tmp_path / "no-such-teacher" if bad == ["--teacher-missing"] else minilm_dir
     bad = [] if bad == ["--teacher-missing"] else bad
     out = [] if "--out" in bad else ["--out", "R"]
-    rc, torch_imported, err = _sharebert("compress", teacher, *out, *bad, cwd=tmp_path)
+    rc, torch_imported, err = _sharebert("compress", teacher, *out, *bad, cwd=tmp_path, device=True)
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not torch_imported
     assert not (tmp_path / "R").exists()
@@ -231,7 +232,7 @@ def test_publish_over_restores_on_failure_keeps_a_stopped_run_and_clears_aside_w
     assert report == {"stopped": False} and not (out / ASIDE).exists()
 
 def test_a_marker_that_is_no_file_of_ours_owns_nothing(tmp_path):
-    from sharebert.outdir import made_by
+    from sharebert_runtime.outdir import made_by
 
     os.mkfifo(tmp_path / MARK)  # never opened: a FIFO would block
     assert read_mark(tmp_path) is None

@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 import torch
+from sharebert_runtime import Runtime
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
-from sharebert.deploy import Runtime
 from sharebert.paths import data_path, default_vocab
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -85,7 +85,7 @@ def test_pair_regression_matches_pytorch(stsb_model, stsb_pairs):
 
 
 def test_predict_reads_pairs_from_json_lines_and_tsv(stsb_model, stsb_pairs, tmp_path):
-    from sharebert.cli import main
+    from sharebert_runtime.main import main
 
     folder, artifact = stsb_model
     first, second = stsb_pairs[0][1:6], stsb_pairs[1][1:6]
@@ -103,7 +103,7 @@ def test_predict_reads_pairs_from_json_lines_and_tsv(stsb_model, stsb_pairs, tmp
 
 
 def test_serve_answers_pairs(stsb_model, stsb_pairs, http_json):
-    from sharebert.deploy.serve import make_server
+    from sharebert_runtime.serve import make_server
 
     folder, artifact = stsb_model
     first, second = stsb_pairs[0][1:4], stsb_pairs[1][1:4]

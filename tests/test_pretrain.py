@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from sharebert_runtime.main import main
 from transformers import TrainerCallback
 
 from sharebert.build import build_model
-from sharebert.cli import main
 from sharebert.paths import data_path
 from sharebert.training.callbacks import MARKER, checkpoints, is_complete, latest_checkpoint
 from sharebert.training.pretrain import NonFiniteLoss, PretrainArgs, param_digest, pretrain
@@ -500,7 +500,7 @@ def test_one_run_at_a_time_per_out_and_a_killed_run_leaves_no_stuck_lock(tmp_pat
     the kernel drops it when its holder is killed with SIGKILL, so the next run proceeds."""
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from sharebert.outdir import OutLock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from sharebert_runtime.outdir import OutLock\n"
                                f"with OutLock({str(out)!r}, 'pretrain'):\n    print('locked', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:

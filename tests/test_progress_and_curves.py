@@ -3,9 +3,9 @@ import json
 import re
 
 import pytest
+from sharebert_runtime.main import main
 
 from sharebert.build import build_model
-from sharebert.cli import main
 from sharebert.curves import _series, read_log
 from sharebert.paths import data_path
 from sharebert.training.finetune import FinetuneArgs, finetune

@@ -5,11 +5,11 @@ import json
 
 import numpy as np
 import pytest
+from sharebert_runtime import Runtime
+from sharebert_runtime import artifact as contract
+from sharebert_runtime import runtime as runtime_module
 
 from sharebert.build import build_model
-from sharebert.deploy import Runtime
-from sharebert.deploy import artifact as contract
-from sharebert.deploy import runtime as runtime_module
 from sharebert.export.exporter import export_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
@@ -35,6 +35,39 @@ def test_quantize_rows_equals_quantizing_the_whole_weight(width, offset, K, N, c
     assert np.array_equal(q, ref_q) and np.array_equal(scale, ref_scale)
     assert scale[2] == 1.0 and not q[:, 2].any()
     assert max(calls) <= max(chunk, K // width + 1) + 1  # never much more than a chunk of rows in fp32
+
+
+def test_product_rows_made_in_column_slices_and_kept_equal_the_product():
+    """The rows graph's runner: any rows asked for, in any order, equal the product's; the buffer is filled
+    once for a product that fits it, and by column slices where the graph takes them."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=(3, 11)).astype(np.float32)
+    axis = numpy_helper.from_array(np.array([0], np.int64), "zero")
+    axis1 = numpy_helper.from_array(np.array([1], np.int64), "one")
+    nodes = [helper.make_node("Slice", ["a", "rows.start", "rows.end", "zero"], ["ra"]),
+             helper.make_node("Slice", ["b", "cols.start", "cols.end", "one"], ["cb"]),
+             helper.make_node("MatMul", ["ra", "cb"], ["rows"])]
+    graph = helper.make_graph(nodes, "rows", [helper.make_tensor_value_info(n, TensorProto.INT64, [1]) for n in
+                                              ("rows.start", "rows.end", "cols.start", "cols.end")],
+                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, None])],
+                              [numpy_helper.from_array(a, "a"), numpy_helper.from_array(b, "b"), axis, axis1])
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                   .SerializeToString(), providers=["CPUExecutionProvider"])
+    calls = []
+    real = session.run_with_iobinding
+    session.run_with_iobinding = lambda binding: calls.append(1) or real(binding)
+    product = a @ b
+    for cols in (4, 11, 64):
+        calls.clear()
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(contract, "COLUMNS_PER_CALL", cols)
+            rows = contract.product_rows(session, 11, 5)
+        for start, end in [(3, 5), (0, 2), (1, 4), (4, 5)]:
+            np.testing.assert_allclose(rows(start, end), product[start:end], rtol=1e-6)
+        assert len(calls) == -(-11 // min(cols, 11))  # the whole product once, one run per column slice
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -74,7 +107,7 @@ def test_load_makes_generated_weights_in_bounded_row_chunks(artifact, monkeypatc
     rt = Runtime(artifact, ram="int8", threads=1)
     assert spans and max(spans) <= contract.ROWS_PER_CALL + 1
     assert rt.metadata()["int8_generated_weights"] == len(manifest["weights"])
-    fp32 = Runtime(artifact, threads=1).fill_mask("the [MASK] was good .")[0][0]
+    fp32 = Runtime(artifact, ram="fp32", threads=1).fill_mask("the [MASK] was good .")[0][0]
     int8 = rt.fill_mask("the [MASK] was good .")[0][0]
     assert abs(fp32[0]["score"] - int8[0]["score"]) <= 0.05
 
@@ -116,8 +149,39 @@ def test_int8_stored_file_keeps_its_embedding_table_int8_in_ram(tmp_path):
     producer = {o: n for n in compute.graph.node for o in n.output}
     gathers = [n for n in compute.graph.node if n.op_type == "Gather" and n.input[0] in producer]
     assert not any(producer[n.input[0]].op_type == "DequantizeLinear" for n in gathers)
+    # the load-time rows graph dequantizes a slice of the int8 table per call, never the whole table
+    rows = onnx.load(str(tmp_path / "art" / contract.RAM_INT8_ROWS), load_external_data=False)
+    producer = {o: n for n in rows.graph.node for o in n.output}
+    gemm = next(n for n in rows.graph.node if n.op_type == "Gemm")
+    dq = producer[gemm.input[1]]
+    assert dq.op_type == "DequantizeLinear" and producer[dq.input[0]].op_type == "Slice"
+    assert {"cols.start", "cols.end"} <= {i.name for i in rows.graph.input}
     text = "the [MASK] was good , and the [MASK] too ."
-    fp32 = Runtime(tmp_path / "art", threads=1).fill_mask(text)
+    fp32 = Runtime(tmp_path / "art", ram="fp32", threads=1).fill_mask(text)
     int8 = Runtime(tmp_path / "art", ram="int8", threads=1).fill_mask(text)
     for a, b in zip(fp32[0], int8[0]):
         assert abs(a[0]["score"] - b[0]["score"]) <= 0.05
+
+
+SENTENCES = ["the capital of france is paris .", "he went to the shop to buy some bread .", "",
+             "a gripping movie , and a moving one .", "it 's a charming and often affecting journey ."]
+
+
+@pytest.mark.parametrize("quantize, default", [("int8", "int8"), ("none", "fp32")])
+def test_every_memory_setting_answers_within_the_artifacts_parity_tolerance(tmp_path, quantize, default):
+    """``ram="auto"`` (the default) holds an int8-stored compact artifact's generated weights as int8 and leaves
+    an fp32 file in fp32; every setting's sentence vectors agree with fp32's within the int8 parity threshold."""
+    from sharebert.export.parity import THRESHOLDS
+
+    build_model("sharebert-tiny", tmp_path / "model", TINY, seed=7)
+    export_model(tmp_path / "model", tmp_path / "art", task="feature-extraction", quantize=quantize, check_limit=8,
+                 runs=2, progress=False)
+    vectors = {}
+    for ram in runtime_module.RAM_MODES:
+        rt = Runtime(tmp_path / "art", ram=ram, threads=1)
+        assert rt.ram == (default if ram == "auto" else ram)
+        vectors[ram] = np.stack(rt.embed(SENTENCES))
+    assert np.array_equal(vectors["auto"], vectors[default])
+    a, b = vectors["fp32"], vectors["int8"]
+    cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert np.isfinite(cosine).all() and cosine.min() >= THRESHOLDS["int8"]["cosine"], cosine

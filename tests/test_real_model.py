@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from sharebert_runtime import Runtime
 
-from sharebert.deploy import Runtime
 from sharebert.paths import data_path
 
 STSB_PAIRS = 500  # the first pairs of STS-B dev (the benchmark scores all 1,500)
@@ -145,8 +145,8 @@ def test_predict_and_serve_embed_by_the_recipe(minilm_artifact, capsys, tmp_path
     the request's "pooling"/"normalize" override it; a bad override is refused in one line."""
     import threading
 
-    from sharebert.cli import main
-    from sharebert.deploy.serve import make_server
+    from sharebert_runtime.main import main
+    from sharebert_runtime.serve import make_server
 
     path, _ = minilm_artifact("none")
     runtime = Runtime(path, threads=1)

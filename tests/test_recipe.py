@@ -210,8 +210,8 @@ def test_exported_recipe_embeds_as_sentence_transformers(bert_folder, tmp_path, 
     SentenceTransformer(folder).encode gives; overrides pool the token states as deploy.pooling says."""
     from sentence_transformers import SentenceTransformer
 
-    from sharebert.deploy import Runtime
-    from sharebert.deploy.pooling import l2_normalize, pool
+    from sharebert_runtime import Runtime
+    from sharebert_runtime.pooling import l2_normalize, pool
     from sharebert.export.exporter import export_model
 
     folder = _copy(bert_folder[0], tmp_path / "st")
@@ -237,14 +237,14 @@ def test_exported_recipe_embeds_as_sentence_transformers(bert_folder, tmp_path, 
 
 
 def test_pooling_modes_are_the_recipes():
-    from sharebert.deploy.pooling import POOLERS
+    from sharebert_runtime.pooling import POOLERS
 
     assert tuple(POOLERS) == POOLING_MODES  # the runtime pools every mode a recipe may name
 
 
 @pytest.mark.parametrize("mode", ["median", ["mean"], None, {"mean": True}])
 def test_unknown_pooling_mode_is_refused(mode):
-    from sharebert.deploy.pooling import pool
+    from sharebert_runtime.pooling import pool
 
     with pytest.raises(ValueError, match="pooling must be one of"):
         pool(np.zeros((1, 2, 3), np.float32), np.ones((1, 2), np.int64), mode)

@@ -9,10 +9,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from sharebert_runtime import Runtime
+from sharebert_runtime.serve import make_server
 
 from sharebert.build import build_model
-from sharebert.deploy import Runtime
-from sharebert.deploy.serve import make_server
 from sharebert.export.exporter import export_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)

@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from sharebert_runtime import Runtime
+from sharebert_runtime.runtime import shortest_floats, top_k_softmax
+from sharebert_runtime.serve import make_server
 
 from sharebert.build import build_model
-from sharebert.deploy import Runtime
-from sharebert.deploy.runtime import shortest_floats, top_k_softmax
-from sharebert.deploy.serve import make_server
 from sharebert.export.exporter import export_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
@@ -336,7 +336,7 @@ def test_scores_are_written_in_float32s_shortest_form():
 
 
 def test_heavy_requests_leave_a_worker_to_light_ones():
-    from sharebert.deploy.serve import Admission, BadRequest
+    from sharebert_runtime.serve import Admission, BadRequest
 
     admission = Admission(workers=2, queue=4)
     with admission.slot(heavy=True):

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from sharebert.cli import main
-from sharebert.outdir import OutLock
+from sharebert_runtime.main import main
+from sharebert_runtime.outdir import OutLock
 from sharebert.paths import data_path, default_vocab
 from sharebert.tokenization import hf_tokenizer
 from sharebert.training import shards

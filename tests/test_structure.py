@@ -7,7 +7,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = {"sharebert": REPO / "sharebert", "sharebert.export": REPO / "export", "sharebert.deploy": REPO / "deploy"}
+PACKAGES = {"sharebert": REPO / "sharebert", "sharebert.export": REPO / "export", "sharebert_runtime": REPO / "deploy"}
 # Outside the packages, imported by `import sharebert` on a workstation (the registration).
 TOP_LEVEL = {"transformers_sharebert": REPO / "transformers_sharebert.py"}
 
@@ -117,28 +117,28 @@ def _matches(name: str, patterns) -> bool:
     return any(fnmatch(name, p) for p in patterns)
 
 
-DEPLOY = ("sharebert.deploy", "sharebert.deploy.*")
+DEPLOY = ("sharebert_runtime", "sharebert_runtime.*")
 EXPORT = ("sharebert.export", "sharebert.export.*")
-DEPLOY_HELPERS = ("sharebert.errors", "sharebert.options", "sharebert.textlines", "sharebert.untrusted",
-                  "sharebert.outdir")  # stdlib only
+DEPLOY_HELPERS = ("sharebert_runtime.errors", "sharebert_runtime.options", "sharebert_runtime.textlines",
+                  "sharebert_runtime.outdir", "sharebert_runtime.untrusted")  # stdlib only; the library uses them too
 DEVICE_INSTALL = frozenset({"numpy", "onnxruntime", "tokenizers", "tqdm"})  # the base install (pyproject.toml)
 TRAINING_STACK = frozenset({"torch", "transformers", "optimum", "onnx", "peft", "accelerate", "safetensors",
                             "sentence_transformers", "model2vec", "datasets"})
 TORCH_FREE = ("sharebert.shape", "sharebert.plan", "sharebert.accounting", "sharebert.budget", "sharebert.model_folder",
-              "sharebert.recipe", "sharebert.outdir", "sharebert.progress", "sharebert.curves", "sharebert.paths",
-              "sharebert.training.options", "sharebert.training.glue", "sharebert.cli",
+              "sharebert.recipe", "sharebert.progress", "sharebert.curves", "sharebert.paths",
+              "sharebert.training.options", "sharebert.training.glue", "sharebert_runtime.main",
               "sharebert.training.compress", "sharebert.training.fingerprint",  # compress checks its inputs torch-free
               *DEPLOY_HELPERS)
 
 RULES = [
-    Rule("deploy runs on a device's base install: no torch, of sharebert only its stdlib-only helpers",
-         covers=DEPLOY, only=(*DEPLOY, *DEPLOY_HELPERS), third_party=DEVICE_INSTALL),
-    Rule("deploy's helpers from sharebert are stdlib only", covers=DEPLOY_HELPERS, only=DEPLOY_HELPERS,
+    Rule("sharebert_runtime (deploy/) runs on a device's base install: no torch, nothing of sharebert",
+         covers=DEPLOY, only=DEPLOY, third_party=DEVICE_INSTALL),
+    Rule("the runtime's helpers that the library shares are stdlib only", covers=DEPLOY_HELPERS, only=DEPLOY_HELPERS,
          third_party=frozenset()),
     Rule("the library never imports export; only the export command does", covers=("sharebert", "sharebert.*",
          "transformers_sharebert"), exempt=(*EXPORT, "sharebert.commands.export"), forbids=EXPORT),
-    Rule("export takes of deploy only its artifact contract", covers=EXPORT, forbids=DEPLOY,
-         allowed=("sharebert.deploy.artifact",)),
+    Rule("export takes of deploy only its artifact contract and the shared helpers", covers=EXPORT, forbids=DEPLOY,
+         allowed=("sharebert_runtime.artifact", *DEPLOY_HELPERS)),
     Rule("torch-free modules import no training stack (`report`, `budget`, `--help` answer without torch)",
          covers=TORCH_FREE, at_import=True),
 ]
@@ -150,13 +150,15 @@ EXCEPTIONS = {
         "compress exports the student and the teacher (a pipeline combining layers, in the library's tree)",
     ("transformers_sharebert", "sharebert.export.onnx_config"):
         "the registration gives optimum's TasksManager sharebert's ONNX config (`import sharebert` imports it)",
-    ("sharebert.export.sentence_embedding", "sharebert.deploy.pooling"):
+    ("sharebert_runtime.main", "huggingface_hub.utils"):
+        "the command quiets transformers' own progress bars before a library command runs (skipped on a device)",
+    ("sharebert.export.sentence_embedding", "sharebert_runtime.pooling"):
         "the exported pooling graph and the runtime's pooling share deploy/pooling.py's one list of modes",
 }
 
 
 def _package_module(name: str, mods) -> str | None:
-    """The package module ``name`` is or lies in (``sharebert.deploy.Runtime`` is ``sharebert.deploy``)."""
+    """The package module ``name`` is or lies in (``sharebert_runtime.Runtime`` is ``sharebert_runtime``)."""
     while name and name not in mods:
         name = name.rpartition(".")[0]
     return name or None
@@ -206,7 +208,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycle_among_the_package_modules():
     graph = import_graph()
-    assert "sharebert.training.finetune" in graph and "sharebert.deploy.runtime" in graph
+    assert "sharebert.training.finetune" in graph and "sharebert_runtime.runtime" in graph
     assert "sharebert.training.encoded" in graph["sharebert.training.finetune"]
     assert cycles(graph) == []
 
@@ -229,11 +231,11 @@ def test_who_imports_whom_follows_the_documented_layers():
 
 def test_the_layer_rules_catch_a_breach():
     every, at_import = imported(), imported(module_level=True)
-    every["sharebert.deploy.runtime"].add("torch")  # a device module importing torch, even lazily
+    every["sharebert_runtime.runtime"].add("torch")  # a device module importing torch, even lazily
     every["sharebert.training.finetune"].add("sharebert.export.exporter")  # the library importing export
     at_import["sharebert.accounting"].add("transformers")  # a torch-free module's import
     found = {(i, n) for _, i, n in violations(every, at_import)}
-    assert {("sharebert.deploy.runtime", "torch"), ("sharebert.training.finetune", "sharebert.export.exporter"),
+    assert {("sharebert_runtime.runtime", "torch"), ("sharebert.training.finetune", "sharebert.export.exporter"),
             ("sharebert.accounting", "transformers")} <= found
     assert ("sharebert.budget", "transformers") not in found  # through accounting: one finding, at its source
 

@@ -1,11 +1,9 @@
 """``sharebert budget``: the Pareto front of configurations under a device budget (analytic)."""
 from __future__ import annotations
 
-HELP = "find ShareBERT / BERT configurations under a parameter, byte, RAM and FLOP budget"
-
 
 def add_arguments(p):
-    from .. import options as opt
+    from sharebert_runtime import options as opt
 
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--max-params", help="learned parameters, e.g. 10M")
@@ -21,8 +19,9 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    from sharebert_runtime.outdir import check_out_file
+
     from ..budget import human, parse_size, plot, search_candidates
-    from ..outdir import check_out_file
 
     size = lambda v: None if v is None else parse_size(v)  # noqa: E731
     limits = {"max_params": size(args.max_params), "max_bytes": size(args.max_bytes), "max_ram": size(args.max_ram),

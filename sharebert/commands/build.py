@@ -1,9 +1,7 @@
 """``sharebert build``: write a ready-to-train model folder from a preset."""
 from __future__ import annotations
 
-from .. import options as opt
-
-HELP = "build a model folder (config, safetensors, tokenizer) from a preset"
+from sharebert_runtime import options as opt
 
 
 def add_arguments(p):
@@ -27,9 +25,10 @@ def run(args) -> int:
     import os
     import shutil
 
+    from sharebert_runtime.outdir import check_out_dir, made_by, mark_out
+
     from ..accounting import count_params
     from ..model_folder import is_model_folder
-    from ..outdir import check_out_dir, made_by, mark_out
     from ..shape import parse_overrides, preset_fields
 
     overrides = parse_overrides(args.overrides)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from .. import options as opt
-from ..training.options import EMBEDDING_LOSS, EMBEDDING_LOSSES
+from sharebert_runtime import options as opt
 
-HELP = "compress a pre-trained encoder (e.g. all-MiniLM-L6-v2) into a small ShareBERT: pick, distil, export, report"
+from ..training.options import EMBEDDING_LOSS, EMBEDDING_LOSSES
 
 # Defaults, torch-free (the --help of every command answers before torch is imported).
 # LR: STS-B dev 0.8211 at 1e-3 vs 0.8183 at 5e-4 (1,500 steps, runs/abA4 vs abA1); TASK_LR: SST-2 dev 0.8406 at
@@ -113,7 +112,8 @@ def run(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "
                              f"{args.teacher} is an encoder")
 
-    from ..outdir import run_lock
+    from sharebert_runtime.outdir import run_lock
+
     from ..training.callbacks import SignalCheckpoint, StopRequested
     from ..training.compress import TimeBudget, compress
     from ..training.compress_classifier import compress_classifier

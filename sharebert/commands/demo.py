@@ -11,9 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .. import options as opt
-
-HELP = "run the whole path (report, build, pre-train, export int8, predict) on a tiny default"
+from sharebert_runtime import options as opt
 
 MARKER = ".sharebert_demo"  # written first: marks a folder as the demo's own, which a re-run may replace
 
@@ -48,7 +46,7 @@ def _compress_demo(main, out: Path, t0: float) -> int:
     print((out / "compress" / "report.md").read_text())
 
     _step("3. Similarity search with the torch-free runtime: the student beside its teacher")
-    from ..deploy import Runtime
+    from sharebert_runtime import Runtime
 
     def ranked(artifact: Path) -> list[tuple[float, str]]:
         rt = Runtime(artifact)
@@ -68,7 +66,7 @@ def _compress_demo(main, out: Path, t0: float) -> int:
 
 def add_arguments(p):
     p.add_argument("--out", type=opt.path, default="runs/demo", help="working folder (default: runs/demo)")
-    from ..options import positive_int
+    from sharebert_runtime.options import positive_int
 
     p.add_argument("--steps", type=positive_int, default=300, help="pre-training steps (default: 300)")
 
@@ -80,8 +78,9 @@ def _step(title: str):
 def run(args) -> int:
     import shutil
 
-    from ..cli import main
-    from ..outdir import check_out_dir
+    from sharebert_runtime.main import main
+    from sharebert_runtime.outdir import check_out_dir
+
     from ..paths import data_path, packaged_corpus, packaged_heldout
 
     # The one --out rule: only the demo's own folder (its marker) is replaced; anything else is refused.

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import os
 
-from .. import options as opt
-from ..training.options import EMBEDDING_LOSS, EMBEDDING_LOSSES
+from sharebert_runtime import options as opt
 
-HELP = "distil a fine-tuned BERT teacher into a ShareBERT student on a GLUE task (best dev student, metrics.json)"
+from ..training.options import EMBEDDING_LOSS, EMBEDDING_LOSSES
 
 
 def add_arguments(p):
@@ -63,7 +62,7 @@ OPTION_DEFAULTS = {"loss": EMBEDDING_LOSS}
 
 
 def run(args) -> int:
-    from ..outdir import run_lock
+    from sharebert_runtime.outdir import run_lock
 
     with run_lock(args.out, "distill"):  # one run at a time per --out (a killed run's lock goes with it)
         return _run(args)

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import options as opt
-
-HELP = "evaluate models: glue | wordsim | analogy | noise | cross-domain"
+from sharebert_runtime import options as opt
 
 
 def _common(p, json_out=True):
@@ -98,7 +96,8 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def run(args) -> int:
-    from ..outdir import check_out_file, write_json
+    from sharebert_runtime.outdir import check_out_file, write_json
+
     from .tables import format_table
 
     if getattr(args, "plot", None):  # output paths before any work: nothing runs for a path that cannot be written

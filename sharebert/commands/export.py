@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "Export a model folder to an ONNX artifact (compact or materialized weights, optional quantization)."
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sharebert import options as opt
-    from sharebert.deploy.artifact import TASKS
+    from sharebert_runtime import options as opt
+    from sharebert_runtime.artifact import TASKS
+
     from sharebert.export.quantize import HELP as QUANTIZE_HELP
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .. import options as opt
-
-HELP = "fine-tune a pre-trained model on a GLUE task (best dev checkpoint, metrics.json)"
+from sharebert_runtime import options as opt
 
 
 def add_arguments(p):

@@ -1,9 +1,7 @@
 """``sharebert plot RUN_DIR``: (re)draw a run's training curves."""
 from __future__ import annotations
 
-from .. import options as opt
-
-HELP = "draw a pretrain/finetune run's loss and learning-rate curves (curves.png) from its log"
+from sharebert_runtime import options as opt
 
 
 def add_arguments(p):

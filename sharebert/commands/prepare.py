@@ -5,9 +5,7 @@ import os
 import signal
 import sys
 
-from .. import options as opt
-
-HELP = "tokenize corpora once into a data folder of memory-mapped token shards for `pretrain --data`"
+from sharebert_runtime import options as opt
 
 
 def add_arguments(p):
@@ -25,7 +23,7 @@ def add_arguments(p):
 def run(args) -> int:
     import time
 
-    from ..textlines import resolve_sources
+    from sharebert_runtime.textlines import resolve_sources
 
     for sources in (args.train, args.valid):  # a bad source is refused before the training modules load torch
         if sources:

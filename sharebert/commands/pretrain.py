@@ -5,10 +5,7 @@ import os
 import signal
 import sys
 
-from .. import options as opt
-
-HELP = ("pre-train a model folder or a preset on text / MediaWiki XML corpora or on a `sharebert prepare` folder "
-        "(runs under torchrun too)")
+from sharebert_runtime import options as opt
 
 
 def add_arguments(p):

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import json
 
-from .. import options as opt
-
-HELP = "parameter, memory and FLOP report of a preset or model folder (analytic, no model built)"
+from sharebert_runtime import options as opt
 
 
 def add_arguments(p):

@@ -23,7 +23,7 @@ from transformers import TrainerCallback
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import ExportableState
 
-from ..outdir import read_json
+from sharebert_runtime.outdir import read_json
 
 MARKER = "sharebert_complete.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -171,7 +171,7 @@ def resume_from(folder: str | Path, resume: bool, say=print, out: Path | None = 
         return None
     found = resume_checkpoint(folder, say) if Path(folder).is_dir() else None
     if found is None:
-        from ..outdir import OutLock
+        from sharebert_runtime.outdir import OutLock
 
         out = Path(folder).parent if out is None else Path(out)  # used: holds more than the lock this run took
         used = out.is_dir() and any(p.name != OutLock.NAME for p in out.iterdir())

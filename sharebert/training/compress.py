@@ -30,8 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import first_line
-from ..outdir import MARK, atomic_output, check_out_dir, check_same_run, finite, made_by, mark_out, read_json, save_figure, write_json
+from sharebert_runtime.errors import first_line
+from sharebert_runtime.outdir import MARK, atomic_output, check_out_dir, check_same_run, finite, made_by, mark_out, read_json, save_figure, write_json
 
 REPORT = "report.json"
 WORK = "work"  # an embedding teacher's distillation (checkpoints, the teacher's vectors): kept with --keep-work
@@ -43,11 +43,15 @@ PARTS = ("general", "student", WORK, "artifact", "teacher_artifact", "teacher_lo
 _PROBE = r"""
 import json, sys, time
 import numpy as np
-from sharebert.deploy import Runtime
+from sharebert_runtime import Runtime
+def status(key):
+    return [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key)][0]
+imports = status("VmRSS")
 rt = Runtime(sys.argv[1], threads=1)
-rss = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+rss = status("VmHWM")
 run = rt.embed if rt.task == "feature-extraction" else rt.classify
-out = {"peak_rss_bytes": rss}
+run(["one request"])
+out = {"peak_rss_bytes": rss, "added_rss_bytes": status("VmRSS") - imports}
 for n in (16, 128):
     words = ("the quick brown fox jumps over the lazy dog " * 40).split()
     text = " ".join(words[: n - 2])
@@ -137,8 +141,7 @@ def is_classifier(config: dict) -> bool:
 def probe(artifact: Path, runs: int = 30) -> dict:
     """Peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread), in a fresh torch-free process."""
     proc = subprocess.run([sys.executable, "-c", _PROBE, str(artifact), str(runs)], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1",
-                               "SHAREBERT_REGISTER": "0"})  # a device's process: import sharebert registers nothing
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
         raise RuntimeError(f"measuring {artifact} failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -152,7 +155,7 @@ def read_eval_pairs(path) -> tuple[list[str], list[str], list[float]]:
     """``--eval-pairs FILE``: tab-separated ``sentence1, sentence2, gold`` per line, gold a score (any scale) or a
     label (``same``/``different``, ``yes``/``no``, ``1``/``0``); a first line whose gold is neither is a header.
     ``ValueError`` naming the file and line for anything else (torch-free: checked before any model loads)."""
-    from ..textlines import check_text_file
+    from sharebert_runtime.textlines import check_text_file
 
     path = check_text_file(path, "--eval-pairs")
     if path.stat().st_size > MAX_EVAL_BYTES:
@@ -366,7 +369,7 @@ def check_out(out, teacher, train, overwrite: bool, resume: bool, data=None) -> 
 def check_train(train) -> None:
     """``--train`` files refused in one line before any model loads (torch-free): missing, not a regular file (a
     FIFO, a device), empty, binary, or a ``.tsv`` whose first line is no GLUE header."""
-    from ..textlines import resolve_sources
+    from sharebert_runtime.textlines import resolve_sources
     from .glue import text_fields
 
     for src in resolve_sources(train) if train else ():
@@ -621,7 +624,7 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
     art = export_once(student_dir, out / "artifact", "int8", progress)
     say("measuring memory and speed ...")
     s_probe, t_probe = probe(art), probe(t_art)
-    from ..deploy import Runtime
+    from sharebert_runtime import Runtime
 
     q = embedding_quality(teacher, Runtime(art).embed, eval_pairs, say, eval_limit)
     s_manifest = json.loads((art / "manifest.json").read_text())
@@ -732,6 +735,7 @@ def safetensor_params(folder: Path) -> int:
 ROWS = (("learned parameters", "learned_params", "{:,}", "count"),
         ("file bytes (int8 artifact)", "file_bytes", None, "MB"),
         ("peak RSS at load (1 thread, fresh process)", "peak_rss_bytes", None, "MB"),
+        ("RAM the artifact adds (load + 1 request)", "added_rss_bytes", None, "MB"),
         ("p50, 16 tokens, 1 thread", "p50_ms_16", "{:.2f} ms", "ms"),
         ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms", "ms"))  # then the report's quality rows
 

@@ -26,8 +26,8 @@ import json
 import shutil
 from pathlib import Path
 
-from ..errors import first_line
-from ..outdir import read_json, write_json
+from sharebert_runtime.errors import first_line
+from sharebert_runtime.outdir import read_json, write_json
 from .compress import REPORT, STUDENT_FIELDS, check_same_student, export_once, fingerprint, precheck, probe, \
     publish_over, safetensor_params, teacher_name, weight_bytes, write_report
 
@@ -102,7 +102,7 @@ def artifact_glue_metrics(artifact: Path, task, data_dir: Path, limit: int | Non
     in the task's order)."""
     import numpy as np
 
-    from ..deploy import Runtime
+    from sharebert_runtime import Runtime
     from .glue import read_split
     from .metrics import task_metrics
 
@@ -143,7 +143,7 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     "phase", "steps"}`` after SIGINT/SIGTERM. ``args``: ``EmbeddingArgs`` (phase 1; its ``max_time`` bounds each
     phase); ``task_args``: ``DistillArgs`` (phase 2; ``max_eval_samples`` also bounds the report's dev rows)."""
     from ..budget import student_for
-    from ..outdir import check_same_run
+    from sharebert_runtime.outdir import check_same_run
     from .teacher import student_fields, teacher_config, teacher_shape, teacher_tokenizer
     from ..paths import data_path
     from .callbacks import resume_from

@@ -11,7 +11,7 @@ Sources (``--train`` / ``--valid`` items):
 
 Every source must exist, be a regular file (or a folder of them), be readable and hold text; otherwise
 ``FileNotFoundError`` / ``ValueError`` names the file before any training starts. Lines are read in
-bounded pieces (:mod:`sharebert.textlines`): a file without a newline costs no more memory than any other.
+bounded pieces (:mod:`sharebert_runtime.textlines`): a file without a newline costs no more memory than any other.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..progress import bar as progress_bar
-from ..textlines import text_pieces
+from sharebert_runtime.textlines import text_pieces
 
 CHAR_SPECIALS = ("[PAD]", "[UNK]")
 
@@ -69,7 +69,7 @@ def sniff_text(path: Path) -> None:
 
 def iter_lines(source: Path | str) -> Iterator[str]:
     """The text of one source as lines ending in ``\\n`` (newlines normalised, markup stripped); a line longer
-    than :data:`~sharebert.textlines.PIECE_CHARS` comes in pieces (:func:`~sharebert.textlines.text_pieces`),
+    than :data:`~sharebert_runtime.textlines.PIECE_CHARS` comes in pieces (:func:`~sharebert_runtime.textlines.text_pieces`),
     only the last ending in ``\\n``, so memory stays bounded for a file without newlines."""
     if isinstance(source, str):
         yield from _iter_dataset(source)

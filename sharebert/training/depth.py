@@ -14,7 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ..outdir import save_figure
+from sharebert_runtime.outdir import save_figure
 from ..paths import data_path
 from .glue import get_task, read_split
 from .metrics import task_metrics
@@ -73,7 +73,7 @@ def _artifact_scorer(path, task, split, threads):
     """``(layers, score(depth) -> (metric dict, p50 ms))`` for a text-classification artifact (ONNX Runtime)."""
     import numpy as np
 
-    from ..deploy import Runtime
+    from sharebert_runtime import Runtime
 
     if split.text_b is not None or task.is_regression:
         raise ValueError(f"{path} is an artifact: its runtime classifies single texts, and {task.name} scores "
@@ -104,7 +104,7 @@ def depth_table(model, task: str, depths, data_dir=None, max_eval_samples: int |
     "metric_vs_full" (difference), "latency_vs_full" (ratio)}]}``, rows by depth. Depths outside 1..N, or any
     depth for an artifact exported without depth support, raise ``ValueError`` before the data is read.
     """
-    from ..deploy.artifact import MANIFEST, depth_limit, is_artifact
+    from sharebert_runtime.artifact import MANIFEST, depth_limit, is_artifact
     from ..model_folder import read_config
 
     task_ = get_task(task)

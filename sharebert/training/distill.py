@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..curves import write_curves
-from ..deploy.artifact import sha256
-from ..errors import first_line
+from sharebert_runtime.artifact import sha256
+from sharebert_runtime.errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
-from ..outdir import check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
+from sharebert_runtime.outdir import check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
 from ..paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
 from .callbacks import MarkCheckpoints, kept_result, resume_from, start_checkpoints
@@ -677,7 +677,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     from ..build import config_for_vocab
     from ..modeling_sharebert import ShareBertForMaskedLM
     from ..shape import PRESETS
-    from ..textlines import resolve_sources
+    from sharebert_runtime.textlines import resolve_sources
     from .corpus import PackedDataset, encode_sources, pack
 
     out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, legacy=_is_distill_out,

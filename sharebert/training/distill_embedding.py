@@ -30,7 +30,7 @@ from torch import nn
 
 from ..modeling_sharebert import pool
 from ..model_folder import load_config, load_tokenizer
-from ..outdir import check_out_dir, finite, write_json
+from sharebert_runtime.outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_same_data, check_tokenizers, \
     distill_losses, pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, \
@@ -111,7 +111,7 @@ def load_encoder(model_dir):
     import sharebert.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
     from transformers import AutoModel
 
-    from ..errors import first_line
+    from sharebert_runtime.errors import first_line
 
     try:
         model = AutoModel.from_pretrained(model_dir, attn_implementation="eager")
@@ -154,7 +154,7 @@ def read_sentences(sources, limit: int | None = None) -> list[str]:
     text columns by header name, e.g. SST-2's ``sentence``, STS-B's ``sentence1``/``sentence2``, or CoLA's
     headerless layout: ``glue.text_fields``), in order, duplicates dropped, at most ``limit``. A ``.tsv``
     that fits no GLUE layout is a ``ValueError`` naming it."""
-    from ..textlines import resolve_sources
+    from sharebert_runtime.textlines import resolve_sources
     from .corpus import iter_lines
     from .glue import text_fields
 
@@ -562,7 +562,7 @@ def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, po
 
     if start_from is not None:
         from .distill import DATA_FILE
-        from ..outdir import read_json
+        from sharebert_runtime.outdir import read_json
 
         try:
             saved = read_json(Path(start_from) / DATA_FILE).get("sentences")

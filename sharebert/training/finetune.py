@@ -20,7 +20,7 @@ from transformers import Trainer
 
 from ..curves import write_curves
 from ..model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
-from ..outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out, write_json
+from sharebert_runtime.outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out, write_json
 from ..paths import data_path
 from .callbacks import FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps, kept_result, resume_from, start_checkpoints
 from .depth import check_depth_sampling

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..deploy.artifact import sha256
-from ..errors import first_line
-from ..outdir import file_fingerprint, read_json
-from ..untrusted import regular_file
+from sharebert_runtime.artifact import sha256
+from sharebert_runtime.errors import first_line
+from sharebert_runtime.outdir import file_fingerprint, read_json
+from sharebert_runtime.untrusted import regular_file
 
 
 def teacher_fingerprint(teacher_dir) -> list[str]:
@@ -37,7 +37,7 @@ def teacher_fingerprint(teacher_dir) -> list[str]:
 def data_files(train=None, data=None, default=()) -> list[Path]:
     """The files a run trains on, for its fingerprint: a prepared ``data`` folder's manifest (it holds each
     shard's sha256), else the ``train`` files (``default`` without)."""
-    from ..textlines import resolve_sources
+    from sharebert_runtime.textlines import resolve_sources
 
     if data is not None:
         from .shards import MANIFEST

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..textlines import check_text_file, numbered_lines
+from sharebert_runtime.textlines import check_text_file, numbered_lines
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,8 @@ def recorded_task(folder: str | Path) -> tuple[GlueTask | None, str]:
     """The GLUE task a model folder records in its ``metrics.json`` (written by ``sharebert finetune`` and
     ``distill``) or None, and what the file said when it names none. Read as untrusted input: a FIFO or device
     under that name is an error, never waited on."""
-    from ..errors import first_line
-    from ..untrusted import optional_file, read_json
+    from sharebert_runtime.errors import first_line
+    from sharebert_runtime.untrusted import optional_file, read_json
 
     path = Path(folder) / "metrics.json"
     try:

@@ -36,11 +36,11 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 from ..model_folder import UNFINISHED, is_bert_folder, read_config, save_as_bert
 from ..shape import preset_fields
 from ..curves import write_curves
-from ..outdir import OutLock, check_out_dir, write_json
+from sharebert_runtime.outdir import OutLock, check_out_dir, write_json
 from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, StopsAtMaxSteps, TensorBoardLogs, TimedSaves,
                         WallClockLimit, any_rank, checkpoints, kept_result, latest_checkpoint, mark_complete,
                         remove_incomplete, resume_checkpoint, rotate, save_checkpoint)
-from ..textlines import resolve_sources
+from sharebert_runtime.textlines import resolve_sources
 from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
 from .depth import check_depth_sampling
 from .options import PretrainArgs

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import first_line
-from ..outdir import OutLock, check_out_dir, read_json, write_json
+from sharebert_runtime.errors import first_line
+from sharebert_runtime.outdir import OutLock, check_out_dir, read_json, write_json
 from ..progress import bar as progress_bar
-from ..textlines import resolve_sources
+from sharebert_runtime.textlines import resolve_sources
 from .corpus import encode_lines, iter_lines, sniff_text
 
 FORMAT = "sharebert-tokens"

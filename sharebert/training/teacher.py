@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import first_line
+from sharebert_runtime.errors import first_line
 
 
 @lru_cache(maxsize=1)

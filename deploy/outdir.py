@@ -294,7 +294,7 @@ def finite(obj):
 
 def read_json(path: str | Path):
     """The JSON value in the file ``path`` (the one reader of the JSON files we write and of transformers' trainer
-    state, whose NaN it keeps): read through :mod:`sharebert.untrusted` (a regular file of bounded size)."""
+    state, whose NaN it keeps): read through :mod:`sharebert_runtime.untrusted` (a regular file of bounded size)."""
     return untrusted.read_json(path, limit=untrusted.RESULT_JSON_BYTES, allow_nan=True)
 
 

@@ -83,7 +83,7 @@ def numbered_lines(stream, name: str, limit: int = MAX_LINE_BYTES) -> Iterator[t
         number += 1
         if len(raw) > limit and not (len(raw) == limit + 1 and raw.endswith(b"\n")):
             raise LineTooLong(f"{name} line {number}: longer than {limit} bytes, the most one line of text may "
-                              f"hold (sharebert.textlines.MAX_LINE_BYTES); give one text per line")
+                              f"hold (sharebert_runtime.textlines.MAX_LINE_BYTES); give one text per line")
         yield number, raw
 
 
