@@ -34,7 +34,7 @@ from sharebert_runtime.outdir import check_out_dir, finite, write_json
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_same_data, check_tokenizers, \
     distill_losses, pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, \
-    is_distill_out, data_files, run_fingerprint, start_run, TARGETS_FILE, _make_trainer_class, _maps, _resume_from, stream_training_args
+    is_distill_out, data_files, run_fingerprint, start_run, TARGETS_FILE, DistillTrainer, _maps, _resume_from, stream_training_args
 from .depth import check_depth_sampling
 from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
@@ -296,43 +296,42 @@ class EmbeddingProjections(Projections):
         self.head = nn.Linear(student_width, output_width) if student_width != output_width else None
 
 
-def _make_embedding_trainer(pooling: str, loss: str):
-    base = _make_trainer_class()
+class EmbeddingTrainer(DistillTrainer):
+    """``distill``'s trainer whose loss is the sentence-embedding ``loss`` (``embedding_loss``) between the student's
+    and the teacher's vectors pooled by ``pooling`` (plus any token-level terms). ``teacher_head``: the teacher's
+    Dense layers, applied to its pooled vector (None: none)."""
 
-    class EmbeddingTrainer(base):
-        """``distill``'s trainer whose loss is the sentence-embedding loss (plus any token-level terms)."""
+    def __init__(self, *a, pooling: str, loss: str, teacher_head=None, **kw):
+        super().__init__(*a, **kw)
+        self.pooling, self.loss, self.teacher_head = pooling, loss, teacher_head
 
-        teacher_head = None  # the teacher's Dense layers, applied to its pooled vector
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            w = self.weights
-            need_h, need_a = bool(w.hidden or w.embedding), bool(w.attention)
-            targets = inputs.pop("teacher_logits", None)
-            out = model(**inputs, output_hidden_states=need_h, output_attentions=need_a)
-            s = pool(out.last_hidden_state, inputs["attention_mask"], pooling)
-            if self.projections.head is not None:
-                s = self.projections.head(s)
-            parts = {}
-            if need_h or need_a or targets is None:  # --data, or token-level terms: the teacher runs on the batch
-                with torch.no_grad():
-                    t_out = self.teacher(**inputs, output_hidden_states=need_h, output_attentions=need_a)
-                if targets is None:
-                    targets = pool(t_out.last_hidden_state, inputs["attention_mask"], pooling)
-                    targets = targets if self.teacher_head is None else self.teacher_head(targets)
-            if need_h or need_a:
-                terms = replace(w, kl=0.0, hard=0.0)
-                ran = len(out.attentions) if need_a else len(out.hidden_states) - 1  # fewer under depth sampling
-                pairs = pairs_that_ran(self.pairs, ran, model.config.num_hidden_layers,
-                                       self.teacher.config.num_hidden_layers)
-                parts = {k: v for k, v in distill_losses(out, t_out, inputs["attention_mask"], None, self.projections,
-                                                         terms, pairs, self.groups).items() if k != "loss"}
-            parts["sentence"] = embedding_loss(s, targets, loss)
-            for k, v in parts.items():
-                self._parts[k] = float(v.detach())
-            total = sum(parts.values())
-            return (total, out) if return_outputs else total
-
-    return EmbeddingTrainer
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        w = self.weights
+        need_h, need_a = bool(w.hidden or w.embedding), bool(w.attention)
+        targets = inputs.pop("teacher_logits", None)
+        out = model(**inputs, output_hidden_states=need_h, output_attentions=need_a)
+        s = pool(out.last_hidden_state, inputs["attention_mask"], self.pooling)
+        if self.projections.head is not None:
+            s = self.projections.head(s)
+        parts = {}
+        if need_h or need_a or targets is None:  # --data, or token-level terms: the teacher runs on the batch
+            with torch.no_grad():
+                t_out = self.teacher(**inputs, output_hidden_states=need_h, output_attentions=need_a)
+            if targets is None:
+                targets = pool(t_out.last_hidden_state, inputs["attention_mask"], self.pooling)
+                targets = targets if self.teacher_head is None else self.teacher_head(targets)
+        if need_h or need_a:
+            terms = replace(w, kl=0.0, hard=0.0)
+            ran = len(out.attentions) if need_a else len(out.hidden_states) - 1  # fewer under depth sampling
+            pairs = pairs_that_ran(self.pairs, ran, model.config.num_hidden_layers,
+                                   self.teacher.config.num_hidden_layers)
+            parts = {k: v for k, v in distill_losses(out, t_out, inputs["attention_mask"], None, self.projections,
+                                                     terms, pairs, self.groups).items() if k != "loss"}
+        parts["sentence"] = embedding_loss(s, targets, self.loss)
+        for k, v in parts.items():
+            self._parts[k] = float(v.detach())
+        total = sum(parts.values())
+        return (total, out) if return_outputs else total
 
 
 def _teacher_targets(teacher, teacher_dir, head, tokenizer, sentences, pooling, seq_len, width: int, out: Path,
@@ -651,11 +650,11 @@ def _embedding_trainer(model, t: _Teacher, s_tok, train_ds, projections, pairs, 
     clock = WallClockLimit(args.max_time) if args.max_time else None
     if budget is not None and start_from is None:  # training gets what the command's budget leaves
         clock = WallClockLimit(budget.training_seconds())
-    trainer = _make_embedding_trainer(t.recipe.pooling, args.loss)(
+    trainer = EmbeddingTrainer(
         model=model, args=targs, train_dataset=train_ds, processing_class=s_tok,
         data_collator=_Collator(s_tok), teacher=t.model, projections=projections, weights=args.weights,
-        pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks])
-    trainer.teacher_head, trainer.data = t.head, trained_on
+        pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks],
+        data=trained_on, pooling=t.recipe.pooling, loss=args.loss, teacher_head=t.head)
     trainer.bound_by(clock, args.max_steps, progress)
     return trainer
 
