@@ -9,7 +9,6 @@ temporary folder beside ``out_dir`` and renamed at the end.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re

@@ -30,16 +30,16 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Trainer
 
-from ..curves import write_curves
 from sharebert_runtime.artifact import sha256
 from sharebert_runtime.errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
 from sharebert_runtime.outdir import check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
 from ..paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
-from .callbacks import MarkCheckpoints, StopsAtMaxSteps, check_fits, kept_result, resume_from, start_checkpoints
+from .callbacks import (MarkCheckpoints, StopsAtMaxSteps, check_fits, kept_result, resume_from, start_checkpoints,
+                        write_results)
 from .depth import check_depth_sampling
-from .encoded import encoded_task, evaluate_split
+from .encoded import encoded_task, evaluate_dev
 from .finetune import load_classifier, metrics_for, task_training_args
 from .glue import GlueTask, get_task, task_file
 from .fingerprint import data_files, run_fingerprint, teacher_fingerprint  # noqa: F401  (distill's names)
@@ -564,10 +564,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         variant = ",".join(f"{k}={v}" for k, v in data.items()) if args.augment else ""
         train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, train_ds, train.path, seq_len,
                                                               cache_teacher, progress, variant))
-    teacher_metrics = {}
-    for i, (split, ds) in enumerate(dev_ds.items()):
-        scores = evaluate_split(teacher, ds, task_, progress=progress)
-        teacher_metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
+    teacher_metrics = evaluate_dev(teacher, dev_ds, task_, progress=progress)
 
     targs = task_training_args(args, out, task_, progress, save_only_model=False,  # projections resume too
                                keep_columns=cache_teacher is not None)  # the cached logits reach the loss
@@ -586,10 +583,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
 
-    metrics = {"task": task_.name}
-    for i, (split, ds) in enumerate(dev_ds.items()):
-        scores = evaluate_split(trainer.model, ds, task_, batch_size=targs.per_device_eval_batch_size, progress=progress)
-        metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
+    metrics = {"task": task_.name, **evaluate_dev(trainer.model, dev_ds, task_, targs.per_device_eval_batch_size,
+                                                  progress)}
     metrics.update(train_samples=len(train_ds), augment=args.augment, eval_samples=len(main_dev), steps=trainer.state.global_step,
                    best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
                    **trainer.trained(result), seed=args.seed,
@@ -599,15 +594,13 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     if trainer.is_world_process_zero():
         trainer.model.save_pretrained(str(out))  # the student alone: the projections live in the trainer
         t_tok.save_pretrained(str(out))
-        write_json(out / "log_history.json", trainer.state.log_history)
-        write_curves(out)
-        write_json(out / "metrics.json", finite(metrics))
+        write_results(trainer, out, finite(metrics))
         if not keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return finite(metrics)
 
 
-def _maps(model, teacher, w: "DistillWeights", seed: int):
+def _maps(model, teacher, w: DistillWeights, seed: int):
     """The layer map, the head groups and the (freshly seeded) width projections between student and teacher."""
     from transformers import set_seed
 
@@ -734,7 +727,5 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     if trainer.is_world_process_zero():
         trainer.model.save_pretrained(str(out))
         t_tok.save_pretrained(str(out))
-        write_json(out / "log_history.json", trainer.state.log_history)
-        write_curves(out)
-        write_json(out / "metrics.json", finite(metrics))
+        write_results(trainer, out, finite(metrics))
     return finite(metrics)

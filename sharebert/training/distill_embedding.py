@@ -30,7 +30,7 @@ from torch import nn
 
 from ..modeling_sharebert import pool
 from ..model_folder import load_config, load_tokenizer
-from sharebert_runtime.outdir import check_out_dir, finite, write_json
+from sharebert_runtime.outdir import check_out_dir, finite
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_same_data, check_tokenizers, \
     distill_losses, pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, \
@@ -661,12 +661,10 @@ def _embedding_trainer(model, t: _Teacher, s_tok, train_ds, projections, pairs, 
 
 def _save_result(trainer, model, head, s_tok, out: Path, recipe, seq_len: int, metrics: dict) -> None:
     """The student folder (:func:`save_student`), its log history, curves and metrics."""
-    from ..curves import write_curves
+    from .callbacks import write_results
 
     save_student(model, head, s_tok, out, recipe, seq_len)
-    write_json(out / "log_history.json", trainer.state.log_history)
-    write_curves(out)
-    write_json(out / "metrics.json", finite(metrics))
+    write_results(trainer, out, finite(metrics))
 
 
 def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, pooling: str, seq_len: int,
