@@ -294,8 +294,6 @@ def _calibration_feeds(tokenizer, path, max_length: int, graph: Path) -> list[di
 
 def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportOptions]:
     """Every check that needs no model loaded; returns the paths and the options with task and check file resolved."""
-    from .quantize import MODES
-
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     config = read_config(model_dir, model_types=None)  # also refuses an artifact given as --model
     if config.get("model_type") not in ("sharebert", "bert"):  # any encoder (export/teacher.py), named in one line
@@ -303,13 +301,34 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
 
         read_teacher(model_dir)
     task = o.task or infer_task(config)
-    weights, quantize, calibration, opset, check_limit = o.weights, o.quantize, o.calibration, o.opset, o.check_limit
+    _check_task(model_dir, config, task)
+    _check_modes(o, task)
+    _check_shapes(o.shapes, config.get("max_position_embeddings"))
+    check_has_tokenizer(model_dir)  # before the weights load
+    if task == "feature-extraction":
+        embedding_recipe(model_dir)  # a malformed sentence-transformers file: refused now, naming it
+    out_dir = check_out_dir(out_dir, "sharebert artifact", artifact.is_artifact, o.overwrite, inputs=[model_dir])
+    check_file = Path(o.check_file) if o.check_file else default_check_file()
+    weights = "materialized" if o.quantize in ("int8-dynamic", "int8-static") else o.weights
+    return model_dir, out_dir, replace(o, task=task, check_file=check_file, weights=weights)
+
+
+def _check_task(model_dir: Path, config: dict, task: str) -> None:
+    """``ValueError`` for a task the artifact format has not, or the other objective of the model's own head."""
     if task not in artifact.TASKS:
         raise ValueError(f"unsupported task {task!r}; choose one of {', '.join(artifact.TASKS)}")
     saved = infer_task(config)
     if {task, saved} == {"fill-mask", "causal-lm"}:  # the same head's weights, trained for the other objective
         raise ValueError(f"{model_dir} holds a {saved} model ({', '.join(config.get('architectures') or [])}), "
                          f"not a {task} one: its predictions would be meaningless; export --task {saved}")
+
+
+def _check_modes(o: ExportOptions, task: str) -> None:
+    """``ValueError`` for weights, quantization, format and optimization that do not exist or do not go together,
+    then :func:`_check_inputs`."""
+    from .quantize import MODES
+
+    weights, quantize, calibration, opset, check_limit = o.weights, o.quantize, o.calibration, o.opset, o.check_limit
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if quantize not in MODES:
@@ -323,6 +342,11 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
     if o.optimize and (quantize != "none" or o.format != "onnx" or task == "causal-lm"):
         raise ValueError(f"--optimize applies ONNX Runtime's fp32 encoder fusions: it needs --quantize none, --format onnx "
                          f"and an encoder task (got --quantize {quantize}, --format {o.format}, --task {task})")
+    _check_inputs(opset, quantize, calibration, check_limit)
+
+
+def _check_inputs(opset, quantize: str, calibration, check_limit) -> None:
+    """``ValueError`` for an opset out of range, a calibration file missing or not asked for, a bad check limit."""
     if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"unsupported opset {opset!r}; use {MIN_OPSET}..{MAX_OPSET} (default 17)")
     if quantize == "int8-static" and calibration is None:
@@ -336,22 +360,17 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
         read_sentences(calibration, 1)  # missing, empty or not text: clear error now
     if check_limit is not None and not (isinstance(check_limit, int) and check_limit > 0):
         raise ValueError(f"--check-limit must be a positive number of sentences, got {check_limit!r}")
-    positions = config.get("max_position_embeddings")
-    for shape in o.shapes:
+
+
+def _check_shapes(shapes, positions) -> None:
+    """``ValueError`` for a ``--shapes`` entry that is not ``BxT`` or is longer than the model's ``positions``."""
+    for shape in shapes:
         parts = str(shape).lower().split("x")
         if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
             raise ValueError(f"--shapes expects BxT such as 1x128, got {shape!r}")
         if isinstance(positions, int) and int(parts[1]) > positions:
             raise ValueError(f"--shapes {shape}: the model has {positions} positions; measure sequences of at most "
                              f"{positions} tokens (e.g. 1x{positions})")
-    check_has_tokenizer(model_dir)  # before the weights load
-    if task == "feature-extraction":
-        embedding_recipe(model_dir)  # a malformed sentence-transformers file: refused now, naming it
-    out_dir = check_out_dir(out_dir, "sharebert artifact", artifact.is_artifact, o.overwrite, inputs=[model_dir])
-    check_file = Path(o.check_file) if o.check_file else default_check_file()
-    if quantize in ("int8-dynamic", "int8-static"):
-        weights = "materialized"
-    return model_dir, out_dir, replace(o, task=task, check_file=check_file, weights=weights)
 
 
 def embedding_recipe(model_dir: Path):
