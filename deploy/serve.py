@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -392,8 +393,19 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
     ``limits``: any of :data:`LIMITS` (``max_batch=64``, ``max_tokens=8192``, ...), each a positive
     integer; ``max_batch_tokens`` is set on ``runtime``.
     """
-    from .runtime import shortest_floats
+    limits = _checked_limits(limits)
+    runtime.max_batch_tokens = limits["max_batch_tokens"]
+    task_path = TASK_PATHS[runtime.task]
+    service = _Service(runtime, limits, task_path, {**runtime.metadata(), "endpoint": task_path, **limits},
+                       Admission(limits["workers"], limits["max_queue"]),
+                       inspect.signature(runtime.fill_mask).parameters["top_k"].default, quiet)
+    server = Server((host, port), Handler, limits["max_connections"], limits["max_client_connections"], limits["max_idle"])
+    server.quiet, server.admission, server.service = quiet, service.admission, service
+    return server
 
+
+def _checked_limits(limits: dict) -> dict:
+    """Every limit of :data:`LIMITS`, the given ones checked to be positive integers and the rest defaults."""
     unknown = set(limits) - set(LIMITS)
     if unknown:
         raise TypeError(f"unknown limit(s): {', '.join(sorted(unknown))}")
@@ -401,186 +413,210 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
     for name, value in limits.items():
         if type(value) is not int or value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-    runtime.max_batch_tokens = limits["max_batch_tokens"]
-    task_path = TASK_PATHS[runtime.task]
-    metadata = {**runtime.metadata(), "endpoint": task_path, **limits}
-    admission = Admission(limits["workers"], limits["max_queue"])
-    timeout = limits["timeout"]
-    default_top_k = inspect.signature(runtime.fill_mask).parameters["top_k"].default
+    return limits
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "sharebert-serve"
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True  # TCP_NODELAY: the body, written after the head, is not held back by Nagle
-        # until the client's delayed ACK of the head (40 ms on Linux: one-sentence answers took 48 ms instead of 8)
-        default_request_version = "HTTP/1.0"  # refusals of unreadable request lines still get a status line
 
-        def setup(self):
-            self.timeout = timeout  # seconds a connection may sit idle or half-sent
+@dataclass(frozen=True)
+class _Service:
+    """What a :class:`Handler` answers with (``server.service``): the runtime, the limits and what follows."""
+
+    runtime: object
+    limits: dict
+    task_path: str  # the task's own POST path, besides /predict
+    metadata: dict  # GET /metadata
+    admission: Admission
+    default_top_k: int
+    quiet: bool
+
+
+class Handler(BaseHTTPRequestHandler):
+    """One connection's requests, answered from ``self.server.service`` (:class:`_Service`)."""
+
+    server_version = "sharebert-serve"
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # TCP_NODELAY: the body, written after the head, is not held back by Nagle
+    # until the client's delayed ACK of the head (40 ms on Linux: one-sentence answers took 48 ms instead of 8)
+    default_request_version = "HTTP/1.0"  # refusals of unreadable request lines still get a status line
+
+    @property
+    def service(self) -> _Service:
+        return self.server.service
+
+    def setup(self):
+        self.timeout = self.service.limits["timeout"]  # seconds a connection may sit idle or half-sent
+        self.idle = False
+        super().setup()
+        self.rfile = _DeadlineReader(self.rfile, self.connection, self.timeout)
+
+    def handle_one_request(self):
+        self.rfile.start()  # the whole request (after any idle wait) within `timeout` seconds
+        super().handle_one_request()
+
+    def finish(self):
+        self._not_idle()
+        super().finish()
+
+    def _not_idle(self) -> None:
+        if self.idle:
             self.idle = False
-            super().setup()
-            self.rfile = _DeadlineReader(self.rfile, self.connection, timeout)
+            self.server.leave_idle()
 
-        def handle_one_request(self):
-            self.rfile.start()  # the whole request (after any idle wait) within `timeout` seconds
-            super().handle_one_request()
+    def _send(self, status: int, payload: dict) -> None:
+        try:  # strict JSON: a non-finite number is never written as NaN
+            body = json.dumps(payload, allow_nan=False).encode("utf-8")
+        except ValueError:
+            status, body = 500, json.dumps({"error": "internal error: the model's output is not finite "
+                                                     "(NaN or infinity); the artifact's weights may be corrupt"}).encode()
+        if not self.close_connection and not self.idle:
+            self.idle = self.server.enter_idle()  # over max_idle: this answer closes the connection
+            self.close_connection = not self.idle
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if status == 503:
+            self.send_header("Retry-After", str(RETRY_AFTER_S))
+        if self.close_connection:
+            self.send_header("Connection", "close")  # the client then reconnects rather than reuse a dead socket
+        self.end_headers()
+        self.wfile.write(body)
 
-        def finish(self):
-            self._not_idle()
-            super().finish()
+    def send_error(self, code, message=None, explain=None):
+        """The stdlib's own refusals (bad request line, unknown method) as JSON 4xx, never HTML or 5xx."""
+        self.close_connection = True
+        if code == HTTPStatus.NOT_IMPLEMENTED:  # an unsupported method is the client's error
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command} not allowed; use GET or POST"
+        elif code == HTTPStatus.HTTP_VERSION_NOT_SUPPORTED:
+            code, message = HTTPStatus.BAD_REQUEST, f"{message}; this server speaks HTTP/1.0 and HTTP/1.1"
+        self._send(int(code), {"error": message or explain or HTTPStatus(code).phrase})
 
-        def _not_idle(self) -> None:
-            if self.idle:
-                self.idle = False
-                self.server.leave_idle()
+    def parse_request(self):
+        self._not_idle()  # a request arrived on a kept-alive connection
+        words = self.raw_requestline.split()
+        if len(words) != 3:  # blank, HTTP/0.9 (no version: no status line either) or garbage
+            self.command, self.request_version = None, self.default_request_version
+            self.requestline = str(self.raw_requestline[:80], "iso-8859-1").rstrip("\r\n")  # for the log line
+            self.send_error(400, f"bad request line {self.raw_requestline[:80]!r}; expected METHOD PATH HTTP/1.1")
+            return False
+        return super().parse_request()
 
-        def _send(self, status: int, payload: dict) -> None:
-            try:  # strict JSON: a non-finite number is never written as NaN
-                body = json.dumps(payload, allow_nan=False).encode("utf-8")
-            except ValueError:
-                status, body = 500, json.dumps({"error": "internal error: the model's output is not finite "
-                                                         "(NaN or infinity); the artifact's weights may be corrupt"}).encode()
-            if not self.close_connection and not self.idle:
-                self.idle = self.server.enter_idle()  # over max_idle: this answer closes the connection
-                self.close_connection = not self.idle
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            if status == 503:
-                self.send_header("Retry-After", str(RETRY_AFTER_S))
-            if self.close_connection:
-                self.send_header("Connection", "close")  # the client then reconnects rather than reuse a dead socket
-            self.end_headers()
-            self.wfile.write(body)
+    def handle_expect_100(self):
+        """``100 Continue`` only for a body that will be read; a refused one is answered at once."""
+        try:
+            self._length()
+        except BadRequest:
+            return True  # do_POST sends the refusal; the client never sends the body
+        return super().handle_expect_100()
 
-        def send_error(self, code, message=None, explain=None):
-            """The stdlib's own refusals (bad request line, unknown method) as JSON 4xx, never HTML or 5xx."""
+    def _length(self) -> int:
+        """The declared body length; raises :class:`BadRequest` (and marks the connection for closing)."""
+        lengths = self.headers.get_all("Content-Length") or []
+        if self.headers.get("Transfer-Encoding") is not None:
+            self.close_connection = True  # a chunked body must never be parsed as the next request
+            raise BadRequest(411 if not lengths else 400, "Transfer-Encoding is not supported: send a Content-Length")
+        if not lengths:
             self.close_connection = True
-            if code == HTTPStatus.NOT_IMPLEMENTED:  # an unsupported method is the client's error
-                code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command} not allowed; use GET or POST"
-            elif code == HTTPStatus.HTTP_VERSION_NOT_SUPPORTED:
-                code, message = HTTPStatus.BAD_REQUEST, f"{message}; this server speaks HTTP/1.0 and HTTP/1.1"
-            self._send(int(code), {"error": message or explain or HTTPStatus(code).phrase})
+            raise BadRequest(411, "Content-Length is required")
+        if len(lengths) > 1 or not DIGITS.fullmatch(lengths[0].strip()):
+            self.close_connection = True
+            raise BadRequest(400, "Content-Length must be one non-negative integer of at most 18 digits")
+        length = int(lengths[0])
+        most = self.service.limits["max_body_bytes"]
+        if length > most:
+            self.close_connection = True
+            raise BadRequest(413, f"body of {length} bytes exceeds the limit of {most}")
+        return length
 
-        def parse_request(self):
-            self._not_idle()  # a request arrived on a kept-alive connection
-            words = self.raw_requestline.split()
-            if len(words) != 3:  # blank, HTTP/0.9 (no version: no status line either) or garbage
-                self.command, self.request_version = None, self.default_request_version
-                self.requestline = str(self.raw_requestline[:80], "iso-8859-1").rstrip("\r\n")  # for the log line
-                self.send_error(400, f"bad request line {self.raw_requestline[:80]!r}; expected METHOD PATH HTTP/1.1")
-                return False
-            return super().parse_request()
+    def _read_body(self, length: int) -> bytes:
+        """The body, read by the request's deadline (a slow sender gets 408, not a thread forever)."""
+        chunks, left = [], length
+        try:
+            while left > 0:
+                chunk = self.rfile.read1(min(left, 1 << 16))
+                if not chunk:
+                    raise BadRequest(400, f"body ended after {length - left} of {length} bytes")
+                chunks.append(chunk)
+                left -= len(chunk)
+        except TimeoutError:
+            self.close_connection = True
+            raise BadRequest(408, f"body not received within {self.timeout} s ({length - left} of {length} bytes)") \
+                from None
+        except BadRequest:
+            self.close_connection = True
+            raise
+        finally:
+            self.connection.settimeout(self.timeout)
+        return b"".join(chunks)
 
-        def handle_expect_100(self):
-            """``100 Continue`` only for a body that will be read; a refused one is answered at once."""
+    def _drain(self) -> None:
+        """After a refusal sent before the body: read a little of it so the client sees the answer, not a reset."""
+        try:
+            self.connection.settimeout(1)
+            self.rfile._inner.read1(DRAIN_BYTES)  # at most 1 s, whatever is left of the deadline
+        except OSError:
+            pass
+
+    def do_GET(self):
+        task_path = self.service.task_path
+        if self.headers.get("Transfer-Encoding") is not None or self.headers.get("Content-Length", "0").strip() != "0":
+            self.close_connection = True  # a body we do not read must never be parsed as the next request
+        if self.path == "/health":
+            self._send(200, {"status": "ok"})
+        elif self.path == "/metadata":
+            self._send(200, self.service.metadata)
+        elif self.path in ("/predict", task_path):
+            self._send(405, {"error": f"use POST for {self.path}"})
+        else:
+            self._send(404, {"error": f"no endpoint {self.path[:200]}; try /health, /metadata, POST {task_path}"})
+
+    def do_POST(self):
+        from .runtime import shortest_floats
+
+        try:
             try:
-                self._length()
-            except BadRequest:
-                return True  # do_POST sends the refusal; the client never sends the body
-            return super().handle_expect_100()
-
-        def _length(self) -> int:
-            """The declared body length; raises :class:`BadRequest` (and marks the connection for closing)."""
-            lengths = self.headers.get_all("Content-Length") or []
-            if self.headers.get("Transfer-Encoding") is not None:
-                self.close_connection = True  # a chunked body must never be parsed as the next request
-                raise BadRequest(411 if not lengths else 400, "Transfer-Encoding is not supported: send a Content-Length")
-            if not lengths:
-                self.close_connection = True
-                raise BadRequest(411, "Content-Length is required")
-            if len(lengths) > 1 or not DIGITS.fullmatch(lengths[0].strip()):
-                self.close_connection = True
-                raise BadRequest(400, "Content-Length must be one non-negative integer of at most 18 digits")
-            length = int(lengths[0])
-            if length > limits["max_body_bytes"]:
-                self.close_connection = True
-                raise BadRequest(413, f"body of {length} bytes exceeds the limit of {limits['max_body_bytes']}")
-            return length
-
-        def _read_body(self, length: int) -> bytes:
-            """The body, read by the request's deadline (a slow sender gets 408, not a thread forever)."""
-            chunks, left = [], length
-            try:
-                while left > 0:
-                    chunk = self.rfile.read1(min(left, 1 << 16))
-                    if not chunk:
-                        raise BadRequest(400, f"body ended after {length - left} of {length} bytes")
-                    chunks.append(chunk)
-                    left -= len(chunk)
-            except TimeoutError:
-                self.close_connection = True
-                raise BadRequest(408, f"body not received within {timeout} s ({length - left} of {length} bytes)") from None
-            except BadRequest:
-                self.close_connection = True
-                raise
-            finally:
-                self.connection.settimeout(timeout)
-            return b"".join(chunks)
-
-        def _drain(self) -> None:
-            """After a refusal sent before the body: read a little of it so the client sees the answer, not a reset."""
-            try:
-                self.connection.settimeout(1)
-                self.rfile._inner.read1(DRAIN_BYTES)  # at most 1 s, whatever is left of the deadline
-            except OSError:
-                pass
-
-        def do_GET(self):
-            if self.headers.get("Transfer-Encoding") is not None or self.headers.get("Content-Length", "0").strip() != "0":
-                self.close_connection = True  # a body we do not read must never be parsed as the next request
-            if self.path == "/health":
-                self._send(200, {"status": "ok"})
-            elif self.path == "/metadata":
-                self._send(200, metadata)
-            elif self.path in ("/predict", task_path):
-                self._send(405, {"error": f"use POST for {self.path}"})
-            else:
-                self._send(404, {"error": f"no endpoint {self.path[:200]}; try /health, /metadata, POST {task_path}"})
-
-        def do_POST(self):
-            try:
-                try:
-                    length = self._length()
-                except BadRequest as e:
-                    self._send(e.status, {"error": str(e)})
-                    self._drain()
-                    return
-                body = self._read_body(length)  # read before any other check: keep-alive stays in step
-                if self.path not in ("/predict", task_path):
-                    raise BadRequest(404 if self.path not in TASK_PATHS.values() else 400,
-                                     f"no endpoint {self.path[:200]} for task {runtime.task}; POST /predict or {task_path}")
-                texts, kwargs = parse_request(body, runtime.task, limits["max_batch"], limits["max_top_k"], runtime.max_depth,
-                                              runtime.pairs)
-                model = runtime.at_depth(kwargs.pop("depth")) if "depth" in kwargs else runtime
-                tokens, masks = runtime.request_size(texts, text_pair=kwargs.get("text_pair"))
-                if tokens > limits["max_tokens"]:
-                    raise BadRequest(413, f"{tokens} tokens exceed the limit of {limits['max_tokens']} per request")
-                top_k = kwargs.get("top_k", default_top_k)
-                if runtime.task == "fill-mask" and masks * top_k > limits["max_candidates"]:
-                    raise BadRequest(413, f"{masks} [MASK] tokens x top_k {top_k} = {masks * top_k} candidates exceed "
-                                          f"the limit of {limits['max_candidates']} per request (--max-candidates)")
-                heavy = tokens > limits["max_batch_tokens"]
-                with admission.slot(heavy=heavy):
-                    preds = model.predict(texts, **kwargs)
-                    if heavy:
-                        give_back()  # a large request's freed blocks go back to the OS
+                length = self._length()
             except BadRequest as e:
                 self._send(e.status, {"error": str(e)})
+                self._drain()
                 return
-            except Exception as e:  # input was validated above: this is the server's fault
-                self._send(500, {"error": f"internal error: {type(e).__name__}: {e}"})
-                return
-            results = [shortest_floats(p) if hasattr(p, "tolist") else p for p in preds]
-            self._send(200, {"results": results, "truncated": preds.truncated})
+            body = self._read_body(length)  # read before any other check: keep-alive stays in step
+            preds = self._predict(body)
+        except BadRequest as e:
+            self._send(e.status, {"error": str(e)})
+            return
+        except Exception as e:  # input was validated above: this is the server's fault
+            self._send(500, {"error": f"internal error: {type(e).__name__}: {e}"})
+            return
+        results = [shortest_floats(p) if hasattr(p, "tolist") else p for p in preds]
+        self._send(200, {"results": results, "truncated": preds.truncated})
 
-        def log_message(self, fmt, *args):
-            if not quiet:
-                sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
+    def _predict(self, body: bytes):
+        """The runtime's predictions for a request body read whole; :class:`BadRequest` for a wrong path, a bad
+        body or a request over the limits."""
+        s = self.service
+        runtime, limits = s.runtime, s.limits
+        if self.path not in ("/predict", s.task_path):
+            raise BadRequest(404 if self.path not in TASK_PATHS.values() else 400,
+                             f"no endpoint {self.path[:200]} for task {runtime.task}; POST /predict or {s.task_path}")
+        texts, kwargs = parse_request(body, runtime.task, limits["max_batch"], limits["max_top_k"], runtime.max_depth,
+                                      runtime.pairs)
+        model = runtime.at_depth(kwargs.pop("depth")) if "depth" in kwargs else runtime
+        tokens, masks = runtime.request_size(texts, text_pair=kwargs.get("text_pair"))
+        if tokens > limits["max_tokens"]:
+            raise BadRequest(413, f"{tokens} tokens exceed the limit of {limits['max_tokens']} per request")
+        top_k = kwargs.get("top_k", s.default_top_k)
+        if runtime.task == "fill-mask" and masks * top_k > limits["max_candidates"]:
+            raise BadRequest(413, f"{masks} [MASK] tokens x top_k {top_k} = {masks * top_k} candidates exceed "
+                                  f"the limit of {limits['max_candidates']} per request (--max-candidates)")
+        heavy = tokens > limits["max_batch_tokens"]
+        with s.admission.slot(heavy=heavy):
+            preds = model.predict(texts, **kwargs)
+            if heavy:
+                give_back()  # a large request's freed blocks go back to the OS
+        return preds
 
-    server = Server((host, port), Handler, limits["max_connections"], limits["max_client_connections"], limits["max_idle"])
-    server.quiet, server.admission = quiet, admission
-    return server
+    def log_message(self, fmt, *args):
+        if not self.service.quiet:
+            sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
 
 
 def run(args) -> int:

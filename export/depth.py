@@ -86,77 +86,20 @@ def wrap_layers(model) -> int:
     N = layer_count(g)
     if N < 2 or is_wrapped(g):
         return 0
-    stored = {t.name for t in g.initializer}
-    dynamic = {i.name for i in g.input if i.name not in stored}  # values that depend on the inputs
-    for n in g.node:
-        if node_inputs(n) & dynamic:
-            dynamic.update(n.output)
-    layer_of = {}
-    for k, n in enumerate(g.node):
-        m = _LAYER.search(n.name)
-        if m and set(n.output) & dynamic:
-            layer_of[k] = int(m.group(1))
+    dynamic = _dynamic_values(g)
+    layer_of = _layer_of(g, dynamic)
+    bodies = [[k for k in sorted(layer_of) if layer_of[k] == i] for i in range(N)]
+    hidden = _embeddings(g, bodies, dynamic)  # the hidden states entering the current layer
     outputs = {o.name for o in g.output}
     readers: dict[str, set[int]] = {}
     for k, n in enumerate(g.node):
         for name in node_inputs(n):
             readers.setdefault(name, set()).add(k)
-    bodies = [[k for k in sorted(layer_of) if layer_of[k] == i] for i in range(N)]
-    produced = {o for n in g.node for o in n.output}
-
-    def entering(body: list[int]) -> set[str]:  # dynamic values computed outside the layer that it reads
-        inside = {o for k in body for o in g.node[k].output}
-        return ({x for k in body for x in node_inputs(g.node[k])} - inside) & dynamic & produced
-
-    first = entering(bodies[0]) - entering(bodies[1])  # the embeddings: read by layer 0 only
-    if len(first) != 1:
-        raise DepthError(f"cannot find the hidden states entering layer 0 (candidates: {sorted(first)})")
-    hidden = first.pop()  # the hidden states entering the current layer
-    bool_value = lambda name: helper.make_tensor_value_info(name, TensorProto.BOOL, [])  # noqa: E731
-    value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, None)  # noqa: E731
-
-    def condition(i: int, out: str) -> list:  # out = (i < depth)
-        index = f"{_IF}{i}_index"
-        return [helper.make_node("Constant", [], [index], name=f"{index}_const",
-                                 value=helper.make_tensor(index, TensorProto.INT64, [], [i])),
-                helper.make_node("Less", [index, DEPTH], [out], name=f"{_IF}{i}_less")]
-
-    ifs = condition(0, f"{_IF}0_runs")
+    ifs = _condition(0, f"{_IF}0_runs")
     for i in range(N):
-        body = bodies[i]
-        inside = {o for k in body for o in g.node[k].output}
-        leaving = sorted({o for o in inside if o in outputs or any(r not in body for r in readers.get(o, ()))})
-        passthrough = {o: PAST + o[len(PRESENT):] if o.startswith(PRESENT) else hidden for o in leaving}
-        nexts = [o for o in leaving if passthrough.get(o) == hidden]
-        if len(nexts) != 1 or any(p not in dynamic for p in passthrough.values()):
-            raise DepthError(f"layer {i} passes {leaving} on; expected one hidden-state tensor and the cache")
-        rename = {o: f"{o}__depth_then" for o in leaving}
-        then_nodes = []
-        for k in body:
-            node = g.node[k]
-            copy = helper.make_node(node.op_type, [rename.get(x, x) for x in node.input], [rename.get(o, o) for o in node.output],
-                                    name=node.name, domain=node.domain)
-            copy.attribute.extend(node.attribute)
-            then_nodes.append(copy)
-        skip = [helper.make_node("Identity", [passthrough[o]], [f"{o}__depth_skip"], name=f"{_IF}{i}_skip_{j}")
-                for j, o in enumerate(leaving)]
-        then_out, skip_out = [value(rename[o]) for o in leaving], [value(f"{o}__depth_skip") for o in leaving]
-        results = list(leaving)
-        if i + 1 < N:  # the next layer runs when this one did and i + 1 < depth
-            runs = f"{_IF}{i + 1}_runs"
-            then_nodes += condition(i + 1, f"{runs}__depth_then")
-            skip.append(helper.make_node("Identity", [f"{_IF}{i}_runs"], [f"{runs}__depth_skip"],  # false here
-                                         name=f"{_IF}{i + 1}_never"))
-            then_out.append(bool_value(f"{runs}__depth_then"))
-            skip_out.append(bool_value(f"{runs}__depth_skip"))
-            results.append(runs)
-        then_graph = helper.make_graph(then_nodes, f"layer_{i}", [], then_out)
-        else_graph = helper.make_graph(skip, f"layer_{i}_skipped", [], skip_out)
-        ifs.append(helper.make_node("If", [f"{_IF}{i}_runs"], results, name=f"{_IF}{i}",
-                                    then_branch=then_graph, else_branch=else_graph))
-        hidden = nexts[0]
-    gated = set(layer_of)
-    rest = [n for k, n in enumerate(g.node) if k not in gated]
+        gate, hidden = _gate_layer(g, i, N, bodies[i], hidden, dynamic, outputs, readers)
+        ifs.append(gate)
+    rest = [n for k, n in enumerate(g.node) if k not in layer_of]
     order = _topological(rest + ifs)
     del g.node[:]
     g.node.extend(order)
@@ -166,6 +109,97 @@ def wrap_layers(model) -> int:
     if model.ir_version < 4:
         model.ir_version = 4  # initializers as overridable inputs need IR 4
     return N
+
+
+def _dynamic_values(g) -> set[str]:
+    """The names of the values that depend on the graph's inputs (initializers do not)."""
+    stored = {t.name for t in g.initializer}
+    dynamic = {i.name for i in g.input if i.name not in stored}
+    for n in g.node:
+        if node_inputs(n) & dynamic:
+            dynamic.update(n.output)
+    return dynamic
+
+
+def _layer_of(g, dynamic: set[str]) -> dict[int, int]:
+    """Node index -> layer index, for the nodes of a layer's scope that compute dynamic values (the constant
+    work of a scope stays outside, for ONNX Runtime to fold once)."""
+    layer_of = {}
+    for k, n in enumerate(g.node):
+        m = _LAYER.search(n.name)
+        if m and set(n.output) & dynamic:
+            layer_of[k] = int(m.group(1))
+    return layer_of
+
+
+def _embeddings(g, bodies: list[list[int]], dynamic: set[str]) -> str:
+    """The hidden states entering layer 0: the one dynamic value from outside that layer 0 reads and layer 1
+    does not."""
+    produced = {o for n in g.node for o in n.output}
+
+    def entering(body: list[int]) -> set[str]:  # dynamic values computed outside the layer that it reads
+        inside = {o for k in body for o in g.node[k].output}
+        return ({x for k in body for x in node_inputs(g.node[k])} - inside) & dynamic & produced
+
+    first = entering(bodies[0]) - entering(bodies[1])
+    if len(first) != 1:
+        raise DepthError(f"cannot find the hidden states entering layer 0 (candidates: {sorted(first)})")
+    return first.pop()
+
+
+def _condition(i: int, out: str) -> list:
+    """The nodes computing ``out = (i < depth)``."""
+    index = f"{_IF}{i}_index"
+    return [helper.make_node("Constant", [], [index], name=f"{index}_const",
+                             value=helper.make_tensor(index, TensorProto.INT64, [], [i])),
+            helper.make_node("Less", [index, DEPTH], [out], name=f"{_IF}{i}_less")]
+
+
+def _bool_value(name: str):
+    return helper.make_tensor_value_info(name, TensorProto.BOOL, [])
+
+
+def _value(name: str):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+
+
+def _gate_layer(g, i: int, N: int, body: list[int], hidden: str, dynamic: set[str], outputs: set[str],
+                readers: dict[str, set[int]]):
+    """Layer ``i``'s ``If`` node (its nodes in the then-branch; the else-branch passes ``hidden`` and the cache
+    through) and the hidden states it passes to the next layer."""
+    inside = {o for k in body for o in g.node[k].output}
+    leaving = sorted({o for o in inside if o in outputs or any(r not in body for r in readers.get(o, ()))})
+    passthrough = {o: PAST + o[len(PRESENT):] if o.startswith(PRESENT) else hidden for o in leaving}
+    nexts = [o for o in leaving if passthrough.get(o) == hidden]
+    if len(nexts) != 1 or any(p not in dynamic for p in passthrough.values()):
+        raise DepthError(f"layer {i} passes {leaving} on; expected one hidden-state tensor and the cache")
+    rename = {o: f"{o}__depth_then" for o in leaving}
+    then_nodes = [_renamed(g.node[k], rename) for k in body]
+    skip = [helper.make_node("Identity", [passthrough[o]], [f"{o}__depth_skip"], name=f"{_IF}{i}_skip_{j}")
+            for j, o in enumerate(leaving)]
+    then_out, skip_out = [_value(rename[o]) for o in leaving], [_value(f"{o}__depth_skip") for o in leaving]
+    results = list(leaving)
+    if i + 1 < N:  # the next layer runs when this one did and i + 1 < depth
+        runs = f"{_IF}{i + 1}_runs"
+        then_nodes += _condition(i + 1, f"{runs}__depth_then")
+        skip.append(helper.make_node("Identity", [f"{_IF}{i}_runs"], [f"{runs}__depth_skip"],  # false here
+                                     name=f"{_IF}{i + 1}_never"))
+        then_out.append(_bool_value(f"{runs}__depth_then"))
+        skip_out.append(_bool_value(f"{runs}__depth_skip"))
+        results.append(runs)
+    then_graph = helper.make_graph(then_nodes, f"layer_{i}", [], then_out)
+    else_graph = helper.make_graph(skip, f"layer_{i}_skipped", [], skip_out)
+    gate = helper.make_node("If", [f"{_IF}{i}_runs"], results, name=f"{_IF}{i}",
+                            then_branch=then_graph, else_branch=else_graph)
+    return gate, nexts[0]
+
+
+def _renamed(node, rename: dict[str, str]):
+    """A copy of ``node`` whose inputs and outputs named in ``rename`` are renamed."""
+    copy = helper.make_node(node.op_type, [rename.get(x, x) for x in node.input],
+                            [rename.get(o, o) for o in node.output], name=node.name, domain=node.domain)
+    copy.attribute.extend(node.attribute)
+    return copy
 
 
 def inline_layers(model) -> None:

@@ -9,7 +9,6 @@ temporary folder beside ``out_dir`` and renamed at the end.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -295,8 +294,6 @@ def _calibration_feeds(tokenizer, path, max_length: int, graph: Path) -> list[di
 
 def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportOptions]:
     """Every check that needs no model loaded; returns the paths and the options with task and check file resolved."""
-    from .quantize import MODES
-
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     config = read_config(model_dir, model_types=None)  # also refuses an artifact given as --model
     if config.get("model_type") not in ("sharebert", "bert"):  # any encoder (export/teacher.py), named in one line
@@ -304,13 +301,34 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
 
         read_teacher(model_dir)
     task = o.task or infer_task(config)
-    weights, quantize, calibration, opset, check_limit = o.weights, o.quantize, o.calibration, o.opset, o.check_limit
+    _check_task(model_dir, config, task)
+    _check_modes(o, task)
+    _check_shapes(o.shapes, config.get("max_position_embeddings"))
+    check_has_tokenizer(model_dir)  # before the weights load
+    if task == "feature-extraction":
+        embedding_recipe(model_dir)  # a malformed sentence-transformers file: refused now, naming it
+    out_dir = check_out_dir(out_dir, "sharebert artifact", artifact.is_artifact, o.overwrite, inputs=[model_dir])
+    check_file = Path(o.check_file) if o.check_file else default_check_file()
+    weights = "materialized" if o.quantize in ("int8-dynamic", "int8-static") else o.weights
+    return model_dir, out_dir, replace(o, task=task, check_file=check_file, weights=weights)
+
+
+def _check_task(model_dir: Path, config: dict, task: str) -> None:
+    """``ValueError`` for a task the artifact format has not, or the other objective of the model's own head."""
     if task not in artifact.TASKS:
         raise ValueError(f"unsupported task {task!r}; choose one of {', '.join(artifact.TASKS)}")
     saved = infer_task(config)
     if {task, saved} == {"fill-mask", "causal-lm"}:  # the same head's weights, trained for the other objective
         raise ValueError(f"{model_dir} holds a {saved} model ({', '.join(config.get('architectures') or [])}), "
                          f"not a {task} one: its predictions would be meaningless; export --task {saved}")
+
+
+def _check_modes(o: ExportOptions, task: str) -> None:
+    """``ValueError`` for weights, quantization, format and optimization that do not exist or do not go together,
+    then :func:`_check_inputs`."""
+    from .quantize import MODES
+
+    weights, quantize, calibration, opset, check_limit = o.weights, o.quantize, o.calibration, o.opset, o.check_limit
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if quantize not in MODES:
@@ -324,6 +342,11 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
     if o.optimize and (quantize != "none" or o.format != "onnx" or task == "causal-lm"):
         raise ValueError(f"--optimize applies ONNX Runtime's fp32 encoder fusions: it needs --quantize none, --format onnx "
                          f"and an encoder task (got --quantize {quantize}, --format {o.format}, --task {task})")
+    _check_inputs(opset, quantize, calibration, check_limit)
+
+
+def _check_inputs(opset, quantize: str, calibration, check_limit) -> None:
+    """``ValueError`` for an opset out of range, a calibration file missing or not asked for, a bad check limit."""
     if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"unsupported opset {opset!r}; use {MIN_OPSET}..{MAX_OPSET} (default 17)")
     if quantize == "int8-static" and calibration is None:
@@ -337,22 +360,17 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
         read_sentences(calibration, 1)  # missing, empty or not text: clear error now
     if check_limit is not None and not (isinstance(check_limit, int) and check_limit > 0):
         raise ValueError(f"--check-limit must be a positive number of sentences, got {check_limit!r}")
-    positions = config.get("max_position_embeddings")
-    for shape in o.shapes:
+
+
+def _check_shapes(shapes, positions) -> None:
+    """``ValueError`` for a ``--shapes`` entry that is not ``BxT`` or is longer than the model's ``positions``."""
+    for shape in shapes:
         parts = str(shape).lower().split("x")
         if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
             raise ValueError(f"--shapes expects BxT such as 1x128, got {shape!r}")
         if isinstance(positions, int) and int(parts[1]) > positions:
             raise ValueError(f"--shapes {shape}: the model has {positions} positions; measure sequences of at most "
                              f"{positions} tokens (e.g. 1x{positions})")
-    check_has_tokenizer(model_dir)  # before the weights load
-    if task == "feature-extraction":
-        embedding_recipe(model_dir)  # a malformed sentence-transformers file: refused now, naming it
-    out_dir = check_out_dir(out_dir, "sharebert artifact", artifact.is_artifact, o.overwrite, inputs=[model_dir])
-    check_file = Path(o.check_file) if o.check_file else default_check_file()
-    if quantize in ("int8-dynamic", "int8-static"):
-        weights = "materialized"
-    return model_dir, out_dir, replace(o, task=task, check_file=check_file, weights=weights)
 
 
 def embedding_recipe(model_dir: Path):
@@ -486,73 +504,38 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     ``recipe``: ``(EmbeddingRecipe, dense weights)`` of a feature-extraction export: its pooling and Dense
     layers become the graph's ``sentence_embedding`` output, its ``max_seq_length`` the artifact's maximum
     length, and the manifest's ``embedding`` entry records it (normalisation included)."""
-    import onnx
     from sharebert.progress import bar
 
-    from . import depth, graph, quantize as q
-    from .footprint import measure
-    from .parity import check_parity
-    from .teacher import export_encoder, exports_here, usable_length
-    from .ram_int8 import build_int8_ram_graphs
-
-    task, weights, quantize, calibration, opset = o.task, o.weights, o.quantize, o.calibration, o.opset
-    check_file, shapes, threads, runs, progress = o.check_file, o.shapes, o.threads, o.runs, o.progress
     config = model.config
-    max_length = usable_length(model, tokenizer) if exports_here(config) else int(config.max_position_embeddings)
-    if recipe is not None and recipe[0].max_seq_length:
-        max_length = min(max_length, recipe[0].max_seq_length)
-    learned = _learned_params(model, task)
+    max_length = _max_length(model, tokenizer, recipe)
+    learned = _learned_params(model, o.task)
     path = tmp / "model.onnx"
     scratch = Path(tempfile.mkdtemp(dir=tmp))
-    steps = bar(total=6, desc="export", progress=progress)
+    steps = bar(total=6, desc="export", progress=o.progress)
 
     steps.set_postfix_str("torch -> onnx")
-    if exports_here(config):  # another encoder architecture: the inputs its tokenizer gives (export/teacher.py)
-        inputs, outputs = export_encoder(model, tokenizer, task, path, opset)
-    else:
-        inputs, outputs = export_graph(model, task, path, opset)
-    proto = onnx.load(str(path))
-    graph.remove_initializer_inputs(proto)
-    graph.dedup_constants(proto)
-    stored_numel = sum(v["numel"] for k, v in graph.stored_tensors(proto, 2).items() if k.startswith("float"))
-    if not stored_numel <= learned:
-        raise RuntimeError(f"the exported graph stores {stored_numel:,} numbers but the model has {learned:,} learned "
-                           f"parameters: a generated or transposed copy was written")
+    inputs, outputs, proto = _to_onnx(model, tokenizer, o, path, learned)
     steps.update()
 
-    steps.set_postfix_str(f"{weights}, quantize={quantize}")
-    folded = graph.materialize(proto, views=quantize.startswith("int8-")) if weights == "materialized" else None
-    if quantize in ("int8", "fp16"):
-        q.weight_only(proto, quantize)
-    onnx.save(proto, str(path))
-    if quantize in ("int8-dynamic", "int8-static"):
-        fp32 = scratch / "fp32.onnx"
-        path.rename(fp32)
-        if quantize == "int8-dynamic":
-            q.dynamic_int8(fp32, path)
-        else:
-            q.static_int8(fp32, path, _calibration_feeds(tokenizer, calibration, max_length, fp32))
-        fp32.unlink()
-        proto = onnx.load(str(path))
-    session_config = dict(artifact.INT8_SESSION_CONFIG) if quantize == "int8" else {}
+    steps.set_postfix_str(f"{o.weights}, quantize={o.quantize}")
+    proto, folded = _store_weights(proto, path, o, tokenizer, max_length, scratch)
+    session_config = dict(artifact.INT8_SESSION_CONFIG) if o.quantize == "int8" else {}
     steps.update()
 
     steps.set_postfix_str("folding check")
     folding = check_folding(path, session_config, scratch)
+    from . import quantize as q
+
     dtypes = q.tensor_dtypes(proto)  # of the flat graph: the gated layers' ops sit in If branches below
-    max_depth, depth_note = None, "depth at inference is for sharebert models, whose forward(depth=) the export checks against"
-    if config.model_type == "sharebert":
-        try:
-            max_depth = depth.wrap_layers(proto) or None  # checked flat above; gated by a depth input from here on
-            depth_note = None if max_depth else "the model has fewer than two encoder layers"
-        except depth.DepthError as e:  # an unusual graph: the artifact still works, at full depth only
-            depth_note = str(e)
+    max_depth, depth_note = _gate_depth(proto, config)
     if recipe is not None:  # after the depth gating: the pooling reads the final token states at any depth
         from .sentence_embedding import add_sentence_embedding
 
-        add_sentence_embedding(proto, *recipe, opset)
+        add_sentence_embedding(proto, *recipe, o.opset)
         learned += sum(w.size + (0 if b is None else b.size) for w, b in recipe[1])
     if max_depth or recipe is not None:
+        import onnx
+
         onnx.save(proto, str(path))
     fusions = None
     if o.optimize:  # ONNX Runtime's transformer fusions; weight generation and the depth gating stay
@@ -562,42 +545,16 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     steps.update()
 
     steps.set_postfix_str("parity")
-    session = _session(path, session_config, threads=threads)
-    parity = _checked(check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=progress), o)
-    if max_depth:  # the shallowest depth, on the first sentences: the gating works as PyTorch's depth does
-        parity["depth_1"] = _checked(check_parity(model, tokenizer, session, task, sentences[:DEPTH_CHECK_SENTENCES],
-                                                  None, max_length, progress=False, depth=1), o, full_depth=False)
-    if recipe is not None:
-        from .sentence_embedding import embedding_parity
-
-        parity["sentence_embedding"] = _checked(embedding_parity(model, tokenizer, session, *recipe, sentences, max_length), o)
-    del session
+    parity = _parity(model, tokenizer, path, session_config, o, sentences, labels, max_length, max_depth, recipe)
     steps.update()
 
     steps.set_postfix_str("tokenizer, config, ram-int8")
-    config.save_pretrained(tmp)
-    saved = read_json(tmp / "config.json")
-    if saved.pop("auto_map", None) is not None:  # a portable model's PyTorch code, which the artifact does not carry
-        write_json(tmp / "config.json", saved)
-    _save_tokenizer(tokenizer, tmp, max_length)
-    if not (tmp / "tokenizer.json").is_file():
-        raise RuntimeError("the tokenizer did not write tokenizer.json")
-    ram_int8 = build_int8_ram_graphs(tmp) if weights == "compact" and o.format == "onnx" and not o.optimize \
-        and not exports_here(config) else None  # RAM-int8 holds generated weights: sharebert's only
+    ram_int8 = _write_model_files(tmp, config, tokenizer, max_length, o)
     steps.update()
 
     steps.set_postfix_str("footprint")
     shutil.rmtree(scratch)
-    run = measure(path, session_config, shapes, threads, runs, vocab=int(config.vocab_size))
-    file_bytes = path.stat().st_size
-    batch, seq = (int(x) for x in shapes[0].lower().split("x"))
-    footprint = {"file_bytes": file_bytes, "artifact_bytes": sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()),
-                 "learned_params": learned, "bytes_per_learned_param": file_bytes / learned,
-                 "initializer_bytes": {k: v["bytes"] for k, v in graph.stored_tensors(proto).items()},
-                 "folded": folding["folded"], "folding": folding, **run,
-                 "gflops": _gflops(config, task, batch, seq), "gflops_shape": shapes[0]}
-    if folded is not None:
-        footprint["materialized"] = folded
+    footprint = _footprint(tmp, path, proto, config, o, session_config, learned, folding, folded)
     steps.update()
     steps.close()
     ort_entry = None
@@ -606,22 +563,169 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
 
         ort_entry = to_ort_format(tmp, session_config, tokenizer, sentences, max_length)
         footprint.update(file_bytes=ort_entry["model_bytes"], bytes_per_learned_param=ort_entry["model_bytes"] / learned,
-                         artifact_bytes=sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()))
+                         artifact_bytes=_folder_bytes(tmp))
 
-    labels_out, problem_type = None, None
-    if task == "text-classification":
-        labels_out = [config.id2label[i] for i in range(config.num_labels)]
-        problem_type = config.problem_type or ("regression" if config.num_labels == 1 else "single_label_classification")
-    special = {name: getattr(tokenizer, f"{name}_token_id") for name in ("pad", "mask", "cls", "sep", "unk")}
     manifest = {
-        "format": artifact.FORMAT, "format_version": artifact.FORMAT_VERSION, "task": task, "model_type": config.model_type,
-        "inputs": list(inputs), "outputs": list(outputs), "labels": labels_out, "problem_type": problem_type,
-        "max_length": max_length, "opset": opset, "weights": weights, "quantization": quantize,
-        "session_config": session_config, "learned_params": learned, "max_depth": max_depth, "depth_note": depth_note,
-        "special_tokens": {k: int(v) for k, v in special.items() if v is not None},
+        "format": artifact.FORMAT, "format_version": artifact.FORMAT_VERSION, "task": o.task,
+        "model_type": config.model_type, "inputs": list(inputs), "outputs": list(outputs),
+        **_labels(config, o.task), "max_length": max_length, "opset": o.opset, "weights": o.weights,
+        "quantization": o.quantize, "session_config": session_config, "learned_params": learned,
+        "max_depth": max_depth, "depth_note": depth_note, "special_tokens": _special_tokens(tokenizer),
         "files": {}, "versions": _versions(), "parity": parity, "footprint": footprint,
         "tensor_dtypes": dtypes, "optimized": fusions,
     }
+    _add_extras(manifest, o.task, pairs, recipe, ram_int8, ort_entry)
+    _write_manifest(tmp, manifest)
+    return manifest
+
+
+def _max_length(model, tokenizer, recipe) -> int:
+    """The longest input the artifact takes: the model's positions (another architecture: what its tokenizer
+    and positions allow), at most the embedding recipe's ``max_seq_length``."""
+    from .teacher import exports_here, usable_length
+
+    config = model.config
+    max_length = usable_length(model, tokenizer) if exports_here(config) else int(config.max_position_embeddings)
+    if recipe is not None and recipe[0].max_seq_length:
+        max_length = min(max_length, recipe[0].max_seq_length)
+    return max_length
+
+
+def _to_onnx(model, tokenizer, o: ExportOptions, path: Path, learned: int):
+    """The model exported to ``path`` and cleaned up (no initializer as input, one node per distinct constant):
+    its inputs, outputs and proto. ``RuntimeError`` when the graph stores more numbers than the model learned."""
+    import onnx
+
+    from . import graph
+    from .teacher import export_encoder, exports_here
+
+    if exports_here(model.config):  # another encoder architecture: the inputs its tokenizer gives (export/teacher.py)
+        inputs, outputs = export_encoder(model, tokenizer, o.task, path, o.opset)
+    else:
+        inputs, outputs = export_graph(model, o.task, path, o.opset)
+    proto = onnx.load(str(path))
+    graph.remove_initializer_inputs(proto)
+    graph.dedup_constants(proto)
+    stored_numel = sum(v["numel"] for k, v in graph.stored_tensors(proto, 2).items() if k.startswith("float"))
+    if not stored_numel <= learned:
+        raise RuntimeError(f"the exported graph stores {stored_numel:,} numbers but the model has {learned:,} learned "
+                           f"parameters: a generated or transposed copy was written")
+    return inputs, outputs, proto
+
+
+def _store_weights(proto, path: Path, o: ExportOptions, tokenizer, max_length: int, scratch: Path):
+    """The graph at ``path`` with its weights as ``--weights`` and ``--quantize`` ask; returns the proto (re-read
+    after a quantizer that works on files) and what materialization folded (None: compact weights)."""
+    import onnx
+
+    from . import graph, quantize as q
+
+    folded = graph.materialize(proto, views=o.quantize.startswith("int8-")) if o.weights == "materialized" else None
+    if o.quantize in ("int8", "fp16"):
+        q.weight_only(proto, o.quantize)
+    onnx.save(proto, str(path))
+    if o.quantize in ("int8-dynamic", "int8-static"):
+        fp32 = scratch / "fp32.onnx"
+        path.rename(fp32)
+        if o.quantize == "int8-dynamic":
+            q.dynamic_int8(fp32, path)
+        else:
+            q.static_int8(fp32, path, _calibration_feeds(tokenizer, o.calibration, max_length, fp32))
+        fp32.unlink()
+        proto = onnx.load(str(path))
+    return proto, folded
+
+
+def _gate_depth(proto, config) -> tuple[int | None, str | None]:
+    """A sharebert graph's layers gated by a ``depth`` input (``export/depth.py``): the maximum depth, or None
+    and the reason the artifact runs at full depth only."""
+    from . import depth
+
+    if config.model_type != "sharebert":
+        return None, "depth at inference is for sharebert models, whose forward(depth=) the export checks against"
+    try:
+        max_depth = depth.wrap_layers(proto) or None  # checked flat above; gated by a depth input from here on
+    except depth.DepthError as e:  # an unusual graph: the artifact still works, at full depth only
+        return None, str(e)
+    return max_depth, None if max_depth else "the model has fewer than two encoder layers"
+
+
+def _parity(model, tokenizer, path: Path, session_config: dict, o: ExportOptions, sentences, labels,
+            max_length: int, max_depth, recipe) -> dict:
+    """The export's parity with PyTorch (:func:`_checked`): at full depth, at depth 1 on the first sentences
+    (the gating works as PyTorch's depth does), and of the sentence embedding."""
+    from .parity import check_parity
+
+    session = _session(path, session_config, threads=o.threads)
+    parity = _checked(check_parity(model, tokenizer, session, o.task, sentences, labels, max_length,
+                                   progress=o.progress), o)
+    if max_depth:
+        parity["depth_1"] = _checked(check_parity(model, tokenizer, session, o.task, sentences[:DEPTH_CHECK_SENTENCES],
+                                                  None, max_length, progress=False, depth=1), o, full_depth=False)
+    if recipe is not None:
+        from .sentence_embedding import embedding_parity
+
+        parity["sentence_embedding"] = _checked(embedding_parity(model, tokenizer, session, *recipe, sentences,
+                                                                 max_length), o)
+    return parity
+
+
+def _write_model_files(tmp: Path, config, tokenizer, max_length: int, o: ExportOptions):
+    """The config (without ``auto_map``), the tokenizer and the RAM-int8 graphs; returns the RAM-int8 entry
+    (None: not built)."""
+    from .ram_int8 import build_int8_ram_graphs
+    from .teacher import exports_here
+
+    config.save_pretrained(tmp)
+    saved = read_json(tmp / "config.json")
+    if saved.pop("auto_map", None) is not None:  # a portable model's PyTorch code, which the artifact does not carry
+        write_json(tmp / "config.json", saved)
+    _save_tokenizer(tokenizer, tmp, max_length)
+    if not (tmp / "tokenizer.json").is_file():
+        raise RuntimeError("the tokenizer did not write tokenizer.json")
+    if o.weights == "compact" and o.format == "onnx" and not o.optimize and not exports_here(config):
+        return build_int8_ram_graphs(tmp)  # RAM-int8 holds generated weights: sharebert's only
+    return None
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _footprint(tmp: Path, path: Path, proto, config, o: ExportOptions, session_config: dict, learned: int,
+               folding: dict, folded) -> dict:
+    """The graph's sizes, load and run figures (measured in a subprocess) and GFLOPs."""
+    from . import graph
+    from .footprint import measure
+
+    run = measure(path, session_config, o.shapes, o.threads, o.runs, vocab=int(config.vocab_size))
+    file_bytes = path.stat().st_size
+    batch, seq = (int(x) for x in o.shapes[0].lower().split("x"))
+    footprint = {"file_bytes": file_bytes, "artifact_bytes": _folder_bytes(tmp),
+                 "learned_params": learned, "bytes_per_learned_param": file_bytes / learned,
+                 "initializer_bytes": {k: v["bytes"] for k, v in graph.stored_tensors(proto).items()},
+                 "folded": folding["folded"], "folding": folding, **run,
+                 "gflops": _gflops(config, o.task, batch, seq), "gflops_shape": o.shapes[0]}
+    if folded is not None:
+        footprint["materialized"] = folded
+    return footprint
+
+
+def _labels(config, task: str) -> dict:
+    """A classifier's ``labels`` (in id order) and ``problem_type``; None for other tasks."""
+    if task != "text-classification":
+        return {"labels": None, "problem_type": None}
+    problem_type = config.problem_type or ("regression" if config.num_labels == 1 else "single_label_classification")
+    return {"labels": [config.id2label[i] for i in range(config.num_labels)], "problem_type": problem_type}
+
+
+def _special_tokens(tokenizer) -> dict:
+    special = {name: getattr(tokenizer, f"{name}_token_id") for name in ("pad", "mask", "cls", "sep", "unk")}
+    return {k: int(v) for k, v in special.items() if v is not None}
+
+
+def _add_extras(manifest: dict, task: str, pairs, recipe, ram_int8, ort_entry) -> None:
+    """The manifest entries only some artifacts have: pairs, embedding, RAM-int8 graphs, ORT format."""
     if task == "text-classification":
         manifest[artifact.PAIRS] = pairs
     if recipe is not None:
@@ -633,11 +737,14 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
         manifest["ram_int8"] = ram_int8
     if ort_entry is not None:
         manifest.update(format_version=artifact.ORT_FORMAT_VERSION, model_format="ort", ort=ort_entry)
+
+
+def _write_manifest(tmp: Path, manifest: dict) -> None:
+    """``manifest.json`` with the sha256 and size of every file of the folder."""
     for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
         rel = file.relative_to(tmp).as_posix()
         manifest["files"][rel] = {"sha256": artifact.sha256(file), "bytes": file.stat().st_size}
     (tmp / artifact.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return manifest
 
 
 def format_report(manifest: dict) -> str:

@@ -182,11 +182,23 @@ def plot(result: dict, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise ValueError("--plot needs matplotlib: pip install 'sharebert[plot]'") from e
-    from .accounting import published
 
     fig, ax = plt.subplots(figsize=(12, 6.5))
     fig.subplots_adjust(left=0.07, right=0.72, top=0.9, bottom=0.09)
-    cands, fits, limits = result["all"], result["fits"], result.get("limits", {})
+    _plot_candidates(ax, result)
+    _plot_limits(ax, result.get("limits", {}), DTYPE_BYTES[result.get("dtype", "fp32")])
+    _plot_methods(fig, ax)
+    ax.set_xlabel("learned parameters (M, backbone)")
+    ax.set_ylabel(f"GFLOPs per forward (batch 1, seq {result.get('seq_len', 128)}, weights materialised)")
+    ax.set_title(_plot_title(result), fontsize=8, pad=16)
+    ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=7, frameon=False)  # beside the axes: never over a point
+    save_figure(fig, path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_candidates(ax, result: dict) -> None:
+    """The grids (inside the limits in colour, outside faded), the front, and the paper's presets as stars."""
+    cands, fits = result["all"], result["fits"]
     for kind, color, name in (("veps", "tab:blue", "ShareBERT grid"), ("none", "tab:gray", "dense BERT grid")):
         for inside in (True, False):
             pts = [c for c, ok in zip(cands, fits) if ok == inside and not c.is_preset and c.config["sharing"] == kind]
@@ -199,20 +211,36 @@ def plot(result: dict, path: str) -> None:
     ax.set_yscale("log")
     ax.set_xlim(min(c.params for c in cands) / 1e6 * 0.8, max(c.params for c in cands) / 1e6 * 2.2)  # room for labels
     ax.set_ylim(min(c.gflops for c in cands) * 0.7, max(c.gflops for c in cands) * 1.6)
+    _plot_presets(ax, cands, fits)
+
+
+def _plot_presets(ax, cands, fits) -> None:
+    """ShareBERT Table 2's presets as stars (hollow: outside the limits), each labelled."""
+    from .accounting import published
+
     table2 = published()["table2"]["rows"]
     stars = [(c, ok) for c, ok in zip(cands, fits) if c.name in table2]
     for c, ok in stars:
         ax.scatter(c.params / 1e6, c.gflops, marker="*", s=130, zorder=4, color="tab:red" if ok else "white",
                    edgecolors="tab:red")
     _label_without_overlap(ax, [(c.name, c.params / 1e6, c.gflops) for c, _ in stars])
-    # Learned parameters are the x axis, and bytes stored are parameters x bytes per number: both are vertical lines.
-    k = DTYPE_BYTES[result.get("dtype", "fp32")]
-    for x in [limits[n] / d for n, d in (("max_params", 1), ("max_bytes", k)) if n in limits]:
+
+
+def _plot_limits(ax, limits: dict, dtype_bytes: int) -> None:
+    """The limits as dashed lines, the outside shaded. Learned parameters are the x axis, and bytes stored are
+    parameters x bytes per number: both are vertical lines."""
+    for x in [limits[n] / d for n, d in (("max_params", 1), ("max_bytes", dtype_bytes)) if n in limits]:
         ax.axvline(x / 1e6, color="tab:red", ls="--", lw=1.2)
         ax.axvspan(x / 1e6, 1e4, color="tab:red", alpha=0.04)
     if "max_gflops" in limits:
         ax.axhline(limits["max_gflops"], color="tab:red", ls="--", lw=1.2)
         ax.axhspan(limits["max_gflops"], 1e6, color="tab:red", alpha=0.04)
+
+
+def _plot_methods(fig, ax) -> None:
+    """ShareBERT Table 1's methods as lettered green lines, their key beside the plot."""
+    from .accounting import published
+
     key = []
     for letter, group in zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ", _clusters(published()["compression_methods"]["rows"])):
         x = sum(r["params"] for r in group) / len(group) / 1e6
@@ -222,18 +250,18 @@ def plot(result: dict, path: str) -> None:
         key.append(f"{letter}  " + "; ".join(f"{r['label']} {r['params'] / 1e6:.3g}M ({r['relative_perf']}%)" for r in group))
     fig.text(0.735, 0.9, "ShareBERT Table 1 methods (green lines;\nrelative GLUE score vs BERT Base):\n\n" +
              "\n".join(_wrap(k, 48) for k in key), fontsize=7, va="top", family="monospace")
+
+
+def _plot_title(result: dict) -> str:
+    """How many candidates fit which limits, and what the lines and stars are."""
+    limits = result.get("limits", {})
     shown = {"max_params": "params", "max_bytes": "bytes", "max_gflops": "GFLOPs"}
     words = [f"{LIMITS[k][0]} <= {human(v)}" for k, v in limits.items()]
-    ax.set_xlabel("learned parameters (M, backbone)")
-    ax.set_ylabel(f"GFLOPs per forward (batch 1, seq {result.get('seq_len', 128)}, weights materialised)")
     drawn = " and ".join(shown[k] for k in limits if k in shown)
-    ax.set_title(f"sharebert budget: {result['feasible']:,} of {result['total']:,} candidates within "
-                 f"{', '.join(words) or 'no limits'} ({result.get('dtype', 'fp32')})\n"
-                 f"{'red dashes: the ' + drawn + (' limits' if ' and ' in drawn else ' limit') + ' (shaded: outside); ' if drawn else ''}"
-                 "stars: ShareBERT Table 2 presets (hollow: outside the limits)", fontsize=8, pad=16)
-    ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=7, frameon=False)  # beside the axes: never over a point
-    save_figure(fig, path, dpi=120)
-    plt.close(fig)
+    return (f"sharebert budget: {result['feasible']:,} of {result['total']:,} candidates within "
+            f"{', '.join(words) or 'no limits'} ({result.get('dtype', 'fp32')})\n"
+            f"{'red dashes: the ' + drawn + (' limits' if ' and ' in drawn else ' limit') + ' (shaded: outside); ' if drawn else ''}"
+            "stars: ShareBERT Table 2 presets (hollow: outside the limits)")
 
 
 def _label_without_overlap(ax, points: list[tuple[str, float, float]], fontsize: int = 7) -> None:

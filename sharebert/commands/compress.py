@@ -79,14 +79,8 @@ def add_arguments(p):
 def run(args) -> int:
     import time
 
-    from ..budget import parse_size
-
     started = time.monotonic()  # --max-time bounds the whole command (an encoder teacher), from here
-
-    limits = {"max_params": parse_size(args.max_params) if args.max_params else None,
-              "max_bytes": parse_size(args.max_bytes) if args.max_bytes else None}
-    if limits["max_params"] is None and limits["max_bytes"] is None:
-        limits["max_params"] = parse_size(MAX_PARAMS)
+    limits = _limits(args)
 
     from ..training.compress import is_classifier, precheck
 
@@ -94,39 +88,15 @@ def run(args) -> int:
     _, raw = precheck(args.teacher, args.out, limits, args.train, args.data, args.overwrite, args.resume,
                       args.eval_pairs)
     classifier = is_classifier(raw)
-    if classifier and args.eval_pairs:
-        raise ValueError("--eval-pairs is for an encoder teacher; a classifier is scored on its GLUE task's dev set "
-                         "(--eval-limit N: its first N examples)")
-    if not classifier and args.eval_limit:
-        raise ValueError("--eval-limit is for a classifier teacher's GLUE dev set; an encoder's STS-B row is always "
-                         "on all 1,500 pairs (--eval-pairs FILE: your own pairs)")
-    if classifier and args.data:
-        raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
-    if classifier and (args.keep_work or not args.portable):
-        raise ValueError(f"--{'keep-work' if args.keep_work else 'no-portable'} is for an encoder teacher; a "
-                         "classifier's phases keep their own folders (general/, student/)")
-    if classifier and args.vocab_size:
-        raise ValueError("--vocab-size is for an embedding teacher; a classifier's student keeps the teacher's vocabulary")
-    for name in ("task_lr", "augment"):
-        if not classifier and getattr(args, name) is not None:
-            raise ValueError(f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "
-                             f"{args.teacher} is an encoder")
+    _check_teacher_options(args, classifier)
 
     from sharebert_runtime.outdir import run_lock
 
     from ..training.callbacks import SignalCheckpoint, StopRequested
     from ..training.compress import TimeBudget, compress
     from ..training.compress_classifier import compress_classifier
-    from ..training.distill import DistillArgs, DistillWeights
-    from ..training.distill_embedding import EmbeddingArgs
 
-    steps = dict(epochs=1000.0, batch_size=args.batch_size, warmup_steps=min(100, (args.max_steps or 500) // 5),
-                 max_steps=args.max_steps or (None if args.max_time else 1000), seed=args.seed,
-                 max_train_samples=args.max_train_samples, eval_steps=200, save_minutes=args.save_minutes)
-    eargs = EmbeddingArgs(lr=args.lr, **steps, loss=args.loss, max_time=args.max_time,
-                          weights=DistillWeights(hidden=0, attention=0, embedding=0))
-    task_args = DistillArgs(lr=args.task_lr or TASK_LR, **steps, max_eval_samples=args.eval_limit,
-                            augment=args.augment or 0)
+    eargs, task_args = _recipes(args)
     resume = "continue with the same command plus --resume"
     try:
         with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
@@ -147,6 +117,60 @@ def run(args) -> int:
         phase = f" of the {r['phase']} phase" if "phase" in r else ""
         print(f"stopped at step {r['steps']}{phase} (checkpoint saved); {resume}")
         return 130
+    _print_result(r)
+    print(f"report.md, report.json, report.png -> {args.out}")
+    return 0
+
+
+def _limits(args) -> dict:
+    """``max_params`` and ``max_bytes`` (None: not given); neither given: ``MAX_PARAMS``."""
+    from ..budget import parse_size
+
+    limits = {"max_params": parse_size(args.max_params) if args.max_params else None,
+              "max_bytes": parse_size(args.max_bytes) if args.max_bytes else None}
+    if limits["max_params"] is None and limits["max_bytes"] is None:
+        limits["max_params"] = parse_size(MAX_PARAMS)
+    return limits
+
+
+def _check_teacher_options(args, classifier: bool) -> None:
+    """``ValueError`` for an option of the other kind of teacher (a classifier's or an encoder's)."""
+    if classifier and args.eval_pairs:
+        raise ValueError("--eval-pairs is for an encoder teacher; a classifier is scored on its GLUE task's dev set "
+                         "(--eval-limit N: its first N examples)")
+    if not classifier and args.eval_limit:
+        raise ValueError("--eval-limit is for a classifier teacher's GLUE dev set; an encoder's STS-B row is always "
+                         "on all 1,500 pairs (--eval-pairs FILE: your own pairs)")
+    if classifier and args.data:
+        raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
+    if classifier and (args.keep_work or not args.portable):
+        raise ValueError(f"--{'keep-work' if args.keep_work else 'no-portable'} is for an encoder teacher; a "
+                         "classifier's phases keep their own folders (general/, student/)")
+    if classifier and args.vocab_size:
+        raise ValueError("--vocab-size is for an embedding teacher; a classifier's student keeps the teacher's vocabulary")
+    for name in ("task_lr", "augment"):
+        if not classifier and getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "
+                             f"{args.teacher} is an encoder")
+
+
+def _recipes(args):
+    """The embedding distillation's recipe and a classifier's task distillation's, sharing the step options."""
+    from ..training.distill import DistillArgs, DistillWeights
+    from ..training.distill_embedding import EmbeddingArgs
+
+    steps = dict(epochs=1000.0, batch_size=args.batch_size, warmup_steps=min(100, (args.max_steps or 500) // 5),
+                 max_steps=args.max_steps or (None if args.max_time else 1000), seed=args.seed,
+                 max_train_samples=args.max_train_samples, eval_steps=200, save_minutes=args.save_minutes)
+    eargs = EmbeddingArgs(lr=args.lr, **steps, loss=args.loss, max_time=args.max_time,
+                          weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    task_args = DistillArgs(lr=args.task_lr or TASK_LR, **steps, max_eval_samples=args.eval_limit,
+                            augment=args.augment or 0)
+    return eargs, task_args
+
+
+def _print_result(r: dict) -> None:
+    """The teacher's and the student's figures, a few lines."""
     t, s = r["teacher"], r["student"]
     if "task" in r:
         q = f"{r['task']} dev {r['metric']}"
@@ -154,13 +178,11 @@ def run(args) -> int:
               f"{t['glue_dev']:.4f} ({t['quantization']} {t['glue_dev_artifact']:.4f}), p50 16 tok {t['p50_ms_16']:.1f} ms")
         print(f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, {q} {s['glue_dev']:.4f} "
               f"(fp32 {s['glue_dev_fp32']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms")
-    else:
-        for who, d in (("teacher", t), ("student", s)):
-            size = (f"{d['artifact_bytes'] / 1e6:.1f} MB {d['quantization']}" if who == "teacher"
-                    else f"{d['file_bytes'] / 1e6:.1f} MB int8")
-            print(f"{who} {d['learned_params']:,} params, {size}, p50 16 tok {d['p50_ms_16']:.1f} ms, peak RSS "
-                  f"{d['peak_rss_bytes'] / 1e6:.0f} MB")
-        for q in r["quality"]:
-            print(f"  {q['label']}: teacher {t[q['key']]:.4f}, student {s[q['key']]:.4f}")
-    print(f"report.md, report.json, report.png -> {args.out}")
-    return 0
+        return
+    for who, d in (("teacher", t), ("student", s)):
+        size = (f"{d['artifact_bytes'] / 1e6:.1f} MB {d['quantization']}" if who == "teacher"
+                else f"{d['file_bytes'] / 1e6:.1f} MB int8")
+        print(f"{who} {d['learned_params']:,} params, {size}, p50 16 tok {d['p50_ms_16']:.1f} ms, peak RSS "
+              f"{d['peak_rss_bytes'] / 1e6:.0f} MB")
+    for q in r["quality"]:
+        print(f"  {q['label']}: teacher {t[q['key']]:.4f}, student {s[q['key']]:.4f}")

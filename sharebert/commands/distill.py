@@ -69,28 +69,40 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
+    dargs = _distill_args(args)
+    _check_objective_options(args, dargs.weights)
+    return {"embedding": _run_embedding, "mlm": _run_mlm, "glue": _run_glue}[args.objective](args, dargs)
+
+
+def _distill_args(args):
+    """The recipe (``DistillArgs``) the options give, each numeric option checked to be positive. The token-level
+    terms of ``--objective embedding`` are off unless asked for; ``--max-time`` without ``--max-steps`` lets the
+    clock end the run (its schedule anneals to 0)."""
     from ..training.options import DistillArgs, DistillWeights, parse_layer_map
-    from .tables import format_table
 
     for name in ("epochs", "batch_size", "lr", "seq_len", "max_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
     terms = {name: getattr(args, f"{name}_weight") for name in ("kl", "hard", "hidden", "attention", "embedding")}
-    off = 0.0 if args.objective == "embedding" else None  # token-level terms are asked for there, not default
+    off = 0.0 if args.objective == "embedding" else None
     terms = {k: v for k, v in terms.items() if v is not None or off is not None}
     terms = {k: (off if v is None else v) for k, v in terms.items()}
     weights = DistillWeights(temperature=args.temperature, layer_map=parse_layer_map(args.layer_map), **terms)
-    if args.epochs is None:  # --max-time without --max-steps: the clock ends the run (its schedule anneals to 0)
+    if args.epochs is None:
         args.epochs = 1000.0 if args.max_time and not args.max_steps else DistillArgs.epochs
-    dargs = DistillArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
-                        weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
-                        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                        eval_steps=args.eval_steps, save_minutes=args.save_minutes, seed=args.seed,
-                        depth_sampling=args.depth_sampling, weights=weights, augment=args.augment or 0)
+    return DistillArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+                       weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
+                       max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
+                       eval_steps=args.eval_steps, save_minutes=args.save_minutes, seed=args.seed,
+                       depth_sampling=args.depth_sampling, weights=weights, augment=args.augment or 0)
+
+
+def _check_objective_options(args, weights) -> None:
+    """``ValueError`` for an option the chosen objective does not read: refused, never ignored."""
     if args.objective != "embedding" and (args.overrides or args.init != "teacher"):
         raise ValueError("--set and --init are for --objective embedding")
-    for option, objectives in OBJECTIVE_OPTIONS.items():  # an option the objective does not read is refused, never ignored
+    for option, objectives in OBJECTIVE_OPTIONS.items():
         if getattr(args, option) not in (None, OPTION_DEFAULTS.get(option)) and args.objective not in objectives:
             raise ValueError(f"--{option.replace('_', '-')} is for --objective {' and '.join(objectives)}, "
                              f"not {args.objective}")
@@ -100,24 +112,28 @@ def _run(args) -> int:
         raise ValueError("--augment's copies learn from the teacher's logits alone: it needs --kl-weight above 0")
     if args.objective == "mlm" and args.max_time:
         raise ValueError("--max-time is for --objective embedding and glue")
-    if args.objective == "embedding":
-        return _run_embedding(args, dargs)
-    if args.objective == "mlm":
-        if args.task:
-            raise ValueError("--task is for --objective glue; --objective mlm reads --train text or --data")
-        from ..training.distill import distill_mlm  # torch: once the options are known to be good
 
-        m = distill_mlm(args.teacher, args.student, args.train, args.out, dargs, overwrite=args.overwrite,
-                        resume=args.resume, data=args.data)
-        loss = "not logged" if m["train_loss"] is None else f"{m['train_loss']:.4f}"  # a resume that logged none
-        print(f"distilled {m['steps']} steps: train loss {loss}; student and metrics.json -> {args.out}")
-        return 0
+
+def _run_mlm(args, dargs) -> int:
+    if args.task:
+        raise ValueError("--task is for --objective glue; --objective mlm reads --train text or --data")
+    from ..training.distill import distill_mlm  # torch: once the options are known to be good
+
+    m = distill_mlm(args.teacher, args.student, args.train, args.out, dargs, overwrite=args.overwrite,
+                    resume=args.resume, data=args.data)
+    loss = "not logged" if m["train_loss"] is None else f"{m['train_loss']:.4f}"  # a resume that logged none
+    print(f"distilled {m['steps']} steps: train loss {loss}; student and metrics.json -> {args.out}")
+    return 0
+
+
+def _run_glue(args, dargs) -> int:
     if not args.task:
         raise ValueError("--task is required (or --objective mlm with --train)")
     if args.train:
         raise ValueError("--train is for --objective mlm; task distillation reads the task's files (--data-dir)")
     from ..training.callbacks import WallClockLimit
     from ..training.distill import distill_glue  # torch: once the options are known to be good
+    from .tables import format_table
 
     metrics = distill_glue(args.teacher, args.student, args.task, args.out, args.data_dir, dargs,
                            overwrite=args.overwrite, resume=args.resume, keep_checkpoints=args.keep_checkpoints,

@@ -23,7 +23,7 @@ from transformers import TrainerCallback
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import ExportableState
 
-from sharebert_runtime.outdir import read_json
+from sharebert_runtime.outdir import read_json, write_json
 
 MARKER = "sharebert_complete.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -443,6 +443,16 @@ def kept_result(trainer, checkpoint: str | Path | None, out: Path, expect=(), pu
     say(f"--resume: {out} had finished ({why}); nothing left to train, its results are kept as they were "
         "(a larger limit trains on)")
     return metrics
+
+
+def write_results(trainer, out: Path, metrics: dict) -> None:
+    """A finished run's ``log_history.json``, its curves and, last, ``metrics.json`` (which :func:`kept_result`
+    reads back on a ``--resume``)."""
+    from ..curves import write_curves
+
+    write_json(out / "log_history.json", trainer.state.log_history)
+    write_curves(out)
+    write_json(out / "metrics.json", metrics)
 
 
 def trainer_state(checkpoint: str | Path) -> dict:

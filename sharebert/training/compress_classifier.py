@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import read_json, write_json
-from .compress import REPORT, STUDENT_FIELDS, check_same_student, export_once, fingerprint, precheck, probe, \
+from .compress import STUDENT_FIELDS, check_same_student, export_once, fingerprint, precheck, probe, \
     publish_over, safetensor_params, teacher_name, weight_bytes, write_report
 
 PHASES = "phases.json"

@@ -28,17 +28,18 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import Trainer
 
-from ..curves import write_curves
 from sharebert_runtime.artifact import sha256
 from sharebert_runtime.errors import first_line
 from ..model_folder import load_config, load_tokenizer, read_config
 from sharebert_runtime.outdir import check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
 from ..paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
-from .callbacks import MarkCheckpoints, kept_result, resume_from, start_checkpoints
+from .callbacks import (MarkCheckpoints, StopsAtMaxSteps, check_fits, kept_result, resume_from, start_checkpoints,
+                        write_results)
 from .depth import check_depth_sampling
-from .encoded import encoded_task, evaluate_split
+from .encoded import encoded_task, evaluate_dev
 from .finetune import load_classifier, metrics_for, task_training_args
 from .glue import GlueTask, get_task, task_file
 from .fingerprint import data_files, run_fingerprint, teacher_fingerprint  # noqa: F401  (distill's names)
@@ -275,157 +276,151 @@ class WithTeacherLogits(torch.utils.data.Dataset):
         return {**self.ds[i], "teacher_logits": self.logits[i].tolist()}
 
 
-def _make_trainer_class():
-    from transformers import Trainer
+class DistillTrainer(StopsAtMaxSteps, Trainer):
+    """``Trainer`` whose ``compute_loss`` adds the distillation terms; the projections train alongside.
 
-    from .callbacks import StopsAtMaxSteps, check_fits
+    Checkpoints hold the student (``model.safetensors``) and the projections (``PROJECTIONS_FILE``),
+    so ``--resume`` continues both; under torchrun the projections' gradients are averaged. ``data``: what the
+    run trains on (``check_same_data``), kept in each checkpoint (``DATA_FILE``).
+    """
 
-    class DistillTrainer(StopsAtMaxSteps, Trainer):
-        """``Trainer`` whose ``compute_loss`` adds the distillation terms; the projections train alongside.
+    def __init__(self, *a, teacher, projections, weights, pairs, groups, regression=False, mlm=False, data=None,
+                 **kw):
+        self.data = data
+        super().__init__(*a, **kw)
+        self.teacher, self.weights, self.pairs, self.groups = teacher, weights, pairs, groups
+        self.projections = projections.to(self.args.device)
+        self.regression, self.mlm = regression, mlm
+        self._parts: dict[str, float] = {}
 
-        Checkpoints hold the student (``model.safetensors``) and the projections (``PROJECTIONS_FILE``),
-        so ``--resume`` continues both; under torchrun the projections' gradients are averaged.
-        """
+    clock = None  # a ``WallClockLimit`` when training is bounded by time only: the learning rate follows it
 
-        def __init__(self, *a, teacher, projections, weights, pairs, groups, regression=False, mlm=False, **kw):
-            super().__init__(*a, **kw)
-            self.teacher, self.weights, self.pairs, self.groups = teacher, weights, pairs, groups
-            self.projections = projections.to(self.args.device)
-            self.regression, self.mlm = regression, mlm
-            self._parts: dict[str, float] = {}
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        """With a time budget and no step budget, the learning rate follows the clock
+        (``WallClockLimit.lr_factor``): a run stopped by ``--max-time`` ends annealed."""
+        if self.clock is None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            warmup, clock = self.args.warmup_steps, self.clock
+            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer or self.optimizer, lambda step: clock.lr_factor(step, warmup))
+        return self.lr_scheduler
 
-        data = None  # what the run trains on (``check_same_data``), kept in each checkpoint (``DATA_FILE``)
+    def bound_by(self, clock, max_steps, progress: bool) -> None:
+        """Stop at ``clock`` (a ``WallClockLimit``, or None); without ``max_steps`` the learning rate and
+        the progress lines follow it. Then the progress display (``show_progress``)."""
+        if clock is not None:
+            self.add_callback(clock)
+        self.limit = clock
+        self.clock = clock if clock is not None and not max_steps else None
+        show_progress(self, progress, self.clock)
 
-        clock = None  # a ``WallClockLimit`` when training is bounded by time only: the learning rate follows it
+    limit = None  # the ``WallClockLimit`` of ``bound_by``, whether or not the learning rate follows it
 
-        def create_scheduler(self, num_training_steps, optimizer=None):
-            """With a time budget and no step budget, the learning rate follows the clock
-            (``WallClockLimit.lr_factor``): a run stopped by ``--max-time`` ends annealed."""
-            if self.clock is None:
-                return super().create_scheduler(num_training_steps, optimizer)
-            if self.lr_scheduler is None:
-                warmup, clock = self.args.warmup_steps, self.clock
-                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-                    optimizer or self.optimizer, lambda step: clock.lr_factor(step, warmup))
-            return self.lr_scheduler
+    resumed = False  # set when a checkpoint is loaded
 
-        def bound_by(self, clock, max_steps, progress: bool) -> None:
-            """Stop at ``clock`` (a ``WallClockLimit``, or None); without ``max_steps`` the learning rate and
-            the progress lines follow it. Then the progress display (``show_progress``)."""
-            if clock is not None:
-                self.add_callback(clock)
-            self.limit = clock
-            self.clock = clock if clock is not None and not max_steps else None
-            show_progress(self, progress, self.clock)
+    def trained(self, result) -> dict:
+        """``train_seconds`` (the clock's count over the whole run, its resumes included; without one, this
+        call's runtime), ``stopped_by_time``, ``train_loss`` and ``last_terms``, for the metrics. After a
+        resume, transformers' ``training_loss`` divides this call's losses by all the run's steps: the loss is
+        then the mean of the logged losses, each weighted by the steps it covers (None with none logged), and
+        the last terms are the last logged ones when this call took no step."""
+        seconds = self.limit.used() if self.limit else result.metrics.get("train_runtime", 0.0)
+        loss, parts = result.training_loss, dict(self._parts)
+        logged = [h for h in self.state.log_history if "loss" in h and "step" in h]
+        if self.resumed and not logged:
+            loss = None
+        elif self.resumed:
+            steps = [h["step"] for h in logged]
+            spans = [b - a for a, b in zip([0, *steps], steps)]
+            loss = sum(h["loss"] * n for h, n in zip(logged, spans)) / max(1, sum(spans))
+            parts = parts or {k[5:]: v for k, v in logged[-1].items() if k.startswith("loss_")}
+        return {"train_seconds": round(seconds, 1), "stopped_by_time": bool(self.limit and self.limit.reached),
+                "train_loss": loss, "last_terms": parts}
 
-        limit = None  # the ``WallClockLimit`` of ``bound_by``, whether or not the learning rate follows it
+    def create_optimizer(self):
+        opt = super().create_optimizer()
+        if not any(p is q for g in opt.param_groups for p in g["params"] for q in self.projections.parameters()):
+            opt.add_param_group({"params": list(self.projections.parameters()), "weight_decay": 0.0})
+        return opt
 
-        resumed = False  # set when a checkpoint is loaded
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        w = self.weights
+        if not model.training:  # dev scoring: the student alone
+            inputs = {k: v for k, v in inputs.items() if k != "teacher_logits"}
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        need_h, need_a = bool(w.hidden or w.embedding), bool(w.attention)
+        cached = inputs.pop("teacher_logits", None)
+        labels = inputs.get("labels")
+        if "attention_mask" not in inputs:  # packed pre-training sequences have no padding
+            inputs = {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
+        feed = {k: v for k, v in inputs.items() if k != "labels"}  # the hard loss is ``hard_loss``'s
+        out = model(**feed, output_hidden_states=need_h, output_attentions=need_a)  # at a sampled depth, maybe
+        pairs = self.pairs
+        if need_h or need_a:
+            ran = len(out.attentions) if need_a else len(out.hidden_states) - 1
+            pairs = pairs_that_ran(pairs, ran, self.model.config.num_hidden_layers,
+                                   self.teacher.config.num_hidden_layers)
+        if cached is not None and not (need_h or need_a):  # --cache-teacher: logits are all the terms need
+            t_out = SimpleNamespace(logits=cached)
+        else:
+            with torch.no_grad():
+                t_in = {k: v for k, v in inputs.items() if k != "labels"}
+                t_out = self.teacher(**t_in, output_hidden_states=need_h, output_attentions=need_a)
+        logits_mask = (labels != -100) if self.mlm else None
+        parts = distill_losses(out, t_out, inputs["attention_mask"], labels if w.hard else None, self.projections,
+                               w, pairs, self.groups, self.regression, logits_mask)
+        for k, v in parts.items():
+            if k != "loss":
+                self._parts[k] = float(v.detach())
+        return (parts["loss"], out) if return_outputs else parts["loss"]
 
-        def trained(self, result) -> dict:
-            """``train_seconds`` (the clock's count over the whole run, its resumes included; without one, this
-            call's runtime), ``stopped_by_time``, ``train_loss`` and ``last_terms``, for the metrics. After a
-            resume, transformers' ``training_loss`` divides this call's losses by all the run's steps: the loss is
-            then the mean of the logged losses, each weighted by the steps it covers (None with none logged), and
-            the last terms are the last logged ones when this call took no step."""
-            seconds = self.limit.used() if self.limit else result.metrics.get("train_runtime", 0.0)
-            loss, parts = result.training_loss, dict(self._parts)
-            logged = [h for h in self.state.log_history if "loss" in h and "step" in h]
-            if self.resumed and not logged:
-                loss = None
-            elif self.resumed:
-                steps = [h["step"] for h in logged]
-                spans = [b - a for a, b in zip([0, *steps], steps)]
-                loss = sum(h["loss"] * n for h, n in zip(logged, spans)) / max(1, sum(spans))
-                parts = parts or {k[5:]: v for k, v in logged[-1].items() if k.startswith("loss_")}
-            return {"train_seconds": round(seconds, 1), "stopped_by_time": bool(self.limit and self.limit.reached),
-                    "train_loss": loss, "last_terms": parts}
+    def training_step(self, *a, **kw):
+        loss = super().training_step(*a, **kw)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            for p in self.projections.parameters():
+                if p.grad is not None:
+                    torch.distributed.all_reduce(p.grad)
+                    p.grad /= torch.distributed.get_world_size()
+        return loss
 
-        def create_optimizer(self):
-            opt = super().create_optimizer()
-            if not any(p is q for g in opt.param_groups for p in g["params"] for q in self.projections.parameters()):
-                opt.add_param_group({"params": list(self.projections.parameters()), "weight_decay": 0.0})
-            return opt
+    def log(self, logs, *a, **kw):
+        if "loss" in logs:
+            logs.update({f"loss_{k}": round(v, 6) for k, v in self._parts.items()})
+        super().log(logs, *a, **kw)
 
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            w = self.weights
-            if not model.training:  # dev scoring: the student alone
-                inputs = {k: v for k, v in inputs.items() if k != "teacher_logits"}
-                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            need_h, need_a = bool(w.hidden or w.embedding), bool(w.attention)
-            cached = inputs.pop("teacher_logits", None)
-            labels = inputs.get("labels")
-            if "attention_mask" not in inputs:  # packed pre-training sequences have no padding
-                inputs = {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
-            feed = {k: v for k, v in inputs.items() if k != "labels"}  # the hard loss is ``hard_loss``'s
-            out = model(**feed, output_hidden_states=need_h, output_attentions=need_a)  # at a sampled depth, maybe
-            pairs = self.pairs
-            if need_h or need_a:
-                ran = len(out.attentions) if need_a else len(out.hidden_states) - 1
-                pairs = pairs_that_ran(pairs, ran, self.model.config.num_hidden_layers,
-                                       self.teacher.config.num_hidden_layers)
-            if cached is not None and not (need_h or need_a):  # --cache-teacher: logits are all the terms need
-                t_out = SimpleNamespace(logits=cached)
-            else:
-                with torch.no_grad():
-                    t_in = {k: v for k, v in inputs.items() if k != "labels"}
-                    t_out = self.teacher(**t_in, output_hidden_states=need_h, output_attentions=need_a)
-            logits_mask = (labels != -100) if self.mlm else None
-            parts = distill_losses(out, t_out, inputs["attention_mask"], labels if w.hard else None, self.projections,
-                                   w, pairs, self.groups, self.regression, logits_mask)
-            for k, v in parts.items():
-                if k != "loss":
-                    self._parts[k] = float(v.detach())
-            return (parts["loss"], out) if return_outputs else parts["loss"]
+    def save_model(self, output_dir=None, _internal_call=False):
+        """The student as the Trainer saves it (each checkpoint too), then the projections and the data."""
+        super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            from safetensors.torch import save_file
 
-        def training_step(self, *a, **kw):
-            loss = super().training_step(*a, **kw)
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                for p in self.projections.parameters():
-                    if p.grad is not None:
-                        torch.distributed.all_reduce(p.grad)
-                        p.grad /= torch.distributed.get_world_size()
-            return loss
+            out = Path(output_dir or self.args.output_dir)
+            save_file({k: v.contiguous() for k, v in self.projections.state_dict().items()}, str(out / PROJECTIONS_FILE))
+            if self.data is not None:
+                write_json(out / DATA_FILE, self.data)
 
-        def log(self, logs, *a, **kw):
-            if "loss" in logs:
-                logs.update({f"loss_{k}": round(v, 6) for k, v in self._parts.items()})
-            super().log(logs, *a, **kw)
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """The Trainer's; resuming, the checkpoint's projections are loaded first (the Trainer loads the student
+        and the optimizer, whose state covers the projections: ``create_optimizer``)."""
+        if resume_from_checkpoint:
+            check_fits(self.model, resume_from_checkpoint)  # the student first, as FitsCheckpoint does
+            self.load_projections(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
-        def save_model(self, output_dir=None, _internal_call=False):
-            """The student as the Trainer saves it (each checkpoint too), then the projections and the data."""
-            super().save_model(output_dir, _internal_call)
-            if self.args.should_save:
-                from safetensors.torch import save_file
+    def load_projections(self, checkpoint) -> None:
+        self.resumed = True
+        path = Path(checkpoint) / PROJECTIONS_FILE
+        if path.is_file():
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
 
-                out = Path(output_dir or self.args.output_dir)
-                save_file({k: v.contiguous() for k, v in self.projections.state_dict().items()}, str(out / PROJECTIONS_FILE))
-                if self.data is not None:
-                    write_json(out / DATA_FILE, self.data)
-
-        def train(self, resume_from_checkpoint=None, *args, **kwargs):
-            """The Trainer's; resuming, the checkpoint's projections are loaded first (the Trainer loads the student
-            and the optimizer, whose state covers the projections: ``create_optimizer``)."""
-            if resume_from_checkpoint:
-                check_fits(self.model, resume_from_checkpoint)  # the student first, as FitsCheckpoint does
-                self.load_projections(resume_from_checkpoint)
-            return super().train(resume_from_checkpoint, *args, **kwargs)
-
-        def load_projections(self, checkpoint) -> None:
-            self.resumed = True
-            path = Path(checkpoint) / PROJECTIONS_FILE
-            if path.is_file():
-                from safetensors import SafetensorError
-                from safetensors.torch import load_file
-
-                try:
-                    self.projections.load_state_dict(load_file(str(path), device=str(self.args.device)))
-                except (RuntimeError, SafetensorError) as e:  # another run's (or an older sharebert's) layout
-                    why = first_line(" ".join(str(e).split()), 300)
-                    raise ValueError(f"{path} does not fit this run's projections ({why}); resume with the --student "
-                                     "(and --set) of the run that saved it, or start again with --overwrite") from None
-
-    return DistillTrainer
+            try:
+                self.projections.load_state_dict(load_file(str(path), device=str(self.args.device)))
+            except (RuntimeError, SafetensorError) as e:  # another run's (or an older sharebert's) layout
+                why = first_line(" ".join(str(e).split()), 300)
+                raise ValueError(f"{path} does not fit this run's projections ({why}); resume with the --student "
+                                 "(and --set) of the run that saved it, or start again with --overwrite") from None
 
 
 COMMAND = "distill"  # the marker's command (``outdir.MARK``): a folder is a distillation's only when it says so
@@ -569,19 +564,15 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         variant = ",".join(f"{k}={v}" for k, v in data.items()) if args.augment else ""
         train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, train_ds, train.path, seq_len,
                                                               cache_teacher, progress, variant))
-    teacher_metrics = {}
-    for i, (split, ds) in enumerate(dev_ds.items()):
-        scores = evaluate_split(teacher, ds, task_, progress=progress)
-        teacher_metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
+    teacher_metrics = evaluate_dev(teacher, dev_ds, task_, progress=progress)
 
     targs = task_training_args(args, out, task_, progress, save_only_model=False,  # projections resume too
                                keep_columns=cache_teacher is not None)  # the cached logits reach the loss
 
-    trainer = _make_trainer_class()(
+    trainer = DistillTrainer(
         model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=t_tok,
         data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
-        projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression)
-    trainer.data = data
+        projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression, data=data)
     trainer.bound_by(clock, args.max_steps, progress)
     for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
         trainer.add_callback(callback)
@@ -592,10 +583,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
 
-    metrics = {"task": task_.name}
-    for i, (split, ds) in enumerate(dev_ds.items()):
-        scores = evaluate_split(trainer.model, ds, task_, batch_size=targs.per_device_eval_batch_size, progress=progress)
-        metrics.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
+    metrics = {"task": task_.name, **evaluate_dev(trainer.model, dev_ds, task_, targs.per_device_eval_batch_size,
+                                                  progress)}
     metrics.update(train_samples=len(train_ds), augment=args.augment, eval_samples=len(main_dev), steps=trainer.state.global_step,
                    best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
                    **trainer.trained(result), seed=args.seed,
@@ -605,15 +594,13 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     if trainer.is_world_process_zero():
         trainer.model.save_pretrained(str(out))  # the student alone: the projections live in the trainer
         t_tok.save_pretrained(str(out))
-        write_json(out / "log_history.json", trainer.state.log_history)
-        write_curves(out)
-        write_json(out / "metrics.json", finite(metrics))
+        write_results(trainer, out, finite(metrics))
         if not keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return finite(metrics)
 
 
-def _maps(model, teacher, w: "DistillWeights", seed: int):
+def _maps(model, teacher, w: DistillWeights, seed: int):
     """The layer map, the head groups and the (freshly seeded) width projections between student and teacher."""
     from transformers import set_seed
 
@@ -723,7 +710,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
                                                            data_files(train, data), "mlm"))
 
     targs = stream_training_args(out, args, progress)
-    trainer = _make_trainer_class()(
+    trainer = DistillTrainer(
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok, teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
     show_progress(trainer, progress)
@@ -740,7 +727,5 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     if trainer.is_world_process_zero():
         trainer.model.save_pretrained(str(out))
         t_tok.save_pretrained(str(out))
-        write_json(out / "log_history.json", trainer.state.log_history)
-        write_curves(out)
-        write_json(out / "metrics.json", finite(metrics))
+        write_results(trainer, out, finite(metrics))
     return finite(metrics)

@@ -30,11 +30,11 @@ from torch import nn
 
 from ..modeling_sharebert import pool
 from ..model_folder import load_config, load_tokenizer
-from sharebert_runtime.outdir import check_out_dir, finite, write_json
+from sharebert_runtime.outdir import check_out_dir, finite
 from ..paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_same_data, check_tokenizers, \
     distill_losses, pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, \
-    is_distill_out, data_files, run_fingerprint, start_run, TARGETS_FILE, _make_trainer_class, _maps, _resume_from, stream_training_args
+    is_distill_out, data_files, run_fingerprint, start_run, TARGETS_FILE, DistillTrainer, _maps, _resume_from, stream_training_args
 from .depth import check_depth_sampling
 from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
@@ -296,43 +296,42 @@ class EmbeddingProjections(Projections):
         self.head = nn.Linear(student_width, output_width) if student_width != output_width else None
 
 
-def _make_embedding_trainer(pooling: str, loss: str):
-    base = _make_trainer_class()
+class EmbeddingTrainer(DistillTrainer):
+    """``distill``'s trainer whose loss is the sentence-embedding ``loss`` (``embedding_loss``) between the student's
+    and the teacher's vectors pooled by ``pooling`` (plus any token-level terms). ``teacher_head``: the teacher's
+    Dense layers, applied to its pooled vector (None: none)."""
 
-    class EmbeddingTrainer(base):
-        """``distill``'s trainer whose loss is the sentence-embedding loss (plus any token-level terms)."""
+    def __init__(self, *a, pooling: str, loss: str, teacher_head=None, **kw):
+        super().__init__(*a, **kw)
+        self.pooling, self.loss, self.teacher_head = pooling, loss, teacher_head
 
-        teacher_head = None  # the teacher's Dense layers, applied to its pooled vector
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            w = self.weights
-            need_h, need_a = bool(w.hidden or w.embedding), bool(w.attention)
-            targets = inputs.pop("teacher_logits", None)
-            out = model(**inputs, output_hidden_states=need_h, output_attentions=need_a)
-            s = pool(out.last_hidden_state, inputs["attention_mask"], pooling)
-            if self.projections.head is not None:
-                s = self.projections.head(s)
-            parts = {}
-            if need_h or need_a or targets is None:  # --data, or token-level terms: the teacher runs on the batch
-                with torch.no_grad():
-                    t_out = self.teacher(**inputs, output_hidden_states=need_h, output_attentions=need_a)
-                if targets is None:
-                    targets = pool(t_out.last_hidden_state, inputs["attention_mask"], pooling)
-                    targets = targets if self.teacher_head is None else self.teacher_head(targets)
-            if need_h or need_a:
-                terms = replace(w, kl=0.0, hard=0.0)
-                ran = len(out.attentions) if need_a else len(out.hidden_states) - 1  # fewer under depth sampling
-                pairs = pairs_that_ran(self.pairs, ran, model.config.num_hidden_layers,
-                                       self.teacher.config.num_hidden_layers)
-                parts = {k: v for k, v in distill_losses(out, t_out, inputs["attention_mask"], None, self.projections,
-                                                         terms, pairs, self.groups).items() if k != "loss"}
-            parts["sentence"] = embedding_loss(s, targets, loss)
-            for k, v in parts.items():
-                self._parts[k] = float(v.detach())
-            total = sum(parts.values())
-            return (total, out) if return_outputs else total
-
-    return EmbeddingTrainer
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        w = self.weights
+        need_h, need_a = bool(w.hidden or w.embedding), bool(w.attention)
+        targets = inputs.pop("teacher_logits", None)
+        out = model(**inputs, output_hidden_states=need_h, output_attentions=need_a)
+        s = pool(out.last_hidden_state, inputs["attention_mask"], self.pooling)
+        if self.projections.head is not None:
+            s = self.projections.head(s)
+        parts = {}
+        if need_h or need_a or targets is None:  # --data, or token-level terms: the teacher runs on the batch
+            with torch.no_grad():
+                t_out = self.teacher(**inputs, output_hidden_states=need_h, output_attentions=need_a)
+            if targets is None:
+                targets = pool(t_out.last_hidden_state, inputs["attention_mask"], self.pooling)
+                targets = targets if self.teacher_head is None else self.teacher_head(targets)
+        if need_h or need_a:
+            terms = replace(w, kl=0.0, hard=0.0)
+            ran = len(out.attentions) if need_a else len(out.hidden_states) - 1  # fewer under depth sampling
+            pairs = pairs_that_ran(self.pairs, ran, model.config.num_hidden_layers,
+                                   self.teacher.config.num_hidden_layers)
+            parts = {k: v for k, v in distill_losses(out, t_out, inputs["attention_mask"], None, self.projections,
+                                                     terms, pairs, self.groups).items() if k != "loss"}
+        parts["sentence"] = embedding_loss(s, targets, self.loss)
+        for k, v in parts.items():
+            self._parts[k] = float(v.detach())
+        total = sum(parts.values())
+        return (total, out) if return_outputs else total
 
 
 def _teacher_targets(teacher, teacher_dir, head, tokenizer, sentences, pooling, seq_len, width: int, out: Path,
@@ -404,6 +403,23 @@ def build_student(student: str, overrides: dict, vocab_size: int):
     return ShareBertModel(ShareBertConfig.from_preset(student, **fields))
 
 
+@dataclass
+class _Teacher:
+    """The teacher's side of a run: its folder's recipe and tokenizer, then its encoder and frozen Dense head."""
+
+    dir: object
+    recipe: object
+    config: object
+    tokenizer: object
+    model: nn.Module | None = None
+    head: nn.Module | None = None
+
+    @property
+    def width(self) -> int:
+        """The width of the teacher's sentence vectors: its last Dense layer's, else its hidden size."""
+        return self.recipe.dense[-1].out_features if self.recipe.dense else self.model.config.hidden_size
+
+
 def distill_embedding(teacher_dir, student: str, out, train=None, args: EmbeddingArgs = EmbeddingArgs(),
                       overrides: dict | None = None, overwrite: bool = False, resume: bool = False,
                       progress: bool = True, data=None, eval_limit: int | None = None, callbacks=(),
@@ -417,126 +433,50 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     seconds) and ``log_history.json``. Returns the metrics. ``vocab``: a ``vocab.CutVocabulary`` of the teacher's
     tokenizer, which the student then speaks (its table one row per kept token, started from the teacher's rows).
     """
-    from transformers import set_seed
+    from .callbacks import kept_result, start_checkpoints
 
-    from ..curves import write_curves
-    from .callbacks import MarkCheckpoints, WallClockLimit, kept_result, start_checkpoints
-
+    overrides = overrides or {}
     score_sts = score_sts and sts_available()  # STS-B is one more measure where the data folder has it
-    if score_sts and eval_limit is not None and eval_limit < 2:
-        raise ValueError(f"a Spearman correlation needs at least 2 STS-B dev pairs; --max-eval-samples / --eval-limit "
-                         f"is {eval_limit}")
-    if args.loss not in EMBEDDING_LOSSES:
-        raise ValueError(f"--loss {args.loss!r}: choose one of {', '.join(EMBEDDING_LOSSES)}")
-    if args.init not in ("teacher", "random"):
-        raise ValueError(f"--init {args.init!r}: choose teacher or random")
+    _check_args(args, score_sts, eval_limit)
     student_folder = Path(student).exists()  # else a preset's name
     inputs = (teacher_dir, *([data] if data is not None else []), *(train or []),
               *([student] if student_folder else []))
     out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, inputs=inputs,
                         legacy=_is_distill_out)
     start_from = _resume_from(out, resume)  # nothing to resume: said now, before any work
-    from ..recipe import read_recipe
-    from .teacher import teacher_config, teacher_tokenizer
-
-    check_encoder(teacher_dir)
-    recipe = read_recipe(teacher_dir)
-    if recipe.pooling not in POOLING:
-        raise ValueError(f"the teacher pools by {recipe.pooling!r}; embedding distillation supports "
-                         f"{', '.join(POOLING)}")
-    t_config = teacher_config(teacher_dir)  # any encoder architecture (training.teacher)
-    t_tok = teacher_tokenizer(teacher_dir, t_config)
-    manifest = check_data(data, train, t_tok, teacher_dir)
-    s_tok = t_tok if vocab is None else check_cut(vocab, manifest, args.weights, student_folder)
-    set_seed(args.seed)
-    model = build_student(student, overrides or {}, t_config.vocab_size if vocab is None else vocab.table_rows)
-    model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
-    if student_folder:
-        check_tokenizers(t_tok, load_tokenizer(student, model.config.vocab_size), teacher_dir, student)
-    teacher = load_encoder(teacher_dir)
-    w = args.weights
-    pairs, groups, _ = _maps(model, teacher, w, args.seed)
-    t_head = recipe_head(teacher_dir, recipe)
-    t_width = recipe.dense[-1].out_features if recipe.dense else teacher.config.hidden_size
-    projections = EmbeddingProjections(model.config.hidden_size, teacher.config.hidden_size, t_width)
-    init = {"init": "random"}
-    if args.init == "teacher" and not student_folder:
-        from .student_init import init_from_teacher
-
-        init = init_from_teacher(model, teacher, projections.head if t_head is None else None,
-                                 rows=None if vocab is None else vocab.kept)
-    device = training_device()  # the teacher's passes (targets, terms) on the GPU, where there is one
-    teacher.to(device)
-    if t_head is not None:
-        t_head.to(device)
-    seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings,
-                  recipe.max_seq_length or args.seq_len)
+    t = _read_teacher(teacher_dir)
+    manifest = check_data(data, train, t.tokenizer, teacher_dir)
+    s_tok = t.tokenizer if vocab is None else check_cut(vocab, manifest, args.weights, student_folder)
+    model = _new_student(student, overrides, args, t, vocab)
+    t.model = load_encoder(teacher_dir)
+    pairs, groups, _ = _maps(model, t.model, args.weights, args.seed)
+    t.head = recipe_head(teacher_dir, t.recipe)
+    projections = EmbeddingProjections(model.config.hidden_size, t.model.config.hidden_size, t.width)
+    init = _init_student(model, t, projections, args.init, student_folder, vocab)
+    _teacher_to_device(t)
+    seq_len = min(args.seq_len, model.config.max_position_embeddings, t.model.config.max_position_embeddings,
+                  t.recipe.max_seq_length or args.seq_len)
     if manifest is not None:
-        train_ds = BlockDataset(teacher_blocks(data, manifest, t_tok, seq_len, args.max_train_samples))
+        sentences, train_ds = None, BlockDataset(teacher_blocks(data, manifest, t.tokenizer, seq_len,
+                                                                args.max_train_samples))
     else:
-        sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY + 1)
-        if not args.max_train_samples and len(sentences) > IN_MEMORY:  # refused now, not out of memory hours later
-            raise ValueError(f"--train holds over {IN_MEMORY:,} sentences, and each is kept in memory with its "
-                             f"teacher vector: pass --max-train-samples N, or `sharebert prepare --tokenizer "
-                             f"{teacher_dir}` the text and pass --data, which streams a corpus of any size")
-        if budget is not None:  # the teacher's pass sized to the time (a resume: to the checkpoint's sentences)
-            sentences = sentences[:_budgeted_count(budget, start_from, teacher, model, t_tok, t_head, sentences,
-                                                   pooling=recipe.pooling, seq_len=seq_len, batch=args.batch_size,
-                                                   student_tok=s_tok)]
+        sentences = _training_sentences(train, args, budget, start_from, t, model, s_tok, seq_len)
         train_ds = SentenceDataset(s_tok, sentences, seq_len)
-    seen = "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{seq_len}"
-    trained_on = {"sentences": len(train_ds),
-                  "sentences_sha256": hashlib.sha256(f"{len(train_ds)}|{seen}".encode()).hexdigest()[:16],
-                  "student": (str(Path(student).resolve()) if student_folder else student)
-                  + "".join(f" --set {k}={v}" for k, v in sorted((overrides or {}).items()))}
+    trained_on = _trained_on(train_ds, sentences, manifest, seq_len, student, student_folder, overrides)
     if start_from is not None:  # before the teacher's pass: --resume on other text is refused, not trained on
         check_same_data(Path(start_from), trained_on)
     start_run(out, start_from is not None, run_fingerprint(teacher_dir, trained_on["student"],
                                                            data_files(train, data, default_corpus()),
                                                            f"embedding ({args.loss} loss)"))
-    pooling = recipe.pooling
-    score = lambda m, head, who, tok=s_tok: sts_spearman(m, tok, pooling, head, seq_len, eval_limit,  # noqa: E731
-                                              who if progress else None) if score_sts else None
-    metrics = {"objective": "embedding", "loss": args.loss, "pooling": pooling, "normalize": recipe.normalize,
-               "teacher_dir": str(teacher_dir), "student": student, **init, "seq_len": seq_len,
-               "train_sentences": len(train_ds), "sts_dev_pairs": len(sts_dev(eval_limit).labels) if score_sts else None,
-               **({"train_data": str(data)} if data is not None else {}),
-               **({"vocabulary": vocab.as_dict()} if vocab is not None else {})}
-    metrics["teacher_sts_spearman"] = score(teacher, t_head, "teacher", t_tok)
-    # a student folder keeps its own head; otherwise fitted, on a resume too (the checkpoint then replaces it):
-    # the step-0 score is the run's, not a random head's
-    own = student_head(student, model.config.hidden_size, t_width, recipe.pooling) if student_folder else None
-    if own is not None:  # moved to the training device with the other projections by the trainer
-        projections.head = own
-        metrics["head"] = "the student's own"
-    fit = projections.head is not None and args.init == "teacher" and own is None
-    if manifest is not None:  # the teacher runs on each batch; the head is fitted on the first blocks
-        if fit:
-            n = min(HEAD_FIT, len(train_ds))
-            fit_head(projections.head, encode_blocks(model, train_ds.blocks, n, pooling),
-                     encode_blocks(teacher, train_ds.blocks, n, pooling, t_head))
-    else:
-        live = w.hidden or w.embedding or w.attention  # the teacher runs on each batch: vectors only for the fit
-        if fit or not live:
-            targets = _teacher_targets(teacher, teacher_dir, t_head, t_tok, sentences[:HEAD_FIT] if live else sentences,
-                                       pooling, seq_len, t_width, out, progress)
-        if fit:
-            fit_head(projections.head, encode(model, s_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len),
-                     targets[:HEAD_FIT])
-        if not live:
-            train_ds = WithTeacherLogits(train_ds, targets)
+    score = _scorer(score_sts, s_tok, t.recipe.pooling, seq_len, eval_limit, progress)
+    metrics = _start_metrics(args, t, student, init, seq_len, len(train_ds), score_sts, eval_limit, data, vocab)
+    metrics["teacher_sts_spearman"] = score(t.model, t.head, "teacher", t.tokenizer)
+    fit = _take_own_head(student, student_folder, model, t, projections, args.init, metrics)
+    train_ds = _teacher_vectors(projections.head if fit else None, model, t, s_tok, sentences, train_ds,
+                                args.weights, seq_len, out, progress)
     metrics["start_sts_spearman"] = score(model, projections.head, "student at step 0")
-
-    targs = stream_training_args(out, args, progress, remove_unused_columns=False)
-    clock = WallClockLimit(args.max_time) if args.max_time else None
-    if budget is not None and start_from is None:  # training gets what the command's budget leaves
-        clock = WallClockLimit(budget.training_seconds())
-    trainer = _make_embedding_trainer(pooling, args.loss)(
-        model=model, args=targs, train_dataset=train_ds, processing_class=s_tok,
-        data_collator=_Collator(s_tok), teacher=teacher, projections=projections, weights=w,
-        pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks])
-    trainer.teacher_head, trainer.data = t_head, trained_on
-    trainer.bound_by(clock, args.max_steps, progress)
+    trainer = _embedding_trainer(model, t, s_tok, train_ds, projections, pairs, groups, trained_on, args, out,
+                                 progress, budget, start_from, callbacks)
     if (kept := kept_result(trainer, start_from, out, expect=(*metrics, "steps", "train_loss", "last_terms",
                                                               "student_sts_spearman"))) is not None:
         return kept
@@ -546,11 +486,185 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     metrics.update(steps=trainer.state.global_step, **trainer.trained(result), seed=args.seed)
     metrics["student_sts_spearman"] = score(model, projections.head, "student")
     if trainer.is_world_process_zero():
-        save_student(model, projections.head, s_tok, out, recipe, seq_len)
-        write_json(out / "log_history.json", trainer.state.log_history)
-        write_curves(out)
-        write_json(out / "metrics.json", finite(metrics))
+        _save_result(trainer, model, projections.head, s_tok, out, t.recipe, seq_len, metrics)
     return finite(metrics)
+
+
+def _check_args(args: EmbeddingArgs, score_sts: bool, eval_limit: int | None) -> None:
+    """``ValueError`` for an option no run can take, before anything is read or made."""
+    if score_sts and eval_limit is not None and eval_limit < 2:
+        raise ValueError(f"a Spearman correlation needs at least 2 STS-B dev pairs; --max-eval-samples / --eval-limit "
+                         f"is {eval_limit}")
+    if args.loss not in EMBEDDING_LOSSES:
+        raise ValueError(f"--loss {args.loss!r}: choose one of {', '.join(EMBEDDING_LOSSES)}")
+    if args.init not in ("teacher", "random"):
+        raise ValueError(f"--init {args.init!r}: choose teacher or random")
+
+
+def _read_teacher(teacher_dir) -> _Teacher:
+    """The teacher folder's recipe, config and tokenizer (any encoder architecture: ``training.teacher``);
+    ``ValueError`` for a folder that is no encoder or pools in a way the loss does not."""
+    from ..recipe import read_recipe
+    from .teacher import teacher_config, teacher_tokenizer
+
+    check_encoder(teacher_dir)
+    recipe = read_recipe(teacher_dir)
+    if recipe.pooling not in POOLING:
+        raise ValueError(f"the teacher pools by {recipe.pooling!r}; embedding distillation supports "
+                         f"{', '.join(POOLING)}")
+    config = teacher_config(teacher_dir)
+    return _Teacher(teacher_dir, recipe, config, teacher_tokenizer(teacher_dir, config))
+
+
+def _new_student(student: str, overrides: dict, args: EmbeddingArgs, t: _Teacher, vocab):
+    """The seeded student (:func:`build_student`) with its depth sampling; a student folder must read the
+    teacher's tokens."""
+    from transformers import set_seed
+
+    set_seed(args.seed)
+    model = build_student(student, overrides, t.config.vocab_size if vocab is None else vocab.table_rows)
+    model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
+    if Path(student).exists():
+        check_tokenizers(t.tokenizer, load_tokenizer(student, model.config.vocab_size), t.dir, student)
+    return model
+
+
+def _init_student(model, t: _Teacher, projections, init: str, student_folder: bool, vocab) -> dict:
+    """A new student started from the teacher's weights (``student_init``) under ``--init teacher``; what it
+    was started from, for the metrics."""
+    if init != "teacher" or student_folder:
+        return {"init": "random"}
+    from .student_init import init_from_teacher
+
+    return init_from_teacher(model, t.model, projections.head if t.head is None else None,
+                             rows=None if vocab is None else vocab.kept)
+
+
+def _teacher_to_device(t: _Teacher) -> None:
+    """The teacher's passes (targets, terms) run on the GPU, where there is one."""
+    device = training_device()
+    t.model.to(device)
+    if t.head is not None:
+        t.head.to(device)
+
+
+def _training_sentences(train, args: EmbeddingArgs, budget, start_from, t: _Teacher, model, s_tok,
+                        seq_len: int) -> list[str]:
+    """The ``--train`` sentences (default: :func:`default_corpus`), at most ``IN_MEMORY`` unless
+    ``--max-train-samples`` says, and under a ``budget`` as many as its time allows."""
+    sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY + 1)
+    if not args.max_train_samples and len(sentences) > IN_MEMORY:  # refused now, not out of memory hours later
+        raise ValueError(f"--train holds over {IN_MEMORY:,} sentences, and each is kept in memory with its "
+                         f"teacher vector: pass --max-train-samples N, or `sharebert prepare --tokenizer "
+                         f"{t.dir}` the text and pass --data, which streams a corpus of any size")
+    if budget is not None:  # the teacher's pass sized to the time (a resume: to the checkpoint's sentences)
+        sentences = sentences[:_budgeted_count(budget, start_from, t.model, model, t.tokenizer, t.head, sentences,
+                                               pooling=t.recipe.pooling, seq_len=seq_len, batch=args.batch_size,
+                                               student_tok=s_tok)]
+    return sentences
+
+
+def _trained_on(train_ds, sentences, manifest, seq_len: int, student: str, student_folder: bool,
+                overrides: dict) -> dict:
+    """What the run trains on and from, kept with its checkpoints (``distill.check_same_data``)."""
+    seen = "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{seq_len}"
+    return {"sentences": len(train_ds),
+            "sentences_sha256": hashlib.sha256(f"{len(train_ds)}|{seen}".encode()).hexdigest()[:16],
+            "student": (str(Path(student).resolve()) if student_folder else student)
+            + "".join(f" --set {k}={v}" for k, v in sorted(overrides.items()))}
+
+
+def _scorer(score_sts: bool, tokenizer, pooling: str, seq_len: int, eval_limit: int | None, progress: bool):
+    """``score(model, head, who, tok=tokenizer)``: the STS-B dev Spearman (:func:`sts_spearman`), None when
+    the run does not score."""
+    def score(model, head, who, tok=tokenizer):
+        if not score_sts:
+            return None
+        return sts_spearman(model, tok, pooling, head, seq_len, eval_limit, who if progress else None)
+
+    return score
+
+
+def _start_metrics(args: EmbeddingArgs, t: _Teacher, student: str, init: dict, seq_len: int, examples: int,
+                   score_sts: bool, eval_limit: int | None, data, vocab) -> dict:
+    """The metrics known before training: the recipe, the student, its start and the data."""
+    return {"objective": "embedding", "loss": args.loss, "pooling": t.recipe.pooling,
+            "normalize": t.recipe.normalize, "teacher_dir": str(t.dir), "student": student, **init,
+            "seq_len": seq_len, "train_sentences": examples,
+            "sts_dev_pairs": len(sts_dev(eval_limit).labels) if score_sts else None,
+            **({"train_data": str(data)} if data is not None else {}),
+            **({"vocabulary": vocab.as_dict()} if vocab is not None else {})}
+
+
+def _take_own_head(student: str, student_folder: bool, model, t: _Teacher, projections, init: str,
+                   metrics: dict) -> bool:
+    """A student folder keeps its own output head (said in ``metrics``); otherwise the new head is fitted, on a
+    resume too (the checkpoint then replaces it): the step-0 score is the run's, not a random head's. Whether
+    ``projections.head`` is to be fitted."""
+    own = student_head(student, model.config.hidden_size, t.width, t.recipe.pooling) if student_folder else None
+    if own is not None:  # moved to the training device with the other projections by the trainer
+        projections.head = own
+        metrics["head"] = "the student's own"
+    return projections.head is not None and init == "teacher" and own is None
+
+
+def _teacher_vectors(head: nn.Linear | None, model, t: _Teacher, s_tok, sentences, train_ds, weights,
+                     seq_len: int, out: Path, progress: bool):
+    """The teacher's vectors the run needs before training; returns the training set (with the vectors where
+    the teacher runs once). ``head``: the student's output projection to fit, None for none."""
+    if sentences is None:  # --data: the teacher runs on each batch; the head is fitted on the first blocks
+        if head is not None:
+            _fit_head_on_blocks(head, model, t, train_ds)
+        return train_ds
+    return _fit_head_on_sentences(head, model, t, s_tok, sentences, train_ds, weights, seq_len, out, progress)
+
+
+def _fit_head_on_blocks(head: nn.Linear, model, t: _Teacher, train_ds: BlockDataset) -> None:
+    """The student's output projection fitted on the first ``HEAD_FIT`` packed blocks."""
+    n = min(HEAD_FIT, len(train_ds))
+    fit_head(head, encode_blocks(model, train_ds.blocks, n, t.recipe.pooling),
+             encode_blocks(t.model, train_ds.blocks, n, t.recipe.pooling, t.head))
+
+
+def _fit_head_on_sentences(head: nn.Linear | None, model, t: _Teacher, s_tok, sentences, train_ds, weights,
+                           seq_len: int, out: Path, progress: bool):
+    """The teacher's vectors of the sentences: the student's output ``head`` (None: no fit) fitted on the first
+    ``HEAD_FIT``; without token-level terms every sentence's, kept with the training set, which is returned."""
+    live = weights.hidden or weights.embedding or weights.attention  # the teacher runs on each batch
+    pooling = t.recipe.pooling
+    if head is not None or not live:  # with live terms the vectors are only for the fit
+        targets = _teacher_targets(t.model, t.dir, t.head, t.tokenizer, sentences[:HEAD_FIT] if live else sentences,
+                                   pooling, seq_len, t.width, out, progress)
+    if head is not None:
+        fit_head(head, encode(model, s_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len), targets[:HEAD_FIT])
+    return train_ds if live else WithTeacherLogits(train_ds, targets)
+
+
+def _embedding_trainer(model, t: _Teacher, s_tok, train_ds, projections, pairs, groups, trained_on: dict,
+                       args: EmbeddingArgs, out: Path, progress: bool, budget, start_from, callbacks):
+    """The embedding trainer, bound by ``--max-time`` (under a ``budget``: what the budget leaves training) and
+    ``--max-steps``, marking its checkpoints."""
+    from .callbacks import MarkCheckpoints, WallClockLimit
+
+    targs = stream_training_args(out, args, progress, remove_unused_columns=False)
+    clock = WallClockLimit(args.max_time) if args.max_time else None
+    if budget is not None and start_from is None:  # training gets what the command's budget leaves
+        clock = WallClockLimit(budget.training_seconds())
+    trainer = EmbeddingTrainer(
+        model=model, args=targs, train_dataset=train_ds, processing_class=s_tok,
+        data_collator=_Collator(s_tok), teacher=t.model, projections=projections, weights=args.weights,
+        pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks],
+        data=trained_on, pooling=t.recipe.pooling, loss=args.loss, teacher_head=t.head)
+    trainer.bound_by(clock, args.max_steps, progress)
+    return trainer
+
+
+def _save_result(trainer, model, head, s_tok, out: Path, recipe, seq_len: int, metrics: dict) -> None:
+    """The student folder (:func:`save_student`), its log history, curves and metrics."""
+    from .callbacks import write_results
+
+    save_student(model, head, s_tok, out, recipe, seq_len)
+    write_results(trainer, out, finite(metrics))
 
 
 def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, pooling: str, seq_len: int,

@@ -126,3 +126,13 @@ def evaluate_split(model, ds: EncodedSplit, task: GlueTask, batch_size: int = 64
     if not task.is_regression:
         preds = label_map(model.config, task)[preds]
     return task_metrics(task.metrics, preds, np.asarray(ds.labels))
+
+
+def evaluate_dev(model, dev_sets: dict, task: GlueTask, batch_size: int = 64, progress: bool = True) -> dict[str, float]:
+    """The task's metrics on each dev split (:func:`evaluate_split`): the first's as they are, a second's (MNLI's
+    mismatched) suffixed ``_mismatched``."""
+    out = {}
+    for i, ds in enumerate(dev_sets.values()):
+        scores = evaluate_split(model, ds, task, batch_size, progress=progress)
+        out.update({f"{k}{'' if i == 0 else '_mismatched'}": v for k, v in scores.items()})
+    return out

@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 from transformers import Trainer
 
-from ..curves import write_curves
 from ..model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
-from sharebert_runtime.outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out, write_json
+from sharebert_runtime.outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out
 from ..paths import data_path
-from .callbacks import FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps, kept_result, resume_from, start_checkpoints
+from .callbacks import (FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps, kept_result, resume_from, start_checkpoints,
+                        write_results)
 from .depth import check_depth_sampling
-from .encoded import encoded_task, evaluate_split
+from .encoded import encoded_task, evaluate_dev
 from .fingerprint import run_fingerprint
 from .glue import GlueTask, get_task, task_file
 from .metrics import predictions_from_logits, task_metrics
@@ -166,11 +166,8 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
     result = trainer.train(resume_from_checkpoint=str(start_from) if start_from else None)
     best = trainer.state.best_model_checkpoint
 
-    metrics = {"task": task_.name}
-    for i, (split, ds) in enumerate(dev_ds.items()):
-        scores = evaluate_split(trainer.model, ds, task_, batch_size=targs.per_device_eval_batch_size, progress=progress)
-        suffix = "" if i == 0 else "_mismatched"
-        metrics.update({f"{k}{suffix}": v for k, v in scores.items()})
+    metrics = {"task": task_.name, **evaluate_dev(trainer.model, dev_ds, task_, targs.per_device_eval_batch_size,
+                                                  progress)}
     metrics.update(train_samples=len(train_ds), eval_samples=len(main_dev), steps=trainer.state.global_step,
                    best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
                    train_seconds=round(result.metrics.get("train_runtime", 0.0), 1), seed=args.seed)
@@ -178,9 +175,7 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
     if trainer.is_world_process_zero() and is_bert_folder(model_dir) and not args.convert_to_sharebert:
         save_as_bert(trainer.model, out)  # BERT stays BERT: plain transformers loads it as BertForSequenceClassification
     if trainer.is_world_process_zero():
-        write_json(out / "log_history.json", trainer.state.log_history)
-        write_curves(out)
-        write_json(out / "metrics.json", metrics)
+        write_results(trainer, out, metrics)
         if not keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return finite(metrics)

@@ -27,7 +27,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -334,25 +334,12 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     per process; all equal after a correct distributed run), ``checkpoint``. Bad input raises
     ``ValueError`` / ``FileNotFoundError`` before anything is written (an ``out`` this call created is removed).
     """
-    from ..paths import data_path
-
     a = args or PretrainArgs()
     if a.char_level and preset is None and model_dir is None:
         preset = "charlm-6l"
     _check_args(a, model_dir, preset, train, data)
     out = Path(out)
-    manifest, train_sources, valid_sources = None, [], []
-    if data is not None:
-        manifest = read_manifest(data)
-    else:
-        train = train or ([data_path("tinyshakespeare", "input.txt")] if a.char_level else None)
-        if not train:
-            raise ValueError("give --train files or --data DIR (from `sharebert prepare`)")
-        train_sources = resolve_sources(train)
-        valid_sources = resolve_sources(valid) if valid else []
-        for src in train_sources + valid_sources:
-            if not isinstance(src, str):
-                sniff_text(src)
+    manifest, train_sources, valid_sources = _sources(a, train, valid, data)
     if model_dir is not None:
         layers = read_config(model_dir).get("num_hidden_layers")  # a damaged or foreign config.json, an artifact: one line now
     else:
@@ -363,70 +350,145 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
         [p for p in (*train_sources, *valid_sources) if not isinstance(p, str)]
     _check_out(out, a, inputs)
     created = not out.exists()
-    stage = {"training": False}
     rank0 = os.environ.get("RANK", "0") == "0"
     with SignalCheckpoint() as stopper:
+        run = _Run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper,
+                   callbacks or [])
         try:
             if rank0:
                 out.mkdir(parents=True, exist_ok=True)
             with OutLock(out, "pretrain") if rank0 else contextlib.nullcontext():  # one run at a time per --out
-                return _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper,
-                            callbacks, stage)
+                return _run(run)
         except (ValueError, FileNotFoundError):
-            if created and not stage["training"] and os.environ.get("RANK", "0") == "0":
+            if created and not run.training and os.environ.get("RANK", "0") == "0":
                 shutil.rmtree(out, ignore_errors=True)  # failed before training: leave no half-made --out
             raise
 
 
-def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper, callbacks, stage):
+def _sources(a: PretrainArgs, train, valid, data) -> tuple[dict | None, list, list]:
+    """The prepared ``data`` folder's manifest, or the ``train`` and ``valid`` sources (the character model's
+    default: tinyshakespeare), each local file checked to be text."""
+    from ..paths import data_path
+
+    if data is not None:
+        return read_manifest(data), [], []
+    train = train or ([data_path("tinyshakespeare", "input.txt")] if a.char_level else None)
+    if not train:
+        raise ValueError("give --train files or --data DIR (from `sharebert prepare`)")
+    train_sources = resolve_sources(train)
+    valid_sources = resolve_sources(valid) if valid else []
+    for src in train_sources + valid_sources:
+        if not isinstance(src, str):
+            sniff_text(src)
+    return None, train_sources, valid_sources
+
+
+@dataclass
+class _Run:
+    """What one pretrain run is given, after the checks of :func:`pretrain`. ``training``: set once training
+    starts (a failure after that keeps ``out``)."""
+
+    a: PretrainArgs
+    out: Path
+    model_dir: object
+    preset: str | None
+    vocab: object
+    train_sources: list
+    valid_sources: list
+    data: object
+    manifest: dict | None
+    stopper: SignalCheckpoint
+    callbacks: list
+    training: bool = False
+
+
+def _run(r: _Run) -> dict:
+    a, out = r.a, r.out
     out.mkdir(parents=True, exist_ok=True)
-    probe = _training_args(a, out, has_eval=False)  # sets up the process group under torchrun
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()  # every rank checked --out before rank 0 builds into it
-    resume_from = None
-    with probe.main_process_first(desc="prepare the model folder"):
-        if a.resume:
-            if probe.should_save:
-                remove_incomplete(out)
-            resume_from = resume_checkpoint(out, say=print if probe.should_save else lambda m: None)
-        model_dir = _prepare_model_dir(a, out, model_dir, preset, vocab, train_sources, data)
+    resume_from, model_dir = _prepare(r)
     config, tokenizer, model = load_model_folder(model_dir, a.objective, unfinished_ok=Path(model_dir) == out)
     as_bert = is_bert_folder(model_dir) and not a.convert_to_sharebert  # BERT in, BERT out
     model.config.train_min_depth = a.depth_sampling  # the option decides, whatever the folder held
     seq_len = a.seq_len or (config.max_position_embeddings if a.char_level else min(128, config.max_position_embeddings))
     if seq_len > config.max_position_embeddings:
         raise ValueError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {config.max_position_embeddings}")
-    if manifest is not None:
-        want = manifest["tokenizer"]
-        if vocab_sha256(tokenizer) != want["vocab_sha256"]:
-            raise ValueError(f"--data {data} was prepared with another tokenizer ({want['vocab_size']} tokens) than "
-                             f"{model_dir}'s ({len(tokenizer)} tokens, a different vocabulary); "
-                             f"prepare it with --tokenizer {model_dir}")
-        train_ds, eval_ds = _prepared_datasets(a, tokenizer, Path(data), manifest, seq_len)
-    else:
-        train_ds, eval_ds = _datasets(a, tokenizer, train_sources, valid_sources, seq_len, stopper.check)
-
+    train_ds, eval_ds = _load_datasets(r, tokenizer, model_dir, seq_len)
     if a.objective == "mlm":  # the head runs only at masked positions in training: same loss, ~1/6 of its work
         model.config.mlm_logits_in_training = "masked"
+    trainer, clock = _make_trainer(r, model, tokenizer, train_ds, eval_ds, resume_from)
+    targs = trainer.args
+    if (kept := kept_result(trainer, resume_from, out, expect=("status", "global_step", "train_loss", "param_sha256"),
+                            published=not (out / UNFINISHED).exists(),
+                            say=print if targs.should_save else lambda m: None)) is not None:
+        return kept
+    r.training = True
+    if targs.should_save:  # until the trained model is saved, out's model (a preset's, an earlier run's) is not it
+        write_json(out / UNFINISHED, {"status": "training", "pid": os.getpid()})
+    runtime, ev = _train(trainer, r.stopper, eval_ds, resume_from)
+    metrics = _metrics(trainer, r, clock, runtime, seq_len, train_ds, eval_ds, ev)
+    if r.stopper.received is None:
+        _publish(trainer, out, as_bert)
+        if targs.should_save:
+            (out / UNFINISHED).unlink(missing_ok=True)
+    ckpt = latest_checkpoint(out)
+    metrics["checkpoint"] = str(ckpt) if ckpt else None
+    if targs.should_save:
+        write_curves(out)
+        write_json(out / "metrics.json", metrics)
+    return metrics
+
+
+def _prepare(r: _Run):
+    """The checkpoint to resume from (None: none) and the model folder to train (``_prepare_model_dir``), made by
+    the main process first; every rank has checked ``--out`` before."""
+    probe = _training_args(r.a, r.out, has_eval=False)  # sets up the process group under torchrun
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # every rank checked --out before rank 0 builds into it
+    resume_from = None
+    with probe.main_process_first(desc="prepare the model folder"):
+        if r.a.resume:
+            if probe.should_save:
+                remove_incomplete(r.out)
+            resume_from = resume_checkpoint(r.out, say=print if probe.should_save else lambda m: None)
+        model_dir = _prepare_model_dir(r.a, r.out, r.model_dir, r.preset, r.vocab, r.train_sources, r.data)
+    return resume_from, model_dir
+
+
+def _load_datasets(r: _Run, tokenizer, model_dir, seq_len: int):
+    """The training and evaluation sets (None: no evaluation) from the prepared folder, which must have been
+    tokenized by the model's tokenizer, or from the sources."""
+    if r.manifest is None:
+        return _datasets(r.a, tokenizer, r.train_sources, r.valid_sources, seq_len, r.stopper.check)
+    want = r.manifest["tokenizer"]
+    if vocab_sha256(tokenizer) != want["vocab_sha256"]:
+        raise ValueError(f"--data {r.data} was prepared with another tokenizer ({want['vocab_size']} tokens) than "
+                         f"{model_dir}'s ({len(tokenizer)} tokens, a different vocabulary); "
+                         f"prepare it with --tokenizer {model_dir}")
+    return _prepared_datasets(r.a, tokenizer, Path(r.data), r.manifest, seq_len)
+
+
+def _make_trainer(r: _Run, model, tokenizer, train_ds, eval_ds, resume_from):
+    """The trainer with its callbacks (masking epochs, logs, the signal stopper, ``--max-time``, checkpoint
+    marks), resumed from ``resume_from``; and the ``--max-time`` clock (a list: empty without one)."""
+    a, out = r.a, r.out
     targs = _training_args(a, out, has_eval=eval_ds is not None)
     clock = [WallClockLimit(a.max_time)] if a.max_time else []
     trainer = PretrainTrainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
                               data_collator=default_data_collator, processing_class=tokenizer,
-                              callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), stopper, *clock,
-                                         TensorBoardLogs(out / "tb"), *(callbacks or [])])
+                              callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), r.stopper, *clock,
+                                         TensorBoardLogs(out / "tb"), *r.callbacks])
     trainer.add_callback(_MarkPretrainCheckpoints(trainer, a.save_minutes))
     trainer.keep_checkpoints = a.keep_checkpoints
     show_progress(trainer, a.progress)
     trainer.resumed_from(resume_from)
     if a.resume and targs.should_save:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0")
-    if (kept := kept_result(trainer, resume_from, out, expect=("status", "global_step", "train_loss", "param_sha256"),
-                            published=not (out / UNFINISHED).exists(),
-                            say=print if targs.should_save else lambda m: None)) is not None:
-        return kept
-    stage["training"] = True
-    if targs.should_save:  # until the trained model is saved, out's model (a preset's, an earlier run's) is not it
-        write_json(out / UNFINISHED, {"status": "training", "pid": os.getpid()})
+    return trainer, clock
+
+
+def _train(trainer, stopper, eval_ds, resume_from) -> tuple[float, dict | None]:
+    """Train, then evaluate unless stopped (the last logged evaluation when it is of the last step): the
+    seconds it took and the evaluation (None: none)."""
     started, ev = time.monotonic(), None
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -436,17 +498,22 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     except StopRequested:  # inside an evaluation: keep the last complete step
         if trainer.state.global_step > trainer.saved_step:
             save_checkpoint(trainer)
-    runtime = time.monotonic() - started
-    interrupted = stopper.received is not None
+    return time.monotonic() - started, ev
+
+
+def _metrics(trainer, r: _Run, clock: list, runtime: float, seq_len: int, train_ds, eval_ds, ev) -> dict:
+    """The run's metrics (see :func:`pretrain`) but its checkpoint; ``param_sha256`` gathered from every rank."""
+    a, targs, step = r.a, trainer.args, trainer.state.global_step
+    interrupted = r.stopper.received is not None
     losses = trainer.run_losses()
     metrics = {
         "status": "interrupted" if interrupted else "completed",
-        "signal": stopper.received,
+        "signal": r.stopper.received,
         "stopped_by": "signal" if interrupted else "max_time" if clock and clock[0].reached else "max_steps",
-        "global_step": trainer.state.global_step,
-        "train_loss": losses["loss_sum"] / trainer.state.global_step if trainer.state.global_step else None,
+        "global_step": step,
+        "train_loss": losses["loss_sum"] / step if step else None,
         "last_loss": losses["last_loss"],
-        "train_tokens": trainer.state.global_step * a.batch_size * a.grad_accum * targs.world_size * seq_len,
+        "train_tokens": step * a.batch_size * a.grad_accum * targs.world_size * seq_len,
         "train_runtime": runtime,
         "train_seconds": round(clock[0].used(), 1) if clock else round(runtime, 1),  # with --max-time: resumes included
         "seq_len": seq_len,
@@ -458,19 +525,9 @@ def _run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, m
     if ev is not None:
         metrics.update(eval_loss=ev["eval_loss"], eval_perplexity=perplexity(ev["eval_loss"]))
     digest = param_digest(trainer.model)
+    digests = [digest]
     if targs.world_size > 1:
         digests = [None] * targs.world_size
         torch.distributed.all_gather_object(digests, digest)
-    else:
-        digests = [digest]
     metrics["param_sha256"] = digests
-    if not interrupted:
-        _publish(trainer, out, as_bert)
-        if targs.should_save:
-            (out / UNFINISHED).unlink(missing_ok=True)
-    ckpt = latest_checkpoint(out)
-    metrics["checkpoint"] = str(ckpt) if ckpt else None
-    if targs.should_save:
-        write_curves(out)
-        write_json(out / "metrics.json", metrics)
     return metrics
