@@ -121,6 +121,9 @@ def export_folder(model_dir: str | Path, out: str | Path, task: str = "feature-e
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     axes = {0: "batch_size"} if task == "text-classification" else TEXT_AXES
-    export_text_encoder(model, out / "model.onnx", opset, output, axes)
+    names = forward_inputs(model)
+    export_onnx(model.eval(), text_inputs(names, int(model.config.vocab_size)), out / "model.onnx", {output: axes},
+                opset, fixed={"return_dict": True}, constant_folding=True)  # folded as optimum's: weights stored
+    # as the MatMuls read them, so ONNX Runtime's quantizer finds them
     transformers.AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(out))
     return out / "model.onnx"

@@ -311,3 +311,22 @@ def test_mlm_distillation_takes_a_masked_lm_teacher_of_any_architecture(model_ty
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 3 and m["soft_targets"] and np.isfinite(m["train_loss"])
     assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(teacher).get_vocab()
+
+
+@pytest.mark.parametrize("model_type", list(ARCHITECTURES))
+def test_report_counts_a_folder_of_any_architecture_as_transformers_builds_it(teachers, model_type, capsys):
+    """`report --model` of another architecture: the parameters transformers' model has, by component, and the
+    FLOPs of its forward; --set (a ShareBERT shape) refused in one line."""
+    from transformers import AutoModelForSequenceClassification
+
+    from sharebert.cli import main
+
+    folder = teachers[model_type]["classifier"]
+    assert main(["report", "--model", str(folder), "--head", "classifier", "--format", "json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    assert r["learned_params"] == sum(p.numel() for p in model.parameters()) == sum(r["components"].values())
+    assert r["bytes"]["int8"] == r["learned_params"] and r["gflops"]["inference"] > 0
+    assert main(["report", "--model", str(folder), "--set", "hidden_size=64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--set shapes a ShareBERT or BERT config" in err
