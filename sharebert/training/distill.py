@@ -630,7 +630,7 @@ def check_cut_task(args: DistillArgs, cache_teacher) -> None:
                          "attention or embedding terms): the teacher reads other tokens than the student")
     if args.augment:
         raise ValueError(f"--augment {args.augment} perturbs the teacher's token ids, which a cut vocabulary's student "
-                         "does not read: drop --augment or --vocab-size")
+                         "does not read: drop --augment, or --vocab-size (or give limits the whole vocabulary fits)")
 
 
 def _maps(model, teacher, w: "DistillWeights", seed: int):
