@@ -570,9 +570,9 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
         check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
     start_run(out, start_from is not None, run_fingerprint(teacher_dir, _student_name(student), [train.path],
                                                            f"task distillation on {task_.name}"))
-    if args.augment:
-        train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
-                           task_.is_regression, seed=args.seed)
+    if args.augment:  # one tokenizer (a cut refuses --augment): the teacher reads the same augmented rows
+        train_ds = t_train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
+                                        task_.is_regression, seed=args.seed)
     if cache_teacher is not None:
         variant = ",".join(f"{k}={v}" for k, v in data.items()) if args.augment else ""
         train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, t_train_ds, train.path, seq_len,
