@@ -3,7 +3,8 @@
 Artifacts (random weights unless ``--model`` names a trained sharebert-small; time and memory do not
 depend on the weights, the int8 parity does):
 
-* dense ``transformers`` ``BertForMaskedLM`` (BERT Base shape) exported by optimum ``main_export``, fp32,
+* dense ``transformers`` ``BertForMaskedLM`` (BERT Base shape) exported plainly by ``torch.onnx``
+  (``sharebert.export.torch_onnx.export_folder``: the graph optimum's ``main_export`` writes), fp32,
   and that graph through the exporter's int8-dynamic quantizer (``quantize_dynamic``, int8 MatMuls);
 * ``sharebert-small`` fill-mask exported compact (fp32 file) and with int8-stored tensors, run with
   ``ram="fp32"`` (ONNX Runtime folds the generated weights to fp32) and ``ram="int8"`` (made a few rows
@@ -99,14 +100,14 @@ def sst2_masked(n: int = 8) -> list[str]:
 
 
 def dense_bert_artifacts(out: Path) -> dict[str, Path]:
-    """BERT Base (random weights) exported by optimum ``main_export`` (fp32), and the same graph through the
+    """BERT Base (random weights) exported plainly by ``torch.onnx`` (fp32), and the same graph through the
     exporter's int8-dynamic quantizer; each with a sharebert manifest so the same runtime runs it."""
     import torch
-    from optimum.exporters.onnx import main_export
     from sharebert_runtime.artifact import sha256
     from transformers import BertConfig, BertForMaskedLM
 
     from sharebert.export.quantize import dynamic_int8
+    from sharebert.export.torch_onnx import export_folder
     from sharebert.paths import default_vocab
     from sharebert.tokenization import hf_tokenizer
 
@@ -117,7 +118,7 @@ def dense_bert_artifacts(out: Path) -> dict[str, Path]:
         torch.manual_seed(0)
         BertForMaskedLM(BertConfig(max_position_embeddings=128)).save_pretrained(src)
         tok.save_pretrained(src)
-        main_export(str(src), str(arts["fp32"]), task="fill-mask", opset=17, do_validation=False)
+        export_folder(src, arts["fp32"], "fill-mask")
     if not (arts["int8-dynamic"] / "manifest.json").is_file():
         shutil.rmtree(arts["int8-dynamic"], ignore_errors=True)
         shutil.copytree(arts["fp32"], arts["int8-dynamic"], ignore=shutil.ignore_patterns("model.onnx", "manifest.json"))

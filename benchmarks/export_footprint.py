@@ -1,6 +1,7 @@
 """Export footprint, side by side in one run: compact vs materialized vs int8 vs fp16 (and
 int8-dynamic) exports of one ShareBERT model, a dense transformers BERT of the same shape exported
-by optimum's ``main_export``, and PyTorch eager. Prints the issue's goals as measured ratios.
+plainly by ``torch.onnx`` (``sharebert.export.torch_onnx.export_folder``: the graph optimum's ``main_export``
+writes, no optimum needed), and PyTorch eager. Prints the issue's goals as measured ratios.
 
     python benchmarks/export_footprint.py                          # sharebert-small, random weights
     python benchmarks/export_footprint.py --model runs/pretrain    # a trained MLM (agreement figures mean something)
@@ -44,13 +45,13 @@ def torch_eager_p50(model_dir: Path, runs: int, seq: int = 128) -> float:
 
 
 def dense_bert(model_dir: Path, work: Path, layers: int | None, runs: int) -> dict:
-    """A transformers BertForMaskedLM shaped like the ShareBERT model, exported by optimum."""
+    """A transformers BertForMaskedLM shaped like the ShareBERT model, exported plainly by ``torch.onnx``."""
     import torch
-    from optimum.exporters.onnx import main_export
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     from sharebert import ShareBertConfig
     from sharebert.export.footprint import measure
+    from sharebert.export.torch_onnx import export_folder
 
     c = ShareBertConfig.from_pretrained(model_dir)
     config = BertConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=layers or c.num_hidden_layers,
@@ -63,7 +64,7 @@ def dense_bert(model_dir: Path, work: Path, layers: int | None, runs: int) -> di
     model.save_pretrained(src)
     del model
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(src)
-    main_export(str(src), str(out), task="fill-mask", opset=17)
+    export_folder(src, out, "fill-mask")
     file_bytes = sum(p.stat().st_size for p in out.iterdir() if p.name.startswith("model.onnx"))
     return {"learned_params": learned, "file_bytes": file_bytes, "layers": config.num_hidden_layers,
             **measure(out / "model.onnx", {}, ("1x128",), 1, runs, c.vocab_size)}
@@ -107,7 +108,7 @@ def main() -> None:
               f"{lat['p50_ms']:8.1f} {lat['p95_ms']:8.1f} {p.get('top1_agreement', float('nan')):6.3f} {p['max_abs_diff']:9.2e}")
     if dense:
         lat = dense["latency"]["1x128"]
-        print(f"{'dense BERT (optimum)':26s} {dense['file_bytes'] / 1e6:9.2f} {dense['file_bytes'] / dense['learned_params']:8.3f} "
+        print(f"{'dense BERT (torch.onnx)':26s} {dense['file_bytes'] / 1e6:9.2f} {dense['file_bytes'] / dense['learned_params']:8.3f} "
               f"{'-':>6s} {dense['session_create_s']:8.2f} {dense['peak_rss_load_mb']:8.0f} {dense['peak_rss_run_mb']:8.0f} "
               f"{lat['p50_ms']:8.1f} {lat['p95_ms']:8.1f}   ({dense['layers']} layers, {dense['learned_params']:,} params)")
     print(f"{'PyTorch eager':26s} {'':>9s} {'':>8s} {'':>6s} {'':>8s} {'':>8s} {'':>8s} {eager:8.1f}")

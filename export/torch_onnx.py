@@ -101,3 +101,29 @@ def export_text_encoder(model: torch.nn.Module, path: str | Path, opset: int = 1
     feeds = text_inputs(names, int(model.config.vocab_size))
     return export_onnx(model.eval(), feeds, path, {output: output_axes or TEXT_AXES}, opset,
                        fixed={"return_dict": True})
+
+
+# task -> (the transformers Auto class, the graph's output)
+FOLDER_TASKS = {"feature-extraction": ("AutoModel", "last_hidden_state"), "fill-mask": ("AutoModelForMaskedLM", "logits"),
+                "text-classification": ("AutoModelForSequenceClassification", "logits")}
+
+
+def export_folder(model_dir: str | Path, out: str | Path, task: str = "feature-extraction", opset: int = 17) -> Path:
+    """A transformers model folder as ``torch.onnx`` traces it, nothing of sharebert's added (no manifest, recipe,
+    compaction or quantization): ``out/model.onnx`` beside the folder's tokenizer files, the layout optimum's
+    ``main_export`` writes. The benchmarks' plain baseline, which needs no optimum. Returns the graph's path."""
+    import transformers
+
+    if task not in FOLDER_TASKS:
+        raise ValueError(f"task {task!r}: a plain export gives {', '.join(FOLDER_TASKS)}")
+    auto, output = FOLDER_TASKS[task]
+    model = getattr(transformers, auto).from_pretrained(str(model_dir), attn_implementation="eager")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    axes = {0: "batch_size"} if task == "text-classification" else TEXT_AXES
+    names = forward_inputs(model)
+    export_onnx(model.eval(), text_inputs(names, int(model.config.vocab_size)), out / "model.onnx", {output: axes},
+                opset, fixed={"return_dict": True}, constant_folding=True)  # folded as optimum's: weights stored
+    # as the MatMuls read them, so ONNX Runtime's quantizer finds them
+    transformers.AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(out))
+    return out / "model.onnx"

@@ -45,7 +45,10 @@ def candidate_configs(vocab_size: int = 30528) -> list[dict]:
     """ShareBERT (VEPS) grid over F, V, N, I, heads, attention, and dense BERT baselines, plus the paper's presets."""
     from .shape import PRESETS
 
-    out = [(name, dict(preset)) for name, preset in PRESETS.items() if not preset.get("is_decoder")]
+    # the presets at the teacher's vocabulary (their own is 30,528 rows): counted with the table the student gets,
+    # and only those that build with it (a cut vocabulary's table may be too small a source for a preset's layers)
+    out = [(name, c) for name, c in ((n, dict(p, vocab_size=vocab_size)) for n, p in PRESETS.items()
+                                     if not p.get("is_decoder")) if _builds(c)]
     common = dict(vocab_size=vocab_size, max_position_embeddings=128, type_vocab_size=2, share_layers=None,
                   qk_share_ratio=0.5, mlm_head="tied", is_decoder=False)
     for F, V, N, ratio, head_dim, att in itertools.product((16, 32, 64, 128, 256, 384, 768), (256, 512, 768, 1024, 2048),
@@ -67,6 +70,15 @@ def candidate_configs(vocab_size: int = 30528) -> list[dict]:
             seen.add(key)
             unique.append((name, c))
     return unique
+
+
+def _builds(config: dict) -> bool:
+    """Whether a config dict is a valid shape (``ModelShape.validate``: the EPS column budget among its checks)."""
+    try:
+        as_shape(config).validate()
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -302,6 +314,9 @@ def student_for(teacher: dict, limits: dict, seq_len: int = 128, num_labels: int
     shaped = [(n, {**c, "pooler": "none"}) for n, c in candidate_configs(int(teacher["vocab_size"]))
               if c["sharing"] == "veps" and c.get("attention", "standard") == "standard"
               and c["num_hidden_layers"] <= max(L, 4) and c["max_position_embeddings"] == 128]
+    if not shaped:  # a ShareBERT generates its layers' weights from its word table: a few hundred rows source none
+        raise ValueError(f"no ShareBERT student builds on a {teacher['vocab_size']}-row word table: its layers' "
+                         "weights are generated from that table, and it is too small a source")
     configs = [(n, c) for n, c in shaped if c["hidden_size"] <= H]
     if not configs:
         narrowest = min(c["hidden_size"] for _, c in shaped)

@@ -241,3 +241,92 @@ def test_the_teachers_artifact_takes_the_first_quantization_that_keeps_it(teache
     monkeypatch.setattr(t, "TEACHER_COSINE", 1.5)
     with pytest.raises(ValueError, match="no quantization keeps the teacher"):
         t.export_teacher(folder, tmp_path / "c", "feature-extraction", False, said.append)
+
+
+def _predictions(model, tokenizer, texts) -> np.ndarray:
+    with torch.no_grad():
+        batch = tokenizer(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
+        return model(**batch).logits.argmax(-1).numpy()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta"])  # byte-level BPE, Unigram
+def test_compress_of_a_classifier_cuts_its_vocabulary_maps_ids_exactly_and_learns(model_type, tmp_path, capsys):
+    """A classifier teacher's vocabulary cut (--vocab-size): the statement of what was kept, the student's and the
+    device runtime's tokenizer giving the teacher's very tokens on covered text, and a short task distillation
+    agreeing with the teacher's labels more than the student it started from."""
+    from tiny_teachers import trained_classifier
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from sharebert.cli import main
+    from sharebert.deploy import Runtime
+    from sharebert.paths import data_path
+    from sharebert.training.distill import load_student
+    from sharebert.training.glue import get_task, read_split
+
+    teacher, out = trained_classifier(tmp_path, model_type), tmp_path / "out"
+    assert main(["compress", str(teacher), "--out", str(out), "--max-steps", "60", "--max-train-samples", "300",
+                 "--eval-limit", "200", "--batch-size", "16", "--vocab-size", "600"]) == 0
+    said = capsys.readouterr().out
+    r = json.loads((out / "report.json").read_text())
+    cut = r["student"]["vocabulary"]
+    assert cut["teacher_size"] == 1000 and cut["size"] <= 600 and 0.5 < cut["coverage"] < 1
+    assert f"vocabulary cut from 1,000 to {cut['size']} tokens" in said and "vocabulary cut" in r["summary"]
+    assert json.loads((out / "student" / "config.json").read_text())["vocab_size"] == cut["table_rows"]
+
+    t_tok, s_tok = AutoTokenizer.from_pretrained(teacher), AutoTokenizer.from_pretrained(out / "student")
+    runtime = Runtime(out / "artifact")
+    rows = list(read_split(get_task("sst2"), data_path("glue", "SST-2"), "train").text_a[:300])  # the cut's text
+    covered = [t for t in rows if all(t_tok.convert_ids_to_tokens(i) in s_tok.get_vocab() for i in t_tok(t)["input_ids"])]
+    assert len(covered) > 30
+    for text in covered:  # the teacher's tokens, exactly, under the student's ids: in Python and on the device
+        ids = s_tok(text)["input_ids"]
+        assert s_tok.convert_ids_to_tokens(ids) == t_tok.convert_ids_to_tokens(t_tok(text)["input_ids"])
+        assert runtime._tokenized([text])[0][0] == runtime._truncate(ids, True)  # cut to its length, [SEP] kept
+
+    held = list(read_split(get_task("sst2"), data_path("glue", "SST-2"), "dev").text_a[:200])
+    teacher_says = _predictions(AutoModelForSequenceClassification.from_pretrained(teacher).eval(), t_tok, held)
+    start, start_tok = load_student(str(out / "general"), get_task("sst2"), None, None, 0)  # task distillation's start
+    before = float((_predictions(start.eval(), start_tok, held) == teacher_says).mean())
+    labels = ["negative", "positive"]
+    after = float((np.array([labels.index(a["label"]) for a in runtime.classify(held)]) == teacher_says).mean())
+    assert after > before, (before, after)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", list(ARCHITECTURES))
+def test_mlm_distillation_takes_a_masked_lm_teacher_of_any_architecture(model_type, tmp_path, capsys):
+    """`distill --objective mlm` from each architecture's masked-LM head: soft targets over the teacher's own
+    vocabulary, a student that keeps that tokenizer."""
+    from tiny_teachers import masked_lm
+    from transformers import AutoTokenizer
+
+    from sharebert.cli import main
+
+    teacher, text, out = masked_lm(tmp_path, model_type), tmp_path / "train.txt", tmp_path / "student"
+    text.write_text("\n".join(training_text(1200)[1000:1200]))
+    assert main(["distill", "--objective", "mlm", "--teacher", str(teacher), "--student", "bert-h128", "--train",
+                 str(text), "--out", str(out), "--max-steps", "3", "--batch-size", "4", "--seq-len", "32"]) == 0, \
+        capsys.readouterr().err
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["steps"] == 3 and m["soft_targets"] and np.isfinite(m["train_loss"])
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(teacher).get_vocab()
+
+
+@pytest.mark.parametrize("model_type", [t for t in ARCHITECTURES if t != "bert"])  # BERT: counted analytically
+def test_report_counts_a_folder_of_any_architecture_as_transformers_builds_it(teachers, model_type, capsys):
+    """`report --model` of another architecture: the parameters transformers' model has, by component, and the
+    FLOPs of its forward; --set (a ShareBERT shape) refused in one line."""
+    from transformers import AutoModelForSequenceClassification
+
+    from sharebert.cli import main
+
+    folder = teachers[model_type]["classifier"]
+    assert main(["report", "--model", str(folder), "--head", "classifier", "--format", "json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    assert r["learned_params"] == sum(p.numel() for p in model.parameters()) == sum(r["components"].values())
+    assert r["bytes"]["int8"] == r["learned_params"] and r["gflops"]["inference"] > 0
+    assert main(["report", "--model", str(folder), "--set", "hidden_size=64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--set shapes a ShareBERT or BERT config" in err

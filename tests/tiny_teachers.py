@@ -103,8 +103,8 @@ def make_config(model_type: str, tokenizer, **extra):
         ids.update(cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
                    bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
     positions = 130 if ARCHITECTURES[model_type][3] == "roberta" else 128  # RoBERTa's, MPNet's: padding_idx + 1 offset
-    return getattr(transformers, name)(vocab_size=len(tokenizer), max_position_embeddings=positions,
-                                       **SHAPE, **fields, **ids, **extra)
+    return getattr(transformers, name)(**{"vocab_size": len(tokenizer), "max_position_embeddings": positions,
+                                          **SHAPE, **fields, **ids, **extra})
 
 
 def build(root: Path, model_type: str) -> dict[str, Path]:
@@ -129,3 +129,50 @@ def build(root: Path, model_type: str) -> dict[str, Path]:
         .save_pretrained(clf)
     tokenizer.save_pretrained(clf)
     return {"embedding": root / f"{model_type}-st", "classifier": clf}
+
+
+def trained_classifier(root: Path, model_type: str, steps: int = 150) -> Path:
+    """A ``model_type`` SST-2 classifier a ShareBERT student can be built for (hidden 256; a 2,500-row word table, the
+    tokenizer's 1,000 tokens first: a ShareBERT generates its layers' weights from its table, and ~1,800 rows are the
+    fewest that source them), trained ``steps`` steps on SST-2's training rows (a plain PyTorch loop), so its
+    predictions depend on the text."""
+    import torch
+    import transformers
+
+    from sharebert.training.glue import get_task, read_split
+
+    _, _, kind, style = ARCHITECTURES[model_type]
+    tokenizer = make_tokenizer(kind, style, model_type in TOKEN_TYPES)
+    labels = {"num_labels": 2, "id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSequenceClassification.from_config(
+        make_config(model_type, tokenizer, vocab_size=2500, hidden_size=256, intermediate_size=512,
+                    num_attention_heads=4, **labels))
+    split = read_split(get_task("sst2"), data_path("glue", "SST-2"), "train")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
+    model.train()
+    for step in range(steps):
+        rows = slice(step * 32, step * 32 + 32)
+        batch = tokenizer(list(split.text_a[rows]), padding=True, truncation=True, max_length=64, return_tensors="pt")
+        loss = model(**batch, labels=torch.tensor(split.labels[rows])).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    folder = root / f"{model_type}-sst2"
+    model.eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def masked_lm(root: Path, model_type: str) -> Path:
+    """A tiny ``model_type`` teacher with its masked-LM head (``AutoModelForMaskedLM``), beside its tokenizer."""
+    import torch
+    import transformers
+
+    _, _, kind, style = ARCHITECTURES[model_type]
+    tokenizer = make_tokenizer(kind, style, model_type in TOKEN_TYPES)
+    torch.manual_seed(0)
+    folder = root / f"{model_type}-mlm"
+    transformers.AutoModelForMaskedLM.from_config(make_config(model_type, tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -61,9 +61,9 @@ def add_arguments(p):
                    help="a classifier's task distillation: add N perturbed copies of each training example, taught "
                         "by the teacher's logits (`distill --augment`; the teacher's pass grows N + 1 times)")
     p.add_argument("--vocab-size", type=opt.positive_int, metavar="N",
-                   help="an embedding teacher: keep the N tokens of its vocabulary the --train text uses most (with its "
-                        "special and fallback tokens; default: the whole vocabulary, cut to the text's tokens only "
-                        "when it does not fit the limits)")
+                   help="keep the N tokens of the teacher's vocabulary the --train text (a classifier: and its task's "
+                        "training text) uses most, with its special and fallback tokens (default: the whole vocabulary, "
+                        "cut to the text's tokens only when it does not fit the limits)")
     p.add_argument("--seed", type=int, default=0)
     add_save_minutes_argument(p, FinetuneArgs.save_minutes)
     p.add_argument("--no-portable", dest="portable", action="store_false",
@@ -103,7 +103,7 @@ def run(args) -> int:
             if classifier:
                 r = compress_classifier(args.teacher, args.out, limits, eargs, task_args, task=args.task,
                                         train=args.train, overwrite=args.overwrite, resume=args.resume,
-                                        stopper=stopper)
+                                        stopper=stopper, vocab_size=args.vocab_size)
             else:
                 r = compress(args.teacher, args.out, limits, eargs, train=args.train, data=args.data,
                              overwrite=args.overwrite, resume=args.resume, eval_pairs=args.eval_pairs,
@@ -146,8 +146,6 @@ def _check_teacher_options(args, classifier: bool) -> None:
     if classifier and (args.keep_work or not args.portable):
         raise ValueError(f"--{'keep-work' if args.keep_work else 'no-portable'} is for an encoder teacher; a "
                          "classifier's phases keep their own folders (general/, student/)")
-    if classifier and args.vocab_size:
-        raise ValueError("--vocab-size is for an embedding teacher; a classifier's student keeps the teacher's vocabulary")
     for name in ("task_lr", "augment"):
         if not classifier and getattr(args, name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "

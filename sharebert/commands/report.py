@@ -9,7 +9,8 @@ from sharebert_runtime import options as opt
 def add_arguments(p):
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", help="a preset name (see `sharebert build --help`)")
-    src.add_argument("--model", type=opt.path, help="a model folder holding config.json")
+    src.add_argument("--model", type=opt.path, help="a model folder holding config.json (a ShareBERT or BERT one counted "
+                                                    "analytically; another encoder architecture as transformers builds it)")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
                    help="override a config field, e.g. --set hidden_size=512 (repeatable)")
     p.add_argument("--head", choices=["none", "mlm", "classifier"], default="none",
@@ -127,11 +128,99 @@ def render(r: dict, fmt: str) -> str:
     return "\n".join(lines + [note])
 
 
+def _other_architecture(model: str | None) -> bool:
+    """Whether ``model`` is a folder of an encoder architecture other than sharebert's and BERT's (a teacher)."""
+    from ..model_folder import MODEL_TYPES, read_config
+
+    return model is not None and read_config(model, model_types=None).get("model_type") not in MODEL_TYPES
+
+
+def encoder_report(model_dir, head: str, seq_len: int, batch: int) -> dict:
+    """Learned parameters (by component), bytes and GFLOPs of an encoder folder of another architecture, counted on
+    the model transformers builds from its config (on the meta device; the FLOPs: :func:`_counted_gflops`): no
+    weights read, nothing re-implemented (an analytic count would have to know each architecture's shared layers,
+    factorised embeddings, relative positions)."""
+    import torch
+    import transformers
+
+    from ..training.teacher import teacher_config
+
+    config = teacher_config(model_dir)  # one line for a decoder, an encoder-decoder or another kind
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and seq_len > positions:
+        raise ValueError(f"--seq-len {seq_len} exceeds the {positions} positions of {model_dir}")
+    auto = getattr(transformers, {"none": "AutoModel", "mlm": "AutoModelForMaskedLM",
+                                  "classifier": "AutoModelForSequenceClassification"}[head])
+    with torch.device("meta"):
+        model = auto.from_config(config, attn_implementation="eager")
+    prefix = getattr(model, "base_model_prefix", "")
+    components: dict[str, int] = {}
+    for name, p in model.named_parameters():  # a tied table is named once
+        parts = name.split(".")
+        key = parts[1] if parts[0] == prefix and len(parts) > 2 else parts[0]
+        components[key] = components.get(key, 0) + p.numel()
+    learned = sum(components.values())
+    return {"model": str(model_dir), "model_type": config.model_type, "architecture": type(model).__name__,
+            "head": head, "learned_params": learned, "components": components,
+            "bytes": {"fp32": 4 * learned, "fp16": 2 * learned, "int8": learned},
+            "gflops": _counted_gflops(auto, config, seq_len, batch)}
+
+
+def _counted_gflops(auto, config, seq_len: int, batch: int) -> dict:
+    """GFLOPs of one forward (torch's FLOP counter: 2 x MACs of the matrix products), or why not. The forward runs
+    on the CPU over weights left uninitialised (transformers' ``no_init_weights``; the values do not matter, but its
+    attention masks read them, which meta tensors cannot give)."""
+    import contextlib
+
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..errors import first_line
+
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # another transformers layout: initialised, only slower
+        no_init_weights = contextlib.nullcontext
+    ids = torch.zeros(batch, seq_len, dtype=torch.long)
+    try:
+        with no_init_weights():
+            model = auto.from_config(config, attn_implementation="eager").eval()
+        with FlopCounterMode(display=False) as counter:  # autograd on: DeBERTa's own softmax function needs it
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    except Exception as e:  # an architecture whose forward refuses these inputs: said, not raised
+        return {"seq_len": seq_len, "batch": batch, "inference": None, "why_not": first_line(e)}
+    return {"seq_len": seq_len, "batch": batch, "inference": counter.get_total_flops() / 1e9}
+
+
+def render_encoder(r: dict, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(r, indent=2)
+    g = r["gflops"]
+    rows = [(f"Learned parameters ({r['architecture']}, head={r['head']})", ""),
+            *((f"  {k}", f"{v:,}") for k, v in r["components"].items()),
+            ("  = learned", f"{r['learned_params']:,}"),
+            ("Bytes (fp32 / fp16 / int8)", " / ".join(_size(v) for v in r["bytes"].values())),
+            (f"GFLOPs (batch {g['batch']}, seq {g['seq_len']}; 2 x MACs of matrix products)",
+             f"{g['inference']:.3f}" if g["inference"] is not None else f"not counted: {g['why_not']}")]
+    title = f"{r['model']}: {r['model_type']} as transformers builds it from its config (no weights read)"
+    if fmt == "markdown":
+        return "\n".join([f"**{title}**", "", "| quantity | value |", "|---|---:|",
+                          *(f"| {q.strip()} | {v} |" for q, v in rows)])
+    width = max(len(q) for q, _ in rows)
+    return "\n".join([title, *(f"{q:<{width}}  {v:>20}" if v else q for q, v in rows)])
+
+
 def run(args) -> int:
     from ..shape import parse_overrides
 
     if args.seq_len < 1 or args.batch < 1:
         raise ValueError("--seq-len and --batch must be positive")
+    if _other_architecture(args.model):
+        if args.overrides:
+            raise ValueError(f"--set shapes a ShareBERT or BERT config; {args.model} is reported as transformers "
+                             "builds it from its config.json")
+        print(render_encoder(encoder_report(args.model, args.head, args.seq_len, args.batch), args.format))
+        return 0
     config, preset = load_config(args.preset, args.model, parse_overrides(args.overrides))
     print(render(build_report(config, preset, args.head, args.seq_len, args.batch), args.format))
     return 0

@@ -401,10 +401,11 @@ def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool 
     if raw.get("model_type") in MODEL_TYPES:  # torch-free; another architecture: training.teacher (its budget later,
         labels = raw.get("id2label") if isinstance(raw.get("id2label"), dict) else {}  # a large vocabulary cut first)
         shape = shape_fields(teacher)
+        num_labels = max(1, len(labels)) if is_classifier(raw) else None
         try:
-            student_for(shape, limits, num_labels=max(1, len(labels)) if is_classifier(raw) else None)
+            student_for(shape, limits, num_labels=num_labels)
         except ValueError:
-            if is_classifier(raw) or not _cut_may_fit(shape, limits):
+            if not _cut_may_fit(shape, limits, num_labels):
                 raise
     else:
         from .teacher import read_teacher
@@ -417,12 +418,20 @@ def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool 
     return out, raw
 
 
-def _cut_may_fit(shape: dict, limits: dict) -> bool:
-    """Whether an encoder teacher's vocabulary cut (``training.vocab``) could make a student fit ``limits``."""
-    from ..budget import student_for
+def _cut_may_fit(shape: dict, limits: dict, num_labels: int | None = None) -> bool:
+    """Whether a vocabulary cut (``training.vocab``) could make a student fit ``limits`` (``num_labels``: a
+    classifier's, whose head counts too)."""
     from .vocab import _fits, _ladder
 
-    return any(_fits(student_for, shape, limits, n) for n in _ladder(1000, int(shape["vocab_size"]), 1.5))
+    return any(_fits(budget_fit(num_labels), shape, limits, n) for n in _ladder(1000, int(shape["vocab_size"]), 1.5))
+
+
+def budget_fit(num_labels: int | None = None):
+    """``fits(shape, limits)`` for ``training.vocab.plan_vocabulary``: ``budget.student_for`` with a classifier's
+    ``num_labels`` (None: an embedding student's output projection)."""
+    from ..budget import student_for
+
+    return lambda shape, limits: student_for(shape, limits, num_labels=num_labels)
 
 
 def fingerprint(teacher, student: dict, train, data, objective: str) -> dict:
@@ -500,6 +509,12 @@ STUDENT_FIELDS = ("embedding_size", "hidden_size", "num_hidden_layers", "interme
                   "attention", "max_position_embeddings", "pooler")  # a budget candidate's shape, as --set overrides
 
 
+def student_overrides(cand) -> dict:
+    """A budget candidate's shape as ``--set`` overrides (:data:`STUDENT_FIELDS`); a preset that names no attention
+    has the standard one (``budget.student_for`` picks only those), said here so the preset it shapes keeps none."""
+    return {"attention": "standard", **{k: cand.config[k] for k in STUDENT_FIELDS if k in cand.config}}
+
+
 def check_same_student(out: Path, overrides: dict, parts=("student",)) -> None:
     """Refuse to resume into ``out`` when a student it holds (saved, or in a checkpoint) has another shape than the
     one these limits pick (``overrides``): the run would fail late, loading the weights into the wrong model."""
@@ -557,7 +572,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     vocab = student_vocabulary(teacher, t_tok, limits, args, train, data, vocab_size, say)
     shape = {**teacher_shape(teacher), **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
     cand, head = student_for(shape, limits)
-    overrides = {**{k: cand.config[k] for k in STUDENT_FIELDS}, **student_fields(t_tok)}
+    overrides = {**student_overrides(cand), **student_fields(t_tok)}
     fp = fingerprint(teacher, overrides, train, data, f"embedding ({args.loss} loss)")
     check_same_student(out, overrides, ("student", f"{WORK}/student"))  # first: it names each field that differs
     if resume:
@@ -657,9 +672,11 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
     return write_report(out, report, summary)
 
 
-def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_size: int | None, say):
-    """The teacher's vocabulary cut for the student (``training.vocab.plan_vocabulary``), or None to keep it whole."""
-    from ..budget import student_for
+def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_size: int | None, say,
+                       num_labels: int | None = None, more_text=None):
+    """The teacher's vocabulary cut for the student (``training.vocab.plan_vocabulary``), or None to keep it whole.
+    The cut keeps the tokens of the --train text (default corpus) and of ``more_text()`` (a classifier: its task's
+    training text); ``num_labels``: a classifier's, whose head the budget counts."""
     from .distill_embedding import IN_MEMORY, default_corpus, read_sentences
     from .teacher import teacher_shape
     from .vocab import plan_vocabulary
@@ -669,8 +686,12 @@ def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_si
             raise ValueError("--vocab-size cuts the vocabulary to the tokens of --train text; a --data folder holds the "
                              "teacher's token ids: give --train")
         return None
-    text = lambda: read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)  # noqa: E731
-    return plan_vocabulary(t_tok, teacher_shape(teacher), limits, student_for, text, vocab_size, say)
+
+    def text():
+        sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)
+        return [*sentences, *(more_text() if more_text is not None else ())]
+
+    return plan_vocabulary(t_tok, teacher_shape(teacher), limits, budget_fit(num_labels), text, vocab_size, say)
 
 
 def _max_length(model_dir) -> int:

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import read_json, write_json
-from .compress import STUDENT_FIELDS, check_same_student, export_once, fingerprint, precheck, probe, \
-    publish_over, safetensor_params, teacher_name, weight_bytes, write_report
+from .compress import check_same_student, export_once, fingerprint, precheck, probe, \
+    publish_over, safetensor_params, student_overrides, student_vocabulary, teacher_name, weight_bytes, write_report
 
 PHASES = "phases.json"
 TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
@@ -138,16 +139,19 @@ def _phases(out: Path) -> dict:
 
 def compress_classifier(teacher, out, limits: dict, args, task_args, task: str | None = None, train=None,
                         overwrite: bool = False, resume: bool = False, progress: bool = True, stopper=None,
-                        say=print) -> dict:
+                        say=print, vocab_size: int | None = None) -> dict:
     """The steps of the module docstring; returns the report (``out/report.json``), or ``{"stopped": True,
     "phase", "steps"}`` after SIGINT/SIGTERM. ``args``: ``EmbeddingArgs`` (phase 1; its ``max_time`` bounds each
-    phase); ``task_args``: ``DistillArgs`` (phase 2; ``max_eval_samples`` also bounds the report's dev rows)."""
+    phase); ``task_args``: ``DistillArgs`` (phase 2; ``max_eval_samples`` also bounds the report's dev rows).
+    ``vocab_size``: cut the teacher's vocabulary to this many tokens (``training.vocab``, over the --train text and
+    the task's training text; without it, cut only when the teacher's does not fit ``limits``); both phases then
+    train the student on its own tokens."""
     from ..budget import student_for
     from sharebert_runtime.outdir import check_same_run
     from .teacher import student_fields, teacher_config, teacher_shape, teacher_tokenizer
     from ..paths import data_path
     from .callbacks import resume_from
-    from .distill import check_teacher_labels
+    from .distill import check_cut_task, check_teacher_labels
     from .glue import task_file
 
     out, raw = precheck(teacher, out, limits, train, None, overwrite, resume)  # nothing loaded or changed before
@@ -160,9 +164,16 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
                                     f"and {data_dir / task_.file(split)} is not there: set SHAREBERT_DATA to a folder "
                                     f"holding glue/{task_.folder}/ (train.tsv and its dev files)")
         task_file(task_, data_dir, split)
-    cand, head = student_for(teacher_shape(teacher), limits, num_labels=task_.num_labels)
-    overrides = {**{k: cand.config[k] for k in STUDENT_FIELDS}, **student_fields(teacher_tokenizer(teacher))}
-    fp = fingerprint(teacher, overrides, train, None, f"classifier: general, then task distillation on {task_.name}")
+    t_tok = teacher_tokenizer(teacher)
+    vocab = student_vocabulary(teacher, t_tok, limits, args, train, None, vocab_size, say, task_.num_labels,
+                               lambda: task_text(task_, data_dir, task_args.max_train_samples))
+    if vocab is not None:  # before any work: what a cut student cannot learn from
+        check_cut_task(replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS)), out / "teacher_logits")
+    shape = {**teacher_shape(teacher), **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
+    cand, head = student_for(shape, limits, num_labels=task_.num_labels)
+    overrides = {**student_overrides(cand), **student_fields(t_tok)}
+    cut = "" if vocab is None else f"; vocabulary cut to {len(vocab.kept)} tokens, table {vocab.table_rows} rows"
+    fp = fingerprint(teacher, overrides, train, None, f"classifier: general, then task distillation on {task_.name}{cut}")
     if resume:
         check_same_run(out, fp)
     check_same_student(out, overrides, ("general", "student"))
@@ -180,13 +191,19 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     say(f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
         f"(classifier {head:,})")
     return publish_over(out, fp, overwrite, resume, lambda: _phases_then_report(
-        teacher, out, task_, data_dir, cand, overrides, limits, args, task_args, train, progress, stopper, say))
+        teacher, out, task_, data_dir, cand, overrides, limits, args, task_args, train, progress, stopper, say, vocab))
+
+
+def task_text(task_, data_dir: Path, limit: int | None = None) -> list[str]:
+    """The texts of a task's training examples (both sides of a pair), the first ``limit`` examples."""
+    from .glue import read_split
+
+    split = read_split(task_, data_dir, "train").head(limit)
+    return [*split.text_a, *(t for t in (split.text_b or ()) if t)]
 
 
 def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrides: dict, limits: dict, args,
-                        task_args, train, progress: bool, stopper, say) -> dict:
-    from dataclasses import replace
-
+                        task_args, train, progress: bool, stopper, say, vocab=None) -> dict:
     from .callbacks import WallClockLimit
     from .distill import distill_glue
     from .distill_embedding import distill_embedding
@@ -199,7 +216,7 @@ def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrid
         again = _resumable(general)
         m = distill_embedding(teacher, "sharebert-tiny", general, train, args, overrides=overrides,
                               overwrite=True, resume=again, progress=progress,
-                              callbacks=(stopper,) if stopper is not None else (), score_sts=False)
+                              callbacks=(stopper,) if stopper is not None else (), score_sts=False, vocab=vocab)
         if stopped():
             return {"stopped": True, "phase": "general", "steps": m["steps"]}
         phases["general"] = {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "train_loss",
@@ -214,18 +231,18 @@ def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrid
         m = distill_glue(teacher, str(general), task_.name, student, data_dir, t_args, overwrite=True,
                          resume=again, keep_checkpoints=True, progress=progress,
                          cache_teacher=out / "teacher_logits", clock=clock,
-                         callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None])
+                         callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None], vocab=vocab)
         if stopped():
             return {"stopped": True, "phase": "task", "steps": m["steps"]}
         phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached), "budget": budget}
         write_json(out / PHASES, phases)
         shutil.rmtree(student / "checkpoints", ignore_errors=True)
     return _report(out, Path(teacher), task_, data_dir, cand, overrides, phases, limits, task_args.max_eval_samples,
-                   progress, say)
+                   progress, say, vocab)
 
 
 def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: dict, phases: dict, limits: dict,
-            limit: int | None, progress: bool, say) -> dict:
+            limit: int | None, progress: bool, say, vocab=None) -> dict:
     from .compress import export_teacher
 
     say("exporting the student (int8) and the teacher (the first quantization that keeps it), task text-classification ...")
@@ -246,7 +263,8 @@ def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: di
         "student": {"folder": str(student), "shape": cand.describe(), "config": overrides,
                     "learned_params": safetensor_params(student), "file_bytes": weight_bytes(art),
                     "glue_dev_fp32": t[metric], "glue_dev": s_scores[metric], "artifact_metrics": s_scores,
-                    "quantization": "int8", "int8_agreement": parity.get("agreement"), **s_probe},
+                    "quantization": "int8", "int8_agreement": parity.get("agreement"), **s_probe,
+                    **({"vocabulary": vocab.as_dict()} if vocab is not None else {})},
         "task": task_.name, "metric": metric, "dev_examples": t["eval_samples"],
         "general": g, "training": {k: t[k] for k in ("steps", "best_step", "train_seconds", "train_samples",
                                                      "stopped_by_time", "losses", "temperature")},
@@ -261,5 +279,5 @@ def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: di
                f"{report['teacher']['glue_dev']:.4f} in PyTorch fp32, {t_scores[metric]:.4f} from its {t_quant} "
                f"artifact; student {s['glue_dev_fp32']:.4f} in PyTorch fp32, {s['glue_dev']:.4f} from its int8 "
                f"artifact (int8 and fp32 agree on {s['int8_agreement']:.0%} of {parity.get('sentences')} check "
-               "sentences).")
+               "sentences)." + (f" The student's {vocab.describe()}." if vocab is not None else ""))
     return write_report(out, report, summary)

@@ -32,7 +32,7 @@ from transformers import Trainer
 
 from sharebert_runtime.artifact import sha256
 from sharebert_runtime.errors import first_line
-from ..model_folder import load_config, load_tokenizer, read_config
+from ..model_folder import load_config, load_tokenizer
 from sharebert_runtime.outdir import check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
 from ..paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
@@ -508,7 +508,7 @@ def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed
 
 def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args: DistillArgs = DistillArgs(),
                  overwrite: bool = False, resume: bool = False, keep_checkpoints: bool = False,
-                 progress: bool = True, cache_teacher=None, callbacks=(), clock=None) -> dict:
+                 progress: bool = True, cache_teacher=None, callbacks=(), clock=None, vocab=None) -> dict:
     """Distil ``teacher_dir`` (a classifier fine-tuned on ``task``) into ``student``; returns the metrics.
 
     ``out`` receives the best student by the task's dev metric (projections dropped), its tokenizer,
@@ -518,8 +518,12 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     hidden, attention and embedding weights at 0 the teacher then never runs during training. ``callbacks``:
     more ``TrainerCallback``s (``sharebert compress``: the signal checkpoint). ``clock``: a ``WallClockLimit``
     that stops training; without ``args.max_steps`` the learning rate and the progress lines follow it.
+    ``vocab``: the ``vocab.CutVocabulary`` a student folder speaks (``compress`` of a classifier with a cut
+    vocabulary): each example is encoded twice, the teacher's tokens for its logits and the student's for its input.
     """
     args.weights.check_teaches()
+    if vocab is not None:
+        check_cut_task(args, cache_teacher)
     from transformers import DataCollatorWithPadding
 
     from .teacher import teacher_config, teacher_tokenizer
@@ -539,9 +543,11 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     check_teacher_labels(teacher_dir, t_config, task_)
     if args.augment:  # before any model loads
         check_augment(args.augment, t_tok, teacher_dir)
-    model, s_tok = load_student(student, task_, t_tok, t_config, args.seed)
+    speaks = t_tok if vocab is None else vocab.tokenizer  # the tokenizer the student must have
+    model, s_tok = load_student(student, task_, speaks, t_config, args.seed)
     model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
-    check_tokenizers(t_tok, s_tok, teacher_dir, student)
+    check_tokenizers(speaks, s_tok, teacher_dir, student)
+    s_tok = t_tok if vocab is None else s_tok  # one tokenizer (the teacher's settings), or the student's own
     teacher = load_teacher(teacher_dir)
     if not task_.is_regression:  # generic LABEL_i names are read as the task's labels, in order
         teacher.config.id2label = dict(enumerate(task_.label_names))
@@ -550,28 +556,30 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     pairs, groups, projections = _maps(model, teacher, w, args.seed)
 
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
-    train, train_ds, dev_ds = encoded_task(task_, data_dir, t_tok, seq_len, args.max_train_samples,
+    train, train_ds, dev_ds = encoded_task(task_, data_dir, s_tok, seq_len, args.max_train_samples,
                                            args.max_eval_samples, progress)
+    t_train_ds, t_dev_ds = (train_ds, dev_ds) if vocab is None else \
+        encoded_task(task_, data_dir, t_tok, seq_len, args.max_train_samples, args.max_eval_samples, progress)[1:]
     main_dev = dev_ds[task_.dev_splits[0]]
     if args.augment:  # the row limit, now the examples are counted: before --out is made
         check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
     start_run(out, start_from is not None, run_fingerprint(teacher_dir, _student_name(student), [train.path],
                                                            f"task distillation on {task_.name}"))
-    if args.augment:
-        train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
-                           task_.is_regression, seed=args.seed)
+    if args.augment:  # one tokenizer (a cut refuses --augment): the teacher reads the same augmented rows
+        train_ds = t_train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
+                                        task_.is_regression, seed=args.seed)
     if cache_teacher is not None:
         variant = ",".join(f"{k}={v}" for k, v in data.items()) if args.augment else ""
-        train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, train_ds, train.path, seq_len,
+        train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, t_train_ds, train.path, seq_len,
                                                               cache_teacher, progress, variant))
-    teacher_metrics = evaluate_dev(teacher, dev_ds, task_, progress=progress)
+    teacher_metrics = evaluate_dev(teacher, t_dev_ds, task_, progress=progress)
 
     targs = task_training_args(args, out, task_, progress, save_only_model=False,  # projections resume too
                                keep_columns=cache_teacher is not None)  # the cached logits reach the loss
 
     trainer = DistillTrainer(
-        model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=t_tok,
-        data_collator=DataCollatorWithPadding(t_tok), compute_metrics=metrics_for(task_), teacher=teacher,
+        model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=s_tok,
+        data_collator=DataCollatorWithPadding(s_tok), compute_metrics=metrics_for(task_), teacher=teacher,
         projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression, data=data)
     trainer.bound_by(clock, args.max_steps, progress)
     for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
@@ -593,11 +601,23 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
                    temperature=w.temperature, layer_map=[list(p) for p in pairs])
     if trainer.is_world_process_zero():
         trainer.model.save_pretrained(str(out))  # the student alone: the projections live in the trainer
-        t_tok.save_pretrained(str(out))
+        s_tok.save_pretrained(str(out))
         write_results(trainer, out, finite(metrics))
         if not keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return finite(metrics)
+
+
+def check_cut_task(args: DistillArgs, cache_teacher) -> None:
+    """A cut vocabulary's task distillation: the teacher reads other tokens than the student, so it teaches by its
+    logits alone (computed once, on its own tokens), and no --augment (its perturbed copies are the teacher's ids)."""
+    w = args.weights
+    if cache_teacher is None or w.hidden or w.attention or w.embedding:
+        raise ValueError("a cut vocabulary's student learns a task from the teacher's cached logits alone (no hidden, "
+                         "attention or embedding terms): the teacher reads other tokens than the student")
+    if args.augment:
+        raise ValueError(f"--augment {args.augment} perturbs the teacher's token ids, which a cut vocabulary's student "
+                         "does not read: drop --augment, or --vocab-size (or give limits the whole vocabulary fits)")
 
 
 def _maps(model, teacher, w: DistillWeights, seed: int):
@@ -671,12 +691,13 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
                         inputs=(teacher_dir, *([data] if data is not None else []), *(train or []),
                                 *([student] if Path(student).exists() else [])))
     start_from = _resume_from(out, resume)
-    t_config = load_config(teacher_dir)
-    t_tok = load_tokenizer(teacher_dir, t_config.vocab_size, needs=("pad",))
-    archs = read_config(teacher_dir).get("architectures") or []
+    from .teacher import teacher_config, teacher_tokenizer
+
+    t_config = teacher_config(teacher_dir)  # any encoder architecture (training.teacher)
+    t_tok = teacher_tokenizer(teacher_dir, t_config, needs=("pad", "mask"))  # masking needs its mask token
+    archs = check_encoder(teacher_dir).get("architectures") or []
     mlm_teacher = any(a.endswith("ForMaskedLM") for a in archs)
     if not mlm_teacher:  # an encoder without an MLM head (e.g. a sentence-transformers model): no soft targets
-        check_encoder(teacher_dir)
         args = replace(args, weights=replace(args.weights, kl=0.0))
         if not (args.weights.hidden or args.weights.attention or args.weights.embedding):
             raise ValueError(f"{teacher_dir} has no MLM head, so only the hidden, attention and embedding terms can "
