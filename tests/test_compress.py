@@ -101,14 +101,21 @@ def test_a_preset_student_trains_without_dropout_unless_set():
 def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
     r = json.loads((compressed / "report.json").read_text())
     s, t = r["student"], r["teacher"]
-    assert [q["key"] for q in r["quality"]] == ["agreement_cosine", "agreement_top1", "sts_spearman"]
+    assert [q["key"] for q in r["quality"]] == ["agreement_cosine", "agreement_top1", "search_top1", "sts_spearman"]
+    assert "(35 queries over 105 sentences)" in r["quality"][2]["label"] and 0.0 <= s["search_top1"] <= 1.0
     assert "all 1500 pairs" in r["quality"][-1]["label"]
     assert np.isfinite([s["sts_spearman"], t["sts_spearman"], s["agreement_cosine"], s["agreement_top1"]]).all()
     # A student that learned from its teacher: one step leaves the mean cosine near 0.10, the fixture's 40 steps
     # give 0.27 (deterministic here); 0.2 tells the two apart without asking 40 steps for more.
     assert 0.2 < s["agreement_cosine"] < 1.0 and t["agreement_top1"] == 1.0
     assert set(r["calibration"]) == {"related", "unrelated"}
-    assert t["name"] == "all-MiniLM-L6-v2" and s["portable"] and s["max_seq_length"] == 128
+    # the student reads what its teacher reads (sentence_bert_config.json: 256), and every file of it says so
+    assert t["name"] == "all-MiniLM-L6-v2" and s["portable"] and s["max_seq_length"] == t["max_seq_length"] == 256
+    student = compressed / "student"
+    assert json.loads((student / "config.json").read_text())["max_position_embeddings"] == 256
+    assert json.loads((student / "tokenizer_config.json").read_text())["model_max_length"] == 256
+    assert json.loads((student / "sentence_bert_config.json").read_text())["max_seq_length"] == 256
+    assert "reads at most 256 tokens" in r["summary"]
     assert not {"checkpoints", "metrics.json", "sharebert_run.json"} & {p.name for p in (compressed / "student").iterdir()}
     assert s["learned_params"] <= 2.5e6 and t["learned_params"] == 22_713_216
     assert s["file_bytes"] < t["artifact_bytes"] / 4

@@ -26,6 +26,86 @@ def test_the_package_ships_its_text_with_its_licence():
     assert '"text/*.txt"' in pyproject  # shipped as package data
 
 
+def test_the_package_ships_a_search_set_whose_queries_each_name_one_answer():
+    """Issue 37 item 3: at least 30 queries over at least 100 sentences, shipped as package data."""
+    from sharebert.paths import packaged_search
+
+    corpus, queries, answers = packaged_search()
+    assert len(corpus) >= 100 and len(queries) >= 30 and len(set(corpus)) == len(corpus)
+    assert len(answers) == len(queries) and all(0 <= a < len(corpus) for a in answers)
+    assert not set(queries) & set(corpus)
+    assert '"text/*.tsv"' in (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+
+
+def test_search_agreement_counts_queries_whose_top1_sentence_is_the_teachers():
+    from sharebert.paths import packaged_search
+    from sharebert.training.compress import search_agreement
+
+    corpus, queries, answers = packaged_search()
+    rng = np.random.default_rng(0)
+    table = {text: rng.normal(size=8) for text in corpus}
+    # the teacher: each query is its answer sentence's vector; the student: the same, but the first 7 queries point
+    # at another sentence
+    t_vec = lambda texts: np.stack([table[t] if t in table else table[corpus[answers[queries.index(t)]]]  # noqa: E731
+                                    for t in texts])
+    wrong = {q: corpus[(answers[i] + 1) % len(corpus)] for i, q in enumerate(queries[:7])}
+    s_vec = lambda texts: t_vec([wrong.get(t, t) for t in texts])  # noqa: E731
+    row = search_agreement(t_vec, s_vec, say=lambda _: None)
+    assert row["student"] == pytest.approx(1 - 7 / len(queries)) and row["teacher"] == 1.0
+    assert f"({len(queries)} queries over {len(corpus)} sentences)" in row["label"]
+    assert search_agreement(t_vec, t_vec, say=lambda _: None)["student"] == 1.0
+
+
+def test_the_student_has_the_positions_of_its_teachers_maximum_length(minilm_dir):
+    """Issue 37 item 4: compress's student reads what its teacher reads (MiniLM's recipe: 256 tokens), its
+    positions counted in the budget; without a length, 128."""
+    from sharebert.budget import student_for
+    from sharebert.training.compress import embedding_shape
+
+    shape = embedding_shape(minilm_dir)
+    assert shape["max_length"] == 256
+    long, head = student_for(shape, {"max_params": 5e6})
+    short, _ = student_for({k: v for k, v in shape.items() if k != "max_length"}, {"max_params": 5e6})
+    assert long.config["max_position_embeddings"] == 256 and short.config["max_position_embeddings"] == 128
+    assert long.params - short.params == 128 * long.config["hidden_size"]  # the extra positions are counted
+    assert long.params + head <= 5e6
+
+
+def test_a_second_run_takes_the_teachers_artifact_from_the_cache(minilm_dir, tmp_path, monkeypatch):
+    """The teacher's artifact and its refusals are kept by the teacher's fingerprint: a second compress of the same
+    teacher exports nothing; another teacher (a changed file) or a damaged cache exports again."""
+    import shutil
+
+    from sharebert.training import compress as t
+
+    monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
+    exported = []
+
+    def ladder(teacher, out, task, progress, say):  # the real ladder's result, without its minutes of export
+        out.mkdir(parents=True)
+        (out / "manifest.json").write_text(json.dumps({"quantization": "int8"}))
+        (out / "model.onnx").write_bytes(b"graph")
+        exported.append(teacher)
+        return "int8", {"int8-dynamic": "mean cosine 0.9866 to PyTorch < 0.99"}
+
+    monkeypatch.setattr(t, "_teacher_ladder", ladder)
+    teacher = tmp_path / "teacher"
+    shutil.copytree(minilm_dir, teacher)
+    first = t.export_teacher(teacher, tmp_path / "a" / "teacher_artifact", "feature-extraction", False, lambda _: None)
+    said = []
+    second = t.export_teacher(teacher, tmp_path / "b" / "teacher_artifact", "feature-extraction", False, said.append)
+    assert first[1:] == second[1:] == ("int8", {"int8-dynamic": "mean cosine 0.9866 to PyTorch < 0.99"})
+    assert (second[0] / "model.onnx").read_bytes() == b"graph" and len(exported) == 1 and "from the cache" in said[0]
+    cache = t.teacher_cache(teacher, "feature-extraction")
+    (cache / t.CACHE_CHOICE).write_text("{not json")
+    t.export_teacher(teacher, tmp_path / "c" / "teacher_artifact", "feature-extraction", False, lambda _: None)
+    assert len(exported) == 2  # damaged: exported again, and cached again
+    (teacher / "config.json").write_text((teacher / "config.json").read_text() + " ")  # another file, another key
+    assert t.teacher_cache(teacher, "feature-extraction") != cache
+    t.export_teacher(teacher, tmp_path / "d" / "teacher_artifact", "feature-extraction", False, lambda _: None)
+    assert len(exported) == 3
+
+
 def test_defaults_fall_back_to_the_packaged_text_without_a_data_folder(tmp_path, monkeypatch):
     from export.exporter import default_check_file
     from sharebert.training.distill_embedding import default_corpus, sts_available

@@ -28,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import first_line
@@ -212,6 +213,28 @@ def neighbour_agreement(student, teacher) -> float:
     return float((nearest(student) == nearest(teacher)).mean())
 
 
+def search_answers(queries, corpus):
+    """Each query's top-1 sentence of ``corpus`` by cosine (rows of vectors)."""
+    import numpy as np
+
+    q, c = (np.asarray(v, dtype=np.float64) for v in (queries, corpus))
+    q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    c = c / np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)
+    return (q @ c.T).argmax(1)
+
+
+def search_agreement(t_vec, s_vec, say=print) -> dict:
+    """The report's search row: the fraction of the package's search queries (``paths.packaged_search``) whose
+    top-1 sentence is the same for the student as for the teacher (``t_vec``, ``s_vec``: texts -> vectors)."""
+    from ..paths import packaged_search
+
+    corpus, queries, _ = packaged_search()
+    say(f"measuring the student's search answers on {len(queries)} queries over {len(corpus)} sentences ...")
+    t, s = search_answers(t_vec(queries), t_vec(corpus)), search_answers(s_vec(queries), s_vec(corpus))
+    return {"label": f"top-1 search answer agreement with the teacher ({len(queries)} queries over {len(corpus)} "
+                     "sentences)", "teacher": 1.0, "student": float((t == s).mean())}
+
+
 def _cos(a, b):
     import numpy as np
 
@@ -221,12 +244,13 @@ def _cos(a, b):
 
 def quality_sentences(eval_pairs=None, limit: int | None = None) -> int:
     """Sentences :func:`embedding_quality` encodes (each through teacher and student), for :class:`TimeBudget`."""
-    from ..paths import data_path, packaged_heldout
+    from ..paths import data_path, packaged_heldout, packaged_search
 
+    search = sum(map(len, packaged_search()[:2]))
     held = sum(1 for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip())
     sts = 2 * 1500 if data_path("glue", "STS-B", "dev.tsv").is_file() else 0
     pairs = 2 * len(read_eval_pairs(eval_pairs)[2]) if eval_pairs is not None else 0
-    return (min(held, limit) + min(sts, 2 * limit) if limit else held + sts) + pairs
+    return search + (min(held, limit) + min(sts, 2 * limit) if limit else held + sts) + pairs
 
 
 def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit: int | None = None) -> dict:
@@ -268,6 +292,7 @@ def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit:
                                  else None},
             "agreement_top1": {"label": f"top-1 neighbour agreement with the teacher ({where})", "teacher": 1.0,
                                "student": neighbour_agreement(s_held, t_held)}}
+    rows["search_top1"] = search_agreement(t_vec, s_vec, say)
     shift = np.roll(np.arange(len(held)), len(held) // 2)  # each sentence with one far from it: unrelated
     calibration = {"unrelated": {"teacher": float(_cos(t_held, t_held[shift]).mean()),
                                  "student": float(_cos(s_held, s_held[shift]).mean()),
@@ -317,16 +342,28 @@ def kept_cosine(manifest: dict) -> float:
 def export_teacher(teacher, out: Path, task: str, progress: bool, say=print) -> tuple[Path, str, dict]:
     """The teacher's artifact in ``out`` at the first of :data:`TEACHER_QUANTIZATIONS` that keeps it within
     :data:`TEACHER_COSINE`: ``(artifact, quantization, {refused mode: why})``. The artifact a resumed run chose is
-    kept (exported again only if the teacher changed since)."""
-    from ..export import export_model
-
+    kept (exported again only if the teacher changed since); else the one an earlier run of this teacher left in the
+    cache (:func:`teacher_cache`)."""
     manifest = Path(out) / "manifest.json"
     chosen = read_json(manifest).get("quantization") if manifest.is_file() else None
     if chosen in TEACHER_QUANTIZATIONS:
         export_once(Path(teacher), Path(out), chosen, progress, task=task, allow_low_parity=True)
         if kept_cosine(read_json(manifest)) >= TEACHER_COSINE:
             return Path(out), chosen, {}
-    refused = {}
+    cache = teacher_cache(teacher, task)
+    if (hit := _from_cache(cache, Path(out))) is not None:
+        say(f"the teacher's {hit[0]} artifact from the cache ({cache}), exported by an earlier run")
+        return Path(out), *hit
+    mode, refused = _teacher_ladder(teacher, Path(out), task, progress, say)
+    _to_cache(cache, Path(out), mode, refused, say)
+    return Path(out), mode, refused
+
+
+def _teacher_ladder(teacher, out: Path, task: str, progress: bool, say) -> tuple[str, dict]:
+    """The first of :data:`TEACHER_QUANTIZATIONS` that keeps the teacher, exported into ``out``, and the refusals."""
+    from ..export import export_model
+
+    manifest, refused = out / "manifest.json", {}
     for mode in TEACHER_QUANTIZATIONS:
         try:
             export_model(teacher, out, task=task, quantize=mode, overwrite=True, progress=progress, check_limit=128,
@@ -336,10 +373,61 @@ def export_teacher(teacher, out: Path, task: str, progress: bool, say=print) -> 
             continue
         cosine = kept_cosine(read_json(manifest))
         if cosine >= TEACHER_COSINE:
-            return Path(out), mode, refused
+            return mode, refused
         refused[mode] = f"mean cosine {cosine:.4f} to PyTorch < {TEACHER_COSINE}"
         say(f"the teacher at --quantize {mode} does not keep it ({refused[mode]}); the next mode instead")
     raise ValueError(f"no quantization keeps the teacher {teacher}: {'; '.join(f'{k}: {v}' for k, v in refused.items())}")
+
+
+def teacher_cache(teacher, task: str) -> Path:
+    """The cache folder of a teacher's artifact (``paths.cache_dir``): keyed by the teacher's files
+    (``fingerprint.teacher_fingerprint``), the task, the quantization ladder and its bar, and the exporter's code,
+    so a second ``compress`` of the same teacher skips its exports (on all-MiniLM-L6-v2, 2 cores: ~100 s, half of
+    it the int8-dynamic export the bar refuses)."""
+    import hashlib
+
+    from ..paths import cache_dir
+    from .fingerprint import teacher_fingerprint
+
+    from .. import export
+
+    sources = sorted(Path(export.__file__).parent.glob("*.py"))
+    key = json.dumps([teacher_fingerprint(teacher), task, TEACHER_QUANTIZATIONS, TEACHER_COSINE,
+                      [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources]])
+    return cache_dir() / "teacher-artifacts" / hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+CACHE_CHOICE = "choice.json"  # beside the cached artifact: the quantization chosen and the ones refused
+
+
+def _from_cache(cache: Path, out: Path) -> tuple[str, dict] | None:
+    """``(quantization, refusals)`` with the cached artifact copied into ``out``; None where there is none (or an
+    unreadable one: exported again)."""
+    try:
+        choice = read_json(cache / CACHE_CHOICE)
+        mode, refused = choice["quantization"], dict(choice["refused"])
+        if mode not in TEACHER_QUANTIZATIONS or read_json(cache / "artifact" / "manifest.json").get("quantization") != mode:
+            return None
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(cache / "artifact", out)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return mode, refused
+
+
+def _to_cache(cache: Path, out: Path, mode: str, refused: dict, say) -> None:
+    """The teacher's artifact and choice kept in ``cache`` for the next run; a cache that cannot be written is said
+    and skipped (the run goes on)."""
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.partial")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(out, tmp / "artifact")
+        write_json(tmp / CACHE_CHOICE, {"quantization": mode, "refused": refused})
+        shutil.rmtree(cache, ignore_errors=True)
+        os.replace(tmp, cache)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        say(f"the teacher's artifact is not cached ({first_line(e)}); set SHAREBERT_CACHE to a writable folder")
 
 
 def export_once(model_dir: Path, out: Path, quantize: str, progress: bool, task: str = "feature-extraction",
@@ -397,7 +485,7 @@ def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool 
     raw = read_config(teacher, model_types=None)
     if raw.get("model_type") in MODEL_TYPES:  # torch-free; another architecture: training.teacher (its budget later,
         labels = raw.get("id2label") if isinstance(raw.get("id2label"), dict) else {}  # a large vocabulary cut first)
-        shape = shape_fields(teacher)
+        shape = {**shape_fields(teacher), **({} if is_classifier(raw) else {"max_length": _max_length(teacher)})}
         try:
             student_for(shape, limits, num_labels=max(1, len(labels)) if is_classifier(raw) else None)
         except ValueError:
@@ -536,7 +624,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     from ..budget import student_for
     from .callbacks import latest_checkpoint, resume_from
     from .distill import check_encoder
-    from .teacher import student_fields, teacher_shape, teacher_tokenizer
+    from .teacher import student_fields, teacher_tokenizer
 
     out, _ = precheck(teacher, out, limits, train, data, overwrite, resume, eval_pairs)  # nothing loaded or changed
     raw = check_encoder(teacher)
@@ -552,9 +640,10 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
 
         check_data(data, train, t_tok, teacher)
     vocab = student_vocabulary(teacher, t_tok, limits, args, train, data, vocab_size, say)
-    shape = {**teacher_shape(teacher), **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
+    shape = {**embedding_shape(teacher), **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
     cand, head = student_for(shape, limits)
     overrides = {**{k: cand.config[k] for k in STUDENT_FIELDS}, **student_fields(t_tok)}
+    args = replace(args, seq_len=overrides["max_position_embeddings"])  # it reads what its teacher reads
     fp = fingerprint(teacher, overrides, train, data, f"embedding ({args.loss} loss)")
     check_same_student(out, overrides, ("student", f"{WORK}/student"))  # first: it names each field that differs
     if resume:
@@ -562,7 +651,8 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     student_dir = out / WORK / "student"
     if resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
         resume_from(student_dir / "checkpoints", True, say=say, out=out)
-    say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
+    say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,}); it "
+        f"reads at most {args.seq_len} tokens, as the teacher does")
     if budget is not None:
         budget.after_sentences = quality_sentences(eval_pairs, eval_limit)
     report = publish_over(out, fp, overwrite, resume, lambda: _compress(
@@ -658,7 +748,6 @@ def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_si
     """The teacher's vocabulary cut for the student (``training.vocab.plan_vocabulary``), or None to keep it whole."""
     from ..budget import student_for
     from .distill_embedding import IN_MEMORY, default_corpus, read_sentences
-    from .teacher import teacher_shape
     from .vocab import plan_vocabulary
 
     if data is not None:
@@ -667,16 +756,25 @@ def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_si
                              "teacher's token ids: give --train")
         return None
     text = lambda: read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)  # noqa: E731
-    return plan_vocabulary(t_tok, teacher_shape(teacher), limits, student_for, text, vocab_size, say)
+    return plan_vocabulary(t_tok, embedding_shape(teacher), limits, student_for, text, vocab_size, say)
+
+
+def embedding_shape(teacher) -> dict:
+    """What ``budget.student_for`` reads of an encoder teacher (``teacher.teacher_shape``) and its maximum length
+    (:func:`_max_length`): the student gets as many positions, so it reads what its teacher reads."""
+    from .teacher import teacher_shape
+
+    return {**teacher_shape(teacher), "max_length": _max_length(teacher)}
 
 
 def _max_length(model_dir) -> int:
-    """The tokens a model folder reads: its recipe's ``max_seq_length``, else its position embeddings."""
+    """The tokens a model folder reads: its recipe's ``max_seq_length``, else its position embeddings; never more
+    than its position embeddings."""
     from ..model_folder import read_config
     from ..recipe import read_recipe
 
-    return read_recipe(model_dir).max_seq_length or int(read_config(model_dir, model_types=None).get(
-        "max_position_embeddings", 512))
+    positions = int(read_config(model_dir, model_types=None).get("max_position_embeddings", 512))
+    return min(read_recipe(model_dir).max_seq_length or positions, positions)
 
 
 def teacher_name(teacher) -> str:
