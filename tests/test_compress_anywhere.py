@@ -331,3 +331,22 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
     assert proc.returncode == 0, proc.stderr[-2000:]
     tokens, shape, width = json.loads(proc.stdout.strip().splitlines()[-1])
     assert tokens == 128 and shape[1] == 128 and width == model.config.hidden_size
+
+
+def test_pca_basis_gives_the_top_principal_directions_in_order():
+    """The student's start (student_init): the covariance's eigenvectors are the SVD's right singular vectors, the
+    largest variance first; k >= H keeps the space whole."""
+    import torch
+
+    from sharebert.training.student_init import pca_basis
+
+    torch.manual_seed(0)
+    table = torch.randn(2000, 24) @ torch.diag(torch.linspace(3.0, 0.1, 24)) @ torch.linalg.qr(torch.randn(24, 24))[0]
+    mean, basis = pca_basis(table, 10)
+    centred = table.double() - table.double().mean(0)
+    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
+    assert torch.allclose(mean, table.mean(0), atol=1e-5) and basis.shape == (24, 10)
+    assert torch.allclose((basis.double() * vh[:10].T).sum(0).abs(), torch.ones(10, dtype=torch.float64), atol=1e-5)
+    variance = (centred @ basis.double()).var(0)
+    assert (variance[:-1] >= variance[1:]).all()
+    assert torch.equal(pca_basis(table, 30)[1], torch.eye(24, 30))
