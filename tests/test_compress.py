@@ -122,6 +122,21 @@ def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
     assert (compressed / "report.md").is_file() and (compressed / "report.png").stat().st_size > 1000
 
 
+def test_the_demos_search_answers_with_both_artifacts_and_counts_agreement(compressed, capsys):
+    """`sharebert demo`'s step 3 on a compress result: answers shown for both artifacts, then the share that agree,
+    the report's search row (the same queries, the student's int8 artifact; the teacher's int8 artifact here)."""
+    from sharebert.commands.demo import SHOWN, search
+    from sharebert.paths import packaged_search
+
+    share = search(compressed)
+    out = capsys.readouterr().out
+    corpus, queries, _ = packaged_search()
+    assert out.count("query: ") == SHOWN and out.count("  student (") == out.count("  teacher (") == SHOWN
+    assert f"for {round(share * len(queries))} of {len(queries)} queries" in out and 0.0 <= share <= 1.0
+    report = json.loads((compressed / "report.json").read_text())
+    assert abs(share - report["student"]["search_top1"]) <= 3 / len(queries)  # the teacher's int8 moves a few
+
+
 def test_compress_keeps_checkpoints_by_time(compressed):
     """--save-minutes: checkpoints mid-run (its steps save every 200, past the run's 40), the two newest kept, each
     complete, so a compress killed at any time can --resume."""

@@ -31,10 +31,8 @@ def _real_teacher():
 
 
 def _compress_demo(main, out: Path, t0: float) -> int:
-    """Compress the real all-MiniLM-L6-v2 into a ShareBERT (a short run), then answer a similarity query with the
+    """Compress the real all-MiniLM-L6-v2 into a ShareBERT (a short run), then answer similarity queries with the
     torch-free runtime."""
-    import numpy as np
-
     teacher = _real_teacher()
     _step("2. Compress all-MiniLM-L6-v2 (22.7M parameters) into a ShareBERT under 5M (5 minutes in all: "
           "distillation, export and measures)")
@@ -43,6 +41,18 @@ def _compress_demo(main, out: Path, t0: float) -> int:
     if rc:
         return rc
     print((out / "compress" / "report.md").read_text())
+
+    search(out / "compress")
+    print("\nA longer run (sharebert compress ... --max-time 3600) gets closer to the teacher (docs/DISTILLATION.md).")
+    print(f"demo finished in {time.time() - t0:.0f} s; artifacts under {out}/")
+    return 0
+
+
+def search(result: Path) -> float:
+    """Step 3: the package's search queries (``paths.packaged_search``) over its sentences, with the student's and
+    the teacher's int8 artifacts of a compress ``result``; the first :data:`SHOWN` answers printed, then how many of
+    the queries get the teacher's answer from the student. Returns that share."""
+    import numpy as np
 
     from ..deploy import Runtime
     from ..paths import packaged_search
@@ -57,15 +67,13 @@ def _compress_demo(main, out: Path, t0: float) -> int:
         scores = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (docs / np.linalg.norm(docs, axis=1, keepdims=True)).T
         return scores.argmax(1), scores.max(1)
 
-    (s_top, s_cos), (t_top, t_cos) = top(out / "compress" / "artifact"), top(out / "compress" / "teacher_artifact")
+    (s_top, s_cos), (t_top, t_cos) = top(result / "artifact"), top(result / "teacher_artifact")
     for i in range(SHOWN):
         print(f"query: {queries[i]}\n  student ({s_cos[i]:.3f}): {corpus[s_top[i]]}\n  teacher ({t_cos[i]:.3f}): "
               f"{corpus[t_top[i]]}")
     print(f"the student's top answer is the teacher's for {int((s_top == t_top).sum())} of {len(queries)} queries "
           "(both as int8 artifacts)")
-    print("\nA longer run (sharebert compress ... --max-time 3600) gets closer to the teacher (docs/DISTILLATION.md).")
-    print(f"demo finished in {time.time() - t0:.0f} s; artifacts under {out}/")
-    return 0
+    return float((s_top == t_top).mean())
 
 
 def add_arguments(p):
