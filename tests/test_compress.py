@@ -115,7 +115,7 @@ def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
     assert json.loads((student / "config.json").read_text())["max_position_embeddings"] == 256
     assert json.loads((student / "tokenizer_config.json").read_text())["model_max_length"] == 256
     assert json.loads((student / "sentence_bert_config.json").read_text())["max_seq_length"] == 256
-    assert "reads at most 256 tokens" in r["summary"]
+    assert "reads at most 256 tokens (its config, tokenizer and recipe say so), as its teacher does." in r["summary"]
     assert not {"checkpoints", "metrics.json", "sharebert_run.json"} & {p.name for p in (compressed / "student").iterdir()}
     assert s["learned_params"] <= 2.5e6 and t["learned_params"] == 22_713_216
     assert s["file_bytes"] < t["artifact_bytes"] / 4

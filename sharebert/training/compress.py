@@ -738,13 +738,21 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
     report["student"].update(portable=portable, max_seq_length=m["seq_len"])
     report["teacher"]["max_seq_length"] = _max_length(teacher)
     tr = report["training"]
-    summary = (f"The student reads at most {m['seq_len']} tokens (its tokenizer and recipe say so; the teacher "
-               f"reads {report['teacher']['max_seq_length']}: longer texts are cut earlier). Distilled {tr['steps']} steps ({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences of at "
+    summary = (f"{_length_sentence(m['seq_len'], report['teacher']['max_seq_length'])} Distilled {tr['steps']} "
+               f"steps ({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences of at "
                f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: PyTorch "
                "fp32; student figures: its int8 artifact through the torch-free runtime. "
                + calibration_sentence(q["calibration"])
                + (f" The student's {vocab.describe()}." if vocab is not None else ""))
     return write_report(out, report, summary)
+
+
+def _length_sentence(student: int, teacher: int) -> str:
+    """The report's words on the tokens each model reads (its config, tokenizer and recipe agree on the student's)."""
+    said = f"The student reads at most {student} tokens (its config, tokenizer and recipe say so)"
+    if student == teacher:
+        return f"{said}, as its teacher does."
+    return f"{said}; the teacher reads {teacher}: texts longer than {student} tokens are cut earlier."
 
 
 def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_size: int | None, say):
