@@ -350,3 +350,39 @@ def test_pca_basis_gives_the_top_principal_directions_in_order():
     variance = (centred @ basis.double()).var(0)
     assert (variance[:-1] >= variance[1:]).all()
     assert torch.equal(pca_basis(table, 30)[1], torch.eye(24, 30))
+
+
+def test_the_teachers_quality_vectors_are_computed_once_per_teacher(tmp_path, monkeypatch):
+    """The teacher's side of the report's measures is kept in the cache by the teacher's key and the texts; a damaged
+    file is computed again; the plan counts what is cached (its reserve shrinks by those teacher passes)."""
+    from sharebert.training import compress as t
+
+    monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path / "empty"))  # no STS-B: held-out and search sets only
+    calls = []
+
+    def compute(texts):
+        calls.append(len(texts))
+        return np.arange(len(texts) * 3, dtype=np.float32).reshape(len(texts), 3)
+
+    texts = ["a b c", "d e f"]
+    first = t.cached_teacher_vectors("k1", texts, lambda: compute(texts))
+    again = t.cached_teacher_vectors("k1", texts, lambda: compute(texts))
+    assert np.array_equal(first, again) and calls == [2]
+    t.cached_teacher_vectors("k2", texts, lambda: compute(texts))  # another teacher
+    t.cached_teacher_vectors("k1", texts[:1], lambda: compute(texts[:1]))  # other texts
+    assert calls == [2, 2, 1]
+    t._vectors_path("k1", texts).write_bytes(b"not an array")
+    assert np.array_equal(t.cached_teacher_vectors("k1", texts, lambda: compute(texts)), first) and calls[-1] == 2
+
+    monkeypatch.setattr(t, "teacher_vectors_key", lambda teacher: "kq")
+    sets = t.quality_texts()
+    assert [len(s) for s in sets] == [600, 35, 105] and t.quality_sentences() == 740
+    assert t.cached_quality_sentences("any") == 0
+    t.cached_teacher_vectors("kq", sets[1], lambda: compute(sets[1]))
+    assert t.cached_quality_sentences("any") == 35
+    budget = t.TimeBudget(300, after_sentences=740, say=lambda _: None)
+    budget.rate = 10.0
+    before = budget.reserve()
+    budget.cached_sentences = 35
+    assert before - budget.reserve() == pytest.approx(3.5)
