@@ -291,9 +291,9 @@ def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit:
     t_model, t_head = load_encoder(teacher), recipe_head(teacher, recipe)
     t_tok = teacher_tokenizer(teacher)  # any encoder architecture
     seq_len = _max_length(teacher)
-    key = teacher_vectors_key(teacher)
+    cache_key = teacher_vectors_key(teacher)  # not "key": the loop below names each measure so
     t_vec = lambda texts: cached_teacher_vectors(  # noqa: E731
-        key, texts, lambda: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len))
+        cache_key, texts, lambda: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len))
     s_vec = lambda texts: np.stack(student_embed(list(texts)))  # noqa: E731
     held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
     held = held[:max(limit, 3)] if limit else held
