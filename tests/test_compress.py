@@ -32,9 +32,11 @@ def compressed(minilm_dir, tmp_path_factory):
     training, its work folder kept (--keep-work). --max-steps decides, never the clock: --max-time (600 s by
     default) bounds the whole command, and on a loaded machine its plan left the 40 steps 1."""
     out = tmp_path_factory.mktemp("compress") / "run"
-    rc = main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "40", "--max-train-samples", "400",
-               "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--save-minutes", "0.02", "--keep-work",
-               "--max-time", UNBOUNDED])
+    with pytest.MonkeyPatch.context() as env:  # its own cache, beside it (each test has another: conftest)
+        env.setenv("SHAREBERT_CACHE", str(out.parent / "cache"))
+        rc = main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "40", "--max-train-samples", "400",
+                   "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--save-minutes", "0.02",
+                   "--keep-work", "--max-time", UNBOUNDED])
     assert rc == 0
     return out
 
@@ -120,6 +122,16 @@ def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
     assert s["learned_params"] <= 2.5e6 and t["learned_params"] == 22_713_216
     assert s["file_bytes"] < t["artifact_bytes"] / 4
     assert (compressed / "report.md").is_file() and (compressed / "report.png").stat().st_size > 1000
+
+
+def test_a_compress_leaves_the_teachers_artifact_and_quality_vectors_in_the_cache(compressed, minilm_dir,
+                                                                                  monkeypatch):
+    """What the next compress of this teacher skips: its export ladder and its side of every quality row."""
+    from sharebert.training.compress import cached_quality_sentences, quality_sentences, teacher_cache
+
+    monkeypatch.setenv("SHAREBERT_CACHE", str(compressed.parent / "cache"))
+    assert cached_quality_sentences(minilm_dir) == quality_sentences() > 3000  # STS-B's 3,000 included
+    assert (teacher_cache(minilm_dir, "feature-extraction") / "artifact" / "manifest.json").is_file()
 
 
 def test_the_demos_search_answers_with_both_artifacts_and_counts_agreement(compressed, capsys):

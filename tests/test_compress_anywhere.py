@@ -273,7 +273,7 @@ def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget():
     n = budget.plan(15000, rate=50.0, step=0.2, batch=32)
     reserve = budget.reserve()
     assert reserve == pytest.approx(2 * (TimeBudget.EXPORT_SECONDS + 2 * 128 / 50) + 2 * TimeBudget.PROBE_SECONDS
-                                    + 1.5 * 3600 / 50)
+                                    + (1 + TimeBudget.STUDENT_SHARE) * 3600 / 50)
     assert n == pytest.approx(50 * (600 - reserve) / 3, rel=0.02)  # a third of what is left, at 50 sentences a second
     assert budget.training_seconds() + reserve == pytest.approx(budget.left(), abs=1)  # set when training starts
     budget.exports = 1  # the teacher's artifact made before training: only the student's export is still to come

@@ -89,6 +89,9 @@ class TimeBudget:
 
     EXPORT_SECONDS = 25.0  # one export's fixed part (ONNX trace, quantization, latency runs) besides its parity pass
     PROBE_SECONDS = 8.0  # one probe: a fresh torch-free process, 2 x 30 timed sentences
+    # A quality sentence through the student's int8 artifact, in teacher sentences (PyTorch fp32): the measures of a
+    # run whose teacher vectors were cached (3,740 sentences) took ~50 s where the teacher ran 9 a second (load 9).
+    STUDENT_SHARE = 0.15
 
     def __init__(self, seconds: float, after_sentences: int = 0, say=print, start: float | None = None):
         import time
@@ -106,10 +109,10 @@ class TimeBudget:
 
     def reserve(self) -> float:
         """Seconds the steps after training take: ``exports`` exports (each its parity pass of 128 sentences
-        through PyTorch; ``compress`` makes the teacher's before training, so one), two probes, the quality sentences through the teacher (but those cached) and the student (half its cost)."""
+        through PyTorch; ``compress`` makes the teacher's before training, so one), two probes, the quality sentences through the teacher (but those cached) and the student (:data:`STUDENT_SHARE` of its cost)."""
         rate = self.rate or 50.0
         return (self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate) + 2 * self.PROBE_SECONDS
-                + (1.5 * self.after_sentences - self.cached_sentences) / rate)
+                + ((1 + self.STUDENT_SHARE) * self.after_sentences - self.cached_sentences) / rate)
 
     def plan(self, available: int, rate: float, step: float, batch: int) -> int:
         """How many of ``available`` sentences the teacher encodes (at ``rate`` a second), said with the plan."""
