@@ -469,7 +469,11 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     teacher.to(device)
     if t_head is not None:
         t_head.to(device)
-    seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings,
+    from ..export.teacher import usable_length
+
+    # the teacher's learned positions past RoBERTa's offset (130 rows read 128 tokens): compress gives its student as
+    # many positions as the teacher's config says, and asks for that length
+    seq_len = min(args.seq_len, model.config.max_position_embeddings, usable_length(teacher, t_tok),
                   recipe.max_seq_length or args.seq_len)
     if manifest is not None:
         train_ds = BlockDataset(teacher_blocks(data, manifest, t_tok, seq_len, args.max_train_samples))
