@@ -308,10 +308,14 @@ def student_for(teacher: dict, limits: dict, seq_len: int = 128, num_labels: int
 
     Among VEPS candidates with standard attention, V <= H and at most L layers (no pooler: the sentence vector
     is pooled from token states): the widest word embeddings F (their table is the teacher's, reduced), then
-    the fewest GFLOPs. ``ValueError`` naming the smallest need when none fits.
+    the fewest GFLOPs. ``ValueError`` naming the smallest need when none fits. The student has ``max_length``
+    positions where the teacher dict gives it (``compress``: the teacher's maximum length, so the student reads
+    what its teacher reads), else 128; they are counted.
     """
     H, L = int(teacher["hidden_size"]), int(teacher["num_hidden_layers"])
-    shaped = [(n, {**c, "pooler": "none"}) for n, c in candidate_configs(int(teacher["vocab_size"]))
+    positions = int(teacher.get("max_length") or 128)
+    shaped = [(n, {**c, "pooler": "none", "max_position_embeddings": positions})
+              for n, c in candidate_configs(int(teacher["vocab_size"]))
               if c["sharing"] == "veps" and c.get("attention", "standard") == "standard"
               and c["num_hidden_layers"] <= max(L, 4) and c["max_position_embeddings"] == 128]
     if not shaped:  # a ShareBERT generates its layers' weights from its word table: a few hundred rows source none

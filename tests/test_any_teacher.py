@@ -255,11 +255,11 @@ def test_compress_of_a_classifier_cuts_its_vocabulary_maps_ids_exactly_and_learn
     """A classifier teacher's vocabulary cut (--vocab-size): the statement of what was kept, the student's and the
     device runtime's tokenizer giving the teacher's very tokens on covered text, and a short task distillation
     agreeing with the teacher's labels more than the student it started from."""
+    from sharebert_runtime import Runtime
     from tiny_teachers import trained_classifier
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from sharebert.cli import main
-    from sharebert.deploy import Runtime
     from sharebert.paths import data_path
     from sharebert.training.distill import load_student
     from sharebert.training.glue import get_task, read_split

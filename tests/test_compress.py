@@ -32,9 +32,11 @@ def compressed(minilm_dir, tmp_path_factory):
     training, its work folder kept (--keep-work). --max-steps decides, never the clock: --max-time (600 s by
     default) bounds the whole command, and on a loaded machine its plan left the 40 steps 1."""
     out = tmp_path_factory.mktemp("compress") / "run"
-    rc = main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "40", "--max-train-samples", "400",
-               "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--save-minutes", "0.02", "--keep-work",
-               "--max-time", UNBOUNDED])
+    with pytest.MonkeyPatch.context() as env:  # its own cache, beside it (each test has another: conftest)
+        env.setenv("SHAREBERT_CACHE", str(out.parent / "cache"))
+        rc = main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "40", "--max-train-samples", "400",
+                   "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--save-minutes", "0.02",
+                   "--keep-work", "--max-time", UNBOUNDED])
     assert rc == 0
     return out
 
@@ -101,18 +103,50 @@ def test_a_preset_student_trains_without_dropout_unless_set():
 def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
     r = json.loads((compressed / "report.json").read_text())
     s, t = r["student"], r["teacher"]
-    assert [q["key"] for q in r["quality"]] == ["agreement_cosine", "agreement_top1", "sts_spearman"]
+    assert [q["key"] for q in r["quality"]] == ["agreement_cosine", "agreement_top1", "search_top1", "sts_spearman"]
+    assert "(35 queries over 105 sentences)" in r["quality"][2]["label"] and 0.0 <= s["search_top1"] <= 1.0
     assert "all 1500 pairs" in r["quality"][-1]["label"]
     assert np.isfinite([s["sts_spearman"], t["sts_spearman"], s["agreement_cosine"], s["agreement_top1"]]).all()
     # A student that learned from its teacher: one step leaves the mean cosine near 0.10, the fixture's 40 steps
     # give 0.27 (deterministic here); 0.2 tells the two apart without asking 40 steps for more.
     assert 0.2 < s["agreement_cosine"] < 1.0 and t["agreement_top1"] == 1.0
     assert set(r["calibration"]) == {"related", "unrelated"}
-    assert t["name"] == "all-MiniLM-L6-v2" and s["portable"] and s["max_seq_length"] == 128
+    # the student reads what its teacher reads (sentence_bert_config.json: 256), and every file of it says so
+    assert t["name"] == "all-MiniLM-L6-v2" and s["portable"] and s["max_seq_length"] == t["max_seq_length"] == 256
+    student = compressed / "student"
+    assert json.loads((student / "config.json").read_text())["max_position_embeddings"] == 256
+    assert json.loads((student / "tokenizer_config.json").read_text())["model_max_length"] == 256
+    assert json.loads((student / "sentence_bert_config.json").read_text())["max_seq_length"] == 256
+    assert "reads at most 256 tokens (its config, tokenizer and recipe say so), as its teacher does." in r["summary"]
     assert not {"checkpoints", "metrics.json", "sharebert_run.json"} & {p.name for p in (compressed / "student").iterdir()}
     assert s["learned_params"] <= 2.5e6 and t["learned_params"] == 22_713_216
     assert s["file_bytes"] < t["artifact_bytes"] / 4
     assert (compressed / "report.md").is_file() and (compressed / "report.png").stat().st_size > 1000
+
+
+def test_a_compress_leaves_the_teachers_artifact_and_quality_vectors_in_the_cache(compressed, minilm_dir,
+                                                                                  monkeypatch):
+    """What the next compress of this teacher skips: its export ladder and its side of every quality row."""
+    from sharebert.training.compress import cached_quality_sentences, quality_sentences, teacher_cache
+
+    monkeypatch.setenv("SHAREBERT_CACHE", str(compressed.parent / "cache"))
+    assert cached_quality_sentences(minilm_dir) == quality_sentences() > 3000  # STS-B's 3,000 included
+    assert (teacher_cache(minilm_dir, "feature-extraction") / "artifact" / "manifest.json").is_file()
+
+
+def test_the_demos_search_answers_with_both_artifacts_and_counts_agreement(compressed, capsys):
+    """`sharebert demo`'s step 3 on a compress result: answers shown for both artifacts, then the share that agree,
+    the report's search row (the same queries, the student's int8 artifact; the teacher's int8 artifact here)."""
+    from sharebert.commands.demo import SHOWN, search
+    from sharebert.paths import packaged_search
+
+    share = search(compressed)
+    out = capsys.readouterr().out
+    corpus, queries, _ = packaged_search()
+    assert out.count("query: ") == SHOWN and out.count("  student (") == out.count("  teacher (") == SHOWN
+    assert f"for {round(share * len(queries))} of {len(queries)} queries" in out and 0.0 <= share <= 1.0
+    report = json.loads((compressed / "report.json").read_text())
+    assert abs(share - report["student"]["search_top1"]) <= 3 / len(queries)  # the teacher's int8 moves a few
 
 
 def test_compress_keeps_checkpoints_by_time(compressed):

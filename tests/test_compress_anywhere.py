@@ -26,6 +26,86 @@ def test_the_package_ships_its_text_with_its_licence():
     assert '"text/*.txt"' in pyproject  # shipped as package data
 
 
+def test_the_package_ships_a_search_set_whose_queries_each_name_one_answer():
+    """Issue 37 item 3: at least 30 queries over at least 100 sentences, shipped as package data."""
+    from sharebert.paths import packaged_search
+
+    corpus, queries, answers = packaged_search()
+    assert len(corpus) >= 100 and len(queries) >= 30 and len(set(corpus)) == len(corpus)
+    assert len(answers) == len(queries) and all(0 <= a < len(corpus) for a in answers)
+    assert not set(queries) & set(corpus)
+    assert '"text/*.tsv"' in (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+
+
+def test_search_agreement_counts_queries_whose_top1_sentence_is_the_teachers():
+    from sharebert.paths import packaged_search
+    from sharebert.training.compress import search_agreement
+
+    corpus, queries, answers = packaged_search()
+    rng = np.random.default_rng(0)
+    table = {text: rng.normal(size=8) for text in corpus}
+    # the teacher: each query is its answer sentence's vector; the student: the same, but the first 7 queries point
+    # at another sentence
+    t_vec = lambda texts: np.stack([table[t] if t in table else table[corpus[answers[queries.index(t)]]]  # noqa: E731
+                                    for t in texts])
+    wrong = {q: corpus[(answers[i] + 1) % len(corpus)] for i, q in enumerate(queries[:7])}
+    s_vec = lambda texts: t_vec([wrong.get(t, t) for t in texts])  # noqa: E731
+    row = search_agreement(t_vec, s_vec, say=lambda _: None)
+    assert row["student"] == pytest.approx(1 - 7 / len(queries)) and row["teacher"] == 1.0
+    assert f"({len(queries)} queries over {len(corpus)} sentences)" in row["label"]
+    assert search_agreement(t_vec, t_vec, say=lambda _: None)["student"] == 1.0
+
+
+def test_the_student_has_the_positions_of_its_teachers_maximum_length(minilm_dir):
+    """Issue 37 item 4: compress's student reads what its teacher reads (MiniLM's recipe: 256 tokens), its
+    positions counted in the budget; without a length, 128."""
+    from sharebert.budget import student_for
+    from sharebert.training.compress import embedding_shape
+
+    shape = embedding_shape(minilm_dir)
+    assert shape["max_length"] == 256
+    long, head = student_for(shape, {"max_params": 5e6})
+    short, _ = student_for({k: v for k, v in shape.items() if k != "max_length"}, {"max_params": 5e6})
+    assert long.config["max_position_embeddings"] == 256 and short.config["max_position_embeddings"] == 128
+    assert long.params - short.params == 128 * long.config["hidden_size"]  # the extra positions are counted
+    assert long.params + head <= 5e6
+
+
+def test_a_second_run_takes_the_teachers_artifact_from_the_cache(minilm_dir, tmp_path, monkeypatch):
+    """The teacher's artifact and its refusals are kept by the teacher's fingerprint: a second compress of the same
+    teacher exports nothing; another teacher (a changed file) or a damaged cache exports again."""
+    import shutil
+
+    from sharebert.training import compress as t
+
+    monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
+    exported = []
+
+    def ladder(teacher, out, task, progress, say):  # the real ladder's result, without its minutes of export
+        out.mkdir(parents=True)
+        (out / "manifest.json").write_text(json.dumps({"quantization": "int8"}))
+        (out / "model.onnx").write_bytes(b"graph")
+        exported.append(teacher)
+        return "int8", {"int8-dynamic": "mean cosine 0.9866 to PyTorch < 0.99"}
+
+    monkeypatch.setattr(t, "_teacher_ladder", ladder)
+    teacher = tmp_path / "teacher"
+    shutil.copytree(minilm_dir, teacher)
+    first = t.export_teacher(teacher, tmp_path / "a" / "teacher_artifact", "feature-extraction", False, lambda _: None)
+    said = []
+    second = t.export_teacher(teacher, tmp_path / "b" / "teacher_artifact", "feature-extraction", False, said.append)
+    assert first[1:] == second[1:] == ("int8", {"int8-dynamic": "mean cosine 0.9866 to PyTorch < 0.99"})
+    assert (second[0] / "model.onnx").read_bytes() == b"graph" and len(exported) == 1 and "from the cache" in said[0]
+    cache = t.teacher_cache(teacher, "feature-extraction")
+    (cache / t.CACHE_CHOICE).write_text("{not json")
+    t.export_teacher(teacher, tmp_path / "c" / "teacher_artifact", "feature-extraction", False, lambda _: None)
+    assert len(exported) == 2  # damaged: exported again, and cached again
+    (teacher / "config.json").write_text((teacher / "config.json").read_text() + " ")  # another file, another key
+    assert t.teacher_cache(teacher, "feature-extraction") != cache
+    t.export_teacher(teacher, tmp_path / "d" / "teacher_artifact", "feature-extraction", False, lambda _: None)
+    assert len(exported) == 3
+
+
 def test_defaults_fall_back_to_the_packaged_text_without_a_data_folder(tmp_path, monkeypatch):
     from export.exporter import default_check_file
     from sharebert.training.distill_embedding import default_corpus, sts_available
@@ -193,7 +273,7 @@ def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget():
     n = budget.plan(15000, rate=50.0, step=0.2, batch=32)
     reserve = budget.reserve()
     assert reserve == pytest.approx(2 * (TimeBudget.EXPORT_SECONDS + 2 * 128 / 50) + 2 * TimeBudget.PROBE_SECONDS
-                                    + 1.5 * 3600 / 50)
+                                    + (1 + TimeBudget.STUDENT_SHARE) * 3600 / 50)
     assert n == pytest.approx(50 * (600 - reserve) / 3, rel=0.02)  # a third of what is left, at 50 sentences a second
     assert budget.training_seconds() + reserve == pytest.approx(budget.left(), abs=1)  # set when training starts
     budget.exports = 1  # the teacher's artifact made before training: only the student's export is still to come
@@ -251,3 +331,58 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
     assert proc.returncode == 0, proc.stderr[-2000:]
     tokens, shape, width = json.loads(proc.stdout.strip().splitlines()[-1])
     assert tokens == 128 and shape[1] == 128 and width == model.config.hidden_size
+
+
+def test_pca_basis_gives_the_top_principal_directions_in_order():
+    """The student's start (student_init): the covariance's eigenvectors are the SVD's right singular vectors, the
+    largest variance first; k >= H keeps the space whole."""
+    import torch
+
+    from sharebert.training.student_init import pca_basis
+
+    torch.manual_seed(0)
+    table = torch.randn(2000, 24) @ torch.diag(torch.linspace(3.0, 0.1, 24)) @ torch.linalg.qr(torch.randn(24, 24))[0]
+    mean, basis = pca_basis(table, 10)
+    centred = table.double() - table.double().mean(0)
+    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
+    assert torch.allclose(mean, table.mean(0), atol=1e-5) and basis.shape == (24, 10)
+    assert torch.allclose((basis.double() * vh[:10].T).sum(0).abs(), torch.ones(10, dtype=torch.float64), atol=1e-5)
+    variance = (centred @ basis.double()).var(0)
+    assert (variance[:-1] >= variance[1:]).all()
+    assert torch.equal(pca_basis(table, 30)[1], torch.eye(24, 30))
+
+
+def test_the_teachers_quality_vectors_are_computed_once_per_teacher(tmp_path, monkeypatch):
+    """The teacher's side of the report's measures is kept in the cache by the teacher's key and the texts; a damaged
+    file is computed again; the plan counts what is cached (its reserve shrinks by those teacher passes)."""
+    from sharebert.training import compress as t
+
+    monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path / "empty"))  # no STS-B: held-out and search sets only
+    calls = []
+
+    def compute(texts):
+        calls.append(len(texts))
+        return np.arange(len(texts) * 3, dtype=np.float32).reshape(len(texts), 3)
+
+    texts = ["a b c", "d e f"]
+    first = t.cached_teacher_vectors("k1", texts, lambda: compute(texts))
+    again = t.cached_teacher_vectors("k1", texts, lambda: compute(texts))
+    assert np.array_equal(first, again) and calls == [2]
+    t.cached_teacher_vectors("k2", texts, lambda: compute(texts))  # another teacher
+    t.cached_teacher_vectors("k1", texts[:1], lambda: compute(texts[:1]))  # other texts
+    assert calls == [2, 2, 1]
+    t._vectors_path("k1", texts).write_bytes(b"not an array")
+    assert np.array_equal(t.cached_teacher_vectors("k1", texts, lambda: compute(texts)), first) and calls[-1] == 2
+
+    monkeypatch.setattr(t, "teacher_vectors_key", lambda teacher: "kq")
+    sets = t.quality_texts()
+    assert [len(s) for s in sets] == [600, 35, 105] and t.quality_sentences() == 740
+    assert t.cached_quality_sentences("any") == 0
+    t.cached_teacher_vectors("kq", sets[1], lambda: compute(sets[1]))
+    assert t.cached_quality_sentences("any") == 35
+    budget = t.TimeBudget(300, after_sentences=740, say=lambda _: None)
+    budget.rate = 10.0
+    before = budget.reserve()
+    budget.cached_sentences = 35
+    assert before - budget.reserve() == pytest.approx(3.5)

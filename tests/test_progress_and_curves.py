@@ -69,7 +69,7 @@ def test_plot_bad_input(tmp_path, capsys, setup, message):
 
 def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_time(capsys):
     """`--max-time` without `--max-steps`: the learning rate warms up by steps, then falls linearly to 0 as the
-    clock is spent (compress and `distill --objective embedding` follow it), and progress lines count time."""
+    clock is spent, the warmup over after 10 steps or 5% of the time (compress and `distill --objective embedding` follow it), and progress lines count time."""
     import io
     import time
     from types import SimpleNamespace
@@ -81,7 +81,11 @@ def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_tim
     assert clock.spent() == 0.0 and clock.lr_factor(0, 10) == pytest.approx(0.1)  # before train begin
     clock._start = time.monotonic() - 50.0
     assert clock.lr_factor(1000, 10) == pytest.approx(0.5, abs=0.01)
-    assert clock.lr_factor(4, 10) == pytest.approx(0.25, abs=0.01)  # warmup and decay multiply
+    assert clock.lr_factor(4, 10) == pytest.approx(0.5, abs=0.01)  # 5% of the time ends the warmup too
+    clock._start = time.monotonic() - 2.5
+    assert clock.lr_factor(0, 10) == pytest.approx(0.5 * 0.975, abs=0.01)  # warmup (by time) and decay multiply
+    assert clock.lr_factor(4, 10) == pytest.approx(0.5 * 0.975, abs=0.01)
+    assert clock.lr_factor(7, 10) == pytest.approx(0.8 * 0.975, abs=0.01)  # by steps, where they are ahead
     clock._start = time.monotonic() - 150.0
     assert clock.spent() == 1.0 and clock.lr_factor(1000, 10) == 0.0
     clock._start = time.monotonic() - 25.0

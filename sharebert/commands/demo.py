@@ -16,10 +16,7 @@ from sharebert_runtime import options as opt
 MARKER = ".sharebert_demo"  # written first: marks a folder as the demo's own, which a re-run may replace
 
 SENTENCES = ["the capital of france is [MASK].", "he went to the [MASK] to buy some bread."]
-QUERY = "How do I cook pasta?"
-DOCUMENTS = ["Boil water, add salt, then the spaghetti for ten minutes.", "The stock market fell sharply on Monday.",
-             "A recipe for a quick tomato sauce for noodles.", "The football team won the championship.",
-             "Heavy rain is expected in the north tomorrow."]
+SHOWN = 3  # of the package's search queries (paths.packaged_search), answered by student and teacher on screen
 
 
 def _real_teacher():
@@ -32,10 +29,8 @@ def _real_teacher():
 
 
 def _compress_demo(main, out: Path, t0: float) -> int:
-    """Compress the real all-MiniLM-L6-v2 into a ShareBERT (a short run), then answer a similarity query with the
+    """Compress the real all-MiniLM-L6-v2 into a ShareBERT (a short run), then answer similarity queries with the
     torch-free runtime."""
-    import numpy as np
-
     teacher = _real_teacher()
     _step("2. Compress all-MiniLM-L6-v2 (22.7M parameters) into a ShareBERT under 5M (5 minutes in all: "
           "distillation, export and measures)")
@@ -45,23 +40,38 @@ def _compress_demo(main, out: Path, t0: float) -> int:
         return rc
     print((out / "compress" / "report.md").read_text())
 
-    _step("3. Similarity search with the torch-free runtime: the student beside its teacher")
-    from sharebert_runtime import Runtime
-
-    def ranked(artifact: Path) -> list[tuple[float, str]]:
-        rt = Runtime(artifact)
-        q, docs = np.asarray(rt.embed([QUERY])[0]), np.stack(rt.embed(DOCUMENTS))
-        scores = docs @ q / (np.linalg.norm(docs, axis=1) * np.linalg.norm(q))
-        return [(float(scores[i]), DOCUMENTS[i]) for i in np.argsort(-scores)]
-
-    print(f"query: {QUERY}   (cosine, most similar first)")
-    for name, folder in (("student (int8)", "artifact"), ("teacher (int8-dynamic)", "teacher_artifact")):
-        print(f"{name}:")
-        for score, text in ranked(out / "compress" / folder):
-            print(f"  {score:.3f}  {text}")
+    search(out / "compress")
     print("\nA longer run (sharebert compress ... --max-time 3600) gets closer to the teacher (docs/DISTILLATION.md).")
     print(f"demo finished in {time.time() - t0:.0f} s; artifacts under {out}/")
     return 0
+
+
+def search(result: Path) -> float:
+    """Step 3: the package's search queries (``paths.packaged_search``) over its sentences, with the student's and
+    the teacher's int8 artifacts of a compress ``result``; the first :data:`SHOWN` answers printed, then how many of
+    the queries get the teacher's answer from the student. Returns that share."""
+    import numpy as np
+    from sharebert_runtime import Runtime
+
+    from ..paths import packaged_search
+
+    corpus, queries, _ = packaged_search()
+    _step(f"3. Similarity search with the torch-free runtime over {len(corpus)} sentences: the student beside its "
+          "teacher")
+
+    def top(artifact: Path) -> tuple[np.ndarray, np.ndarray]:
+        rt = Runtime(artifact)
+        q, docs = np.stack(rt.embed(queries)), np.stack(rt.embed(corpus))
+        scores = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (docs / np.linalg.norm(docs, axis=1, keepdims=True)).T
+        return scores.argmax(1), scores.max(1)
+
+    (s_top, s_cos), (t_top, t_cos) = top(result / "artifact"), top(result / "teacher_artifact")
+    for i in range(SHOWN):
+        print(f"query: {queries[i]}\n  student ({s_cos[i]:.3f}): {corpus[s_top[i]]}\n  teacher ({t_cos[i]:.3f}): "
+              f"{corpus[t_top[i]]}")
+    print(f"the student's top answer is the teacher's for {int((s_top == t_top).sum())} of {len(queries)} queries "
+          "(both as int8 artifacts)")
+    return float((s_top == t_top).mean())
 
 
 def add_arguments(p):

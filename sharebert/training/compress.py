@@ -28,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from sharebert_runtime.errors import first_line
@@ -92,6 +93,9 @@ class TimeBudget:
 
     EXPORT_SECONDS = 25.0  # one export's fixed part (ONNX trace, quantization, latency runs) besides its parity pass
     PROBE_SECONDS = 8.0  # one probe: a fresh torch-free process, 2 x 30 timed sentences
+    # A quality sentence through the student's int8 artifact, in teacher sentences (PyTorch fp32): the measures of a
+    # run whose teacher vectors were cached (3,740 sentences) took ~50 s where the teacher ran 9 a second (load 9).
+    STUDENT_SHARE = 0.15
 
     def __init__(self, seconds: float, after_sentences: int = 0, say=print, start: float | None = None):
         import time
@@ -100,6 +104,7 @@ class TimeBudget:
         self.start = time.monotonic() if start is None else start
         self.rate = None
         self.exports = 2  # the student's and the teacher's; 1 once the teacher's is made before training
+        self.cached_sentences = 0  # of after_sentences, those whose teacher vectors an earlier run left in the cache
 
     def left(self) -> float:
         import time
@@ -108,10 +113,10 @@ class TimeBudget:
 
     def reserve(self) -> float:
         """Seconds the steps after training take: ``exports`` exports (each its parity pass of 128 sentences
-        through PyTorch; ``compress`` makes the teacher's before training, so one), two probes, the quality sentences through the teacher and the student (half its cost)."""
+        through PyTorch; ``compress`` makes the teacher's before training, so one), two probes, the quality sentences through the teacher (but those cached) and the student (:data:`STUDENT_SHARE` of its cost)."""
         rate = self.rate or 50.0
         return (self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate) + 2 * self.PROBE_SECONDS
-                + 1.5 * self.after_sentences / rate)
+                + ((1 + self.STUDENT_SHARE) * self.after_sentences - self.cached_sentences) / rate)
 
     def plan(self, available: int, rate: float, step: float, batch: int) -> int:
         """How many of ``available`` sentences the teacher encodes (at ``rate`` a second), said with the plan."""
@@ -215,6 +220,28 @@ def neighbour_agreement(student, teacher) -> float:
     return float((nearest(student) == nearest(teacher)).mean())
 
 
+def search_answers(queries, corpus):
+    """Each query's top-1 sentence of ``corpus`` by cosine (rows of vectors)."""
+    import numpy as np
+
+    q, c = (np.asarray(v, dtype=np.float64) for v in (queries, corpus))
+    q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    c = c / np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)
+    return (q @ c.T).argmax(1)
+
+
+def search_agreement(t_vec, s_vec, say=print) -> dict:
+    """The report's search row: the fraction of the package's search queries (``paths.packaged_search``) whose
+    top-1 sentence is the same for the student as for the teacher (``t_vec``, ``s_vec``: texts -> vectors)."""
+    from ..paths import packaged_search
+
+    corpus, queries, _ = packaged_search()
+    say(f"measuring the student's search answers on {len(queries)} queries over {len(corpus)} sentences ...")
+    t, s = search_answers(t_vec(queries), t_vec(corpus)), search_answers(s_vec(queries), s_vec(corpus))
+    return {"label": f"top-1 search answer agreement with the teacher ({len(queries)} queries over {len(corpus)} "
+                     "sentences)", "teacher": 1.0, "student": float((t == s).mean())}
+
+
 def _cos(a, b):
     import numpy as np
 
@@ -222,14 +249,25 @@ def _cos(a, b):
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
 
 
+def quality_texts(eval_pairs=None, limit: int | None = None) -> list[list[str]]:
+    """The lists of texts :func:`embedding_quality` encodes, each through teacher and student, in its order: the
+    held-out sentences, the search queries and corpus, ``--eval-pairs``' two sides, STS-B dev's two sides."""
+    from ..paths import packaged_heldout, packaged_search
+    from .distill_embedding import sts_available, sts_dev
+
+    held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts = [held[:max(limit, 3)] if limit else held, *packaged_search()[1::-1]]
+    if eval_pairs is not None:
+        texts += list(read_eval_pairs(eval_pairs)[:2])
+    if sts_available():
+        split = sts_dev(limit)
+        texts += [list(split.text_a), list(split.text_b)]
+    return texts
+
+
 def quality_sentences(eval_pairs=None, limit: int | None = None) -> int:
     """Sentences :func:`embedding_quality` encodes (each through teacher and student), for :class:`TimeBudget`."""
-    from ..paths import data_path, packaged_heldout
-
-    held = sum(1 for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip())
-    sts = 2 * 1500 if data_path("glue", "STS-B", "dev.tsv").is_file() else 0
-    pairs = 2 * len(read_eval_pairs(eval_pairs)[2]) if eval_pairs is not None else 0
-    return (min(held, limit) + min(sts, 2 * limit) if limit else held + sts) + pairs
+    return sum(map(len, quality_texts(eval_pairs, limit)))
 
 
 def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit: int | None = None) -> dict:
@@ -258,8 +296,10 @@ def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit:
     recipe = read_recipe(teacher)
     t_model, t_head = load_encoder(teacher), recipe_head(teacher, recipe)
     t_tok = teacher_tokenizer(teacher)  # any encoder architecture
-    seq_len = min(recipe.max_seq_length or 512, t_model.config.max_position_embeddings)
-    t_vec = lambda texts: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len)  # noqa: E731
+    seq_len = _max_length(teacher)
+    cache_key = teacher_vectors_key(teacher)  # not "key": the loop below names each measure so
+    t_vec = lambda texts: cached_teacher_vectors(  # noqa: E731
+        cache_key, texts, lambda: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len))
     s_vec = lambda texts: np.stack(student_embed(list(texts)))  # noqa: E731
     held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
     held = held[:max(limit, 3)] if limit else held
@@ -271,6 +311,7 @@ def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit:
                                  else None},
             "agreement_top1": {"label": f"top-1 neighbour agreement with the teacher ({where})", "teacher": 1.0,
                                "student": neighbour_agreement(s_held, t_held)}}
+    rows["search_top1"] = search_agreement(t_vec, s_vec, say)
     shift = np.roll(np.arange(len(held)), len(held) // 2)  # each sentence with one far from it: unrelated
     calibration = {"unrelated": {"teacher": float(_cos(t_held, t_held[shift]).mean()),
                                  "student": float(_cos(s_held, s_held[shift]).mean()),
@@ -297,6 +338,56 @@ def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit:
     return {"measures": rows, "calibration": calibration}
 
 
+def teacher_vectors_key(teacher) -> str:
+    """What the teacher's vectors of the quality measures depend on: its files (``fingerprint.teacher_fingerprint``:
+    weights, config, tokenizer, recipe and Dense modules) and the length it reads."""
+    import hashlib
+
+    from .fingerprint import teacher_fingerprint
+
+    return hashlib.sha256(json.dumps([teacher_fingerprint(teacher), _max_length(teacher)]).encode()).hexdigest()
+
+
+def _vectors_path(key: str, texts) -> Path:
+    import hashlib
+
+    from ..paths import cache_dir
+
+    digest = hashlib.sha256(json.dumps([key, list(texts)]).encode()).hexdigest()[:24]
+    return cache_dir() / "teacher-vectors" / f"{digest}.npy"
+
+
+def cached_teacher_vectors(key: str, texts, compute):
+    """The teacher's vectors of ``texts`` (``compute()``), kept in the cache (``paths.cache_dir``) under ``key``
+    (:func:`teacher_vectors_key`) and the texts: the teacher's side of a report's measures (held-out sentences,
+    search set, STS-B: 3,740 sentences, ~3 minutes of a 5-minute compress on 2 loaded cores) is computed once
+    per teacher. A damaged file is computed again; a cache that cannot be written is skipped."""
+    import numpy as np
+
+    path = _vectors_path(key, texts)
+    try:
+        cached = np.load(path, allow_pickle=False)
+        if cached.ndim == 2 and cached.shape[0] == len(texts) and cached.dtype.kind == "f" and np.isfinite(cached).all():
+            return cached
+    except (OSError, ValueError, EOFError):
+        pass
+    vectors = compute()
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.npy")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(tmp, vectors)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    return vectors
+
+
+def cached_quality_sentences(teacher, eval_pairs=None, limit: int | None = None) -> int:
+    """How many of :func:`quality_sentences` have the teacher's vectors in the cache already (for the plan)."""
+    key = teacher_vectors_key(teacher)
+    return sum(len(texts) for texts in quality_texts(eval_pairs, limit) if _vectors_path(key, texts).is_file())
+
+
 def weight_bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors", ".bin")) -> int:
     """Bytes of a model folder's or artifact's weight and graph files (checkpoints included if present)."""
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and f.suffix in suffixes)
@@ -307,6 +398,9 @@ def weight_bytes(folder: Path, suffixes=(".onnx", ".data", ".ort", ".safetensors
 # (refused), int8 weight-only 0.9987, fp16 0.99999994; ORT's dynamic int8 compute is what loses them.
 TEACHER_QUANTIZATIONS = ("int8-dynamic", "int8", "fp16", "none")
 TEACHER_COSINE = 0.99
+# The teacher's parity sentences at each rung: its PyTorch and ONNX passes are a third of an export (MiniLM, 1 thread:
+# 29 of 79 s at 128 sentences); 64 still tell 0.9866 from 0.99 (the spread of a sentence's cosine is ~0.005).
+TEACHER_CHECK = 64
 
 
 def kept_cosine(manifest: dict) -> float:
@@ -320,29 +414,92 @@ def kept_cosine(manifest: dict) -> float:
 def export_teacher(teacher, out: Path, task: str, progress: bool, say=print) -> tuple[Path, str, dict]:
     """The teacher's artifact in ``out`` at the first of :data:`TEACHER_QUANTIZATIONS` that keeps it within
     :data:`TEACHER_COSINE`: ``(artifact, quantization, {refused mode: why})``. The artifact a resumed run chose is
-    kept (exported again only if the teacher changed since)."""
-    from ..export import export_model
-
+    kept (exported again only if the teacher changed since); else the one an earlier run of this teacher left in the
+    cache (:func:`teacher_cache`)."""
     manifest = Path(out) / "manifest.json"
     chosen = read_json(manifest).get("quantization") if manifest.is_file() else None
     if chosen in TEACHER_QUANTIZATIONS:
         export_once(Path(teacher), Path(out), chosen, progress, task=task, allow_low_parity=True)
         if kept_cosine(read_json(manifest)) >= TEACHER_COSINE:
             return Path(out), chosen, {}
-    refused = {}
+    cache = teacher_cache(teacher, task)
+    if (hit := _from_cache(cache, Path(out))) is not None:
+        say(f"the teacher's {hit[0]} artifact from the cache ({cache}), exported by an earlier run")
+        return Path(out), *hit
+    mode, refused = _teacher_ladder(teacher, Path(out), task, progress, say)
+    _to_cache(cache, Path(out), mode, refused, say)
+    return Path(out), mode, refused
+
+
+def _teacher_ladder(teacher, out: Path, task: str, progress: bool, say) -> tuple[str, dict]:
+    """The first of :data:`TEACHER_QUANTIZATIONS` that keeps the teacher, exported into ``out``, and the refusals."""
+    from ..export import export_model
+
+    manifest, refused = out / "manifest.json", {}
     for mode in TEACHER_QUANTIZATIONS:
         try:
-            export_model(teacher, out, task=task, quantize=mode, overwrite=True, progress=progress, check_limit=128,
-                         runs=5, allow_low_parity=True)
+            export_model(teacher, out, task=task, quantize=mode, overwrite=True, progress=progress,
+                         check_limit=TEACHER_CHECK, runs=5, allow_low_parity=True)
         except ValueError as e:  # ParityError: outputs not finite
             refused[mode] = first_line(e)
             continue
         cosine = kept_cosine(read_json(manifest))
         if cosine >= TEACHER_COSINE:
-            return Path(out), mode, refused
+            return mode, refused
         refused[mode] = f"mean cosine {cosine:.4f} to PyTorch < {TEACHER_COSINE}"
         say(f"the teacher at --quantize {mode} does not keep it ({refused[mode]}); the next mode instead")
     raise ValueError(f"no quantization keeps the teacher {teacher}: {'; '.join(f'{k}: {v}' for k, v in refused.items())}")
+
+
+def teacher_cache(teacher, task: str) -> Path:
+    """The cache folder of a teacher's artifact (``paths.cache_dir``): keyed by the teacher's files
+    (``fingerprint.teacher_fingerprint``), the task, the quantization ladder and its bar, and the exporter's code,
+    so a second ``compress`` of the same teacher skips its exports (on all-MiniLM-L6-v2, 2 cores: ~100 s, half of
+    it the int8-dynamic export the bar refuses)."""
+    import hashlib
+
+    from ..paths import cache_dir
+    from .fingerprint import teacher_fingerprint
+
+    from .. import export
+
+    sources = sorted(Path(export.__file__).parent.glob("*.py"))
+    key = json.dumps([teacher_fingerprint(teacher), task, TEACHER_QUANTIZATIONS, TEACHER_COSINE,
+                      [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources]])
+    return cache_dir() / "teacher-artifacts" / hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+CACHE_CHOICE = "choice.json"  # beside the cached artifact: the quantization chosen and the ones refused
+
+
+def _from_cache(cache: Path, out: Path) -> tuple[str, dict] | None:
+    """``(quantization, refusals)`` with the cached artifact copied into ``out``; None where there is none (or an
+    unreadable one: exported again)."""
+    try:
+        choice = read_json(cache / CACHE_CHOICE)
+        mode, refused = choice["quantization"], dict(choice["refused"])
+        if mode not in TEACHER_QUANTIZATIONS or read_json(cache / "artifact" / "manifest.json").get("quantization") != mode:
+            return None
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(cache / "artifact", out)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return mode, refused
+
+
+def _to_cache(cache: Path, out: Path, mode: str, refused: dict, say) -> None:
+    """The teacher's artifact and choice kept in ``cache`` for the next run; a cache that cannot be written is said
+    and skipped (the run goes on)."""
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.partial")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(out, tmp / "artifact")
+        write_json(tmp / CACHE_CHOICE, {"quantization": mode, "refused": refused})
+        shutil.rmtree(cache, ignore_errors=True)
+        os.replace(tmp, cache)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        say(f"the teacher's artifact is not cached ({first_line(e)}); set SHAREBERT_CACHE to a writable folder")
 
 
 def export_once(model_dir: Path, out: Path, quantize: str, progress: bool, task: str = "feature-extraction",
@@ -400,7 +557,7 @@ def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool 
     raw = read_config(teacher, model_types=None)
     if raw.get("model_type") in MODEL_TYPES:  # torch-free; another architecture: training.teacher (its budget later,
         labels = raw.get("id2label") if isinstance(raw.get("id2label"), dict) else {}  # a large vocabulary cut first)
-        shape = shape_fields(teacher)
+        shape = {**shape_fields(teacher), **({} if is_classifier(raw) else {"max_length": _max_length(teacher)})}
         num_labels = max(1, len(labels)) if is_classifier(raw) else None
         try:
             student_for(shape, limits, num_labels=num_labels)
@@ -554,7 +711,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     from ..budget import student_for
     from .callbacks import latest_checkpoint, resume_from
     from .distill import check_encoder
-    from .teacher import student_fields, teacher_shape, teacher_tokenizer
+    from .teacher import student_fields, teacher_tokenizer
 
     out, _ = precheck(teacher, out, limits, train, data, overwrite, resume, eval_pairs)  # nothing loaded or changed
     raw = check_encoder(teacher)
@@ -570,9 +727,10 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
 
         check_data(data, train, t_tok, teacher)
     vocab = student_vocabulary(teacher, t_tok, limits, args, train, data, vocab_size, say)
-    shape = {**teacher_shape(teacher), **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
+    shape = {**embedding_shape(teacher), **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
     cand, head = student_for(shape, limits)
     overrides = {**student_overrides(cand), **student_fields(t_tok)}
+    args = replace(args, seq_len=overrides.get("max_position_embeddings", args.seq_len))  # reads what its teacher reads
     fp = fingerprint(teacher, overrides, train, data, f"embedding ({args.loss} loss)")
     check_same_student(out, overrides, ("student", f"{WORK}/student"))  # first: it names each field that differs
     if resume:
@@ -580,9 +738,11 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     student_dir = out / WORK / "student"
     if resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
         resume_from(student_dir / "checkpoints", True, say=say, out=out)
-    say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,})")
+    say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,}); it "
+        f"reads at most {args.seq_len} tokens, as the teacher does")
     if budget is not None:
         budget.after_sentences = quality_sentences(eval_pairs, eval_limit)
+        budget.cached_sentences = cached_quality_sentences(teacher, eval_pairs, eval_limit)
     report = publish_over(out, fp, overwrite, resume, lambda: _compress(
         teacher, out, student_dir, cand, overrides, limits, args, train, data, resume, progress, eval_pairs, stopper,
         say, eval_limit, budget, portable, vocab))
@@ -663,13 +823,21 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
     report["student"].update(portable=portable, max_seq_length=m["seq_len"])
     report["teacher"]["max_seq_length"] = _max_length(teacher)
     tr = report["training"]
-    summary = (f"The student reads at most {m['seq_len']} tokens (its tokenizer and recipe say so; the teacher "
-               f"reads {report['teacher']['max_seq_length']}: longer texts are cut earlier). Distilled {tr['steps']} steps ({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences of at "
+    summary = (f"{_length_sentence(m['seq_len'], report['teacher']['max_seq_length'])} Distilled {tr['steps']} "
+               f"steps ({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences of at "
                f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: PyTorch "
                "fp32; student figures: its int8 artifact through the torch-free runtime. "
                + calibration_sentence(q["calibration"])
                + (f" The student's {vocab.describe()}." if vocab is not None else ""))
     return write_report(out, report, summary)
+
+
+def _length_sentence(student: int, teacher: int) -> str:
+    """The report's words on the tokens each model reads (its config, tokenizer and recipe agree on the student's)."""
+    said = f"The student reads at most {student} tokens (its config, tokenizer and recipe say so)"
+    if student == teacher:
+        return f"{said}, as its teacher does."
+    return f"{said}; the teacher reads {teacher}: texts longer than {student} tokens are cut earlier."
 
 
 def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_size: int | None, say,
@@ -678,7 +846,6 @@ def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_si
     The cut keeps the tokens of the --train text (default corpus) and of ``more_text()`` (a classifier: its task's
     training text); ``num_labels``: a classifier's, whose head the budget counts."""
     from .distill_embedding import IN_MEMORY, default_corpus, read_sentences
-    from .teacher import teacher_shape
     from .vocab import plan_vocabulary
 
     if data is not None:
@@ -691,16 +858,29 @@ def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_si
         sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)
         return [*sentences, *(more_text() if more_text is not None else ())]
 
-    return plan_vocabulary(t_tok, teacher_shape(teacher), limits, budget_fit(num_labels), text, vocab_size, say)
+    from .teacher import teacher_shape
+
+    shape = teacher_shape(teacher) if num_labels is not None else embedding_shape(teacher)  # an encoder: its positions
+    return plan_vocabulary(t_tok, shape, limits, budget_fit(num_labels), text, vocab_size, say)
+
+
+
+def embedding_shape(teacher) -> dict:
+    """What ``budget.student_for`` reads of an encoder teacher (``teacher.teacher_shape``) and its maximum length
+    (:func:`_max_length`): the student gets as many positions, so it reads what its teacher reads."""
+    from .teacher import teacher_shape
+
+    return {**teacher_shape(teacher), "max_length": _max_length(teacher)}
 
 
 def _max_length(model_dir) -> int:
-    """The tokens a model folder reads: its recipe's ``max_seq_length``, else its position embeddings."""
+    """The tokens a model folder reads: its recipe's ``max_seq_length``, else its position embeddings; never more
+    than its position embeddings."""
     from ..model_folder import read_config
     from ..recipe import read_recipe
 
-    return read_recipe(model_dir).max_seq_length or int(read_config(model_dir, model_types=None).get(
-        "max_position_embeddings", 512))
+    positions = int(read_config(model_dir, model_types=None).get("max_position_embeddings", 512))
+    return min(read_recipe(model_dir).max_seq_length or positions, positions)
 
 
 def teacher_name(teacher) -> str:

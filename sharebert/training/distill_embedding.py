@@ -454,7 +454,11 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     projections = EmbeddingProjections(model.config.hidden_size, t.model.config.hidden_size, t.width)
     init = _init_student(model, t, projections, args.init, student_folder, vocab)
     _teacher_to_device(t)
-    seq_len = min(args.seq_len, model.config.max_position_embeddings, t.model.config.max_position_embeddings,
+    from ..export.teacher import usable_length
+
+    # the teacher's learned positions past RoBERTa's offset (130 rows read 128 tokens): compress gives its student as
+    # many positions as the teacher's config says, and asks for that length
+    seq_len = min(args.seq_len, model.config.max_position_embeddings, usable_length(t.model, t.tokenizer),
                   t.recipe.max_seq_length or args.seq_len)
     if manifest is not None:
         sentences, train_ds = None, BlockDataset(teacher_blocks(data, manifest, t.tokenizer, seq_len,
@@ -476,7 +480,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                                 args.weights, seq_len, out, progress)
     metrics["start_sts_spearman"] = score(model, projections.head, "student at step 0")
     trainer = _embedding_trainer(model, t, s_tok, train_ds, projections, pairs, groups, trained_on, args, out,
-                                 progress, budget, start_from, callbacks)
+                                 progress, budget, start_from, callbacks, packed=manifest is not None)
     if (kept := kept_result(trainer, start_from, out, expect=(*metrics, "steps", "train_loss", "last_terms",
                                                               "student_sts_spearman"))) is not None:
         return kept
@@ -641,12 +645,15 @@ def _fit_head_on_sentences(head: nn.Linear | None, model, t: _Teacher, s_tok, se
 
 
 def _embedding_trainer(model, t: _Teacher, s_tok, train_ds, projections, pairs, groups, trained_on: dict,
-                       args: EmbeddingArgs, out: Path, progress: bool, budget, start_from, callbacks):
+                       args: EmbeddingArgs, out: Path, progress: bool, budget, start_from, callbacks, packed: bool):
     """The embedding trainer, bound by ``--max-time`` (under a ``budget``: what the budget leaves training) and
-    ``--max-steps``, marking its checkpoints."""
+    ``--max-steps``, marking its checkpoints. ``packed``: the training rows are --data's blocks, all one length."""
     from .callbacks import MarkCheckpoints, WallClockLimit
 
-    targs = stream_training_args(out, args, progress, remove_unused_columns=False)
+    # sentences of like length batched together: a batch costs its longest sentence times its size, and WikiText's
+    # run from 8 to 60 tokens, so random batches are half padding
+    grouped = {} if packed else {"train_sampling_strategy": "group_by_length"}
+    targs = stream_training_args(out, args, progress, remove_unused_columns=False, **grouped)
     clock = WallClockLimit(args.max_time) if args.max_time else None
     if budget is not None and start_from is None:  # training gets what the command's budget leaves
         clock = WallClockLimit(budget.training_seconds())
@@ -684,6 +691,7 @@ def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, po
             saved = None
         return saved if isinstance(saved, int) and saved > 0 else len(sentences)
     sample = sentences[:64]
+    encode(teacher, tok, sample[:8], pooling, head, seq_len)  # the first pass's one-time costs are no rate
     start = time.monotonic()
     encode(teacher, tok, sample, pooling, head, seq_len)
     rate = len(sample) / max(time.monotonic() - start, 1e-6)

@@ -20,15 +20,20 @@ import torch
 
 
 def pca_basis(table: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(mean (H,), basis (H, k))``: the top-``k`` principal directions of ``table`` (rows = points); for
-    ``k >= H`` the identity padded with zero columns (the space is kept whole)."""
+    """``(mean (H,), basis (H, k))``: the top-``k`` principal directions of ``table`` (rows = points), largest
+    first; for ``k >= H`` the identity padded with zero columns (the space is kept whole). From the eigenvectors of
+    the H x H covariance: the same directions as the SVD of the E x H table, which took 31 s on MiniLM's 30,522 x 384
+    (2 loaded cores) where this takes well under one."""
     table = table.detach().double()
     mean = table.mean(0)
     H = table.shape[1]
     if k >= H:
         return mean.float(), torch.eye(H, k, dtype=torch.float32)
-    _, _, vh = torch.linalg.svd(table - mean, full_matrices=False)
-    return mean.float(), vh[:k].T.float().contiguous()
+    import numpy as np
+
+    centred = table - mean
+    _, vectors = np.linalg.eigh((centred.T @ centred).numpy())  # eigenvalues ascending
+    return mean.float(), torch.from_numpy(vectors[:, ::-1][:, :k].copy()).float()
 
 
 def teacher_tables(teacher) -> dict[str, torch.Tensor | None]:
@@ -54,10 +59,11 @@ def init_from_teacher(student, teacher, head: torch.nn.Linear | None = None, row
     if c.vocab_size < E:
         raise ValueError(f"the student's vocab_size {c.vocab_size} is smaller than the teacher's {E}")
     emb = student.embeddings
-    mu, q_v = pca_basis(t["word"], V)
+    mu, basis = pca_basis(t["word"], max(V, Fw))
+    q_v = basis[:, :V]
     word = emb.word_embeddings.weight
     if hasattr(emb, "input_projection"):
-        _, q_f = pca_basis(t["word"], Fw)
+        q_f = basis[:, :Fw]  # the top-F directions are the first F of the top-V (one decomposition for both)
         a = (t["word"].float() - mu) @ q_f  # E x F
         word[:E].copy_(a)
         emb.input_projection.weight.copy_(q_v.T @ q_f)
