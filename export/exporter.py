@@ -582,7 +582,9 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
 def _max_length(model, tokenizer, recipe) -> int:
     """The longest input the artifact takes: the model's positions (another architecture: what its tokenizer
     and positions allow), at most the embedding recipe's ``max_seq_length``."""
-    from .teacher import exports_here, usable_length
+    from sharebert.training.teacher import usable_length
+
+    from .teacher import exports_here
 
     config = model.config
     max_length = usable_length(model, tokenizer) if exports_here(config) else int(config.max_position_embeddings)

@@ -41,14 +41,3 @@ def export_encoder(model, tokenizer, task: str, path: Path, opset: int) -> tuple
     return export_onnx(model, feeds, path, {output: axes}, opset, fixed={"return_dict": True})
 
 
-def usable_length(model, tokenizer) -> int:
-    """The longest input the model reads: its learned positions past RoBERTa's ``padding_idx + 1`` offset (514
-    rows, 512 positions), and no more than its tokenizer's ``model_max_length`` where that is set."""
-    from sharebert.training.teacher import embedding_tables
-
-    n = int(getattr(model.config, "max_position_embeddings", 0) or 512)
-    positions = embedding_tables(model)["position"]
-    if positions is not None:
-        n = min(n, positions.shape[0])
-    limit = getattr(tokenizer, "model_max_length", None)
-    return min(n, limit) if isinstance(limit, int) and 0 < limit < 1_000_000 else n

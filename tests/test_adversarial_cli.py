@@ -94,7 +94,7 @@ CASES = [
      "holds a model folder without the sharebert_run.json", ["model"], None),  # not `build`'s: never replaced
     ("out-unwritable", ["build", "--preset", "sharebert-tiny", "--out", "/proc/sharebert-test"], "cannot write", [], None),
     ("report-bad-config", ["report", "--model", "{root}/bad_config"], "config.json is not valid JSON", ["bad_config"], None),
-    ("report-alien-config", ["report", "--model", "{root}/alien_config"], "model_type 'gpt2' is not supported",
+    ("report-alien-config", ["report", "--model", "{root}/alien_config"], "model_type 'gpt2' is not a text encoder",
      ["alien_config"], None),
     ("report-artifact", ["report", "--model", "{root}/artifact"], "is an exported ONNX artifact", ["artifact"], None),
     ("report-model-is-a-file", ["report", "--model", "{root}/notes.txt"], "notes.txt is a file, not a model folder",

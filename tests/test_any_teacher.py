@@ -57,7 +57,7 @@ def test_every_architecture_is_read_as_a_teacher(teachers, model_type):
 def test_an_export_reads_no_position_past_the_learned_ones(teachers, model_type, length):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from sharebert.export.teacher import usable_length
+    from sharebert.training.teacher import usable_length
 
     folder = teachers[model_type]["classifier"]
     tok = AutoTokenizer.from_pretrained(folder)
@@ -256,10 +256,10 @@ def test_compress_of_a_classifier_cuts_its_vocabulary_maps_ids_exactly_and_learn
     device runtime's tokenizer giving the teacher's very tokens on covered text, and a short task distillation
     agreeing with the teacher's labels more than the student it started from."""
     from sharebert_runtime import Runtime
+    from sharebert_runtime.main import main
     from tiny_teachers import trained_classifier
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from sharebert.cli import main
     from sharebert.paths import data_path
     from sharebert.training.distill import load_student
     from sharebert.training.glue import get_task, read_split
@@ -298,10 +298,9 @@ def test_compress_of_a_classifier_cuts_its_vocabulary_maps_ids_exactly_and_learn
 def test_mlm_distillation_takes_a_masked_lm_teacher_of_any_architecture(model_type, tmp_path, capsys):
     """`distill --objective mlm` from each architecture's masked-LM head: soft targets over the teacher's own
     vocabulary, a student that keeps that tokenizer."""
+    from sharebert_runtime.main import main
     from tiny_teachers import masked_lm
     from transformers import AutoTokenizer
-
-    from sharebert.cli import main
 
     teacher, text, out = masked_lm(tmp_path, model_type), tmp_path / "train.txt", tmp_path / "student"
     text.write_text("\n".join(training_text(1200)[1000:1200]))
@@ -317,9 +316,8 @@ def test_mlm_distillation_takes_a_masked_lm_teacher_of_any_architecture(model_ty
 def test_report_counts_a_folder_of_any_architecture_as_transformers_builds_it(teachers, model_type, capsys):
     """`report --model` of another architecture: the parameters transformers' model has, by component, and the
     FLOPs of its forward; --set (a ShareBERT shape) refused in one line."""
+    from sharebert_runtime.main import main
     from transformers import AutoModelForSequenceClassification
-
-    from sharebert.cli import main
 
     folder = teachers[model_type]["classifier"]
     assert main(["report", "--model", str(folder), "--head", "classifier", "--format", "json"]) == 0

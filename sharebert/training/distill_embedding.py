@@ -454,7 +454,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     projections = EmbeddingProjections(model.config.hidden_size, t.model.config.hidden_size, t.width)
     init = _init_student(model, t, projections, args.init, student_folder, vocab)
     _teacher_to_device(t)
-    from ..export.teacher import usable_length
+    from .teacher import usable_length
 
     # the teacher's learned positions past RoBERTa's offset (130 rows read 128 tokens): compress gives its student as
     # many positions as the teacher's config says, and asks for that length

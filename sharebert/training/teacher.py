@@ -134,3 +134,14 @@ def embedding_tables(teacher) -> dict:
             "token_type": types.weight if isinstance(types, nn.Embedding) and types.weight.shape[1] == width else None,
             "ln_weight": norm.weight if norm is not None and norm.weight is not None else None,
             "ln_bias": norm.bias if norm is not None and norm.bias is not None else None}
+
+
+def usable_length(model, tokenizer) -> int:
+    """The longest input the model reads: its learned positions past RoBERTa's ``padding_idx + 1`` offset (514
+    rows, 512 positions), and no more than its tokenizer's ``model_max_length`` where that is set."""
+    n = int(getattr(model.config, "max_position_embeddings", 0) or 512)
+    positions = embedding_tables(model)["position"]
+    if positions is not None:
+        n = min(n, positions.shape[0])
+    limit = getattr(tokenizer, "model_max_length", None)
+    return min(n, limit) if isinstance(limit, int) and 0 < limit < 1_000_000 else n
