@@ -178,9 +178,9 @@ def test_agreement_and_calibration_of_a_perturbed_teacher(minilm_dir, tmp_path, 
     same = embedding_quality(minilm_dir, student, pairs, say=lambda *_: None, limit=60)
     noise["value"] = 0.05
     noisy = embedding_quality(minilm_dir, student, pairs, say=lambda *_: None, limit=60)
-    assert set(same["measures"]) == {"agreement_cosine", "agreement_top1", "eval_pairs_spearman"}
+    assert set(same["measures"]) == {"agreement_cosine", "agreement_top1", "search_top1", "eval_pairs_spearman"}
     assert same["measures"]["agreement_cosine"]["student"] == pytest.approx(1.0, abs=1e-5)
-    assert same["measures"]["agreement_top1"]["student"] == 1.0
+    assert same["measures"]["agreement_top1"]["student"] == same["measures"]["search_top1"]["student"] == 1.0
     assert noisy["measures"]["agreement_cosine"]["student"] < 0.999
     assert "60 held-out" in same["measures"]["agreement_top1"]["label"]
     assert "pairs.tsv (4 pairs)" in same["measures"]["eval_pairs_spearman"]["label"]
@@ -255,7 +255,7 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((work / "R" / "report.json").read_text())
     keys = [q["key"] for q in report["quality"]]
-    assert keys == ["agreement_cosine", "agreement_top1"]
+    assert keys == ["agreement_cosine", "agreement_top1", "search_top1"]
     assert report["training"]["train_sentences"] == 64
     assert not list(empty.iterdir())
     assert proc.stdout.index("plan for --max-time") < proc.stdout.index("exporting the student")
