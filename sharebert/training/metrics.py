@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
 
 
 def _pair(predictions, labels) -> tuple[np.ndarray, np.ndarray]:
@@ -58,10 +57,14 @@ def _correlation(fn, predictions, labels) -> float:
 
 
 def pearson(predictions, labels) -> float:
+    from scipy import stats  # here, not at import: accuracy and F1 (a device's depth table) need no scipy
+
     return _correlation(stats.pearsonr, predictions, labels)
 
 
 def spearman(predictions, labels) -> float:
+    from scipy import stats
+
     return _correlation(stats.spearmanr, predictions, labels)
 
 
