@@ -109,16 +109,10 @@ def make_config(model_type: str, tokenizer, **extra):
 
 def build(root: Path, model_type: str) -> dict[str, Path]:
     """``{"embedding": folder, "classifier": folder}`` of a tiny ``model_type`` teacher under ``root``."""
-    import torch
     import transformers
     from sentence_transformers import SentenceTransformer, models
 
-    _, _, kind, style = ARCHITECTURES[model_type]
-    tokenizer = make_tokenizer(kind, style, model_type in TOKEN_TYPES)
-    torch.manual_seed(0)
-    base = root / f"{model_type}-base"
-    transformers.AutoModel.from_config(make_config(model_type, tokenizer)).save_pretrained(base)
-    tokenizer.save_pretrained(base)
+    base, tokenizer = _saved(transformers.AutoModel, model_type, root / f"{model_type}-base")
     word = models.Transformer(str(base), max_seq_length=64)
     st = SentenceTransformer(modules=[word, models.Pooling(word.get_embedding_dimension(), "mean"),
                                       models.Normalize()])
@@ -166,13 +160,19 @@ def trained_classifier(root: Path, model_type: str, steps: int = 150) -> Path:
 
 def masked_lm(root: Path, model_type: str) -> Path:
     """A tiny ``model_type`` teacher with its masked-LM head (``AutoModelForMaskedLM``), beside its tokenizer."""
-    import torch
     import transformers
+
+    return _saved(transformers.AutoModelForMaskedLM, model_type, root / f"{model_type}-mlm")[0]
+
+
+def _saved(auto_class, model_type: str, folder: Path):
+    """A tiny ``model_type`` model of ``auto_class`` (seed 0) saved into ``folder`` beside its tokenizer;
+    returns ``(folder, tokenizer)``."""
+    import torch
 
     _, _, kind, style = ARCHITECTURES[model_type]
     tokenizer = make_tokenizer(kind, style, model_type in TOKEN_TYPES)
     torch.manual_seed(0)
-    folder = root / f"{model_type}-mlm"
-    transformers.AutoModelForMaskedLM.from_config(make_config(model_type, tokenizer)).save_pretrained(folder)
+    auto_class.from_config(make_config(model_type, tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder
+    return folder, tokenizer
