@@ -49,7 +49,7 @@ COMMANDS = {
     "plot": ("sharebert.commands.plot",
              "draw a pretrain/finetune run's loss and learning-rate curves (curves.png) from its log"),
     "demo": ("sharebert.commands.demo",
-             "run the whole path (report, build, pre-train, export int8, predict) on a tiny default"),
+             "the main job end to end: compress all-MiniLM-L6-v2 where installed (else a tiny pre-train), then search"),
 }
 
 # Packages of the extras that a device install (`pip install sharebert`, runtime only) lacks.

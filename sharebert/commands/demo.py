@@ -78,7 +78,7 @@ def add_arguments(p):
     p.add_argument("--out", type=opt.path, default="runs/demo", help="working folder (default: runs/demo)")
     from sharebert_runtime.options import positive_int
 
-    p.add_argument("--steps", type=positive_int, default=300, help="pre-training steps (default: 300)")
+    p.add_argument("--steps", type=positive_int, default=300, help="pre-training steps of the tiny path, without all-MiniLM-L6-v2 (default: 300)")
 
 
 def _step(title: str):
