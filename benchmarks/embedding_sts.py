@@ -30,9 +30,9 @@ def main() -> None:
     from sharebert_runtime import Runtime
     from transformers import AutoTokenizer
 
-    from sharebert.paths import data_path
-    from sharebert.recipe import read_recipe
-    from sharebert.training.compress import safetensor_params
+    from sharebert.formats.paths import data_path
+    from sharebert.formats.recipe import read_recipe
+    from sharebert.pipelines.compress import safetensor_params
     from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
     from sharebert.training.glue import read_split
     from sharebert.training.metrics import cosine_spearman

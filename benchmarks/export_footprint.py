@@ -71,8 +71,8 @@ def dense_bert(model_dir: Path, work: Path, layers: int | None, runs: int) -> di
 
 
 def main() -> None:
-    from sharebert.build import build_model
     from sharebert.export.exporter import export_model
+    from sharebert.formats.build import build_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="trained MLM folder (default: a fresh sharebert-small)")

@@ -33,9 +33,9 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from sharebert import ShareBertForCausalLM
-    from sharebert.build import build_model
     from sharebert.export.exporter import export_model
-    from sharebert.paths import data_path
+    from sharebert.formats.build import build_model
+    from sharebert.formats.paths import data_path
     from sharebert.training.corpus import char_tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

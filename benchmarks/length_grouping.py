@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from sharebert_runtime import Runtime
 
-from sharebert.paths import data_path
+from sharebert.formats.paths import data_path
 
 BENCH_DIR = Path("runs/grouping")
 MODES = ("pad-128", "per-call", "grouped")
@@ -51,8 +51,8 @@ def ensure_artifact(preset: str, quantize: str = "none") -> Path:
     import shutil
 
     from sharebert import ShareBertForSequenceClassification
-    from sharebert.build import build_model
     from sharebert.export.exporter import export_model
+    from sharebert.formats.build import build_model
 
     model, cls, art = BENCH_DIR / f"{preset}-model", BENCH_DIR / f"{preset}-cls", BENCH_DIR / f"{preset}-cls-{quantize}"
     if not (art / "manifest.json").is_file():

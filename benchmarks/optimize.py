@@ -98,7 +98,7 @@ def main() -> None:
 
     import json
 
-    from sharebert.build import build_model
+    from sharebert.formats.build import build_model
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

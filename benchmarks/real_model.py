@@ -88,7 +88,7 @@ else:  # every artifact loaded, timed in interleaved rounds: the machine's noise
 
 
 def stsb(pairs: int):
-    from sharebert.paths import data_path
+    from sharebert.formats.paths import data_path
 
     with open(data_path("glue", "STS-B", "dev.tsv"), encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:pairs]

@@ -61,7 +61,7 @@ BENCH_DIR = Path("artifacts/serve_bench")
 
 def masked_sentences(limit: int) -> list[str]:
     """Up to ``limit`` SST-2 dev sentences of 6+ words with their middle word replaced by ``[MASK]``."""
-    from sharebert.paths import data_path
+    from sharebert.formats.paths import data_path
 
     path = data_path("glue", "SST-2", "dev.tsv")
     if not path.is_file():
@@ -79,8 +79,8 @@ def masked_sentences(limit: int) -> list[str]:
 
 def ensure_artifact(preset: str, quantize: str) -> Path:
     """A fill-mask artifact of a random-weight ``preset`` model, built and exported once (torch needed here only)."""
-    from sharebert.build import build_model
     from sharebert.export.exporter import export_model
+    from sharebert.formats.build import build_model
 
     model, art = BENCH_DIR / f"{preset}-model", BENCH_DIR / f"{preset}-{quantize}"
     if not (art / "manifest.json").is_file():

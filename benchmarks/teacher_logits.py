@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from sharebert.paths import data_path
+from sharebert.formats.paths import data_path
 from sharebert.training import encoded
 from sharebert.training.glue import read_split
 

@@ -15,8 +15,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from sharebert.model_folder import load_config, load_tokenizer
-from sharebert.paths import data_path
+from sharebert.formats.model_folder import load_config, load_tokenizer
+from sharebert.formats.paths import data_path
 from sharebert.training.distill import load_teacher
 from sharebert.training.encoded import encode, predict_logits
 from sharebert.training.finetune import load_classifier

@@ -17,8 +17,8 @@ from pathlib import Path
 
 
 def main() -> None:
-    from sharebert.budget import parse_size, student_for
-    from sharebert.training.compress import student_overrides, student_vocabulary
+    from sharebert.accounting.budget import parse_size, student_for
+    from sharebert.pipelines.compress import student_overrides, student_vocabulary
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
     from sharebert.training.teacher import (

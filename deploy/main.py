@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _quiet_libraries() -> None:
     """No bars of transformers' own (transformers 5 draws one for every model it loads or saves) among a command's
-    lines: its progress is its own (``progress.py``). The Trainer's bars are tqdm's, untouched."""
+    lines: its progress is its own (``sharebert.formats.bars``). The Trainer's bars are tqdm's, untouched."""
     try:
         from huggingface_hub.utils import disable_progress_bars  # read by transformers when it is imported
     except ImportError:  # a device install without the hub client: nothing draws those bars there

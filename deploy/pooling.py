@@ -1,6 +1,6 @@
 """Sentence pooling in numpy: token states ``(B, T, H)`` and the attention mask ``(B, T)`` -> ``(B, H)``.
 
-The modes are sentence-transformers' (``sharebert/recipe.py`` lists them, ``POOLING_MODES``; a test keeps
+The modes are sentence-transformers' (``sharebert/formats/recipe.py`` lists them, ``POOLING_MODES``; a test keeps
 the two lists equal): ``cls`` the first real token, ``mean`` the mean over real tokens, ``max`` the
 largest value per feature over real tokens, ``mean_sqrt_len`` the sum over real tokens divided by the
 square root of their count, ``weightedmean`` the mean weighted by position (1, 2, ...), ``lasttoken``

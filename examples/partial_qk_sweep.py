@@ -14,7 +14,7 @@ import csv
 import json
 from pathlib import Path
 
-from sharebert.paths import data_path
+from sharebert.formats.paths import data_path
 from sharebert.training.pretrain import PretrainArgs, pretrain
 
 SHORT = dict(preset="charlm-tiny", max_steps=150, batch_size=16, seq_len=128, eval_steps=25, logging_steps=5,

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForMaskedLM, pipeline
 
 from sharebert import ShareBertConfig, ShareBertForMaskedLM
-from sharebert.build import build_model
-from sharebert.paths import default_vocab
+from sharebert.formats.build import build_model
+from sharebert.formats.paths import default_vocab
 
 # 1. A preset, with overrides. ShareBERT Small: 5.0M learned parameters, V = 2048.
 config = ShareBertConfig.from_preset("sharebert-small")

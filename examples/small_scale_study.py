@@ -6,7 +6,7 @@ of learned parameters, each pre-trained for the same wall-clock budget on 2 CPU 
 
 For each model, with the same seed, batch (32), sequence length (128) and learning-rate recipe:
 
-1. build the initial weights and count the learned parameters with the MLM head (``sharebert.accounting``);
+1. build the initial weights and count the learned parameters with the MLM head (``sharebert.accounting.counts``);
 2. time a few real training steps and a validation pass, and set ``max_steps`` so that the warm-up and
    linear decay end with the budget; ``max_time`` is the hard stop;
 3. pre-train (masked LM, 15% dynamic masking) with ``sharebert.training.pretrain`` on the enwiki XML sample
@@ -41,12 +41,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import default_data_collator  # noqa: E402
 
-from sharebert.accounting import count_params  # noqa: E402
-from sharebert.build import build_model  # noqa: E402
-from sharebert.configuration_sharebert import ShareBertConfig  # noqa: E402
-from sharebert.model_folder import load_tokenizer  # noqa: E402
-from sharebert.modeling_sharebert import ShareBertForMaskedLM  # noqa: E402
-from sharebert.paths import data_path  # noqa: E402
+from sharebert.accounting.counts import count_params  # noqa: E402
+from sharebert.formats.build import build_model  # noqa: E402
+from sharebert.formats.model_folder import load_tokenizer  # noqa: E402
+from sharebert.formats.paths import data_path  # noqa: E402
+from sharebert.model.configuration_sharebert import ShareBertConfig  # noqa: E402
+from sharebert.model.modeling_sharebert import ShareBertForMaskedLM  # noqa: E402
 from sharebert.training.corpus import PackedDataset, encode_sources, pack  # noqa: E402
 from sharebert.training.evaluate import WORDSIM_SETS, load_any, read_wordsim, word_similarity  # noqa: E402
 from sharebert.training.finetune import FinetuneArgs, finetune  # noqa: E402

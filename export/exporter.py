@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sharebert_runtime import artifact
 from sharebert_runtime.errors import first_line
-from sharebert.model_folder import check_has_tokenizer, read_config
+from sharebert.formats.model_folder import check_has_tokenizer, read_config
 from sharebert_runtime.outdir import check_out_dir, disk_full, read_json, write_json
 
 WEIGHTS = ("compact", "materialized")
@@ -71,7 +71,7 @@ class ParityError(ValueError):
 def default_check_file() -> Path:
     """The parity sentences without ``--check-file``: SST-2 dev where the data folder has it (the figures of
     docs/EXPORT.md), else the held-out sentences shipped in the package (an install without the data folder)."""
-    from sharebert.paths import data_path, packaged_heldout
+    from sharebert.formats.paths import data_path, packaged_heldout
 
     sst2 = data_path("glue", "SST-2", "dev.tsv")
     return sst2 if sst2.is_file() else packaged_heldout()
@@ -94,8 +94,8 @@ def load_model(model_dir: Path, task: str):
     """
     import transformers
 
-    import sharebert.modeling_sharebert  # noqa: F401  (registers the models with the Auto classes)
-    from sharebert.model_folder import load_tokenizer
+    import sharebert.model.modeling_sharebert  # noqa: F401  (registers the models with the Auto classes)
+    from sharebert.formats.model_folder import load_tokenizer
 
     try:
         config = transformers.AutoConfig.from_pretrained(model_dir)
@@ -193,8 +193,8 @@ def _checked(parity: dict, o: ExportOptions, full_depth: bool = True) -> dict:
 
 
 def _gflops(config, task: str, batch: int, seq: int) -> float | None:
-    """Inference GFLOPs of one ``batch x seq`` forward, from the config (``sharebert.accounting``)."""
-    from sharebert.accounting import count_flops
+    """Inference GFLOPs of one ``batch x seq`` forward, from the config (``sharebert.accounting.counts``)."""
+    from sharebert.accounting.counts import count_flops
 
     fields = config.to_dict()
     if config.model_type not in ("sharebert", "bert"):  # another architecture: no ShareBERT accounting of its FLOPs
@@ -253,7 +253,7 @@ def export_decoder(model, path: Path, opset: int) -> tuple[list[str], list[str]]
 
     from .torch_onnx import TEXT_AXES, export_onnx, text_inputs
 
-    from sharebert.modeling_sharebert import CACHE
+    from sharebert.model.modeling_sharebert import CACHE
 
     c = model.config
     layers, heads, past = int(c.num_hidden_layers), int(c.num_attention_heads), 16
@@ -375,8 +375,8 @@ def _check_shapes(shapes, positions) -> None:
 
 def embedding_recipe(model_dir: Path):
     """``(recipe, dense weights)`` of a feature-extraction export: the folder's sentence-transformers recipe
-    (``sharebert.recipe``), or the default ([CLS] pooling) when it has none."""
-    from sharebert.recipe import read_dense_weights, read_recipe
+    (``sharebert.formats.recipe``), or the default ([CLS] pooling) when it has none."""
+    from sharebert.formats.recipe import read_dense_weights, read_recipe
 
     recipe = read_recipe(model_dir)
     return recipe, [read_dense_weights(model_dir, layer) for layer in recipe.dense]
@@ -504,7 +504,7 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
     ``recipe``: ``(EmbeddingRecipe, dense weights)`` of a feature-extraction export: its pooling and Dense
     layers become the graph's ``sentence_embedding`` output, its ``max_seq_length`` the artifact's maximum
     length, and the manifest's ``embedding`` entry records it (normalisation included)."""
-    from sharebert.progress import bar
+    from sharebert.formats.bars import bar
 
     config = model.config
     max_length = _max_length(model, tokenizer, recipe)

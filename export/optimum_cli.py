@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from sharebert_runtime.errors import first_line
-from sharebert.model_folder import read_config
+from sharebert.formats.model_folder import read_config
 from sharebert_runtime.untrusted import read_json
 
 

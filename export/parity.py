@@ -16,7 +16,7 @@ import csv
 from pathlib import Path
 
 import numpy as np
-from sharebert.progress import bar
+from sharebert.formats.bars import bar
 from sharebert_runtime.textlines import check_text_file, numbered_lines
 
 FP32_TOLERANCE = 1e-3

@@ -1,6 +1,6 @@
 """The embedding recipe in the graph: a feature-extraction artifact's ``sentence_embedding`` output.
 
-``add_sentence_embedding`` appends to an exported graph the nodes of a ``sharebert.recipe.EmbeddingRecipe``:
+``add_sentence_embedding`` appends to an exported graph the nodes of a ``sharebert.formats.recipe.EmbeddingRecipe``:
 the pooling of ``last_hidden_state (B, T, H)`` under ``attention_mask (B, T)`` and each ``Dense`` layer with
 its activation, giving ``sentence_embedding (B, D)``. Normalisation is not in the graph: the manifest's
 ``embedding.normalize`` says whether the runtime divides by the L2 norm, so ``normalize=False`` can still
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sharebert.recipe import ACTIVATIONS, EmbeddingRecipe
+from sharebert.formats.recipe import ACTIVATIONS, EmbeddingRecipe
 
 OUTPUT = "sentence_embedding"
 HIDDEN, MASK = "last_hidden_state", "attention_mask"

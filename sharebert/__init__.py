@@ -17,17 +17,17 @@ import importlib.util
 from sharebert_runtime import __version__
 
 _LAZY = {
-    "PRESETS": "shape",
-    "ModelShape": "shape",
-    "ShareBertConfig": "configuration_sharebert",
-    "ShareBertModel": "modeling_sharebert",
-    "ShareBertForMaskedLM": "modeling_sharebert",
-    "ShareBertForCausalLM": "modeling_sharebert",
-    "ShareBertForSequenceClassification": "modeling_sharebert",
-    "ShareBertForTokenClassification": "modeling_sharebert",
-    "ShareBertForQuestionAnswering": "modeling_sharebert",
-    "ShareBertForMultipleChoice": "modeling_sharebert",
-    "lora_config": "adapters",
+    "PRESETS": "model.shape",
+    "ModelShape": "model.shape",
+    "ShareBertConfig": "model.configuration_sharebert",
+    "ShareBertModel": "model.modeling_sharebert",
+    "ShareBertForMaskedLM": "model.modeling_sharebert",
+    "ShareBertForCausalLM": "model.modeling_sharebert",
+    "ShareBertForSequenceClassification": "model.modeling_sharebert",
+    "ShareBertForTokenClassification": "model.modeling_sharebert",
+    "ShareBertForQuestionAnswering": "model.modeling_sharebert",
+    "ShareBertForMultipleChoice": "model.modeling_sharebert",
+    "lora_config": "model.adapters",
 }
 __all__ = ["__version__", *_LAZY]
 

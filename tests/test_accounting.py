@@ -6,9 +6,9 @@ import torch
 from sharebert_runtime.main import main
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_flop_count
 
-from sharebert.accounting import count_bytes, count_flops, count_params, paper_figures, published
-from sharebert.configuration_sharebert import PRESETS, ShareBertConfig
-from sharebert.modeling_sharebert import ShareBertForMaskedLM, ShareBertForSequenceClassification, ShareBertModel
+from sharebert.accounting.counts import count_bytes, count_flops, count_params, paper_figures, published
+from sharebert.model.configuration_sharebert import PRESETS, ShareBertConfig
+from sharebert.model.modeling_sharebert import ShareBertForMaskedLM, ShareBertForSequenceClassification, ShareBertModel
 
 TABLE2 = published()["table2"]["rows"]
 MODELS = {"none": ShareBertModel, "mlm": ShareBertForMaskedLM, "classifier": ShareBertForSequenceClassification}

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from sharebert_runtime import ArtifactError, Runtime
 
-from sharebert.build import build_model
 from sharebert.export.exporter import ParityError, export_model
+from sharebert.formats.build import build_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 QUICK = dict(check_limit=8, runs=2, progress=False)
@@ -228,7 +228,7 @@ def test_parity_fails_on_nan(tmp_path, model_dir):
 
 def test_char_level_causal_lm_exports(tmp_path):
     """A 60-odd character vocabulary: the footprint's random ids must lie inside it."""
-    from sharebert.build import build_model
+    from sharebert.formats.build import build_model
     from sharebert.training.corpus import char_tokenizer
 
     text = "the quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX! 0123456789,;:?'"

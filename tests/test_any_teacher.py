@@ -134,7 +134,7 @@ def test_byte_level_cut_loses_no_text(teachers):
 
 
 def test_compress_cuts_a_vocabulary_that_does_not_fit_and_says_how_much_it_kept(teachers):
-    from sharebert.budget import student_for
+    from sharebert.accounting.budget import student_for
     from sharebert.training.teacher import teacher_shape, teacher_tokenizer
     from sharebert.training.vocab import plan_vocabulary
 
@@ -158,7 +158,7 @@ def test_compress_cuts_a_vocabulary_that_does_not_fit_and_says_how_much_it_kept(
 def _student_cosine(student_dir, teacher_dir, sentences) -> float:
     from sentence_transformers import SentenceTransformer
 
-    import sharebert.modeling_sharebert  # noqa: F401  (the student's Auto classes)
+    import sharebert.model.modeling_sharebert  # noqa: F401  (the student's Auto classes)
 
     s = SentenceTransformer(str(student_dir)).encode(sentences)
     return float(_cos(s, SentenceTransformer(str(teacher_dir)).encode(sentences)).mean())
@@ -228,7 +228,7 @@ def test_folders_that_are_no_encoder_teacher_get_one_line_errors(teachers, tmp_p
 def test_the_teachers_artifact_takes_the_first_quantization_that_keeps_it(teachers, tmp_path, monkeypatch):
     from sharebert_runtime.outdir import read_json
 
-    from sharebert.training import compress as t
+    from sharebert.pipelines import compress as t
 
     folder, said = teachers["mpnet"]["embedding"], []
     art, mode, refused = t.export_teacher(folder, tmp_path / "a", "feature-extraction", False, said.append)
@@ -266,7 +266,7 @@ def test_compress_of_a_classifier_cuts_its_vocabulary_maps_ids_exactly_and_learn
     from tiny_teachers import trained_classifier
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from sharebert.paths import data_path
+    from sharebert.formats.paths import data_path
     from sharebert.training.distill import load_student
     from sharebert.training.glue import get_task, read_split
 

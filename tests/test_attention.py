@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sharebert import ShareBertConfig, ShareBertModel
-from sharebert.attention import SelfAttention
+from sharebert.model.attention import SelfAttention
 
 V, H = 32, 4
 

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from transformers import BertTokenizerFast
 
-from sharebert.build import build_model
-from sharebert.paths import data_path, default_vocab
+from sharebert.formats.build import build_model
+from sharebert.formats.paths import data_path, default_vocab
 from sharebert.training.augment import IGNORE_LABEL, augment, nearest_words, word_ids
 from sharebert.training.distill import DistillArgs, DistillWeights, distill_glue, hard_loss
 from sharebert.training.encoded import encode

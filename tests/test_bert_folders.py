@@ -7,8 +7,8 @@ from sharebert_runtime.main import main
 from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel, BertTokenizerFast
 
 from sharebert import ShareBertForMaskedLM, ShareBertForSequenceClassification, ShareBertModel
-from sharebert.model_folder import load_config, load_model
-from sharebert.paths import data_path, default_vocab
+from sharebert.formats.model_folder import load_config, load_model
+from sharebert.formats.paths import data_path, default_vocab
 from sharebert.training.finetune import FinetuneArgs, finetune
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,

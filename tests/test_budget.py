@@ -2,8 +2,8 @@
 import pytest
 from sharebert_runtime.main import main
 
-from sharebert.accounting import count_params
-from sharebert.budget import parse_size, search_candidates
+from sharebert.accounting.budget import parse_size, search_candidates
+from sharebert.accounting.counts import count_params
 
 
 def test_parse_size():

@@ -127,7 +127,7 @@ def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
 def test_a_compress_leaves_the_teachers_artifact_and_quality_vectors_in_the_cache(compressed, minilm_dir,
                                                                                   monkeypatch):
     """What the next compress of this teacher skips: its export ladder and its side of every quality row."""
-    from sharebert.training.compress import cached_quality_sentences, quality_sentences, teacher_cache
+    from sharebert.pipelines.compress import cached_quality_sentences, quality_sentences, teacher_cache
 
     monkeypatch.setenv("SHAREBERT_CACHE", str(compressed.parent / "cache"))
     assert cached_quality_sentences(minilm_dir) == quality_sentences() > 3000  # STS-B's 3,000 included
@@ -138,7 +138,7 @@ def test_the_demos_search_answers_with_both_artifacts_and_counts_agreement(compr
     """`sharebert demo`'s step 3 on a compress result: answers shown for both artifacts, then the share that agree,
     the report's search row (the same queries, the student's int8 artifact; the teacher's int8 artifact here)."""
     from sharebert.commands.demo import SHOWN, search
-    from sharebert.paths import packaged_search
+    from sharebert.formats.paths import packaged_search
 
     share = search(compressed)
     out = capsys.readouterr().out
@@ -167,7 +167,7 @@ def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(compr
     from transformers import AutoTokenizer
 
     from sharebert_runtime import Runtime
-    from sharebert.recipe import read_recipe
+    from sharebert.formats.recipe import read_recipe
 
     out = tmp_path / "run"
     shutil.copytree(compressed, out)
@@ -229,7 +229,7 @@ def test_student_is_a_sentence_transformers_folder_and_its_artifact_gives_its_em
     from sentence_transformers import SentenceTransformer
 
     from sharebert_runtime import Runtime
-    from sharebert.recipe import read_recipe
+    from sharebert.formats.recipe import read_recipe
 
     student = compressed / "student"
     recipe = read_recipe(student)
@@ -251,7 +251,7 @@ def test_a_student_folder_distilled_further_keeps_its_own_head(compressed, minil
     fitted afresh by ridge regression, so its step-0 score is its own."""
     from transformers import AutoTokenizer
 
-    from sharebert.recipe import read_dense_weights, read_recipe
+    from sharebert.formats.recipe import read_dense_weights, read_recipe
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding, sts_spearman
 
@@ -274,7 +274,7 @@ def test_fp32_artifact_equals_the_pytorch_student(compressed, tmp_path):
 
     from sharebert_runtime import Runtime
     from sharebert.export import export_model
-    from sharebert.recipe import read_recipe
+    from sharebert.formats.recipe import read_recipe
 
     student = compressed / "student"
     export_model(student, tmp_path / "fp32", task="feature-extraction", check_limit=16, runs=2, progress=False)
@@ -289,7 +289,7 @@ def test_fp32_artifact_equals_the_pytorch_student(compressed, tmp_path):
 def prepared(minilm_dir, tmp_path_factory):
     """A slice of WikiText-2 (valid, first 120 lines) prepared twice: ``minilm`` with the teacher's tokenizer,
     ``chars`` with a character-level tokenizer of the same text (another vocabulary)."""
-    from sharebert.paths import data_path
+    from sharebert.formats.paths import data_path
     from sharebert.training.corpus import char_tokenizer
     from sharebert.training.shards import prepare
 
@@ -378,7 +378,7 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (root / "o23" / "report.json").write_text("{}")
     (root / "o20").mkdir()  # a user's folder holding a --train file
     (root / "o20" / "corpus.txt").write_text("A man is playing a guitar.\n")
-    from sharebert.build import build_model
+    from sharebert.formats.build import build_model
 
     build_model("sharebert-tiny", root / "other_tok", {"hidden_size": 64, "num_hidden_layers": 2, "embedding_size": 16,
                                                        "intermediate_size": 128, "num_attention_heads": 2})
@@ -576,7 +576,7 @@ def test_a_student_as_wide_as_its_teacher_keeps_its_own_head(minilm_dir, tmp_pat
     another teacher), keeps that projection, though no head is made where the widths match."""
     from dataclasses import replace
 
-    from sharebert.recipe import DenseLayer, read_dense_weights, read_recipe, write_recipe
+    from sharebert.formats.recipe import DenseLayer, read_dense_weights, read_recipe, write_recipe
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 

@@ -10,8 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sharebert.paths import packaged_corpus, packaged_heldout
-from sharebert.training.compress import neighbour_agreement, plot_report, read_eval_pairs, report_markdown, teacher_name
+from sharebert.formats.paths import packaged_corpus, packaged_heldout
+from sharebert.pipelines.compress import (
+    neighbour_agreement,
+    plot_report,
+    read_eval_pairs,
+    report_markdown,
+    teacher_name,
+)
 
 
 def test_the_package_ships_its_text_with_its_licence():
@@ -28,7 +34,7 @@ def test_the_package_ships_its_text_with_its_licence():
 
 def test_the_package_ships_a_search_set_whose_queries_each_name_one_answer():
     """Issue 37 item 3: at least 30 queries over at least 100 sentences, shipped as package data."""
-    from sharebert.paths import packaged_search
+    from sharebert.formats.paths import packaged_search
 
     corpus, queries, answers = packaged_search()
     assert len(corpus) >= 100 and len(queries) >= 30 and len(set(corpus)) == len(corpus)
@@ -38,8 +44,8 @@ def test_the_package_ships_a_search_set_whose_queries_each_name_one_answer():
 
 
 def test_search_agreement_counts_queries_whose_top1_sentence_is_the_teachers():
-    from sharebert.paths import packaged_search
-    from sharebert.training.compress import search_agreement
+    from sharebert.formats.paths import packaged_search
+    from sharebert.pipelines.compress import search_agreement
 
     corpus, queries, answers = packaged_search()
     rng = np.random.default_rng(0)
@@ -59,8 +65,8 @@ def test_search_agreement_counts_queries_whose_top1_sentence_is_the_teachers():
 def test_the_student_has_the_positions_of_its_teachers_maximum_length(minilm_dir):
     """Issue 37 item 4: compress's student reads what its teacher reads (MiniLM's recipe: 256 tokens), its
     positions counted in the budget; without a length, 128."""
-    from sharebert.budget import student_for
-    from sharebert.training.compress import embedding_shape
+    from sharebert.accounting.budget import student_for
+    from sharebert.pipelines.compress import embedding_shape
 
     shape = embedding_shape(minilm_dir)
     assert shape["max_length"] == 256
@@ -76,7 +82,7 @@ def test_a_second_run_takes_the_teachers_artifact_from_the_cache(minilm_dir, tmp
     teacher exports nothing; another teacher (a changed file) or a damaged cache exports again."""
     import shutil
 
-    from sharebert.training import compress as t
+    from sharebert.pipelines import compress as t
 
     monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
     exported = []
@@ -158,8 +164,8 @@ def test_agreement_and_calibration_of_a_perturbed_teacher(minilm_dir, tmp_path, 
     what it was measured on; without a data folder there is no STS-B row."""
     from transformers import AutoTokenizer
 
-    from sharebert.recipe import read_recipe
-    from sharebert.training.compress import embedding_quality
+    from sharebert.formats.recipe import read_recipe
+    from sharebert.pipelines.compress import embedding_quality
     from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
 
     monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path / "empty"))
@@ -265,7 +271,7 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir
 def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget():
     """The plan: what the end needs is kept back, the teacher's pass takes at most a third of the rest, training
     the remainder; a budget below the end's costs is said so (all from measured rates, no clock in the test)."""
-    from sharebert.training.compress import TimeBudget
+    from sharebert.pipelines.compress import TimeBudget
 
     said = []
     now = __import__("time").monotonic()
@@ -294,10 +300,10 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
     from sharebert_runtime.outdir import mark_out
     from transformers import AutoTokenizer
 
-    from sharebert.configuration_sharebert import ShareBertConfig
-    from sharebert.modeling_sharebert import ShareBertModel
-    from sharebert.recipe import read_recipe
-    from sharebert.training.compress import publish_student
+    from sharebert.formats.recipe import read_recipe
+    from sharebert.model.configuration_sharebert import ShareBertConfig
+    from sharebert.model.modeling_sharebert import ShareBertModel
+    from sharebert.pipelines.compress import publish_student
     from sharebert.training.distill_embedding import save_student
 
     work = tmp_path / "work" / "student"
@@ -355,7 +361,7 @@ def test_pca_basis_gives_the_top_principal_directions_in_order():
 def test_the_teachers_quality_vectors_are_computed_once_per_teacher(tmp_path, monkeypatch):
     """The teacher's side of the report's measures is kept in the cache by the teacher's key and the texts; a damaged
     file is computed again; the plan counts what is cached (its reserve shrinks by those teacher passes)."""
-    from sharebert.training import compress as t
+    from sharebert.pipelines import compress as t
 
     monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path / "empty"))  # no STS-B: held-out and search sets only

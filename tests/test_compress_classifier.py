@@ -20,7 +20,7 @@ def classifier_run(tmp_path_factory):
     import torch
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    from sharebert.paths import default_vocab
+    from sharebert.formats.paths import default_vocab
 
     root = tmp_path_factory.mktemp("compress_classifier")
     torch.manual_seed(0)
@@ -40,7 +40,7 @@ def _artifact_accuracy(artifact, rows):
     """Accuracy of an artifact on the first ``rows`` SST-2 dev examples, counted here from its answers."""
     from sharebert_runtime import Runtime
 
-    from sharebert.paths import data_path
+    from sharebert.formats.paths import data_path
     from sharebert.training.glue import read_split
 
     split = read_split("sst2", data_path("glue", "SST-2"), "dev").head(rows)
@@ -51,8 +51,8 @@ def _artifact_accuracy(artifact, rows):
 
 
 def test_report_has_both_phases_and_the_budgeted_student(classifier_run):
-    from sharebert.budget import student_for
-    from sharebert.model_folder import shape_fields
+    from sharebert.accounting.budget import student_for
+    from sharebert.formats.model_folder import shape_fields
 
     out = classifier_run / "out"
     r = json.loads((out / "report.json").read_text())
@@ -154,7 +154,7 @@ def test_resume_with_nothing_to_resume_is_refused(classifier_run, tmp_path, caps
 @pytest.mark.parametrize("hidden", [16, 32, 128])
 def test_a_teacher_narrower_than_every_student_is_refused_by_name(hidden):
     """compress of a teacher narrower than every candidate said 'min() arg is an empty sequence'."""
-    from sharebert.budget import student_for
+    from sharebert.accounting.budget import student_for
 
     with pytest.raises(ValueError, match=rf"as narrow as this teacher \(hidden_size {hidden}\); the narrowest"):
         student_for({"vocab_size": 30522, "hidden_size": hidden, "num_hidden_layers": 2}, {"max_params": 5e6})

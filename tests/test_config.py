@@ -5,8 +5,8 @@ import pytest
 from sharebert_runtime.main import main
 
 from sharebert import PRESETS, ShareBertConfig, ShareBertForMaskedLM
-from sharebert.build import config_for_vocab
-from sharebert.shape import parse_overrides
+from sharebert.formats.build import config_for_vocab
+from sharebert.model.shape import parse_overrides
 
 
 @pytest.mark.parametrize("kwargs,words", [

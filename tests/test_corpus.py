@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from sharebert.paths import data_path, default_vocab
-from sharebert.tokenization import hf_tokenizer
+from sharebert.formats.paths import data_path, default_vocab
+from sharebert.formats.tokenization import hf_tokenizer
 from sharebert.training.corpus import (
     char_tokenizer, encode_sources, iter_lines, pack, read_text, strip_wiki_markup,
 )
-from sharebert.model_folder import load_tokenizer
+from sharebert.formats.model_folder import load_tokenizer
 from sharebert_runtime.textlines import PIECE_CHARS, resolve_sources
 
 ENWIKI = data_path("enwiki-sample")

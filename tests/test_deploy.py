@@ -13,8 +13,8 @@ import pytest
 import torch
 from sharebert_runtime import ArtifactError, Runtime, quantize_per_channel
 
-from sharebert.build import build_model
 from sharebert.export.exporter import export_model
+from sharebert.formats.build import build_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 QUICK = dict(check_limit=16, runs=3, progress=False)  # a short parity check and footprint timing
@@ -49,9 +49,9 @@ def classifier(tmp_path_factory):
 
 def _classifier(root, **overrides):
     from sharebert import ShareBertForSequenceClassification
-    from sharebert.build import config_for_vocab
-    from sharebert.paths import default_vocab
-    from sharebert.tokenization import hf_tokenizer
+    from sharebert.formats.build import config_for_vocab
+    from sharebert.formats.paths import default_vocab
+    from sharebert.formats.tokenization import hf_tokenizer
 
     tokenizer = hf_tokenizer(default_vocab())
     config = config_for_vocab("sharebert-tiny", {**TINY, "num_labels": 3, "id2label": {0: "neg", 1: "neu", 2: "pos"},

@@ -12,10 +12,10 @@ import torch
 from sharebert_runtime.main import main
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
-from sharebert.build import build_model
-from sharebert.model_folder import load_tokenizer
-from sharebert.modeling_sharebert import ShareBertModel
-from sharebert.paths import data_path, default_vocab
+from sharebert.formats.build import build_model
+from sharebert.formats.model_folder import load_tokenizer
+from sharebert.formats.paths import data_path, default_vocab
+from sharebert.model.modeling_sharebert import ShareBertModel
 from sharebert.training.distill import DistillArgs, distill_glue, layer_map, pairs_that_ran
 from sharebert.training.evaluate import evaluate_glue
 from sharebert.training.finetune import load_classifier
@@ -117,8 +117,8 @@ def _ddp_worker(rank, port, out):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from sharebert.configuration_sharebert import ShareBertConfig
-    from sharebert.modeling_sharebert import ShareBertForMaskedLM
+    from sharebert.model.configuration_sharebert import ShareBertConfig
+    from sharebert.model.modeling_sharebert import ShareBertForMaskedLM
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(0)
@@ -208,13 +208,13 @@ def artifact(classifier, tmp_path_factory):
 
 def test_artifact_depth_1_matches_pytorch_and_stays_torch_free(classifier, artifact, tmp_path):
     code = ("import json, sys; sys.modules.update(torch=None, transformers=None); "  # a device install: no torch
-            "from sharebert.training.depth import depth_table; "
+            "from sharebert.training.depth_table import depth_table; "
             f"r = depth_table({str(artifact)!r}, 'sst2', [1], max_eval_samples=120, latency_samples=3); "
             "print(json.dumps(r))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     onnx = {r["depth"]: r["accuracy"] for r in json.loads(proc.stdout.splitlines()[-1])["rows"]}
-    from sharebert.training.depth import depth_table
+    from sharebert.training.depth_table import depth_table
 
     torch_rows = {r["depth"]: r["accuracy"] for r in depth_table(classifier, "sst2", [1], max_eval_samples=120,
                                                                   latency_samples=3)["rows"]}

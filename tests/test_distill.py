@@ -8,16 +8,16 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
-from sharebert.build import build_model, config_for_vocab
+from sharebert.formats.build import build_model, config_for_vocab
 from sharebert_runtime.main import main
-from sharebert.model_folder import load_model
-from sharebert.modeling_sharebert import ShareBertForSequenceClassification
-from sharebert.paths import default_vocab
+from sharebert.formats.model_folder import load_model
+from sharebert.model.modeling_sharebert import ShareBertForSequenceClassification
+from sharebert.formats.paths import default_vocab
 from sharebert.training.distill import (PROJECTIONS_FILE, DistillArgs, DistillWeights, Projections, distill_glue,
                                         distill_losses, head_groups, layer_map, load_teacher, soft_kl)
 from sharebert.training.encoded import encode, predict_logits
 from sharebert.training.glue import get_task, read_split
-from sharebert.paths import data_path
+from sharebert.formats.paths import data_path
 
 SHAPE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
 STUDENT = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4, embedding_size=16,
@@ -254,7 +254,7 @@ def test_mlm_general_distillation_on_text(bad_folders, tmp_path, capsys):
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 3 and set(m["last_terms"]) == {"kl", "hard", "hidden", "attention", "embedding"}
     assert all(np.isfinite(v) and v > 0 for v in m["last_terms"].values())
-    from sharebert.modeling_sharebert import ShareBertForMaskedLM
+    from sharebert.model.modeling_sharebert import ShareBertForMaskedLM
     assert load_model(ShareBertForMaskedLM, out)[1] == []
     # --save-minutes: a checkpoint by time at every step (save_steps is 500), the two newest kept; --resume goes on
     from sharebert.training.callbacks import checkpoints

@@ -74,16 +74,16 @@ CAPS = {
 # the cap it takes, or "module:Class", the options dataclass whose fields are capped (``None`` stands for
 # its defaults)}}. Keyword arguments (``**fields``) named in CAPS are capped too.
 BUDGETED = {
-    "sharebert.training.pretrain:pretrain": {"args": "sharebert.training.options:PretrainArgs"},
-    "sharebert.training.finetune:finetune": {"args": "sharebert.training.options:FinetuneArgs"},
-    "sharebert.training.distill:distill_glue": {"args": "sharebert.training.options:DistillArgs"},
-    "sharebert.training.distill:distill_mlm": {"args": "sharebert.training.options:DistillArgs"},
+    "sharebert.training.pretrain:pretrain": {"args": "sharebert.training.arguments:PretrainArgs"},
+    "sharebert.training.finetune:finetune": {"args": "sharebert.training.arguments:FinetuneArgs"},
+    "sharebert.training.distill:distill_glue": {"args": "sharebert.training.arguments:DistillArgs"},
+    "sharebert.training.distill:distill_mlm": {"args": "sharebert.training.arguments:DistillArgs"},
     "sharebert.training.distill_embedding:distill_embedding": {
         "args": "sharebert.training.distill_embedding:EmbeddingArgs", "eval_limit": "max_eval_samples"},
-    "sharebert.training.compress:compress": {"eval_limit": "max_eval_samples"},  # the artifact's STS-B too
+    "sharebert.pipelines.compress:compress": {"eval_limit": "max_eval_samples"},  # the artifact's STS-B too
     "sharebert.training.evaluate:_dev_sets": {"max_eval_samples": "max_eval_samples"},
     "sharebert.training.evaluate:word_analogy": {"max_questions": "max_questions"},
-    "sharebert.training.depth:depth_table": {"max_eval_samples": "max_eval_samples",
+    "sharebert.training.depth_table:depth_table": {"max_eval_samples": "max_eval_samples",
                                              "latency_samples": "latency_samples"},
     "sharebert.export.exporter:export_model": {"options": "sharebert.export.exporter:ExportOptions"},
 }
@@ -248,7 +248,7 @@ class Scratch:
     """The scratch folder and the environment every block runs in."""
 
     def __init__(self, root: Path):
-        from sharebert.paths import data_dir
+        from sharebert.formats.paths import data_dir
 
         data = data_dir().resolve()
         (root / "shared").symlink_to(data.parent, target_is_directory=True)
@@ -374,13 +374,13 @@ def test_block_runs_as_written(block, scratch, capsys):
 
 
 def test_the_caps_apply_to_options_fields_and_named_limits_only_while_active():
-    from sharebert.training.options import PretrainArgs
+    from sharebert.training.arguments import PretrainArgs
 
     def run(args=None, eval_limit=None, lr=None, **fields):
         return args, eval_limit, lr, fields
 
     capping = Capping()
-    capped = capping.wrap(run, {"args": "sharebert.training.options:PretrainArgs", "eval_limit": "max_eval_samples"})
+    capped = capping.wrap(run, {"args": "sharebert.training.arguments:PretrainArgs", "eval_limit": "max_eval_samples"})
     given = PretrainArgs(max_steps=2000, batch_size=32, lr=5e-4)
     assert capped(given, 100, lr=1, check_limit=100) == (given, 100, 1, {"check_limit": 100})
     capping.active = True

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sharebert.eps import ColumnPlan, EPSLinear, generate_from_source, generate_virtual, share_linears_
+from sharebert.model.eps import ColumnPlan, EPSLinear, generate_from_source, generate_virtual, share_linears_
 
 
 def test_plan_takes_ceil_columns_right_to_left():

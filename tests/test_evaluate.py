@@ -7,16 +7,16 @@ import pytest
 import torch
 from scipy import stats
 
-from sharebert.build import build_model
+from sharebert.formats.build import build_model
 from sharebert_runtime.main import main
-from sharebert.paths import data_path, default_vocab
+from sharebert.formats.paths import data_path, default_vocab
 from sharebert.training import metrics as M
 from sharebert.training.encoded import encode, label_map, mean_embedding_norm, predict_logits
 from sharebert.training.evaluate import (
     cross_domain, embedding_matrix, evaluate_glue, load_any, load_finetuned, noise_robustness, read_wordsim,
     word_analogy, word_similarity,
 )
-from sharebert.configuration_sharebert import ShareBertConfig
+from sharebert.model.configuration_sharebert import ShareBertConfig
 from sharebert.training.finetune import load_classifier
 from sharebert.training.glue import get_task, read_split
 

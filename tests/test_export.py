@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import sharebert
-from sharebert.accounting import count_flops
+from sharebert.accounting.counts import count_flops
 from sharebert_runtime.main import main
 from sharebert.export import graph
 from sharebert.export.parity import THRESHOLDS
 from sharebert.export.exporter import ParityError, check_folding, export_model, session_options
-from sharebert.paths import data_path, default_vocab
-from sharebert.tokenization import hf_tokenizer
+from sharebert.formats.paths import data_path, default_vocab
+from sharebert.formats.tokenization import hf_tokenizer
 
 SST2_DEV = data_path("glue", "SST-2", "dev.tsv")
 SST2_TRAIN = data_path("glue", "SST-2", "train.tsv")
@@ -46,7 +46,7 @@ def tokenizer():
 
 
 def _config(tokenizer, **kw):
-    return sharebert.ShareBertConfig.from_preset("sharebert-tiny", vocab_size=sharebert.configuration_sharebert.pad_vocab_size(len(tokenizer)),
+    return sharebert.ShareBertConfig.from_preset("sharebert-tiny", vocab_size=sharebert.model.configuration_sharebert.pad_vocab_size(len(tokenizer)),
                                                  **TINY, **kw)
 
 
@@ -294,7 +294,7 @@ def test_int8_dynamic_and_static_quantize_every_weight(tmp_path, mlm_dir):
 
 def test_causal_lm_export(tmp_path, tokenizer):
     torch.manual_seed(0)
-    config = sharebert.ShareBertConfig.from_preset("charlm-tiny", vocab_size=sharebert.configuration_sharebert.pad_vocab_size(len(tokenizer)),
+    config = sharebert.ShareBertConfig.from_preset("charlm-tiny", vocab_size=sharebert.model.configuration_sharebert.pad_vocab_size(len(tokenizer)),
                                                    hidden_size=64, num_hidden_layers=2, intermediate_size=128)
     folder = _save(sharebert.ShareBertForCausalLM(config), tokenizer, tmp_path / "clm")
     manifest = export_model(folder, tmp_path / "out", **FAST)

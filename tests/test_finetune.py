@@ -11,8 +11,8 @@ import pytest
 from scipy import stats
 from sharebert_runtime.main import main
 
-from sharebert.build import build_model
-from sharebert.paths import data_path
+from sharebert.formats.build import build_model
+from sharebert.formats.paths import data_path
 from sharebert.training.encoded import encode, predict_logits
 from sharebert.training.evaluate import evaluate_glue, load_finetuned
 from sharebert.training.finetune import FinetuneArgs, finetune

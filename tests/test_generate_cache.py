@@ -7,9 +7,9 @@ from sharebert_runtime import Runtime
 from transformers import AutoTokenizer
 
 from sharebert import ShareBertForCausalLM
-from sharebert.build import build_model
 from sharebert.export.exporter import export_model
-from sharebert.paths import data_path
+from sharebert.formats.build import build_model
+from sharebert.formats.paths import data_path
 from sharebert.training.corpus import char_tokenizer
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, max_position_embeddings=32,

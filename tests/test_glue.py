@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from sharebert.paths import data_path
+from sharebert.formats.paths import data_path
 from sharebert.training.glue import TASKS, get_task, read_split
 
 GLUE = data_path("glue")

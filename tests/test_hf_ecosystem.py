@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from sharebert.build import build_model
+from sharebert.formats.build import build_model
 from sharebert_runtime.main import main
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16,
@@ -54,7 +54,7 @@ def artifact_of(mlm_dir, tmp_path_factory):
             options, layers = ARTIFACT_KINDS[kind]
             source = mlm_dir
             if layers != TINY["num_hidden_layers"] or options["task"] == "text-classification":
-                from sharebert.modeling_sharebert import ShareBertForSequenceClassification
+                from sharebert.model.modeling_sharebert import ShareBertForSequenceClassification
 
                 source = root / f"model-{layers}"
                 build_model("sharebert-tiny", source, {**TINY, "num_hidden_layers": layers}, seed=0)
@@ -134,7 +134,7 @@ def _multiple_choice():
     from transformers import AutoModelForMultipleChoice, BertConfig, BertForMultipleChoice
 
     from sharebert import ShareBertConfig, ShareBertForMultipleChoice
-    from sharebert.model_folder import bert_state_dict
+    from sharebert.formats.model_folder import bert_state_dict
 
     shape = dict(vocab_size=500, hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=2,
                  max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -223,9 +223,9 @@ def remote(tmp_path_factory):
     in ONE process where ``import sharebert`` fails (one interpreter start instead of three); ``outputs``: what
     it saw (``loaded``: the sharebert modules it imported, after all three loads)."""
     from sharebert import ShareBertConfig, ShareBertForSequenceClassification, ShareBertModel
-    from sharebert.modeling_sharebert import AUTO_CLASSES
-    from sharebert.portable import make_portable
-    from sharebert.recipe import DenseLayer, EmbeddingRecipe, write_recipe
+    from sharebert.model.modeling_sharebert import AUTO_CLASSES
+    from sharebert.model.portable import make_portable
+    from sharebert.formats.recipe import DenseLayer, EmbeddingRecipe, write_recipe
 
     root = tmp_path_factory.mktemp("remote")
     folders = {name: root / name for name in ("portable", "hub", "embedder", "resaved")}
@@ -276,7 +276,7 @@ def test_portable_folder_loads_without_sharebert(remote):
     folder = remote["portable"]
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"]["AutoModelForMaskedLM"] == "modeling_sharebert.ShareBertForMaskedLM"
-    from sharebert.portable import FILES, portable_source
+    from sharebert.model.portable import FILES, portable_source
 
     assert all((folder / f"{name}.py").read_text() == portable_source(name) for name in FILES)
     got = remote["outputs"]["portable"]
@@ -289,7 +289,7 @@ def test_a_portable_model_saved_again_keeps_its_code(remote):
     """A model loaded from a portable folder and saved (finetune's path) writes the code its ``auto_map`` names,
     so it loads where sharebert is not installed."""
     from sharebert import ShareBertForSequenceClassification
-    from sharebert.portable import FILES, portable_source
+    from sharebert.model.portable import FILES, portable_source
 
     folder = remote["resaved"]
     config = json.loads((folder / "config.json").read_text())
@@ -317,7 +317,7 @@ def test_push_to_hub_of_a_portable_model_uploads_its_code(remote, tmp_path, monk
     in tests: huggingface_hub's repo creation and commit, as transformers calls them, record what they are given."""
     import transformers.utils.hub as hub
     from sharebert import ShareBertForSequenceClassification
-    from sharebert.portable import FILES, portable_source
+    from sharebert.model.portable import FILES, portable_source
 
     uploaded = {}
 
@@ -467,7 +467,7 @@ def test_lora_config_refusals_name_the_problem(config, said):
 
 
 def test_sentence_transformers_loads_a_sharebert_embedding_folder_as_the_artifact_embeds(remote, tmp_path):
-    """A ShareBERT saved with its recipe (``sharebert.recipe.write_recipe``: mean pooling, a Dense layer,
+    """A ShareBERT saved with its recipe (``sharebert.formats.recipe.write_recipe``: mean pooling, a Dense layer,
     Normalize): ``SentenceTransformer(dir)`` gives the exported artifact's embeddings, here (registration by
     ``import sharebert``) and, from the folder's portable code, in a process where sharebert is not installed
     (the ``remote`` fixture's)."""
@@ -617,8 +617,8 @@ def test_export_optimize_refusals(mlm_dir, tmp_path, capsys, args, said):
 def test_make_portable_refuses_a_folder_that_is_not_sharebert(tmp_path):
     from transformers import BertConfig
 
-    from sharebert.modeling_sharebert import AUTO_CLASSES
-    from sharebert.portable import make_portable
+    from sharebert.model.modeling_sharebert import AUTO_CLASSES
+    from sharebert.model.portable import make_portable
 
     BertConfig(num_hidden_layers=1).save_pretrained(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())

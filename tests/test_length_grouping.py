@@ -11,9 +11,9 @@ import pytest
 from sharebert_runtime import Runtime
 
 from sharebert import ShareBertForSequenceClassification
-from sharebert.build import build_model
 from sharebert.export.exporter import export_model
-from sharebert.paths import data_path
+from sharebert.formats.build import build_model
+from sharebert.formats.paths import data_path
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 QUICK = dict(check_limit=8, runs=1, progress=False)

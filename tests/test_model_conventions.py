@@ -18,7 +18,7 @@ from sharebert import (
     ShareBertForTokenClassification,
     ShareBertModel,
 )
-from sharebert.model_folder import bert_state_dict
+from sharebert.formats.model_folder import bert_state_dict
 
 ALL_CLASSES = (ShareBertModel, ShareBertForMaskedLM, ShareBertForCausalLM, ShareBertForSequenceClassification,
                ShareBertForTokenClassification, ShareBertForQuestionAnswering)
@@ -128,7 +128,7 @@ def wordpiece_lm(tmp_path_factory):
     tokenizer (which returns ``token_type_ids`` and ends every text with ``[SEP]``), loaded back by the Auto classes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sharebert.build import build_model
+    from sharebert.formats.build import build_model
 
     out = tmp_path_factory.mktemp("wordpiece_lm") / "model"
     build_model("charlm-tiny", out, dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,

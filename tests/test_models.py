@@ -13,7 +13,7 @@ from transformers import (
     pipeline,
 )
 
-import sharebert.modeling_sharebert as modeling
+import sharebert.model.modeling_sharebert as modeling
 from sharebert import (
     ShareBertConfig,
     ShareBertForCausalLM,
@@ -23,8 +23,8 @@ from sharebert import (
     ShareBertForTokenClassification,
     ShareBertModel,
 )
-from sharebert.build import build_model
-from sharebert.paths import default_vocab
+from sharebert.formats.build import build_model
+from sharebert.formats.paths import default_vocab
 
 TINY = dict(vocab_size=1000, embedding_size=16, hidden_size=64, num_hidden_layers=3, intermediate_size=128,
             num_attention_heads=4, max_position_embeddings=32)

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from sharebert.build import build_model
+from sharebert.formats.build import build_model
 from sharebert_runtime.main import main
 from sharebert_runtime import ArtifactError, Runtime
 from sharebert_runtime.artifact import (MANIFEST, MODEL, ORT_COMPUTE, ORT_GENERATOR, REQUIRED_OPERATORS, assemble_ort,
@@ -36,9 +36,9 @@ def classifier(tmp_path_factory):
     import torch
 
     from sharebert import ShareBertForSequenceClassification
-    from sharebert.build import config_for_vocab
-    from sharebert.paths import default_vocab
-    from sharebert.tokenization import hf_tokenizer
+    from sharebert.formats.build import config_for_vocab
+    from sharebert.formats.paths import default_vocab
+    from sharebert.formats.tokenization import hf_tokenizer
 
     root = tmp_path_factory.mktemp("ort_cls")
     tokenizer = hf_tokenizer(default_vocab())

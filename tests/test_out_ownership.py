@@ -185,7 +185,7 @@ def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm
 def test_compress_overwrite_keeps_the_earlier_result_aside_until_the_new_one_is_written(tmp_path):
     """`start_out` moves the earlier result's parts aside (a user's own file in the folder stays put); a failed run
     puts them back exactly (`restore_out`), a finished one removes them (`finish_out`)."""
-    from sharebert.training.compress import ASIDE, finish_out, restore_out, start_out
+    from sharebert.pipelines.compress import ASIDE, finish_out, restore_out, start_out
 
     out = _finished(tmp_path / "result", "compress")
     (out / "notes.txt").write_text("the user's own\n")
@@ -207,8 +207,8 @@ def test_compress_overwrite_keeps_the_earlier_result_aside_until_the_new_one_is_
 def test_publish_over_restores_on_failure_keeps_a_stopped_run_and_clears_aside_when_done(tmp_path):
     """The one wrapper both compress paths run in: a failing run leaves the earlier result exactly as it was, a
     stopped one keeps its new parts (to --resume) and the earlier result aside, a finished one drops the aside."""
+    from sharebert.pipelines.compress import ASIDE, publish_over
     from sharebert.training.callbacks import StopRequested
-    from sharebert.training.compress import ASIDE, publish_over
 
     out = _finished(tmp_path / "result", "compress")
     before = _snapshot(out)

@@ -11,7 +11,7 @@ import torch
 from sharebert_runtime import Runtime
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
-from sharebert.paths import data_path, default_vocab
+from sharebert.formats.paths import data_path, default_vocab
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
              max_position_embeddings=64)
@@ -46,7 +46,7 @@ def stsb_model(tmp_path_factory):
 
 def test_finetuned_bert_folder_is_bert_without_sharebert(stsb_model, plain_transformers):
     from sharebert import ShareBertForSequenceClassification
-    from sharebert.model_folder import load_model
+    from sharebert.formats.model_folder import load_model
 
     folder, _ = stsb_model
     config = json.loads((folder / "config.json").read_text())

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from sharebert_runtime.main import main
 from transformers import TrainerCallback
 
-from sharebert.build import build_model
-from sharebert.paths import data_path
+from sharebert.formats.build import build_model
+from sharebert.formats.paths import data_path
 from sharebert.training.callbacks import MARKER, checkpoints, is_complete, latest_checkpoint
 from sharebert.training.pretrain import NonFiniteLoss, PretrainArgs, param_digest, pretrain
 
@@ -146,7 +146,7 @@ def test_torchrun_two_processes_keep_identical_replicas(tmp_path, model_dir, cor
     assert metrics["world_size"] == 2 and metrics["global_step"] == 3
     rank0, rank1 = metrics["param_sha256"]
     assert rank0 == rank1  # each rank hashed its own replica
-    from sharebert.modeling_sharebert import ShareBertForMaskedLM
+    from sharebert.model.modeling_sharebert import ShareBertForMaskedLM
 
     saved = ShareBertForMaskedLM.from_pretrained(out)  # rank 0 built the preset, rank 1 loaded it
     assert param_digest(saved) == rank0
@@ -398,7 +398,7 @@ def _tokenizer_mismatch(tmp_path, model_dir, data_dir, corpus):
 
 
 def default_vocab_lines():
-    from sharebert.paths import default_vocab
+    from sharebert.formats.paths import default_vocab
 
     return default_vocab().read_text(encoding="utf-8").splitlines(keepends=True)
 
@@ -475,7 +475,7 @@ def test_no_progress_prints_step_lines_and_resume_reports_the_whole_run(tmp_path
 def test_interrupted_preset_run_is_refused_until_resumed(tmp_path, corpus, capsys):
     """A preset run stopped by a signal keeps the freshly built (untrained) model in --out: every command that
     loads a model folder refuses it, naming --resume, until the resumed run saves its trained model."""
-    from sharebert.model_folder import UNFINISHED, read_config
+    from sharebert.formats.model_folder import UNFINISHED, read_config
 
     out = tmp_path / "run"
     args = dict(ARGS, max_steps=3, eval_on_start=False, overrides=TINY)

@@ -5,9 +5,9 @@ import re
 import pytest
 from sharebert_runtime.main import main
 
-from sharebert.build import build_model
-from sharebert.curves import _series, read_log
-from sharebert.paths import data_path
+from sharebert.accounting.curves import _series, read_log
+from sharebert.formats.build import build_model
+from sharebert.formats.paths import data_path
 from sharebert.training.finetune import FinetuneArgs, finetune
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
@@ -75,7 +75,7 @@ def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_tim
     from types import SimpleNamespace
 
     from sharebert.training.callbacks import WallClockLimit
-    from sharebert.training.progress import LogLines
+    from sharebert.training.log_lines import LogLines
 
     clock = WallClockLimit(100.0)
     assert clock.spent() == 0.0 and clock.lr_factor(0, 10) == pytest.approx(0.1)  # before train begin

@@ -1,4 +1,4 @@
-"""The sentence-embedding recipe (sharebert/recipe.py): what write_recipe writes, sentence-transformers loads
+"""The sentence-embedding recipe (sharebert/formats/recipe.py): what write_recipe writes, sentence-transformers loads
 and computes as the recipe says; read_recipe reads it back; each malformed recipe file is refused naming it."""
 import json
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
-from sharebert.paths import default_vocab
-from sharebert.recipe import (DEFAULT_RECIPE, POOLING_MODES, DenseLayer, EmbeddingRecipe, read_dense_weights,
+from sharebert.formats.paths import default_vocab
+from sharebert.formats.recipe import (DEFAULT_RECIPE, POOLING_MODES, DenseLayer, EmbeddingRecipe, read_dense_weights,
                               read_recipe, write_recipe)
 
 TANH, IDENTITY = "torch.nn.modules.activation.Tanh", "torch.nn.modules.linear.Identity"
@@ -193,7 +193,7 @@ def test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes(recipe_f
     path = folder / "2_Dense" / "model.safetensors"
     save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(path)).items()}, str(path))
     code = ("import sys; sys.modules['ml_dtypes'] = None; "  # nothing can register bfloat16 with numpy
-            "from sharebert.recipe import read_dense_weights, read_recipe; "
+            "from sharebert.formats.recipe import read_dense_weights, read_recipe; "
             "w, b = read_dense_weights(sys.argv[1], read_recipe(sys.argv[1]).dense[0]); "
             "print(w.dtype, w.shape, b.dtype, sys.modules.get('ml_dtypes') is None)")
     done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True)

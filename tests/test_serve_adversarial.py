@@ -17,8 +17,8 @@ from sharebert_runtime import Runtime
 from sharebert_runtime.runtime import shortest_floats, top_k_softmax
 from sharebert_runtime.serve import make_server
 
-from sharebert.build import build_model
 from sharebert.export.exporter import export_model
+from sharebert.formats.build import build_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 LIMITS = dict(max_batch=8, max_body_bytes=12000, max_tokens=200, max_top_k=5, timeout=2, workers=1, max_queue=1,

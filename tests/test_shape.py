@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sharebert.accounting import count_flops, count_params
-from sharebert.configuration_sharebert import ShareBertConfig
-from sharebert.shape import DEFAULTS, PRESETS, ModelShape
+from sharebert.accounting.counts import count_flops, count_params
+from sharebert.model.configuration_sharebert import ShareBertConfig
+from sharebert.model.shape import DEFAULTS, PRESETS, ModelShape
 
 
 def _run(code: str, **env) -> str:
@@ -56,7 +56,7 @@ def test_report_and_budget_run_without_torch():
 import io, sys, contextlib
 sys.modules.update(torch=None, transformers=None)
 from sharebert_runtime.main import main
-from sharebert.shape import PRESETS
+from sharebert.model.shape import PRESETS
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf):
     for name in PRESETS:
@@ -120,6 +120,6 @@ print(json.dumps([type(AutoModelForMaskedLM.from_config(config)).__name__,
 
 def test_import_sharebert_registers_models_and_optimum_configs(optimum_onnx):
     code = ("import sharebert, sys; from transformers import AutoConfig; from optimum.exporters.tasks import TasksManager; "
-            "print(type(AutoConfig.for_model('sharebert')).__name__, 'sharebert.modeling_sharebert' in sys.modules, "
+            "print(type(AutoConfig.for_model('sharebert')).__name__, 'sharebert.model.modeling_sharebert' in sys.modules, "
             "'fill-mask' in TasksManager.get_supported_tasks_for_model_type('sharebert', 'onnx', library_name='transformers'))")
     assert _run(code).split() == ["ShareBertConfig", "True", "True"]

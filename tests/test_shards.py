@@ -15,8 +15,8 @@ import torch
 
 from sharebert_runtime.main import main
 from sharebert_runtime.outdir import OutLock
-from sharebert.paths import data_path, default_vocab
-from sharebert.tokenization import hf_tokenizer
+from sharebert.formats.paths import data_path, default_vocab
+from sharebert.formats.tokenization import hf_tokenizer
 from sharebert.training import shards
 from sharebert.training.corpus import encode_sources, pack
 from sharebert.training.shards import (MANIFEST, PROGRESS, Interrupted, StreamBlocks, TokenStream, prepare,

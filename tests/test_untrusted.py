@@ -21,9 +21,9 @@ from sharebert_runtime.outdir import atomic_output, write_json
 from sharebert_runtime.serve import BadRequest, parse_request
 from sharebert_runtime.untrusted import JSON_BYTES
 
-from sharebert.model_folder import _check_tokenizer_files, check_convert, read_config
-from sharebert.paths import default_vocab
-from sharebert.recipe import DenseLayer, EmbeddingRecipe, read_recipe, write_recipe
+from sharebert.formats.model_folder import _check_tokenizer_files, check_convert, read_config
+from sharebert.formats.paths import default_vocab
+from sharebert.formats.recipe import DenseLayer, EmbeddingRecipe, read_recipe, write_recipe
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 QUICK = dict(check_limit=8, runs=1, shapes=("1x8",), progress=False)
@@ -345,8 +345,8 @@ def artifacts(tmp_path_factory):
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
-    from sharebert.build import build_model
     from sharebert.export.exporter import export_model
+    from sharebert.formats.build import build_model
 
     root = tmp_path_factory.mktemp("artifacts")
     build_model("sharebert-tiny", root / "mlm_model", TINY, seed=0)
@@ -460,7 +460,7 @@ def test_predict_stopped_by_a_signal_leaves_no_partial_file(artifacts, tmp_path,
                                         ("1_Pooling/config.json", "dev-urandom"), ("2_Dense/config.json", "folder"),
                                         ("2_Dense/model.safetensors", "huge")])
 def test_export_refuses_an_unreadable_recipe_file(tmp_path, name, kind):
-    from sharebert.build import build_model
+    from sharebert.formats.build import build_model
 
     model = tmp_path / "model"
     build_model("sharebert-tiny", model, TINY, seed=0)
@@ -560,7 +560,7 @@ def test_register_for_auto_class_then_save_pretrained_loads_without_sharebert(tm
     import torch
     from transformers import AutoModelForMaskedLM
 
-    from sharebert.build import build_model
+    from sharebert.formats.build import build_model
 
     build_model("sharebert-tiny", tmp_path / "src", TINY, seed=0)
     m = AutoModelForMaskedLM.from_pretrained(tmp_path / "src").eval()

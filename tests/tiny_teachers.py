@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from sharebert.paths import data_path
+from sharebert.formats.paths import data_path
 
 SHAPE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 VOCAB = 1000

@@ -21,7 +21,7 @@ def add_arguments(p):
 def run(args) -> int:
     from sharebert_runtime.outdir import check_out_file
 
-    from ..budget import human, parse_size, plot, search_candidates
+    from ..accounting.budget import human, parse_size, plot, search_candidates
 
     size = lambda v: None if v is None else parse_size(v)  # noqa: E731
     limits = {"max_params": size(args.max_params), "max_bytes": size(args.max_bytes), "max_ram": size(args.max_ram),
@@ -31,7 +31,7 @@ def run(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.plot:
         check_out_file(args.plot, "--plot", (".png",))
-    from ..model_folder import shape_fields
+    from ..formats.model_folder import shape_fields
 
     models = {str(m): shape_fields(m) for m in args.model}
     r = search_candidates(limits, args.dtype, args.seq_len, models)

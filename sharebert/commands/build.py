@@ -5,7 +5,7 @@ from sharebert_runtime import options as opt
 
 
 def add_arguments(p):
-    from ..shape import PRESETS
+    from ..model.shape import PRESETS
 
     p.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
@@ -27,15 +27,15 @@ def run(args) -> int:
 
     from sharebert_runtime.outdir import check_out_dir, made_by, mark_out
 
-    from ..accounting import count_params
-    from ..model_folder import is_model_folder
-    from ..shape import parse_overrides, preset_fields
+    from ..accounting.counts import count_params
+    from ..formats.model_folder import is_model_folder
+    from ..model.shape import parse_overrides, preset_fields
 
     overrides = parse_overrides(args.overrides)
     preset_fields(args.preset)  # an unknown preset fails here, before torch is imported
     out = check_out_dir(args.out, "model folder", made_by("build"), args.overwrite, legacy=is_model_folder,
                         inputs=[args.vocab] if args.vocab else ())
-    from ..build import build_model  # torch and transformers: only once the input is known to be good
+    from ..formats.build import build_model  # torch and transformers: only once the input is known to be good
 
     # --overwrite replaces the folder whole (no file of the old model stays, e.g. its modules.json): built
     # beside it, then swapped in; a failed build leaves the old folder as it was
@@ -46,8 +46,8 @@ def run(args) -> int:
     try:
         model, tok = build_model(args.preset, out, overrides, args.vocab, args.head, args.seed)
         if args.portable:
-            from ..modeling_sharebert import AUTO_CLASSES
-            from ..portable import make_portable
+            from ..model.modeling_sharebert import AUTO_CLASSES
+            from ..model.portable import make_portable
 
             make_portable(out, AUTO_CLASSES)
         mark_out(out, "build")  # --overwrite replaces only a folder `build` made

@@ -7,7 +7,7 @@ import sys
 
 from sharebert_runtime import options as opt
 
-from ..training.options import EMBEDDING_LOSS, EMBEDDING_LOSSES
+from ..training.arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES
 
 # Defaults, torch-free (the --help of every command answers before torch is imported).
 # LR: STS-B dev 0.8211 at 1e-3 vs 0.8183 at 5e-4 (1,500 steps, runs/abA4 vs abA1); TASK_LR: SST-2 dev 0.8406 at
@@ -16,8 +16,8 @@ MAX_PARAMS, MAX_TIME, LR, BATCH, SENTENCES, TASK_LR = "5M", 600.0, 1e-3, 32, 150
 
 
 def add_arguments(p):
+    from ..training.arguments import FinetuneArgs
     from ..training.glue import TASKS
-    from ..training.options import FinetuneArgs
     from .finetune import add_save_minutes_argument
 
     p.add_argument("teacher", type=opt.path, metavar="TEACHER", help="the teacher: a sentence-transformers or transformers folder of "
@@ -82,7 +82,7 @@ def run(args) -> int:
     started = time.monotonic()  # --max-time bounds the whole command (an encoder teacher), from here
     limits = _limits(args)
 
-    from ..training.compress import is_classifier, precheck
+    from ..pipelines.compress import is_classifier, precheck
 
     # every check that needs no model comes first, torch not imported yet (a bad --train or --out: < 2 s)
     _, raw = precheck(args.teacher, args.out, limits, args.train, args.data, args.overwrite, args.resume,
@@ -92,9 +92,9 @@ def run(args) -> int:
 
     from sharebert_runtime.outdir import run_lock
 
+    from ..pipelines.compress import TimeBudget, compress
+    from ..pipelines.compress_classifier import compress_classifier
     from ..training.callbacks import SignalCheckpoint, StopRequested
-    from ..training.compress import TimeBudget, compress
-    from ..training.compress_classifier import compress_classifier
 
     eargs, task_args = _recipes(args)
     resume = "continue with the same command plus --resume"
@@ -124,7 +124,7 @@ def run(args) -> int:
 
 def _limits(args) -> dict:
     """``max_params`` and ``max_bytes`` (None: not given); neither given: ``MAX_PARAMS``."""
-    from ..budget import parse_size
+    from ..accounting.budget import parse_size
 
     limits = {"max_params": parse_size(args.max_params) if args.max_params else None,
               "max_bytes": parse_size(args.max_bytes) if args.max_bytes else None}

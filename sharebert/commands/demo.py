@@ -53,7 +53,7 @@ def search(result: Path) -> float:
     import numpy as np
     from sharebert_runtime import Runtime
 
-    from ..paths import packaged_search
+    from ..formats.paths import packaged_search
 
     corpus, queries, _ = packaged_search()
     _step(f"3. Similarity search with the torch-free runtime over {len(corpus)} sentences: the student beside its "
@@ -91,7 +91,7 @@ def run(args) -> int:
     from sharebert_runtime.main import main
     from sharebert_runtime.outdir import check_out_dir
 
-    from ..paths import data_path, packaged_corpus, packaged_heldout
+    from ..formats.paths import data_path, packaged_corpus, packaged_heldout
 
     # The one --out rule: only the demo's own folder (its marker) is replaced; anything else is refused.
     out = check_out_dir(args.out, "sharebert demo folder", lambda p: (p / MARKER).is_file(), overwrite=True)

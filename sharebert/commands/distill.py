@@ -5,12 +5,12 @@ import os
 
 from sharebert_runtime import options as opt
 
-from ..training.options import EMBEDDING_LOSS, EMBEDDING_LOSSES
+from ..training.arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES
 
 
 def add_arguments(p):
+    from ..training.arguments import DistillWeights, FinetuneArgs
     from ..training.glue import TASKS
-    from ..training.options import DistillWeights, FinetuneArgs
     from .finetune import add_training_arguments
 
     d, w = FinetuneArgs(), DistillWeights()
@@ -78,7 +78,7 @@ def _distill_args(args):
     """The recipe (``DistillArgs``) the options give, each numeric option checked to be positive. The token-level
     terms of ``--objective embedding`` are off unless asked for; ``--max-time`` without ``--max-steps`` lets the
     clock end the run (its schedule anneals to 0)."""
-    from ..training.options import DistillArgs, DistillWeights, parse_layer_map
+    from ..training.arguments import DistillArgs, DistillWeights, parse_layer_map
 
     for name in ("epochs", "batch_size", "lr", "seq_len", "max_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
         value = getattr(args, name)
@@ -151,7 +151,7 @@ def _run_glue(args, dargs) -> int:
 def _run_embedding(args, dargs) -> int:
     from dataclasses import asdict
 
-    from ..shape import parse_overrides
+    from ..model.shape import parse_overrides
     from ..training.distill_embedding import EmbeddingArgs, distill_embedding
 
     if args.task:

@@ -12,8 +12,8 @@ def _common(p, json_out=True):
 
 
 def add_arguments(p):
+    from ..training.arguments import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
     from ..training.glue import TASKS
-    from ..training.options import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
 
     sub = p.add_subparsers(dest="mode", metavar="MODE", required=True)
     g = sub.add_parser("glue", help="dev metrics of a fine-tuned model")
@@ -76,7 +76,7 @@ def _pairs(items, flag):
 
 def _depths(args):
     """``evaluate glue --depths``: one row per depth (torch-free for an artifact folder)."""
-    from ..training.depth import depth_table, plot_depths
+    from ..training.depth_table import depth_table, plot_depths
     from .tables import format_table
 
     result = depth_table(args.model, args.task, args.depths, args.data_dir, args.max_eval_samples,

@@ -7,8 +7,8 @@ from sharebert_runtime import options as opt
 
 
 def add_arguments(p):
+    from ..training.arguments import FinetuneArgs
     from ..training.glue import TASKS
-    from ..training.options import FinetuneArgs
 
     d = FinetuneArgs()
     p.add_argument("--model", type=opt.path, required=True, help="pre-trained model folder (e.g. a `sharebert pretrain` output)")
@@ -61,11 +61,11 @@ def add_depth_sampling_argument(p) -> None:
 
 
 def run(args) -> int:
-    from ..model_folder import check_convert
+    from ..formats.model_folder import check_convert
 
     check_convert(args.model, args.out, args.convert_to_sharebert, args.resume)  # never ignored; before torch
+    from ..training.arguments import FinetuneArgs
     from ..training.finetune import finetune  # torch: only once the options are known to be good (argparse types)
-    from ..training.options import FinetuneArgs
     from .tables import format_table
     fargs = FinetuneArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                          weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,

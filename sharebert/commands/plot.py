@@ -12,7 +12,7 @@ def add_arguments(p):
 def run(args) -> int:
     from pathlib import Path
 
-    from ..curves import plot_curves, read_log
+    from ..accounting.curves import plot_curves, read_log
 
     out = Path(args.out) if args.out else Path(args.run) / "curves.png"
     if out.is_dir():

@@ -9,8 +9,8 @@ from sharebert_runtime import options as opt
 
 
 def add_arguments(p):
-    from ..shape import PRESETS
-    from ..training.options import PretrainArgs
+    from ..model.shape import PRESETS
+    from ..training.arguments import PretrainArgs
     from .finetune import add_depth_sampling_argument, add_save_minutes_argument
 
     d = PretrainArgs()
@@ -66,12 +66,12 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..shape import parse_overrides, preset_fields
-    from ..training.options import PretrainArgs
+    from ..model.shape import parse_overrides, preset_fields
+    from ..training.arguments import PretrainArgs
 
     if args.preset:
         preset_fields(args.preset)  # an unknown preset fails before torch is imported
-    from ..model_folder import check_convert
+    from ..formats.model_folder import check_convert
 
     check_convert(args.model, args.out, args.convert_to_sharebert, args.resume)  # never ignored; before torch
     a = PretrainArgs(

@@ -26,11 +26,11 @@ def load_config(preset: str | None, model: str | None, overrides: dict):
 
     A ``ModelShape`` validates like ``ShareBertConfig`` without importing torch or transformers.
     """
-    from ..shape import ModelShape
+    from ..model.shape import ModelShape
 
     if preset:
         return ModelShape.from_preset(preset, **overrides), (None if overrides else preset)
-    from ..model_folder import shape_fields
+    from ..formats.model_folder import shape_fields
 
     fields = {**shape_fields(model), **overrides}
     return ModelShape(**fields), None
@@ -38,7 +38,7 @@ def load_config(preset: str | None, model: str | None, overrides: dict):
 
 def build_report(config, preset: str | None, head: str, seq_len: int, batch: int) -> dict:
     """Everything ``report`` prints, as JSON-ready data."""
-    from ..accounting import HEADS, count_bytes, count_flops, count_params, paper_figures
+    from ..accounting.counts import HEADS, count_bytes, count_flops, count_params, paper_figures
 
     n = count_params(config, head)
     flops = count_flops(config, head, seq_len, batch)
@@ -130,7 +130,7 @@ def render(r: dict, fmt: str) -> str:
 
 def _other_architecture(model: str | None) -> bool:
     """Whether ``model`` is a folder of an encoder architecture other than sharebert's and BERT's (a teacher)."""
-    from ..model_folder import MODEL_TYPES, read_config
+    from ..formats.model_folder import MODEL_TYPES, read_config
 
     return model is not None and read_config(model, model_types=None).get("model_type") not in MODEL_TYPES
 
@@ -210,7 +210,7 @@ def render_encoder(r: dict, fmt: str) -> str:
 
 
 def run(args) -> int:
-    from ..shape import parse_overrides
+    from ..model.shape import parse_overrides
 
     if args.seq_len < 1 or args.batch < 1:
         raise ValueError("--seq-len and --batch must be positive")

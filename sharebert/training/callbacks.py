@@ -448,7 +448,7 @@ def kept_result(trainer, checkpoint: str | Path | None, out: Path, expect=(), pu
 def write_results(trainer, out: Path, metrics: dict) -> None:
     """A finished run's ``log_history.json``, its curves and, last, ``metrics.json`` (which :func:`kept_result`
     reads back on a ``--resume``)."""
-    from ..curves import write_curves
+    from ..accounting.curves import write_curves
 
     write_json(out / "log_history.json", trainer.state.log_history)
     write_curves(out)

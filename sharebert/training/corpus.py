@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..progress import bar as progress_bar
+from ..formats.bars import bar as progress_bar
 from sharebert_runtime.textlines import text_pieces
 
 CHAR_SPECIALS = ("[PAD]", "[UNK]")

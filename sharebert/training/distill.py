@@ -32,19 +32,19 @@ from transformers import Trainer
 
 from sharebert_runtime.artifact import sha256
 from sharebert_runtime.errors import first_line
-from ..model_folder import load_config, load_tokenizer
+from ..formats.model_folder import load_config, load_tokenizer
 from sharebert_runtime.outdir import check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
-from ..paths import data_path
+from ..formats.paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
 from .callbacks import (MarkCheckpoints, StopsAtMaxSteps, check_fits, kept_result, resume_from, start_checkpoints,
                         write_results)
-from .depth import check_depth_sampling
+from .depth_table import check_depth_sampling
 from .encoded import encoded_task, evaluate_dev
 from .finetune import load_classifier, metrics_for, task_training_args
 from .glue import GlueTask, get_task, task_file
 from .fingerprint import data_files, run_fingerprint, teacher_fingerprint  # noqa: F401  (distill's names)
-from .options import DistillArgs, DistillWeights
-from .progress import no_bars, show_progress
+from .arguments import DistillArgs, DistillWeights
+from .log_lines import no_bars, show_progress
 
 PROJECTIONS_FILE = "distill_projections.safetensors"
 TARGETS_FILE = "teacher_targets"  # an embedding distillation's teacher vectors: -<key>.npy in its --out
@@ -218,7 +218,7 @@ def load_teacher(teacher_dir, head: str = "classifier"):
 
     On a CUDA device with bf16 support it is loaded in bf16 (the student's losses are computed in fp32).
     """
-    import sharebert.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
+    import sharebert.model.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
     from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     cls = {"classifier": AutoModelForSequenceClassification, "mlm": AutoModelForMaskedLM, "encoder": AutoModel}[head]
@@ -484,11 +484,11 @@ def check_same_data(checkpoint: Path, data: dict) -> None:
 
 def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed: int):
     """``(model, tokenizer)``: a preset built on the teacher's tokenizer, or a model folder (checked against it)."""
-    from ..shape import PRESETS
+    from ..model.shape import PRESETS
 
     if not Path(student).exists() and student in PRESETS:
-        from ..build import config_for_vocab
-        from ..modeling_sharebert import ShareBertForSequenceClassification
+        from ..formats.build import config_for_vocab
+        from ..model.modeling_sharebert import ShareBertForSequenceClassification
 
         config = config_for_vocab(student, {}, len(teacher_tok))
         labels = {"num_labels": 1 if task.is_regression else task.num_labels,
@@ -681,9 +681,9 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     ``metrics.json`` (steps, train loss, the last value of each term).
     """
     args.weights.check_teaches()
-    from ..build import config_for_vocab
-    from ..modeling_sharebert import ShareBertForMaskedLM
-    from ..shape import PRESETS
+    from ..formats.build import config_for_vocab
+    from ..model.modeling_sharebert import ShareBertForMaskedLM
+    from ..model.shape import PRESETS
     from sharebert_runtime.textlines import resolve_sources
     from .corpus import PackedDataset, encode_sources, pack
 
@@ -708,7 +708,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     elif Path(student).exists():
         s_tok = load_tokenizer(student, load_config(student).vocab_size)
         torch.manual_seed(args.seed)
-        from ..model_folder import load_model
+        from ..formats.model_folder import load_model
         model = load_model(ShareBertForMaskedLM, student)[0]
     else:
         raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")

@@ -28,15 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..modeling_sharebert import pool
-from ..model_folder import load_config, load_tokenizer
+from ..model.modeling_sharebert import pool
+from ..formats.model_folder import load_config, load_tokenizer
 from sharebert_runtime.outdir import check_out_dir, finite
-from ..paths import data_path
+from ..formats.paths import data_path
 from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_same_data, check_tokenizers, \
     distill_losses, pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, \
     is_distill_out, data_files, run_fingerprint, start_run, TARGETS_FILE, DistillTrainer, _maps, _resume_from, stream_training_args
-from .depth import check_depth_sampling
-from .options import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
+from .depth_table import check_depth_sampling
+from .arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
 POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
 HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
@@ -67,8 +67,8 @@ _ACTIVATION_MODULES = {"Identity": nn.Identity, "Tanh": nn.Tanh, "Relu": nn.ReLU
 
 
 def recipe_head(model_dir, recipe) -> nn.Module | None:
-    """The recipe's Dense layers (``sharebert.recipe``) as a frozen torch module, or None when it has none."""
-    from ..recipe import ACTIVATIONS, read_dense_weights
+    """The recipe's Dense layers (``sharebert.formats.recipe``) as a frozen torch module, or None when it has none."""
+    from ..formats.recipe import ACTIVATIONS, read_dense_weights
 
     layers = []
     for layer in recipe.dense:
@@ -86,7 +86,7 @@ def student_head(student_dir, in_features: int, out_features: int, pooling: str)
     """A student folder's own output projection ``(in_features -> out_features)``: its one Dense module, without
     activation, after the same ``pooling`` as the teacher's; so a student distilled further keeps the head it was
     trained with, also where the widths match (then no head is made afresh). None where the folder has no such head."""
-    from ..recipe import ACTIVATIONS, read_dense_weights, read_recipe
+    from ..formats.recipe import ACTIVATIONS, read_dense_weights, read_recipe
 
     recipe = read_recipe(student_dir)
     dense = recipe.dense
@@ -108,7 +108,7 @@ def load_encoder(model_dir):
     """The backbone of any BERT-family or sharebert folder (``AutoModel``), eval mode, no gradients, eager
     attention (attention maps for the token-level terms), on the CPU (``distill_embedding`` moves it to the
     GPU, where there is one, once the student is initialised from it)."""
-    import sharebert.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
+    import sharebert.model.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
     from transformers import AutoModel
 
     from sharebert_runtime.errors import first_line
@@ -137,7 +137,7 @@ def default_corpus() -> list[Path]:
     sentences (text only, no labels or scores; STS-B dev, the quality check, is never read for training), those of
     them it holds; where it holds none (the wheel installed elsewhere), the corpus shipped in the package
     (``paths.packaged_corpus``: 2,482 WikiText-2 sentences)."""
-    from ..paths import packaged_corpus
+    from ..formats.paths import packaged_corpus
 
     files = [data_path("wikitext-2-raw", "wiki.valid.raw"), data_path("glue", "STS-B", "train.tsv"),
              data_path("glue", "SST-2", "train.tsv")]
@@ -235,7 +235,7 @@ def encode(model, tokenizer, sentences: list[str], pooling: str, head=None, seq_
            batch_size: int = 64, normalize: bool = False, desc: str | None = None) -> np.ndarray:
     """Sentence vectors ``(N, H)`` of a backbone (+ ``head``), batches sorted by length, in input order;
     ``desc``: show progress under that name (long passes: the teacher over the training sentences)."""
-    from ..progress import bar
+    from ..formats.bars import bar
 
     order = np.argsort([len(s) for s in sentences])
     out = [None] * len(sentences)
@@ -380,12 +380,12 @@ def build_student(student: str, overrides: dict, vocab_size: int):
     """A fresh ``ShareBertModel`` from a preset (``overrides``: ``--set``) with the teacher's vocabulary size,
     no dropout (``options.STUDENT_DROPOUT``) and no pooler (the sentence vector is pooled from the token
     states), or a model folder's backbone."""
-    from ..configuration_sharebert import ShareBertConfig
-    from ..modeling_sharebert import ShareBertModel
-    from ..shape import PRESETS
+    from ..model.configuration_sharebert import ShareBertConfig
+    from ..model.modeling_sharebert import ShareBertModel
+    from ..model.shape import PRESETS
 
     if Path(student).exists():
-        from ..model_folder import load_model
+        from ..formats.model_folder import load_model
 
         if overrides:
             raise ValueError("--set shapes a new student from a preset; a model folder keeps its own shape")
@@ -508,7 +508,7 @@ def _check_args(args: EmbeddingArgs, score_sts: bool, eval_limit: int | None) ->
 def _read_teacher(teacher_dir) -> _Teacher:
     """The teacher folder's recipe, config and tokenizer (any encoder architecture: ``training.teacher``);
     ``ValueError`` for a folder that is no encoder or pools in a way the loss does not."""
-    from ..recipe import read_recipe
+    from ..formats.recipe import read_recipe
     from .teacher import teacher_config, teacher_tokenizer
 
     check_encoder(teacher_dir)
@@ -723,11 +723,11 @@ class _Collator:
 
 def save_student(model, head, tokenizer, out: Path, teacher_recipe, seq_len: int) -> None:
     """The student as a sentence-transformers folder: backbone and tokenizer, then the teacher's recipe with the
-    student's own output projection (if any) as its one Dense layer (``sharebert.recipe.write_recipe``). Every file
+    student's own output projection (if any) as its one Dense layer (``sharebert.formats.recipe.write_recipe``). Every file
     says the length the student was trained at, ``seq_len`` (at most its ``max_position_embeddings``): the
     tokenizer's ``model_max_length`` and the recipe's ``max_seq_length``, so ``truncation=True`` never gives more
     tokens than the model has positions."""
-    from ..recipe import DenseLayer, EmbeddingRecipe, write_recipe
+    from ..formats.recipe import DenseLayer, EmbeddingRecipe, write_recipe
 
     model.save_pretrained(str(out))
     kept, tokenizer.model_max_length = tokenizer.model_max_length, seq_len  # its files say what the model reads

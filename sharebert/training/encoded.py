@@ -10,7 +10,7 @@ import math
 import numpy as np
 import torch
 
-from ..progress import bar
+from ..formats.bars import bar
 from .glue import COLLAPSE, GlueSplit, GlueTask
 from .metrics import predictions_from_logits, task_metrics
 

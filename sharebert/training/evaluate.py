@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from scipy import stats
 
-from ..model_folder import load_config, load_model, load_tokenizer
-from ..paths import data_path
+from ..formats.model_folder import load_config, load_model, load_tokenizer
+from ..formats.paths import data_path
 from .encoded import encode, evaluate_split, label_map, mean_embedding_norm
-from ..progress import bar
+from ..formats.bars import bar
 from .glue import TASKS, GlueTask, get_task, read_split
-from .options import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
+from .arguments import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
 
 
 
@@ -35,7 +35,7 @@ from .options import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
 
 def load_finetuned(model_dir: str | Path):
     """A fine-tuned ``ShareBertForSequenceClassification`` (eval mode, on GPU when present) and its tokenizer."""
-    from ..modeling_sharebert import ShareBertForSequenceClassification
+    from ..model.modeling_sharebert import ShareBertForSequenceClassification
 
     config = load_config(model_dir)
     if "ShareBertForSequenceClassification" not in (config.architectures or []):
@@ -282,7 +282,7 @@ def word_analogy(model, tokenizer, path: str | Path | None = None, batch_size: i
 
 def load_any(model_dir: str | Path):
     """The backbone (``ShareBertModel``) of any ShareBERT model folder, for embedding evaluations, and its tokenizer."""
-    from ..modeling_sharebert import ShareBertModel
+    from ..model.modeling_sharebert import ShareBertModel
 
     config = load_config(model_dir)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))

@@ -18,18 +18,18 @@ from pathlib import Path
 import torch
 from transformers import Trainer
 
-from ..model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
+from ..formats.model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from sharebert_runtime.outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out
-from ..paths import data_path
+from ..formats.paths import data_path
 from .callbacks import (FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps, kept_result, resume_from, start_checkpoints,
                         write_results)
-from .depth import check_depth_sampling
+from .depth_table import check_depth_sampling
 from .encoded import encoded_task, evaluate_dev
 from .fingerprint import run_fingerprint
 from .glue import GlueTask, get_task, task_file
 from .metrics import predictions_from_logits, task_metrics
-from .options import FinetuneArgs
-from .progress import no_bars, show_progress
+from .arguments import FinetuneArgs
+from .log_lines import no_bars, show_progress
 
 
 class FinetuneTrainer(FitsCheckpoint, StopsAtMaxSteps, Trainer):
@@ -39,7 +39,7 @@ class FinetuneTrainer(FitsCheckpoint, StopsAtMaxSteps, Trainer):
 
 def load_classifier(model_dir: str | Path, task: GlueTask):
     """``ShareBertForSequenceClassification`` from ``model_dir`` with the task's labels (head freshly initialised)."""
-    from ..modeling_sharebert import ShareBertForSequenceClassification
+    from ..model.modeling_sharebert import ShareBertForSequenceClassification
 
     config = load_config(model_dir)
     labels = {"num_labels": task.num_labels}

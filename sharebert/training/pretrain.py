@@ -33,18 +33,18 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from ..model_folder import UNFINISHED, is_bert_folder, read_config, save_as_bert
-from ..shape import preset_fields
-from ..curves import write_curves
+from ..formats.model_folder import UNFINISHED, is_bert_folder, read_config, save_as_bert
+from ..model.shape import preset_fields
+from ..accounting.curves import write_curves
 from sharebert_runtime.outdir import OutLock, check_out_dir, write_json
 from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, StopsAtMaxSteps, TensorBoardLogs, TimedSaves,
                         WallClockLimit, any_rank, checkpoints, kept_result, latest_checkpoint, mark_complete,
                         remove_incomplete, resume_checkpoint, rotate, save_checkpoint)
 from sharebert_runtime.textlines import resolve_sources
 from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
-from .depth import check_depth_sampling
-from .options import PretrainArgs
-from .progress import no_bars, show_progress
+from .depth_table import check_depth_sampling
+from .arguments import PretrainArgs
+from .log_lines import no_bars, show_progress
 from .shards import StreamBlocks, TokenStream, read_manifest, vocab_sha256
 
 LOSSES = "sharebert_losses.json"  # in each checkpoint: the run's loss sum so far, for metrics after a resume
@@ -239,7 +239,7 @@ def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, tra
         return Path(model_dir)
     if (out / "config.json").is_file():
         return out  # --resume of a run that built its preset (checked once in _check_out)
-    from ..build import build_model
+    from ..formats.build import build_model
 
     if a.char_level:  # a character tokenizer over the training text
         build_model(preset, out, a.overrides, head="clm", seed=a.seed, tokenizer=char_tokenizer(read_text(train_sources)))
@@ -257,8 +257,8 @@ def load_model_folder(model_dir: Path, objective: str, unfinished_ok: bool = Fal
     """``(config, tokenizer, model)`` of the folder training starts from (its config is the model's shape; a
     transformers BERT folder is BERT); the tokenizer is checked against the config before the weights load.
     ``unfinished_ok``: the folder is the run's own ``--out``, being resumed."""
-    from ..model_folder import load_config, load_model, load_tokenizer
-    from ..modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
+    from ..formats.model_folder import load_config, load_model, load_tokenizer
+    from ..model.modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
 
     config = load_config(model_dir, unfinished_ok)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, ("mask", "cls", "sep") if objective == "mlm" else ())
@@ -368,7 +368,7 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
 def _sources(a: PretrainArgs, train, valid, data) -> tuple[dict | None, list, list]:
     """The prepared ``data`` folder's manifest, or the ``train`` and ``valid`` sources (the character model's
     default: tinyshakespeare), each local file checked to be text."""
-    from ..paths import data_path
+    from ..formats.paths import data_path
 
     if data is not None:
         return read_manifest(data), [], []

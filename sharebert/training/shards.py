@@ -33,7 +33,7 @@ import numpy as np
 
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import OutLock, check_out_dir, read_json, write_json
-from ..progress import bar as progress_bar
+from ..formats.bars import bar as progress_bar
 from sharebert_runtime.textlines import resolve_sources
 from .corpus import encode_lines, iter_lines, sniff_text
 
@@ -62,9 +62,9 @@ def resolve_tokenizer(spec: str | Path):
     """A fast tokenizer from a model folder (its tokenizer) or a preset name (the default WordPiece vocab)."""
     from transformers import AutoTokenizer
 
-    from ..paths import default_vocab
-    from ..shape import PRESETS
-    from ..tokenization import hf_tokenizer
+    from ..formats.paths import default_vocab
+    from ..model.shape import PRESETS
+    from ..formats.tokenization import hf_tokenizer
 
     path = Path(spec)
     if path.is_dir():

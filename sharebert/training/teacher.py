@@ -40,7 +40,7 @@ def accepted() -> str:
 def read_teacher(teacher_dir) -> dict:
     """The teacher's ``config.json`` as a dict (``model_folder.read_config``'s checks of the folder); ``ValueError``
     in one line for a decoder-only, encoder-decoder or non-text model."""
-    from ..model_folder import read_config
+    from ..formats.model_folder import read_config
 
     raw = read_config(teacher_dir, model_types=None)
     kind = raw.get("model_type")
@@ -61,7 +61,7 @@ def teacher_config(teacher_dir):
     """The teacher's transformers config (``AutoConfig``; sharebert's registered), checked by :func:`read_teacher`."""
     from transformers import AutoConfig
 
-    import sharebert.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
+    import sharebert.model.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
 
     read_teacher(teacher_dir)
     try:
@@ -78,7 +78,7 @@ def teacher_shape(teacher_dir) -> dict:
 
 def teacher_tokenizer(teacher_dir, config=None, needs: tuple[str, ...] = ("pad",)):
     """The teacher's fast tokenizer (``model_folder.load_tokenizer``'s checks), fitting its embedding table."""
-    from ..model_folder import load_tokenizer
+    from ..formats.model_folder import load_tokenizer
 
     config = teacher_config(teacher_dir) if config is None else config
     return load_tokenizer(teacher_dir, int(config.vocab_size), needs=needs)

@@ -233,7 +233,7 @@ def search_answers(queries, corpus):
 def search_agreement(t_vec, s_vec, say=print) -> dict:
     """The report's search row: the fraction of the package's search queries (``paths.packaged_search``) whose
     top-1 sentence is the same for the student as for the teacher (``t_vec``, ``s_vec``: texts -> vectors)."""
-    from ..paths import packaged_search
+    from ..formats.paths import packaged_search
 
     corpus, queries, _ = packaged_search()
     say(f"measuring the student's search answers on {len(queries)} queries over {len(corpus)} sentences ...")
@@ -252,8 +252,8 @@ def _cos(a, b):
 def quality_texts(eval_pairs=None, limit: int | None = None) -> list[list[str]]:
     """The lists of texts :func:`embedding_quality` encodes, each through teacher and student, in its order: the
     held-out sentences, the search queries and corpus, ``--eval-pairs``' two sides, STS-B dev's two sides."""
-    from ..paths import packaged_heldout, packaged_search
-    from .distill_embedding import sts_available, sts_dev
+    from ..formats.paths import packaged_heldout, packaged_search
+    from ..training.distill_embedding import sts_available, sts_dev
 
     held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
     texts = [held[:max(limit, 3)] if limit else held, *packaged_search()[1::-1]]
@@ -287,11 +287,11 @@ def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit:
     sentences, said in the labels."""
     import numpy as np
 
-    from ..paths import packaged_heldout
-    from ..recipe import read_recipe
-    from .distill_embedding import encode, load_encoder, recipe_head, sts_available, sts_dev
-    from .metrics import cosine_spearman
-    from .teacher import teacher_tokenizer
+    from ..formats.paths import packaged_heldout
+    from ..formats.recipe import read_recipe
+    from ..training.distill_embedding import encode, load_encoder, recipe_head, sts_available, sts_dev
+    from ..training.metrics import cosine_spearman
+    from ..training.teacher import teacher_tokenizer
 
     recipe = read_recipe(teacher)
     t_model, t_head = load_encoder(teacher), recipe_head(teacher, recipe)
@@ -343,7 +343,7 @@ def teacher_vectors_key(teacher) -> str:
     weights, config, tokenizer, recipe and Dense modules) and the length it reads."""
     import hashlib
 
-    from .fingerprint import teacher_fingerprint
+    from ..training.fingerprint import teacher_fingerprint
 
     return hashlib.sha256(json.dumps([teacher_fingerprint(teacher), _max_length(teacher)]).encode()).hexdigest()
 
@@ -351,7 +351,7 @@ def teacher_vectors_key(teacher) -> str:
 def _vectors_path(key: str, texts) -> Path:
     import hashlib
 
-    from ..paths import cache_dir
+    from ..formats.paths import cache_dir
 
     digest = hashlib.sha256(json.dumps([key, list(texts)]).encode()).hexdigest()[:24]
     return cache_dir() / "teacher-vectors" / f"{digest}.npy"
@@ -458,8 +458,8 @@ def teacher_cache(teacher, task: str) -> Path:
     it the int8-dynamic export the bar refuses)."""
     import hashlib
 
-    from ..paths import cache_dir
-    from .fingerprint import teacher_fingerprint
+    from ..formats.paths import cache_dir
+    from ..training.fingerprint import teacher_fingerprint
 
     from .. import export
 
@@ -527,7 +527,7 @@ def check_train(train) -> None:
     """``--train`` files refused in one line before any model loads (torch-free): missing, not a regular file (a
     FIFO, a device), empty, binary, or a ``.tsv`` whose first line is no GLUE header."""
     from sharebert_runtime.textlines import resolve_sources
-    from .glue import text_fields
+    from ..training.glue import text_fields
 
     for src in resolve_sources(train) if train else ():
         if isinstance(src, str):  # hf: names are read when training starts
@@ -551,8 +551,8 @@ def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool 
     """Every check that needs no model, torch-free and in well under 2 s, before anything is loaded or changed:
     the teacher's config, a student under ``limits``, ``--out``, the ``--train`` and ``--eval-pairs`` files.
     Returns ``(out, the teacher's config dict)``."""
-    from ..budget import student_for
-    from ..model_folder import MODEL_TYPES, read_config, shape_fields
+    from ..accounting.budget import student_for
+    from ..formats.model_folder import MODEL_TYPES, read_config, shape_fields
 
     raw = read_config(teacher, model_types=None)
     if raw.get("model_type") in MODEL_TYPES:  # torch-free; another architecture: training.teacher (its budget later,
@@ -565,7 +565,7 @@ def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool 
             if not _cut_may_fit(shape, limits, num_labels):
                 raise
     else:
-        from .teacher import read_teacher
+        from ..training.teacher import read_teacher
 
         read_teacher(teacher)
     out = check_out(out, teacher, train, overwrite, resume, data)
@@ -578,7 +578,7 @@ def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool 
 def _cut_may_fit(shape: dict, limits: dict, num_labels: int | None = None) -> bool:
     """Whether a vocabulary cut (``training.vocab``) could make a student fit ``limits`` (``num_labels``: a
     classifier's, whose head counts too)."""
-    from .vocab import _fits, _ladder
+    from ..training.vocab import _fits, _ladder
 
     return any(_fits(budget_fit(num_labels), shape, limits, n) for n in _ladder(1000, int(shape["vocab_size"]), 1.5))
 
@@ -586,7 +586,7 @@ def _cut_may_fit(shape: dict, limits: dict, num_labels: int | None = None) -> bo
 def budget_fit(num_labels: int | None = None):
     """``fits(shape, limits)`` for ``training.vocab.plan_vocabulary``: ``budget.student_for`` with a classifier's
     ``num_labels`` (None: an embedding student's output projection)."""
-    from ..budget import student_for
+    from ..accounting.budget import student_for
 
     return lambda shape, limits: student_for(shape, limits, num_labels=num_labels)
 
@@ -595,8 +595,8 @@ def fingerprint(teacher, student: dict, train, data, objective: str) -> dict:
     """What a ``--resume`` must find unchanged (``fingerprint.run_fingerprint``): the teacher's files, the
     student's shape, the training data (``--train`` files, the ``--data`` manifest, or the default corpus's files)
     and the objective."""
-    from .distill_embedding import default_corpus
-    from .fingerprint import data_files, run_fingerprint
+    from ..training.distill_embedding import default_corpus
+    from ..training.fingerprint import data_files, run_fingerprint
 
     return run_fingerprint(teacher, json.dumps(student, sort_keys=True), data_files(train, data, default_corpus()),
                            objective)
@@ -648,7 +648,7 @@ def finish_out(out: Path) -> None:
 def publish_over(out: Path, fp: dict, overwrite: bool, resume: bool, run) -> dict:
     """``run()``'s report, with the earlier result set aside first (:func:`start_out`): put back when the run fails,
     removed once the new report is written; a stopped run keeps its new parts, to ``--resume``."""
-    from .callbacks import StopRequested
+    from ..training.callbacks import StopRequested
 
     aside = start_out(out, fp, overwrite, resume)
     try:
@@ -708,10 +708,10 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     run finishes unless ``keep_work``); ``out/student`` receives the model alone (:func:`publish_student`),
     ``portable`` (``portable.make_portable``) unless told otherwise. ``vocab_size``: cut the teacher's vocabulary to
     this many tokens (``training.vocab``; without it, cut only when the teacher's does not fit ``limits``)."""
-    from ..budget import student_for
-    from .callbacks import latest_checkpoint, resume_from
-    from .distill import check_encoder
-    from .teacher import student_fields, teacher_tokenizer
+    from ..accounting.budget import student_for
+    from ..training.callbacks import latest_checkpoint, resume_from
+    from ..training.distill import check_encoder
+    from ..training.teacher import student_fields, teacher_tokenizer
 
     out, _ = precheck(teacher, out, limits, train, data, overwrite, resume, eval_pairs)  # nothing loaded or changed
     raw = check_encoder(teacher)
@@ -723,7 +723,7 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
                          "sentence embeddings")
     t_tok = teacher_tokenizer(teacher)
     if data is not None:  # refused before anything is written
-        from .distill_embedding import check_data
+        from ..training.distill_embedding import check_data
 
         check_data(data, train, t_tok, teacher)
     vocab = student_vocabulary(teacher, t_tok, limits, args, train, data, vocab_size, say)
@@ -756,9 +756,9 @@ def publish_student(work: Path, out: Path, portable: bool) -> Path:
     recipe from the distillation's folder ``work``, none of its run files (checkpoints, the teacher's vectors,
     metrics, logs, curves, marker); written beside and swapped in; portable (loads with ``trust_remote_code=True``
     where sharebert is not installed) unless ``portable`` is False."""
-    from ..modeling_sharebert import AUTO_CLASSES
-    from ..portable import make_portable
-    from .distill import TARGETS_FILE
+    from ..model.modeling_sharebert import AUTO_CLASSES
+    from ..model.portable import make_portable
+    from ..training.distill import TARGETS_FILE
 
     run_files = {"checkpoints", "metrics.json", "log_history.json", "curves.png", MARK, ".lock"}
     tmp = out.with_name(f".{out.name}.partial")
@@ -779,7 +779,7 @@ def publish_student(work: Path, out: Path, portable: bool) -> Path:
 def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limits: dict, args, train, data,
               resume: bool, progress: bool, eval_pairs, stopper, say, eval_limit=None, budget=None,
               portable: bool = True, vocab=None) -> dict:
-    from .distill_embedding import distill_embedding
+    from ..training.distill_embedding import distill_embedding
 
     # The teacher's artifact does not depend on the student: made first, its real cost (a refused quantization
     # is a whole export: ~50 s for MiniLM on a loaded 2-core machine) is spent before the plan, not guessed.
@@ -845,8 +845,8 @@ def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_si
     """The teacher's vocabulary cut for the student (``training.vocab.plan_vocabulary``), or None to keep it whole.
     The cut keeps the tokens of the --train text (default corpus) and of ``more_text()`` (a classifier: its task's
     training text); ``num_labels``: a classifier's, whose head the budget counts."""
-    from .distill_embedding import IN_MEMORY, default_corpus, read_sentences
-    from .vocab import plan_vocabulary
+    from ..training.distill_embedding import IN_MEMORY, default_corpus, read_sentences
+    from ..training.vocab import plan_vocabulary
 
     if data is not None:
         if vocab_size is not None:
@@ -858,7 +858,7 @@ def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_si
         sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)
         return [*sentences, *(more_text() if more_text is not None else ())]
 
-    from .teacher import teacher_shape
+    from ..training.teacher import teacher_shape
 
     shape = teacher_shape(teacher) if num_labels is not None else embedding_shape(teacher)  # an encoder: its positions
     return plan_vocabulary(t_tok, shape, limits, budget_fit(num_labels), text, vocab_size, say)
@@ -868,7 +868,7 @@ def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_si
 def embedding_shape(teacher) -> dict:
     """What ``budget.student_for`` reads of an encoder teacher (``teacher.teacher_shape``) and its maximum length
     (:func:`_max_length`): the student gets as many positions, so it reads what its teacher reads."""
-    from .teacher import teacher_shape
+    from ..training.teacher import teacher_shape
 
     return {**teacher_shape(teacher), "max_length": _max_length(teacher)}
 
@@ -876,8 +876,8 @@ def embedding_shape(teacher) -> dict:
 def _max_length(model_dir) -> int:
     """The tokens a model folder reads: its recipe's ``max_seq_length``, else its position embeddings; never more
     than its position embeddings."""
-    from ..model_folder import read_config
-    from ..recipe import read_recipe
+    from ..formats.model_folder import read_config
+    from ..formats.recipe import read_recipe
 
     positions = int(read_config(model_dir, model_types=None).get("max_position_embeddings", 512))
     return min(read_recipe(model_dir).max_seq_length or positions, positions)

@@ -18,7 +18,7 @@ shared-qkv scalings) and embedding lookups count 0, as in ``torch.utils.flop_cou
 """
 from __future__ import annotations
 
-from .shape import FILL_ORDER, ModelShape, ShapeMixin
+from ..model.shape import FILL_ORDER, ModelShape, ShapeMixin
 
 HEADS = ("none", "mlm", "classifier")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
@@ -150,7 +150,7 @@ def published() -> dict:
     import json
     from pathlib import Path
 
-    return json.loads((Path(__file__).parent / "data" / "published.json").read_text())
+    return json.loads((Path(__file__).resolve().parents[1] / "data" / "published.json").read_text())
 
 
 def paper_figures(preset: str | None, head: str = "none") -> dict | None:

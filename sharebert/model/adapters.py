@@ -1,7 +1,7 @@
 """LoRA for sharebert models with peft: ``sharebert.lora_config(model)`` is the one call.
 
 BERT's usual LoRA targets (``query``, ``value`` ``nn.Linear``s) do not exist here: every encoder matrix is
-generated from one source tensor (``sharebert/eps.py``), so the adapter goes on that source, as a peft
+generated from one source tensor (``sharebert/model/eps.py``), so the adapter goes on that source, as a peft
 ``target_parameters`` entry (peft's LoRA on an ``nn.Parameter``, which reaches every read of it):
 
 * ``sharing='veps'``: the virtual projection ``P`` (F x V) of ``weight_generator.projection``; the generated

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .configuration_sharebert import ShareBertConfig, pad_vocab_size
+from ..model.configuration_sharebert import ShareBertConfig, pad_vocab_size
 from .paths import default_vocab
 from .tokenization import hf_tokenizer
 
@@ -30,7 +30,7 @@ def build_model(preset: str, out: str | Path, overrides: dict | None = None, voc
     """
     import torch
 
-    from .modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
+    from ..model.modeling_sharebert import ShareBertForCausalLM, ShareBertForMaskedLM
 
     if tokenizer is not None and vocab is not None:
         raise ValueError("give a tokenizer or a vocab file, not both")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def data_dir() -> Path:
@@ -33,7 +33,7 @@ def default_vocab() -> Path:
     return data_path("bert-base-uncased", "vocab.txt")
 
 
-PACKAGED_TEXT = Path(__file__).resolve().parent / "data" / "text"
+PACKAGED_TEXT = Path(__file__).resolve().parents[1] / "data" / "text"
 
 
 def packaged_corpus() -> Path:

@@ -28,7 +28,7 @@ from sharebert_runtime.untrusted import (
     str_field,
 )
 
-from .shape import CONFIG_FIELDS, DEFAULTS, PRESETS, preset_fields
+from ..model.shape import CONFIG_FIELDS, DEFAULTS, PRESETS, preset_fields
 
 MODEL_TYPES = ("sharebert", "bert")
 # BERT config fields that carry over unchanged (everything else of the shape is the bert preset's).
@@ -124,7 +124,7 @@ def shape_fields(model_dir: str | Path) -> dict:
 
 def load_config(model_dir: str | Path, unfinished_ok: bool = False):
     """``ShareBertConfig`` of a sharebert or BERT model folder; a bad config is a ``ValueError`` naming the file."""
-    from .configuration_sharebert import ShareBertConfig
+    from ..model.configuration_sharebert import ShareBertConfig
 
     path = Path(model_dir) / "config.json"
     raw = read_config(model_dir, unfinished_ok)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from sharebert_runtime.outdir import save_figure
-from ..paths import data_path
+from ..formats.paths import data_path
 from .glue import get_task, read_split
 from .metrics import task_metrics
 
@@ -105,7 +105,7 @@ def depth_table(model, task: str, depths, data_dir=None, max_eval_samples: int |
     depth for an artifact exported without depth support, raise ``ValueError`` before the data is read.
     """
     from sharebert_runtime.artifact import MANIFEST, depth_limit, is_artifact
-    from ..model_folder import read_config
+    from ..formats.model_folder import read_config
 
     task_ = get_task(task)
     if not latency_samples >= 1 or not threads >= 1:

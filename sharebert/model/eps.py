@@ -2,7 +2,7 @@
 
 A source matrix ``M`` of shape ``(E, W)`` lends whole columns to each target weight; the column
 plan and the layout (``T[i, j] = M[k % E, c0 + k // E]`` with ``k = i * cols + j``) are in
-``sharebert/plan.py``. Generation is one matrix product: ``M[:, used].T`` is a ``(sum(G), E)``
+``sharebert/model/plan.py``. Generation is one matrix product: ``M[:, used].T`` is a ``(sum(G), E)``
 buffer whose rows are the generated columns, and every target is a view of a piece of it.
 """
 from __future__ import annotations

@@ -54,7 +54,7 @@ def _resumable(phase: Path) -> bool:
     """Whether a stopped phase left a checkpoint to continue from. Without one the phase starts afresh over its
     folder (``overwrite``), which the distillation takes only if it is a distillation's: a folder of the user's
     that happens to be named like a phase is refused, never cleared."""
-    from .callbacks import latest_checkpoint
+    from ..training.callbacks import latest_checkpoint
 
     return latest_checkpoint(phase / "checkpoints") is not None
 
@@ -62,7 +62,7 @@ def _resumable(phase: Path) -> bool:
 def _recorded_task(teacher: Path):
     """The task in the teacher's ``metrics.json`` (a ``sharebert finetune`` output) or None, and what the file
     said when it names none (for the error that follows)."""
-    from .glue import recorded_task
+    from ..training.glue import recorded_task
 
     return recorded_task(teacher)
 
@@ -70,7 +70,7 @@ def _recorded_task(teacher: Path):
 def classifier_task(teacher, config: dict, task: str | None):
     """The ``GlueTask`` a classifier teacher was fine-tuned on (module docstring, step 0); ``ValueError`` when it
     cannot be told or ``task`` contradicts the teacher's record."""
-    from .glue import TASKS, get_task
+    from ..training.glue import TASKS, get_task
 
     teacher = Path(teacher)
     recorded, why = _recorded_task(teacher)
@@ -104,8 +104,8 @@ def artifact_glue_metrics(artifact: Path, task, data_dir: Path, limit: int | Non
     import numpy as np
 
     from sharebert_runtime import Runtime
-    from .glue import read_split
-    from .metrics import task_metrics
+    from ..training.glue import read_split
+    from ..training.metrics import task_metrics
 
     split = read_split(task, data_dir, task.dev_splits[0]).head(limit)
     rt = Runtime(artifact)
@@ -146,13 +146,13 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     ``vocab_size``: cut the teacher's vocabulary to this many tokens (``training.vocab``, over the --train text and
     the task's training text; without it, cut only when the teacher's does not fit ``limits``); both phases then
     train the student on its own tokens."""
-    from ..budget import student_for
+    from ..accounting.budget import student_for
     from sharebert_runtime.outdir import check_same_run
-    from .teacher import student_fields, teacher_config, teacher_shape, teacher_tokenizer
-    from ..paths import data_path
-    from .callbacks import resume_from
-    from .distill import check_cut_task, check_teacher_labels
-    from .glue import task_file
+    from ..training.teacher import student_fields, teacher_config, teacher_shape, teacher_tokenizer
+    from ..formats.paths import data_path
+    from ..training.callbacks import resume_from
+    from ..training.distill import check_cut_task, check_teacher_labels
+    from ..training.glue import task_file
 
     out, raw = precheck(teacher, out, limits, train, None, overwrite, resume)  # nothing loaded or changed before
     task_ = classifier_task(teacher, raw, task)
@@ -196,7 +196,7 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
 
 def task_text(task_, data_dir: Path, limit: int | None = None) -> list[str]:
     """The texts of a task's training examples (both sides of a pair), the first ``limit`` examples."""
-    from .glue import read_split
+    from ..training.glue import read_split
 
     split = read_split(task_, data_dir, "train").head(limit)
     return [*split.text_a, *(t for t in (split.text_b or ()) if t)]
@@ -204,9 +204,9 @@ def task_text(task_, data_dir: Path, limit: int | None = None) -> list[str]:
 
 def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrides: dict, limits: dict, args,
                         task_args, train, progress: bool, stopper, say, vocab=None) -> dict:
-    from .callbacks import WallClockLimit
-    from .distill import distill_glue
-    from .distill_embedding import distill_embedding
+    from ..training.callbacks import WallClockLimit
+    from ..training.distill import distill_glue
+    from ..training.distill_embedding import distill_embedding
 
     phases, general, student = _phases(out), out / "general", out / "student"
     budget = {"max_time": args.max_time, "max_steps": args.max_steps, "augment": task_args.augment}

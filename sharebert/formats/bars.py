@@ -3,7 +3,7 @@
 In a log that is not a terminal (CI, ``nohup``, ``make demo > log``) every bar refresh, and the cursor
 codes of nested bars, would flood the file. There :func:`bar` prints its meter as one plain line at
 most every ``LINE_SECONDS`` and once at the end (``prepare: 12.0MB/100MB [00:04<00:29, 3.0MB/s]``), and
-the Trainer prints one line per log event (``training.progress.LogLines``).
+the Trainer prints one line per log event (``training.log_lines.LogLines``).
 """
 from __future__ import annotations
 

@@ -6,11 +6,11 @@
 * ``eps``: columns of the word-embedding matrix ``(E, F)`` (ShareBERT EPS);
 * ``veps``: columns of the virtual embedding ``A @ P + p`` of shape ``(E, V)`` (ShareBERT VEPS).
 
-``attention`` picks how Q, K and V are formed (see ``sharebert/attention.py``).
+``attention`` picks how Q, K and V are formed (see ``sharebert/model/attention.py``).
 """
 from __future__ import annotations
 
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
 from .shape import PRESETS, ShapeMixin, pad_vocab_size, preset_fields
 
@@ -113,7 +113,3 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         result = super().from_dict(config_dict, **kwargs)
         (result[0] if isinstance(result, tuple) else result).validate()
         return result
-
-
-# -- registration with transformers' Auto classes (left out of a folder's portable copy: sharebert/portable.py)
-AutoConfig.register(ShareBertConfig.model_type, ShareBertConfig, exist_ok=True)  # AutoConfig reads sharebert folders

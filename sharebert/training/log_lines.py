@@ -8,7 +8,7 @@ import time
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from ..progress import LINE_SECONDS, interactive
+from ..formats.bars import LINE_SECONDS, interactive
 
 
 def _duration(seconds: float) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from sharebert_runtime.outdir import save_figure
 
-from .accounting import DTYPE_BYTES, as_shape, count_flops, count_params
+from .counts import DTYPE_BYTES, as_shape, count_flops, count_params
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 
@@ -43,7 +43,7 @@ _COUNTED_FIELDS = ("vocab_size", "word_embedding_size", "hidden_size", "num_hidd
 
 def candidate_configs(vocab_size: int = 30528) -> list[dict]:
     """ShareBERT (VEPS) grid over F, V, N, I, heads, attention, and dense BERT baselines, plus the paper's presets."""
-    from .shape import PRESETS
+    from ..model.shape import PRESETS
 
     # the presets at the teacher's vocabulary (their own is 30,528 rows): counted with the table the student gets,
     # and only those that build with it (a cut vocabulary's table may be too small a source for a preset's layers)
@@ -92,7 +92,7 @@ class Candidate:
 
     @property
     def is_preset(self) -> bool:
-        from .shape import PRESETS
+        from ..model.shape import PRESETS
 
         return self.name in PRESETS
 
@@ -228,7 +228,7 @@ def _plot_candidates(ax, result: dict) -> None:
 
 def _plot_presets(ax, cands, fits) -> None:
     """ShareBERT Table 2's presets as stars (hollow: outside the limits), each labelled."""
-    from .accounting import published
+    from .counts import published
 
     table2 = published()["table2"]["rows"]
     stars = [(c, ok) for c, ok in zip(cands, fits) if c.name in table2]
@@ -251,7 +251,7 @@ def _plot_limits(ax, limits: dict, dtype_bytes: int) -> None:
 
 def _plot_methods(fig, ax) -> None:
     """ShareBERT Table 1's methods as lettered green lines, their key beside the plot."""
-    from .accounting import published
+    from .counts import published
 
     key = []
     for letter, group in zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ", _clusters(published()["compression_methods"]["rows"])):
