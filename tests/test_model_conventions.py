@@ -1,7 +1,7 @@
 """transformers' model conventions, checked in the pattern of transformers' model testers: a tiny config,
 inputs made by a tester class, one check per convention.
 
-Which conventions hold and which are declared unsupported (and why) is in docs/ARCHITECTURE.md.
+Which conventions hold and which are declared unsupported (and why) is in docs/MODEL.md.
 """
 import pytest
 import torch

@@ -240,7 +240,7 @@ class MarkCheckpoints(TimedSaves):
 def save_checkpoint(trainer) -> None:
     """A checkpoint of ``trainer``'s last complete step outside its loop (a signal during an evaluation), then the
     ``on_save`` callbacks, as the loop runs them after a save (the marker, the rotation). ``_save_checkpoint`` is
-    transformers' private method: no public one writes a resumable checkpoint (docs/ARCHITECTURE.md)."""
+    transformers' private method: no public one writes a resumable checkpoint (docs/MODEL.md)."""
     trainer._save_checkpoint(trainer.model, None)
     trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
 
