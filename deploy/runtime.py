@@ -24,7 +24,7 @@ from .errors import first_line
 from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAIRS, PAST, PRESENT, TOKENIZER, ArtifactError,
                        check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, product_rows,
                        quantize_per_channel, quantize_rows, session_options, verify_artifact)
-from .memory import give_back
+from .memory import give_back, settle
 from .pooling import POOLERS, l2_normalize, pool
 
 RAM_MODES = ("auto", "fp32", "int8")
@@ -120,6 +120,7 @@ class Runtime:
         self._check_output()
         check_fits_model(self.manifest, self.path,  # an input with a default (depth) is an overridable initializer
                          self.input_names + [i.name for i in self.session.get_overridable_initializers()])
+        settle()
 
     def _check_output(self) -> None:
         """The graph's first output fits the manifest's task: ``(B, T, ...)`` per token, or ``(B, labels)``."""
@@ -202,6 +203,7 @@ class Runtime:
         if cut:  # most weights: a few rows of their product at a time, never a whole weight in fp32
             # BASIC folds the small constant parts; an int8 source sliced by columns is dequantized per call
             session = graph("rows", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+            settle()  # the first session's code (kernel registry, graph passes) before the runs add their buffers
             rows = product_rows(session, ram["width"], ram["height"])
             out = [(np.empty(w["shape"], np.int8), np.empty(w["shape"][1], np.float32)) for w in cut]  # before any chunk
             for w, arrays in zip(cut, out):
