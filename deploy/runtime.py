@@ -191,9 +191,14 @@ class Runtime:
         return compute
 
     def _generate_int8(self, ram: dict) -> ort.InferenceSession:
-        def graph(name, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL):  # default: no folding (run once, freed)
-            so = self._options(level=level)
-            return _open_session(self.path / ram[name], so, ["CPUExecutionProvider"], self.path)
+        opened = []
+
+        def graph(file, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL):  # default: no folding (run once, freed)
+            session = _open_session(self.path / file, self._options(level=level), ["CPUExecutionProvider"], self.path)
+            if not opened:  # the load's first session: its code (kernel registry, graph passes) before the runs' buffers
+                settle()
+                opened.append(file)
+            return session
 
         def keep(w, q, scale):
             self._int8_inputs[w["int8"]] = ort.OrtValue.ortvalue_from_numpy(q)
@@ -202,8 +207,7 @@ class Runtime:
         cut = [w for w in ram["weights"] if "offset" in w]
         if cut:  # most weights: a few rows of their product at a time, never a whole weight in fp32
             # BASIC folds the small constant parts; an int8 source sliced by columns is dequantized per call
-            session = graph("rows", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
-            settle()  # the first session's code (kernel registry, graph passes) before the runs add their buffers
+            session = graph(ram["rows"], ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
             rows = product_rows(session, ram["width"], ram["height"])
             out = [(np.empty(w["shape"], np.int8), np.empty(w["shape"][1], np.float32)) for w in cut]  # before any chunk
             for w, arrays in zip(cut, out):
@@ -211,11 +215,14 @@ class Runtime:
             del session, rows, out
             give_back()  # the freed chunks, before the next phase allocates
         whole = [w for w in ram["weights"] if "offset" not in w]
-        if whole:  # e.g. the transposed embeddings of a tied decoder: one weight at a time
-            session = graph("generator")
-            generated = session.run([w["output"] for w in whole], {})  # one run: ONNX Runtime computes every output
+        graphs = {}  # e.g. the transposed embeddings of a tied decoder, a dense teacher's weights (a few MB a graph)
+        for w in whole:
+            graphs.setdefault(w.get("generator", ram.get("generator")), []).append(w)
+        for name, weights in graphs.items():
+            session = graph(name)
+            generated = session.run([w["output"] for w in weights], {})  # ONNX Runtime runs every node of a graph
             del session
-            for w in whole:
+            for w in weights:
                 keep(w, *quantize_per_channel(generated.pop(0), w["layout"]))
             give_back()
         compute = _open_session(self.path / ram["compute"], self._options(), self.providers, self.path)
