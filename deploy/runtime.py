@@ -6,9 +6,10 @@ the sha256 of every file). :class:`Runtime` verifies every file before it loads 
 
 ``ram="int8"`` (compact artifacts): rather than letting ONNX Runtime fold the generated weights to
 fp32 (four bytes per generated number), the runtime makes them a few rows of ``ram_int8/rows.onnx`` at a
-time (and the few others from one run of ``ram_int8/generator.onnx``), quantizes them per output channel
-in numpy and feeds the int8 arrays (bound once as ``OrtValue``s) to ``ram_int8/compute.onnx``'s
-dynamic-int8 MatMuls on every run: no weight is ever whole in fp32.
+time (and the others from one run of ``ram_int8/generator.onnx``, or of each ``generator.N.onnx`` past 4 MB
+of them), quantizes them per output channel in numpy and feeds the int8 arrays (bound once as ``OrtValue``s)
+to ``ram_int8/compute.onnx``'s dynamic-int8 MatMuls on every run: no weight is ever whole in fp32. After the
+tokenizer, the first session and the load, the libraries' load-only code is given back (``memory.settle``).
 """
 from __future__ import annotations
 

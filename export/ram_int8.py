@@ -33,7 +33,7 @@ from .graph import computed_products, constant_keys, gather_before_dequantize, n
 MIN_WEIGHT_NUMEL = 4096  # smaller computed weights stay fp32 (ORT folds them in the compute graph)
 MIN_REFERENCE_BYTES = 256  # smaller initializers (shapes, scalars) are repeated in the small graphs
 # fp32 outputs of one generator graph: the most a load holds in fp32 at once for the weights it makes whole (a
-# dense teacher's 36 weights, 42 MB in fp32, are 11 graphs: its load peaks 68 -> 38 MB above the imports)
+# dense teacher's 36 weights, 42 MB in fp32, are 13 graphs: its load peaks 68 -> 19 MB above the imports)
 GENERATOR_BYTES = 4 << 20
 
 
