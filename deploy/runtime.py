@@ -93,11 +93,10 @@ class Runtime:
         self.threads = threads
         special = self.manifest.get("special_tokens") or {}
         self.tokenizer = _load_tokenizer(self.path / TOKENIZER)
-        vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        for name, token_id in special.items():
-            if token_id >= vocab:
+        for name, token_id in special.items():  # id_to_token: get_vocab_size(with_added_tokens) copies the vocabulary
+            if token_id >= 1 << 32 or self.tokenizer.id_to_token(token_id) is None:  # ids are u32 in tokenizers
                 raise ArtifactError(f"{self.path / 'manifest.json'}: special_tokens {name} = {token_id} is not an id of "
-                                    f"tokenizer.json ({vocab} tokens)")
+                                    f"tokenizer.json ({self.tokenizer.get_vocab_size(with_added_tokens=True)} tokens)")
         self.pad_id = int(special.get("pad", 0))
         self.mask_id = special.get("mask")
         self.cls_id = special.get("cls")

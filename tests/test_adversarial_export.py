@@ -285,6 +285,7 @@ RUNTIME_CASES = [
     ("pad-negative", _special(pad=-1), "special_tokens"),
     ("pad-string", _special(pad="0"), "special_tokens"),
     ("mask-beyond-vocab", _special(mask=10 ** 6), "special_tokens mask"),
+    ("mask-beyond-32-bits", _special(mask=10 ** 12), "special_tokens mask"),
     ("task-unknown", _field(task="translation"), "task"),
     ("labels-number", _field(labels=5), "labels"),
     ("labels-empty", _field(labels=[]), "labels"),
