@@ -257,8 +257,8 @@ def open_ort_format(folder: Path, entry: dict, options: ort.SessionOptions, prov
 
 def _ram_int8_files(ram, bad) -> list[str]:
     """The RAM-int8 entry's files, after checking its fields: per weight the int8/scale input names, the layout,
-    the shape ``[K, N]`` and its source, a generator ``output`` or an ``offset`` into the product ``rows``
-    (``height x width``) that must hold it."""
+    the shape ``[K, N]`` and its source, an ``output`` of the entry's ``generator`` graph (or of the weight's
+    own ``generator``) or an ``offset`` into the product ``rows`` (``height x width``) that must hold it."""
     if not isinstance(ram, dict) or not isinstance(ram.get("weights"), list) or not isinstance(ram.get("compute"), str):
         bad("ram_int8", "must name its compute file and list its weights")
     rows = ram.get("rows")
@@ -274,9 +274,10 @@ def _ram_int8_files(ram, bad) -> list[str]:
         if "offset" in w:
             if not (rows and _is_int(w["offset"]) and w["offset"] + shape[0] * shape[1] <= ram["width"] * ram["height"]):
                 bad("ram_int8", f"weight {w['int8']!r}: offset {w['offset']!r} does not lie in the rows product")
-        elif not (isinstance(w.get("output"), str) and isinstance(ram.get("generator"), str)):
+        elif not (isinstance(w.get("output"), str) and isinstance(w.get("generator", ram.get("generator")), str)):
             bad("ram_int8", f"weight {w['int8']!r} names neither a rows offset nor a generator output")
-    return [ram[k] for k in ("generator", "rows", "compute") if isinstance(ram.get(k), str)]
+    graphs = [w["generator"] for w in ram["weights"] if "offset" not in w and "generator" in w]
+    return [ram[k] for k in ("generator", "rows", "compute") if isinstance(ram.get(k), str)] + sorted(set(graphs))
 
 
 def _check_file(root: Path, name: str, meta: dict, path: Path) -> None:

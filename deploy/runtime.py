@@ -6,9 +6,10 @@ the sha256 of every file). :class:`Runtime` verifies every file before it loads 
 
 ``ram="int8"`` (compact artifacts): rather than letting ONNX Runtime fold the generated weights to
 fp32 (four bytes per generated number), the runtime makes them a few rows of ``ram_int8/rows.onnx`` at a
-time (and the few others from one run of ``ram_int8/generator.onnx``), quantizes them per output channel
-in numpy and feeds the int8 arrays (bound once as ``OrtValue``s) to ``ram_int8/compute.onnx``'s
-dynamic-int8 MatMuls on every run: no weight is ever whole in fp32.
+time (and the others from one run of ``ram_int8/generator.onnx``, or of each ``generator.N.onnx`` past 4 MB
+of them), quantizes them per output channel in numpy and feeds the int8 arrays (bound once as ``OrtValue``s)
+to ``ram_int8/compute.onnx``'s dynamic-int8 MatMuls on every run: no weight is ever whole in fp32. After the
+tokenizer, the first session and the load, the libraries' load-only code is given back (``memory.settle``).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .errors import first_line
 from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAIRS, PAST, PRESENT, TOKENIZER, ArtifactError,
                        check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, product_rows,
                        quantize_per_channel, quantize_rows, session_options, verify_artifact)
-from .memory import give_back
+from .memory import give_back, settle
 from .pooling import POOLERS, l2_normalize, pool
 
 RAM_MODES = ("auto", "fp32", "int8")
@@ -92,17 +93,17 @@ class Runtime:
         self.threads = threads
         special = self.manifest.get("special_tokens") or {}
         self.tokenizer = _load_tokenizer(self.path / TOKENIZER)
-        vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        for name, token_id in special.items():
-            if token_id >= vocab:
+        for name, token_id in special.items():  # id_to_token: get_vocab_size(with_added_tokens) copies the vocabulary
+            if token_id >= 1 << 32 or self.tokenizer.id_to_token(token_id) is None:  # ids are u32 in tokenizers
                 raise ArtifactError(f"{self.path / 'manifest.json'}: special_tokens {name} = {token_id} is not an id of "
-                                    f"tokenizer.json ({vocab} tokens)")
+                                    f"tokenizer.json ({self.tokenizer.get_vocab_size(with_added_tokens=True)} tokens)")
         self.pad_id = int(special.get("pad", 0))
         self.mask_id = special.get("mask")
         self.cls_id = special.get("cls")
         self.sep_id = special.get("sep")
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
+        settle()  # the JSON parse's code and freed blocks, before a session's code (the load peaks at the first session)
         self._int8_inputs: dict[str, ort.OrtValue] = {}
         self._pair_tokenizer = None  # made on the first pair: truncation longest first
         # a model with one token type (type_vocab_size 1) reads a pair with type 0 throughout, as it was trained
@@ -120,6 +121,7 @@ class Runtime:
         self._check_output()
         check_fits_model(self.manifest, self.path,  # an input with a default (depth) is an overridable initializer
                          self.input_names + [i.name for i in self.session.get_overridable_initializers()])
+        settle()
 
     def _check_output(self) -> None:
         """The graph's first output fits the manifest's task: ``(B, T, ...)`` per token, or ``(B, labels)``."""
@@ -190,9 +192,14 @@ class Runtime:
         return compute
 
     def _generate_int8(self, ram: dict) -> ort.InferenceSession:
-        def graph(name, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL):  # default: no folding (run once, freed)
-            so = self._options(level=level)
-            return _open_session(self.path / ram[name], so, ["CPUExecutionProvider"], self.path)
+        opened = []
+
+        def graph(file, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL):  # default: no folding (run once, freed)
+            session = _open_session(self.path / file, self._options(level=level), ["CPUExecutionProvider"], self.path)
+            if not opened:  # the load's first session: its code (kernel registry, graph passes) before the runs' buffers
+                settle()
+                opened.append(file)
+            return session
 
         def keep(w, q, scale):
             self._int8_inputs[w["int8"]] = ort.OrtValue.ortvalue_from_numpy(q)
@@ -201,7 +208,7 @@ class Runtime:
         cut = [w for w in ram["weights"] if "offset" in w]
         if cut:  # most weights: a few rows of their product at a time, never a whole weight in fp32
             # BASIC folds the small constant parts; an int8 source sliced by columns is dequantized per call
-            session = graph("rows", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+            session = graph(ram["rows"], ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
             rows = product_rows(session, ram["width"], ram["height"])
             out = [(np.empty(w["shape"], np.int8), np.empty(w["shape"][1], np.float32)) for w in cut]  # before any chunk
             for w, arrays in zip(cut, out):
@@ -209,11 +216,14 @@ class Runtime:
             del session, rows, out
             give_back()  # the freed chunks, before the next phase allocates
         whole = [w for w in ram["weights"] if "offset" not in w]
-        if whole:  # e.g. the transposed embeddings of a tied decoder: one weight at a time
-            session = graph("generator")
-            generated = session.run([w["output"] for w in whole], {})  # one run: ONNX Runtime computes every output
+        graphs = {}  # e.g. the transposed embeddings of a tied decoder, a dense teacher's weights (a few MB a graph)
+        for w in whole:
+            graphs.setdefault(w.get("generator", ram.get("generator")), []).append(w)
+        for name, weights in graphs.items():
+            session = graph(name)
+            generated = session.run([w["output"] for w in weights], {})  # ONNX Runtime runs every node of a graph
             del session
-            for w in whole:
+            for w in weights:
                 keep(w, *quantize_per_channel(generated.pop(0), w["layout"]))
             give_back()
         compute = _open_session(self.path / ram["compute"], self._options(), self.providers, self.path)

@@ -5,7 +5,9 @@ dense fp32 at load, four bytes per generated number. The device has no ``onnx`` 
 graphs that let it hold them at one byte each are cut from ``model.onnx`` here, at export time:
 
 * ``ram_int8/generator.onnx``: the constant subgraph of ``model.onnx``; its outputs are the distinct
-  generated weights (each ``B`` of a ``MatMul``, ``(K, N)``, or of a ``Gemm`` with ``transB``, ``(N, K)``).
+  generated weights (each ``B`` of a ``MatMul``, ``(K, N)``, or of a ``Gemm`` with ``transB``, ``(N, K)``)
+  that are not cut from ``ram_int8/rows.onnx``'s product; past ``GENERATOR_BYTES`` of them, further graphs
+  ``generator.1.onnx``, ... (named by their weights' ``generator``).
 * ``ram_int8/compute.onnx``: ``model.onnx`` with each of those products replaced by
   ``com.microsoft.DynamicQuantizeMatMul(x, B_int8, B_scale[, bias])`` whose int8 weight ``(K, N)`` and
   per-output-channel scale ``(N,)`` are graph inputs; the generator nodes are gone.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from sharebert_runtime.artifact import (MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR,
                                        RAM_INT8_ROWS as ROWS, product_rows, quantize_per_channel, quantize_rows,
                                        session_options)
@@ -29,6 +32,9 @@ from .graph import computed_products, constant_keys, gather_before_dequantize, n
 
 MIN_WEIGHT_NUMEL = 4096  # smaller computed weights stay fp32 (ORT folds them in the compute graph)
 MIN_REFERENCE_BYTES = 256  # smaller initializers (shapes, scalars) are repeated in the small graphs
+# fp32 outputs of one generator graph: the most a load holds in fp32 at once for the weights it makes whole (a
+# dense teacher's 36 weights, 42 MB in fp32, are 13 graphs: its load peaks 68 -> 19 MB above the imports)
+GENERATOR_BYTES = 4 << 20
 
 
 def _reference_initializers(graph, blob: bytes, used: set[str]) -> None:
@@ -189,6 +195,20 @@ def _check_rows(model, width: int, height: int, weights: list[dict], whole: dict
             raise RuntimeError(f"RAM-int8 rows of {w['output']} do not reproduce the generated weight")
 
 
+def _generator_groups(weights: list[dict], shapes: dict) -> list[list[dict]]:
+    """``weights`` in order, cut into groups whose fp32 outputs hold at most ``GENERATOR_BYTES`` (one weight at
+    least): one generator graph each, since ONNX Runtime runs every node of a graph whatever outputs are asked."""
+    groups, size = [], 0
+    for w in weights:
+        nbytes = 4 * int(np.prod(shapes[w["output"]]))
+        if not groups or size + nbytes > GENERATOR_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(w)
+        size += nbytes
+    return groups
+
+
 def build_int8_ram_graphs(out_dir: str | Path) -> dict:
     """Write the RAM-int8 graphs into ``out_dir/ram_int8/``, beside ``out_dir/model.onnx`` (already written,
     compact), derived from that file alone (whatever its storage dtype), with ``graph.py``'s passes.
@@ -256,13 +276,18 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
         _save(rows, out_dir / ROWS, blob)
         ram.update(rows=ROWS, height=height, width=width)
     del whole
-    whole_weights = [w for w in weights if "output" in w]
-    if whole_weights:
-        del g.output[:]
-        g.output.extend(helper.make_tensor_value_info(w["output"], TensorProto.FLOAT, shapes[w["output"]])
-                        for w in whole_weights)
-        prune(generator)
-        _save(generator, out_dir / GENERATOR, blob)
+    for i, group in enumerate(_generator_groups([w for w in weights if "output" in w], shapes)):
+        part = onnx.ModelProto()  # the generator cut to this group's outputs
+        part.CopyFrom(generator)
+        del part.graph.output[:]
+        part.graph.output.extend(helper.make_tensor_value_info(w["output"], TensorProto.FLOAT, shapes[w["output"]])
+                                 for w in group)
+        prune(part)
+        name = GENERATOR if i == 0 else GENERATOR.replace(".onnx", f".{i}.onnx")
+        _save(part, out_dir / name, blob)
+        for w in group:
+            if i:  # the first graph is the entry's own generator
+                w["generator"] = name
         ram["generator"] = GENERATOR
 
     compute = onnx.ModelProto()

@@ -285,6 +285,7 @@ RUNTIME_CASES = [
     ("pad-negative", _special(pad=-1), "special_tokens"),
     ("pad-string", _special(pad="0"), "special_tokens"),
     ("mask-beyond-vocab", _special(mask=10 ** 6), "special_tokens mask"),
+    ("mask-beyond-32-bits", _special(mask=10 ** 12), "special_tokens mask"),
     ("task-unknown", _field(task="translation"), "task"),
     ("labels-number", _field(labels=5), "labels"),
     ("labels-empty", _field(labels=[]), "labels"),
@@ -317,6 +318,10 @@ RUNTIME_CASES = [
     ("rows-file-is-the-compute-graph", lambda f, m: m["ram_int8"].update(rows=m["ram_int8"]["compute"]), "ram_int8"),
     ("generator-output-unknown", lambda f, m: next(w for w in m["ram_int8"]["weights"] if "output" in w).update(
         output="nope"), "ram_int8"),
+    ("weight-generator-unlisted", lambda f, m: _whole_weight(m).update(generator="ram_int8/generator.9.onnx"),
+     "does not list ram_int8/generator.9.onnx"),
+    ("weight-generator-outside", lambda f, m: _whole_weight(m).update(generator="../gen.onnx"), "../gen.onnx"),
+    ("weight-generator-not-a-string", lambda f, m: _whole_weight(m).update(generator=5), "ram_int8"),
     ("task-does-not-fit-the-output", _field(task="text-classification", labels=["a", "b"]), "does not fit"),
     ("max-length-over-the-positions", _field(max_length=4096), "max_length 4096 exceeds the model's"),
     ("max-depth-over-the-layers", _field(max_depth=3), "max_depth 3"),
@@ -324,6 +329,11 @@ RUNTIME_CASES = [
      "pooling ['mean'] is not one of"),
     ("embedding-not-an-object", _field(embedding="mean"), "embedding must be an object"),
 ]
+
+
+def _whole_weight(manifest: dict) -> dict:
+    """The first RAM-int8 weight the runtime makes whole, from a generator graph's output."""
+    return next(w for w in manifest["ram_int8"]["weights"] if "output" in w)
 
 
 def _row_weight(manifest: dict) -> dict:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,3 +187,54 @@ def test_every_memory_setting_answers_within_the_artifacts_parity_tolerance(tmp_
     a, b = vectors["fp32"], vectors["int8"]
     cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
     assert np.isfinite(cosine).all() and cosine.min() >= THRESHOLDS["int8"]["cosine"], cosine
+
+
+def test_a_dense_teachers_weights_come_from_small_generator_graphs_with_the_same_numbers(tmp_path, monkeypatch):
+    """A dense teacher's weights are all made whole: the export cuts its generator into graphs of at most
+    ``GENERATOR_BYTES`` of fp32 outputs (ONNX Runtime runs every node of a graph), each listed in the manifest, and
+    the load quantizes exactly the same int8 weights as from one graph."""
+    import torch
+    import transformers
+    from tiny_teachers import make_config, make_tokenizer
+
+    from sharebert.export import ram_int8
+
+    tokenizer, clf = make_tokenizer("wordpiece", "bert", True), tmp_path / "bert"  # weights of 64 x 64 and up
+    torch.manual_seed(0)
+    transformers.AutoModelForSequenceClassification.from_config(
+        make_config("bert", tokenizer, hidden_size=64, intermediate_size=128, num_labels=2)).save_pretrained(clf)
+    tokenizer.save_pretrained(clf)
+    export_model(clf, tmp_path / "one", task="text-classification", quantize="int8", check_limit=8, runs=1,
+                 progress=False)
+    monkeypatch.setattr(ram_int8, "GENERATOR_BYTES", 1)  # one weight per graph
+    export_model(clf, tmp_path / "split", task="text-classification", quantize="int8", check_limit=8, runs=1,
+                 progress=False)
+    manifest = json.loads((tmp_path / "split" / "manifest.json").read_text())
+    graphs = {w.get("generator", manifest["ram_int8"]["generator"]) for w in manifest["ram_int8"]["weights"]}
+    assert len(graphs) == len(manifest["ram_int8"]["weights"]) > 1 and graphs <= set(manifest["files"])
+    one, split = (Runtime(tmp_path / name, ram="int8", threads=1) for name in ("one", "split"))
+    assert one._int8_inputs.keys() == split._int8_inputs.keys()
+    for name, value in one._int8_inputs.items():
+        assert np.array_equal(value.numpy(), split._int8_inputs[name].numpy()), name
+    assert one.classify(SENTENCES) == split.classify(SENTENCES)
+    (tmp_path / "split" / sorted(graphs)[-1]).unlink()  # a listed graph missing: refused by name
+    with pytest.raises(contract.ArtifactError, match="generator"):
+        Runtime(tmp_path / "split", ram="int8")
+
+
+def test_releasing_library_code_pages_keeps_every_answer(artifact, monkeypatch):
+    """``release_code`` unmaps the resident pages of onnxruntime's and tokenizers' libraries (Linux): the next
+    request maps back what it runs and answers the same; where madvise is missing it does nothing."""
+    from sharebert_runtime import memory
+
+    rt = Runtime(artifact, threads=1)
+    text = "the capital of france is [MASK] ."
+    before = rt.fill_mask(text)
+    folders = [str(Path(sys.modules[name].__file__).resolve().parent) + "/" for name in memory.CODE_PACKAGES]
+    mapped = sum(kb for _, _, kb in memory._library_mappings(folders))
+    released = memory.release_code()
+    if sys.platform.startswith("linux"):
+        assert released > 0 and sum(kb for _, _, kb in memory._library_mappings(folders)) < mapped
+    assert rt.fill_mask(text) == before
+    monkeypatch.setattr(memory, "MADVISE", None)
+    assert memory.release_code() == 0 and rt.fill_mask(text) == before
