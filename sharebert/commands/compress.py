@@ -7,7 +7,7 @@ import sys
 
 from sharebert_runtime import options as opt
 
-from ..training.arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES
+from ..training.arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES, WORD_STRINGS
 
 # Defaults, torch-free (the --help of every command answers before torch is imported).
 # LR: STS-B dev 0.8211 at 1e-3 vs 0.8183 at 5e-4 (1,500 steps, runs/abA4 vs abA1); TASK_LR: SST-2 dev 0.8406 at
@@ -45,6 +45,10 @@ def add_arguments(p):
                                                                                        "a classifier: also its task's training examples)")
     p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
                    help=f"loss on the sentence vectors (default {EMBEDDING_LOSS})")
+    p.add_argument("--word-strings", type=opt.non_negative_float, metavar="R",
+                   help=f"R strings of 1-4 whole words of the student's vocabulary per training sentence, each taught "
+                        f"with the teacher's vector: words the text lacks (default {WORD_STRINGS:g} for an encoder "
+                        "teacher, 0 for a classifier's general distillation; 0: off)")
     p.add_argument("--lr", type=opt.positive_float, default=LR, help=f"peak learning rate (default {LR:g})")
     p.add_argument("--batch-size", type=opt.positive_int, default=BATCH, help=f"default {BATCH}")
     p.add_argument("--eval-limit", type=opt.positive_int, help="a classifier teacher: score the first N GLUE dev examples "
@@ -96,7 +100,7 @@ def run(args) -> int:
     from ..pipelines.compress_classifier import compress_classifier
     from ..training.callbacks import SignalCheckpoint, StopRequested
 
-    eargs, task_args = _recipes(args)
+    eargs, task_args = _recipes(args, classifier)
     resume = "continue with the same command plus --resume"
     try:
         with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
@@ -152,7 +156,7 @@ def _check_teacher_options(args, classifier: bool) -> None:
                              f"{args.teacher} is an encoder")
 
 
-def _recipes(args):
+def _recipes(args, classifier: bool):
     """The embedding distillation's recipe and a classifier's task distillation's, sharing the step options."""
     from ..training.distill import DistillArgs, DistillWeights
     from ..training.distill_embedding import EmbeddingArgs
@@ -161,6 +165,7 @@ def _recipes(args):
                  max_steps=args.max_steps or (None if args.max_time else 1000), seed=args.seed,
                  max_train_samples=args.max_train_samples, eval_steps=200, save_minutes=args.save_minutes)
     eargs = EmbeddingArgs(lr=args.lr, **steps, loss=args.loss, max_time=args.max_time,
+                          words=(0.0 if classifier else WORD_STRINGS) if args.word_strings is None else args.word_strings,
                           weights=DistillWeights(hidden=0, attention=0, embedding=0))
     task_args = DistillArgs(lr=args.task_lr or TASK_LR, **steps, max_eval_samples=args.eval_limit,
                             augment=args.augment or 0)

@@ -24,6 +24,9 @@ def add_arguments(p):
                    help="--objective embedding: shape the preset student, e.g. --set embedding_size=128 (repeatable)")
     p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
                    help=f"--objective embedding: loss on the sentence vectors (default {EMBEDDING_LOSS})")
+    p.add_argument("--word-strings", type=opt.non_negative_float, default=0.0, metavar="R",
+                   help="--objective embedding: R strings of 1-4 whole words of the student's vocabulary per training "
+                        "sentence, each taught with the teacher's vector (default 0; compress uses 1)")
     p.add_argument("--init", choices=["teacher", "random"], default="teacher",
                    help="--objective embedding: start the student's embeddings from the teacher's (PCA) or at random")
     p.add_argument("--max-time", type=opt.positive_float, metavar="SECONDS",
@@ -159,7 +162,7 @@ def _run_embedding(args, dargs) -> int:
     if args.max_time is not None and not args.max_time > 0:
         raise ValueError(f"--max-time must be positive, got {args.max_time}")
     eargs = EmbeddingArgs(**asdict(dargs) | {"weights": dargs.weights}, loss=args.loss, init=args.init,
-                          max_time=args.max_time)
+                          max_time=args.max_time, words=args.word_strings)
     m = distill_embedding(args.teacher, args.student, args.out, args.train, eargs,
                           overrides=parse_overrides(args.overrides), overwrite=args.overwrite, resume=args.resume,
                           data=args.data, eval_limit=args.max_eval_samples)  # STS-B dev pairs scored

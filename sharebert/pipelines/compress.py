@@ -814,8 +814,9 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
                     **{k: v["student"] for k, v in q["measures"].items()},
                     "quantization": s_manifest.get("quantization"), **s_probe,
                     **({"vocabulary": vocab.as_dict()} if vocab is not None else {})},
-        "training": {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "loss", "init",
-                                       "stopped_by_time", "seq_len")},
+        "training": {**{k: m[k] for k in ("steps", "train_seconds", "train_sentences", "loss", "init",
+                                          "stopped_by_time", "seq_len")},
+                     "train_word_strings": m.get("train_word_strings", 0)},
         "limits": {k: v for k, v in limits.items() if v is not None},
         "quality": [{"label": v["label"], "key": k} for k, v in q["measures"].items()],
         "calibration": q["calibration"],
@@ -824,12 +825,19 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
     report["teacher"]["max_seq_length"] = _max_length(teacher)
     tr = report["training"]
     summary = (f"{_length_sentence(m['seq_len'], report['teacher']['max_seq_length'])} Distilled {tr['steps']} "
-               f"steps ({tr['train_seconds']:.0f} s, {tr['train_sentences']:,} sentences of at "
+               f"steps ({tr['train_seconds']:.0f} s, {_texts(tr)} of at "
                f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: PyTorch "
                "fp32; student figures: its int8 artifact through the torch-free runtime. "
                + calibration_sentence(q["calibration"])
                + (f" The student's {vocab.describe()}." if vocab is not None else ""))
     return write_report(out, report, summary)
+
+
+def _texts(training: dict) -> str:
+    """What a run trained on, in words: its sentences, and the strings of vocabulary words among them."""
+    words = training.get("train_word_strings", 0)
+    sentences = f"{training['train_sentences'] - words:,} sentences"
+    return f"{sentences} and {words:,} strings of vocabulary words" if words else sentences
 
 
 def _length_sentence(student: int, teacher: int) -> str:

@@ -292,3 +292,44 @@ class PackedDataset(torch.utils.data.Dataset):
         inputs, labels = mask_tokens(ids, torch.isin(ids, self.special), self.mlm["mask_id"], self.mlm["vocab_size"], g,
                                      self.mlm["probability"])
         return {"input_ids": inputs, "labels": labels}
+
+
+def vocabulary_words(tokenizer, min_chars: int = 3) -> list[str]:
+    """The whole words of a tokenizer's vocabulary, in id order: each token as its own text, kept where it is
+    letters only, at least ``min_chars`` long, and the one token the tokenizer gives that text after another word
+    (so a word's start, never the inside of one: WordPiece's ``##ing``, byte-level BPE's ``ing`` without ``Ġ``, a
+    SentencePiece piece without ``▁``); special tokens left out."""
+    special = set(tokenizer.all_special_ids)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    candidates = {}
+    for i, token in enumerate(tokens):
+        word = tokenizer.convert_tokens_to_string([token]).strip() if i not in special and token else ""
+        if len(word) >= min_chars and word.isalpha():
+            candidates.setdefault(word, i)
+    lead = tokenizer("a", add_special_tokens=False)["input_ids"]
+    after = tokenizer([f"a {w}" for w in candidates], add_special_tokens=False)["input_ids"]
+    return [w for (w, i), ids in zip(candidates.items(), after) if ids == [*lead, i]]
+
+
+def with_word_strings(sentences: list[str], words: list[str], per_sentence: float, seed: int) -> list[str]:
+    """``sentences`` with ``per_sentence`` strings of 1-4 of ``words`` (drawn without replacement, in a seeded
+    order) after each sentence: the teacher's vector of each string teaches the student words the sentences lack,
+    as model2vec distils a vocabulary. A prefix keeps the mix (a time budget cuts the list from the end)."""
+    if per_sentence <= 0 or not words or not sentences:
+        return sentences
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(words))
+    strings, i = [], 0
+    while i < len(order) and len(strings) < round(per_sentence * len(sentences)):
+        k = int(rng.integers(1, 5))
+        strings.append(" ".join(words[j] for j in order[i:i + k]))
+        i += k
+    out, due = [], 0.0
+    it = iter(strings)
+    for sentence in sentences:
+        out.append(sentence)
+        due += per_sentence
+        while due >= 1:
+            due -= 1
+            out.extend(itertools.islice(it, 1))
+    return out + list(it)

@@ -50,6 +50,7 @@ class EmbeddingArgs(DistillArgs):
 
     loss: str = EMBEDDING_LOSS
     init: str = "teacher"  # or "random"
+    words: float = 0.0  # strings of the student's vocabulary words per training sentence (``corpus.with_word_strings``)
     max_time: float | None = None  # seconds of training (a checkpoint, then the student is saved)
 
 
@@ -464,7 +465,7 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
         sentences, train_ds = None, BlockDataset(teacher_blocks(data, manifest, t.tokenizer, seq_len,
                                                                 args.max_train_samples))
     else:
-        sentences = _training_sentences(train, args, budget, start_from, t, model, s_tok, seq_len)
+        sentences, word_strings = _training_sentences(train, args, budget, start_from, t, model, s_tok, seq_len)
         train_ds = SentenceDataset(s_tok, sentences, seq_len)
     trained_on = _trained_on(train_ds, sentences, manifest, seq_len, student, student_folder, overrides)
     if start_from is not None:  # before the teacher's pass: --resume on other text is refused, not trained on
@@ -474,6 +475,8 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
                                                            f"embedding ({args.loss} loss)"))
     score = _scorer(score_sts, s_tok, t.recipe.pooling, seq_len, eval_limit, progress)
     metrics = _start_metrics(args, t, student, init, seq_len, len(train_ds), score_sts, eval_limit, data, vocab)
+    if manifest is None and args.words:
+        metrics["train_word_strings"] = word_strings
     metrics["teacher_sts_spearman"] = score(t.model, t.head, "teacher", t.tokenizer)
     fit = _take_own_head(student, student_folder, model, t, projections, args.init, metrics)
     train_ds = _teacher_vectors(projections.head if fit else None, model, t, s_tok, sentences, train_ds,
@@ -553,19 +556,25 @@ def _teacher_to_device(t: _Teacher) -> None:
 
 
 def _training_sentences(train, args: EmbeddingArgs, budget, start_from, t: _Teacher, model, s_tok,
-                        seq_len: int) -> list[str]:
+                        seq_len: int) -> tuple[list[str], int]:
     """The ``--train`` sentences (default: :func:`default_corpus`), at most ``IN_MEMORY`` unless
-    ``--max-train-samples`` says, and under a ``budget`` as many as its time allows."""
+    ``--max-train-samples`` says, with ``args.words`` strings of the student's vocabulary words after each, and
+    under a ``budget`` as many as its time allows; and how many of them are word strings."""
     sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY + 1)
     if not args.max_train_samples and len(sentences) > IN_MEMORY:  # refused now, not out of memory hours later
         raise ValueError(f"--train holds over {IN_MEMORY:,} sentences, and each is kept in memory with its "
                          f"teacher vector: pass --max-train-samples N, or `sharebert prepare --tokenizer "
                          f"{t.dir}` the text and pass --data, which streams a corpus of any size")
+    if args.words:
+        from .corpus import vocabulary_words, with_word_strings
+
+        real = set(sentences)
+        sentences = with_word_strings(sentences, vocabulary_words(s_tok), args.words, args.seed)
     if budget is not None:  # the teacher's pass sized to the time (a resume: to the checkpoint's sentences)
         sentences = sentences[:_budgeted_count(budget, start_from, t.model, model, t.tokenizer, t.head, sentences,
                                                pooling=t.recipe.pooling, seq_len=seq_len, batch=args.batch_size,
                                                student_tok=s_tok)]
-    return sentences
+    return sentences, (sum(x not in real for x in sentences) if args.words else 0)
 
 
 def _trained_on(train_ds, sentences, manifest, seq_len: int, student: str, student_folder: bool,
