@@ -262,7 +262,9 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir
     report = json.loads((work / "R" / "report.json").read_text())
     keys = [q["key"] for q in report["quality"]]
     assert keys == ["agreement_cosine", "agreement_top1", "search_top1"]
-    assert report["training"]["train_sentences"] == 64
+    # the 64 sentences, each followed by one string of vocabulary words (--word-strings' default 1)
+    assert report["training"]["train_sentences"] == 128 and report["training"]["train_word_strings"] == 64
+    assert "64 sentences and 64 strings of vocabulary words" in (work / "R" / "report.md").read_text()
     assert not list(empty.iterdir())
     assert proc.stdout.index("plan for --max-time") < proc.stdout.index("exporting the student")
     assert not (work / "R" / "work").exists() and not (work / "R" / "student" / "checkpoints").exists()
