@@ -2,6 +2,7 @@
 teacher on held-out text) and a report that reads right (every figure says what it was measured on, the cosine
 calibration, the picture's title, units and values)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -265,6 +266,10 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir
     # the 64 sentences, each followed by one string of vocabulary words (--word-strings' default 1)
     assert report["training"]["train_sentences"] == 128 and report["training"]["train_word_strings"] == 64
     assert "64 sentences and 64 strings of vocabulary words" in (work / "R" / "report.md").read_text()
+    for side in ("teacher", "student"):  # the first answer includes the load and one request: longer than a request
+        d = report[side]
+        assert math.isfinite(d["first_answer_ms"]) and d["first_answer_ms"] > d["p50_ms_16"] > 0
+    assert "| time to first answer (fresh process: start, imports, load, 1 request) |" in (work / "R" / "report.md").read_text()
     assert not list(empty.iterdir())
     assert proc.stdout.index("plan for --max-time") < proc.stdout.index("exporting the student")
     assert not (work / "R" / "work").exists() and not (work / "R" / "student" / "checkpoints").exists()

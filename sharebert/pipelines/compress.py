@@ -28,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,7 +41,7 @@ PARTS = ("general", "student", WORK, "artifact", "teacher_artifact", "teacher_lo
          "report.md", "report.png", MARK)  # what a compress run writes in ``out`` (``--overwrite`` replaces these, nothing else)
 
 # Runs in a fresh process (torch never imported): peak RSS after loading the artifact (VmHWM: ru_maxrss would
-# count the parent's peak, kept across exec), then p50 latencies.
+# count the parent's peak, kept across exec), the time to its first answer, then p50 latencies.
 _PROBE = r"""
 import json, sys, time
 import numpy as np
@@ -52,7 +53,8 @@ rt = Runtime(sys.argv[1], threads=1)
 rss = status("VmHWM")
 run = rt.embed if rt.task == "feature-extraction" else rt.classify
 run(["one request"])
-out = {"peak_rss_bytes": rss, "added_rss_bytes": status("VmRSS") - imports}
+first = time.time() - float(sys.argv[3])  # since the parent started this process: interpreter, imports, load, 1 request
+out = {"peak_rss_bytes": rss, "added_rss_bytes": status("VmRSS") - imports, "first_answer_ms": first * 1000}
 for n in (16, 128):
     words = ("the quick brown fox jumps over the lazy dog " * 40).split()
     text = " ".join(words[: n - 2])
@@ -144,9 +146,10 @@ def is_classifier(config: dict) -> bool:
 
 
 def probe(artifact: Path, runs: int = 30) -> dict:
-    """Peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread), in a fresh torch-free process."""
-    proc = subprocess.run([sys.executable, "-c", _PROBE, str(artifact), str(runs)], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    """Peak RSS at load, the time from the process's start to its first answer, and p50 of one sentence at 16 and
+    128 tokens (1 thread), in a fresh torch-free process."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(artifact), str(runs), repr(time.time())],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
         raise RuntimeError(f"measuring {artifact} failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -946,7 +949,9 @@ ROWS = (("learned parameters", "learned_params", "{:,}", "count"),
         ("peak RSS at load (1 thread, fresh process)", "peak_rss_bytes", None, "MB"),
         ("RAM the artifact adds (load + 1 request)", "added_rss_bytes", None, "MB"),
         ("p50, 16 tokens, 1 thread", "p50_ms_16", "{:.2f} ms", "ms"),
-        ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms", "ms"))  # then the report's quality rows
+        ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms", "ms"),
+        ("time to first answer (fresh process: start, imports, load, 1 request)", "first_answer_ms", "{:.0f} ms",
+         "ms"))  # then the report's quality rows
 
 
 def rows(r: dict) -> tuple:
