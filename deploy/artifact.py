@@ -77,54 +77,83 @@ def _is_int(value, low: int = 0, high: int | None = None) -> bool:
     return ok and (high is None or value <= high)
 
 
+def _is_sha256(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+
+
+def _special_tokens_ok(special) -> bool:
+    return isinstance(special, dict) and all(isinstance(k, str) and _is_int(v) for k, v in special.items())
+
+
+def _labels_ok(labels) -> bool:
+    return labels is None or (isinstance(labels, list) and bool(labels) and all(isinstance(x, str) for x in labels))
+
+
+def _labels_present(m: dict) -> bool:
+    """A classification artifact (not a regression one) names its labels."""
+    return not (m.get("task") == "text-classification" and m.get("problem_type") != "regression"
+                and m.get("labels") is None)
+
+
+def _pairs_ok(m: dict) -> bool:
+    pairs = m.get(PAIRS)
+    return pairs in (None, True, False) and (pairs is None or m.get("task") == "text-classification")
+
+
+def _session_config_ok(config) -> bool:
+    return isinstance(config, dict) and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in config.values())
+
+
+# The manifest's scalar fields, in the order they are checked: (field, holds(manifest), why(manifest)); the first that
+# does not hold is the one the error names
+_FIELD_CHECKS = (
+    ("format", lambda m: isinstance(m, dict) and m.get("format") == FORMAT, lambda m: f"is not {FORMAT!r}"),
+    ("format_version", lambda m: m.get("format_version") in READABLE_VERSIONS,
+     lambda m: f"{m.get('format_version')!r} is not supported (this runtime reads versions "
+               f"{', '.join(map(str, READABLE_VERSIONS))})"),
+    ("task", lambda m: m.get("task") in TASKS, lambda m: f"{m.get('task')!r} is not one of {', '.join(TASKS)}"),
+    ("max_length", lambda m: _is_int(m.get("max_length"), 1, MAX_LENGTH_LIMIT),
+     lambda m: f"{m.get('max_length')!r} is not an integer in 1..{MAX_LENGTH_LIMIT}"),
+    ("special_tokens", lambda m: _special_tokens_ok(m.get("special_tokens", {})),
+     lambda m: "must map token names to non-negative integer ids"),
+    ("problem_type", lambda m: m.get("problem_type") in PROBLEM_TYPES,
+     lambda m: f"{m.get('problem_type')!r} is not one of {PROBLEM_TYPES}"),
+    ("labels", lambda m: _labels_ok(m.get("labels")), lambda m: "must be a non-empty list of strings (or null)"),
+    ("labels", _labels_present, lambda m: "are missing for a classification artifact"),
+    (PAIRS, _pairs_ok,
+     lambda m: f"{m.get(PAIRS)!r} must be true, false or null, and only a text-classification artifact says it"),
+    ("max_depth", lambda m: m.get("max_depth") is None or _is_int(m.get("max_depth"), 2),
+     lambda m: f"{m.get('max_depth')!r} is not null or an integer >= 2 (the encoder layers a depth input may run)"),
+    ("depth_note", lambda m: isinstance(m.get("depth_note", ""), (str, type(None))), lambda m: "must be a string or null"),
+    ("session_config", lambda m: _session_config_ok(m.get("session_config", {})),
+     lambda m: "must map entry names to strings"),
+    ("session_config", lambda m: not set(m.get("session_config", {})) - SESSION_CONFIG_KEYS,
+     lambda m: f"sets {sorted(set(m.get('session_config', {})) - SESSION_CONFIG_KEYS)}, not among the allowed entries "
+               f"{sorted(SESSION_CONFIG_KEYS)}"),
+)
+
+
 def _check_fields(manifest, path: Path) -> None:
     """Every manifest field the runtime uses has the right type and range (``ArtifactError`` naming it)."""
     def bad(field, why):
         raise ArtifactError(f"{path}: {field} {why}")
 
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        bad("format", f"is not {FORMAT!r}")
-    if manifest.get("format_version") not in READABLE_VERSIONS:
-        bad("format_version", f"{manifest.get('format_version')!r} is not supported (this runtime reads versions "
-                              f"{', '.join(map(str, READABLE_VERSIONS))})")
-    task = manifest.get("task")
-    if task not in TASKS:
-        bad("task", f"{task!r} is not one of {', '.join(TASKS)}")
-    if not _is_int(manifest.get("max_length"), 1, MAX_LENGTH_LIMIT):
-        bad("max_length", f"{manifest.get('max_length')!r} is not an integer in 1..{MAX_LENGTH_LIMIT}")
-    special = manifest.get("special_tokens", {})
-    if not isinstance(special, dict) or not all(isinstance(k, str) and _is_int(v) for k, v in special.items()):
-        bad("special_tokens", "must map token names to non-negative integer ids")
-    if manifest.get("problem_type") not in PROBLEM_TYPES:
-        bad("problem_type", f"{manifest.get('problem_type')!r} is not one of {PROBLEM_TYPES}")
-    labels = manifest.get("labels")
-    if labels is not None and not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
-        bad("labels", "must be a non-empty list of strings (or null)")
-    if task == "text-classification" and manifest.get("problem_type") != "regression" and labels is None:
-        bad("labels", "are missing for a classification artifact")
-    if manifest.get(PAIRS) not in (None, True, False) or (manifest.get(PAIRS) is not None and task != "text-classification"):
-        bad(PAIRS, f"{manifest.get(PAIRS)!r} must be true, false or null, and only a text-classification artifact says it")
-    max_depth = manifest.get("max_depth")
-    if max_depth is not None and not _is_int(max_depth, 2):
-        bad("max_depth", f"{max_depth!r} is not null or an integer >= 2 (the encoder layers a depth input may run)")
-    if not isinstance(manifest.get("depth_note", ""), (str, type(None))):
-        bad("depth_note", "must be a string or null")
-    config = manifest.get("session_config", {})
-    if not isinstance(config, dict) or not all(isinstance(v, (str, int)) and not isinstance(v, bool)
-                                               for v in config.values()):
-        bad("session_config", "must map entry names to strings")
-    unknown = sorted(set(config) - SESSION_CONFIG_KEYS)
-    if unknown:
-        bad("session_config", f"sets {unknown}, not among the allowed entries {sorted(SESSION_CONFIG_KEYS)}")
+    for field, holds, why in _FIELD_CHECKS:
+        if not holds(manifest):
+            bad(field, why(manifest))
     embedding = manifest.get("embedding")
     if embedding is not None:
         _check_embedding(embedding, bad)
+    _check_files_entry(manifest, path, bad)
+
+
+def _check_files_entry(manifest: dict, path: Path, bad) -> None:
+    """``files`` maps each file name to its sha256 and size, and lists every file the runtime opens."""
     files = manifest.get("files")
     if not isinstance(files, dict):
         bad("files", "must map file names to their sha256 and size")
     for name, meta in files.items():
-        if not (isinstance(meta, dict) and _is_int(meta.get("bytes")) and isinstance(meta.get("sha256"), str)
-                and len(meta["sha256"]) == 64 and set(meta["sha256"]) <= _HEX):
+        if not (isinstance(meta, dict) and _is_int(meta.get("bytes")) and _is_sha256(meta.get("sha256"))):
             bad("files", f"entry {name!r} needs an integer bytes and a 64-digit sha256")
     needed = model_files(manifest, path) + [TOKENIZER]
     ram = manifest.get("ram_int8")
@@ -166,8 +195,7 @@ def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:
     entry = manifest.get("ort")
     if not (isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("generator", "compute"))
             and _is_int(entry.get("compute_bytes")) and isinstance(entry.get("holes"), list)
-            and isinstance(entry.get("compute_sha256"), str) and len(entry["compute_sha256"]) == 64
-            and set(entry["compute_sha256"]) <= _HEX):
+            and _is_sha256(entry.get("compute_sha256"))):
         bad("ort", "must name its generator and compute files, compute_bytes, compute_sha256 and the holes")
     end = 0
     for hole in entry["holes"]:
@@ -265,19 +293,25 @@ def _ram_int8_files(ram, bad) -> list[str]:
     if rows is not None and not (isinstance(rows, str) and _is_int(ram.get("width"), 1) and _is_int(ram.get("height"), 1)):
         bad("ram_int8", "rows needs a file name, and width and height as positive integers")
     for w in ram["weights"]:
-        if not isinstance(w, dict):
-            bad("ram_int8", f"weights must be objects, got {w!r}")
-        shape = w.get("shape")
-        if not (all(isinstance(w.get(k), str) for k in ("int8", "scale")) and w.get("layout") in ("kn", "nk")
-                and isinstance(shape, list) and len(shape) == 2 and all(_is_int(x, 1) for x in shape)):
-            bad("ram_int8", "weights must list {int8, scale, layout kn|nk, shape [K, N]}")
-        if "offset" in w:
-            if not (rows and _is_int(w["offset"]) and w["offset"] + shape[0] * shape[1] <= ram["width"] * ram["height"]):
-                bad("ram_int8", f"weight {w['int8']!r}: offset {w['offset']!r} does not lie in the rows product")
-        elif not (isinstance(w.get("output"), str) and isinstance(w.get("generator", ram.get("generator")), str)):
-            bad("ram_int8", f"weight {w['int8']!r} names neither a rows offset nor a generator output")
+        _check_ram_int8_weight(w, ram, bad)
     graphs = [w["generator"] for w in ram["weights"] if "offset" not in w and "generator" in w]
     return [ram[k] for k in ("generator", "rows", "compute") if isinstance(ram.get(k), str)] + sorted(set(graphs))
+
+
+def _check_ram_int8_weight(w, ram: dict, bad) -> None:
+    """One entry of the RAM-int8 ``weights``: its names, layout and shape, and where its values come from."""
+    if not isinstance(w, dict):
+        bad("ram_int8", f"weights must be objects, got {w!r}")
+    shape = w.get("shape")
+    if not (all(isinstance(w.get(k), str) for k in ("int8", "scale")) and w.get("layout") in ("kn", "nk")
+            and isinstance(shape, list) and len(shape) == 2 and all(_is_int(x, 1) for x in shape)):
+        bad("ram_int8", "weights must list {int8, scale, layout kn|nk, shape [K, N]}")
+    if "offset" in w:
+        if not (ram.get("rows") and _is_int(w["offset"])
+                and w["offset"] + shape[0] * shape[1] <= ram["width"] * ram["height"]):
+            bad("ram_int8", f"weight {w['int8']!r}: offset {w['offset']!r} does not lie in the rows product")
+    elif not (isinstance(w.get("output"), str) and isinstance(w.get("generator", ram.get("generator")), str)):
+        bad("ram_int8", f"weight {w['int8']!r} names neither a rows offset nor a generator output")
 
 
 def _check_file(root: Path, name: str, meta: dict, path: Path) -> None:

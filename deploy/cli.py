@@ -316,9 +316,8 @@ def _check_output(output, input_file) -> None:
         raise ValueError(f"--output {output} is the --input file; write the results elsewhere")
 
 
-def run(args) -> int:
-    from .runtime import Runtime
-
+def _check_args(args) -> None:
+    """The arguments that need no artifact: where the texts come from, the numbers, the output file."""
     if not args.texts and not args.input:
         raise ValueError("give TEXT arguments or --input FILE (- for stdin)")
     if args.texts and args.input:
@@ -336,23 +335,19 @@ def run(args) -> int:
         raise ValueError(f"--top-k must be >= 1 and --max-new-tokens >= 0, got {args.top_k} and {args.max_new_tokens}")
     if args.output:
         _check_output(args.output, args.input)
+
+
+def run(args) -> int:
+    from .runtime import Runtime
+
+    _check_args(args)
     runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, batch_size=args.batch_size, depth=args.depth,
                       manifest_sha256=args.pin)
     if runtime.task != "feature-extraction" and (args.pooling is not None or args.normalize is not None):
         raise ValueError(f"--pooling and --normalize are for feature-extraction artifacts; {args.artifact} is "
                          f"{runtime.task}")
-
     if args.texts and not (args.output or args.json):
-        kwargs = _task_kwargs(runtime, args)
-        pairs = _argument_pairs(args.texts, takes_pairs(runtime.task, runtime.pairs))
-        preds = runtime.predict([a for a, _ in pairs] if pairs else args.texts, **kwargs,
-                                **({"text_pair": [b for _, b in pairs]} if pairs else {}))
-        for text, result in zip(args.texts, preds):
-            _print_readable(runtime.task, text, _jsonable(result))
-        if preds.truncated:
-            print(f"{preds.truncated} input(s) cut to {runtime.max_length} tokens", file=sys.stderr)
-        return 0
-
+        return _print_answers(runtime, args)
     out_path = Path(args.output) if args.output else None
     counts = {"written": 0, "skipped": 0, "truncated": 0}
     with atomic_output(out_path) if out_path else contextlib.nullcontext(sys.stdout) as sink:
@@ -361,3 +356,16 @@ def run(args) -> int:
     print(f"{counts['written']} results{f' -> {out_path}' if out_path else ''}; {counts['skipped']} line(s) "
           f"skipped; {counts['truncated']} input(s) cut to {runtime.max_length} tokens", file=sys.stderr)
     return 1 if counts["skipped"] else 0
+
+
+def _print_answers(runtime, args) -> int:
+    """The TEXT arguments' results, readable, on stdout."""
+    kwargs = _task_kwargs(runtime, args)
+    pairs = _argument_pairs(args.texts, takes_pairs(runtime.task, runtime.pairs))
+    preds = runtime.predict([a for a, _ in pairs] if pairs else args.texts, **kwargs,
+                            **({"text_pair": [b for _, b in pairs]} if pairs else {}))
+    for text, result in zip(args.texts, preds):
+        _print_readable(runtime.task, text, _jsonable(result))
+    if preds.truncated:
+        print(f"{preds.truncated} input(s) cut to {runtime.max_length} tokens", file=sys.stderr)
+    return 0

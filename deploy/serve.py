@@ -114,40 +114,12 @@ def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMIT
     artifact's layers, allows one); raises :class:`BadRequest`. ``pairs``: the manifest's (a text-classification
     model trained on pairs, True; on single texts, False; None: not said): a pair model's texts without
     ``text_pair`` must each be ``text<TAB>text_pair``, and a single-text model refuses ``text_pair``."""
-    try:
-        payload = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise BadRequest(400, f"body is not valid UTF-8 JSON: {e}") from None
-    except ValueError as e:  # also numbers of more than 4300 digits
-        raise BadRequest(400, f"body is not valid UTF-8 JSON: {e}") from None
-    except RecursionError:
-        raise BadRequest(400, "body is not valid UTF-8 JSON: nested too deeply") from None
-    if not isinstance(payload, dict):
-        raise BadRequest(400, 'body must be a JSON object, e.g. {"texts": ["..."]}')
-    if ("texts" in payload) == ("text" in payload):
-        raise BadRequest(400, 'give exactly one of "texts" (a list of strings) or "text" (a string)')
-    texts = payload["texts"] if "texts" in payload else [payload["text"]]
-    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        raise BadRequest(400, '"texts" must be a list of strings and "text" a string')
-    if len(texts) > max_batch:
-        raise BadRequest(413, f"{len(texts)} texts exceed the limit of {max_batch} per request")
-    _check_unicode(texts, "text")
-    kwargs = {}
+    payload = _json_object(body)
+    texts = _texts(payload, max_batch)
     specs = params(task, max_top_k) + ([("depth", int, 1, max_depth)] if max_depth else [])
     if "depth" in payload and not max_depth:
         raise BadRequest(400, '"depth": this artifact has no depth input (one layer, or exported before depth support)')
-    for spec in specs:
-        name = spec[0]
-        if name not in payload:
-            continue
-        value = payload[name]
-        if spec[1] is bool and type(value) is not bool:
-            raise BadRequest(400, f'"{name}" must be true or false')
-        if len(spec) == 2 and spec[1] is not bool and value not in spec[1]:
-            raise BadRequest(400, f'"{name}" must be one of {", ".join(spec[1])}')
-        if len(spec) == 4 and (type(value) is not int or not spec[2] <= value <= spec[3]):
-            raise BadRequest(400, f'"{name}" must be an integer in [{spec[2]}, {spec[3]}]')
-        kwargs[name] = value
+    kwargs = {spec[0]: _checked_field(spec, payload[spec[0]]) for spec in specs if spec[0] in payload}
     if "text_pair" in payload:
         if pairs is False:
             raise BadRequest(400, '"text_pair": this model classifies single texts (it was not trained on pairs)')
@@ -158,6 +130,46 @@ def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMIT
     if unknown:
         raise BadRequest(400, f"unknown field(s) for task {task}: {', '.join(sorted(map(ascii, unknown)))}")
     return texts, kwargs
+
+
+def _json_object(body: bytes) -> dict:
+    """The request body as a JSON object (400 naming what is wrong)."""
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BadRequest(400, f"body is not valid UTF-8 JSON: {e}") from None
+    except ValueError as e:  # also numbers of more than 4300 digits
+        raise BadRequest(400, f"body is not valid UTF-8 JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest(400, "body is not valid UTF-8 JSON: nested too deeply") from None
+    if not isinstance(payload, dict):
+        raise BadRequest(400, 'body must be a JSON object, e.g. {"texts": ["..."]}')
+    return payload
+
+
+def _texts(payload: dict, max_batch: int) -> list[str]:
+    """The request's texts: ``texts`` (a list of at most ``max_batch`` strings) or ``[text]``."""
+    if ("texts" in payload) == ("text" in payload):
+        raise BadRequest(400, 'give exactly one of "texts" (a list of strings) or "text" (a string)')
+    texts = payload["texts"] if "texts" in payload else [payload["text"]]
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise BadRequest(400, '"texts" must be a list of strings and "text" a string')
+    if len(texts) > max_batch:
+        raise BadRequest(413, f"{len(texts)} texts exceed the limit of {max_batch} per request")
+    _check_unicode(texts, "text")
+    return texts
+
+
+def _checked_field(spec: tuple, value):
+    """``value`` of the optional field ``spec`` (see :func:`params`) when it has the spec's type and range (400 if not)."""
+    name = spec[0]
+    if spec[1] is bool and type(value) is not bool:
+        raise BadRequest(400, f'"{name}" must be true or false')
+    if len(spec) == 2 and spec[1] is not bool and value not in spec[1]:
+        raise BadRequest(400, f'"{name}" must be one of {", ".join(spec[1])}')
+    if len(spec) == 4 and (type(value) is not int or not spec[2] <= value <= spec[3]):
+        raise BadRequest(400, f'"{name}" must be an integer in [{spec[2]}, {spec[3]}]')
+    return value
 
 
 def _text_pair(payload: dict, task: str, texts: list[str]) -> list[str]:

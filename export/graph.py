@@ -46,23 +46,28 @@ def computed_products(graph, keys: dict[str, str] | None = None) -> list[tuple[o
     keys = constant_keys(graph) if keys is None else keys
     stored = {t.name for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
-    found = []
-    for node in graph.node:
-        if node.op_type not in PRODUCT_OPS or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
-            continue
-        x, w = node.input[0], node.input[1]
-        if x in keys or w not in keys or w in stored:
-            continue
-        p = producer.get(w)
-        if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in stored:
-            continue
-        layout = "kn" if node.op_type == "MatMul" else None
-        if node.op_type == "Gemm":
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0
-            layout = "nk" if plain and attrs.get("transB", 0) == 1 else None
-        found.append((node, layout))
-    return found
+    return [(node, _product_layout(node)) for node in graph.node if _reads_computed_weight(node, keys, stored, producer)]
+
+
+def _reads_computed_weight(node, keys: dict, stored: set, producer: dict) -> bool:
+    """``node`` is a standard MatMul/Gemm of an activation by a weight computed from initializers (not stored, and
+    not ``DequantizeLinear`` of a stored int8 weight)."""
+    if node.op_type not in PRODUCT_OPS or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return False
+    x, w = node.input[0], node.input[1]
+    if x in keys or w not in keys or w in stored:
+        return False
+    p = producer.get(w)
+    return not (p is not None and p.op_type == "DequantizeLinear" and p.input[0] in stored)
+
+
+def _product_layout(node) -> str | None:
+    """``"kn"`` for a MatMul, ``"nk"`` for a plain Gemm with ``transB``, None for another Gemm."""
+    if node.op_type == "MatMul":
+        return "kn"
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0
+    return "nk" if plain and attrs.get("transB", 0) == 1 else None
 
 
 def computed_product_weights(graph) -> list[str]:
@@ -203,22 +208,8 @@ def materialize(model, views: bool = False) -> dict:
     """
     g = model.graph
     keys = constant_keys(g)
-    arithmetic = {}
-    for node in g.node:
-        inputs = [i for i in node.input if i]
-        if node.output and node.output[0] in keys:
-            value = node.op_type not in LAYOUT_OPS or any(arithmetic.get(i, False) for i in inputs)
-            for out in node.output:
-                arithmetic[out] = value
-    frontier: dict[str, str] = {}  # name -> representative with the same key
-    representative: dict[str, str] = {}
-    for node in g.node:
-        if node.output and node.output[0] in keys:
-            continue
-        for k, name in enumerate(node.input):
-            view_weight = views and k == 1 and node.op_type in PRODUCT_OPS and name in arithmetic
-            if name and (arithmetic.get(name) or view_weight):
-                frontier[name] = representative.setdefault(keys[name], name)
+    arithmetic = _arithmetic_constants(g, keys)
+    frontier, representative = _fold_frontier(g, keys, arithmetic, views)
     if not representative:
         return {"folded_tensors": 0, "folded_numel": 0}
     values = evaluate(model, list(representative.values()))
@@ -232,6 +223,33 @@ def materialize(model, views: bool = False) -> dict:
     replace_all(g.node, kept)
     prune(model)
     return {"folded_tensors": len(values), "folded_numel": int(sum(v.size for v in values.values()))}
+
+
+def _arithmetic_constants(g, keys: dict) -> dict[str, bool]:
+    """For each constant node output: whether it involves arithmetic (not only layout ops over a stored tensor)."""
+    arithmetic = {}
+    for node in g.node:
+        inputs = [i for i in node.input if i]
+        if node.output and node.output[0] in keys:
+            value = node.op_type not in LAYOUT_OPS or any(arithmetic.get(i, False) for i in inputs)
+            for out in node.output:
+                arithmetic[out] = value
+    return arithmetic
+
+
+def _fold_frontier(g, keys: dict, arithmetic: dict, views: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """``(frontier, representative)``: each constant a runtime node reads that is to be folded, mapped to the first
+    name of its structural key; and that first name by key."""
+    frontier: dict[str, str] = {}  # name -> representative with the same key
+    representative: dict[str, str] = {}
+    for node in g.node:
+        if node.output and node.output[0] in keys:
+            continue
+        for k, name in enumerate(node.input):
+            view_weight = views and k == 1 and node.op_type in PRODUCT_OPS and name in arithmetic
+            if name and (arithmetic.get(name) or view_weight):
+                frontier[name] = representative.setdefault(keys[name], name)
+    return frontier, representative
 
 
 def stored_tensors(model, min_numel: int = 1) -> dict[str, dict]:
@@ -298,14 +316,24 @@ def split_at_constants(model, min_bytes: int = 256):
     inferred = onnx.shape_inference.infer_shapes(model)
     types.update({v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info})
 
+    return _generator_part(model, names, types), _compute_part(model, rename, names, types), names
+
+
+def _generator_part(model, names: list[str], types: dict):
+    """``model``'s constant part, no input, ``names`` its outputs."""
     generator = onnx.ModelProto()
     generator.CopyFrom(model)
     gg = generator.graph
     del gg.input[:], gg.output[:], gg.value_info[:]
     gg.output.extend(helper.make_tensor_value_info(n, types[n], None) for n in names)
     prune(generator)
-    gg.name = f"{g.name or 'model'}_generator"
+    gg.name = f"{model.graph.name or 'model'}_generator"
+    return generator
 
+
+def _compute_part(model, rename: dict[str, str], names: list[str], types: dict):
+    """``model`` reading ``names`` as graph inputs (each constant renamed to its representative), their producers
+    and what only they read removed."""
     compute = onnx.ModelProto()
     compute.CopyFrom(model)
     c = compute.graph
@@ -316,4 +344,4 @@ def split_at_constants(model, min_bytes: int = 256):
     c.input.extend(helper.make_tensor_value_info(n, types[n], None) for n in names)
     prune(compute)
     c.ClearField("value_info")
-    return generator, compute, names
+    return compute

@@ -51,6 +51,17 @@ def read_sentences(path: str | Path, limit: int | None = None) -> tuple[list[str
     """``(sentences, labels or None)`` from ``path`` (see the module docstring), read line by line in bounded
     memory (:mod:`sharebert_runtime.textlines`: a line over 1 MiB is refused); errors if none."""
     path = check_text_file(path, "sentence file")
+    sentences, labels = _sentences_and_labels(_nonblank_lines(path))
+    if not sentences:
+        raise ValueError(f"{path} holds no sentences (expected a .tsv with a 'sentence' column or one sentence per line)")
+    if limit:
+        sentences = sentences[:limit]
+        labels = labels[:limit] if labels else None
+    return sentences, labels
+
+
+def _nonblank_lines(path: Path) -> list[str]:
+    """The lines of ``path`` that hold more than white space (UTF-8 without NUL bytes, or a one-line error)."""
     lines = []
     with open(path, "rb") as f:
         for number, raw in numbered_lines(f, f"sentence file {path}"):
@@ -62,19 +73,18 @@ def read_sentences(path: str | Path, limit: int | None = None) -> tuple[list[str
                 raise ValueError(f"{path} is not a UTF-8 text file ({e}; line {number}): expected sentences, "
                                  f"one per line or a .tsv") from None
             lines.extend(x for x in line.splitlines() if x.strip())
+    return lines
+
+
+def _sentences_and_labels(lines: list[str]) -> tuple[list[str], list | None]:
+    """A .tsv's ``sentence`` column (and its ``label`` column, or None), or one sentence per line."""
+    if not (lines and "\t" in lines[0] and "sentence" in lines[0].split("\t")):
+        return [line.strip() for line in lines], None
+    rows = list(csv.DictReader(lines, delimiter="\t", quoting=csv.QUOTE_NONE))
+    sentences = [r["sentence"].strip() for r in rows if (r.get("sentence") or "").strip()]
     labels = None
-    if lines and "\t" in lines[0] and "sentence" in lines[0].split("\t"):
-        rows = list(csv.DictReader(lines, delimiter="\t", quoting=csv.QUOTE_NONE))
-        sentences = [r["sentence"].strip() for r in rows if (r.get("sentence") or "").strip()]
-        if rows and "label" in rows[0]:
-            labels = [r["label"] for r in rows if (r.get("sentence") or "").strip()]
-    else:
-        sentences = [line.strip() for line in lines]
-    if not sentences:
-        raise ValueError(f"{path} holds no sentences (expected a .tsv with a 'sentence' column or one sentence per line)")
-    if limit:
-        sentences = sentences[:limit]
-        labels = labels[:limit] if labels else None
+    if rows and "label" in rows[0]:
+        labels = [r["label"] for r in rows if (r.get("sentence") or "").strip()]
     return sentences, labels
 
 
@@ -119,61 +129,82 @@ def check_parity(model, tokenizer, session, task: str, sentences: list[str], lab
     """Run ``model`` (torch, eval) and ``session`` (ONNX Runtime) on ``sentences``; return the figures.
 
     ``depth``: run both with only the first ``depth`` encoder layers (the session's ``depth`` input)."""
-    import torch
-
-    from sharebert_runtime.artifact import DEPTH, model_feeds
+    from sharebert_runtime.artifact import model_feeds
 
     names = [i.name for i in session.get_inputs()]
     torch_names = [n for n in ("input_ids", "attention_mask", "token_type_ids", "position_ids") if n in names]
     output = session.get_outputs()[0].name
-    diffs, cosines, agree, n_diff = [], [], [], 0
-    preds_torch, preds_onnx = [], []
+    seen = {"diffs": [], "cosines": [], "agree": [], "torch": [], "onnx": [], "n_diff": 0}
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # similar lengths: little padding
-    width = model.config.hidden_size if task == "feature-extraction" else \
-        (model.config.num_labels if task == "text-classification" else model.config.vocab_size)
+    width = _output_width(model.config, task)
     batches = _batches(tokenizer, sentences, order, max_length, width if task != "text-classification" else 1, batch_size)
     for batch in bar(batches, desc=f"parity ({task})", progress=progress, leave=False):
         feeds = encode(tokenizer, [sentences[i] for i in batch], max_length, mask_middle=task == "fill-mask")
         feeds = {**model_feeds(session.get_inputs(), feeds["input_ids"], feeds["attention_mask"]),
                  **{k: v for k, v in feeds.items() if k in names}}  # the tokenizer's own token_type_ids
-        with torch.no_grad():
-            out = model(**{k: torch.from_numpy(feeds[k]) for k in torch_names}, **({"depth": depth} if depth else {}))
-        ref = (out.logits if task != "feature-extraction" else out.last_hidden_state).float().numpy()
-        if depth:
-            feeds[DEPTH] = np.array(depth, dtype=np.int64)
-        got = session.run([output], feeds)[0].astype(np.float32)
-        real = feeds["attention_mask"].astype(bool)
-        if task == "text-classification":
-            r, o = ref, got
-        else:
-            r, o = ref[real], got[real]
-        diff = np.abs(r - o)
-        diffs.append((float(diff.max()), float(diff.sum())))
-        n_diff += diff.size
-        cosines.append(_cosines(r, o))
-        if task == "fill-mask":
-            at = feeds["input_ids"] == tokenizer.mask_token_id
-            agree.append(ref[at].argmax(-1) == got[at].argmax(-1))
-        elif task == "causal-lm":
-            agree.append(r.argmax(-1) == o.argmax(-1))
-        elif task == "text-classification":
-            preds_torch.append(ref.argmax(-1))
-            preds_onnx.append(got.argmax(-1))
-    cos = np.concatenate(cosines)
+        ref, got = _both_outputs(model, session, feeds, torch_names, output, task, depth)
+        _compare(task, ref, got, feeds, tokenizer.mask_token_id, seen)
+    cos = np.concatenate(seen["cosines"])
+    diffs = seen["diffs"]
     report = {"sentences": len(sentences), "max_abs_diff": max(d[0] for d in diffs),
-              "mean_abs_diff": sum(d[1] for d in diffs) / max(n_diff, 1),
+              "mean_abs_diff": sum(d[1] for d in diffs) / max(seen["n_diff"], 1),
               "cosine_min": float(cos.min()), "cosine_mean": float(cos.mean())}
-    if agree:
-        report["top1_agreement"] = float(np.concatenate(agree).mean())
+    if seen["agree"]:
+        report["top1_agreement"] = float(np.concatenate(seen["agree"]).mean())
     if task == "text-classification" and model.config.num_labels > 1:
         back = np.argsort(order)  # predictions in the sentences' own order, to match the labels
-        pt, po = np.concatenate(preds_torch)[back], np.concatenate(preds_onnx)[back]
-        report["agreement"] = float((pt == po).mean())
-        gold = _label_ids(labels, model.config)
-        if gold is not None:
-            report["accuracy_torch"] = float((pt == gold).mean())
-            report["accuracy_onnx"] = float((po == gold).mean())
-            report["accuracy_change"] = report["accuracy_onnx"] - report["accuracy_torch"]
+        report.update(_label_agreement(np.concatenate(seen["torch"])[back], np.concatenate(seen["onnx"])[back],
+                                       labels, model.config))
+    return report
+
+
+def _output_width(config, task: str) -> int:
+    """The size of the last axis of the task's output."""
+    if task == "feature-extraction":
+        return config.hidden_size
+    return config.num_labels if task == "text-classification" else config.vocab_size
+
+
+def _both_outputs(model, session, feeds: dict, torch_names: list[str], output: str, task: str, depth: int | None):
+    """``(torch's, ONNX Runtime's)`` fp32 outputs for ``feeds`` (``depth`` added to them when given)."""
+    import torch
+
+    from sharebert_runtime.artifact import DEPTH
+
+    with torch.no_grad():
+        out = model(**{k: torch.from_numpy(feeds[k]) for k in torch_names}, **({"depth": depth} if depth else {}))
+    ref = (out.logits if task != "feature-extraction" else out.last_hidden_state).float().numpy()
+    if depth:
+        feeds[DEPTH] = np.array(depth, dtype=np.int64)
+    return ref, session.run([output], feeds)[0].astype(np.float32)
+
+
+def _compare(task: str, ref: np.ndarray, got: np.ndarray, feeds: dict, mask_token_id, seen: dict) -> None:
+    """One batch's differences, cosines and top-1 agreement (or predictions) over its real tokens, added to ``seen``."""
+    real = feeds["attention_mask"].astype(bool)
+    r, o = (ref, got) if task == "text-classification" else (ref[real], got[real])
+    diff = np.abs(r - o)
+    seen["diffs"].append((float(diff.max()), float(diff.sum())))
+    seen["n_diff"] += diff.size
+    seen["cosines"].append(_cosines(r, o))
+    if task == "fill-mask":
+        at = feeds["input_ids"] == mask_token_id
+        seen["agree"].append(ref[at].argmax(-1) == got[at].argmax(-1))
+    elif task == "causal-lm":
+        seen["agree"].append(r.argmax(-1) == o.argmax(-1))
+    elif task == "text-classification":
+        seen["torch"].append(ref.argmax(-1))
+        seen["onnx"].append(got.argmax(-1))
+
+
+def _label_agreement(pt: np.ndarray, po: np.ndarray, labels: list | None, config) -> dict:
+    """How often the two predictions agree, and each one's accuracy on the gold ``labels`` when they fit."""
+    report = {"agreement": float((pt == po).mean())}
+    gold = _label_ids(labels, config)
+    if gold is not None:
+        report["accuracy_torch"] = float((pt == gold).mean())
+        report["accuracy_onnx"] = float((po == gold).mean())
+        report["accuracy_change"] = report["accuracy_onnx"] - report["accuracy_torch"]
     return report
 
 

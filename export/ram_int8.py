@@ -77,38 +77,62 @@ def _row_offsets(graph, weights: list[dict]) -> tuple[object, dict[str, int]]:
     output channels are then consecutive runs of ``K`` numbers of the product. Returns ``(None, {})`` when
     no weight qualifies (the generator graph then yields them whole).
     """
-    from onnx import helper, numpy_helper
-
     producer = {o: n for n in graph.node for o in n.output}
+    consts = _constants(graph)
+    product, offsets = None, {}
+    for w in weights:
+        found = _row_offset(w, producer, consts)
+        if found is None or (product is not None and found[0] is not product):
+            continue
+        product, offsets[w["int8"]] = found
+    return product, offsets
+
+
+def _constants(graph) -> dict:
+    """The graph's initializers and ``Constant`` node values, as numpy arrays by name."""
+    from onnx import numpy_helper
+
     consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     for n in graph.node:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
             consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return consts
 
-    def op(name, op_type):
-        node = producer.get(name)
-        return node if node is not None and node.op_type == op_type else None
 
-    product, offsets = None, {}
-    for w in weights:
-        node = producer.get(w["output"])
-        if w["layout"] == "kn":
-            perm = [helper.get_attribute_value(a) for a in node.attribute if a.name == "perm"] if node else []
-            node = op(node.input[0], "Reshape") if node is not None and node.op_type == "Transpose" and \
-                perm == [[1, 0]] else None
-        elif node is not None and node.op_type != "Reshape":
-            node = None
-        split = op(node.input[0], "Split") if node is not None else None
-        if split is None or len(split.input) < 2 or split.input[1] not in consts or \
-                any(a.name == "axis" and a.i != 0 for a in split.attribute):
-            continue
-        flat = op(split.input[0], "Reshape")
-        gemm = op(flat.input[0], "Gemm") if flat is not None and consts.get(flat.input[1], [0]).tolist() == [-1] else None
-        sizes, j = consts[split.input[1]], list(split.output).index(node.input[0])
-        if gemm is None or (product is not None and gemm is not product) or sizes[j] != w["shape"][0] * w["shape"][1]:
-            continue
-        product, offsets[w["int8"]] = gemm, int(sizes[:j].sum())
-    return product, offsets
+def _produced_by(producer: dict, name: str, op_type: str):
+    """The node making ``name`` when it is an ``op_type`` node, else None."""
+    node = producer.get(name)
+    return node if node is not None and node.op_type == op_type else None
+
+
+def _weight_reshape(w: dict, producer: dict):
+    """The ``Reshape(N, K)`` at the end of weight ``w``'s chain (under its ``Transpose`` for layout ``kn``), or None."""
+    from onnx import helper
+
+    node = producer.get(w["output"])
+    if node is None:
+        return None
+    if w["layout"] != "kn":
+        return node if node.op_type == "Reshape" else None
+    perm = [helper.get_attribute_value(a) for a in node.attribute if a.name == "perm"]
+    return _produced_by(producer, node.input[0], "Reshape") if node.op_type == "Transpose" and perm == [[1, 0]] else None
+
+
+def _row_offset(w: dict, producer: dict, consts: dict):
+    """``(gemm, offset)``: the product weight ``w`` is a run of, and where that run starts; None when its chain
+    is not ``Gemm -> Reshape(-1) -> Split(axis 0, constant sizes) -> Reshape`` or its size differs."""
+    node = _weight_reshape(w, producer)
+    split = _produced_by(producer, node.input[0], "Split") if node is not None else None
+    if split is None or len(split.input) < 2 or split.input[1] not in consts or \
+            any(a.name == "axis" and a.i != 0 for a in split.attribute):
+        return None
+    flat = _produced_by(producer, split.input[0], "Reshape")
+    is_flat = flat is not None and consts.get(flat.input[1], [0]).tolist() == [-1]
+    gemm = _produced_by(producer, flat.input[0], "Gemm") if is_flat else None
+    sizes, j = consts[split.input[1]], list(split.output).index(node.input[0])
+    if gemm is None or sizes[j] != w["shape"][0] * w["shape"][1]:
+        return None
+    return gemm, int(sizes[:j].sum())
 
 
 def _rows_graph(generator, gemm):
@@ -119,7 +143,7 @@ def _rows_graph(generator, gemm):
     B is sliced where it is stored: a B dequantized from an int8 initializer (an int8-stored artifact's word
     embeddings) is sliced in int8 and only the slice dequantized, so the load never holds it whole in fp32."""
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     from .graph import evaluate
 
@@ -134,6 +158,24 @@ def _rows_graph(generator, gemm):
     model = onnx.ModelProto()
     model.CopyFrom(generator)
     g = model.graph
+    cut = _slicer(g)
+    rows_a = cut(a, "rows", 1 if attrs.get("transA", 0) else 0, "rows.a")
+    cols_b = _columns_of(g, b, 0 if attrs.get("transB", 0) else 1, cut)
+    if c and len(shapes[c]) and shapes[c][-1] == width > 1:  # a bias per column: its columns too
+        c = cut(c, "cols", len(shapes[c]) - 1, "cols.c")
+    if slice_c:
+        c = cut(c, "rows", 0, "rows.c")
+    g.node.append(helper.make_node("Gemm", [rows_a, cols_b] + ([c] if c else []), ["rows"], **attrs))
+    _rows_interface(g)
+    prune(model)
+    return model, int(height), int(width)
+
+
+def _slicer(g):
+    """``cut(tensor, bounds, axis, out)``: appends to ``g`` the node ``out = tensor[bounds.start:bounds.end]`` along
+    ``axis`` (0 or 1; the axis constants are added here, once)."""
+    from onnx import TensorProto, helper
+
     axes = {0: "rows.axis0", 1: "rows.axis1"}
     g.node.extend(helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [axis]))
                   for axis, name in axes.items())
@@ -142,21 +184,18 @@ def _rows_graph(generator, gemm):
         g.node.append(helper.make_node("Slice", [tensor, f"{bounds}.start", f"{bounds}.end", axes[axis]], [out]))
         return out
 
-    column_axis = 0 if attrs.get("transB", 0) else 1
-    rows_a = cut(a, "rows", 1 if attrs.get("transA", 0) else 0, "rows.a")
-    cols_b = _columns_of(g, b, column_axis, cut)
-    if c and len(shapes[c]) and shapes[c][-1] == width > 1:  # a bias per column: its columns too
-        c = cut(c, "cols", len(shapes[c]) - 1, "cols.c")
-    if slice_c:
-        c = cut(c, "rows", 0, "rows.c")
-    g.node.append(helper.make_node("Gemm", [rows_a, cols_b] + ([c] if c else []), ["rows"], **attrs))
+    return cut
+
+
+def _rows_interface(g) -> None:
+    """The rows graph's inputs (the row and column bounds) and its one output, ``rows``."""
+    from onnx import TensorProto, helper
+
     del g.input[:], g.output[:]
     g.input.extend(helper.make_tensor_value_info(n, TensorProto.INT64, [1])
                    for n in ("rows.start", "rows.end", "cols.start", "cols.end"))
     g.output.append(helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, None]))
     g.name = "sharebert_ram_int8_rows"
-    prune(model)
-    return model, int(height), int(width)
 
 
 def _columns_of(g, b, axis: int, cut) -> str:
@@ -217,10 +256,7 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
     the compute graph's int8/scale input names, its layout (``kn`` or ``nk``) and shape ``(K, N)``.
     Returns ``{}`` when the model has no computed weight large enough (nothing written).
     """
-    import numpy as np
     import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
 
     out_dir = Path(out_dir)
     blob = (out_dir / MODEL).read_bytes()
@@ -234,20 +270,50 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
         representative.setdefault(keys[node.input[1]], node.input[1])
     if not representative:
         return {}
+    generator = _generator_of(source, list(representative.values()))
+    whole = _run_generator(generator, list(representative.values()))  # shapes, and whether a weight is big enough to quantize
+    shapes = {name: value.shape for name, value in whole.items()}
+    layout_of = {keys[node.input[1]]: layout for node, layout in products}
+    weights, chosen = _chosen_weights(representative, shapes, layout_of)
+    if not weights:
+        return {}
+    ram = {"compute": COMPUTE, "weights": weights}
+    ram.update(_save_rows(generator, weights, whole, out_dir / ROWS, blob))
+    del whole
+    whole_weights = [w for w in weights if "output" in w]
+    if whole_weights:
+        _save_generators(generator, whole_weights, shapes, out_dir, blob)
+        ram["generator"] = GENERATOR
+    _save(_compute_of(source, keys, chosen, weights, gated), out_dir / COMPUTE, blob)
+    return {**ram, "generated_numel": int(sum(w["shape"][0] * w["shape"][1] for w in weights))}
+
+
+def _generator_of(source, outputs: list[str]):
+    """``source``'s constant subgraph, its outputs the generated weights named ``outputs``."""
+    import onnx
+    from onnx import TensorProto, helper
 
     generator = onnx.ModelProto()
     generator.CopyFrom(source)
     g = generator.graph
     del g.input[:], g.output[:]
-    g.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in representative.values())
+    g.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs)
     prune(generator)
     g.name = "sharebert_ram_int8_generator"
-    # Shapes, and whether a weight is big enough to quantize: run the generator once here.
+    return generator
+
+
+def _run_generator(generator, names: list[str]) -> dict:
+    """The generator's outputs ``names`` by name (run once, at export)."""
+    import onnxruntime as ort
+
     session = ort.InferenceSession(generator.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
-    whole = dict(zip(representative.values(), session.run(list(representative.values()), {})))
-    shapes = {name: value.shape for name, value in whole.items()}
-    del session
-    layout_of = {keys[node.input[1]]: layout for node, layout in products}
+    return dict(zip(names, session.run(names, {})))
+
+
+def _chosen_weights(representative: dict, shapes: dict, layout_of: dict) -> tuple[list[dict], dict]:
+    """The weights held in int8 (2-D, at least ``MIN_WEIGHT_NUMEL`` numbers): their manifest entries, and the same
+    entries by structural key."""
     weights, chosen = [], {}
     for key, name in representative.items():
         shape = shapes[name]
@@ -259,24 +325,36 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
                  "layout": layout, "shape": [int(K), int(N)]}
         weights.append(entry)
         chosen[key] = entry
-    if not weights:
-        return {}
-    ram = {"compute": COMPUTE, "weights": weights}
-    gemm, offsets = _row_offsets(g, weights)
+    return weights, chosen
+
+
+def _save_rows(generator, weights: list[dict], whole: dict, path: Path, blob: bytes) -> dict:
+    """Where weights are runs of one product's rows, the rows graph saved at ``path`` and each such weight given
+    its ``offset`` (no ``output``: the runtime makes them a few rows at a time); the manifest's rows fields, or
+    ``{}`` when no weight is cut from rows."""
+    gemm, offsets = _row_offsets(generator.graph, weights)
     cut = _rows_graph(generator, gemm) if offsets else None
-    if cut is not None:  # weights cut from the product's rows: the runtime makes them a few rows at a time
-        rows, height, width = cut
-        for w in weights:
-            if w["int8"] in offsets:
-                w["offset"] = offsets[w["int8"]]
-        _check_rows(rows, width, height, [w for w in weights if "offset" in w], whole)
-        for w in weights:
-            if "offset" in w:
-                del w["output"]
-        _save(rows, out_dir / ROWS, blob)
-        ram.update(rows=ROWS, height=height, width=width)
-    del whole
-    for i, group in enumerate(_generator_groups([w for w in weights if "output" in w], shapes)):
+    if cut is None:
+        return {}
+    rows, height, width = cut
+    for w in weights:
+        if w["int8"] in offsets:
+            w["offset"] = offsets[w["int8"]]
+    _check_rows(rows, width, height, [w for w in weights if "offset" in w], whole)
+    for w in weights:
+        if "offset" in w:
+            del w["output"]
+    _save(rows, path, blob)
+    return {"rows": ROWS, "height": height, "width": width}
+
+
+def _save_generators(generator, whole_weights: list[dict], shapes: dict, out_dir: Path, blob: bytes) -> None:
+    """The generator cut to the weights the runtime takes whole, one graph per group of ``_generator_groups``: the
+    first at ``GENERATOR`` (the entry's own generator), the others beside it, named by their weights' ``generator``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    for i, group in enumerate(_generator_groups(whole_weights, shapes)):
         part = onnx.ModelProto()  # the generator cut to this group's outputs
         part.CopyFrom(generator)
         del part.graph.output[:]
@@ -288,7 +366,24 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
         for w in group:
             if i:  # the first graph is the entry's own generator
                 w["generator"] = name
-        ram["generator"] = GENERATOR
+
+
+def _quantized_product(node, entry: dict):
+    """``DynamicQuantizeMatMul`` in place of the ``MatMul``/``Gemm`` ``node``, its weight the inputs of ``entry``."""
+    from onnx import helper
+
+    inputs = [node.input[0], entry["int8"], entry["scale"]]
+    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+        inputs += ["", node.input[2]]
+    return helper.make_node("DynamicQuantizeMatMul", inputs, list(node.output), name=f"{node.name}_int8",
+                            domain="com.microsoft")
+
+
+def _compute_of(source, keys: dict, chosen: dict, weights: list[dict], gated: bool):
+    """``source`` with each chosen product quantized at run time from int8/scale graph inputs; the generator's
+    nodes gone; gated by depth again when ``gated``."""
+    import onnx
+    from onnx import TensorProto, helper
 
     compute = onnx.ModelProto()
     compute.CopyFrom(source)
@@ -296,14 +391,7 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
     new_nodes = []
     for node in c.node:
         entry = chosen.get(keys.get(node.input[1])) if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 else None
-        if entry is None or node.input[0] in keys:
-            new_nodes.append(node)
-            continue
-        inputs = [node.input[0], entry["int8"], entry["scale"]]
-        if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
-            inputs += ["", node.input[2]]
-        new_nodes.append(helper.make_node("DynamicQuantizeMatMul", inputs, list(node.output), name=f"{node.name}_int8",
-                                          domain="com.microsoft"))
+        new_nodes.append(node if entry is None or node.input[0] in keys else _quantized_product(node, entry))
     replace_all(c.node, new_nodes)
     gather_before_dequantize(compute)  # an int8-stored embedding table stays int8 in RAM too
     prune(compute)
@@ -315,5 +403,4 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
         wrap_layers(compute)
     if not any(o.domain == "com.microsoft" for o in compute.opset_import):
         compute.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    _save(compute, out_dir / COMPUTE, blob)
-    return {**ram, "generated_numel": int(sum(w["shape"][0] * w["shape"][1] for w in weights))}
+    return compute

@@ -312,6 +312,21 @@ def student_for(teacher: dict, limits: dict, seq_len: int = 128, num_labels: int
     positions where the teacher dict gives it (``compress``: the teacher's maximum length, so the student reads
     what its teacher reads), else 128; they are counted.
     """
+    H = int(teacher["hidden_size"])
+    cands = score(_student_configs(teacher), "int8", seq_len)
+    out_width = H if num_labels is None else num_labels
+
+    def head(c) -> int:
+        return 0 if num_labels is None and c.config["hidden_size"] == H else (c.config["hidden_size"] + 1) * out_width
+
+    fits = _fitting(cands, limits, lambda c: c.params + head(c), teacher)
+    best = max(fits, key=lambda c: (c.config["embedding_size"], -c.gflops, c.params))
+    return best, head(best)
+
+
+def _student_configs(teacher: dict) -> list[tuple[str, dict]]:
+    """The VEPS candidates with standard attention, no wider than the teacher and with at most its layers (4 at
+    least), at the teacher's positions with no pooler; ``ValueError`` when there are none."""
     H, L = int(teacher["hidden_size"]), int(teacher["num_hidden_layers"])
     positions = int(teacher.get("max_length") or 128)
     shaped = [(n, {**c, "pooler": "none", "max_position_embeddings": positions})
@@ -326,11 +341,12 @@ def student_for(teacher: dict, limits: dict, seq_len: int = 128, num_labels: int
         narrowest = min(c["hidden_size"] for _, c in shaped)
         raise ValueError(f"no ShareBERT student is as narrow as this teacher (hidden_size {H}); the narrowest "
                          f"candidate has hidden_size {narrowest}")
-    cands = score(configs, "int8", seq_len)
-    out_width = H if num_labels is None else num_labels
-    head = lambda c: (0 if num_labels is None and c.config["hidden_size"] == H  # noqa: E731
-                      else (c.config["hidden_size"] + 1) * out_width)
-    total = lambda c: c.params + head(c)  # noqa: E731
+    return configs
+
+
+def _fitting(cands: list, limits: dict, total, teacher: dict) -> list:
+    """The candidates whose ``total`` parameters (head included) are within ``max_params`` and ``max_bytes``;
+    ``ValueError`` naming the smallest one's when none is."""
     fits = [c for c in cands if all(total(c) <= v for k, v in limits.items() if v is not None
                                     and k in ("max_params", "max_bytes"))]
     if not fits:
@@ -339,5 +355,4 @@ def student_for(teacher: dict, limits: dict, seq_len: int = 128, num_labels: int
         raise ValueError(f"no ShareBERT student fits under {stated}: the smallest for this teacher's vocabulary "
                          f"({teacher['vocab_size']} tokens) has {human(total(smallest))} learned parameters "
                          f"({human(total(smallest))}B at int8)")
-    best = max(fits, key=lambda c: (c.config["embedding_size"], -c.gflops, c.params))
-    return best, head(best)
+    return fits

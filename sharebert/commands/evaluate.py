@@ -96,54 +96,89 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def run(args) -> int:
-    from sharebert_runtime.outdir import check_out_file, write_json
+    from sharebert_runtime.outdir import write_json
 
-    from .tables import format_table
+    _check_outputs(args)
+    by_depth = args.mode == "glue" and (args.depths or args.plot)
+    if by_depth:
+        if not args.depths:
+            raise ValueError("--plot draws the --depths table: give --depths too")
+        result = _depths(args)
+    else:
+        from ..training import evaluate as ev
 
-    if getattr(args, "plot", None):  # output paths before any work: nothing runs for a path that cannot be written
+        result = _MODES[args.mode](args, ev)
+    if args.json:
+        write_json(args.json, result)
+        print(f"results -> {args.json}")
+    return 0
+
+
+def _check_outputs(args) -> None:
+    """Output paths before any work: nothing runs for a path that cannot be written."""
+    from sharebert_runtime.outdir import check_out_file
+
+    if getattr(args, "plot", None):
         check_out_file(args.plot, "--plot", PLOT_SUFFIXES)
     if getattr(args, "json", None):
         check_out_file(args.json, "--json")
     if getattr(args, "plot", None) and getattr(args, "json", None) and Path(args.plot).resolve() == Path(args.json).resolve():
         raise ValueError(f"--plot and --json name the same file {args.json}")
-    by_depth = args.mode == "glue" and (args.depths or args.plot)
-    if not by_depth:
-        from ..training import evaluate as ev
-    if by_depth:
-        if not args.depths:
-            raise ValueError("--plot draws the --depths table: give --depths too")
-        result = _depths(args)
-    elif args.mode == "glue":
-        result = ev.evaluate_glue(args.model, args.task, args.data_dir, args.max_eval_samples, args.batch_size)
-        print(format_table(["metric", "value"], [[k, v] for k, v in result.items()]))
-    elif args.mode == "wordsim":
-        model, tok = ev.load_any(args.model)
-        result = ev.word_similarity(model, tok, args.sets, args.multi_token)
-        keys = ["spearman", "pairs", "used", "used_multitoken", "skipped_oov", "skipped_multitoken"]
-        print(format_table(["set", *keys], [[name, *(r[k] for k in keys)] for name, r in result.items()]))
-    elif args.mode == "analogy":
-        model, tok = ev.load_any(args.model)
-        result = ev.word_analogy(model, tok, args.file, multi_token=args.multi_token)
-        print(format_table(["section", "accuracy"], [[s, v] for s, v in result["sections"].items()]
-                              + [["all", result["accuracy"]]]))
-        print(f"questions {result['questions']}, used {result['used']} ({result['used_multitoken']} with split words, "
-              f"--multi-token {args.multi_token}), skipped: out-of-vocabulary {result['skipped_oov']}, "
-              f"multi-token {result['skipped_multitoken']}")
-    elif args.mode == "noise":
-        try:
-            levels = [float(x) for x in args.levels.split(",") if x.strip()]
-        except ValueError:
-            raise ValueError(f"--levels expects comma-separated numbers, got {args.levels!r}") from None
-        result = ev.noise_robustness(args.model, args.task, args.data_dir, levels, args.max_eval_samples, seed=args.seed)
-        keys = [k for k in result["rows"][0] if k != "level"]
-        print(format_table(["noise", *keys], [[f"{r['level']:.0%}", *(r[k] for k in keys)] for r in result["rows"]]))
-        print(f"mean input-embedding norm {result['mean_norm']:.4f} over {result['eval_samples']} dev examples")
-    else:
-        result = ev.cross_domain(_pairs(args.models, "--models"), _pairs(args.data_dirs, "--data-dirs"), args.max_eval_samples)
-        tasks = result["tasks"]
-        print(format_table(["trained on \\ evaluated on", *tasks],
-                              [[t, *(result["matrix"][t][e] for e in tasks)] for t in tasks]))
-    if args.json:
-        write_json(args.json, result)
-        print(f"results -> {args.json}")
-    return 0
+
+
+def _glue(args, ev) -> dict:
+    from .tables import format_table
+
+    result = ev.evaluate_glue(args.model, args.task, args.data_dir, args.max_eval_samples, args.batch_size)
+    print(format_table(["metric", "value"], [[k, v] for k, v in result.items()]))
+    return result
+
+
+def _wordsim(args, ev) -> dict:
+    from .tables import format_table
+
+    model, tok = ev.load_any(args.model)
+    result = ev.word_similarity(model, tok, args.sets, args.multi_token)
+    keys = ["spearman", "pairs", "used", "used_multitoken", "skipped_oov", "skipped_multitoken"]
+    print(format_table(["set", *keys], [[name, *(r[k] for k in keys)] for name, r in result.items()]))
+    return result
+
+
+def _analogy(args, ev) -> dict:
+    from .tables import format_table
+
+    model, tok = ev.load_any(args.model)
+    result = ev.word_analogy(model, tok, args.file, multi_token=args.multi_token)
+    print(format_table(["section", "accuracy"], [[s, v] for s, v in result["sections"].items()]
+                          + [["all", result["accuracy"]]]))
+    print(f"questions {result['questions']}, used {result['used']} ({result['used_multitoken']} with split words, "
+          f"--multi-token {args.multi_token}), skipped: out-of-vocabulary {result['skipped_oov']}, "
+          f"multi-token {result['skipped_multitoken']}")
+    return result
+
+
+def _noise(args, ev) -> dict:
+    from .tables import format_table
+
+    try:
+        levels = [float(x) for x in args.levels.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--levels expects comma-separated numbers, got {args.levels!r}") from None
+    result = ev.noise_robustness(args.model, args.task, args.data_dir, levels, args.max_eval_samples, seed=args.seed)
+    keys = [k for k in result["rows"][0] if k != "level"]
+    print(format_table(["noise", *keys], [[f"{r['level']:.0%}", *(r[k] for k in keys)] for r in result["rows"]]))
+    print(f"mean input-embedding norm {result['mean_norm']:.4f} over {result['eval_samples']} dev examples")
+    return result
+
+
+def _cross_domain(args, ev) -> dict:
+    from .tables import format_table
+
+    result = ev.cross_domain(_pairs(args.models, "--models"), _pairs(args.data_dirs, "--data-dirs"), args.max_eval_samples)
+    tasks = result["tasks"]
+    print(format_table(["trained on \\ evaluated on", *tasks],
+                       [[t, *(result["matrix"][t][e] for e in tasks)] for t in tasks]))
+    return result
+
+
+_MODES = {"glue": _glue, "wordsim": _wordsim, "analogy": _analogy, "noise": _noise, "cross-domain": _cross_domain}

@@ -194,40 +194,64 @@ def load_model(cls, model_dir: str | Path, config=None, unfinished_ok: bool = Fa
     model_dir = Path(model_dir)
     raw = read_config(model_dir, unfinished_ok)
     config = load_config(model_dir, unfinished_ok) if config is None else config
-    weights = model_dir / "model.safetensors"
-    if optional_file(weights, "the model's weights") is None:  # a FIFO or device there is an error, never "not found"
-        other = [p.name for p in model_dir.glob("*.bin")]
-        hint = f" ({', '.join(other)} is a pickle, never loaded: save the model with safetensors)" if other else ""
-        raise FileNotFoundError(f"{weights} not found{hint}")
+    weights = _weights_file(model_dir)
     from safetensors import SafetensorError
 
     new_head_ok = kwargs.pop("ignore_mismatched_sizes", False)
     try:
         if raw["model_type"] == "sharebert":
-            # transformers 5 raises one RuntimeError pointing at its log for any mismatch: load them all and name
-            # the first below. Its mismatched_keys are (key, stored shape, configured shape) triples.
-            model, info = cls.from_pretrained(model_dir, config=config, output_loading_info=True,
-                                              ignore_mismatched_sizes=True, **kwargs)
-            mismatched = sorted((k, tuple(stored), tuple(made)) for k, stored, made in info.get("mismatched_keys", ()))
-            missing = info["missing_keys"]
+            model, mismatched, missing = _load_sharebert(cls, model_dir, config, **kwargs)
         else:
-            from safetensors.torch import load_file
-
             new_head_ok = True  # a head of another size is left out below, as transformers does
-            model = cls(config, **kwargs)
-            prefix = "" if cls.__name__ == "ShareBertModel" else model.base_model_prefix + "."
-            own = model.state_dict()
-            sd = {k: v for k, v in bert_state_dict(load_file(weights), config.num_hidden_layers, prefix).items() if k in own}
-            mismatched = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items() if own[k].shape != v.shape]
-            missing, _ = model.load_state_dict({k: v for k, v in sd.items() if own[k].shape == v.shape}, strict=False)
-            model.tie_weights()
+            model, mismatched, missing = _load_bert(cls, weights, config, **kwargs)
     except (OSError, RuntimeError, ValueError, SafetensorError) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise ValueError(f"{weights} cannot be loaded ({first_line(e)}); the file is damaged or does "
                          "not match config.json") from None
-    # Only a task head may be re-initialised for another label count; any other tensor of the wrong shape
-    # means the weights are not this config's (they would be replaced by random numbers).
+    _check_shapes(mismatched, new_head_ok, weights, model_dir)
+    missing = [k for k in missing if k != "lm_head.decoder.weight" or not config.tie_word_embeddings]
+    return model, missing
+
+
+def _weights_file(model_dir: Path) -> Path:
+    """``model_dir/model.safetensors`` (a FIFO or device there is an error, never "not found")."""
+    weights = model_dir / "model.safetensors"
+    if optional_file(weights, "the model's weights") is None:
+        other = [p.name for p in model_dir.glob("*.bin")]
+        hint = f" ({', '.join(other)} is a pickle, never loaded: save the model with safetensors)" if other else ""
+        raise FileNotFoundError(f"{weights} not found{hint}")
+    return weights
+
+
+def _load_sharebert(cls, model_dir: Path, config, **kwargs):
+    """``(model, mismatched, missing)`` of a sharebert folder. transformers 5 raises one RuntimeError pointing at
+    its log for any mismatch: load them all and name the first afterwards. Its mismatched_keys are (key, stored
+    shape, configured shape) triples."""
+    model, info = cls.from_pretrained(model_dir, config=config, output_loading_info=True,
+                                      ignore_mismatched_sizes=True, **kwargs)
+    mismatched = sorted((k, tuple(stored), tuple(made)) for k, stored, made in info.get("mismatched_keys", ()))
+    return model, mismatched, info["missing_keys"]
+
+
+def _load_bert(cls, weights: Path, config, **kwargs):
+    """``(model, mismatched, missing)`` of a transformers BERT folder: its state dict renamed; tensors of another
+    shape are left out (and listed in ``mismatched``)."""
+    from safetensors.torch import load_file
+
+    model = cls(config, **kwargs)
+    prefix = "" if cls.__name__ == "ShareBertModel" else model.base_model_prefix + "."
+    own = model.state_dict()
+    sd = {k: v for k, v in bert_state_dict(load_file(weights), config.num_hidden_layers, prefix).items() if k in own}
+    mismatched = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items() if own[k].shape != v.shape]
+    missing, _ = model.load_state_dict({k: v for k, v in sd.items() if own[k].shape == v.shape}, strict=False)
+    model.tie_weights()
+    return model, mismatched, missing
+
+
+def _check_shapes(mismatched: list, new_head_ok: bool, weights: Path, model_dir: Path) -> None:
+    """Only a task head may be re-initialised for another label count; any other tensor of the wrong shape
+    means the weights are not this config's (they would be replaced by random numbers)."""
     wrong = [m for m in mismatched if not (new_head_ok and m[0].startswith(TASK_HEADS))]
     if wrong:
         key, stored, configured = wrong[0]
@@ -235,8 +259,6 @@ def load_model(cls, model_dir: str | Path, config=None, unfinished_ok: bool = Fa
                          f"{'x'.join(map(str, stored)) or 'another shape'} but the config makes it {'x'.join(map(str, configured))}"
                          f"{f' ({len(wrong) - 1} more tensors differ)' if len(wrong) > 1 else ''}; "
                          "the weights belong to another model")
-    missing = [k for k in missing if k != "lm_head.decoder.weight" or not config.tie_word_embeddings]
-    return model, missing
 
 
 _BERT_CLASSES = {"ShareBertModel": "BertModel", "ShareBertForMaskedLM": "BertForMaskedLM",

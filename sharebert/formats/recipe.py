@@ -196,6 +196,24 @@ def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
     modules_path = model_dir / "modules.json"
     if optional_file(modules_path, "the module list") is None:  # a FIFO, folder or device there is an error
         return DEFAULT_RECIPE
+    chain = _module_chain(model_dir, modules_path)
+    hidden_size = _hidden_size(model_dir)
+    pooling = _pooling(model_dir, chain[1][1], hidden_size)
+    dense = tuple(_dense(model_dir, folder) for kind, folder in chain if kind == "Dense")
+    if dense and hidden_size is not None and dense[0].in_features != hidden_size:
+        raise ValueError(f"{model_dir / dense[0].path / 'config.json'}: in_features {dense[0].in_features} is not "
+                         f"the model's hidden_size {hidden_size}")
+    max_seq_length, do_lower_case = _transformer_settings(model_dir / "sentence_bert_config.json")
+    try:
+        return EmbeddingRecipe(pooling=pooling, normalize=chain[-1][0] == "Normalize", dense=dense,
+                               max_seq_length=max_seq_length, do_lower_case=do_lower_case, source="modules.json")
+    except ValueError as e:
+        raise ValueError(f"{modules_path}: {e}") from None
+
+
+def _module_chain(model_dir: Path, modules_path: Path) -> list[tuple[str, str]]:
+    """``modules.json``'s ``(kind, folder)`` list, when it is Transformer (the model folder itself), Pooling,
+    Dense..., Normalize in that order, each module in a folder of its own."""
     modules = _read_json(modules_path, "the module list")
     if not isinstance(modules, list):
         raise ValueError(f"{modules_path} is not a JSON list of modules")
@@ -213,14 +231,12 @@ def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
         if kind in ("Pooling", "Dense") and Path(folder) == Path("."):
             raise ValueError(f"{modules_path}: the {kind} module's path is the model folder itself; its config.json "
                              "is the model's, not the module's (give the module its own folder, e.g. 1_Pooling)")
-    hidden_size = _hidden_size(model_dir)
-    pooling = _pooling(model_dir, chain[1][1], hidden_size)
-    dense = tuple(_dense(model_dir, folder) for kind, folder in chain if kind == "Dense")
-    if dense and hidden_size is not None and dense[0].in_features != hidden_size:
-        raise ValueError(f"{model_dir / dense[0].path / 'config.json'}: in_features {dense[0].in_features} is not "
-                         f"the model's hidden_size {hidden_size}")
+    return chain
+
+
+def _transformer_settings(st_config: Path) -> tuple[int | None, bool | None]:
+    """``(max_seq_length, do_lower_case)`` of ``sentence_bert_config.json`` (None where absent or null)."""
     max_seq_length = do_lower_case = None
-    st_config = model_dir / "sentence_bert_config.json"
     if optional_file(st_config, "the Transformer module's config") is not None:
         cfg = _read_json(st_config, "the Transformer module's config")
         if not isinstance(cfg, dict):
@@ -229,11 +245,7 @@ def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
             max_seq_length = _int(cfg["max_seq_length"], st_config, "max_seq_length")
         if cfg.get("do_lower_case") is not None:
             do_lower_case = _bool(cfg["do_lower_case"], st_config, "do_lower_case")
-    try:
-        return EmbeddingRecipe(pooling=pooling, normalize=kinds.endswith("N"), dense=dense,
-                               max_seq_length=max_seq_length, do_lower_case=do_lower_case, source="modules.json")
-    except ValueError as e:
-        raise ValueError(f"{modules_path}: {e}") from None
+    return max_seq_length, do_lower_case
 
 
 def read_dense_weights(model_dir: str | Path, layer: DenseLayer):

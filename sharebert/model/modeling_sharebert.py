@@ -341,13 +341,7 @@ class ShareBertModel(ShareBertPreTrainedModel):
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        if use_cache is None:  # by default only where it helps: generating, not training or exporting
-            use_cache = self.config.use_cache and not self.training and not tracing()
-        use_cache = self.causal and use_cache
-        cache = cache if cache is not None else past_key_values
-        if use_cache and cache is None:
-            cache = DynamicCache()
-        cache = cache if use_cache else None
+        cache = self._cache(use_cache, cache if cache is not None else past_key_values)
         past = cache.get_seq_length() if cache is not None else 0
         x = self.embeddings(input_ids, token_type_ids, inputs_embeds, position_ids, past)
         T = x.shape[1]
@@ -355,6 +349,31 @@ class ShareBertModel(ShareBertPreTrainedModel):
         head_masks = self._head_masks(head_mask)
 
         generated = self.generated_weights()  # once per forward, shared by every layer
+        x, all_hidden, all_attn = self._encode(x, mask, head_masks, generated, depth, cache, output_attentions,
+                                               output_hidden_states)
+        pooled = self._pool(x, generated) if self.has_pooler else None
+        out = BaseModelOutputWithPoolingAndCrossAttentions(
+            last_hidden_state=x,
+            pooler_output=pooled,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_attn) if output_attentions else None,
+            **{CACHE: cache},
+        )
+        return out if return_dict else out.to_tuple()
+
+
+    def _cache(self, use_cache: Optional[bool], cache):
+        """The cache this forward reads and extends (a new ``DynamicCache`` when none is given), or None when it
+        keeps none: a causal model's, by default only where it helps (generating, not training or exporting)."""
+        if use_cache is None:
+            use_cache = self.config.use_cache and not self.training and not tracing()
+        use_cache = self.causal and use_cache
+        if use_cache and cache is None:
+            cache = DynamicCache()
+        return cache if use_cache else None
+
+    def _encode(self, x, mask, head_masks, generated, depth, cache, output_attentions, output_hidden_states):
+        """``(x, hidden states or None, attentions or None)`` after the first ``depth`` layers and the final norm."""
         all_hidden, all_attn = ([x] if output_hidden_states else None), ([] if output_attentions else None)
         for i, layer in enumerate(self.layers[: self._depth(depth)]):
             w = generated or self.layer_weights[0 if self.config.share_layers else i]()
@@ -368,24 +387,16 @@ class ShareBertModel(ShareBertPreTrainedModel):
             x = self.final_norm(x)
             if output_hidden_states:
                 all_hidden[-1] = x
+        return x, all_hidden, all_attn
 
-        pooled = None
-        if self.has_pooler:
-            cls = x[:, 0]
-            if self.config.pooler == "dense":
-                pooled = self.pooler(cls)
-            else:
-                pooled = F.linear(cls, generated["pooler"], self.pooler_bias)
-            if self.config.pooler_activation == "tanh":
-                pooled = torch.tanh(pooled)
-        out = BaseModelOutputWithPoolingAndCrossAttentions(
-            last_hidden_state=x,
-            pooler_output=pooled,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_attn) if output_attentions else None,
-            **{CACHE: cache},
-        )
-        return out if return_dict else out.to_tuple()
+    def _pool(self, x, generated):
+        """The pooler's output: the [CLS] state through a dense or generated projection, then tanh if configured."""
+        cls = x[:, 0]
+        if self.config.pooler == "dense":
+            pooled = self.pooler(cls)
+        else:
+            pooled = F.linear(cls, generated["pooler"], self.pooler_bias)
+        return torch.tanh(pooled) if self.config.pooler_activation == "tanh" else pooled
 
 
 class ShareBertLMHead(nn.Module):

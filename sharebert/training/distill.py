@@ -281,17 +281,25 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
 
     Checkpoints hold the student (``model.safetensors``) and the projections (``PROJECTIONS_FILE``),
     so ``--resume`` continues both; under torchrun the projections' gradients are averaged. ``data``: what the
-    run trains on (``check_same_data``), kept in each checkpoint (``DATA_FILE``).
+    run trains on (``check_same_data``), kept in each checkpoint (``DATA_FILE``). ``limit``: a ``WallClockLimit``
+    that stops the run (or None); without ``max_steps`` the learning rate and the progress lines follow it.
+    ``progress``: the progress display (``show_progress``; None leaves the Trainer's own).
     """
 
     def __init__(self, *a, teacher, projections, weights, pairs, groups, regression=False, mlm=False, data=None,
-                 **kw):
+                 limit=None, max_steps=None, progress: bool | None = None, **kw):
         self.data = data
         super().__init__(*a, **kw)
         self.teacher, self.weights, self.pairs, self.groups = teacher, weights, pairs, groups
         self.projections = projections.to(self.args.device)
         self.regression, self.mlm = regression, mlm
         self._parts: dict[str, float] = {}
+        if limit is not None:
+            self.add_callback(limit)
+        self.limit = limit
+        self.clock = limit if limit is not None and not max_steps else None
+        if progress is not None:
+            show_progress(self, progress, self.clock)
 
     clock = None  # a ``WallClockLimit`` when training is bounded by time only: the learning rate follows it
 
@@ -306,16 +314,7 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
                 optimizer or self.optimizer, lambda step: clock.lr_factor(step, warmup))
         return self.lr_scheduler
 
-    def bound_by(self, clock, max_steps, progress: bool) -> None:
-        """Stop at ``clock`` (a ``WallClockLimit``, or None); without ``max_steps`` the learning rate and
-        the progress lines follow it. Then the progress display (``show_progress``)."""
-        if clock is not None:
-            self.add_callback(clock)
-        self.limit = clock
-        self.clock = clock if clock is not None and not max_steps else None
-        show_progress(self, progress, self.clock)
-
-    limit = None  # the ``WallClockLimit`` of ``bound_by``, whether or not the learning rate follows it
+    limit = None  # the ``WallClockLimit`` that stops the run, whether or not the learning rate follows it
 
     resumed = False  # set when a checkpoint is loaded
 
@@ -356,17 +355,8 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
             inputs = {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
         feed = {k: v for k, v in inputs.items() if k != "labels"}  # the hard loss is ``hard_loss``'s
         out = model(**feed, output_hidden_states=need_h, output_attentions=need_a)  # at a sampled depth, maybe
-        pairs = self.pairs
-        if need_h or need_a:
-            ran = len(out.attentions) if need_a else len(out.hidden_states) - 1
-            pairs = pairs_that_ran(pairs, ran, self.model.config.num_hidden_layers,
-                                   self.teacher.config.num_hidden_layers)
-        if cached is not None and not (need_h or need_a):  # --cache-teacher: logits are all the terms need
-            t_out = SimpleNamespace(logits=cached)
-        else:
-            with torch.no_grad():
-                t_in = {k: v for k, v in inputs.items() if k != "labels"}
-                t_out = self.teacher(**t_in, output_hidden_states=need_h, output_attentions=need_a)
+        pairs = self._pairs_that_ran(out, need_h, need_a) if need_h or need_a else self.pairs
+        t_out = self._teacher_outputs(inputs, cached, need_h, need_a)
         logits_mask = (labels != -100) if self.mlm else None
         parts = distill_losses(out, t_out, inputs["attention_mask"], labels if w.hard else None, self.projections,
                                w, pairs, self.groups, self.regression, logits_mask)
@@ -374,6 +364,20 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
             if k != "loss":
                 self._parts[k] = float(v.detach())
         return (parts["loss"], out) if return_outputs else parts["loss"]
+
+    def _pairs_that_ran(self, out, need_h: bool, need_a: bool):
+        """The layer pairs of the terms among the student layers this forward ran (fewer under depth sampling)."""
+        ran = len(out.attentions) if need_a else len(out.hidden_states) - 1
+        return pairs_that_ran(self.pairs, ran, self.model.config.num_hidden_layers, self.teacher.config.num_hidden_layers)
+
+    def _teacher_outputs(self, inputs: dict, cached, need_h: bool, need_a: bool):
+        """The teacher's outputs on the batch: its ``cached`` logits alone when they are all the terms need
+        (``--cache-teacher``), else a forward without gradients."""
+        if cached is not None and not (need_h or need_a):
+            return SimpleNamespace(logits=cached)
+        with torch.no_grad():
+            t_in = {k: v for k, v in inputs.items() if k != "labels"}
+            return self.teacher(**t_in, output_hidden_states=need_h, output_attentions=need_a)
 
     def training_step(self, *a, **kw):
         loss = super().training_step(*a, **kw)
@@ -450,6 +454,14 @@ def _resume_from(out: Path, resume: bool) -> str | None:
     """The newest complete checkpoint under ``out/checkpoints`` with ``resume`` (``ValueError`` if none)."""
     found = resume_from(out / "checkpoints", resume)
     return str(found) if found else None
+
+
+def _resume_same_data(out: Path, resume: bool, data: dict) -> str | None:
+    """:func:`_resume_from`, its checkpoint refused when it trained on other ``data`` (:func:`check_same_data`)."""
+    start_from = _resume_from(out, resume)
+    if start_from is not None:
+        check_same_data(Path(start_from), data)
+    return start_from
 
 
 def check_same_data(checkpoint: Path, data: dict) -> None:
@@ -534,10 +546,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
                         inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()))
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before any model loads
         task_file(task_, data_dir, split)
-    start_from = _resume_from(out, resume)
     data = {"augment": args.augment, "seed": args.seed}
-    if start_from is not None:
-        check_same_data(Path(start_from), data)
+    start_from = _resume_same_data(out, resume, data)
     t_config = teacher_config(teacher_dir)  # any encoder architecture (training.teacher)
     t_tok = teacher_tokenizer(teacher_dir, t_config)
     check_teacher_labels(teacher_dir, t_config, task_)
@@ -548,10 +558,7 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
     check_tokenizers(speaks, s_tok, teacher_dir, student)
     s_tok = t_tok if vocab is None else s_tok  # one tokenizer (the teacher's settings), or the student's own
-    teacher = load_teacher(teacher_dir)
-    if not task_.is_regression:  # generic LABEL_i names are read as the task's labels, in order
-        teacher.config.id2label = dict(enumerate(task_.label_names))
-        teacher.config.label2id = {n: i for i, n in enumerate(task_.label_names)}
+    teacher = _task_teacher(teacher_dir, task_)
     w = args.weights
     pairs, groups, projections = _maps(model, teacher, w, args.seed)
 
@@ -580,8 +587,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     trainer = DistillTrainer(
         model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=s_tok,
         data_collator=DataCollatorWithPadding(s_tok), compute_metrics=metrics_for(task_), teacher=teacher,
-        projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression, data=data)
-    trainer.bound_by(clock, args.max_steps, progress)
+        projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression, data=data,
+        limit=clock, max_steps=args.max_steps, progress=progress)
     for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
         trainer.add_callback(callback)
     if (kept := kept_result(trainer, start_from, out, expect=(task_.main_metric, "steps", "best_step", "teacher",
@@ -599,13 +606,28 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
                    teacher=teacher_metrics, student=student, teacher_dir=str(teacher_dir),
                    losses={k: getattr(w, k) for k in ("kl", "hard", "hidden", "attention", "embedding")},
                    temperature=w.temperature, layer_map=[list(p) for p in pairs])
+    _publish_student(trainer, s_tok, out, metrics, keep_checkpoints)
+    return finite(metrics)
+
+
+def _task_teacher(teacher_dir, task_):
+    """The teacher classifier, its generic LABEL_i names read as the task's labels, in order."""
+    teacher = load_teacher(teacher_dir)
+    if not task_.is_regression:
+        teacher.config.id2label = dict(enumerate(task_.label_names))
+        teacher.config.label2id = {n: i for i, n in enumerate(task_.label_names)}
+    return teacher
+
+
+def _publish_student(trainer, s_tok, out: Path, metrics: dict, keep_checkpoints: bool) -> None:
+    """On the main process: the student alone (the projections live in the trainer), its tokenizer and results
+    in ``out``; the checkpoints dropped unless kept."""
     if trainer.is_world_process_zero():
-        trainer.model.save_pretrained(str(out))  # the student alone: the projections live in the trainer
+        trainer.model.save_pretrained(str(out))
         s_tok.save_pretrained(str(out))
         write_results(trainer, out, finite(metrics))
         if not keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return finite(metrics)
 
 
 def check_cut_task(args: DistillArgs, cache_teacher) -> None:
@@ -671,6 +693,33 @@ def teacher_blocks(data, manifest: dict, t_tok, seq_len: int, limit: int | None 
                         sep_id=t_tok.sep_token_id)
 
 
+def _mlm_student(student: str, t_tok, seed: int):
+    """``(model, tokenizer)`` of ``--student``: a preset built for the teacher's vocabulary (and tokenizer), or a
+    model folder with its own tokenizer."""
+    from ..formats.build import config_for_vocab
+    from ..model.modeling_sharebert import ShareBertForMaskedLM
+    from ..model.shape import PRESETS
+
+    if not Path(student).exists() and student in PRESETS:
+        torch.manual_seed(seed)
+        return ShareBertForMaskedLM(config_for_vocab(student, {}, len(t_tok))), t_tok
+    if Path(student).exists():
+        s_tok = load_tokenizer(student, load_config(student).vocab_size)
+        torch.manual_seed(seed)
+        from ..formats.model_folder import load_model
+        return load_model(ShareBertForMaskedLM, student)[0], s_tok
+    raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
+
+
+def _text_blocks(train, t_tok, seq_len: int, max_train_samples, progress: bool):
+    """``--train`` text tokenized by the teacher and packed into ``seq_len``-token blocks, as ``pretrain`` does."""
+    from sharebert_runtime.textlines import resolve_sources
+    from .corpus import encode_sources, pack
+
+    ids = encode_sources(resolve_sources(train), t_tok, progress=progress)
+    return pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[: max_train_samples]
+
+
 def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = DistillArgs(), overwrite: bool = False,
                 resume: bool = False, progress: bool = True, data=None) -> dict:
     """General distillation during pre-training: the teacher's MLM distribution at the masked positions as
@@ -681,11 +730,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     ``metrics.json`` (steps, train loss, the last value of each term).
     """
     args.weights.check_teaches()
-    from ..formats.build import config_for_vocab
-    from ..model.modeling_sharebert import ShareBertForMaskedLM
-    from ..model.shape import PRESETS
-    from sharebert_runtime.textlines import resolve_sources
-    from .corpus import PackedDataset, encode_sources, pack
+    from .corpus import PackedDataset
 
     out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, legacy=_is_distill_out,
                         inputs=(teacher_dir, *([data] if data is not None else []), *(train or []),
@@ -702,16 +747,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
         if not (args.weights.hidden or args.weights.attention or args.weights.embedding):
             raise ValueError(f"{teacher_dir} has no MLM head, so only the hidden, attention and embedding terms can "
                              "teach; set one of their weights above 0")
-    if not Path(student).exists() and student in PRESETS:
-        torch.manual_seed(args.seed)
-        model, s_tok = ShareBertForMaskedLM(config_for_vocab(student, {}, len(t_tok))), t_tok
-    elif Path(student).exists():
-        s_tok = load_tokenizer(student, load_config(student).vocab_size)
-        torch.manual_seed(args.seed)
-        from ..formats.model_folder import load_model
-        model = load_model(ShareBertForMaskedLM, student)[0]
-    else:
-        raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
+    model, s_tok = _mlm_student(student, t_tok, args.seed)
     model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
     check_tokenizers(t_tok, s_tok, teacher_dir, student)
     if bool(train) == (data is not None):
@@ -724,8 +760,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     if manifest is not None:
         blocks = teacher_blocks(data, manifest, t_tok, seq_len, args.max_train_samples)
     else:
-        ids = encode_sources(resolve_sources(train), t_tok, progress=progress)
-        blocks = pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[: args.max_train_samples]
+        blocks = _text_blocks(train, t_tok, seq_len, args.max_train_samples, progress)
     train_ds = PackedDataset.for_objective(blocks, t_tok, "mlm", seed=args.seed)
     start_run(out, start_from is not None, run_fingerprint(teacher_dir, _student_name(student),
                                                            data_files(train, data), "mlm"))
@@ -733,8 +768,7 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     targs = stream_training_args(out, args, progress)
     trainer = DistillTrainer(
         model=model, args=targs, train_dataset=train_ds, processing_class=t_tok, teacher=teacher,
-        projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True)
-    show_progress(trainer, progress)
+        projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True, progress=progress)
     trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=2))
     if (kept := kept_result(trainer, start_from, out, expect=("steps", "train_loss", "train_seconds",
                                                               "last_terms"))) is not None:

@@ -670,8 +670,8 @@ def _embedding_trainer(model, t: _Teacher, s_tok, train_ds, projections, pairs, 
         model=model, args=targs, train_dataset=train_ds, processing_class=s_tok,
         data_collator=_Collator(s_tok), teacher=t.model, projections=projections, weights=args.weights,
         pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks],
-        data=trained_on, pooling=t.recipe.pooling, loss=args.loss, teacher_head=t.head)
-    trainer.bound_by(clock, args.max_steps, progress)
+        data=trained_on, pooling=t.recipe.pooling, loss=args.loss, teacher_head=t.head,
+        limit=clock, max_steps=args.max_steps, progress=progress)
     return trainer
 
 

@@ -74,15 +74,22 @@ class _MaskEpoch(TrainerCallback):
 
 class PretrainTrainer(StopsAtMaxSteps, Trainer):
     """``Trainer`` that stops on a non-finite loss, logs perplexity, marks finished checkpoints and keeps
-    the loss sum of the whole run (across resumes) for ``metrics.json``."""
+    the loss sum of the whole run (across resumes) for ``metrics.json``. ``keep_checkpoints``: the newest
+    checkpoints kept (None: all); ``save_minutes``: a checkpoint at least that often (``TimedSaves``); ``progress``:
+    the progress display (``show_progress``; None leaves the Trainer's own); ``resume_from``: the checkpoint whose
+    loss sum the run continues (None: a new run)."""
 
-    keep_checkpoints: int | None = None
-
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, keep_checkpoints: int | None = None, save_minutes: float | None = None,
+                 progress: bool | None = None, resume_from: Path | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.keep_checkpoints = keep_checkpoints
         self.saved_step = 0
         self.before = {"loss_sum": 0.0, "last_loss": None, "step": 0}  # from the checkpoint resumed
         self._sum, self._micro = 0.0, []  # this process, since this run began
+        self.add_callback(_MarkPretrainCheckpoints(self, save_minutes))
+        if progress is not None:
+            show_progress(self, progress)
+        self.resumed_from(resume_from)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -152,6 +159,7 @@ def param_digest(model: torch.nn.Module) -> str:
 
 
 def _check_args(a: PretrainArgs, model_dir, preset, train, data) -> None:
+    """Where the model and the text come from (one of each), then the settings."""
     if (model_dir is None) == (preset is None) and not (a.char_level and model_dir is None):
         raise ValueError("give exactly one of --model DIR or --preset NAME")
     if model_dir is not None and a.overrides:
@@ -163,6 +171,11 @@ def _check_args(a: PretrainArgs, model_dir, preset, train, data) -> None:
         raise ValueError("give --train (text, tokenized now) or --data (a `sharebert prepare` folder), not both")
     if data is not None and a.char_level:
         raise ValueError("--char-level tokenizes its text itself: give --train, not --data")
+    _check_settings(a)
+
+
+def _check_settings(a: PretrainArgs) -> None:
+    """The training settings: counts, rates, objective and precision within their ranges."""
     if a.keep_checkpoints is not None and a.keep_checkpoints < 1:
         raise ValueError(f"keep_checkpoints must be at least 1 (the newest checkpoint is always kept), "
                          f"got {a.keep_checkpoints}")
@@ -476,11 +489,9 @@ def _make_trainer(r: _Run, model, tokenizer, train_ds, eval_ds, resume_from):
     trainer = PretrainTrainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
                               data_collator=default_data_collator, processing_class=tokenizer,
                               callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), r.stopper, *clock,
-                                         TensorBoardLogs(out / "tb"), *r.callbacks])
-    trainer.add_callback(_MarkPretrainCheckpoints(trainer, a.save_minutes))
-    trainer.keep_checkpoints = a.keep_checkpoints
-    show_progress(trainer, a.progress)
-    trainer.resumed_from(resume_from)
+                                         TensorBoardLogs(out / "tb"), *r.callbacks],
+                              keep_checkpoints=a.keep_checkpoints, save_minutes=a.save_minutes, progress=a.progress,
+                              resume_from=resume_from)
     if a.resume and targs.should_save:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0")
     return trainer, clock

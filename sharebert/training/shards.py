@@ -200,29 +200,56 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
     ident = {"format": FORMAT, "version": VERSION, "dtype": token_dtype(len(tok)).name,
              "tokenizer": {"vocab_size": len(tok), "vocab_sha256": vocab_sha256(tok)}, "sources": records}
     if (out / MANIFEST).exists():
-        done = read_manifest(out)
-        if {k: done.get(k) for k in ident} == ident:
-            return done
-        raise ValueError(f"{out} already holds prepared data of other sources or another tokenizer; choose another --out")
-    state = {**ident, "splits": {s: [] for s in SPLITS}, "finished": {s: [] for s in SPLITS}}
-    if (out / PROGRESS).exists():
-        try:
-            saved = read_json(out / PROGRESS)
-        except ValueError as e:
-            raise ValueError(f"{e}; remove {out} and prepare again") from None
-        if {k: saved.get(k) for k in ident} != ident:
-            raise ValueError(f"{out} holds an unfinished prepare of other sources or another tokenizer; "
-                             f"rerun that command or choose another --out")
-        state = saved
+        return _same_prepared(out, ident)
+    state = _saved_state(out, ident)
     save_tokenizer(tok, out / "tokenizer")
-    dtype = np.dtype(ident["dtype"])
+    started = time.perf_counter()
+    _tokenize_sources(out, tok, sources, state, workers, progress, stop)
+    for split in SPLITS:
+        if sources[split] and sum(r["tokens"] for r in state["splits"][split]) == 0:
+            raise ValueError(f"the {split} sources hold no text")
+    manifest = {**ident, "splits": {split: {"tokens": sum(r["tokens"] for r in shards),
+                                            "shards": [{k: r[k] for k in ("file", "tokens", "sha256")} for r in shards]}
+                                    for split, shards in state["splits"].items() if shards},
+                "seconds": round(time.perf_counter() - started, 2)}
+    manifest["checksum"] = _checksum(manifest)
+    write_json(out / MANIFEST, manifest)
+    (out / PROGRESS).unlink()
+    return manifest
+
+
+def _same_prepared(out: Path, ident: dict) -> dict:
+    """The manifest of the finished folder ``out`` when it was prepared from the same sources and tokenizer."""
+    done = read_manifest(out)
+    if {k: done.get(k) for k in ident} == ident:
+        return done
+    raise ValueError(f"{out} already holds prepared data of other sources or another tokenizer; choose another --out")
+
+
+def _saved_state(out: Path, ident: dict) -> dict:
+    """The progress of an interrupted prepare of the same sources and tokenizer, or a fresh one."""
+    if not (out / PROGRESS).exists():
+        return {**ident, "splits": {s: [] for s in SPLITS}, "finished": {s: [] for s in SPLITS}}
+    try:
+        saved = read_json(out / PROGRESS)
+    except ValueError as e:
+        raise ValueError(f"{e}; remove {out} and prepare again") from None
+    if {k: saved.get(k) for k in ident} != ident:
+        raise ValueError(f"{out} holds an unfinished prepare of other sources or another tokenizer; "
+                         f"rerun that command or choose another --out")
+    return saved
+
+
+def _tokenize_sources(out: Path, tok, sources: dict, state: dict, workers: int, progress: bool, stop) -> None:
+    """Every source not yet finished in ``state``, tokenized into shards (by ``workers`` processes when more than
+    one); ``Interrupted`` when ``stop()`` names a signal."""
+    dtype = np.dtype(state["dtype"])
     pool = None
     if workers > 1:  # spawn: fork may deadlock on locks held by threads (torch, tokenizers)
         pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _init_worker,
                                    (tok.backend_tokenizer.to_str(), dtype.name, os.getpid()))
     if pool is None:
         _init_worker_here(tok, dtype)
-    started = time.perf_counter()
     total = sum(len(v) for v in sources.values())
     bar = progress_bar(desc="prepare", unit="B", unit_scale=True, progress=progress)
     try:
@@ -239,17 +266,6 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
         bar.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    for split in SPLITS:
-        if sources[split] and sum(r["tokens"] for r in state["splits"][split]) == 0:
-            raise ValueError(f"the {split} sources hold no text")
-    manifest = {**ident, "splits": {split: {"tokens": sum(r["tokens"] for r in shards),
-                                            "shards": [{k: r[k] for k in ("file", "tokens", "sha256")} for r in shards]}
-                                    for split, shards in state["splits"].items() if shards},
-                "seconds": round(time.perf_counter() - started, 2)}
-    manifest["checksum"] = _checksum(manifest)
-    write_json(out / MANIFEST, manifest)
-    (out / PROGRESS).unlink()
-    return manifest
 
 
 class _Stopped(Exception):

@@ -131,19 +131,8 @@ def cut_tokenizer(tokenizer, kept: list[int]):
     from transformers import PreTrainedTokenizerFast
 
     spec = _model(tokenizer)
-    model = spec["model"]
-    to_token = {i: t for t, i in tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True).items()}
-    new_id = {to_token[t]: i for i, t in enumerate(kept)}
     remap = {t: i for i, t in enumerate(kept)}
-    if model["type"] == "Unigram":
-        model["vocab"] = [model["vocab"][t] for t in kept if t < len(model["vocab"])]
-        if model.get("unk_id") is not None:
-            model["unk_id"] = remap[model["unk_id"]]
-    else:
-        model["vocab"] = {tok: new_id[tok] for tok in model["vocab"] if tok in new_id}
-    if model["type"] == "BPE":
-        model["merges"] = [m for m in model.get("merges") or []
-                           if all(p in new_id for p in _pairs(m)) and _merged(model, m) in new_id]
+    _cut_model(spec["model"], tokenizer, kept, remap)
     for added in spec.get("added_tokens") or []:
         added["id"] = remap[added["id"]]
     _remap_ids(spec.get("post_processor"), remap)
@@ -155,6 +144,21 @@ def cut_tokenizer(tokenizer, kept: list[int]):
                                    model_input_names=list(tokenizer.model_input_names),
                                    padding_side=tokenizer.padding_side, truncation_side=tokenizer.truncation_side,
                                    **special)
+
+
+def _cut_model(model: dict, tokenizer, kept: list[int], remap: dict[int, int]) -> None:
+    """The tokenizer model's vocabulary (and a BPE model's merges, a Unigram model's unk_id) over ``kept``, in place."""
+    to_token = {i: t for t, i in tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True).items()}
+    new_id = {to_token[t]: i for i, t in enumerate(kept)}
+    if model["type"] == "Unigram":
+        model["vocab"] = [model["vocab"][t] for t in kept if t < len(model["vocab"])]
+        if model.get("unk_id") is not None:
+            model["unk_id"] = remap[model["unk_id"]]
+    else:
+        model["vocab"] = {tok: new_id[tok] for tok in model["vocab"] if tok in new_id}
+    if model["type"] == "BPE":
+        model["merges"] = [m for m in model.get("merges") or []
+                           if all(p in new_id for p in _pairs(m)) and _merged(model, m) in new_id]
 
 
 def _merged(model: dict, merge) -> str:
