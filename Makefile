@@ -26,14 +26,18 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# Two pytest-xdist workers, one a core, each test file on one worker (`--dist loadfile`: a file's module
+# fixtures are built once, and test_docs.py's blocks run in order); OMP_NUM_THREADS=1 keeps each to its core.
+XDIST := -n 2 --dist loadfile
+
 # Everything: the lint, then every test. Each recipe line's exit status is make's: a lint finding stops it
 # before the tests, and pytest's own status (1 failures, 2 interrupted, 5 nothing collected) fails `make test`.
 test: lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25 tests
 
 # The fast tier (under 3 minutes on 2 cores): every test not marked `slow`.
 test-fast: lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider --durations=10 -m "not slow" tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=10 -m "not slow" tests
 
 # The `optimum` extra in its own venv, with optimum-cli's hook (optimum-register/, docs/EXPORT.md "optimum"),
 # installed non-editably: its module must lie in optimum's own folder. test-optimum runs the tests marked
@@ -41,14 +45,14 @@ test-fast: lint
 $(OPTIMUM_STAMP): pyproject.toml constraints.txt optimum-register/pyproject.toml optimum-register/optimum/commands/register/sharebert.py
 	test -x $(OPTIMUM_VENV)/bin/python || $(PYTHON) -m venv $(OPTIMUM_VENV)
 	$(OPTIMUM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(OPTIMUM_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[optimum]" "pytest>=8"
+	$(OPTIMUM_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[optimum]" "pytest>=8" "pytest-xdist>=3.5"
 	$(OPTIMUM_VENV)/bin/python -m pip install -q -c constraints.txt --no-deps ./optimum-register
 	touch $(OPTIMUM_STAMP)
 
 install-optimum: $(OPTIMUM_STAMP)
 
 test-optimum: $(OPTIMUM_STAMP)
-	OMP_NUM_THREADS=1 $(OPTIMUM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m optimum --durations=10 tests
+	OMP_NUM_THREADS=1 $(OPTIMUM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) -m optimum --durations=10 tests
 
 # The shell and Python blocks of README.md and docs/*.md, run in order with budgets capped (also part of `make test`).
 docs-check: $(STAMP)
