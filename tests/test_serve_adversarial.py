@@ -63,6 +63,15 @@ def exchange(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict, st
     return int(status_line[9:12]), json.loads(body, parse_constant=_not_json), head.decode("latin-1")
 
 
+def _until(condition, what: str) -> None:
+    """Wait for the server's own state to show ``condition()`` (a fixed sleep is too short on a loaded machine)."""
+    for _ in range(6000):  # a bound against a hang only: 10 ms at a time, at most a minute
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the server never reached: {what}")
+
+
 def _not_json(name: str):
     raise ValueError(f"{name} is not JSON")
 
@@ -164,7 +173,7 @@ def test_full_queue_gets_503_with_retry_after(serve):
     port, request = server.server_address[1], post(b'{"text": "a [MASK] film"}')
     with server.admission.slot():  # the one worker is busy ...
         waiting = ThreadPoolExecutor(1).submit(exchange, port, request)  # ... and this one fills the queue
-        time.sleep(0.3)
+        _until(lambda: server.admission.admitted == 2, "the queued request admitted")
         status, body, head = exchange(port, request)
         assert status == 503 and "Retry-After: 1" in head and "busy" in body["error"]
     assert waiting.result()[0] == 200  # the queued one is answered once the worker is free
@@ -176,14 +185,13 @@ def test_connections_over_the_cap_get_503(serve):
     port = server.server_address[1]
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
     try:
-        time.sleep(0.2)
+        _until(lambda: server.per_client.get("127.0.0.1") == 3, "3 connections counted")
         status, body, head = exchange(port, b"GET /health HTTP/1.1\r\n\r\n")
         assert status == 503 and "Retry-After" in head and "connections" in body["error"]
     finally:
         for s in idle:
             s.close()
-    time.sleep(0.3)
-    assert exchange(port, b"GET /health HTTP/1.1\r\n\r\n")[0] == 200
+    _until(lambda: exchange(port, b"GET /health HTTP/1.1\r\n\r\n")[0] == 200, "answering once they closed")
 
 
 def _closed_within(s: socket.socket, limit: float) -> bool:
@@ -234,7 +242,7 @@ def test_connections_per_client_address_are_capped(serve):
             s.bind(("127.0.0.2", 0))
             s.connect(("127.0.0.1", port))
             held.append(s)
-        time.sleep(0.2)
+        _until(lambda: server.per_client.get("127.0.0.2") == 3, "127.0.0.2's 3 connections counted")
         extra = socket.socket()
         extra.bind(("127.0.0.2", 0))
         extra.connect(("127.0.0.1", port))
