@@ -275,13 +275,14 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir
     assert not (work / "R" / "work").exists() and not (work / "R" / "student" / "checkpoints").exists()
 
 
-def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget():
+def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget(monkeypatch):
     """The plan: what the end needs is kept back, the teacher's pass takes at most a third of the rest, training
     the remainder; a budget below the end's costs is said so (all from measured rates, no clock in the test)."""
     from sharebert.pipelines.compress import TimeBudget
 
     said = []
     now = __import__("time").monotonic()
+    monkeypatch.setattr("time.monotonic", lambda: now)  # the clock stands still: no stall of a loaded machine counts
     budget = TimeBudget(600, after_sentences=3600, say=said.append, start=now)
     n = budget.plan(15000, rate=50.0, step=0.2, batch=32)
     reserve = budget.reserve()

@@ -67,11 +67,10 @@ def test_plot_bad_input(tmp_path, capsys, setup, message):
     assert not (tmp_path / "curves.png").exists()
 
 
-def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_time(capsys):
+def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_time(capsys, stepped_clock):
     """`--max-time` without `--max-steps`: the learning rate warms up by steps, then falls linearly to 0 as the
     clock is spent, the warmup over after 10 steps or 5% of the time (compress and `distill --objective embedding` follow it), and progress lines count time."""
     import io
-    import time
     from types import SimpleNamespace
 
     from sharebert.training.callbacks import WallClockLimit
@@ -79,16 +78,16 @@ def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_tim
 
     clock = WallClockLimit(100.0)
     assert clock.spent() == 0.0 and clock.lr_factor(0, 10) == pytest.approx(0.1)  # before train begin
-    clock._start = time.monotonic() - 50.0
+    clock._start = stepped_clock.now - 50.0
     assert clock.lr_factor(1000, 10) == pytest.approx(0.5, abs=0.01)
     assert clock.lr_factor(4, 10) == pytest.approx(0.5, abs=0.01)  # 5% of the time ends the warmup too
-    clock._start = time.monotonic() - 2.5
+    clock._start = stepped_clock.now - 2.5
     assert clock.lr_factor(0, 10) == pytest.approx(0.5 * 0.975, abs=0.01)  # warmup (by time) and decay multiply
     assert clock.lr_factor(4, 10) == pytest.approx(0.5 * 0.975, abs=0.01)
     assert clock.lr_factor(7, 10) == pytest.approx(0.8 * 0.975, abs=0.01)  # by steps, where they are ahead
-    clock._start = time.monotonic() - 150.0
+    clock._start = stepped_clock.now - 150.0
     assert clock.spent() == 1.0 and clock.lr_factor(1000, 10) == 0.0
-    clock._start = time.monotonic() - 25.0
+    clock._start = stepped_clock.now - 25.0
     stream = io.StringIO()
     lines = LogLines(stream=stream, clock=clock)
     lines.on_train_begin(None, SimpleNamespace(global_step=0), None)
@@ -98,9 +97,8 @@ def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_tim
     assert re.fullmatch(r"step 50 \(25% of 1m40s\) loss 0\.5000 [0-9.]+ steps/s ETA 1m1[45]s", line), line
 
 
-def test_the_clock_stops_at_train_end():
+def test_the_clock_stops_at_train_end(stepped_clock):
     """What follows training (the final scoring of the best model) is not counted in train_seconds."""
-    import time
     from types import SimpleNamespace
 
     from sharebert.training.callbacks import WallClockLimit
@@ -110,8 +108,8 @@ def test_the_clock_stops_at_train_end():
     clock._start -= 5.0
     clock.on_train_end(None, state, None)
     used = clock.used()
-    time.sleep(0.05)
-    assert 5.0 <= used <= 6.0 and clock.used() == used
+    stepped_clock.now += 50.0  # the test's clock: the time after train end
+    assert used == 5.0 and clock.used() == used
 
 
 @pytest.mark.parametrize("saved, spent", [
@@ -123,7 +121,7 @@ def test_the_clock_stops_at_train_end():
     ({"WallClockLimit": ["not", "a", "dict"]}, 0.0),
     ({"WallClockLimit": {"args": {}, "attributes": {"used_seconds": 500.0}}}, 1.0),  # spent: anneals at once
 ])
-def test_a_resumed_clock_goes_on_from_the_seconds_its_checkpoint_kept(saved, spent):
+def test_a_resumed_clock_goes_on_from_the_seconds_its_checkpoint_kept(saved, spent, stepped_clock):
     """--resume of a time-bounded run (compress, distill --objective embedding, pretrain): the checkpoint's
     trainer state keeps the seconds used, so the clock and the learning rate that follows it continue where the
     run stopped rather than starting over at the peak rate with a fresh budget; what it saves next counts both."""
