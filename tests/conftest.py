@@ -27,6 +27,7 @@ SLOW_FILES = {
     "test_depth_training.py", "test_distill.py", "test_export.py", "test_finetune.py", "test_generate_cache.py",
     "test_hf_ecosystem.py", "test_optimum.py", "test_ort_format.py", "test_pairs.py", "test_pretrain.py",
     "test_ram_int8.py", "test_real_model.py", "test_serve.py", "test_serve_adversarial.py",
+    "test_any_teacher.py", "test_length_grouping.py",  # module fixtures of 30-90 s (teachers, exported artifacts)
 }
 SLOW_TESTS = {  # over 10 s each in a fast-tier run on 2 cores at load 7
     "test_docs.py::test_block_runs_as_written",  # every command of the docs, in order
@@ -40,6 +41,13 @@ SLOW_TESTS = {  # over 10 s each in a fast-tier run on 2 cores at load 7
     "test_recipe.py::test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes",
     "test_untrusted.py::test_register_for_auto_class_then_save_pretrained_loads_without_sharebert",
     "test_untrusted.py::test_every_stopping_signal_removes_the_partial_file",
+    "test_runtime_import.py::test_import_sharebert_lets_auto_classes_load_a_sharebert_folder",
+    "test_shape.py::test_a_broken_transformers_install_leaves_the_runtime_importable",
+    # over 12 s each with two workers at load 9
+    "test_model_conventions.py::test_torch_export_dynamic_batch_and_length_equals_eager",  # torch.export, 14 cases
+    "test_evaluate.py::test_cross_domain_matrix",
+    "test_budget.py::test_budget_cli_and_plot",
+    "test_progress_and_curves.py::test_finetune_logs_plain_lines_and_draws_curves",
 }
 
 
