@@ -344,7 +344,7 @@ def test_export_of_a_portable_folder_leaves_its_auto_map_behind(remote, tmp_path
     from sharebert_runtime import Runtime
 
     assert main(["export", "--model", str(remote["portable"]), "--out", str(tmp_path / "art"),
-                 "--shapes", "1x16"]) == 0
+                 "--shapes", "1x16", "--check-limit", "8"]) == 0  # parity still checked, on 8 sentences, not SST-2's 872
     config = json.loads((tmp_path / "art" / "config.json").read_text())
     assert "auto_map" not in config and config["model_type"] == "sharebert"
     assert not any((tmp_path / "art").glob("*.py"))
