@@ -316,6 +316,15 @@ class Stopped(KeyboardInterrupt):
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # SIGINT already raises KeyboardInterrupt
 
 
+def _in_finalizer(frame) -> bool:
+    """Whether ``frame`` runs inside a ``__del__`` (the garbage collector may call one between any two lines)."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextlib.contextmanager
 def _stop_signals_raise():
     """While the block runs, SIGTERM and SIGHUP raise :class:`Stopped` (where they would kill the process: a
@@ -325,6 +334,11 @@ def _stop_signals_raise():
         return
 
     def stop(signum, frame):
+        if _in_finalizer(frame):  # raised there, Python prints the exception and drops it: the signal would be lost
+            again = threading.Timer(0.05, os.kill, (os.getpid(), signum))  # so it comes again, outside
+            again.daemon = True
+            again.start()
+            return
         raise Stopped(signum)
 
     previous = {}

@@ -453,6 +453,25 @@ def test_predict_stopped_by_a_signal_leaves_no_partial_file(artifacts, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"], err
 
 
+def test_a_stop_signal_inside_a_finalizer_is_sent_again_not_lost():
+    """An exception raised in a ``__del__`` is printed and dropped: a stop signal that lands there comes again."""
+    import gc
+
+    from sharebert_runtime.outdir import Stopped, atomic_output
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # handled here, inside the finalizer, before it returns
+
+    with pytest.raises(Stopped):
+        with atomic_output(os.devnull) as f:
+            Finalized()
+            gc.collect()
+            for _ in range(1000):  # the signal sent again (0.05 s later) stops the block
+                f.write("x")
+                time.sleep(0.01)
+
+
 # -- export never publishes the default recipe when a listed recipe file is unreadable ----------------------------
 
 @pytest.mark.slow
