@@ -328,7 +328,8 @@ def _in_finalizer(frame) -> bool:
 @contextlib.contextmanager
 def _stop_signals_raise():
     """While the block runs, SIGTERM and SIGHUP raise :class:`Stopped` (where they would kill the process: a
-    handler already installed, say a training run's checkpoint on SIGTERM, is left in place; main thread only)."""
+    handler already installed, say a training run's checkpoint on SIGTERM, is left in place; main thread only),
+    and SIGINT its KeyboardInterrupt, each sent again when it lands inside a finalizer."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -339,12 +340,14 @@ def _stop_signals_raise():
             again.daemon = True
             again.start()
             return
-        raise Stopped(signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(signum)
 
     previous = {}
     for s in STOP_SIGNALS:
         if signal.getsignal(s) is signal.SIG_DFL:
             previous[s] = signal.signal(s, stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Python's own: it raises, and so is lost too
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, stop)
     try:
         yield
     finally:

@@ -453,7 +453,8 @@ def test_predict_stopped_by_a_signal_leaves_no_partial_file(artifacts, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"], err
 
 
-def test_a_stop_signal_inside_a_finalizer_is_sent_again_not_lost():
+@pytest.mark.parametrize("sig, raised", [(signal.SIGTERM, "Stopped"), (signal.SIGINT, "KeyboardInterrupt")])
+def test_a_stop_signal_inside_a_finalizer_is_sent_again_not_lost(sig, raised):
     """An exception raised in a ``__del__`` is printed and dropped: a stop signal that lands there comes again."""
     import gc
 
@@ -461,15 +462,16 @@ def test_a_stop_signal_inside_a_finalizer_is_sent_again_not_lost():
 
     class Finalized:
         def __del__(self):
-            os.kill(os.getpid(), signal.SIGTERM)  # handled here, inside the finalizer, before it returns
+            os.kill(os.getpid(), sig)  # handled here, inside the finalizer, before it returns
 
-    with pytest.raises(Stopped):
+    with pytest.raises(KeyboardInterrupt) as stopped:
         with atomic_output(os.devnull) as f:
             Finalized()
             gc.collect()
             for _ in range(1000):  # the signal sent again (0.05 s later) stops the block
                 f.write("x")
                 time.sleep(0.01)
+    assert type(stopped.value).__name__ == raised and (raised == "KeyboardInterrupt") != isinstance(stopped.value, Stopped)
 
 
 # -- export never publishes the default recipe when a listed recipe file is unreadable ----------------------------
