@@ -38,8 +38,8 @@ def training_text(limit: int | None = None) -> list[str]:
 
 @cache
 def backend_tokenizer(kind: str, style: str) -> str:
-    """A ``tokenizers`` tokenizer of ``kind`` trained on the text (as JSON: trained once per session)."""
-    """A transformers fast tokenizer of ``kind`` with ``style``'s special tokens and post-processing."""
+    """A ``tokenizers`` tokenizer of ``kind`` trained on the text, with ``style``'s special tokens and
+    post-processing (as JSON: trained once per session)."""
     from tokenizers import (
         Tokenizer,
         decoders,
