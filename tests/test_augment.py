@@ -82,6 +82,19 @@ def test_hard_loss_skips_copies_and_is_zero_for_a_batch_of_copies_only(labels, r
     assert float(zero.detach()) == 0.0 and zero.requires_grad  # finite, and backward still works
 
 
+def test_agreed_labels_keep_a_gold_label_only_where_the_teacher_gives_it():
+    """compress's task distillation: a row the teacher labels wrong teaches by the teacher's logits alone."""
+    from sharebert.training.distill import WithTeacherLogits
+    from sharebert.training.encoded import EncodedSplit
+
+    ds = EncodedSplit({"input_ids": [[2, 5, 3]] * 4, "attention_mask": [[1, 1, 1]] * 4}, [1, 0, 1, IGNORE_LABEL])
+    logits = np.array([[0.1, 0.9], [0.2, 0.7], [2.0, -1.0], [0.0, 1.0]], dtype=np.float32)
+    assert [WithTeacherLogits(ds, logits, agreed=True)[i]["labels"] for i in range(4)] == [1, IGNORE_LABEL,
+                                                                                           IGNORE_LABEL, IGNORE_LABEL]
+    assert [WithTeacherLogits(ds, logits)[i]["labels"] for i in range(4)] == [1, 0, 1, IGNORE_LABEL]
+    assert WithTeacherLogits(ds, logits, agreed=True)[0]["teacher_logits"] == pytest.approx([0.1, 0.9])
+
+
 def test_distillation_with_copies_caches_teacher_logits_for_all_rows(teacher_dir, tmp_path):  # noqa: F811
     student = tmp_path / "s"
     build_model("sharebert-tiny", student, STUDENT, seed=0)

@@ -38,8 +38,8 @@ def training_text(limit: int | None = None) -> list[str]:
 
 @cache
 def backend_tokenizer(kind: str, style: str) -> str:
-    """A ``tokenizers`` tokenizer of ``kind`` trained on the text (as JSON: trained once per session)."""
-    """A transformers fast tokenizer of ``kind`` with ``style``'s special tokens and post-processing."""
+    """A ``tokenizers`` tokenizer of ``kind`` trained on the text, with ``style``'s special tokens and
+    post-processing (as JSON: trained once per session)."""
     from tokenizers import (
         Tokenizer,
         decoders,
@@ -72,6 +72,7 @@ def backend_tokenizer(kind: str, style: str) -> str:
         tok.decoder = decoders.Metaspace()
         trainer = trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=names, unk_token=special["unk_token"])
     tok.train_from_iterator(training_text(1000 if kind == "unigram" else 3000), trainer)  # Unigram trains slowly
+    tok = _canonical(tok, len(names))
     cls, sep = special["cls_token"], special["sep_token"]
     ids = {t: tok.token_to_id(t) for t in (cls, sep)}
     if style == "roberta":
@@ -81,6 +82,35 @@ def backend_tokenizer(kind: str, style: str) -> str:
         tok.post_processor = processors.TemplateProcessing(single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
                                                            special_tokens=list(ids.items()))
     return tok.to_str()
+
+
+def _canonical(tok, specials: int):
+    """The trained model with its tokens in one order whatever the process. ``tokenizers``' trainers walk hash maps
+    seeded per process (huggingface/tokenizers#1794): WordPiece numbers its ``##`` pieces in that order (59 of 1,000
+    ids moved between two runs here); Unigram sums its EM statistics in it (scores differ in their last bits, and
+    near-equal pieces swap ids) and scores the characters it adds at the end ``min + k * 1e-4`` in it (14 ids
+    moved). Each such move changes every teacher built on the tokenizer. So after the special tokens, WordPiece's
+    tokens are sorted; Unigram's scores are rounded to 1e-9, the added characters' (single characters within
+    ``n * 1e-4`` of the lowest score) set to the lowest, and its pieces sorted by (score, piece)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    model = spec["model"]
+    if model["type"] == "WordPiece":
+        rest = sorted(model["vocab"], key=model["vocab"].get)[specials:]
+        model["vocab"] = {**{t: i for t, i in model["vocab"].items() if i < specials},
+                          **{t: specials + i for i, t in enumerate(sorted(rest))}}
+    elif model["type"] == "Unigram":
+        rest = [[piece, round(score, 9)] for piece, score in model["vocab"][specials:]]
+        low = min(score for _, score in rest)
+        chars = [p for p in rest if len(p[0]) == 1]
+        for p in chars:
+            if p[1] <= low + 1e-4 * len(chars):
+                p[1] = low
+        model["vocab"] = model["vocab"][:specials] + sorted(rest, key=lambda p: (-p[1], p[0]))
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def make_tokenizer(kind: str, style: str, token_types: bool):

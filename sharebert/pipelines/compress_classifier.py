@@ -10,8 +10,9 @@ task distillation, then the int8 artifact and the report (``compress``'s probe, 
    sentence-transformers recipe, so that state is its [CLS] vector, the one its classification head reads.
    The teacher runs once over the sentences (cached targets); hidden-state terms would run it at every step.
 2. Task distillation -> ``out/student`` (``distill_glue`` from ``out/general``): soft targets at T=2 plus the
-   gold labels on the task's training rows, the teacher's logits computed once (``out/teacher_logits``); the
-   best student by the dev metric is kept.
+   gold labels on the task's training rows the teacher labels right (the student is the teacher made small: a gold
+   label its teacher contradicts would teach it to disagree), the teacher's logits computed once
+   (``out/teacher_logits``); the best student by the dev metric is kept.
 3. Export int8, task text-classification -> ``out/artifact``; the teacher at the first quantization that keeps it
    (``compress.export_teacher``) -> ``out/teacher_artifact``.
    Report: size, memory and speed rows, and the task's dev metric of teacher (PyTorch fp32; its artifact in the
@@ -231,7 +232,8 @@ def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrid
         m = distill_glue(teacher, str(general), task_.name, student, data_dir, t_args, overwrite=True,
                          resume=again, keep_checkpoints=True, progress=progress,
                          cache_teacher=out / "teacher_logits", clock=clock,
-                         callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None], vocab=vocab)
+                         callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None], vocab=vocab,
+                         agreed_labels=True)
         if stopped():
             return {"stopped": True, "phase": "task", "steps": m["steps"]}
         phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached), "budget": budget}

@@ -264,16 +264,21 @@ def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir
 
 
 class WithTeacherLogits(torch.utils.data.Dataset):
-    """A tokenized split whose items also carry the teacher's logits (``"teacher_logits"``)."""
+    """A tokenized split whose items also carry the teacher's logits (``"teacher_logits"``). ``agreed``: a
+    classification item's gold label only where the teacher's own answer is that label (elsewhere
+    ``IGNORE_LABEL``: the item teaches by the teacher's logits alone)."""
 
-    def __init__(self, ds, logits):
-        self.ds, self.logits = ds, logits
+    def __init__(self, ds, logits, agreed: bool = False):
+        self.ds, self.logits, self.agreed = ds, logits, agreed
 
     def __len__(self) -> int:
         return len(self.ds)
 
     def __getitem__(self, i: int) -> dict:
-        return {**self.ds[i], "teacher_logits": self.logits[i].tolist()}
+        item = {**self.ds[i], "teacher_logits": self.logits[i].tolist()}
+        if self.agreed and item["labels"] != IGNORE_LABEL and item["labels"] != int(self.logits[i].argmax()):
+            item["labels"] = IGNORE_LABEL
+        return item
 
 
 class DistillTrainer(StopsAtMaxSteps, Trainer):
@@ -520,7 +525,8 @@ def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed
 
 def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args: DistillArgs = DistillArgs(),
                  overwrite: bool = False, resume: bool = False, keep_checkpoints: bool = False,
-                 progress: bool = True, cache_teacher=None, callbacks=(), clock=None, vocab=None) -> dict:
+                 progress: bool = True, cache_teacher=None, callbacks=(), clock=None, vocab=None,
+                 agreed_labels: bool = False) -> dict:
     """Distil ``teacher_dir`` (a classifier fine-tuned on ``task``) into ``student``; returns the metrics.
 
     ``out`` receives the best student by the task's dev metric (projections dropped), its tokenizer,
@@ -532,6 +538,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     that stops training; without ``args.max_steps`` the learning rate and the progress lines follow it.
     ``vocab``: the ``vocab.CutVocabulary`` a student folder speaks (``compress`` of a classifier with a cut
     vocabulary): each example is encoded twice, the teacher's tokens for its logits and the student's for its input.
+    ``agreed_labels`` (with ``cache_teacher``, a classification task): the gold-label loss only on the training
+    examples the teacher labels right (``WithTeacherLogits``), so the student never learns against its teacher.
     """
     args.weights.check_teaches()
     if vocab is not None:
@@ -578,7 +586,8 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     if cache_teacher is not None:
         variant = ",".join(f"{k}={v}" for k, v in data.items()) if args.augment else ""
         train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, t_train_ds, train.path, seq_len,
-                                                              cache_teacher, progress, variant))
+                                                              cache_teacher, progress, variant),
+                                     agreed=agreed_labels and not task_.is_regression)
     teacher_metrics = evaluate_dev(teacher, t_dev_ds, task_, progress=progress)
 
     targs = task_training_args(args, out, task_, progress, save_only_model=False,  # projections resume too
