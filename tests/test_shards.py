@@ -209,6 +209,15 @@ def test_bad_prepare_command_lines(tmp_path, capsys, make_train, out_kind, extra
     assert (tmp_path / "f.txt").read_text() == "mine\n" and (tmp_path / "foreign" / "notes.txt").read_text() == "mine\n"
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process (Linux ``/proc/PID/stat``); 0 once it has gone."""
+    try:
+        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_sigterm_during_prepare_saves_progress_and_the_rerun_completes(tmp_path):
     corpus = tmp_path / "big.txt"
     corpus.write_text(WIKI.read_text(encoding="utf-8") * 10, encoding="utf-8")  # ~12 MB: several seconds of work
@@ -221,7 +230,12 @@ def test_sigterm_during_prepare_saves_progress_and_the_rerun_completes(tmp_path)
     while not (out / "tokenizer" / "tokenizer.json").exists() and proc.poll() is None:
         assert time.monotonic() < deadline, "prepare did not start"
         time.sleep(0.05)
-    time.sleep(0.5)
+    # Stopped mid-source: after 1 s of the process's own CPU time past its tokenizer (of ~3 s of tokenizing), a
+    # clock a loaded machine does not stretch, where a wall-clock wait could land before the first chunk.
+    started = _cpu_seconds(proc.pid)
+    while _cpu_seconds(proc.pid) < started + 1.0 and proc.poll() is None:
+        assert time.monotonic() < deadline, "prepare did not tokenize"
+        time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
