@@ -400,3 +400,15 @@ def test_the_teachers_quality_vectors_are_computed_once_per_teacher(tmp_path, mo
     before = budget.reserve()
     budget.cached_sentences = 35
     assert before - budget.reserve() == pytest.approx(3.5)
+
+
+def test_padded_tokens_of_a_length_sorted_pass():
+    """The teacher's pass sorts its texts by length: each batch costs its longest text times its size."""
+    from sharebert.training.distill_embedding import padded_tokens
+
+    assert padded_tokens([5, 1, 3, 2], batch=2) == 2 * 2 + 2 * 5  # batches (1, 2) and (3, 5)
+    assert padded_tokens([7, 7, 7], batch=2) == 21 and padded_tokens([4], batch=64) == 4
+    lengths = list(range(1, 129))
+    assert padded_tokens(lengths, batch=1) == sum(lengths)  # no padding at all
+    assert padded_tokens(lengths, batch=128) == 128 * 128  # one batch: everything padded to the longest
+    assert sum(lengths) < padded_tokens(lengths, batch=64) == 64 * 64 + 64 * 128 < 128 * 128

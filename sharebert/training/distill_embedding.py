@@ -40,6 +40,9 @@ from .arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
 POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
 HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
+# A time-budgeted run's estimate of the teacher's pass (``_teacher_rate``): texts timed (4 batches, ~2 s of MiniLM on
+# 2 cores) and texts whose token lengths size the pass.
+RATE_SAMPLE, LENGTH_SAMPLE = 256, 8192
 IN_MEMORY = 1_000_000  # --train sentences held (with the teacher's vectors, ~2 GB) unless --max-train-samples says
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
@@ -683,11 +686,38 @@ def _save_result(trainer, model, head, s_tok, out: Path, recipe, seq_len: int, m
     write_results(trainer, out, finite(metrics))
 
 
+def padded_tokens(lengths, batch: int = 64) -> int:
+    """Tokens, padding included, of a pass over texts of these token ``lengths`` sorted by length in batches of
+    ``batch`` (as :func:`encode` runs): each batch costs its longest text times its size."""
+    ordered = np.sort(np.asarray(lengths, dtype=np.int64))
+    return int(sum(ordered[min(i + batch, len(ordered)) - 1] * min(batch, len(ordered) - i)
+                   for i in range(0, len(ordered), batch)))
+
+
+def _teacher_rate(teacher, tok, sentences, pooling: str, head, seq_len: int) -> float:
+    """Texts a second of the teacher's pass over ``sentences``: its time per padded token, measured on
+    ``RATE_SAMPLE`` texts spread over the list, times the padded tokens of the whole pass (from the token lengths
+    of ``LENGTH_SAMPLE`` texts). The pass sorts every text by length, so its batches carry little padding where a
+    sample's few batches carry much (one batch of the first 64 texts read a 600 s compress's pass 3x slow)."""
+    import time
+
+    def lengths(texts):
+        return [len(ids) for ids in tok(texts, truncation=True, max_length=seq_len)["input_ids"]]
+
+    spread = sentences[::max(1, len(sentences) // LENGTH_SAMPLE)][:LENGTH_SAMPLE]
+    sample = spread[::max(1, len(spread) // RATE_SAMPLE)][:RATE_SAMPLE]
+    encode(teacher, tok, sample[:8], pooling, head, seq_len)  # the first pass's one-time costs are no rate
+    start = time.monotonic()
+    encode(teacher, tok, sample, pooling, head, seq_len)
+    per_token = max(time.monotonic() - start, 1e-6) / padded_tokens(lengths(sample))
+    return len(spread) / (per_token * padded_tokens(lengths(spread)))
+
+
 def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, pooling: str, seq_len: int,
                     batch: int, student_tok=None) -> int:
     """How many of ``sentences`` a run under ``budget`` (``compress.TimeBudget``) takes: a resumed run, its
-    checkpoint's count (its sentences must be the same); otherwise measured first, the teacher's rate on 64
-    sentences and one student step on a batch, then ``budget.plan`` (which prints the plan line)."""
+    checkpoint's count (its sentences must be the same); otherwise measured first, the teacher's rate on
+    ``RATE_SAMPLE`` sentences and one student step on a batch, then ``budget.plan`` (which prints the plan line)."""
     import time
 
     if start_from is not None:
@@ -699,11 +729,7 @@ def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, po
         except (OSError, ValueError, AttributeError):
             saved = None
         return saved if isinstance(saved, int) and saved > 0 else len(sentences)
-    sample = sentences[:64]
-    encode(teacher, tok, sample[:8], pooling, head, seq_len)  # the first pass's one-time costs are no rate
-    start = time.monotonic()
-    encode(teacher, tok, sample, pooling, head, seq_len)
-    rate = len(sample) / max(time.monotonic() - start, 1e-6)
+    rate = _teacher_rate(teacher, tok, sentences, pooling, head, seq_len)
     enc = (student_tok or tok)(sentences[:batch], truncation=True, max_length=seq_len, padding=True,
                                return_tensors="pt")  # the student's own tokens (a cut vocabulary)
     model.train()
