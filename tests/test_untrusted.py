@@ -464,13 +464,21 @@ def test_a_stop_signal_inside_a_finalizer_is_sent_again_not_lost(sig, raised):
         def __del__(self):
             os.kill(os.getpid(), sig)  # handled here, inside the finalizer, before it returns
 
-    with pytest.raises(KeyboardInterrupt) as stopped:
-        with atomic_output(os.devnull) as f:
-            Finalized()
-            gc.collect()
-            for _ in range(1000):  # the signal sent again (0.05 s later) stops the block
-                f.write("x")
-                time.sleep(0.01)
+    # A fresh process's handlers, whatever an earlier test in this one (or a launcher ignoring SIGINT) left:
+    # atomic_output takes over only SIGTERM's default and Python's own SIGINT handler, by design.
+    fresh = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+    before = {s: signal.signal(s, handler) for s, handler in fresh.items()}
+    try:
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            with atomic_output(os.devnull) as f:
+                Finalized()
+                gc.collect()
+                for _ in range(1000):  # the signal sent again (0.05 s later) stops the block
+                    f.write("x")
+                    time.sleep(0.01)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
     assert type(stopped.value).__name__ == raised and (raised == "KeyboardInterrupt") != isinstance(stopped.value, Stopped)
 
 
