@@ -701,16 +701,15 @@ def _teacher_rate(teacher, tok, sentences, pooling: str, head, seq_len: int) -> 
     sample's few batches carry much (one batch of the first 64 texts read a 600 s compress's pass 3x slow)."""
     import time
 
-    def lengths(texts):
-        return [len(ids) for ids in tok(texts, truncation=True, max_length=seq_len)["input_ids"]]
-
     spread = sentences[::max(1, len(sentences) // LENGTH_SAMPLE)][:LENGTH_SAMPLE]
-    sample = spread[::max(1, len(spread) // RATE_SAMPLE)][:RATE_SAMPLE]
+    lengths = [len(ids) for ids in tok(spread, truncation=True, max_length=seq_len)["input_ids"]]
+    every = slice(None, None, max(1, len(spread) // RATE_SAMPLE))
+    sample, sample_lengths = spread[every][:RATE_SAMPLE], lengths[every][:RATE_SAMPLE]
     encode(teacher, tok, sample[:8], pooling, head, seq_len)  # the first pass's one-time costs are no rate
     start = time.monotonic()
     encode(teacher, tok, sample, pooling, head, seq_len)
-    per_token = max(time.monotonic() - start, 1e-6) / padded_tokens(lengths(sample))
-    return len(spread) / (per_token * padded_tokens(lengths(spread)))
+    per_token = max(time.monotonic() - start, 1e-6) / padded_tokens(sample_lengths)
+    return len(spread) / (per_token * padded_tokens(lengths))
 
 
 def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, pooling: str, seq_len: int,
