@@ -25,6 +25,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import stat
 import tempfile
 import threading
@@ -316,31 +317,29 @@ class Stopped(KeyboardInterrupt):
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # SIGINT already raises KeyboardInterrupt
 
 
-def _in_finalizer(frame) -> bool:
-    """Whether ``frame`` runs inside a ``__del__`` (the garbage collector may call one between any two lines)."""
-    while frame is not None:
-        if frame.f_code.co_name == "__del__":
-            return True
-        frame = frame.f_back
-    return False
-
-
 @contextlib.contextmanager
 def _stop_signals_raise():
     """While the block runs, SIGTERM and SIGHUP raise :class:`Stopped` (where they would kill the process: a
     handler already installed, say a training run's checkpoint on SIGTERM, is left in place; main thread only),
-    and SIGINT its KeyboardInterrupt, each sent again when it lands inside a finalizer."""
+    and SIGINT its KeyboardInterrupt. Python prints and drops an exception raised where C code called Python (a
+    ``__del__``, a weakref callback the garbage collector runs between any two lines): such a stop is sent again."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    raised = []  # the stops this block raised: the unraisable hook knows them by identity
 
     def stop(signum, frame):
-        if _in_finalizer(frame):  # raised there, Python prints the exception and drops it: the signal would be lost
-            again = threading.Timer(0.05, os.kill, (os.getpid(), signum))  # so it comes again, outside
+        raised.append(KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum))
+        raise raised[-1]
+
+    def dropped(unraisable):
+        if any(unraisable.exc_value is e for e in raised):  # lost, so it comes again, once the finalizer is done
+            signum = getattr(unraisable.exc_value, "signum", signal.SIGINT)
+            again = threading.Timer(0.05, os.kill, (os.getpid(), signum))
             again.daemon = True
             again.start()
-            return
-        raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(signum)
+        else:
+            hook(unraisable)
 
     previous = {}
     for s in STOP_SIGNALS:
@@ -348,9 +347,11 @@ def _stop_signals_raise():
             previous[s] = signal.signal(s, stop)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Python's own: it raises, and so is lost too
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, stop)
+    hook, sys.unraisablehook = sys.unraisablehook, dropped
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         for s, handler in previous.items():
             signal.signal(s, handler)
 

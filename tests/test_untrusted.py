@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -453,16 +454,38 @@ def test_predict_stopped_by_a_signal_leaves_no_partial_file(artifacts, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"], err
 
 
+class _Finalized:
+    def __init__(self, sig):
+        self.sig = sig
+
+    def __del__(self):
+        os.kill(os.getpid(), self.sig)  # handled here, inside the finalizer, before it returns
+
+
+def _finalizer(sig):
+    return _Finalized(sig)
+
+
+_REFS = []  # weak references that outlive their referents, so the collector calls their callbacks
+
+
+def _weakref_callback(sig):
+    class Referent:
+        pass
+
+    referent = Referent()
+    referent.cycle = referent  # freed by the collector, not at once
+    _REFS.append(weakref.ref(referent, lambda _: os.kill(os.getpid(), sig)))
+
+
 @pytest.mark.parametrize("sig, raised", [(signal.SIGTERM, "Stopped"), (signal.SIGINT, "KeyboardInterrupt")])
-def test_a_stop_signal_inside_a_finalizer_is_sent_again_not_lost(sig, raised):
-    """An exception raised in a ``__del__`` is printed and dropped: a stop signal that lands there comes again."""
+@pytest.mark.parametrize("where", [_finalizer, _weakref_callback])
+def test_a_stop_signal_inside_a_finalizer_is_sent_again_not_lost(sig, raised, where):
+    """Python prints and drops an exception raised in a ``__del__`` or a weakref callback: a stop signal that lands
+    there comes again, and stops the block."""
     import gc
 
     from sharebert_runtime.outdir import Stopped, atomic_output
-
-    class Finalized:
-        def __del__(self):
-            os.kill(os.getpid(), sig)  # handled here, inside the finalizer, before it returns
 
     # A fresh process's handlers, whatever an earlier test in this one (or a launcher ignoring SIGINT) left:
     # atomic_output takes over only SIGTERM's default and Python's own SIGINT handler, by design.
@@ -471,7 +494,7 @@ def test_a_stop_signal_inside_a_finalizer_is_sent_again_not_lost(sig, raised):
     try:
         with pytest.raises(KeyboardInterrupt) as stopped:
             with atomic_output(os.devnull) as f:
-                Finalized()
+                where(sig)
                 gc.collect()
                 for _ in range(1000):  # the signal sent again (0.05 s later) stops the block
                     f.write("x")
