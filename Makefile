@@ -22,9 +22,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	OMP_NUM_THREADS=2 $(VENV)/bin/sharebert demo
 
-# `ruff format --check .` joins `lint` once the tree has had its one format commit (pyproject.toml [tool.ruff]).
+# The linter and the formatter (pyproject.toml [tool.ruff]): a finding or an unformatted file stops `make test`.
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # pytest-xdist workers, one a core, each test file on one worker (`--dist loadfile`: a file's module fixtures
 # are built once, and test_docs.py's blocks run in order); OMP_NUM_THREADS=1 keeps each to its core. The fast

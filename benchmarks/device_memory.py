@@ -22,6 +22,7 @@ whole benchmark under ``nice -n -20`` (the children inherit it) and compare CPU 
 
     python benchmarks/device_memory.py ART_DIR[=PYTHON] [...] [--teacher DIR] [--settings fp32 int8] [--runs 30]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,9 @@ def file_mb(art: Path) -> float:
 
 def measure(art: Path, setting: str, runs: int, python: str) -> dict:
     start = time.perf_counter()
-    done = subprocess.run([python, "-c", CHILD, str(art), setting, str(runs)], capture_output=True, text=True,
-                          env=ENV, timeout=600)
+    done = subprocess.run(
+        [python, "-c", CHILD, str(art), setting, str(runs)], capture_output=True, text=True, env=ENV, timeout=600
+    )
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:200]}
     row = json.loads(done.stdout.strip().splitlines()[-1])
@@ -110,15 +112,19 @@ def predict_cold(art: Path, python: str) -> dict | None:
         return None
     text = "How do I cook pasta? [MASK]"
     start = time.perf_counter()
-    child = subprocess.Popen([script, "predict", str(art), text], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, env=ENV)
+    child = subprocess.Popen(
+        [script, "predict", str(art), text], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV
+    )
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode:
         return None
-    return {"predict_wall_s": wall, "predict_cpu_s": usage.ru_utime + usage.ru_stime,
-            "predict_peak_mb": usage.ru_maxrss / 1024}
+    return {
+        "predict_wall_s": wall,
+        "predict_cpu_s": usage.ru_utime + usage.ru_stime,
+        "predict_peak_mb": usage.ru_maxrss / 1024,
+    }
 
 
 def ratios(rows: list[dict], teacher: str | None) -> None:
@@ -136,14 +142,26 @@ def ratios(rows: list[dict], teacher: str | None) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("artifacts", nargs="+", help="artifact folders; PATH=PYTHON measures PATH with that interpreter "
-                   "(e.g. a venv of the code before a change, beside the one after)")
-    p.add_argument("--settings", nargs="+", default=["auto", "fp32", "int8"],
-                   help="Runtime ram= settings to measure (plain ONNX Runtime is always measured)")
+    p.add_argument(
+        "artifacts",
+        nargs="+",
+        help="artifact folders; PATH=PYTHON measures PATH with that interpreter "
+        "(e.g. a venv of the code before a change, beside the one after)",
+    )
+    p.add_argument(
+        "--settings",
+        nargs="+",
+        default=["auto", "fp32", "int8"],
+        help="Runtime ram= settings to measure (plain ONNX Runtime is always measured)",
+    )
     p.add_argument("--runs", type=int, default=30, help="timed runs per length for the p50")
     p.add_argument("--json", type=Path, help="also write the rows here")
-    p.add_argument("--teacher", type=Path, help="the artifact the others are compared with (x_teacher: first_mb and "
-                   "load_peak_mb over the teacher's under the same setting); measured first")
+    p.add_argument(
+        "--teacher",
+        type=Path,
+        help="the artifact the others are compared with (x_teacher: first_mb and "
+        "load_peak_mb over the teacher's under the same setting); measured first",
+    )
     a = p.parse_args(argv)
     named = [spec.split("=", 1) if "=" in spec else (spec, sys.executable) for spec in a.artifacts]
     arts = ([(str(a.teacher), sys.executable)] if a.teacher else []) + [x for x in named if x[0] != str(a.teacher)]
@@ -157,20 +175,52 @@ def main(argv=None) -> int:
             rows.append(row)
         rows.append({"artifact": name, "setting": "sharebert predict", "predict": predict_cold(art, python)})
     ratios(rows, str(a.teacher) if a.teacher else None)
-    cols = ("file_mb", "bound_mb", "imports_mb", "load_mb", "first_mb", "first_anon_mb", "load_peak_mb", "peak_mb", "after100_mb",
-            "first_answer_s", "p50_16_ms", "p50_128_ms", "first_x_bound", "load_peak_x_bound", "first_x_teacher",
-            "load_peak_x_teacher")
+    cols = (
+        "file_mb",
+        "bound_mb",
+        "imports_mb",
+        "load_mb",
+        "first_mb",
+        "first_anon_mb",
+        "load_peak_mb",
+        "peak_mb",
+        "after100_mb",
+        "first_answer_s",
+        "p50_16_ms",
+        "p50_128_ms",
+        "first_x_bound",
+        "load_peak_x_bound",
+        "first_x_teacher",
+        "load_peak_x_teacher",
+    )
     print("| artifact | setting | " + " | ".join(cols) + " |")
     print("|---|---|" + "---:|" * len(cols))
     for r in rows:
         if "predict" in r:
             cold = r["predict"]
-            print(f"| {r['artifact']} | {r['setting']} | " + (f"wall {cold['predict_wall_s']:.2f} s, CPU (user + system) "
-                  f"{cold['predict_cpu_s']:.2f} s, peak RSS {cold['predict_peak_mb']:.1f} MB" if cold else "failed") + " |")
+            print(
+                f"| {r['artifact']} | {r['setting']} | "
+                + (
+                    f"wall {cold['predict_wall_s']:.2f} s, CPU (user + system) "
+                    f"{cold['predict_cpu_s']:.2f} s, peak RSS {cold['predict_peak_mb']:.1f} MB"
+                    if cold
+                    else "failed"
+                )
+                + " |"
+            )
             continue
-        cells = [r.get("error", "")] if "error" in r else ["" if r.get(c) is None else f"{r[c]:.2f}" if
-                                                          c.endswith(("_s", "x_bound", "x_teacher")) else f"{r[c]:.1f}"
-                                                          for c in cols]
+        cells = (
+            [r.get("error", "")]
+            if "error" in r
+            else [
+                ""
+                if r.get(c) is None
+                else f"{r[c]:.2f}"
+                if c.endswith(("_s", "x_bound", "x_teacher"))
+                else f"{r[c]:.1f}"
+                for c in cols
+            ]
+        )
         print(f"| {r['artifact']} | {r['setting']} | " + " | ".join(cells) + " |")
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))

@@ -20,6 +20,7 @@ one sentence, at <= 0.25x its peak RSS.
 
     python benchmarks/device_runtime.py [--model runs/small-pretrained] [--out artifacts/device_bench] [--reps 30]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,9 @@ class _Block:
 sys.meta_path.insert(0, _Block())
 """
 
-CHILD = BLOCK + """
+CHILD = (
+    BLOCK
+    + """
 import json, time
 import numpy as np
 from sharebert_runtime import Runtime
@@ -81,6 +84,7 @@ print("RESULT " + json.dumps({"latency": latency, "peak_load_mb": peak_load, "st
                               "rates": {m: float(np.median(v)) for m, v in rates.items()}, "peak_mb": status()["VmHWM"]}),
       flush=True)
 """
+)
 
 
 def sst2_masked(n: int = 8) -> list[str]:
@@ -111,7 +115,10 @@ def dense_bert_artifacts(out: Path) -> dict[str, Path]:
     from sharebert.formats.paths import default_vocab
     from sharebert.formats.tokenization import hf_tokenizer
 
-    src, arts = out / "bert-base-model", {"fp32": out / "bert-base-onnx", "int8-dynamic": out / "bert-base-int8-dynamic"}
+    src, arts = (
+        out / "bert-base-model",
+        {"fp32": out / "bert-base-onnx", "int8-dynamic": out / "bert-base-int8-dynamic"},
+    )
     tok = hf_tokenizer(default_vocab())
     if not (arts["fp32"] / "manifest.json").is_file():
         shutil.rmtree(arts["fp32"], ignore_errors=True)
@@ -121,7 +128,9 @@ def dense_bert_artifacts(out: Path) -> dict[str, Path]:
         export_folder(src, arts["fp32"], "fill-mask")
     if not (arts["int8-dynamic"] / "manifest.json").is_file():
         shutil.rmtree(arts["int8-dynamic"], ignore_errors=True)
-        shutil.copytree(arts["fp32"], arts["int8-dynamic"], ignore=shutil.ignore_patterns("model.onnx", "manifest.json"))
+        shutil.copytree(
+            arts["fp32"], arts["int8-dynamic"], ignore=shutil.ignore_patterns("model.onnx", "manifest.json")
+        )
         dynamic_int8(arts["fp32"] / "model.onnx", arts["int8-dynamic"] / "model.onnx")
     vocab = tok.get_vocab()
     learned = sum(p.numel() for p in BertForMaskedLM(BertConfig()).parameters())
@@ -129,13 +138,25 @@ def dense_bert_artifacts(out: Path) -> dict[str, Path]:
         if (art / "manifest.json").is_file():
             continue
         files = {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size} for p in sorted(art.iterdir()) if p.is_file()}
-        manifest = {"format": "sharebert-onnx", "format_version": 1, "task": "fill-mask",
-                    "inputs": ["input_ids", "attention_mask", "token_type_ids"], "outputs": ["logits"], "labels": None,
-                    "problem_type": None, "max_length": 128, "opset": 17, "weights": "materialized",
-                    "quantization": "none" if quantization == "fp32" else quantization, "session_config": {},
-                    "learned_params": learned, "files": files,
-                    "special_tokens": {k: vocab[t] for k, t in dict(pad="[PAD]", mask="[MASK]", cls="[CLS]", sep="[SEP]",
-                                                                   unk="[UNK]").items()}}
+        manifest = {
+            "format": "sharebert-onnx",
+            "format_version": 1,
+            "task": "fill-mask",
+            "inputs": ["input_ids", "attention_mask", "token_type_ids"],
+            "outputs": ["logits"],
+            "labels": None,
+            "problem_type": None,
+            "max_length": 128,
+            "opset": 17,
+            "weights": "materialized",
+            "quantization": "none" if quantization == "fp32" else quantization,
+            "session_config": {},
+            "learned_params": learned,
+            "files": files,
+            "special_tokens": {
+                k: vocab[t] for k, t in dict(pad="[PAD]", mask="[MASK]", cls="[CLS]", sep="[SEP]", unk="[UNK]").items()
+            },
+        }
         (art / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return arts
 
@@ -153,7 +174,9 @@ def sharebert_artifacts(out: Path, model: Path | None = None) -> dict[str, Path]
     for quantize in ("none", "int8"):
         art = out / f"sharebert-small-{quantize}"
         if not (art / "manifest.json").is_file():
-            export_model(model, art, task="fill-mask", weights="compact", quantize=quantize, overwrite=True, check_limit=64)
+            export_model(
+                model, art, task="fill-mask", weights="compact", quantize=quantize, overwrite=True, check_limit=64
+            )
         arts[quantize] = art
     return arts
 
@@ -161,8 +184,9 @@ def sharebert_artifacts(out: Path, model: Path | None = None) -> dict[str, Path]
 def measure(spec: dict) -> dict:
     """Run one device subprocess on ``spec`` (see ``CHILD``); cold start is its spawn to its first result."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(spec)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     cold, result = None, None
     for line in proc.stdout:
         if line.startswith("FIRST") and cold is None:
@@ -171,7 +195,9 @@ def measure(spec: dict) -> dict:
             result = json.loads(line[7:])
     err = proc.stderr.read()
     if proc.wait() != 0 or result is None:
-        raise RuntimeError(f"device subprocess failed for {spec['path']} ({spec['ram']}, {spec['threads']} threads):\n{err}")
+        raise RuntimeError(
+            f"device subprocess failed for {spec['path']} ({spec['ram']}, {spec['threads']} threads):\n{err}"
+        )
     return {"cold_s": cold, **result}
 
 
@@ -187,19 +213,26 @@ def ram_parity(path: Path, sentences: list[str]) -> dict:
     a, b = a[real], b[real]
     masked = ids[real] == fp32.mask_id
     cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
-    return {"top1_all": float((a.argmax(-1) == b.argmax(-1)).mean()),
-            "top1_mask": float((a[masked].argmax(-1) == b[masked].argmax(-1)).mean()),
-            "max_abs": float(np.abs(a - b).max()), "min_cosine": float(cosine.min())}
+    return {
+        "top1_all": float((a.argmax(-1) == b.argmax(-1)).mean()),
+        "top1_mask": float((a[masked].argmax(-1) == b[masked].argmax(-1)).mean()),
+        "max_abs": float(np.abs(a - b).max()),
+        "min_cosine": float(cosine.min()),
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="artifacts/device_bench", help="where the artifacts are built (reused if present)")
     ap.add_argument("--reps", type=int, default=30, help="timed one-sentence calls per depth (default: 30)")
-    ap.add_argument("--model", help="a trained sharebert-small MLM folder (default: random weights); exported into --out")
+    ap.add_argument(
+        "--model", help="a trained sharebert-small MLM folder (default: random weights); exported into --out"
+    )
     ap.add_argument("--depths", type=int, nargs="+", default=[12, 8, 4, 2], help="depths timed (default: 12 8 4 2)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1], help="ONNX Runtime threads (default: 1)")
-    ap.add_argument("--throughput", type=int, default=256, help="SST-2 dev sentences per throughput pass (default: 256)")
+    ap.add_argument(
+        "--throughput", type=int, default=256, help="SST-2 dev sentences per throughput pass (default: 256)"
+    )
     ap.add_argument("--throughput-repeats", type=int, default=3, help="passes per batching mode (default: 3)")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -208,27 +241,46 @@ def main(argv=None) -> int:
     dense = dense_bert_artifacts(out)
     small = sharebert_artifacts(out, Path(args.model) if args.model else None)
     base = "dense BERT Base fp32"
-    rows = [(base, dense["fp32"], "fp32"), ("dense BERT Base int8-dynamic", dense["int8-dynamic"], "fp32"),
-            ("sharebert-small fp32 file, ram fp32", small["none"], "fp32"),
-            ("sharebert-small fp32 file, ram int8", small["none"], "int8"),
-            ("sharebert-small int8 file, ram int8", small["int8"], "int8")]
+    rows = [
+        (base, dense["fp32"], "fp32"),
+        ("dense BERT Base int8-dynamic", dense["int8-dynamic"], "fp32"),
+        ("sharebert-small fp32 file, ram fp32", small["none"], "fp32"),
+        ("sharebert-small fp32 file, ram int8", small["none"], "int8"),
+        ("sharebert-small int8 file, ram int8", small["int8"], "int8"),
+    ]
     results = {}
     for threads in args.threads:
         for name, path, ram in rows:
-            spec = {"path": str(path), "threads": threads, "ram": ram, "reps": args.reps, "depths": args.depths,
-                    "sentences": sentences, "throughput": texts, "throughput_repeats": args.throughput_repeats}
+            spec = {
+                "path": str(path),
+                "threads": threads,
+                "ram": ram,
+                "reps": args.reps,
+                "depths": args.depths,
+                "sentences": sentences,
+                "throughput": texts,
+                "throughput_repeats": args.throughput_repeats,
+            }
             r = results[name, threads] = measure(spec)
-            print(f"measured {name} @ {threads} thread(s): cold {r['cold_s']:.2f} s, peak at load {r['peak_load_mb']:.0f} MB",
-                  flush=True)
+            print(
+                f"measured {name} @ {threads} thread(s): cold {r['cold_s']:.2f} s, peak at load {r['peak_load_mb']:.0f} MB",
+                flush=True,
+            )
 
     disk = {name: sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6 for name, path, _ in rows}
-    print("\nMemory and start (peak RSS at load; steady = RSS after the one-sentence runs; ratios vs dense BERT Base fp32)")
-    print(f"{'variant':38s} {'thr':>3s} {'disk MB':>8s} {'cold s':>7s} {'peak MB':>8s} {'steady MB':>9s} {'peak x':>7s} "
-          f"{'steady x':>8s}")
+    print(
+        "\nMemory and start (peak RSS at load; steady = RSS after the one-sentence runs; ratios vs dense BERT Base fp32)"
+    )
+    print(
+        f"{'variant':38s} {'thr':>3s} {'disk MB':>8s} {'cold s':>7s} {'peak MB':>8s} {'steady MB':>9s} {'peak x':>7s} "
+        f"{'steady x':>8s}"
+    )
     for (name, threads), r in results.items():
         d = results[base, threads]
-        print(f"{name:38s} {threads:3d} {disk[name]:8.1f} {r['cold_s']:7.2f} {r['peak_load_mb']:8.0f} {r['steady_mb']:9.0f} "
-              f"{r['peak_load_mb'] / d['peak_load_mb']:7.2f} {r['steady_mb'] / d['steady_mb']:8.2f}")
+        print(
+            f"{name:38s} {threads:3d} {disk[name]:8.1f} {r['cold_s']:7.2f} {r['peak_load_mb']:8.0f} {r['steady_mb']:9.0f} "
+            f"{r['peak_load_mb'] / d['peak_load_mb']:7.2f} {r['steady_mb'] / d['steady_mb']:8.2f}"
+        )
     print("\nOne sentence, p50 ms (p95) by depth, and p50 ratio vs dense BERT Base fp32 (12 layers)")
     for (name, threads), r in results.items():
         d = results[base, threads]["latency"]["12"][0]
@@ -238,8 +290,10 @@ def main(argv=None) -> int:
     print(f"{'variant':38s} {'thr':>3s} {'grouped':>8s} {'input order':>11s} {'pad 128':>8s} {'grouped/pad':>11s}")
     for (name, threads), r in results.items():
         rate = r["rates"]
-        print(f"{name:38s} {threads:3d} {rate['grouped']:8.1f} {rate['input order']:11.1f} {rate['pad to 128']:8.1f} "
-              f"{rate['grouped'] / rate['pad to 128']:11.2f}")
+        print(
+            f"{name:38s} {threads:3d} {rate['grouped']:8.1f} {rate['input order']:11.1f} {rate['pad to 128']:8.1f} "
+            f"{rate['grouped'] / rate['pad to 128']:11.2f}"
+        )
     print("\nGoal (issue 13): sharebert-small int8 at depth 4 no slower than dense BERT Base fp32 for one sentence,")
     print("at <= 0.25x its peak RSS")
     for threads in args.threads:
@@ -249,13 +303,17 @@ def main(argv=None) -> int:
             if "4" not in r["latency"]:
                 continue
             speed, memory = r["latency"]["4"][0] / d["latency"]["12"][0], r["peak_load_mb"] / d["peak_load_mb"]
-            print(f"{name} @ {threads} thread(s): p50 x{speed:.2f} ({'met' if speed <= 1.0 else 'NOT met'}), "
-                  f"peak RSS x{memory:.2f} ({'met' if memory <= 0.25 else 'NOT met'})")
+            print(
+                f"{name} @ {threads} thread(s): p50 x{speed:.2f} ({'met' if speed <= 1.0 else 'NOT met'}), "
+                f"peak RSS x{memory:.2f} ({'met' if memory <= 0.25 else 'NOT met'})"
+            )
     print("\nParity of ram int8 vs ram fp32 (same artifact; 64 SST-2 dev sentences, one [MASK] each)")
     for quantize, path in small.items():
         p = ram_parity(path, sst2_masked(64))
-        print(f"sharebert-small {quantize:5s}: top-1 at [MASK] {p['top1_mask']:.3f}, top-1 at all tokens {p['top1_all']:.3f}, "
-              f"max |diff| {p['max_abs']:.4f}, min cosine {p['min_cosine']:.5f}")
+        print(
+            f"sharebert-small {quantize:5s}: top-1 at [MASK] {p['top1_mask']:.3f}, top-1 at all tokens {p['top1_all']:.3f}, "
+            f"max |diff| {p['max_abs']:.4f}, min cosine {p['min_cosine']:.5f}"
+        )
     return 0
 
 

@@ -7,6 +7,7 @@ vectors against the gold scores, all 1,500 dev pairs.
 
     OMP_NUM_THREADS=1 python benchmarks/embedding_sts.py --teacher DIR --student DIR --artifact ART [ART ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,14 +55,22 @@ def main() -> None:
         torch_row(f"student {s} (PyTorch fp32)", s)
     for art in a.artifact:
         full = Runtime(art, threads=1)
-        size = sum(f.stat().st_size for f in Path(art).rglob("*") if f.is_file() and f.suffix in (".onnx", ".data", ".ort"))
+        size = sum(
+            f.stat().st_size for f in Path(art).rglob("*") if f.is_file() and f.suffix in (".onnx", ".data", ".ort")
+        )
         depths = [None] + [int(d) for d in a.depths.split(",") if d and int(d) < (full.max_depth or 0)]
         for depth in depths:  # a shallower depth: the same artifact running its first layers only
             rt = full.at_depth(depth)
             va, vb = np.stack(rt.embed(split.text_a)), np.stack(rt.embed(split.text_b))
             at = f", depth {depth}" if depth else ""
-            rows.append((f"artifact {art} ({rt.manifest.get('quantization')}{at})", cosine_spearman(va, vb, split.labels),
-                         rt.manifest.get("learned_params"), size))
+            rows.append(
+                (
+                    f"artifact {art} ({rt.manifest.get('quantization')}{at})",
+                    cosine_spearman(va, vb, split.labels),
+                    rt.manifest.get("learned_params"),
+                    size,
+                )
+            )
     if a.model2vec:
         from model2vec import StaticModel
 
@@ -81,7 +90,11 @@ def main() -> None:
     print(f"STS-B dev, {len(split)} pairs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     print("| model | Spearman | learned params | file bytes |\n|---|---|---|---|")
     for name, rho, n, size in rows:
-        print(f"| {name} | {rho:.4f} | {n:,} | {size / 1e6:.1f} MB |" if n else f"| {name} | {rho:.4f} | - | {size / 1e6:.1f} MB |")
+        print(
+            f"| {name} | {rho:.4f} | {n:,} | {size / 1e6:.1f} MB |"
+            if n
+            else f"| {name} | {rho:.4f} | - | {size / 1e6:.1f} MB |"
+        )
 
 
 if __name__ == "__main__":

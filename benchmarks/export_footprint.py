@@ -10,6 +10,7 @@ Random weights make top-1 agreement meaningless; pass a model trained with ``sha
 ``--dense-layers`` shrinks the dense BERT (default: as many layers as the ShareBERT model, which for
 sharebert-small is a ~470M-parameter, 1.9 GB file).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-VARIANTS = (("compact", "none"), ("materialized", "none"), ("compact", "int8"), ("compact", "fp16"),
-            ("compact", "int8-dynamic"))
+VARIANTS = (
+    ("compact", "none"),
+    ("materialized", "none"),
+    ("compact", "int8"),
+    ("compact", "fp16"),
+    ("compact", "int8-dynamic"),
+)
 
 
 def torch_eager_p50(model_dir: Path, runs: int, seq: int = 128) -> float:
@@ -54,9 +60,14 @@ def dense_bert(model_dir: Path, work: Path, layers: int | None, runs: int) -> di
     from sharebert.export.torch_onnx import export_folder
 
     c = ShareBertConfig.from_pretrained(model_dir)
-    config = BertConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=layers or c.num_hidden_layers,
-                        num_attention_heads=c.num_attention_heads, intermediate_size=c.intermediate_size,
-                        max_position_embeddings=c.max_position_embeddings)
+    config = BertConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=layers or c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        intermediate_size=c.intermediate_size,
+        max_position_embeddings=c.max_position_embeddings,
+    )
     torch.manual_seed(0)
     src, out = work / "dense-src", work / "dense-onnx"
     model = BertForMaskedLM(config)
@@ -66,8 +77,12 @@ def dense_bert(model_dir: Path, work: Path, layers: int | None, runs: int) -> di
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(src)
     export_folder(src, out, "fill-mask")
     file_bytes = sum(p.stat().st_size for p in out.iterdir() if p.name.startswith("model.onnx"))
-    return {"learned_params": learned, "file_bytes": file_bytes, "layers": config.num_hidden_layers,
-            **measure(out / "model.onnx", {}, ("1x128",), 1, runs, c.vocab_size)}
+    return {
+        "learned_params": learned,
+        "file_bytes": file_bytes,
+        "layers": config.num_hidden_layers,
+        **measure(out / "model.onnx", {}, ("1x128",), 1, runs, c.vocab_size),
+    }
 
 
 def main() -> None:
@@ -92,28 +107,43 @@ def main() -> None:
     for weights, quantize in VARIANTS:
         name = f"{weights}/{quantize}"
         t0 = time.perf_counter()
-        results[name] = export_model(model_dir, work / name.replace("/", "-"), weights=weights, quantize=quantize,
-                                     overwrite=True, check_limit=args.check_limit, runs=args.runs)
+        results[name] = export_model(
+            model_dir,
+            work / name.replace("/", "-"),
+            weights=weights,
+            quantize=quantize,
+            overwrite=True,
+            check_limit=args.check_limit,
+            runs=args.runs,
+        )
         print(f"exported {name} in {time.perf_counter() - t0:.0f} s")
     eager = torch_eager_p50(model_dir, args.runs)
     dense = None if args.skip_dense else dense_bert(model_dir, work, args.dense_layers, args.runs)
 
-    print(f"\n{'variant':26s} {'file MB':>9s} {'B/param':>8s} {'folded':>6s} {'create s':>8s} {'RSS load':>8s} "
-          f"{'RSS run':>8s} {'p50 ms':>8s} {'p95 ms':>8s} {'top-1':>6s} {'max diff':>9s}")
+    print(
+        f"\n{'variant':26s} {'file MB':>9s} {'B/param':>8s} {'folded':>6s} {'create s':>8s} {'RSS load':>8s} "
+        f"{'RSS run':>8s} {'p50 ms':>8s} {'p95 ms':>8s} {'top-1':>6s} {'max diff':>9s}"
+    )
     for name, m in results.items():
         f, p = m["footprint"], m["parity"]
         lat = f["latency"]["1x128"]
-        print(f"{name:26s} {f['file_bytes'] / 1e6:9.2f} {f['bytes_per_learned_param']:8.3f} {str(f['folded']):>6s} "
-              f"{f['session_create_s']:8.2f} {f['peak_rss_load_mb']:8.0f} {f['peak_rss_run_mb']:8.0f} "
-              f"{lat['p50_ms']:8.1f} {lat['p95_ms']:8.1f} {p.get('top1_agreement', float('nan')):6.3f} {p['max_abs_diff']:9.2e}")
+        print(
+            f"{name:26s} {f['file_bytes'] / 1e6:9.2f} {f['bytes_per_learned_param']:8.3f} {str(f['folded']):>6s} "
+            f"{f['session_create_s']:8.2f} {f['peak_rss_load_mb']:8.0f} {f['peak_rss_run_mb']:8.0f} "
+            f"{lat['p50_ms']:8.1f} {lat['p95_ms']:8.1f} {p.get('top1_agreement', float('nan')):6.3f} {p['max_abs_diff']:9.2e}"
+        )
     if dense:
         lat = dense["latency"]["1x128"]
-        print(f"{'dense BERT (torch.onnx)':26s} {dense['file_bytes'] / 1e6:9.2f} {dense['file_bytes'] / dense['learned_params']:8.3f} "
-              f"{'-':>6s} {dense['session_create_s']:8.2f} {dense['peak_rss_load_mb']:8.0f} {dense['peak_rss_run_mb']:8.0f} "
-              f"{lat['p50_ms']:8.1f} {lat['p95_ms']:8.1f}   ({dense['layers']} layers, {dense['learned_params']:,} params)")
+        print(
+            f"{'dense BERT (torch.onnx)':26s} {dense['file_bytes'] / 1e6:9.2f} {dense['file_bytes'] / dense['learned_params']:8.3f} "
+            f"{'-':>6s} {dense['session_create_s']:8.2f} {dense['peak_rss_load_mb']:8.0f} {dense['peak_rss_run_mb']:8.0f} "
+            f"{lat['p50_ms']:8.1f} {lat['p95_ms']:8.1f}   ({dense['layers']} layers, {dense['learned_params']:,} params)"
+        )
     print(f"{'PyTorch eager':26s} {'':>9s} {'':>8s} {'':>6s} {'':>8s} {'':>8s} {'':>8s} {eager:8.1f}")
 
-    c, mat, i8, f16 = (results[k]["footprint"] for k in ("compact/none", "materialized/none", "compact/int8", "compact/fp16"))
+    c, mat, i8, f16 = (
+        results[k]["footprint"] for k in ("compact/none", "materialized/none", "compact/int8", "compact/fp16")
+    )
     p50 = {k: results[k]["footprint"]["latency"]["1x128"]["p50_ms"] for k in results}
     learned = results["compact/none"]["learned_params"]
     goals = [
@@ -128,11 +158,14 @@ def main() -> None:
         ("RSS after load: compact / materialized", c["peak_rss_load_mb"] / mat["peak_rss_load_mb"], "(info)"),
     ]
     if dense:
-        goals += [("dense BERT file / compact file", dense["file_bytes"] / c["file_bytes"], "(info)"),
-                  ("dense BERT p50 / compact p50", dense["latency"]["1x128"]["p50_ms"] / p50["compact/none"], "(info)")]
+        goals += [
+            ("dense BERT file / compact file", dense["file_bytes"] / c["file_bytes"], "(info)"),
+            ("dense BERT p50 / compact p50", dense["latency"]["1x128"]["p50_ms"] / p50["compact/none"], "(info)"),
+        ]
     for name in ("compact/int8", "compact/fp16", "compact/int8-dynamic"):
-        goals.append((f"{name} fill-mask top-1 agreement", results[name]["parity"]["top1_agreement"],
-                      ">= 0.95 (trained model)"))
+        goals.append(
+            (f"{name} fill-mask top-1 agreement", results[name]["parity"]["top1_agreement"], ">= 0.95 (trained model)")
+        )
     print("\nratio                                        measured   goal")
     for label, value, goal in goals:
         print(f"{label:44s} {value:9.3f}   {goal}")

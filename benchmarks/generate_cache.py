@@ -9,6 +9,7 @@ token with or without a cache) and as many as fit in the positions (the cache's 
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/generate_cache.py [--new-tokens 256] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,23 +49,28 @@ def main() -> None:
     if not (work / "artifact" / "manifest.json").is_file():
         text = data_path("tinyshakespeare", "input.txt").read_text()
         build_model("charlm-tiny", work / "model", head="clm", tokenizer=char_tokenizer(text), seed=0)
-        export_model(work / "model", work / "artifact", check_limit=32, runs=3, shapes=("1x64",), progress=False,
-                     overwrite=True)
+        export_model(
+            work / "model", work / "artifact", check_limit=32, runs=3, shapes=("1x64",), progress=False, overwrite=True
+        )
     model = ShareBertForCausalLM.from_pretrained(work / "model").eval()
     tokenizer = AutoTokenizer.from_pretrained(work / "model")
     runtime = Runtime(work / "artifact", threads=1)
     prompt = "ROMEO:\nWhat light through yonder window"
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
     fit = model.config.max_position_embeddings - ids.shape[1]
-    print(f"charlm-tiny ({model.config.num_hidden_layers} layers, V={model.config.hidden_size}, "
-          f"{model.config.max_position_embeddings} positions), prompt of {ids.shape[1]} characters, 1 thread, "
-          f"best of {a.repeats}")
+    print(
+        f"charlm-tiny ({model.config.num_hidden_layers} layers, V={model.config.hidden_size}, "
+        f"{model.config.max_position_embeddings} positions), prompt of {ids.shape[1]} characters, 1 thread, "
+        f"best of {a.repeats}"
+    )
     print(f"{'new characters':16s} {'':8s} {'cache':>12s} {'no cache':>12s} {'speed-up':>9s}")
     for n in (a.new_tokens, fit):
+
         def torch_gen(cache, n=n):
             with torch.no_grad():
-                return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=cache,
-                                      pad_token_id=0)
+                return model.generate(
+                    ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=cache, pad_token_id=0
+                )
 
         rates = {
             ("PyTorch", True): best_rate(lambda: torch_gen(True), n, a.repeats),

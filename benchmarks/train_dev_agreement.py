@@ -8,6 +8,7 @@ has a generalisation gap (what it knows of language), not a fitting one (its cap
     .venv/bin/python benchmarks/train_dev_agreement.py --teacher runs/minilm-sst2 --student runs/sst2-long3 \
         [--student ...] [--rows 4000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,7 @@ def main() -> None:
     train = read_split(task, data_path("glue", "SST-2"), "train")
     rows = np.random.default_rng(0).choice(len(train), min(args.rows, len(train)), replace=False)
     sample = replace(train, text_a=[train.text_a[i] for i in rows], labels=[train.labels[i] for i in rows])
-    splits = {f"train ({len(rows)} random rows)": sample,
-              "dev": read_split(task, data_path("glue", "SST-2"), "dev")}
+    splits = {f"train ({len(rows)} random rows)": sample, "dev": read_split(task, data_path("glue", "SST-2"), "dev")}
     teacher = load_teacher(args.teacher)
     print("| model | rows | accuracy | teacher's accuracy | agreement with the teacher |\n|---|---|---|---|---|")
     for name, split in splits.items():
@@ -43,7 +43,9 @@ def main() -> None:
         gold, t = np.asarray(split.labels), predict_logits(teacher, ds, progress=False).argmax(1)
         for student in args.student:
             s = predict_logits(load_classifier(student, task).eval(), ds, progress=False).argmax(1)
-            print(f"| {student} | {name} | {np.mean(s == gold):.4f} | {np.mean(t == gold):.4f} | {np.mean(s == t):.4f} |")
+            print(
+                f"| {student} | {name} | {np.mean(s == gold):.4f} | {np.mean(t == gold):.4f} | {np.mean(s == t):.4f} |"
+            )
 
 
 if __name__ == "__main__":

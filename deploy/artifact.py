@@ -7,6 +7,7 @@ the checks (:func:`verify_artifact`), the ONNX Runtime session options (:func:`s
 the int8 weight quantizer of the RAM-int8 mode; the exporter and the runtime both import it. Torch-free
 (numpy and onnxruntime only).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -64,9 +65,16 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-SESSION_CONFIG_KEYS = frozenset({  # ORT session entries an artifact may set: numerics-preserving ones only
-    "session.disable_quant_qdq", "session.disable_prepacking", "session.use_env_allocators",
-    "session.disable_aot_function_inlining", "session.qdqisint8allowed", "session.disable_double_qdq_remover"})
+SESSION_CONFIG_KEYS = frozenset(
+    {  # ORT session entries an artifact may set: numerics-preserving ones only
+        "session.disable_quant_qdq",
+        "session.disable_prepacking",
+        "session.use_env_allocators",
+        "session.disable_aot_function_inlining",
+        "session.qdqisint8allowed",
+        "session.disable_double_qdq_remover",
+    }
+)
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 MAX_LENGTH_LIMIT = 1 << 16
 _HEX = frozenset("0123456789abcdef")
@@ -91,8 +99,9 @@ def _labels_ok(labels) -> bool:
 
 def _labels_present(m: dict) -> bool:
     """A classification artifact (not a regression one) names its labels."""
-    return not (m.get("task") == "text-classification" and m.get("problem_type") != "regression"
-                and m.get("labels") is None)
+    return not (
+        m.get("task") == "text-classification" and m.get("problem_type") != "regression" and m.get("labels") is None
+    )
 
 
 def _pairs_ok(m: dict) -> bool:
@@ -101,40 +110,75 @@ def _pairs_ok(m: dict) -> bool:
 
 
 def _session_config_ok(config) -> bool:
-    return isinstance(config, dict) and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in config.values())
+    return isinstance(config, dict) and all(
+        isinstance(v, (str, int)) and not isinstance(v, bool) for v in config.values()
+    )
 
 
 # The manifest's scalar fields, in the order they are checked: (field, holds(manifest), why(manifest)); the first that
 # does not hold is the one the error names
 _FIELD_CHECKS = (
     ("format", lambda m: isinstance(m, dict) and m.get("format") == FORMAT, lambda m: f"is not {FORMAT!r}"),
-    ("format_version", lambda m: m.get("format_version") in READABLE_VERSIONS,
-     lambda m: f"{m.get('format_version')!r} is not supported (this runtime reads versions "
-               f"{', '.join(map(str, READABLE_VERSIONS))})"),
+    (
+        "format_version",
+        lambda m: m.get("format_version") in READABLE_VERSIONS,
+        lambda m: (
+            f"{m.get('format_version')!r} is not supported (this runtime reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))})"
+        ),
+    ),
     ("task", lambda m: m.get("task") in TASKS, lambda m: f"{m.get('task')!r} is not one of {', '.join(TASKS)}"),
-    ("max_length", lambda m: _is_int(m.get("max_length"), 1, MAX_LENGTH_LIMIT),
-     lambda m: f"{m.get('max_length')!r} is not an integer in 1..{MAX_LENGTH_LIMIT}"),
-    ("special_tokens", lambda m: _special_tokens_ok(m.get("special_tokens", {})),
-     lambda m: "must map token names to non-negative integer ids"),
-    ("problem_type", lambda m: m.get("problem_type") in PROBLEM_TYPES,
-     lambda m: f"{m.get('problem_type')!r} is not one of {PROBLEM_TYPES}"),
+    (
+        "max_length",
+        lambda m: _is_int(m.get("max_length"), 1, MAX_LENGTH_LIMIT),
+        lambda m: f"{m.get('max_length')!r} is not an integer in 1..{MAX_LENGTH_LIMIT}",
+    ),
+    (
+        "special_tokens",
+        lambda m: _special_tokens_ok(m.get("special_tokens", {})),
+        lambda m: "must map token names to non-negative integer ids",
+    ),
+    (
+        "problem_type",
+        lambda m: m.get("problem_type") in PROBLEM_TYPES,
+        lambda m: f"{m.get('problem_type')!r} is not one of {PROBLEM_TYPES}",
+    ),
     ("labels", lambda m: _labels_ok(m.get("labels")), lambda m: "must be a non-empty list of strings (or null)"),
     ("labels", _labels_present, lambda m: "are missing for a classification artifact"),
-    (PAIRS, _pairs_ok,
-     lambda m: f"{m.get(PAIRS)!r} must be true, false or null, and only a text-classification artifact says it"),
-    ("max_depth", lambda m: m.get("max_depth") is None or _is_int(m.get("max_depth"), 2),
-     lambda m: f"{m.get('max_depth')!r} is not null or an integer >= 2 (the encoder layers a depth input may run)"),
-    ("depth_note", lambda m: isinstance(m.get("depth_note", ""), (str, type(None))), lambda m: "must be a string or null"),
-    ("session_config", lambda m: _session_config_ok(m.get("session_config", {})),
-     lambda m: "must map entry names to strings"),
-    ("session_config", lambda m: not set(m.get("session_config", {})) - SESSION_CONFIG_KEYS,
-     lambda m: f"sets {sorted(set(m.get('session_config', {})) - SESSION_CONFIG_KEYS)}, not among the allowed entries "
-               f"{sorted(SESSION_CONFIG_KEYS)}"),
+    (
+        PAIRS,
+        _pairs_ok,
+        lambda m: f"{m.get(PAIRS)!r} must be true, false or null, and only a text-classification artifact says it",
+    ),
+    (
+        "max_depth",
+        lambda m: m.get("max_depth") is None or _is_int(m.get("max_depth"), 2),
+        lambda m: f"{m.get('max_depth')!r} is not null or an integer >= 2 (the encoder layers a depth input may run)",
+    ),
+    (
+        "depth_note",
+        lambda m: isinstance(m.get("depth_note", ""), (str, type(None))),
+        lambda m: "must be a string or null",
+    ),
+    (
+        "session_config",
+        lambda m: _session_config_ok(m.get("session_config", {})),
+        lambda m: "must map entry names to strings",
+    ),
+    (
+        "session_config",
+        lambda m: not set(m.get("session_config", {})) - SESSION_CONFIG_KEYS,
+        lambda m: (
+            f"sets {sorted(set(m.get('session_config', {})) - SESSION_CONFIG_KEYS)}, not among the allowed entries "
+            f"{sorted(SESSION_CONFIG_KEYS)}"
+        ),
+    ),
 )
 
 
 def _check_fields(manifest, path: Path) -> None:
     """Every manifest field the runtime uses has the right type and range (``ArtifactError`` naming it)."""
+
     def bad(field, why):
         raise ArtifactError(f"{path}: {field} {why}")
 
@@ -182,6 +226,7 @@ def _check_embedding(entry, bad) -> None:
 def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:
     """The model files the runtime opens: ``[model.onnx]``, or an ORT-format artifact's generator and
     compute files (after checking its ``ort`` entry; ``ArtifactError`` naming the field)."""
+
     def bad(field, why):
         raise ArtifactError(f"{path}: {field} {why}")
 
@@ -191,17 +236,31 @@ def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:
     if kind == "onnx":
         return [MODEL]
     if manifest.get("format_version") != ORT_FORMAT_VERSION:
-        bad("format_version", f"{manifest.get('format_version')!r}: an ORT-format artifact is version {ORT_FORMAT_VERSION}")
+        bad(
+            "format_version",
+            f"{manifest.get('format_version')!r}: an ORT-format artifact is version {ORT_FORMAT_VERSION}",
+        )
     entry = manifest.get("ort")
-    if not (isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("generator", "compute"))
-            and _is_int(entry.get("compute_bytes")) and isinstance(entry.get("holes"), list)
-            and _is_sha256(entry.get("compute_sha256"))):
+    if not (
+        isinstance(entry, dict)
+        and all(isinstance(entry.get(k), str) for k in ("generator", "compute"))
+        and _is_int(entry.get("compute_bytes"))
+        and isinstance(entry.get("holes"), list)
+        and _is_sha256(entry.get("compute_sha256"))
+    ):
         bad("ort", "must name its generator and compute files, compute_bytes, compute_sha256 and the holes")
     end = 0
     for hole in entry["holes"]:
-        if not (isinstance(hole, dict) and isinstance(hole.get("output"), str) and _is_int(hole.get("offset"), end)
-                and _is_int(hole.get("bytes"), 1) and hole["offset"] + hole["bytes"] <= entry["compute_bytes"]):
-            bad("ort", "holes must be {output, offset, bytes} in increasing, non-overlapping order inside compute_bytes")
+        if not (
+            isinstance(hole, dict)
+            and isinstance(hole.get("output"), str)
+            and _is_int(hole.get("offset"), end)
+            and _is_int(hole.get("bytes"), 1)
+            and hole["offset"] + hole["bytes"] <= entry["compute_bytes"]
+        ):
+            bad(
+                "ort", "holes must be {output, offset, bytes} in increasing, non-overlapping order inside compute_bytes"
+            )
         end = hole["offset"] + hole["bytes"]
     return [entry["generator"], entry["compute"]]
 
@@ -224,13 +283,17 @@ def check_fits_model(manifest: dict, root: Path, input_names: list[str]) -> None
     config = model_config(root)
     positions, layers = config.get("max_position_embeddings"), config.get("num_hidden_layers")
     if _is_int(positions, 1) and manifest["max_length"] > positions:
-        raise ArtifactError(f"{path}: max_length {manifest['max_length']} exceeds the model's {positions} positions "
-                            f"(config.json max_position_embeddings)")
+        raise ArtifactError(
+            f"{path}: max_length {manifest['max_length']} exceeds the model's {positions} positions "
+            f"(config.json max_position_embeddings)"
+        )
     max_depth = manifest.get("max_depth")
     if max_depth and DEPTH not in input_names:
         raise ArtifactError(f"{path}: max_depth {max_depth}, but the model has no {DEPTH!r} input")
     if max_depth and _is_int(layers, 1) and max_depth > layers:
-        raise ArtifactError(f"{path}: max_depth {max_depth} exceeds the model's {layers} layers (config.json num_hidden_layers)")
+        raise ArtifactError(
+            f"{path}: max_depth {max_depth} exceeds the model's {layers} layers (config.json num_hidden_layers)"
+        )
 
 
 def assemble_ort(part: bytes, entry: dict, values: dict, name: str = ORT_COMPUTE) -> bytes:
@@ -245,19 +308,24 @@ def assemble_ort(part: bytes, entry: dict, values: dict, name: str = ORT_COMPUTE
     for hole in holes:
         value = values.get(hole["output"])
         if value is None or value.nbytes != hole["bytes"]:
-            raise ArtifactError(f"{name}: the generator's output {hole['output']!r} does not fill its hole of "
-                                f"{hole['bytes']} bytes (got {None if value is None else value.nbytes})")
+            raise ArtifactError(
+                f"{name}: the generator's output {hole['output']!r} does not fill its hole of "
+                f"{hole['bytes']} bytes (got {None if value is None else value.nbytes})"
+            )
         gap = hole["offset"] - write
-        out[write: hole["offset"]] = part[read: read + gap]
+        out[write : hole["offset"]] = part[read : read + gap]
         read += gap
-        out[hole["offset"]: hole["offset"] + hole["bytes"]] = np.ascontiguousarray(value).view(np.uint8).reshape(-1).data
+        out[hole["offset"] : hole["offset"] + hole["bytes"]] = (
+            np.ascontiguousarray(value).view(np.uint8).reshape(-1).data
+        )
         write = hole["offset"] + hole["bytes"]
     out[write:] = part[read:]
     return bytes(out)
 
 
-def open_ort_format(folder: Path, entry: dict, options: ort.SessionOptions, providers: list[str],
-                    generator_options: ort.SessionOptions) -> ort.InferenceSession:
+def open_ort_format(
+    folder: Path, entry: dict, options: ort.SessionOptions, providers: list[str], generator_options: ort.SessionOptions
+) -> ort.InferenceSession:
     """The compute session of an ORT-format artifact in ``folder`` (its manifest's ``ort`` ``entry``): the
     generator run once, its outputs written into the compute file's holes, the result opened with
     ``options``. ``ArtifactError`` naming the file ONNX Runtime cannot load."""
@@ -278,8 +346,10 @@ def open_ort_format(folder: Path, entry: dict, options: ort.SessionOptions, prov
     blob = assemble_ort(path.read_bytes(), entry, values, str(path))
     del values
     if hashlib.sha256(blob).hexdigest() != entry["compute_sha256"]:
-        raise ArtifactError(f"{path} with its holes filled does not match ort.compute_sha256 in the manifest "
-                            f"(holes or generator outputs altered)")
+        raise ArtifactError(
+            f"{path} with its holes filled does not match ort.compute_sha256 in the manifest "
+            f"(holes or generator outputs altered)"
+        )
     return opened(blob, f"{path} (with its holes filled)", options, providers)
 
 
@@ -290,7 +360,9 @@ def _ram_int8_files(ram, bad) -> list[str]:
     if not isinstance(ram, dict) or not isinstance(ram.get("weights"), list) or not isinstance(ram.get("compute"), str):
         bad("ram_int8", "must name its compute file and list its weights")
     rows = ram.get("rows")
-    if rows is not None and not (isinstance(rows, str) and _is_int(ram.get("width"), 1) and _is_int(ram.get("height"), 1)):
+    if rows is not None and not (
+        isinstance(rows, str) and _is_int(ram.get("width"), 1) and _is_int(ram.get("height"), 1)
+    ):
         bad("ram_int8", "rows needs a file name, and width and height as positive integers")
     for w in ram["weights"]:
         _check_ram_int8_weight(w, ram, bad)
@@ -303,12 +375,20 @@ def _check_ram_int8_weight(w, ram: dict, bad) -> None:
     if not isinstance(w, dict):
         bad("ram_int8", f"weights must be objects, got {w!r}")
     shape = w.get("shape")
-    if not (all(isinstance(w.get(k), str) for k in ("int8", "scale")) and w.get("layout") in ("kn", "nk")
-            and isinstance(shape, list) and len(shape) == 2 and all(_is_int(x, 1) for x in shape)):
+    if not (
+        all(isinstance(w.get(k), str) for k in ("int8", "scale"))
+        and w.get("layout") in ("kn", "nk")
+        and isinstance(shape, list)
+        and len(shape) == 2
+        and all(_is_int(x, 1) for x in shape)
+    ):
         bad("ram_int8", "weights must list {int8, scale, layout kn|nk, shape [K, N]}")
     if "offset" in w:
-        if not (ram.get("rows") and _is_int(w["offset"])
-                and w["offset"] + shape[0] * shape[1] <= ram["width"] * ram["height"]):
+        if not (
+            ram.get("rows")
+            and _is_int(w["offset"])
+            and w["offset"] + shape[0] * shape[1] <= ram["width"] * ram["height"]
+        ):
             bad("ram_int8", f"weight {w['int8']!r}: offset {w['offset']!r} does not lie in the rows product")
     elif not (isinstance(w.get("output"), str) and isinstance(w.get("generator", ram.get("generator")), str)):
         bad("ram_int8", f"weight {w['int8']!r} names neither a rows offset nor a generator output")
@@ -342,8 +422,11 @@ def verify_artifact(artifact_dir: str | Path, manifest_sha256: str | None = None
     """
     root = Path(artifact_dir)
     if not root.is_dir():
-        raise ArtifactError(f"{root} is a file, not an artifact folder" if root.exists() else
-                            symlink_loop(root) or f"artifact folder not found: {root}")
+        raise ArtifactError(
+            f"{root} is a file, not an artifact folder"
+            if root.exists()
+            else symlink_loop(root) or f"artifact folder not found: {root}"
+        )
     path = root / MANIFEST
     if not os.path.lexists(path):
         raise ArtifactError(f"{path} is missing: not a sharebert artifact (write one with `sharebert export`)")
@@ -403,7 +486,7 @@ def quantize_rows(rows, width: int, offset: int, shape: list[int], out=None, chu
         c1 = min(N, c0 + step)
         lo, hi = offset + c0 * K, offset + c1 * K
         first, last = lo // width, -(-hi // width)
-        block = rows(first, last).reshape(-1)[lo - first * width: hi - first * width].reshape(c1 - c0, K)
+        block = rows(first, last).reshape(-1)[lo - first * width : hi - first * width].reshape(c1 - c0, K)
         q[:, c0:c1], scale[c0:c1] = quantize_per_channel(block.copy(), "nk")  # rows() may keep its buffer
     return q, scale
 
@@ -417,8 +500,11 @@ def product_rows(session: ort.InferenceSession, width: int, height: int):
     time, so its int8 source is dequantized a slice at a time; one written before that, whole rows at a time.
     """
     by_columns = "cols.start" in {i.name for i in session.get_inputs()}
-    corner = {"rows.start": [height - 1], "rows.end": [height + 1], **({"cols.start": [width - 1], "cols.end":
-                                                                       [width + 1]} if by_columns else {})}
+    corner = {
+        "rows.start": [height - 1],
+        "rows.end": [height + 1],
+        **({"cols.start": [width - 1], "cols.end": [width + 1]} if by_columns else {}),
+    }
     made = session.run(["rows"], {k: np.array(v, np.int64) for k, v in corner.items()})[0].shape  # ORT clamps ends
     if made != (1, 1 if by_columns else width):  # checked here, so no run below can fail on a shape
         raise ValueError(f"the rows graph's product is not {height} x {width}")
@@ -452,7 +538,8 @@ def product_rows(session: ort.InferenceSession, width: int, height: int):
         if not (held[0] <= start and end <= held[1]):
             lo = max(0, min(start, height - most))  # as many rows as the buffer holds, from start or before it
             fill(lo, lo + most)
-        return buffer[start - held[0]: end - held[0]]
+        return buffer[start - held[0] : end - held[0]]
+
     return rows
 
 
@@ -474,8 +561,13 @@ def is_artifact(folder: str | Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
-def session_options(session_config: dict | None = None, threads: int | None = None, level=None,
-                    optimized: str | Path | None = None, arena: bool = True) -> ort.SessionOptions:
+def session_options(
+    session_config: dict | None = None,
+    threads: int | None = None,
+    level=None,
+    optimized: str | Path | None = None,
+    arena: bool = True,
+) -> ort.SessionOptions:
     """``onnxruntime.SessionOptions`` as every sharebert session builds them.
 
     ``session_config``: the manifest's entries (``session.disable_quant_qdq`` for int8-stored weights);
@@ -504,8 +596,12 @@ def model_feeds(inputs, input_ids: np.ndarray, attention_mask: np.ndarray, past:
     over the mask (so left padding does not shift them), and a causal LM's ``past_key_values.{i}.key|value``
     from ``past`` (``{input name: (B, heads, S - T, head_dim)}``) or empty ones for a first step."""
     B, T = input_ids.shape
-    feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": np.zeros_like(input_ids),
-             "position_ids": np.maximum(attention_mask.cumsum(-1) - 1, 0)[:, -T:]}
+    feeds = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": np.zeros_like(input_ids),
+        "position_ids": np.maximum(attention_mask.cumsum(-1) - 1, 0)[:, -T:],
+    }
     for i in inputs:
         if i.name.startswith(PAST):
             feeds[i.name] = past[i.name] if past else np.zeros((B, i.shape[1], 0, i.shape[3]), np.float32)

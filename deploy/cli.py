@@ -18,6 +18,7 @@ it and leaves an existing file as it was; a symbolic link is written through), o
 texts given as arguments print readably. A line over :data:`~sharebert_runtime.textlines.MAX_LINE_BYTES` (1 MiB) ends
 the run with an error naming it (an input without newlines, such as ``/dev/zero``, is not one text per line).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,35 +40,60 @@ CHUNK_LINES = 1024  # lines handed to the runtime at once: it groups texts of si
 def add_arguments(p):
     p.add_argument("artifact", help="artifact folder written by `sharebert export`")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to answer (or use --input)")
-    p.add_argument("--input", type=opt.path, metavar="FILE|-", help="one text (or JSON object with a \"text\" key) per line; - is stdin")
+    p.add_argument(
+        "--input",
+        type=opt.path,
+        metavar="FILE|-",
+        help='one text (or JSON object with a "text" key) per line; - is stdin',
+    )
     p.add_argument("--output", type=opt.path, metavar="FILE.jsonl", help="write JSON lines here (default: stdout)")
     p.add_argument("--batch-size", type=int, default=32, help="texts per ONNX Runtime call (default: 32)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: ORT's choice)")
     from .runtime import RAM_MODES
 
-    p.add_argument("--ram", choices=RAM_MODES, default="auto",
-                   help="fp32: generated weights folded to fp32 at load; int8: held as int8, dynamic-int8 MatMuls "
-                        "(compact artifacts; about 4x less RAM for them); auto (default): int8 for a compact artifact "
-                        "whose weights are stored int8, else fp32 (docs/DEVICE.md \"Memory\")")
+    p.add_argument(
+        "--ram",
+        choices=RAM_MODES,
+        default="auto",
+        help="fp32: generated weights folded to fp32 at load; int8: held as int8, dynamic-int8 MatMuls "
+        "(compact artifacts; about 4x less RAM for them); auto (default): int8 for a compact artifact "
+        'whose weights are stored int8, else fp32 (docs/DEVICE.md "Memory")',
+    )
     p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default: 5)")
     from .pooling import POOLERS
 
-    p.add_argument("--pooling", choices=tuple(POOLERS), default=None,
-                   help="feature-extraction: pool the token states this way instead of the artifact's recipe (which "
-                        "the manifest records: the model's sentence-transformers pooling, else cls); the recipe's Dense "
-                        "layers apply only to its own pooling")
-    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
-                   help="feature-extraction: L2-normalise the vectors or not (default: as the recipe says)")
+    p.add_argument(
+        "--pooling",
+        choices=tuple(POOLERS),
+        default=None,
+        help="feature-extraction: pool the token states this way instead of the artifact's recipe (which "
+        "the manifest records: the model's sentence-transformers pooling, else cls); the recipe's Dense "
+        "layers apply only to its own pooling",
+    )
+    p.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="feature-extraction: L2-normalise the vectors or not (default: as the recipe says)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=20, help="causal-lm: tokens to generate (default: 20)")
     p.add_argument("--json", action="store_true", help="print JSON lines even for TEXT arguments")
     p.add_argument("--pin", metavar="SHA256", help="refuse the artifact unless manifest.json has this sha256")
-    p.add_argument("--depth", type=int, default=None, metavar="K",
-                   help="run only the first K encoder layers (1..N; default all): faster, no extra memory")
+    p.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run only the first K encoder layers (1..N; default all): faster, no extra memory",
+    )
 
 
 def _task_kwargs(runtime, args) -> dict:
-    return {"fill-mask": {"top_k": args.top_k}, "feature-extraction": {"pooling": args.pooling, "normalize": args.normalize},
-            "causal-lm": {"max_new_tokens": args.max_new_tokens}}.get(runtime.task, {})
+    return {
+        "fill-mask": {"top_k": args.top_k},
+        "feature-extraction": {"pooling": args.pooling, "normalize": args.normalize},
+        "causal-lm": {"max_new_tokens": args.max_new_tokens},
+    }.get(runtime.task, {})
 
 
 def _jsonable(result):
@@ -120,19 +146,34 @@ def shaped(record: dict, number: int, pairs: bool | None, said: dict) -> dict:
     columns = record["text"].split("\t") if plain else [record["text"]]
     if "text_pair" in record or (len(columns) == 2 and pairs is not False):
         if pairs is False:
-            raise ValueError('"text_pair": the model takes single texts, not pairs (it was not trained on pairs); '
-                             "give one text per line")
+            raise ValueError(
+                '"text_pair": the model takes single texts, not pairs (it was not trained on pairs); '
+                "give one text per line"
+            )
         if "text_pair" not in record:
             record = {"text": columns[0], "text_pair": columns[1]}
-            _say_once(said, "unsaid", number, "a text and its text_pair (TAB-separated): the artifact does not record "
-                      "whether its model was trained on pairs (export it again to record it)", pairs is None)
+            _say_once(
+                said,
+                "unsaid",
+                number,
+                "a text and its text_pair (TAB-separated): the artifact does not record "
+                "whether its model was trained on pairs (export it again to record it)",
+                pairs is None,
+            )
         return record
     if pairs:
         got = f"{len(columns)} TAB-separated columns" if len(columns) > 2 else "one text"
-        raise ValueError(f"the model classifies sentence pairs, and this line holds {got}: give text<TAB>text_pair, "
-                         'or a JSON record {"text": ..., "text_pair": ...}')
-    _say_once(said, "tab", number, "holds a TAB, read as part of one text: the model takes single texts, not "
-              "text<TAB>text_pair pairs", len(columns) > 1)
+        raise ValueError(
+            f"the model classifies sentence pairs, and this line holds {got}: give text<TAB>text_pair, "
+            'or a JSON record {"text": ..., "text_pair": ...}'
+        )
+    _say_once(
+        said,
+        "tab",
+        number,
+        "holds a TAB, read as part of one text: the model takes single texts, not text<TAB>text_pair pairs",
+        len(columns) > 1,
+    )
     return record
 
 
@@ -198,8 +239,11 @@ def _answer_run(runtime, args, batch, sink, counts) -> None:
     if "text_pair" in batch[0][1]:
         if runtime.task != "text-classification":
             for number, _ in batch:
-                _skip(number, f'"text_pair": task {runtime.task} takes single texts (pairs are for text-classification)',
-                      counts)
+                _skip(
+                    number,
+                    f'"text_pair": task {runtime.task} takes single texts (pairs are for text-classification)',
+                    counts,
+                )
             return
         kwargs["text_pair"] = [r["text_pair"] for _, r in batch]
     try:
@@ -208,8 +252,7 @@ def _answer_run(runtime, args, batch, sink, counts) -> None:
         counts["truncated"] += preds.truncated
     except Exception as e:
         if len(batch) == 1:
-            _skip(batch[0][0], f"cannot be answered ({type(e).__name__}: {first_line(e)})",
-                  counts)
+            _skip(batch[0][0], f"cannot be answered ({type(e).__name__}: {first_line(e)})", counts)
             return
         half = len(batch) // 2
         _answer_run(runtime, args, batch[:half], sink, counts)
@@ -235,8 +278,11 @@ def _output_record(number: int, record: dict, result, counts) -> dict:
         from tqdm import tqdm
 
         counts["own_fields_said"] = True
-        tqdm.write(f"line {number}: the record's own {', '.join(repr(k) for k in own)} not copied to the output: "
-                   f"{' and '.join(repr(k) for k in OWN_FIELDS)} are predict's (said once)", file=sys.stderr)
+        tqdm.write(
+            f"line {number}: the record's own {', '.join(repr(k) for k in own)} not copied to the output: "
+            f"{' and '.join(repr(k) for k in OWN_FIELDS)} are predict's (said once)",
+            file=sys.stderr,
+        )
     return {"line": number, **{k: v for k, v in record.items() if k not in OWN_FIELDS}, "result": result}
 
 
@@ -341,11 +387,18 @@ def run(args) -> int:
     from .runtime import Runtime
 
     _check_args(args)
-    runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, batch_size=args.batch_size, depth=args.depth,
-                      manifest_sha256=args.pin)
+    runtime = Runtime(
+        args.artifact,
+        threads=args.threads,
+        ram=args.ram,
+        batch_size=args.batch_size,
+        depth=args.depth,
+        manifest_sha256=args.pin,
+    )
     if runtime.task != "feature-extraction" and (args.pooling is not None or args.normalize is not None):
-        raise ValueError(f"--pooling and --normalize are for feature-extraction artifacts; {args.artifact} is "
-                         f"{runtime.task}")
+        raise ValueError(
+            f"--pooling and --normalize are for feature-extraction artifacts; {args.artifact} is {runtime.task}"
+        )
     if args.texts and not (args.output or args.json):
         return _print_answers(runtime, args)
     out_path = Path(args.output) if args.output else None
@@ -353,8 +406,11 @@ def run(args) -> int:
     with atomic_output(out_path) if out_path else contextlib.nullcontext(sys.stdout) as sink:
         _answer_all(runtime, args, sink, counts)
         sink.flush()  # stdout too: a write error (a full disk) is this run's error, not one at exit
-    print(f"{counts['written']} results{f' -> {out_path}' if out_path else ''}; {counts['skipped']} line(s) "
-          f"skipped; {counts['truncated']} input(s) cut to {runtime.max_length} tokens", file=sys.stderr)
+    print(
+        f"{counts['written']} results{f' -> {out_path}' if out_path else ''}; {counts['skipped']} line(s) "
+        f"skipped; {counts['truncated']} input(s) cut to {runtime.max_length} tokens",
+        file=sys.stderr,
+    )
     return 1 if counts["skipped"] else 0
 
 
@@ -362,8 +418,11 @@ def _print_answers(runtime, args) -> int:
     """The TEXT arguments' results, readable, on stdout."""
     kwargs = _task_kwargs(runtime, args)
     pairs = _argument_pairs(args.texts, takes_pairs(runtime.task, runtime.pairs))
-    preds = runtime.predict([a for a, _ in pairs] if pairs else args.texts, **kwargs,
-                            **({"text_pair": [b for _, b in pairs]} if pairs else {}))
+    preds = runtime.predict(
+        [a for a, _ in pairs] if pairs else args.texts,
+        **kwargs,
+        **({"text_pair": [b for _, b in pairs]} if pairs else {}),
+    )
     for text, result in zip(args.texts, preds):
         _print_readable(runtime.task, text, _jsonable(result))
     if preds.truncated:

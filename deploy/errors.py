@@ -1,4 +1,5 @@
 """One-line error messages (stdlib only; the torch-free runtime uses it too)."""
+
 from __future__ import annotations
 
 

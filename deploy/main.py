@@ -8,6 +8,7 @@ never import torch; a library command's module lives in ``sharebert.commands``, 
 
 A command module defines ``add_arguments(parser)`` and ``run(args) -> int``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,40 +22,65 @@ from .outdir import disk_full
 
 # name: (module, one-line help). The device commands first: a device install (no extras) holds only them.
 COMMANDS = {
-    "predict": ("sharebert_runtime.cli",
-                "answer the task of an exported artifact (fill-mask, classify, embed, generate) without torch"),
-    "serve": ("sharebert_runtime.serve",
-              "serve an exported artifact over local HTTP/JSON (/predict, /health, /metadata) without torch"),
+    "predict": (
+        "sharebert_runtime.cli",
+        "answer the task of an exported artifact (fill-mask, classify, embed, generate) without torch",
+    ),
+    "serve": (
+        "sharebert_runtime.serve",
+        "serve an exported artifact over local HTTP/JSON (/predict, /health, /metadata) without torch",
+    ),
     "build": ("sharebert.commands.build", "build a model folder (config, safetensors, tokenizer) from a preset"),
-    "report": ("sharebert.commands.report",
-               "parameter, memory and FLOP report of a preset or model folder (analytic, no model built)"),
-    "budget": ("sharebert.commands.budget",
-               "find ShareBERT / BERT configurations under a parameter, byte, RAM and FLOP budget"),
-    "prepare": ("sharebert.commands.prepare",
-                "tokenize corpora once into a data folder of memory-mapped token shards for `pretrain --data`"),
-    "pretrain": ("sharebert.commands.pretrain",
-                 "pre-train a model folder or a preset on text / MediaWiki XML corpora or on a `sharebert prepare` "
-                 "folder (runs under torchrun too)"),
-    "finetune": ("sharebert.commands.finetune",
-                 "fine-tune a pre-trained model on a GLUE task (best dev checkpoint, metrics.json)"),
-    "distill": ("sharebert.commands.distill",
-                "distil a fine-tuned BERT teacher into a ShareBERT student on a GLUE task (best dev student, "
-                "metrics.json)"),
-    "compress": ("sharebert.commands.compress",
-                 "compress a pre-trained encoder (e.g. all-MiniLM-L6-v2) into a small ShareBERT: pick, distil, "
-                 "export, report"),
+    "report": (
+        "sharebert.commands.report",
+        "parameter, memory and FLOP report of a preset or model folder (analytic, no model built)",
+    ),
+    "budget": (
+        "sharebert.commands.budget",
+        "find ShareBERT / BERT configurations under a parameter, byte, RAM and FLOP budget",
+    ),
+    "prepare": (
+        "sharebert.commands.prepare",
+        "tokenize corpora once into a data folder of memory-mapped token shards for `pretrain --data`",
+    ),
+    "pretrain": (
+        "sharebert.commands.pretrain",
+        "pre-train a model folder or a preset on text / MediaWiki XML corpora or on a `sharebert prepare` "
+        "folder (runs under torchrun too)",
+    ),
+    "finetune": (
+        "sharebert.commands.finetune",
+        "fine-tune a pre-trained model on a GLUE task (best dev checkpoint, metrics.json)",
+    ),
+    "distill": (
+        "sharebert.commands.distill",
+        "distil a fine-tuned BERT teacher into a ShareBERT student on a GLUE task (best dev student, metrics.json)",
+    ),
+    "compress": (
+        "sharebert.commands.compress",
+        "compress a pre-trained encoder (e.g. all-MiniLM-L6-v2) into a small ShareBERT: pick, distil, export, report",
+    ),
     "evaluate": ("sharebert.commands.evaluate", "evaluate models: glue | wordsim | analogy | noise | cross-domain"),
-    "export": ("sharebert.commands.export",
-               "Export a model folder to an ONNX artifact (compact or materialized weights, optional quantization)."),
-    "plot": ("sharebert.commands.plot",
-             "draw a pretrain/finetune run's loss and learning-rate curves (curves.png) from its log"),
-    "demo": ("sharebert.commands.demo",
-             "the main job end to end: compress all-MiniLM-L6-v2 where installed (else a tiny pre-train), then search"),
+    "export": (
+        "sharebert.commands.export",
+        "Export a model folder to an ONNX artifact (compact or materialized weights, optional quantization).",
+    ),
+    "plot": (
+        "sharebert.commands.plot",
+        "draw a pretrain/finetune run's loss and learning-rate curves (curves.png) from its log",
+    ),
+    "demo": (
+        "sharebert.commands.demo",
+        "the main job end to end: compress all-MiniLM-L6-v2 where installed (else a tiny pre-train), then search",
+    ),
 }
 
 # Packages of the extras that a device install (`pip install sharebert`, runtime only) lacks.
-EXTRAS = {"full": ("torch", "transformers", "onnx", "safetensors", "accelerate", "scipy", "tensorboard"),
-          "plot": ("matplotlib",), "optimum": ("optimum",)}
+EXTRAS = {
+    "full": ("torch", "transformers", "onnx", "safetensors", "accelerate", "scipy", "tensorboard"),
+    "plot": ("matplotlib",),
+    "optimum": ("optimum",),
+}
 
 
 def _missing_extra(e: ModuleNotFoundError) -> str | None:
@@ -82,9 +108,11 @@ def _parse(argv: list[str], chosen: str | None):
         else:
             sub.add_parser(name, help=line if chosen is None else None, add_help=False)
     args, extra = parser.parse_known_args(argv)
-    if extra and chosen is not None and args.command == chosen:  # options before trailing positionals (`predict ART --depth 2 TEXT`)
+    if (
+        extra and chosen is not None and args.command == chosen
+    ):  # options before trailing positionals (`predict ART --depth 2 TEXT`)
         try:
-            return parser, p.parse_intermixed_args(argv[argv.index(chosen) + 1:], argparse.Namespace(command=chosen))
+            return parser, p.parse_intermixed_args(argv[argv.index(chosen) + 1 :], argparse.Namespace(command=chosen))
         except TypeError:  # a command with subcommands of its own: argparse cannot intermix those
             return parser, parser.parse_args(argv)
     if extra:  # an unknown option before any command: argparse's own usage error
@@ -109,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         extra = _missing_extra(e)
         if extra is None:
             raise
-        print(f"sharebert {chosen}: error: needs the {e.name.split('.')[0]} package, which this install lacks: "
-              f"pip install 'sharebert[{extra}]' (a device install holds only predict and serve)", file=sys.stderr)
+        print(
+            f"sharebert {chosen}: error: needs the {e.name.split('.')[0]} package, which this install lacks: "
+            f"pip install 'sharebert[{extra}]' (a device install holds only predict and serve)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP while an output file was written (outdir.Stopped)
         signum = getattr(e, "signum", None)
@@ -142,8 +173,11 @@ def _failed(chosen, e: Exception, out) -> int:
     probe = out if out and os.path.isdir(out) and not isinstance(e, (ValueError, KeyError)) else None
     if disk_full(e, probe):
         where = f" while writing {out}" if out else ""
-        print(f"sharebert {chosen}: error: no space left on the device (or a file size limit reached){where}: "
-              f"{first_line(e, 300)}", file=sys.stderr)
+        print(
+            f"sharebert {chosen}: error: no space left on the device (or a file size limit reached){where}: "
+            f"{first_line(e, 300)}",
+            file=sys.stderr,
+        )
         return 2
     if isinstance(e, (ValueError, OSError, KeyError)):  # bad input, a missing or unwritable path
         message = e.args[0] if isinstance(e, KeyError) and e.args else first_line(e, 1000)
@@ -151,6 +185,9 @@ def _failed(chosen, e: Exception, out) -> int:
         return 2
     if os.environ.get("SHAREBERT_DEBUG"):  # a bug of ours: one line, the traceback on request
         raise e
-    print(f"sharebert {chosen}: internal error: {type(e).__name__}: {first_line(e, 1000)} "
-          "(set SHAREBERT_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+    print(
+        f"sharebert {chosen}: internal error: {type(e).__name__}: {first_line(e, 1000)} "
+        "(set SHAREBERT_DEBUG=1 for the traceback, and please report it)",
+        file=sys.stderr,
+    )
     return 1

@@ -11,6 +11,7 @@ graph), the tokenizer's JSON parse 1.9 MB of the tokenizers library. :func:`rele
 from the process; they stay in the system's page cache (shared, read-only), and the next request maps back
 the few it runs (docs/DEVICE.md "Memory").
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -78,7 +79,7 @@ def _library_mappings(folders: list[str]) -> list[tuple[int, int, int]]:
         if len(fields) < 6 or "w" in fields[1] or not fields[5].startswith(tuple(folders)):
             continue
         at = smaps.find(line.split()[0] + " ")  # its entry: the header, then one "Name: value kB" line per field
-        entry = smaps[at: smaps.find("VmFlags", at)] if at >= 0 else ""
+        entry = smaps[at : smaps.find("VmFlags", at)] if at >= 0 else ""
         rss, anon = _FIELD["Rss"].search(entry), _FIELD["Anonymous"].search(entry)
         if rss and anon and int(anon[1]) == 0 and int(rss[1]):
             lo, hi = (int(x, 16) for x in fields[0].split("-"))
@@ -92,8 +93,11 @@ def release_code(packages: tuple[str, ...] = CODE_PACKAGES) -> int:
     Linux). Safe at any time: a page is mapped back from the page cache when it runs again (a minor fault)."""
     if MADVISE is None:
         return 0
-    folders = [str(Path(sys.modules[p].__file__).resolve().parent) + "/" for p in packages
-               if getattr(sys.modules.get(p), "__file__", None)]
+    folders = [
+        str(Path(sys.modules[p].__file__).resolve().parent) + "/"
+        for p in packages
+        if getattr(sys.modules.get(p), "__file__", None)
+    ]
     released = 0
     for lo, hi, kb in _library_mappings(folders) if folders else []:
         if MADVISE(lo, hi - lo, MADV_DONTNEED) == 0:

@@ -3,6 +3,7 @@ that refuse a value no run can use, so every command says which option is wrong 
 --seq-len: must be an integer >= 1, got '0'"). NaN and infinities are never accepted; :func:`path`, the type of
 every file or folder option, refuses a symbolic link loop by name (``os.path.exists`` calls it missing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,9 @@ def _number(text: str, kind):
     try:
         value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text}"
+        ) from None
     if kind is float and not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return value
@@ -45,11 +48,13 @@ def _number(text: str, kind):
 
 def int_at_least(least: int):
     """An ``int`` option of at least ``least``."""
+
     def parse(text: str) -> int:
         value = _number(text, int)
         if value < least:
             raise argparse.ArgumentTypeError(f"must be an integer >= {least}, got {text}")
         return value
+
     parse.__name__ = f"int_at_least_{least}"
     return parse
 

@@ -14,6 +14,7 @@ another run. Nothing is created here: a
 command that fails its validation leaves no empty ``--out`` behind. ``write_json`` / ``read_json``
 write and read our JSON files (strict JSON; any malformed file, deep nesting included, is one ``ValueError``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,8 +54,14 @@ def _inside(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
 
-def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], overwrite: bool = False,
-                  inputs: Iterable[str | Path] = (), legacy: Callable[[Path], bool] | None = None) -> Path:
+def check_out_dir(
+    out: str | Path,
+    kind: str,
+    owned: Callable[[Path], bool],
+    overwrite: bool = False,
+    inputs: Iterable[str | Path] = (),
+    legacy: Callable[[Path], bool] | None = None,
+) -> Path:
     """Validate ``out`` for a command writing ``kind`` (e.g. "model folder"); return it as an absolute path.
 
     Returns normally when ``out`` does not exist yet, is an empty folder, or is a folder ``owned``
@@ -68,11 +75,14 @@ def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], ove
         except (RuntimeError, OSError):  # Python raises RuntimeError for a symlink loop
             raise ValueError(symlink_loop(source) or f"{source} cannot be opened: it is a symbolic link loop") from None
         if _inside(resolved, out.resolve()):
-            raise ValueError(f"--out {given} is, or holds, the input {source}: writing there would destroy it; "
-                             "choose another folder")
+            raise ValueError(
+                f"--out {given} is, or holds, the input {source}: writing there would destroy it; choose another folder"
+            )
         if resolved.is_dir() and _inside(_resolved(out), resolved):
-            raise ValueError(f"--out {given} lies inside the input {source}: writing there would change it; "
-                             "choose a folder outside it")
+            raise ValueError(
+                f"--out {given} lies inside the input {source}: writing there would change it; "
+                "choose a folder outside it"
+            )
     existing = _nearest_existing(out)
     if existing != out:  # out does not exist: its nearest existing ancestor must be a writable folder
         if not existing.is_dir():
@@ -83,13 +93,17 @@ def check_out_dir(out: str | Path, kind: str, owned: Callable[[Path], bool], ove
         raise ValueError(f"--out {given} is a file, not a folder")
     if any(p.name != OutLock.NAME for p in out.iterdir()):  # a folder holding only a run's lock file is empty
         if not owned(out) and legacy is not None and legacy(out):
-            raise ValueError(f"--out {given} holds a {kind} without the {MARK} that sharebert writes in its own output "
-                             "folders (one written by hand, another tool, or a sharebert older than the marker): it is "
-                             "neither replaced nor resumed; move it away (or delete it) and run again, or choose another "
-                             "--out")
+            raise ValueError(
+                f"--out {given} holds a {kind} without the {MARK} that sharebert writes in its own output "
+                "folders (one written by hand, another tool, or a sharebert older than the marker): it is "
+                "neither replaced nor resumed; move it away (or delete it) and run again, or choose another "
+                "--out"
+            )
         if not owned(out):
-            raise ValueError(f"--out {given} is a non-empty folder that is not a {kind}; refusing to write into it "
-                             "(choose a new or empty folder)")
+            raise ValueError(
+                f"--out {given} is a non-empty folder that is not a {kind}; refusing to write into it "
+                "(choose a new or empty folder)"
+            )
         if not overwrite:
             raise ValueError(f"{given} already holds a {kind}; pass --overwrite to replace it")
     _check_writable(out, given)
@@ -121,9 +135,13 @@ def mark_out(out: str | Path, command: str, fingerprint: dict | None = None) -> 
     write_json(Path(out) / MARK, {"command": command, "fingerprint": fingerprint or {}})
 
 
-FINGERPRINT = {"teacher": "teacher (its weights, config or tokenizer files)", "student": "student shape",
-               "model": "model (its weights, config or tokenizer files)",
-               "data": "training data", "objective": "objective"}  # what a run's fingerprint holds, as said
+FINGERPRINT = {
+    "teacher": "teacher (its weights, config or tokenizer files)",
+    "student": "student shape",
+    "model": "model (its weights, config or tokenizer files)",
+    "data": "training data",
+    "objective": "objective",
+}  # what a run's fingerprint holds, as said
 
 
 def _differs(key: str, old, new) -> str:
@@ -145,8 +163,10 @@ def check_same_run(out: str | Path, fingerprint: dict) -> None:
     saved = mark.get("fingerprint") if isinstance(mark.get("fingerprint"), dict) else {}
     differ = [_differs(k, saved.get(k), v) for k, v in fingerprint.items() if saved.get(k) != v]
     if differ:
-        raise ValueError(f"--resume: {out} holds a run of another {'; '.join(differ)}; resume with that run's "
-                         "options, or start again with --overwrite")
+        raise ValueError(
+            f"--resume: {out} holds a run of another {'; '.join(differ)}; resume with that run's "
+            "options, or start again with --overwrite"
+        )
 
 
 HUGE = 256 << 20  # bytes above which a file's fingerprint reads only its ends (see file_fingerprint)
@@ -177,7 +197,9 @@ def check_out_file(path: str | Path, option: str, suffixes: Iterable[str] = ()) 
     path = Path(path)
     suffixes = tuple(suffixes)
     if path.is_dir():
-        raise ValueError(f"{option} {path}: is a folder; give a file name{f' ending in {suffixes[0]}' if suffixes else ''}")
+        raise ValueError(
+            f"{option} {path}: is a folder; give a file name{f' ending in {suffixes[0]}' if suffixes else ''}"
+        )
     if suffixes and path.suffix.lower() not in suffixes:
         raise ValueError(f"{option} {path}: the file name must end in {' or '.join(suffixes)}")
     folder = _nearest_existing(path.parent)
@@ -206,8 +228,10 @@ class OutLock:
             self.f.seek(0)
             pid = self.f.read().strip()
             self.f.close()
-            raise ValueError(f"another `sharebert {self.command}` (pid {pid or '?'}) is writing {self.path.parent}; "
-                             "wait for it to finish or choose another --out") from None
+            raise ValueError(
+                f"another `sharebert {self.command}` (pid {pid or '?'}) is writing {self.path.parent}; "
+                "wait for it to finish or choose another --out"
+            ) from None
         self.f.seek(0)
         self.f.truncate()
         self.f.write(f"{os.getpid()}\n")
@@ -226,8 +250,11 @@ def run_lock(out: str | Path, command: str):
     created here are removed again if nothing else was written, so a refused run leaves nothing behind. Only
     torchrun's rank 0 locks; a path that is not a folder is left to the command's own check."""
     out = Path(out)
-    if int(os.environ.get("RANK", "0")) != 0 or (os.path.lexists(out) and not out.is_dir()) \
-            or not _nearest_existing(out.absolute()).is_dir():
+    if (
+        int(os.environ.get("RANK", "0")) != 0
+        or (os.path.lexists(out) and not out.is_dir())
+        or not _nearest_existing(out.absolute()).is_dir()
+    ):
         yield
         return
     first_new = next((p for p in reversed((out.absolute(), *out.absolute().parents)) if not os.path.lexists(p)), None)

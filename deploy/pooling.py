@@ -7,6 +7,7 @@ square root of their count, ``weightedmean`` the mean weighted by position (1, 2
 the last real token. The runtime uses them when a caller overrides an artifact's pooling; the export
 checks the pooling nodes it writes into the graph against them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,8 +49,14 @@ def _weightedmean(hidden, mask):
     return (hidden * w).sum(1) / np.maximum(w.sum(1), 1e-9)
 
 
-POOLERS = {"cls": _cls, "mean": _mean, "max": _max, "mean_sqrt_len": _mean_sqrt_len,
-           "weightedmean": _weightedmean, "lasttoken": _lasttoken}
+POOLERS = {
+    "cls": _cls,
+    "mean": _mean,
+    "max": _max,
+    "mean_sqrt_len": _mean_sqrt_len,
+    "weightedmean": _weightedmean,
+    "lasttoken": _lasttoken,
+}
 
 
 def pool(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:

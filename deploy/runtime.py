@@ -11,6 +11,7 @@ of them), quantizes them per output channel in numpy and feeds the int8 arrays (
 to ``ram_int8/compute.onnx``'s dynamic-int8 MatMuls on every run: no weight is ever whole in fp32. After the
 tokenizer, the first session and the load, the libraries' load-only code is given back (``memory.settle``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,9 +23,26 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from .errors import first_line
-from .artifact import (DEPTH, EXTERNAL_DATA_FOLDER, MODEL, PAIRS, PAST, PRESENT, TOKENIZER, ArtifactError,
-                       check_fits_model, depth_limit, model_config, model_feeds, open_ort_format, product_rows,
-                       quantize_per_channel, quantize_rows, session_options, verify_artifact)
+from .artifact import (
+    DEPTH,
+    EXTERNAL_DATA_FOLDER,
+    MODEL,
+    PAIRS,
+    PAST,
+    PRESENT,
+    TOKENIZER,
+    ArtifactError,
+    check_fits_model,
+    depth_limit,
+    model_config,
+    model_feeds,
+    open_ort_format,
+    product_rows,
+    quantize_per_channel,
+    quantize_rows,
+    session_options,
+    verify_artifact,
+)
 from .memory import give_back, settle
 from .pooling import POOLERS, l2_normalize, pool
 
@@ -40,8 +58,11 @@ def resolved_ram(manifest: dict, ram: str = "auto") -> str:
     fp32 folding spends (docs/DEVICE.md "Memory")."""
     if ram != "auto":
         return ram
-    int8_ready = (manifest.get("quantization") == "int8" and (manifest.get("ram_int8") or {}).get("weights")
-                  and manifest.get("model_format") != "ort")
+    int8_ready = (
+        manifest.get("quantization") == "int8"
+        and (manifest.get("ram_int8") or {}).get("weights")
+        and manifest.get("model_format") != "ort"
+    )
     return "int8" if int8_ready else "fp32"
 
 
@@ -70,9 +91,16 @@ class Runtime:
     max_batch_tokens = 2048  # padded tokens per ONNX Runtime call: bounds its (B, T, vocabulary) outputs
     group_by_length = True  # calls of texts of similar token lengths (False: calls in input order)
 
-    def __init__(self, artifact_dir: str | Path, threads: int | None = None, providers: list[str] | None = None,
-                 ram: str = "auto", batch_size: int = 32, manifest_sha256: str | None = None,
-                 depth: int | None = None):
+    def __init__(
+        self,
+        artifact_dir: str | Path,
+        threads: int | None = None,
+        providers: list[str] | None = None,
+        ram: str = "auto",
+        batch_size: int = 32,
+        manifest_sha256: str | None = None,
+        depth: int | None = None,
+    ):
         if ram not in RAM_MODES:
             raise ValueError(f"ram must be one of {', '.join(RAM_MODES)}, got {ram!r}")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -85,7 +113,9 @@ class Runtime:
         self.depth = self._checked_depth(depth)
         self.task = self.manifest["task"]
         self.labels = self.manifest.get("labels")
-        self.pairs = self.manifest.get(PAIRS)  # text-classification: trained on pairs (True), single texts, None: not said
+        self.pairs = self.manifest.get(
+            PAIRS
+        )  # text-classification: trained on pairs (True), single texts, None: not said
         self.max_length = int(self.manifest["max_length"])
         self.ram = ram = resolved_ram(self.manifest, ram)
         self.batch_size = batch_size
@@ -95,8 +125,10 @@ class Runtime:
         self.tokenizer = _load_tokenizer(self.path / TOKENIZER)
         for name, token_id in special.items():  # id_to_token: get_vocab_size(with_added_tokens) copies the vocabulary
             if token_id >= 1 << 32 or self.tokenizer.id_to_token(token_id) is None:  # ids are u32 in tokenizers
-                raise ArtifactError(f"{self.path / 'manifest.json'}: special_tokens {name} = {token_id} is not an id of "
-                                    f"tokenizer.json ({self.tokenizer.get_vocab_size(with_added_tokens=True)} tokens)")
+                raise ArtifactError(
+                    f"{self.path / 'manifest.json'}: special_tokens {name} = {token_id} is not an id of "
+                    f"tokenizer.json ({self.tokenizer.get_vocab_size(with_added_tokens=True)} tokens)"
+                )
         self.pad_id = int(special.get("pad", 0))
         self.mask_id = special.get("mask")
         self.cls_id = special.get("cls")
@@ -119,8 +151,11 @@ class Runtime:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.cached = any(n.startswith(PAST) for n in self.input_names)  # a causal LM exported with its cache
         self._check_output()
-        check_fits_model(self.manifest, self.path,  # an input with a default (depth) is an overridable initializer
-                         self.input_names + [i.name for i in self.session.get_overridable_initializers()])
+        check_fits_model(
+            self.manifest,
+            self.path,  # an input with a default (depth) is an overridable initializer
+            self.input_names + [i.name for i in self.session.get_overridable_initializers()],
+        )
         settle()
 
     def _check_output(self) -> None:
@@ -132,12 +167,16 @@ class Runtime:
         else:
             fits = len(shape) == 3
         if not fits:
-            raise ArtifactError(f"{self.path / 'manifest.json'}: task {self.task!r} (labels {self.labels}) does not fit "
-                                f"the model's output of shape {shape}")
+            raise ArtifactError(
+                f"{self.path / 'manifest.json'}: task {self.task!r} (labels {self.labels}) does not fit "
+                f"the model's output of shape {shape}"
+            )
         embedding = self.manifest.get("embedding")
         if embedding and embedding["output"] not in self.output_names:
-            raise ArtifactError(f"{self.path / 'manifest.json'}: embedding output {embedding['output']!r} is not an "
-                                f"output of the model ({', '.join(self.output_names)})")
+            raise ArtifactError(
+                f"{self.path / 'manifest.json'}: embedding output {embedding['output']!r} is not an "
+                f"output of the model ({', '.join(self.output_names)})"
+            )
 
     # -- depth ---------------------------------------------------------------------------------
     def _checked_depth(self, depth) -> int | None:
@@ -176,19 +215,25 @@ class Runtime:
         :class:`ArtifactError` naming ``manifest.json``, whatever part of the load notices it."""
         ram = self.manifest.get("ram_int8")
         if not ram or not ram.get("weights"):
-            raise ArtifactError(f"{self.path / 'manifest.json'} has no ram_int8 graphs: RAM int8 needs a compact export "
-                                f"(`sharebert export --weights compact`); use ram='fp32' for this artifact")
+            raise ArtifactError(
+                f"{self.path / 'manifest.json'} has no ram_int8 graphs: RAM int8 needs a compact export "
+                f"(`sharebert export --weights compact`); use ram='fp32' for this artifact"
+            )
         try:
             compute = self._generate_int8(ram)
         except (ArtifactError, MemoryError):
             raise
         except Exception as e:  # ONNX Runtime's errors, numpy's shape errors: the entry does not fit the graphs
-            raise ArtifactError(f"{self.path / 'manifest.json'}: ram_int8 does not match its graphs ({first_line(e)})") from None
+            raise ArtifactError(
+                f"{self.path / 'manifest.json'}: ram_int8 does not match its graphs ({first_line(e)})"
+            ) from None
         declared = {i.name: i.shape for i in compute.get_inputs()}
         for name, value in self._int8_inputs.items():
             if declared.get(name) != list(value.shape()):
-                raise ArtifactError(f"{self.path / 'manifest.json'}: ram_int8 {name} has shape {value.shape()}, "
-                                    f"{ram['compute']} takes {declared.get(name, 'no such input')}")
+                raise ArtifactError(
+                    f"{self.path / 'manifest.json'}: ram_int8 {name} has shape {value.shape()}, "
+                    f"{ram['compute']} takes {declared.get(name, 'no such input')}"
+                )
         return compute
 
     def _generate_int8(self, ram: dict) -> ort.InferenceSession:
@@ -196,7 +241,9 @@ class Runtime:
 
         def graph(file, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL):  # default: no folding (run once, freed)
             session = _open_session(self.path / file, self._options(level=level), ["CPUExecutionProvider"], self.path)
-            if not opened:  # the load's first session: its code (kernel registry, graph passes) before the runs' buffers
+            if (
+                not opened
+            ):  # the load's first session: its code (kernel registry, graph passes) before the runs' buffers
                 settle()
                 opened.append(file)
             return session
@@ -210,7 +257,9 @@ class Runtime:
             # BASIC folds the small constant parts; an int8 source sliced by columns is dequantized per call
             session = graph(ram["rows"], ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
             rows = product_rows(session, ram["width"], ram["height"])
-            out = [(np.empty(w["shape"], np.int8), np.empty(w["shape"][1], np.float32)) for w in cut]  # before any chunk
+            out = [
+                (np.empty(w["shape"], np.int8), np.empty(w["shape"][1], np.float32)) for w in cut
+            ]  # before any chunk
             for w, arrays in zip(cut, out):
                 keep(w, *quantize_rows(rows, ram["width"], w["offset"], w["shape"], arrays))
             del session, rows, out
@@ -235,17 +284,24 @@ class Runtime:
         open the result (its weights are initializers, so ORT prepacks them as for a folded ONNX graph)."""
         entry = self.manifest["ort"]
         if self.ram != "fp32":
-            raise ValueError(f"ram={self.ram!r} is not available for ORT-format artifacts ({self.path}): use ram='fp32', "
-                             f"or export with --format onnx for the RAM-int8 mode")
-        return open_ort_format(self.path, entry, self._options(), self.providers,
-                               self._options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL))
+            raise ValueError(
+                f"ram={self.ram!r} is not available for ORT-format artifacts ({self.path}): use ram='fp32', "
+                f"or export with --format onnx for the RAM-int8 mode"
+            )
+        return open_ort_format(
+            self.path,
+            entry,
+            self._options(),
+            self.providers,
+            self._options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+        )
 
     # -- encoding -----------------------------------------------------------------------------
     def _truncate(self, ids: list[int], special_tokens: bool) -> list[int]:
         """Cut one encoding to ``max_length`` (keeping the final ``[SEP]`` when special tokens are added)."""
         if len(ids) <= self.max_length:
             return ids
-        return ids[: self.max_length - 1] + [ids[-1]] if special_tokens else ids[-self.max_length:]
+        return ids[: self.max_length - 1] + [ids[-1]] if special_tokens else ids[-self.max_length :]
 
     def _pad(self, rows: list[list[int]]):
         """Token ids ``(B, T)`` padded to the longest row, and the attention mask."""
@@ -273,7 +329,9 @@ class Runtime:
         """``(ids, token type ids)`` of each ``(text, text_pair)`` as the tokenizer makes them (``[CLS] a [SEP]
         b [SEP]``, types 0 then 1), cut to ``max_length`` longest first (transformers' default), and the count cut."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        if not isinstance(text_pair, str) and (isinstance(text_pair, (dict, set, bytes)) or not hasattr(text_pair, "__iter__")):
+        if not isinstance(text_pair, str) and (
+            isinstance(text_pair, (dict, set, bytes)) or not hasattr(text_pair, "__iter__")
+        ):
             raise TypeError(f"text_pair must be a string or a list of strings, got {type(text_pair).__name__}")
         pairs = [text_pair] if isinstance(text_pair, str) else list(text_pair)
         if len(pairs) != len(texts):
@@ -356,8 +414,13 @@ class Runtime:
         rows = self._tokenized(texts)[0]
         return sum(map(len, rows)), 0 if self.mask_id is None else sum(row.count(self.mask_id) for row in rows)
 
-    def _run(self, input_ids: np.ndarray, mask: np.ndarray, past: dict | None = None,
-             token_type_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def _run(
+        self,
+        input_ids: np.ndarray,
+        mask: np.ndarray,
+        past: dict | None = None,
+        token_type_ids: np.ndarray | None = None,
+    ) -> dict[str, np.ndarray]:
         """One ONNX Runtime call: every output by name (a causal LM's ``present.*`` too)."""
         feeds = model_feeds(self.inputs, input_ids, mask, past)
         if token_type_ids is not None and "token_type_ids" in feeds:
@@ -385,7 +448,7 @@ class Runtime:
                 raise TypeError(f"texts must be strings, got {type(t).__name__}")
         size = size or self.batch_size
         for start in range(0, len(texts), size):
-            yield texts[start: start + size]
+            yield texts[start : start + size]
 
     def _need(self, *tasks: str) -> None:
         if self.task not in tasks:
@@ -408,14 +471,18 @@ class Runtime:
         def answer(ids, mask):
             rows, cols = np.nonzero(ids == self.mask_id)
             logits = self._run(ids, mask)[self.output_names[0]]
-            picked = [top_k_softmax(logits[rows[i: i + 64], cols[i: i + 64]], top_k) for i in range(0, len(rows), 64)]
+            picked = [top_k_softmax(logits[rows[i : i + 64], cols[i : i + 64]], top_k) for i in range(0, len(rows), 64)]
             del logits
             best = [t for tokens, _ in picked for t in tokens]
             scores = [p for _, probs in picked for p in shortest_floats(probs)]
             answers = [[] for _ in range(len(ids))]
             for row, tokens, probs in zip(rows, best, scores):
-                answers[row].append([{"token": self.tokenizer.id_to_token(int(t)), "token_id": int(t),
-                                      "score": p} for t, p in zip(tokens, probs)])
+                answers[row].append(
+                    [
+                        {"token": self.tokenizer.id_to_token(int(t)), "token_id": int(t), "score": p}
+                        for t, p in zip(tokens, probs)
+                    ]
+                )
             return answers
 
         return self._answered(texts, answer)
@@ -434,8 +501,14 @@ class Runtime:
             if regression:
                 return [{"score": float(row[0])} for row in logits]
             names = self.labels or [f"LABEL_{i}" for i in range(logits.shape[-1])]
-            return [{"label": names[int(np.argmax(probs))], "score": float(probs.max()),
-                     "scores": {n: float(p) for n, p in zip(names, probs)}} for probs in _softmax(logits)]
+            return [
+                {
+                    "label": names[int(np.argmax(probs))],
+                    "score": float(probs.max()),
+                    "scores": {n: float(p) for n, p in zip(names, probs)},
+                }
+                for probs in _softmax(logits)
+            ]
 
         return self._answered(texts, answer, text_pair)
 
@@ -482,8 +555,11 @@ class Runtime:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         start = [self.cls_id] if self.cls_id is not None else []
-        seqs = [start + e.ids or [self.pad_id] for batch in self._batches(prompts)
-                for e in self.tokenizer.encode_batch(batch, add_special_tokens=False)]
+        seqs = [
+            start + e.ids or [self.pad_id]
+            for batch in self._batches(prompts)
+            for e in self.tokenizer.encode_batch(batch, add_special_tokens=False)
+        ]
         out = Predictions([None] * len(seqs), sum(len(s) > self.max_length for s in seqs))
         rows = max(1, min(self.batch_size, self.max_batch_tokens // self.max_length))  # windows grow to max_length
         step = self._cached_steps if use_cache and self.cached else self._window_steps
@@ -494,7 +570,7 @@ class Runtime:
 
     def _windows(self, seqs, new, left: bool):
         """The last ``max_length`` tokens of each sequence, padded left or right: ids and mask ``(B, T)``."""
-        window = [(s + n)[-self.max_length:] for s, n in zip(seqs, new)]
+        window = [(s + n)[-self.max_length :] for s, n in zip(seqs, new)]
         T = max(len(w) for w in window)
         ids = np.full((len(window), T), self.pad_id, dtype=np.int64)
         mask = np.zeros_like(ids)
@@ -524,27 +600,45 @@ class Runtime:
             if mask.shape[1] + 1 > self.max_length:  # no position left: slide the window, empty cache
                 ids, mask, past = *self._windows(seqs, new, left=True), None
             else:
-                past = {PAST + n[len(PRESENT):]: v for n, v in outs.items() if n.startswith(PRESENT)}
+                past = {PAST + n[len(PRESENT) :]: v for n, v in outs.items() if n.startswith(PRESENT)}
                 ids, mask = tokens[:, None].astype(np.int64), np.concatenate([mask, np.ones_like(mask[:, :1])], 1)
         return new
 
     def predict(self, texts, **kwargs) -> Predictions:
         """The artifact's task method: fill_mask, classify, embed or generate."""
-        method = {"fill-mask": self.fill_mask, "text-classification": self.classify,
-                  "feature-extraction": self.embed, "causal-lm": self.generate}[self.task]
+        method = {
+            "fill-mask": self.fill_mask,
+            "text-classification": self.classify,
+            "feature-extraction": self.embed,
+            "causal-lm": self.generate,
+        }[self.task]
         return method(texts, **kwargs)
 
     def metadata(self) -> dict:
         """What a caller needs to know: task, labels, maximum length, quantization, RAM mode."""
-        keys = ("task", "labels", "problem_type", "pairs", "max_length", "weights", "quantization", "learned_params",
-                "opset")
-        return {**{k: self.manifest.get(k) for k in keys}, "ram": self.ram,
-                "int8_generated_weights": len(self._int8_inputs) // 2,
-                "depth": self.depth or self.max_depth, "max_depth": self.max_depth}
+        keys = (
+            "task",
+            "labels",
+            "problem_type",
+            "pairs",
+            "max_length",
+            "weights",
+            "quantization",
+            "learned_params",
+            "opset",
+        )
+        return {
+            **{k: self.manifest.get(k) for k in keys},
+            "ram": self.ram,
+            "int8_generated_weights": len(self._int8_inputs) // 2,
+            "depth": self.depth or self.max_depth,
+            "max_depth": self.max_depth,
+        }
 
 
-def _open_session(path: Path, options: ort.SessionOptions, providers: list[str],
-                  data_folder: Path | None = None) -> ort.InferenceSession:
+def _open_session(
+    path: Path, options: ort.SessionOptions, providers: list[str], data_folder: Path | None = None
+) -> ort.InferenceSession:
     """An ONNX Runtime session of ``path``; ``ArtifactError`` naming it when ORT cannot load the graph.
 
     ``data_folder``: the folder the graph's external data is relative to, when not the graph's own (the

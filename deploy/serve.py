@@ -27,6 +27,7 @@ Scores and vectors are written in float32's shortest decimal form.
 Memory is bounded by the limits: at most ``--workers`` requests run at once, each one ONNX Runtime
 call of at most ``--max-batch-tokens`` padded tokens at a time (see docs/DEVICE.md for the bound).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -44,8 +45,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from .memory import give_back, limit_arenas
 
 
-TASK_PATHS = {"fill-mask": "/fill-mask", "text-classification": "/classify", "feature-extraction": "/embed",
-              "causal-lm": "/generate"}
+TASK_PATHS = {
+    "fill-mask": "/fill-mask",
+    "text-classification": "/classify",
+    "feature-extraction": "/embed",
+    "causal-lm": "/generate",
+}
 MAX_NEW_TOKENS = 256
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait
 DRAIN_BYTES = 1 << 16  # after refusing a body, read at most this much of it so the client sees the answer
@@ -83,20 +88,30 @@ def add_arguments(p):
 
     p.add_argument("--ram", choices=RAM_MODES, default="auto", help="see `sharebert predict --help`")
     for name, (default, what) in LIMITS.items():
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=default, help=f"most {what} (default: {default})")
+        p.add_argument(
+            "--" + name.replace("_", "-"), type=int, default=default, help=f"most {what} (default: {default})"
+        )
     p.add_argument("--quiet", action="store_true", help="do not log each request")
     p.add_argument("--pin", metavar="SHA256", help="refuse the artifact unless manifest.json has this sha256")
-    p.add_argument("--depth", type=int, default=None, metavar="K",
-                   help="encoder layers to run by default (1..N; a request's \"depth\" field overrides it)")
+    p.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        metavar="K",
+        help='encoder layers to run by default (1..N; a request\'s "depth" field overrides it)',
+    )
 
 
 def params(task: str, max_top_k: int) -> list[tuple]:
     """The task's optional request fields: ``(name, type, lowest, highest)`` or ``(name, allowed values)``."""
     from .pooling import POOLERS
 
-    return {"fill-mask": [("top_k", int, 1, max_top_k)],
-            "feature-extraction": [("pooling", tuple(POOLERS)), ("normalize", bool)],
-            "causal-lm": [("max_new_tokens", int, 0, MAX_NEW_TOKENS)], "text-classification": []}[task]
+    return {
+        "fill-mask": [("top_k", int, 1, max_top_k)],
+        "feature-extraction": [("pooling", tuple(POOLERS)), ("normalize", bool)],
+        "causal-lm": [("max_new_tokens", int, 0, MAX_NEW_TOKENS)],
+        "text-classification": [],
+    }[task]
 
 
 def _check_unicode(texts: list[str], what: str) -> None:
@@ -108,8 +123,14 @@ def _check_unicode(texts: list[str], what: str) -> None:
             raise BadRequest(400, f"{what} {i} is not valid Unicode (a lone surrogate escape)") from None
 
 
-def parse_request(body: bytes, task: str, max_batch: int, max_top_k: int = LIMITS["max_top_k"][0],
-                  max_depth: int | None = None, pairs: bool | None = None) -> tuple[list[str], dict]:
+def parse_request(
+    body: bytes,
+    task: str,
+    max_batch: int,
+    max_top_k: int = LIMITS["max_top_k"][0],
+    max_depth: int | None = None,
+    pairs: bool | None = None,
+) -> tuple[list[str], dict]:
     """Request body -> ``(texts, keyword arguments)``: the task's and ``depth`` (when ``max_depth``, the
     artifact's layers, allows one); raises :class:`BadRequest`. ``pairs``: the manifest's (a text-classification
     model trained on pairs, True; on single texts, False; None: not said): a pair model's texts without
@@ -178,7 +199,9 @@ def _text_pair(payload: dict, task: str, texts: list[str]) -> list[str]:
         raise BadRequest(400, f'"text_pair": task {task} takes single texts (pairs are for text-classification)')
     pair = payload["text_pair"]
     pairs = [pair] if "text" in payload and isinstance(pair, str) else pair
-    if not (isinstance(pairs, list) and all(isinstance(t, str) for t in pairs)) or ("text" in payload) != isinstance(pair, str):
+    if not (isinstance(pairs, list) and all(isinstance(t, str) for t in pairs)) or ("text" in payload) != isinstance(
+        pair, str
+    ):
         raise BadRequest(400, '"text_pair" must be a string with "text", or a list of strings with "texts"')
     if len(pairs) != len(texts):
         raise BadRequest(400, f'"text_pair" gives {len(pairs)} second texts for {len(texts)} texts; give one per text')
@@ -191,8 +214,11 @@ def _tab_pairs(texts: list[str]) -> tuple[list[str], list[str]]:
     columns = [t.split("\t") for t in texts]
     bad = next((i for i, c in enumerate(columns) if len(c) != 2), None)
     if bad is not None:
-        raise BadRequest(400, f"this model classifies sentence pairs: text {bad} is not text<TAB>text_pair; give "
-                              '"text_pair" (one second text per text)')
+        raise BadRequest(
+            400,
+            f"this model classifies sentence pairs: text {bad} is not text<TAB>text_pair; give "
+            '"text_pair" (one second text per text)',
+        )
     return [c[0] for c in columns], [c[1] for c in columns]
 
 
@@ -217,11 +243,17 @@ class Admission:
             if self.admitted >= self.limit:
                 raise BadRequest(503, f"busy: {self.limit} requests already running or queued; retry later")
             if heavy and self.heavy >= self.heavy_limit:
-                raise BadRequest(503, f"busy: {self.heavy_limit} large request(s) already running or queued "
-                                      f"(the other workers stay free for small ones); retry later")
+                raise BadRequest(
+                    503,
+                    f"busy: {self.heavy_limit} large request(s) already running or queued "
+                    f"(the other workers stay free for small ones); retry later",
+                )
             if heavy and self.admitted >= self.workers:
-                raise BadRequest(503, f"busy: {self.admitted} requests running or queued; a large request is taken only "
-                                      f"while a worker is free (small ones first); retry later")
+                raise BadRequest(
+                    503,
+                    f"busy: {self.admitted} requests running or queued; a large request is taken only "
+                    f"while a worker is free (small ones first); retry later",
+                )
             self.admitted += 1
             self.heavy += heavy
         try:
@@ -307,7 +339,9 @@ class Server(ThreadingHTTPServer):
             return
         if mine:
             self._forget(host)
-        why = "too many open connections" if mine else f"more than {self.max_client_connections} connections from {host}"
+        why = (
+            "too many open connections" if mine else f"more than {self.max_client_connections} connections from {host}"
+        )
         answer = _raw_response(503, {"error": f"busy: {why}; retry later"})
         if self.refusers.acquire(blocking=False):  # over a cap: a readable 503 from a short-lived thread of its own
             threading.Thread(target=self._refuse, args=(request, answer), daemon=True).start()
@@ -395,8 +429,10 @@ def _read_request(sock, read_s: float) -> None:
 
 def _raw_response(status: int, payload: dict) -> bytes:
     body = json.dumps(payload, allow_nan=False).encode("utf-8")
-    return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
 
 
 def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool = False, **limits) -> Server:
@@ -408,10 +444,18 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
     limits = _checked_limits(limits)
     runtime.max_batch_tokens = limits["max_batch_tokens"]
     task_path = TASK_PATHS[runtime.task]
-    service = _Service(runtime, limits, task_path, {**runtime.metadata(), "endpoint": task_path, **limits},
-                       Admission(limits["workers"], limits["max_queue"]),
-                       inspect.signature(runtime.fill_mask).parameters["top_k"].default, quiet)
-    server = Server((host, port), Handler, limits["max_connections"], limits["max_client_connections"], limits["max_idle"])
+    service = _Service(
+        runtime,
+        limits,
+        task_path,
+        {**runtime.metadata(), "endpoint": task_path, **limits},
+        Admission(limits["workers"], limits["max_queue"]),
+        inspect.signature(runtime.fill_mask).parameters["top_k"].default,
+        quiet,
+    )
+    server = Server(
+        (host, port), Handler, limits["max_connections"], limits["max_client_connections"], limits["max_idle"]
+    )
     server.quiet, server.admission, server.service = quiet, service.admission, service
     return server
 
@@ -477,8 +521,15 @@ class Handler(BaseHTTPRequestHandler):
         try:  # strict JSON: a non-finite number is never written as NaN
             body = json.dumps(payload, allow_nan=False).encode("utf-8")
         except ValueError:
-            status, body = 500, json.dumps({"error": "internal error: the model's output is not finite "
-                                                     "(NaN or infinity); the artifact's weights may be corrupt"}).encode()
+            status, body = (
+                500,
+                json.dumps(
+                    {
+                        "error": "internal error: the model's output is not finite "
+                        "(NaN or infinity); the artifact's weights may be corrupt"
+                    }
+                ).encode(),
+            )
         if not self.close_connection and not self.idle:
             self.idle = self.server.enter_idle()  # over max_idle: this answer closes the connection
             self.close_connection = not self.idle
@@ -550,8 +601,9 @@ class Handler(BaseHTTPRequestHandler):
                 left -= len(chunk)
         except TimeoutError:
             self.close_connection = True
-            raise BadRequest(408, f"body not received within {self.timeout} s ({length - left} of {length} bytes)") \
-                from None
+            raise BadRequest(
+                408, f"body not received within {self.timeout} s ({length - left} of {length} bytes)"
+            ) from None
         except BadRequest:
             self.close_connection = True
             raise
@@ -607,18 +659,24 @@ class Handler(BaseHTTPRequestHandler):
         s = self.service
         runtime, limits = s.runtime, s.limits
         if self.path not in ("/predict", s.task_path):
-            raise BadRequest(404 if self.path not in TASK_PATHS.values() else 400,
-                             f"no endpoint {self.path[:200]} for task {runtime.task}; POST /predict or {s.task_path}")
-        texts, kwargs = parse_request(body, runtime.task, limits["max_batch"], limits["max_top_k"], runtime.max_depth,
-                                      runtime.pairs)
+            raise BadRequest(
+                404 if self.path not in TASK_PATHS.values() else 400,
+                f"no endpoint {self.path[:200]} for task {runtime.task}; POST /predict or {s.task_path}",
+            )
+        texts, kwargs = parse_request(
+            body, runtime.task, limits["max_batch"], limits["max_top_k"], runtime.max_depth, runtime.pairs
+        )
         model = runtime.at_depth(kwargs.pop("depth")) if "depth" in kwargs else runtime
         tokens, masks = runtime.request_size(texts, text_pair=kwargs.get("text_pair"))
         if tokens > limits["max_tokens"]:
             raise BadRequest(413, f"{tokens} tokens exceed the limit of {limits['max_tokens']} per request")
         top_k = kwargs.get("top_k", s.default_top_k)
         if runtime.task == "fill-mask" and masks * top_k > limits["max_candidates"]:
-            raise BadRequest(413, f"{masks} [MASK] tokens x top_k {top_k} = {masks * top_k} candidates exceed "
-                                  f"the limit of {limits['max_candidates']} per request (--max-candidates)")
+            raise BadRequest(
+                413,
+                f"{masks} [MASK] tokens x top_k {top_k} = {masks * top_k} candidates exceed "
+                f"the limit of {limits['max_candidates']} per request (--max-candidates)",
+            )
         heavy = tokens > limits["max_batch_tokens"]
         with s.admission.slot(heavy=heavy):
             preds = model.predict(texts, **kwargs)
@@ -647,8 +705,12 @@ def run(args) -> int:
     except OSError as e:  # port in use, address not on this machine, unknown host
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     host, port = server.server_address[:2]
-    print(f"serving {runtime.task} from {args.artifact} on http://{host}:{port} "
-          f"(POST {TASK_PATHS[runtime.task]} or /predict; GET /health, /metadata); Ctrl-C stops", file=sys.stderr, flush=True)
+    print(
+        f"serving {runtime.task} from {args.artifact} on http://{host}:{port} "
+        f"(POST {TASK_PATHS[runtime.task]} or /predict; GET /health, /metadata); Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         server.serve_forever()
     finally:

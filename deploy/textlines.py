@@ -13,6 +13,7 @@ Every reader of user text goes through here, so one line of input costs at most
 * :func:`numbered_lines` (one text per line: ``predict --input``, ``--calibration`` and parity
   sentences) refuses a longer line with :class:`LineTooLong`, naming the input and the line number.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,6 @@ from .untrusted import file_kind
 
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: the most one line of text may hold (a text is cut to max_length tokens anyway)
 PIECE_CHARS = MAX_LINE_BYTES // 4  # a corpus line is tokenized in pieces of at most this many characters (<= 1 MiB)
-
 
 
 class LineTooLong(ValueError):
@@ -82,8 +82,10 @@ def numbered_lines(stream, name: str, limit: int = MAX_LINE_BYTES) -> Iterator[t
             return
         number += 1
         if len(raw) > limit and not (len(raw) == limit + 1 and raw.endswith(b"\n")):
-            raise LineTooLong(f"{name} line {number}: longer than {limit} bytes, the most one line of text may "
-                              f"hold (sharebert_runtime.textlines.MAX_LINE_BYTES); give one text per line")
+            raise LineTooLong(
+                f"{name} line {number}: longer than {limit} bytes, the most one line of text may "
+                f"hold (sharebert_runtime.textlines.MAX_LINE_BYTES); give one text per line"
+            )
         yield number, raw
 
 
@@ -97,8 +99,11 @@ def resolve_sources(items: Iterable[str | Path]) -> list[Path | str]:
             continue
         path = Path(item)
         if path.is_dir():
-            files = [check_text_file(p, "corpus file") for p in sorted(path.iterdir())
-                     if not p.name.startswith(".") and not p.is_dir()]
+            files = [
+                check_text_file(p, "corpus file")
+                for p in sorted(path.iterdir())
+                if not p.name.startswith(".") and not p.is_dir()
+            ]
             if not files:
                 raise ValueError(f"corpus folder {path} holds no files")
             out.extend(files)

@@ -12,6 +12,7 @@ Dense weights, manifests, ``metrics.json``) is read through here, so whatever si
 * JSON is strict (no ``NaN``/``Infinity``, no duplicate keys, bounded nesting) and its errors name the file;
 * :func:`int_field`, :func:`bool_field` and :func:`number_field` refuse a wrong-typed field naming file and field.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,13 @@ JSON_BYTES = 16 << 20  # a config, recipe, tokenizer settings or metrics file; a
 TOKENIZER_BYTES = 512 << 20  # tokenizer.json, vocab.txt, merges: a 250k-token multilingual vocabulary is ~20 MB
 RESULT_JSON_BYTES = 256 << 20  # the JSON files our runs write (trainer state, logs, reports)
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def file_kind(mode: int) -> str:

@@ -9,6 +9,7 @@ trained twice with the same recipe and steps: ``sharebert finetune`` (no teacher
 ``sharebert distill`` (default losses). Prints a Markdown table of dev metrics (mean and spread over the
 seeds) with the teacher's own, and writes ``results.json`` next to it.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,14 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=64)
     a = ap.parse_args()
     out = Path(a.out)
-    recipe = dict(max_steps=a.max_steps, batch_size=a.batch_size, lr=a.lr, seq_len=a.seq_len, warmup_steps=10,
-                  eval_steps=a.max_steps // 3)
+    recipe = dict(
+        max_steps=a.max_steps,
+        batch_size=a.batch_size,
+        lr=a.lr,
+        seq_len=a.seq_len,
+        warmup_steps=10,
+        eval_steps=a.max_steps // 3,
+    )
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
     for task in a.tasks:
         teacher = Path(a.teachers) / f"teacher-{task}"
@@ -54,10 +61,19 @@ def main() -> None:
                     continue
                 dest = out / task / f"{arm}-{seed}"
                 if arm == "finetune":
-                    m = finetune(init, task, dest, args=FinetuneArgs(seed=seed, **recipe), overwrite=True, progress=False)
+                    m = finetune(
+                        init, task, dest, args=FinetuneArgs(seed=seed, **recipe), overwrite=True, progress=False
+                    )
                 else:
-                    m = distill_glue(teacher, str(init), task, dest, args=DistillArgs(seed=seed, **recipe),
-                                     overwrite=True, progress=False)
+                    m = distill_glue(
+                        teacher,
+                        str(init),
+                        task,
+                        dest,
+                        args=DistillArgs(seed=seed, **recipe),
+                        overwrite=True,
+                        progress=False,
+                    )
                     results[f"{task}/teacher"] = m["teacher"]
                 results[key] = m
                 (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -66,15 +82,19 @@ def main() -> None:
 
 
 def table(results: dict, tasks, seeds) -> str:
-    rows = ["| task | metric | teacher (bert-h128) | sharebert-tiny fine-tuned | sharebert-tiny distilled |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| task | metric | teacher (bert-h128) | sharebert-tiny fine-tuned | sharebert-tiny distilled |",
+        "|---|---|---|---|---|",
+    ]
     for task in tasks:
         metric = get_task(task).main_metric
         cells = []
         for arm in ("finetune", "distill"):
             vals = [results[f"{task}/{arm}/{s}"][metric] for s in seeds if f"{task}/{arm}/{s}" in results]
             spread = f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else ""
-            cells.append(f"{statistics.mean(vals):.3f}{spread} ({', '.join(f'{v:.3f}' for v in vals)})" if vals else "-")
+            cells.append(
+                f"{statistics.mean(vals):.3f}{spread} ({', '.join(f'{v:.3f}' for v in vals)})" if vals else "-"
+            )
         t = results.get(f"{task}/teacher", {}).get(metric)
         rows.append(f"| {task} | {metric} | {t if t is None else f'{t:.3f}'} | {cells[0]} | {cells[1]} |")
     return "\n".join(rows)

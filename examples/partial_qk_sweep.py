@@ -7,6 +7,7 @@ validation loss curves to ``curves.csv`` and ``curves.png``.
 
 Same data (90/10 split of input.txt), seed, schedule and batch order for every ``p``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,10 +18,24 @@ from pathlib import Path
 from sharebert.formats.paths import data_path
 from sharebert.training.pretrain import PretrainArgs, pretrain
 
-SHORT = dict(preset="charlm-tiny", max_steps=150, batch_size=16, seq_len=128, eval_steps=25, logging_steps=5,
-             max_eval_sequences=64)
-FULL = dict(preset="charlm-6l", max_steps=5000, batch_size=64, seq_len=256, eval_steps=250, logging_steps=50,
-            max_eval_sequences=None)
+SHORT = dict(
+    preset="charlm-tiny",
+    max_steps=150,
+    batch_size=16,
+    seq_len=128,
+    eval_steps=25,
+    logging_steps=5,
+    max_eval_sequences=64,
+)
+FULL = dict(
+    preset="charlm-6l",
+    max_steps=5000,
+    batch_size=64,
+    seq_len=256,
+    eval_steps=250,
+    logging_steps=50,
+    max_eval_sequences=None,
+)
 
 
 def curves(out: Path) -> list[dict]:
@@ -52,8 +67,15 @@ def plot(rows: list[dict], path: Path) -> bool:
             if not pts:
                 continue
             ls, marker = styles[i % len(styles)]
-            ax.plot(*zip(*pts), ls=ls, marker=marker, ms=4, markevery=max(1, len(pts) // 12), lw=1.3,
-                    label=f"p = {p:g} (last {pts[-1][1]:.3f})")
+            ax.plot(
+                *zip(*pts),
+                ls=ls,
+                marker=marker,
+                ms=4,
+                markevery=max(1, len(pts) // 12),
+                lw=1.3,
+                label=f"p = {p:g} (last {pts[-1][1]:.3f})",
+            )
         ax.set(title=f"{split} loss", xlabel="step", ylabel="cross-entropy (nats/char)")
         ax.grid(alpha=0.3)
         ax.legend()
@@ -79,8 +101,15 @@ def main() -> None:
     rows, finals = [], []
     for p in args.ratios:
         run = out / f"p{p:g}"
-        a = PretrainArgs(objective="clm", char_level=True, save_steps=10**9, lr=1e-3, seed=args.seed,
-                         overrides={"qk_share_ratio": p}, **setup)
+        a = PretrainArgs(
+            objective="clm",
+            char_level=True,
+            save_steps=10**9,
+            lr=1e-3,
+            seed=args.seed,
+            overrides={"qk_share_ratio": p},
+            **setup,
+        )
         m = pretrain([data_path("tinyshakespeare", "input.txt")], run, preset=preset, args=a)
         rows += [{"p": p, **r} for r in curves(run)]
         finals.append((p, m["eval_loss"], m["train_runtime"]))

@@ -1,7 +1,8 @@
 """Quick start: build ShareBERT models in Python, inspect the column plan, run and save them.
 
-    .venv/bin/python examples/quickstart.py
+.venv/bin/python examples/quickstart.py
 """
+
 import tempfile
 
 import torch
@@ -14,11 +15,15 @@ from sharebert.formats.paths import default_vocab
 # 1. A preset, with overrides. ShareBERT Small: 5.0M learned parameters, V = 2048.
 config = ShareBertConfig.from_preset("sharebert-small")
 plan = config.column_plan()
-print(f"sharebert-small: {plan.columns_used} of {plan.source_width} virtual-embedding columns generate "
-      f"{plan.generated_params:,} weights")
+print(
+    f"sharebert-small: {plan.columns_used} of {plan.source_width} virtual-embedding columns generate "
+    f"{plan.generated_params:,} weights"
+)
 for slot in plan.slots:
-    print(f"  {slot.name:<8} {slot.shape[0]}x{slot.shape[1]:<5} columns {slot.first_column}..{slot.first_column + slot.num_columns - 1}"
-          f"  (unused tail {slot.unused})")
+    print(
+        f"  {slot.name:<8} {slot.shape[0]}x{slot.shape[1]:<5} columns {slot.first_column}..{slot.first_column + slot.num_columns - 1}"
+        f"  (unused tail {slot.unused})"
+    )
 
 # 2. Attention variants plug into the same encoder; fewer matrices take fewer columns.
 for variant in ("standard", "symmetric", "shared-qkv"):

@@ -20,6 +20,7 @@ scored on (same masks: same packing, seed and masking code), of the training-str
 with add-one smoothing over the tokenizer's vocabulary. ``--out`` receives ``results.json``, ``results.md``
 (for docs/RESULTS.md) and one folder per model (pre-trained model, logs, fine-tuned models).
 """
+
 from __future__ import annotations
 
 import os
@@ -55,8 +56,10 @@ from sharebert.training.pretrain import PretrainArgs, pretrain  # noqa: E402
 
 MODELS = {  # name -> (preset, overrides)
     "sharebert-tiny": ("sharebert-tiny", {}),
-    "dense-bert": ("bert-h128", dict(hidden_size=64, intermediate_size=256, num_hidden_layers=4,
-                                     num_attention_heads=2)),
+    "dense-bert": (
+        "bert-h128",
+        dict(hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2),
+    ),
 }
 SEQ_LEN, BATCH, LR, WARMUP_RATIO, VALID_FRACTION = 128, 32, 1e-3, 0.06, 0.05
 EVALS = 4  # validation passes per pre-training run, besides the one at step 0
@@ -64,10 +67,22 @@ SAFETY = 0.95  # share of the budget the planned steps (and evaluations) may use
 FT_LR, FT_BATCH = 1e-4, 32
 TASKS = {"sst2": "accuracy", "cola": "matthews_correlation"}
 NEARBY_DENSE = [(2, 256), (3, 192), (4, 128), (4, 256)]  # (layers, FFN) at hidden 64, 2 heads: learned params listed
-FULL = dict(pretrain_minutes=11.0, finetune_steps=500, finetune_samples=None, calibration_steps=6,
-            max_eval_sequences=None, enwiki=True)
-QUICK = dict(pretrain_minutes=0.4, finetune_steps=30, finetune_samples=2000, calibration_steps=2,
-             max_eval_sequences=64, enwiki=False)
+FULL = dict(
+    pretrain_minutes=11.0,
+    finetune_steps=500,
+    finetune_samples=None,
+    calibration_steps=6,
+    max_eval_sequences=None,
+    enwiki=True,
+)
+QUICK = dict(
+    pretrain_minutes=0.4,
+    finetune_steps=30,
+    finetune_samples=2000,
+    calibration_steps=2,
+    max_eval_sequences=64,
+    enwiki=False,
+)
 
 
 def log(msg: str) -> None:
@@ -101,8 +116,13 @@ def unigram_baseline(train_ids: np.ndarray, valid: PackedDataset, vocab: int) ->
     labels = torch.stack([valid[i]["labels"] for i in range(len(valid))]).numpy().ravel()
     targets = labels[labels != -100]
     loss = float(-logp[targets].mean())
-    return {"loss": loss, "perplexity": math.exp(loss), "masked_tokens": int(targets.size),
-            "train_tokens": int(train_ids.size), "smoothing": "add-one over the tokenizer vocabulary"}
+    return {
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "masked_tokens": int(targets.size),
+        "train_tokens": int(train_ids.size),
+        "smoothing": "add-one over the tokenizer vocabulary",
+    }
 
 
 def build(name: str, out: Path, seed: int) -> tuple[Path, dict]:
@@ -113,22 +133,33 @@ def build(name: str, out: Path, seed: int) -> tuple[Path, dict]:
     counts = count_params(ShareBertConfig.from_pretrained(folder), head="mlm")
     torch_count = sum(p.numel() for p in model.parameters())
     if torch_count != counts["learned_params"]:
-        raise RuntimeError(f"{name}: accounting counts {counts['learned_params']:,} learned parameters, "
-                           f"the torch module {torch_count:,}")
+        raise RuntimeError(
+            f"{name}: accounting counts {counts['learned_params']:,} learned parameters, "
+            f"the torch module {torch_count:,}"
+        )
     c = model.config
-    return folder, {"preset": preset, "overrides": overrides, "learned_params_mlm": counts["learned_params"],
-                    "learned_params_without_word_embeddings": counts["learned_params_without_word_embeddings"],
-                    "generated_params": counts["generated_params"], "hidden_size": c.hidden_size,
-                    "embedding_size": c.embedding_size or c.hidden_size, "layers": c.num_hidden_layers,
-                    "heads": c.num_attention_heads, "intermediate_size": c.intermediate_size, "sharing": c.sharing}
+    return folder, {
+        "preset": preset,
+        "overrides": overrides,
+        "learned_params_mlm": counts["learned_params"],
+        "learned_params_without_word_embeddings": counts["learned_params_without_word_embeddings"],
+        "generated_params": counts["generated_params"],
+        "hidden_size": c.hidden_size,
+        "embedding_size": c.embedding_size or c.hidden_size,
+        "layers": c.num_hidden_layers,
+        "heads": c.num_attention_heads,
+        "intermediate_size": c.intermediate_size,
+        "sharing": c.sharing,
+    }
 
 
 def nearby_dense() -> list[dict]:
     """Learned parameters (MLM head) of dense shapes near the chosen one, for the record."""
     rows = []
     for layers, ffn in NEARBY_DENSE:
-        config = ShareBertConfig.from_preset("bert-h128", hidden_size=64, num_attention_heads=2,
-                                             num_hidden_layers=layers, intermediate_size=ffn)
+        config = ShareBertConfig.from_preset(
+            "bert-h128", hidden_size=64, num_attention_heads=2, num_hidden_layers=layers, intermediate_size=ffn
+        )
         learned = count_params(config, "mlm")["learned_params"]
         rows.append({"layers": layers, "intermediate_size": ffn, "learned_params_mlm": learned})
     return rows
@@ -136,7 +167,9 @@ def nearby_dense() -> list[dict]:
 
 def calibrate(model_dir: Path, train: PackedDataset, valid: PackedDataset, steps: int) -> dict:
     """Seconds per training step (AdamW, clipping; after one warm-up step) and per full validation pass."""
-    model = ShareBertForMaskedLM.from_pretrained(model_dir, mlm_logits_in_training="masked").train()  # as pretrain() runs it
+    model = ShareBertForMaskedLM.from_pretrained(
+        model_dir, mlm_logits_in_training="masked"
+    ).train()  # as pretrain() runs it
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
     batches = [default_data_collator([train[i] for i in range(s * BATCH, (s + 1) * BATCH)]) for s in range(steps + 1)]
     for s, batch in enumerate(batches):
@@ -168,22 +201,55 @@ def eval_curve(run: Path) -> list[list]:
     return [[r["step"], r["eval_loss"]] for r in rows if "eval_loss" in r]
 
 
-def pretrain_model(init: Path, run: Path, sources, budget_s: float, steps: int, eval_steps: int, seed: int,
-                   max_eval: int | None) -> dict:
-    args = PretrainArgs(max_steps=steps, max_time=budget_s, batch_size=BATCH, lr=LR, warmup_ratio=WARMUP_RATIO,
-                        seq_len=SEQ_LEN, valid_fraction=VALID_FRACTION, max_eval_sequences=max_eval,
-                        eval_steps=eval_steps, save_steps=10**9, logging_steps=max(1, min(25, eval_steps)),
-                        keep_checkpoints=1, seed=seed)
+def pretrain_model(
+    init: Path, run: Path, sources, budget_s: float, steps: int, eval_steps: int, seed: int, max_eval: int | None
+) -> dict:
+    args = PretrainArgs(
+        max_steps=steps,
+        max_time=budget_s,
+        batch_size=BATCH,
+        lr=LR,
+        warmup_ratio=WARMUP_RATIO,
+        seq_len=SEQ_LEN,
+        valid_fraction=VALID_FRACTION,
+        max_eval_sequences=max_eval,
+        eval_steps=eval_steps,
+        save_steps=10**9,
+        logging_steps=max(1, min(25, eval_steps)),
+        keep_checkpoints=1,
+        seed=seed,
+    )
     m = pretrain(sources, run, model_dir=init, args=args)
-    keys = ("global_step", "stopped_by", "train_tokens", "train_runtime", "train_loss", "last_loss", "eval_loss",
-            "eval_perplexity", "train_sequences", "valid_sequences")
-    return {"planned_steps": steps, "budget_seconds": budget_s, **{k: m[k] for k in keys},
-            "eval_curve": eval_curve(run)}
+    keys = (
+        "global_step",
+        "stopped_by",
+        "train_tokens",
+        "train_runtime",
+        "train_loss",
+        "last_loss",
+        "eval_loss",
+        "eval_perplexity",
+        "train_sequences",
+        "valid_sequences",
+    )
+    return {
+        "planned_steps": steps,
+        "budget_seconds": budget_s,
+        **{k: m[k] for k in keys},
+        "eval_curve": eval_curve(run),
+    }
 
 
 def finetune_model(model_dir: Path, task: str, out: Path, steps: int, samples: int | None, seed: int) -> dict:
-    args = FinetuneArgs(batch_size=FT_BATCH, lr=FT_LR, warmup_steps=max(1, steps // 10), max_steps=steps,
-                        max_train_samples=samples, eval_steps=max(1, steps // 4), seed=seed)
+    args = FinetuneArgs(
+        batch_size=FT_BATCH,
+        lr=FT_LR,
+        warmup_steps=max(1, steps // 10),
+        max_steps=steps,
+        max_train_samples=samples,
+        eval_steps=max(1, steps // 4),
+        seed=seed,
+    )
     m = finetune(model_dir, task, out, args=args)
     kept = {k: m[k] for k in ("steps", "best_step", "train_samples", "train_seconds", "eval_samples")}
     return {"metric": TASKS[task], "value": m[TASKS[task]], **kept}
@@ -199,7 +265,9 @@ def repeated_word_pairs(sets) -> dict[str, int]:
     counts = {}
     for name in sets:
         rel, *columns = WORDSIM_SETS[name]
-        counts[name] = sum(a.lower() == b.lower() for a, b, _ in read_wordsim(data_path("wordsim", rel), tuple(columns)))
+        counts[name] = sum(
+            a.lower() == b.lower() for a, b, _ in read_wordsim(data_path("wordsim", rel), tuple(columns))
+        )
     return counts
 
 
@@ -216,14 +284,28 @@ def environment(argv: list[str], threads: int) -> dict:
     import sharebert
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = None
-    return {"command": "python " + shlex.join(argv), "git_commit": commit, "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-            "numpy": np.__version__, "sharebert": sharebert.__version__, "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "torch_threads": threads}
+    return {
+        "command": "python " + shlex.join(argv),
+        "git_commit": commit,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "numpy": np.__version__,
+        "sharebert": sharebert.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+    }
 
 
 def study_model(name: str, init: Path, params: dict, setup: dict, data: dict, out: Path, timer: dict) -> dict:
@@ -232,8 +314,10 @@ def study_model(name: str, init: Path, params: dict, setup: dict, data: dict, ou
     rate = calibrate(init, data["calibration"], data["valid"], setup["calibration_steps"])
     steps, eval_steps = steps_for_budget(budget, rate)
     timer[f"{name}: calibrate"] = time.perf_counter() - t
-    log(f"{name}: {params['learned_params_mlm']:,} learned parameters (MLM head); "
-        f"{rate['seconds_per_step']:.3f} s/step, {rate['seconds_per_validation']:.1f} s/validation -> {steps} steps")
+    log(
+        f"{name}: {params['learned_params_mlm']:,} learned parameters (MLM head); "
+        f"{rate['seconds_per_step']:.3f} s/step, {rate['seconds_per_validation']:.1f} s/validation -> {steps} steps"
+    )
 
     t = time.perf_counter()
     run = out / name / "pretrain"
@@ -246,8 +330,9 @@ def study_model(name: str, init: Path, params: dict, setup: dict, data: dict, ou
     glue = {}
     for task in TASKS:
         t = time.perf_counter()
-        glue[task] = finetune_model(run, task, out / name / task, setup["finetune_steps"], setup["finetune_samples"],
-                                    seed)
+        glue[task] = finetune_model(
+            run, task, out / name / task, setup["finetune_steps"], setup["finetune_samples"], seed
+        )
         timer[f"{name}: fine-tune {task}"] = time.perf_counter() - t
         log(f"{name}: {task} dev {glue[task]['metric']} {glue[task]['value']:.4f}")
     t = time.perf_counter()
@@ -273,7 +358,8 @@ def _setup_text(r: dict) -> list[str]:
         f"Command: `{env['command']}` (git {env['git_commit']}); seed {setup['seed']}; {env['torch_threads']} torch "
         f"threads on {env['cpu_count']} CPUs ({env['platform']}); python {env['python']}, torch {env['torch']}, "
         f"transformers {env['transformers']}, tokenizers {env['tokenizers']}, sharebert {env['sharebert']}. "
-        f"Total wall clock {r['total_seconds'] / 60:.1f} min.", "",
+        f"Total wall clock {r['total_seconds'] / 60:.1f} min.",
+        "",
         f"Corpus: {', '.join(Path(p).name for p in corpus['sources'])} ({corpus['tokens']:,} WordPiece tokens); the "
         f"last {VALID_FRACTION:.0%} of the stream ({corpus['valid_tokens']:,} tokens, the end of wiki.test.raw) is the "
         f"validation set ({r['unigram_baseline']['masked_tokens']:,} masked positions, fixed masks). Pre-training: "
@@ -288,36 +374,89 @@ def _models_table(r: dict) -> list[str]:
     for name, m in r["models"].items():
         p = m["params"]
         overrides = ", ".join(f"{k}={v}" for k, v in p["overrides"].items()) or "-"
-        rows.append([name, f"{p['preset']} ({overrides})", f"{p['learned_params_mlm']:,}",
-                     f"{p['learned_params_without_word_embeddings']:,}", f"{p['hidden_size']} / {p['embedding_size']}",
-                     f"{p['layers']} x {p['heads']}", p["intermediate_size"]])
+        rows.append(
+            [
+                name,
+                f"{p['preset']} ({overrides})",
+                f"{p['learned_params_mlm']:,}",
+                f"{p['learned_params_without_word_embeddings']:,}",
+                f"{p['hidden_size']} / {p['embedding_size']}",
+                f"{p['layers']} x {p['heads']}",
+                p["intermediate_size"],
+            ]
+        )
     tiny = r["models"]["sharebert-tiny"]["params"]["learned_params_mlm"]
-    nearby = "; ".join(f"{d['layers']} layers, FFN {d['intermediate_size']}: {d['learned_params_mlm']:,} "
-                       f"({d['learned_params_mlm'] / tiny - 1:+.1%})" for d in r["nearby_dense"])
-    return _table(["model", "preset (overrides)", "learned params (MLM head)", "without word embeddings",
-                   "hidden / embedding", "layers x heads", "FFN"], rows) + [
-        "", f"Dense shapes nearby (hidden 64, 2 heads; learned parameters with the MLM head, vs sharebert-tiny): "
-            f"{nearby}. The study keeps 4 layers with FFN 256 (sharebert-tiny's depth, BERT's 4x FFN ratio) over "
-            f"the closer but shallower 2-layer shape."]
+    nearby = "; ".join(
+        f"{d['layers']} layers, FFN {d['intermediate_size']}: {d['learned_params_mlm']:,} "
+        f"({d['learned_params_mlm'] / tiny - 1:+.1%})"
+        for d in r["nearby_dense"]
+    )
+    return _table(
+        [
+            "model",
+            "preset (overrides)",
+            "learned params (MLM head)",
+            "without word embeddings",
+            "hidden / embedding",
+            "layers x heads",
+            "FFN",
+        ],
+        rows,
+    ) + [
+        "",
+        f"Dense shapes nearby (hidden 64, 2 heads; learned parameters with the MLM head, vs sharebert-tiny): "
+        f"{nearby}. The study keeps 4 layers with FFN 256 (sharebert-tiny's depth, BERT's 4x FFN ratio) over "
+        f"the closer but shallower 2-layer shape.",
+    ]
 
 
 def _pretrain_table(r: dict) -> list[str]:
     rows = []
     for name, m in r["models"].items():
         pre = m["pretrain"]
-        rows.append([name, _f(m["calibration"]["seconds_per_step"], 3), pre["planned_steps"], pre["global_step"],
-                     pre["stopped_by"], f"{pre['train_tokens']:,}", _f(pre["train_runtime"], 0),
-                     _f(pre["eval_curve"][0][1], 3), _f(pre["eval_loss"], 3), _f(pre["eval_perplexity"], 1)])
+        rows.append(
+            [
+                name,
+                _f(m["calibration"]["seconds_per_step"], 3),
+                pre["planned_steps"],
+                pre["global_step"],
+                pre["stopped_by"],
+                f"{pre['train_tokens']:,}",
+                _f(pre["train_runtime"], 0),
+                _f(pre["eval_curve"][0][1], 3),
+                _f(pre["eval_loss"], 3),
+                _f(pre["eval_perplexity"], 1),
+            ]
+        )
     base = r["unigram_baseline"]
     rows.append(["unigram baseline", "", "", "", "", "", "", "", _f(base["loss"], 3), _f(base["perplexity"], 1)])
-    return _table(["model", "s/step (calibration)", "planned steps", "steps done", "stopped by", "tokens seen",
-                   "train s", "valid loss, step 0", "valid loss", "valid perplexity"], rows)
+    return _table(
+        [
+            "model",
+            "s/step (calibration)",
+            "planned steps",
+            "steps done",
+            "stopped by",
+            "tokens seen",
+            "train s",
+            "valid loss, step 0",
+            "valid loss",
+            "valid perplexity",
+        ],
+        rows,
+    )
 
 
 def _glue_table(r: dict) -> list[str]:
-    rows = [[name, _f(m["glue"]["sst2"]["value"]), _f(m["glue"]["cola"]["value"]),
-             f"{m['glue']['sst2']['train_seconds']:.0f} / {m['glue']['cola']['train_seconds']:.0f}"]
-            for name, m in r["models"].items()]
+    rows = [
+        [
+            name,
+            _f(m["glue"]["sst2"]["value"]),
+            _f(m["glue"]["cola"]["value"]),
+            f"{m['glue']['sst2']['train_seconds']:.0f} / {m['glue']['cola']['train_seconds']:.0f}",
+        ]
+        for name, m in r["models"].items()
+    ]
     rows.append(["constant prediction", _f(r["dev_baselines"]["sst2"]), _f(r["dev_baselines"]["cola"]), ""])
     return _table(["model", "SST-2 dev accuracy", "CoLA dev MCC", "fine-tune s (SST-2 / CoLA)"], rows)
 
@@ -325,13 +464,28 @@ def _glue_table(r: dict) -> list[str]:
 def _wordsim_table(r: dict) -> list[str]:
     first = next(iter(r["models"].values()))["word_similarity"]["pretrained"]
     sets = list(first)
-    counts = "; ".join(f"{s} {first[s]['used']}/{first[s]['pairs']} ({first[s]['skipped_oov']} OOV, "
-                       f"{first[s]['skipped_multitoken']} multi-token)" for s in sets)
-    rows = [[name, *(f"{_f(m['word_similarity']['init'][s]['spearman'], 3)} -> "
-                     f"{_f(m['word_similarity']['pretrained'][s]['spearman'], 3)}" for s in sets)]
-            for name, m in r["models"].items()]
-    return [f"Word similarity, Spearman at initialisation -> after pre-training (VEPS: virtual embeddings A@P+p; "
-            f"dense: word embeddings). Pairs used (skipped): {counts}.", "", *_table(["model", *sets], rows)]
+    counts = "; ".join(
+        f"{s} {first[s]['used']}/{first[s]['pairs']} ({first[s]['skipped_oov']} OOV, "
+        f"{first[s]['skipped_multitoken']} multi-token)"
+        for s in sets
+    )
+    rows = [
+        [
+            name,
+            *(
+                f"{_f(m['word_similarity']['init'][s]['spearman'], 3)} -> "
+                f"{_f(m['word_similarity']['pretrained'][s]['spearman'], 3)}"
+                for s in sets
+            ),
+        ]
+        for name, m in r["models"].items()
+    ]
+    return [
+        f"Word similarity, Spearman at initialisation -> after pre-training (VEPS: virtual embeddings A@P+p; "
+        f"dense: word embeddings). Pairs used (skipped): {counts}.",
+        "",
+        *_table(["model", *sets], rows),
+    ]
 
 
 def findings(r: dict) -> list[str]:
@@ -341,44 +495,64 @@ def findings(r: dict) -> list[str]:
     lines = []
     for name, m in r["models"].items():
         gap = base - m["pretrain"]["eval_loss"]
-        lines.append(f"- {name}: validation MLM loss {m['pretrain']['eval_loss']:.3f} nats, "
-                     f"{abs(gap):.3f} {'below' if gap > 0 else 'above'} the unigram baseline ({base:.3f}).")
+        lines.append(
+            f"- {name}: validation MLM loss {m['pretrain']['eval_loss']:.3f} nats, "
+            f"{abs(gap):.3f} {'below' if gap > 0 else 'above'} the unigram baseline ({base:.3f})."
+        )
     ratio = d["pretrain"]["global_step"] / max(1, s["pretrain"]["global_step"])
     wider = s["params"]["hidden_size"] / d["params"]["hidden_size"]
-    lines.append(f"- In the same wall-clock budget the dense model took {ratio:.1f}x as many optimizer steps "
-                 f"({d['pretrain']['global_step']} vs {s['pretrain']['global_step']}): sharebert-tiny is {wider:g}x "
-                 f"wider and generates its layer weights every step, so this compares equal learned parameters and "
-                 f"equal CPU time, not equal FLOPs or equal steps.")
+    lines.append(
+        f"- In the same wall-clock budget the dense model took {ratio:.1f}x as many optimizer steps "
+        f"({d['pretrain']['global_step']} vs {s['pretrain']['global_step']}): sharebert-tiny is {wider:g}x "
+        f"wider and generates its layer weights every step, so this compares equal learned parameters and "
+        f"equal CPU time, not equal FLOPs or equal steps."
+    )
     for name, m in r["models"].items():
         ws = m["word_similarity"]
-        change = ", ".join(f"{k} {_f(ws['init'][k]['spearman'], 3)} -> {_f(ws['pretrained'][k]['spearman'], 3)}"
-                           for k in ws["pretrained"])
+        change = ", ".join(
+            f"{k} {_f(ws['init'][k]['spearman'], 3)} -> {_f(ws['pretrained'][k]['spearman'], 3)}"
+            for k in ws["pretrained"]
+        )
         lines.append(f"- Word similarity of {name}, initialisation -> pre-trained: {change}.")
     pairs = next(iter(r["models"].values()))["word_similarity"]["pretrained"]
     for k, n in r["repeated_word_pairs"].items():
         if n >= 0.05 * pairs[k]["pairs"]:  # enough to lift the score of random embeddings
-            lines.append(f"- {k}: {n} of its {pairs[k]['pairs']} pairs repeat one word (in two contexts); any static "
-                         f"embedding gives them cosine 1, so random embeddings already score above 0: read it "
-                         f"against the initialisation value.")
+            lines.append(
+                f"- {k}: {n} of its {pairs[k]['pairs']} pairs repeat one word (in two contexts); any static "
+                f"embedding gives them cosine 1, so random embeddings already score above 0: read it "
+                f"against the initialisation value."
+            )
     for task, metric in TASKS.items():
-        lines.append(f"- {task} dev {metric}: sharebert-tiny {_f(s['glue'][task]['value'], 3)}, dense "
-                     f"{_f(d['glue'][task]['value'], 3)}, constant prediction {_f(r['dev_baselines'][task], 3)}.")
+        lines.append(
+            f"- {task} dev {metric}: sharebert-tiny {_f(s['glue'][task]['value'], 3)}, dense "
+            f"{_f(d['glue'][task]['value'], 3)}, constant prediction {_f(r['dev_baselines'][task], 3)}."
+        )
     lines.append(
         f"- Not shown: anything about scale. One seed, {r['corpus']['tokens'] / 1e6:.1f}M corpus tokens and minutes "
         "of CPU time; differences of a few points are within what another seed could give. There is no fine-tuning "
         "control from random initialisation, the dev sets both pick the fine-tuning checkpoint and report its "
         "score (optimistic), and GLUE numbers near constant prediction say nothing about the architectures at "
-        "paper scale.")
+        "paper scale."
+    )
     return lines
 
 
 def markdown(r: dict) -> str:
-    title = (f"### Small-scale study: sharebert-tiny vs a dense BERT, {r['setup']['pretrain_minutes']:g} min of "
-             f"pre-training each")
+    title = (
+        f"### Small-scale study: sharebert-tiny vs a dense BERT, {r['setup']['pretrain_minutes']:g} min of "
+        f"pre-training each"
+    )
     phases = "; ".join(f"{k} {v:.0f}" for k, v in r["phase_seconds"].items())
-    parts = [[title], _setup_text(r), _models_table(r), _pretrain_table(r), _glue_table(r), _wordsim_table(r),
-             [f"Wall clock per phase (s): {phases}."],
-             ["What the numbers show and what they do not:", "", *findings(r)]]
+    parts = [
+        [title],
+        _setup_text(r),
+        _models_table(r),
+        _pretrain_table(r),
+        _glue_table(r),
+        _wordsim_table(r),
+        [f"Wall clock per phase (s): {phases}."],
+        ["What the numbers show and what they do not:", "", *findings(r)],
+    ]
     return "\n\n".join("\n".join(p) for p in parts) + "\n"
 
 
@@ -390,8 +564,11 @@ def parse_args(argv=None):
     ap.add_argument("--finetune-steps", type=int, help="optimizer steps per fine-tune (default 500; --quick 30)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: WikiText only, 24 s pre-training, 30 fine-tune steps on 2,000 examples")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: WikiText only, 24 s pre-training, 30 fine-tune steps on 2,000 examples",
+    )
     return ap.parse_args(argv)
 
 
@@ -419,23 +596,35 @@ def main(argv=None) -> None:
     train_ids, valid_ids = split_stream(sources, tokenizer)
     valid = masked_set(valid_ids, tokenizer, args.seed, setup["max_eval_sequences"])
     baseline = unigram_baseline(train_ids, valid, len(tokenizer))
-    calibration = masked_set(train_ids[: (setup["calibration_steps"] + 1) * BATCH * SEQ_LEN], tokenizer, args.seed,
-                             fixed=False)
+    calibration = masked_set(
+        train_ids[: (setup["calibration_steps"] + 1) * BATCH * SEQ_LEN], tokenizer, args.seed, fixed=False
+    )
     timer["tokenize + unigram baseline"] = time.perf_counter() - t
-    log(f"corpus: {train_ids.size + valid_ids.size:,} tokens, {len(valid)} validation sequences; unigram baseline "
-        f"{baseline['loss']:.4f} nats (perplexity {baseline['perplexity']:.1f})")
+    log(
+        f"corpus: {train_ids.size + valid_ids.size:,} tokens, {len(valid)} validation sequences; unigram baseline "
+        f"{baseline['loss']:.4f} nats (perplexity {baseline['perplexity']:.1f})"
+    )
 
     data = {"sources": sources, "valid": valid, "calibration": calibration}
     models = {name: study_model(name, *built[name], setup, data, out, timer) for name in MODELS}
     sets = next(iter(models.values()))["word_similarity"]["pretrained"]
-    results = {"setup": setup, "environment": environment(sys.argv, args.threads),
-               "corpus": {"sources": [str(p) for p in sources], "tokens": int(train_ids.size + valid_ids.size),
-                          "valid_tokens": int(valid_ids.size), "valid_fraction": VALID_FRACTION},
-               "unigram_baseline": baseline, "dev_baselines": dev_baselines(), "nearby_dense": nearby_dense(),
-               "repeated_word_pairs": repeated_word_pairs(sets),
-               "models": models,
-               "phase_seconds": {k: round(v, 1) for k, v in timer.items()},
-               "total_seconds": round(time.perf_counter() - start, 1)}
+    results = {
+        "setup": setup,
+        "environment": environment(sys.argv, args.threads),
+        "corpus": {
+            "sources": [str(p) for p in sources],
+            "tokens": int(train_ids.size + valid_ids.size),
+            "valid_tokens": int(valid_ids.size),
+            "valid_fraction": VALID_FRACTION,
+        },
+        "unigram_baseline": baseline,
+        "dev_baselines": dev_baselines(),
+        "nearby_dense": nearby_dense(),
+        "repeated_word_pairs": repeated_word_pairs(sets),
+        "models": models,
+        "phase_seconds": {k: round(v, 1) for k, v in timer.items()},
+        "total_seconds": round(time.perf_counter() - start, 1),
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))
     log(f"done in {results['total_seconds'] / 60:.1f} min; wrote {out / 'results.json'} and {out / 'results.md'}")

@@ -2,6 +2,7 @@
 
 Light on import: the heavy modules (torch, optimum, onnx) load when ``export_model`` is called.
 """
+
 from __future__ import annotations
 
 

@@ -26,6 +26,7 @@ valid model from it:
 Layers are found by the exporter's node-name scopes (``.../layers.{i}/...``; a transformers BERT's
 ``.../encoder/layer.{i}/...``).
 """
+
 from __future__ import annotations
 
 import re
@@ -150,9 +151,12 @@ def _embeddings(g, bodies: list[list[int]], dynamic: set[str]) -> str:
 def _condition(i: int, out: str) -> list:
     """The nodes computing ``out = (i < depth)``."""
     index = f"{_IF}{i}_index"
-    return [helper.make_node("Constant", [], [index], name=f"{index}_const",
-                             value=helper.make_tensor(index, TensorProto.INT64, [], [i])),
-            helper.make_node("Less", [index, DEPTH], [out], name=f"{_IF}{i}_less")]
+    return [
+        helper.make_node(
+            "Constant", [], [index], name=f"{index}_const", value=helper.make_tensor(index, TensorProto.INT64, [], [i])
+        ),
+        helper.make_node("Less", [index, DEPTH], [out], name=f"{_IF}{i}_less"),
+    ]
 
 
 def _bool_value(name: str):
@@ -163,41 +167,56 @@ def _value(name: str):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
 
 
-def _gate_layer(g, i: int, N: int, body: list[int], hidden: str, dynamic: set[str], outputs: set[str],
-                readers: dict[str, set[int]]):
+def _gate_layer(
+    g, i: int, N: int, body: list[int], hidden: str, dynamic: set[str], outputs: set[str], readers: dict[str, set[int]]
+):
     """Layer ``i``'s ``If`` node (its nodes in the then-branch; the else-branch passes ``hidden`` and the cache
     through) and the hidden states it passes to the next layer."""
     inside = {o for k in body for o in g.node[k].output}
     leaving = sorted({o for o in inside if o in outputs or any(r not in body for r in readers.get(o, ()))})
-    passthrough = {o: PAST + o[len(PRESENT):] if o.startswith(PRESENT) else hidden for o in leaving}
+    passthrough = {o: PAST + o[len(PRESENT) :] if o.startswith(PRESENT) else hidden for o in leaving}
     nexts = [o for o in leaving if passthrough.get(o) == hidden]
     if len(nexts) != 1 or any(p not in dynamic for p in passthrough.values()):
         raise DepthError(f"layer {i} passes {leaving} on; expected one hidden-state tensor and the cache")
     rename = {o: f"{o}__depth_then" for o in leaving}
     then_nodes = [_renamed(g.node[k], rename) for k in body]
-    skip = [helper.make_node("Identity", [passthrough[o]], [f"{o}__depth_skip"], name=f"{_IF}{i}_skip_{j}")
-            for j, o in enumerate(leaving)]
+    skip = [
+        helper.make_node("Identity", [passthrough[o]], [f"{o}__depth_skip"], name=f"{_IF}{i}_skip_{j}")
+        for j, o in enumerate(leaving)
+    ]
     then_out, skip_out = [_value(rename[o]) for o in leaving], [_value(f"{o}__depth_skip") for o in leaving]
     results = list(leaving)
     if i + 1 < N:  # the next layer runs when this one did and i + 1 < depth
         runs = f"{_IF}{i + 1}_runs"
         then_nodes += _condition(i + 1, f"{runs}__depth_then")
-        skip.append(helper.make_node("Identity", [f"{_IF}{i}_runs"], [f"{runs}__depth_skip"],  # false here
-                                     name=f"{_IF}{i + 1}_never"))
+        skip.append(
+            helper.make_node(
+                "Identity",
+                [f"{_IF}{i}_runs"],
+                [f"{runs}__depth_skip"],  # false here
+                name=f"{_IF}{i + 1}_never",
+            )
+        )
         then_out.append(_bool_value(f"{runs}__depth_then"))
         skip_out.append(_bool_value(f"{runs}__depth_skip"))
         results.append(runs)
     then_graph = helper.make_graph(then_nodes, f"layer_{i}", [], then_out)
     else_graph = helper.make_graph(skip, f"layer_{i}_skipped", [], skip_out)
-    gate = helper.make_node("If", [f"{_IF}{i}_runs"], results, name=f"{_IF}{i}",
-                            then_branch=then_graph, else_branch=else_graph)
+    gate = helper.make_node(
+        "If", [f"{_IF}{i}_runs"], results, name=f"{_IF}{i}", then_branch=then_graph, else_branch=else_graph
+    )
     return gate, nexts[0]
 
 
 def _renamed(node, rename: dict[str, str]):
     """A copy of ``node`` whose inputs and outputs named in ``rename`` are renamed."""
-    copy = helper.make_node(node.op_type, [rename.get(x, x) for x in node.input],
-                            [rename.get(o, o) for o in node.output], name=node.name, domain=node.domain)
+    copy = helper.make_node(
+        node.op_type,
+        [rename.get(x, x) for x in node.input],
+        [rename.get(o, o) for o in node.output],
+        name=node.name,
+        domain=node.domain,
+    )
     copy.attribute.extend(node.attribute)
     return copy
 

@@ -7,6 +7,7 @@ parity with PyTorch on real sentences -> tokenizer, config, RAM-int8 graphs -> f
 a subprocess -> ``manifest.json`` with the sha256 of every file. Everything is written to a
 temporary folder beside ``out_dir`` and renamed at the end.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,10 +28,28 @@ WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
 CALIBRATION_SENTENCES = 128
 DEPTH_CHECK_SENTENCES = 32  # parity at depth 1 (the gated layers' else-branches) on this many sentences
-_AUTO = {"fill-mask": "AutoModelForMaskedLM", "text-classification": "AutoModelForSequenceClassification",
-         "feature-extraction": "AutoModel", "causal-lm": "AutoModelForCausalLM"}
-_ARCH_TASK = {"ForMaskedLM": "fill-mask", "ForSequenceClassification": "text-classification", "ForCausalLM": "causal-lm"}
-_VERSIONED = ("sharebert", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "numpy", "tokenizers")
+_AUTO = {
+    "fill-mask": "AutoModelForMaskedLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "feature-extraction": "AutoModel",
+    "causal-lm": "AutoModelForCausalLM",
+}
+_ARCH_TASK = {
+    "ForMaskedLM": "fill-mask",
+    "ForSequenceClassification": "text-classification",
+    "ForCausalLM": "causal-lm",
+}
+_VERSIONED = (
+    "sharebert",
+    "torch",
+    "transformers",
+    "optimum",
+    "optimum-onnx",
+    "onnx",
+    "onnxruntime",
+    "numpy",
+    "tokenizers",
+)
 
 
 @dataclass(frozen=True)
@@ -104,17 +123,20 @@ def load_model(model_dir: Path, task: str):
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # missing weights are refused below, in one line
     try:
-        model, info = getattr(transformers, _AUTO[task]).from_pretrained(model_dir, config=config,
-                                                                         output_loading_info=True)
+        model, info = getattr(transformers, _AUTO[task]).from_pretrained(
+            model_dir, config=config, output_loading_info=True
+        )
     except Exception as e:  # OSError, size mismatches, safetensors' own SafetensorError for a corrupt file
         raise ValueError(f"cannot load the weights in {model_dir} (model.safetensors): {first_line(e)}") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
     missing = [k for k in info["missing_keys"] if not (task == "feature-extraction" and "pooler" in k)]
     if missing:
-        raise ValueError(f"{model_dir} holds no trained weights for {len(missing)} tensors the {task} model needs "
-                         f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they would be random; "
-                         f"export the task the folder was trained for (--task {infer_task(model.config.to_dict())})")
+        raise ValueError(
+            f"{model_dir} holds no trained weights for {len(missing)} tensors the {task} model needs "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they would be random; "
+            f"export the task the folder was trained for (--task {infer_task(model.config.to_dict())})"
+        )
     try:  # the training commands' check: a tokenizer that fits the vocabulary, with [MASK] for fill-mask
         tokenizer = load_tokenizer(model_dir, int(model.config.vocab_size), ("mask",) if task == "fill-mask" else ())
     except ValueError:
@@ -178,16 +200,22 @@ def _checked(parity: dict, o: ExportOptions, full_depth: bool = True) -> dict:
     quantize, check_file = o.quantize, o.check_file
     figures = {k: v for k, v in parity.items() if isinstance(v, float)}
     if not np.isfinite(list(figures.values())).all():
-        raise ParityError(f"the export's outputs or PyTorch's are not finite (NaN or inf) on {check_file}: "
-                          f"{', '.join(f'{k} {v}' for k, v in figures.items())}")
+        raise ParityError(
+            f"the export's outputs or PyTorch's are not finite (NaN or inf) on {check_file}: "
+            f"{', '.join(f'{k} {v}' for k, v in figures.items())}"
+        )
     if quantize == "none" and not parity["max_abs_diff"] <= FP32_TOLERANCE:
-        raise ParityError(f"fp32 export differs from PyTorch by {parity['max_abs_diff']:.3g} (> {FP32_TOLERANCE}) "
-                          f"on {parity['sentences']} sentences of {check_file}")
+        raise ParityError(
+            f"fp32 export differs from PyTorch by {parity['max_abs_diff']:.3g} (> {FP32_TOLERANCE}) "
+            f"on {parity['sentences']} sentences of {check_file}"
+        )
     below = below_thresholds(parity, quantize)
     if below and full_depth and not o.allow_low_parity:
-        raise ParityError(f"--quantize {quantize} export falls below its parity thresholds on {parity['sentences']} "
-                          f"sentences of {check_file}: {'; '.join(below)} (docs/EXPORT.md); nothing was written "
-                          f"(--allow-low-parity publishes it anyway)")
+        raise ParityError(
+            f"--quantize {quantize} export falls below its parity thresholds on {parity['sentences']} "
+            f"sentences of {check_file}: {'; '.join(below)} (docs/EXPORT.md); nothing was written "
+            f"(--allow-low-parity publishes it anyway)"
+        )
     extra = {"thresholds": THRESHOLDS[quantize], "below_thresholds": below} if quantize in THRESHOLDS else {}
     return {**parity, "check_file": str(check_file), **extra}
 
@@ -206,9 +234,11 @@ def _gflops(config, task: str, batch: int, seq: int) -> float | None:
 
 
 # Each encoder task's graph output and its dynamic axes (a classifier's logits are per sequence)
-_OUTPUTS = {"fill-mask": ("logits", {0: "batch_size", 1: "sequence_length"}),
-            "text-classification": ("logits", {0: "batch_size"}),
-            "feature-extraction": ("last_hidden_state", {0: "batch_size", 1: "sequence_length"})}
+_OUTPUTS = {
+    "fill-mask": ("logits", {0: "batch_size", 1: "sequence_length"}),
+    "text-classification": ("logits", {0: "batch_size"}),
+    "feature-extraction": ("last_hidden_state", {0: "batch_size", 1: "sequence_length"}),
+}
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -264,16 +294,27 @@ def export_decoder(model, path: Path, opset: int) -> tuple[list[str], list[str]]
     kv = [(f"{i}.{part}") for i in range(layers) for part in ("key", "value")]
     g = torch.Generator().manual_seed(0)
     feeds.update({f"past_key_values.{n}": torch.randn(B, heads, past, c.hidden_size // heads, generator=g) for n in kv})
-    axes = {"input_ids": TEXT_AXES, "position_ids": TEXT_AXES,
-            "attention_mask": {0: "batch_size", 1: "past_sequence_length + sequence_length"},
-            **{f"past_key_values.{n}": {0: "batch_size", 2: "past_sequence_length"} for n in kv}}
-    outputs = {"logits": TEXT_AXES, **{f"present.{n}": {0: "batch_size", 2: "past_sequence_length + sequence_length"}
-                                       for n in kv}}
+    axes = {
+        "input_ids": TEXT_AXES,
+        "position_ids": TEXT_AXES,
+        "attention_mask": {0: "batch_size", 1: "past_sequence_length + sequence_length"},
+        **{f"past_key_values.{n}": {0: "batch_size", 2: "past_sequence_length"} for n in kv},
+    }
+    outputs = {
+        "logits": TEXT_AXES,
+        **{f"present.{n}": {0: "batch_size", 2: "past_sequence_length + sequence_length"} for n in kv},
+    }
 
     def call(forward, inputs):
         pairs = [(inputs[f"past_key_values.{i}.key"], inputs[f"past_key_values.{i}.value"]) for i in range(layers)]
-        out = forward(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                      position_ids=inputs["position_ids"], use_cache=True, return_dict=True, **{CACHE: _PastCache(pairs)})
+        out = forward(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            position_ids=inputs["position_ids"],
+            use_cache=True,
+            return_dict=True,
+            **{CACHE: _PastCache(pairs)},
+        )
         return (out.logits, *(t for kv_pair in getattr(out, CACHE).layers for t in kv_pair))
 
     return export_onnx(model, feeds, path, outputs, opset, axes=axes, call=call)
@@ -288,8 +329,13 @@ def _calibration_feeds(tokenizer, path, max_length: int, graph: Path) -> list[di
     sentences, _ = read_sentences(path, CALIBRATION_SENTENCES)
     inputs = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"]).get_inputs()
     feeds = [encode(tokenizer, [s], max_length) for s in sentences]
-    return [{**artifact.model_feeds(inputs, f["input_ids"], f["attention_mask"]),
-             **{k: v for k, v in f.items() if k in {i.name for i in inputs}}} for f in feeds]
+    return [
+        {
+            **artifact.model_feeds(inputs, f["input_ids"], f["attention_mask"]),
+            **{k: v for k, v in f.items() if k in {i.name for i in inputs}},
+        }
+        for f in feeds
+    ]
 
 
 def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportOptions]:
@@ -319,8 +365,10 @@ def _check_task(model_dir: Path, config: dict, task: str) -> None:
         raise ValueError(f"unsupported task {task!r}; choose one of {', '.join(artifact.TASKS)}")
     saved = infer_task(config)
     if {task, saved} == {"fill-mask", "causal-lm"}:  # the same head's weights, trained for the other objective
-        raise ValueError(f"{model_dir} holds a {saved} model ({', '.join(config.get('architectures') or [])}), "
-                         f"not a {task} one: its predictions would be meaningless; export --task {saved}")
+        raise ValueError(
+            f"{model_dir} holds a {saved} model ({', '.join(config.get('architectures') or [])}), "
+            f"not a {task} one: its predictions would be meaningless; export --task {saved}"
+        )
 
 
 def _check_modes(o: ExportOptions, task: str) -> None:
@@ -336,12 +384,16 @@ def _check_modes(o: ExportOptions, task: str) -> None:
     if o.format not in artifact.MODEL_FORMATS:
         raise ValueError(f"--format must be one of {', '.join(artifact.MODEL_FORMATS)}, got {o.format!r}")
     if o.format == "ort" and (weights != "compact" or quantize not in ("none", "int8", "fp16")):
-        raise ValueError(f"--format ort keeps weight generation in the graph: it needs --weights compact and --quantize "
-                         f"none, int8 or fp16 (got --weights {weights}, --quantize {quantize}); for stored weights, "
-                         f"convert model.onnx with python -m onnxruntime.tools.convert_onnx_models_to_ort")
+        raise ValueError(
+            f"--format ort keeps weight generation in the graph: it needs --weights compact and --quantize "
+            f"none, int8 or fp16 (got --weights {weights}, --quantize {quantize}); for stored weights, "
+            f"convert model.onnx with python -m onnxruntime.tools.convert_onnx_models_to_ort"
+        )
     if o.optimize and (quantize != "none" or o.format != "onnx" or task == "causal-lm"):
-        raise ValueError(f"--optimize applies ONNX Runtime's fp32 encoder fusions: it needs --quantize none, --format onnx "
-                         f"and an encoder task (got --quantize {quantize}, --format {o.format}, --task {task})")
+        raise ValueError(
+            f"--optimize applies ONNX Runtime's fp32 encoder fusions: it needs --quantize none, --format onnx "
+            f"and an encoder task (got --quantize {quantize}, --format {o.format}, --task {task})"
+        )
     _check_inputs(opset, quantize, calibration, check_limit)
 
 
@@ -350,8 +402,10 @@ def _check_inputs(opset, quantize: str, calibration, check_limit) -> None:
     if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"unsupported opset {opset!r}; use {MIN_OPSET}..{MAX_OPSET} (default 17)")
     if quantize == "int8-static" and calibration is None:
-        raise ValueError("--quantize int8-static needs --calibration FILE (sentences, one per line or a .tsv with a "
-                         "'sentence' column)")
+        raise ValueError(
+            "--quantize int8-static needs --calibration FILE (sentences, one per line or a .tsv with a "
+            "'sentence' column)"
+        )
     if calibration is not None and quantize != "int8-static":
         raise ValueError("--calibration only applies to --quantize int8-static")
     if calibration is not None:
@@ -369,8 +423,10 @@ def _check_shapes(shapes, positions) -> None:
         if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
             raise ValueError(f"--shapes expects BxT such as 1x128, got {shape!r}")
         if isinstance(positions, int) and int(parts[1]) > positions:
-            raise ValueError(f"--shapes {shape}: the model has {positions} positions; measure sequences of at most "
-                             f"{positions} tokens (e.g. 1x{positions})")
+            raise ValueError(
+                f"--shapes {shape}: the model has {positions} positions; measure sequences of at most "
+                f"{positions} tokens (e.g. 1x{positions})"
+            )
 
 
 def embedding_recipe(model_dir: Path):
@@ -392,8 +448,11 @@ def trained_on_pairs(model_dir: Path, task: str) -> bool | None:
         return None
     glue, _ = recorded_task(model_dir)
     if glue is None:
-        name = str(read_config(model_dir, unfinished_ok=True, model_types=None).get("finetuning_task") or "").lower() \
+        name = (
+            str(read_config(model_dir, unfinished_ok=True, model_types=None).get("finetuning_task") or "")
+            .lower()
             .replace("-", "")
+        )
         glue = TASKS.get(name)
     return None if glue is None else glue.pairs
 
@@ -434,8 +493,9 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
             except OSError:
                 break
         if full:
-            raise ValueError(f"no space left on the device (or file size limit reached) while writing {out_dir}: "
-                             f"nothing was written") from None
+            raise ValueError(
+                f"no space left on the device (or file size limit reached) while writing {out_dir}: nothing was written"
+            ) from None
         raise
     return manifest
 
@@ -498,7 +558,9 @@ def _save_tokenizer(tokenizer, folder: Path, max_length: int) -> None:
         backend.save(str(path))
 
 
-def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], labels, recipe=None, pairs=None) -> dict:
+def _build(
+    model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], labels, recipe=None, pairs=None
+) -> dict:
     """Write the artifact into ``tmp`` (graph, checks, tokenizer, config, RAM-int8 graphs, footprint, manifest).
 
     ``recipe``: ``(EmbeddingRecipe, dense weights)`` of a feature-extraction export: its pooling and Dense
@@ -562,17 +624,35 @@ def _build(model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], 
         from .ort_format import to_ort_format
 
         ort_entry = to_ort_format(tmp, session_config, tokenizer, sentences, max_length)
-        footprint.update(file_bytes=ort_entry["model_bytes"], bytes_per_learned_param=ort_entry["model_bytes"] / learned,
-                         artifact_bytes=_folder_bytes(tmp))
+        footprint.update(
+            file_bytes=ort_entry["model_bytes"],
+            bytes_per_learned_param=ort_entry["model_bytes"] / learned,
+            artifact_bytes=_folder_bytes(tmp),
+        )
 
     manifest = {
-        "format": artifact.FORMAT, "format_version": artifact.FORMAT_VERSION, "task": o.task,
-        "model_type": config.model_type, "inputs": list(inputs), "outputs": list(outputs),
-        **_labels(config, o.task), "max_length": max_length, "opset": o.opset, "weights": o.weights,
-        "quantization": o.quantize, "session_config": session_config, "learned_params": learned,
-        "max_depth": max_depth, "depth_note": depth_note, "special_tokens": _special_tokens(tokenizer),
-        "files": {}, "versions": _versions(), "parity": parity, "footprint": footprint,
-        "tensor_dtypes": dtypes, "optimized": fusions,
+        "format": artifact.FORMAT,
+        "format_version": artifact.FORMAT_VERSION,
+        "task": o.task,
+        "model_type": config.model_type,
+        "inputs": list(inputs),
+        "outputs": list(outputs),
+        **_labels(config, o.task),
+        "max_length": max_length,
+        "opset": o.opset,
+        "weights": o.weights,
+        "quantization": o.quantize,
+        "session_config": session_config,
+        "learned_params": learned,
+        "max_depth": max_depth,
+        "depth_note": depth_note,
+        "special_tokens": _special_tokens(tokenizer),
+        "files": {},
+        "versions": _versions(),
+        "parity": parity,
+        "footprint": footprint,
+        "tensor_dtypes": dtypes,
+        "optimized": fusions,
     }
     _add_extras(manifest, o.task, pairs, recipe, ram_int8, ort_entry)
     _write_manifest(tmp, manifest)
@@ -610,8 +690,10 @@ def _to_onnx(model, tokenizer, o: ExportOptions, path: Path, learned: int):
     graph.dedup_constants(proto)
     stored_numel = sum(v["numel"] for k, v in graph.stored_tensors(proto, 2).items() if k.startswith("float"))
     if not stored_numel <= learned:
-        raise RuntimeError(f"the exported graph stores {stored_numel:,} numbers but the model has {learned:,} learned "
-                           f"parameters: a generated or transposed copy was written")
+        raise RuntimeError(
+            f"the exported graph stores {stored_numel:,} numbers but the model has {learned:,} learned "
+            f"parameters: a generated or transposed copy was written"
+        )
     return inputs, outputs, proto
 
 
@@ -652,23 +734,48 @@ def _gate_depth(proto, config) -> tuple[int | None, str | None]:
     return max_depth, None if max_depth else "the model has fewer than two encoder layers"
 
 
-def _parity(model, tokenizer, path: Path, session_config: dict, o: ExportOptions, sentences, labels,
-            max_length: int, max_depth, recipe) -> dict:
+def _parity(
+    model,
+    tokenizer,
+    path: Path,
+    session_config: dict,
+    o: ExportOptions,
+    sentences,
+    labels,
+    max_length: int,
+    max_depth,
+    recipe,
+) -> dict:
     """The export's parity with PyTorch (:func:`_checked`): at full depth, at depth 1 on the first sentences
     (the gating works as PyTorch's depth does), and of the sentence embedding."""
     from .parity import check_parity
 
     session = _session(path, session_config, threads=o.threads)
-    parity = _checked(check_parity(model, tokenizer, session, o.task, sentences, labels, max_length,
-                                   progress=o.progress), o)
+    parity = _checked(
+        check_parity(model, tokenizer, session, o.task, sentences, labels, max_length, progress=o.progress), o
+    )
     if max_depth:
-        parity["depth_1"] = _checked(check_parity(model, tokenizer, session, o.task, sentences[:DEPTH_CHECK_SENTENCES],
-                                                  None, max_length, progress=False, depth=1), o, full_depth=False)
+        parity["depth_1"] = _checked(
+            check_parity(
+                model,
+                tokenizer,
+                session,
+                o.task,
+                sentences[:DEPTH_CHECK_SENTENCES],
+                None,
+                max_length,
+                progress=False,
+                depth=1,
+            ),
+            o,
+            full_depth=False,
+        )
     if recipe is not None:
         from .sentence_embedding import embedding_parity
 
-        parity["sentence_embedding"] = _checked(embedding_parity(model, tokenizer, session, *recipe, sentences,
-                                                                 max_length), o)
+        parity["sentence_embedding"] = _checked(
+            embedding_parity(model, tokenizer, session, *recipe, sentences, max_length), o
+        )
     return parity
 
 
@@ -694,8 +801,9 @@ def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _footprint(tmp: Path, path: Path, proto, config, o: ExportOptions, session_config: dict, learned: int,
-               folding: dict, folded) -> dict:
+def _footprint(
+    tmp: Path, path: Path, proto, config, o: ExportOptions, session_config: dict, learned: int, folding: dict, folded
+) -> dict:
     """The graph's sizes, load and run figures (measured in a subprocess) and GFLOPs."""
     from . import graph
     from .footprint import measure
@@ -703,11 +811,18 @@ def _footprint(tmp: Path, path: Path, proto, config, o: ExportOptions, session_c
     run = measure(path, session_config, o.shapes, o.threads, o.runs, vocab=int(config.vocab_size))
     file_bytes = path.stat().st_size
     batch, seq = (int(x) for x in o.shapes[0].lower().split("x"))
-    footprint = {"file_bytes": file_bytes, "artifact_bytes": _folder_bytes(tmp),
-                 "learned_params": learned, "bytes_per_learned_param": file_bytes / learned,
-                 "initializer_bytes": {k: v["bytes"] for k, v in graph.stored_tensors(proto).items()},
-                 "folded": folding["folded"], "folding": folding, **run,
-                 "gflops": _gflops(config, o.task, batch, seq), "gflops_shape": o.shapes[0]}
+    footprint = {
+        "file_bytes": file_bytes,
+        "artifact_bytes": _folder_bytes(tmp),
+        "learned_params": learned,
+        "bytes_per_learned_param": file_bytes / learned,
+        "initializer_bytes": {k: v["bytes"] for k, v in graph.stored_tensors(proto).items()},
+        "folded": folding["folded"],
+        "folding": folding,
+        **run,
+        "gflops": _gflops(config, o.task, batch, seq),
+        "gflops_shape": o.shapes[0],
+    }
     if folded is not None:
         footprint["materialized"] = folded
     return footprint
@@ -752,40 +867,54 @@ def _write_manifest(tmp: Path, manifest: dict) -> None:
 def format_report(manifest: dict) -> str:
     """The printed export report: artifact, parity and footprint in a few lines."""
     f, p = manifest["footprint"], manifest["parity"]
-    lines = [f"task {manifest['task']}, weights {manifest['weights']}, quantization {manifest['quantization']}, "
-             f"opset {manifest['opset']}",
-             f"file            {f['file_bytes']:,} B  ({f['bytes_per_learned_param']:.3f} B per learned parameter; "
-             f"{f['learned_params']:,} learned)",
-             "initializers    " + ", ".join(f"{k} {v:,} B" for k, v in f["initializer_bytes"].items()),
-             f"folded at load  {'yes' if f['folded'] else 'NO'} ({f['folding']['computed_weights']} computed weights, "
-             f"{len(f['folding']['unfolded'])} left per run)",
-             f"session create  {f['session_create_s'] * 1e3:.0f} ms; peak RSS {f['rss_baseline_mb']:.0f} MB before, "
-             f"{f['peak_rss_load_mb']:.0f} MB after load ({f['rss_after_load_mb']:.0f} MB resident), "
-             f"{f['peak_rss_run_mb']:.0f} MB after a run"]
+    lines = [
+        f"task {manifest['task']}, weights {manifest['weights']}, quantization {manifest['quantization']}, "
+        f"opset {manifest['opset']}",
+        f"file            {f['file_bytes']:,} B  ({f['bytes_per_learned_param']:.3f} B per learned parameter; "
+        f"{f['learned_params']:,} learned)",
+        "initializers    " + ", ".join(f"{k} {v:,} B" for k, v in f["initializer_bytes"].items()),
+        f"folded at load  {'yes' if f['folded'] else 'NO'} ({f['folding']['computed_weights']} computed weights, "
+        f"{len(f['folding']['unfolded'])} left per run)",
+        f"session create  {f['session_create_s'] * 1e3:.0f} ms; peak RSS {f['rss_baseline_mb']:.0f} MB before, "
+        f"{f['peak_rss_load_mb']:.0f} MB after load ({f['rss_after_load_mb']:.0f} MB resident), "
+        f"{f['peak_rss_run_mb']:.0f} MB after a run",
+    ]
     for shape, lat in f["latency"].items():
-        lines.append(f"latency {shape:7s} p50 {lat['p50_ms']:.2f} ms, p95 {lat['p95_ms']:.2f} ms ({f['threads']} thread)")
+        lines.append(
+            f"latency {shape:7s} p50 {lat['p50_ms']:.2f} ms, p95 {lat['p95_ms']:.2f} ms ({f['threads']} thread)"
+        )
     if f.get("gflops") is not None:
         lines.append(f"GFLOPs ({f['gflops_shape']})  {f['gflops']:.3f}")
+
     def figures(parity):
-        return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in parity.items()
-                         if k != "check_file" and not isinstance(v, (dict, list)))
+        return ", ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in parity.items()
+            if k != "check_file" and not isinstance(v, (dict, list))
+        )
 
     lines.append(f"parity          {figures(p)}")
     if manifest.get("embedding"):
         e = manifest["embedding"]
-        dense = "".join(f" -> Dense {d['in_features']}x{d['out_features']} {d['activation'].rsplit('.', 1)[-1]}"
-                        for d in e["dense"])
-        lines.append(f"embedding       {e['pooling']} pooling{dense}{', normalised' if e['normalize'] else ''}, "
-                     f"{manifest['max_length']} tokens ({e['source']}); {figures(p['sentence_embedding'])}")
+        dense = "".join(
+            f" -> Dense {d['in_features']}x{d['out_features']} {d['activation'].rsplit('.', 1)[-1]}" for d in e["dense"]
+        )
+        lines.append(
+            f"embedding       {e['pooling']} pooling{dense}{', normalised' if e['normalize'] else ''}, "
+            f"{manifest['max_length']} tokens ({e['source']}); {figures(p['sentence_embedding'])}"
+        )
     if p.get("below_thresholds"):
         lines.append(f"LOW PARITY      published with --allow-low-parity: {'; '.join(p['below_thresholds'])}")
     if manifest.get("max_depth"):
-        lines.append(f"depth           1..{manifest['max_depth']} at inference (`--depth`); at depth 1: {figures(p['depth_1'])}")
+        lines.append(
+            f"depth           1..{manifest['max_depth']} at inference (`--depth`); at depth 1: {figures(p['depth_1'])}"
+        )
     else:
         lines.append(f"depth           full depth only ({manifest.get('depth_note')})")
     dtypes = manifest["tensor_dtypes"]
-    lines.append("stored tensors  " + ", ".join(f"{k}: {len(v)}" for k, v in dtypes["stored"].items())
-                 + f"; ops {dtypes['ops']}")
+    lines.append(
+        "stored tensors  " + ", ".join(f"{k}: {len(v)}" for k, v in dtypes["stored"].items()) + f"; ops {dtypes['ops']}"
+    )
     if dtypes["computed_fp32_weights"]:
         lines.append(f"weights computed in-graph, fp32 at load: {len(dtypes['computed_fp32_weights'])}")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ A *constant* tensor is computable from initializers and ``Constant`` nodes alone
 weight ``Split(MatMul(...))`` or ``Transpose(E)``). Two constants with the same *structural key*
 (same op, attributes and input keys) hold the same value, so each is computed or stored once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +17,22 @@ from sharebert_runtime.artifact import session_options
 
 # Ops that only move or select numbers: a constant built from one learned tensor with these alone
 # is a view of it (materializing it would store a copy of a learned tensor, not a generated weight).
-LAYOUT_OPS = {"Constant", "Identity", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Slice", "Split", "Gather",
-              "Concat", "Shape", "Cast", "Flatten", "Expand"}
+LAYOUT_OPS = {
+    "Constant",
+    "Identity",
+    "Transpose",
+    "Reshape",
+    "Unsqueeze",
+    "Squeeze",
+    "Slice",
+    "Split",
+    "Gather",
+    "Concat",
+    "Shape",
+    "Cast",
+    "Flatten",
+    "Expand",
+}
 PRODUCT_OPS = ("MatMul", "Gemm")
 
 
@@ -46,7 +61,9 @@ def computed_products(graph, keys: dict[str, str] | None = None) -> list[tuple[o
     keys = constant_keys(graph) if keys is None else keys
     stored = {t.name for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
-    return [(node, _product_layout(node)) for node in graph.node if _reads_computed_weight(node, keys, stored, producer)]
+    return [
+        (node, _product_layout(node)) for node in graph.node if _reads_computed_weight(node, keys, stored, producer)
+    ]
 
 
 def _reads_computed_weight(node, keys: dict, stored: set, producer: dict) -> bool:
@@ -79,8 +96,10 @@ def node_inputs(node) -> set[str]:
     """Every value ``node`` reads, including outer-scope values its subgraphs (If/Loop bodies) read."""
     names = {i for i in node.input if i}
     for attr in node.attribute:
-        for g in ([attr.g] if attr.type == attr.GRAPH else list(attr.graphs)):
-            produced = {o for n in g.node for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
+        for g in [attr.g] if attr.type == attr.GRAPH else list(attr.graphs):
+            produced = (
+                {o for n in g.node for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
+            )
             names |= {i for n in g.node for i in node_inputs(n)} - produced
     return names
 
@@ -99,20 +118,33 @@ def gather_before_dequantize(model) -> int:
     for node in g.node:
         dq = producer.get(node.input[0]) if node.op_type == "Gather" else None
         axis = {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("axis", 0)
-        if dq is None or dq.op_type != "DequantizeLinear" or axis != 0 or len(dq.input) > 2 or \
-                any(a.name == "axis" and a.i != 0 for a in dq.attribute) or \
-                not all(i in stored for i in dq.input) or len(stored[dq.input[1]].dims) != 1:
+        if (
+            dq is None
+            or dq.op_type != "DequantizeLinear"
+            or axis != 0
+            or len(dq.input) > 2
+            or any(a.name == "axis" and a.i != 0 for a in dq.attribute)
+            or not all(i in stored for i in dq.input)
+            or len(stored[dq.input[1]].dims) != 1
+        ):
             nodes.append(node)
             continue
         (q, scale), ids, out = dq.input, node.input[1], node.output[0]
         tag = f"{node.name or out}/rows"
-        nodes += [helper.make_node("Gather", [q, ids], [f"{tag}.q"], name=f"{tag}.q"),
-                  helper.make_node("Gather", [scale, ids], [f"{tag}.scale"], name=f"{tag}.scale"),
-                  helper.make_node("Constant", [], [f"{tag}.last"], name=f"{tag}.last",
-                                   value=numpy_helper.from_array(np.array([-1], np.int64))),
-                  helper.make_node("Unsqueeze", [f"{tag}.scale", f"{tag}.last"], [f"{tag}.scale_col"], name=f"{tag}.col"),
-                  helper.make_node("Cast", [f"{tag}.q"], [f"{tag}.float"], name=f"{tag}.cast", to=onnx.TensorProto.FLOAT),
-                  helper.make_node("Mul", [f"{tag}.float", f"{tag}.scale_col"], [out], name=f"{tag}.mul")]
+        nodes += [
+            helper.make_node("Gather", [q, ids], [f"{tag}.q"], name=f"{tag}.q"),
+            helper.make_node("Gather", [scale, ids], [f"{tag}.scale"], name=f"{tag}.scale"),
+            helper.make_node(
+                "Constant",
+                [],
+                [f"{tag}.last"],
+                name=f"{tag}.last",
+                value=numpy_helper.from_array(np.array([-1], np.int64)),
+            ),
+            helper.make_node("Unsqueeze", [f"{tag}.scale", f"{tag}.last"], [f"{tag}.scale_col"], name=f"{tag}.col"),
+            helper.make_node("Cast", [f"{tag}.q"], [f"{tag}.float"], name=f"{tag}.cast", to=onnx.TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{tag}.float", f"{tag}.scale_col"], [out], name=f"{tag}.mul"),
+        ]
         count += 1
     replace_all(g.node, nodes)
     prune(model)
@@ -282,8 +314,10 @@ def split_at_constants(model, min_bytes: int = 256):
     """
     g = model.graph
     keys = constant_keys(g)
-    sizes = {t.name: int(np.prod(t.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-             for t in g.initializer}
+    sizes = {
+        t.name: int(np.prod(t.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        for t in g.initializer
+    }
     producer = {o: n for n in g.node for o in n.output}
     large: dict[str, bool] = {}
 
@@ -299,7 +333,9 @@ def split_at_constants(model, min_bytes: int = 256):
             if pending:
                 stack.extend(pending)
                 continue
-            large[top] = sizes.get(top, 0) >= min_bytes or any(large.get(i, False) for i in (node.input if node else ()) if i)
+            large[top] = sizes.get(top, 0) >= min_bytes or any(
+                large.get(i, False) for i in (node.input if node else ()) if i
+            )
             stack.pop()
         return large[name]
 

@@ -6,6 +6,7 @@ Importing this module registers the configs for the tasks below, so optimum's to
 outputs (``past_key_values.{i}.key|value`` in, ``present.{i}.key|value`` out, ``position_ids``), which
 also runs the first step, with past keys and values of length 0.
 """
+
 from __future__ import annotations
 
 import optimum.exporters.onnx.model_configs  # noqa: F401  (registers the stock configs, BERT included)
@@ -59,7 +60,8 @@ def onnx_config_for(model, task: str):
     optimum_task = OPTIMUM_TASKS[task]
     model_type = model.config.model_type
     constructor = TasksManager.get_exporter_config_constructor(
-        exporter="onnx", model_type=model_type, task=optimum_task, library_name="transformers")
+        exporter="onnx", model_type=model_type, task=optimum_task, library_name="transformers"
+    )
     if optimum_task.endswith("-with-past"):  # one graph for every step: past inputs always present
         return constructor(model.config, use_past_in_inputs=True)
     config = constructor(model.config)
@@ -71,6 +73,7 @@ def onnx_config_for(model, task: str):
 def _one_token_type(config_class):
     """``config_class`` tracing with ``token_type_ids`` all 0: optimum's dummy inputs draw them from {0, 1}, an index
     past the table of a model with one token type (``type_vocab_size=1``)."""
+
     class OneTokenTypeOnnxConfig(config_class):
         def generate_dummy_inputs(self, framework: str = "pt", **input_shapes):
             dummy = super().generate_dummy_inputs(framework, **input_shapes)

@@ -8,6 +8,7 @@ does any caller's own ``optimize_model`` call on an artifact: ``depth.wrap_layer
 that the optimizer's graph-wide passes keep every ``If`` and find no pattern that spans a branch boundary
 (docs/EXPORT.md, "ONNX Runtime's transformer optimizer").
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,14 @@ def fuse(path: str | Path, config) -> dict[str, int]:
 
     options = FusionOptions("bert")
     options.enable_shape_inference = False  # symbolic shapes do not follow values into If branches
-    optimized = optimize_model(str(path), model_type="bert", num_heads=int(config.num_attention_heads),
-                               hidden_size=int(config.hidden_size), opt_level=0, use_gpu=False,
-                               optimization_options=options)
+    optimized = optimize_model(
+        str(path),
+        model_type="bert",
+        num_heads=int(config.num_attention_heads),
+        hidden_size=int(config.hidden_size),
+        opt_level=0,
+        use_gpu=False,
+        optimization_options=options,
+    )
     onnx.save(optimized.model, str(path))
     return {op: int(n) for op, n in optimized.get_fused_operator_statistics().items() if n}

@@ -8,6 +8,7 @@ trained weights for (``--task text-classification`` of a masked-LM folder would 
 :func:`sharebert.export.exporter.load_model` is the one check). Folders of other model types, hub names
 and ``--task auto`` are left to optimum.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,13 @@ class _Parser(argparse.ArgumentParser):
 def _local(name: str) -> bool:
     """Whether ``--model`` names a path on this machine rather than a hub id (``org/name``)."""
     path = Path(name).expanduser()
-    return path.exists() or name.startswith((".", "/", "~")) or len(path.parts) > 2 or path.parent.is_dir() and \
-        str(path.parent) != "."
+    return (
+        path.exists()
+        or name.startswith((".", "/", "~"))
+        or len(path.parts) > 2
+        or path.parent.is_dir()
+        and str(path.parent) != "."
+    )
 
 
 def check_export_onnx(argv: list[str]) -> None:
@@ -48,7 +54,9 @@ def check_export_onnx(argv: list[str]) -> None:
         return
     model = Path(args.model).expanduser()
     try:
-        raw = read_json(model / "config.json", "the model's config")  # bounded, never blocks (sharebert_runtime.untrusted)
+        raw = read_json(
+            model / "config.json", "the model's config"
+        )  # bounded, never blocks (sharebert_runtime.untrusted)
         if isinstance(raw, dict) and raw.get("model_type") != "sharebert":
             return  # another library's folder (BERT included): optimum's own export
     except (OSError, ValueError):

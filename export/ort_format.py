@@ -17,19 +17,27 @@ So the learned tensors are on disk once (in the generator) and the generated wei
 once per load. ``required_operators.config`` (ORT's own writer, from both ORT files as saved) lists
 the operators a reduced-operator build needs.
 """
+
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-from sharebert_runtime.artifact import (MODEL, ORT_COMPUTE, ORT_GENERATOR, REQUIRED_OPERATORS, ArtifactError,
-                                       assemble_ort, open_ort_format, session_options)
+from sharebert_runtime.artifact import (
+    MODEL,
+    ORT_COMPUTE,
+    ORT_GENERATOR,
+    REQUIRED_OPERATORS,
+    ArtifactError,
+    assemble_ort,
+    open_ort_format,
+    session_options,
+)
 
 from .depth import inline_layers, is_wrapped, wrap_layers
 from .graph import split_at_constants
 
 MIN_HOLE_BYTES = 1024  # smaller tensors stay in the compute file (the hole table would cost more)
-
 
 
 def save_ort(model, path: Path, level, scratch: Path) -> None:
@@ -58,9 +66,12 @@ def write_required_operators(models: list[Path], out: Path) -> None:
     create_config_from_models(models, out, enable_type_reduction=False)
     lines = out.read_text().splitlines()
     body = [line for line in lines if not line.startswith("#")]
-    out.write_text("# Operators of this artifact's ORT-format graphs (model.generator.ort, model.compute.ort.part\n"
-                   "# once its holes are filled), for an ONNX Runtime build with --include_ops_by_config\n"
-                   + "\n".join(body) + "\n")
+    out.write_text(
+        "# Operators of this artifact's ORT-format graphs (model.generator.ort, model.compute.ort.part\n"
+        "# once its holes are filled), for an ONNX Runtime build with --include_ops_by_config\n"
+        + "\n".join(body)
+        + "\n"
+    )
 
 
 def parse_required_operators(path: Path) -> dict[str, set[str]]:
@@ -89,8 +100,11 @@ def build_ort_format(out_dir: str | Path, scratch: str | Path) -> dict:
     gen_path = out_dir / ORT_GENERATOR
     save_ort(generator, gen_path, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, scratch)
     del generator
-    session = ort.InferenceSession(str(gen_path), session_options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(gen_path),
+        session_options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+        providers=["CPUExecutionProvider"],
+    )
     values = dict(zip(names, session.run(names, {})))
     del session
 
@@ -124,15 +138,21 @@ def build_ort_format(out_dir: str | Path, scratch: str | Path) -> dict:
             end = hole["offset"] + hole["bytes"]
     parts, start = [], 0
     for hole in kept:
-        parts.append(blob[start: hole["offset"]])
+        parts.append(blob[start : hole["offset"]])
         start = hole["offset"] + hole["bytes"]
     parts.append(blob[start:])
     part = b"".join(parts)
     (out_dir / ORT_COMPUTE).write_bytes(part)
-    entry = {"generator": ORT_GENERATOR, "compute": ORT_COMPUTE, "compute_bytes": len(blob),
-             "compute_sha256": hashlib.sha256(blob).hexdigest(), "holes": kept,
-             "required_operators": REQUIRED_OPERATORS,
-             "stored_in_compute": int(len(part)), "filled_at_load": int(sum(h["bytes"] for h in kept))}
+    entry = {
+        "generator": ORT_GENERATOR,
+        "compute": ORT_COMPUTE,
+        "compute_bytes": len(blob),
+        "compute_sha256": hashlib.sha256(blob).hexdigest(),
+        "holes": kept,
+        "required_operators": REQUIRED_OPERATORS,
+        "stored_in_compute": int(len(part)),
+        "filled_at_load": int(sum(h["bytes"] for h in kept)),
+    }
     if assemble_ort(part, entry, values) != blob:
         raise ArtifactError(f"{ORT_COMPUTE}: the filled compute graph differs from the one ONNX Runtime wrote")
     full.unlink()
@@ -162,21 +182,29 @@ def to_ort_format(out_dir: Path, session_config: dict, tokenizer, sentences: lis
         entry = build_ort_format(out_dir, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    reference = ort.InferenceSession(str(out_dir / MODEL), session_options(session_config),
-                                     providers=["CPUExecutionProvider"])
-    compute = open_ort_format(out_dir, entry, session_options(session_config), ["CPUExecutionProvider"],
-                              session_options(session_config, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL))
+    reference = ort.InferenceSession(
+        str(out_dir / MODEL), session_options(session_config), providers=["CPUExecutionProvider"]
+    )
+    compute = open_ort_format(
+        out_dir,
+        entry,
+        session_options(session_config),
+        ["CPUExecutionProvider"],
+        session_options(session_config, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+    )
     worst = 0.0
     for start in range(0, min(len(sentences), PARITY_SENTENCES), 4):
-        batch = encode(tokenizer, sentences[start: start + 4], max_length)
+        batch = encode(tokenizer, sentences[start : start + 4], max_length)
         ids, mask = batch["input_ids"], batch["attention_mask"]
         want = reference.run(None, model_feeds(reference.get_inputs(), ids, mask))
         got = compute.run(None, model_feeds(compute.get_inputs(), ids, mask))
         for a, b in zip(want, got):
             diff = float(np.max(np.abs(a - b))) if a.size else 0.0
             if not (np.isfinite(b).all() and diff <= PARITY_TOLERANCE):
-                raise ArtifactError(f"the ORT-format graphs differ from model.onnx by {diff:.3g} "
-                                    f"(> {PARITY_TOLERANCE}) or are not finite")
+                raise ArtifactError(
+                    f"the ORT-format graphs differ from model.onnx by {diff:.3g} "
+                    f"(> {PARITY_TOLERANCE}) or are not finite"
+                )
             worst = max(worst, diff)
     del reference, compute
     (out_dir / MODEL).unlink()

@@ -10,6 +10,7 @@ SST-2) or a text file with one sentence per line. Figures, per task:
 * ``text-classification``: ``agreement`` of the predicted classes, and ``accuracy_torch``,
   ``accuracy_onnx``, ``accuracy_change`` when the file has labels.
 """
+
 from __future__ import annotations
 
 import csv
@@ -53,7 +54,9 @@ def read_sentences(path: str | Path, limit: int | None = None) -> tuple[list[str
     path = check_text_file(path, "sentence file")
     sentences, labels = _sentences_and_labels(_nonblank_lines(path))
     if not sentences:
-        raise ValueError(f"{path} holds no sentences (expected a .tsv with a 'sentence' column or one sentence per line)")
+        raise ValueError(
+            f"{path} holds no sentences (expected a .tsv with a 'sentence' column or one sentence per line)"
+        )
     if limit:
         sentences = sentences[:limit]
         labels = labels[:limit] if labels else None
@@ -70,8 +73,9 @@ def _nonblank_lines(path: Path) -> list[str]:
                     raise UnicodeError("NUL bytes")
                 line = raw.decode("utf-8")
             except UnicodeError as e:
-                raise ValueError(f"{path} is not a UTF-8 text file ({e}; line {number}): expected sentences, "
-                                 f"one per line or a .tsv") from None
+                raise ValueError(
+                    f"{path} is not a UTF-8 text file ({e}; line {number}): expected sentences, one per line or a .tsv"
+                ) from None
             lines.extend(x for x in line.splitlines() if x.strip())
     return lines
 
@@ -93,8 +97,11 @@ def encode(tokenizer, sentences: list[str], max_length: int, mask_middle: bool =
     ``mask_middle`` the middle non-special token of each row becomes ``[MASK]``."""
     enc = tokenizer(sentences, padding=True, truncation=True, max_length=max_length, return_tensors="np")
     feeds = {k: np.asarray(enc[k], dtype=np.int64) for k in ("input_ids", "attention_mask")}
-    feeds["token_type_ids"] = np.asarray(enc["token_type_ids"], dtype=np.int64) if "token_type_ids" in enc \
+    feeds["token_type_ids"] = (
+        np.asarray(enc["token_type_ids"], dtype=np.int64)
+        if "token_type_ids" in enc
         else np.zeros_like(feeds["input_ids"])
+    )
     if mask_middle:
         lengths = feeds["attention_mask"].sum(1)
         positions = np.maximum(1, (lengths - 1) // 2)  # inside [CLS] ... [SEP]
@@ -113,7 +120,9 @@ OUTPUT_BUDGET = 64 << 20  # bytes of one batch's fp32 outputs, per side: bounds 
 def _batches(tokenizer, sentences: list[str], order: list[int], max_length: int, width: int, batch_size: int):
     """``order`` cut into batches of at most ``batch_size`` sentences whose padded ``(B, T, width)`` fp32
     outputs stay within ``OUTPUT_BUDGET`` (a 30k-word vocabulary allows about 16 sequences of 128)."""
-    lengths = [min(len(ids), max_length) for ids in tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
+    lengths = [
+        min(len(ids), max_length) for ids in tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]
+    ]
     batches, batch = [], []
     for i in order:
         longest = max([lengths[j] for j in batch] + [lengths[i]])
@@ -124,8 +133,18 @@ def _batches(tokenizer, sentences: list[str], order: list[int], max_length: int,
     return batches + ([batch] if batch else [])
 
 
-def check_parity(model, tokenizer, session, task: str, sentences: list[str], labels: list | None = None,
-                 max_length: int = 128, batch_size: int = 32, progress: bool = True, depth: int | None = None) -> dict:
+def check_parity(
+    model,
+    tokenizer,
+    session,
+    task: str,
+    sentences: list[str],
+    labels: list | None = None,
+    max_length: int = 128,
+    batch_size: int = 32,
+    progress: bool = True,
+    depth: int | None = None,
+) -> dict:
     """Run ``model`` (torch, eval) and ``session`` (ONNX Runtime) on ``sentences``; return the figures.
 
     ``depth``: run both with only the first ``depth`` encoder layers (the session's ``depth`` input)."""
@@ -137,24 +156,35 @@ def check_parity(model, tokenizer, session, task: str, sentences: list[str], lab
     seen = {"diffs": [], "cosines": [], "agree": [], "torch": [], "onnx": [], "n_diff": 0}
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # similar lengths: little padding
     width = _output_width(model.config, task)
-    batches = _batches(tokenizer, sentences, order, max_length, width if task != "text-classification" else 1, batch_size)
+    batches = _batches(
+        tokenizer, sentences, order, max_length, width if task != "text-classification" else 1, batch_size
+    )
     for batch in bar(batches, desc=f"parity ({task})", progress=progress, leave=False):
         feeds = encode(tokenizer, [sentences[i] for i in batch], max_length, mask_middle=task == "fill-mask")
-        feeds = {**model_feeds(session.get_inputs(), feeds["input_ids"], feeds["attention_mask"]),
-                 **{k: v for k, v in feeds.items() if k in names}}  # the tokenizer's own token_type_ids
+        feeds = {
+            **model_feeds(session.get_inputs(), feeds["input_ids"], feeds["attention_mask"]),
+            **{k: v for k, v in feeds.items() if k in names},
+        }  # the tokenizer's own token_type_ids
         ref, got = _both_outputs(model, session, feeds, torch_names, output, task, depth)
         _compare(task, ref, got, feeds, tokenizer.mask_token_id, seen)
     cos = np.concatenate(seen["cosines"])
     diffs = seen["diffs"]
-    report = {"sentences": len(sentences), "max_abs_diff": max(d[0] for d in diffs),
-              "mean_abs_diff": sum(d[1] for d in diffs) / max(seen["n_diff"], 1),
-              "cosine_min": float(cos.min()), "cosine_mean": float(cos.mean())}
+    report = {
+        "sentences": len(sentences),
+        "max_abs_diff": max(d[0] for d in diffs),
+        "mean_abs_diff": sum(d[1] for d in diffs) / max(seen["n_diff"], 1),
+        "cosine_min": float(cos.min()),
+        "cosine_mean": float(cos.mean()),
+    }
     if seen["agree"]:
         report["top1_agreement"] = float(np.concatenate(seen["agree"]).mean())
     if task == "text-classification" and model.config.num_labels > 1:
         back = np.argsort(order)  # predictions in the sentences' own order, to match the labels
-        report.update(_label_agreement(np.concatenate(seen["torch"])[back], np.concatenate(seen["onnx"])[back],
-                                       labels, model.config))
+        report.update(
+            _label_agreement(
+                np.concatenate(seen["torch"])[back], np.concatenate(seen["onnx"])[back], labels, model.config
+            )
+        )
     return report
 
 

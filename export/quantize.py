@@ -9,6 +9,7 @@
 * ``int8-static``: ONNX Runtime's ``quantize_static`` (QDQ, MinMax) of the matrix products only
   (``STATIC_OPS``) on a materialized graph, calibrated on tokenized sentences.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,9 +21,9 @@ MODES = ("none", "int8", "int8-dynamic", "int8-static", "fp16")
 HELP = {
     "none": "fp32 storage and compute",
     "int8": "learned tensors stored as int8 (weight-only, DequantizeLinear): ~1/4 of the fp32 file, "
-            "ONNX Runtime folds them to fp32 at load, so fp32 speed and RAM",
+    "ONNX Runtime folds them to fp32 at load, so fp32 speed and RAM",
     "int8-dynamic": "generated weights materialized, then ONNX Runtime dynamic int8 (int8 MatMuls): "
-                    "fastest compute, bigger file",
+    "fastest compute, bigger file",
     "int8-static": "generated weights materialized, then static int8 QDQ calibrated on --calibration sentences",
     "fp16": "learned tensors stored as float16 (Cast to fp32 at load): half the fp32 file, fp32 compute",
 }
@@ -54,14 +55,22 @@ def weight_only(model, mode: str) -> None:
         w = numpy_helper.to_array(t)
         if mode == "fp16":
             kept.append(numpy_helper.from_array(w.astype(np.float16), t.name + "_fp16"))
-            nodes.append(helper.make_node("Cast", [t.name + "_fp16"], [t.name], to=TensorProto.FLOAT,
-                                          name=t.name + "_cast"))
+            nodes.append(
+                helper.make_node("Cast", [t.name + "_fp16"], [t.name], to=TensorProto.FLOAT, name=t.name + "_cast")
+            )
         else:
             q, scale, axis = _quantize_int8(w)
             kept += [numpy_helper.from_array(q, t.name + "_int8"), numpy_helper.from_array(scale, t.name + "_scale")]
             attrs = {} if axis is None else {"axis": axis}
-            nodes.append(helper.make_node("DequantizeLinear", [t.name + "_int8", t.name + "_scale"], [t.name],
-                                          name=t.name + "_dequantize", **attrs))
+            nodes.append(
+                helper.make_node(
+                    "DequantizeLinear",
+                    [t.name + "_int8", t.name + "_scale"],
+                    [t.name],
+                    name=t.name + "_dequantize",
+                    **attrs,
+                )
+            )
     rest = list(g.node)
     del g.initializer[:], g.node[:]
     g.initializer.extend(kept)
@@ -86,8 +95,13 @@ STATIC_OPS = ("MatMul", "Gemm")
 def static_int8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]]) -> None:
     """``quantize_static`` in QDQ format (uint8 activations, int8 per-channel weights, MinMax) of the ``STATIC_OPS``
     on ``feeds``."""
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -96,9 +110,17 @@ def static_int8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]]) -> Non
         def get_next(self):
             return next(self.items, None)
 
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    calibrate_method=CalibrationMethod.MinMax, op_types_to_quantize=list(STATIC_OPS))
+    quantize_static(
+        str(src),
+        str(dst),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
+        op_types_to_quantize=list(STATIC_OPS),
+    )
 
 
 def tensor_dtypes(model) -> dict:
@@ -117,9 +139,21 @@ def tensor_dtypes(model) -> dict:
             by_dtype.setdefault(name, []).append(t.name)
     ops: dict[str, int] = {}
     for n in g.node:
-        if n.op_type in ("MatMul", "Gemm", "MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul",
-                         "MatMulIntegerToFloat", "DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear",
-                         "Cast"):
+        if n.op_type in (
+            "MatMul",
+            "Gemm",
+            "MatMulInteger",
+            "DynamicQuantizeMatMul",
+            "QLinearMatMul",
+            "MatMulIntegerToFloat",
+            "DequantizeLinear",
+            "QuantizeLinear",
+            "DynamicQuantizeLinear",
+            "Cast",
+        ):
             ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    return {"stored": {k: sorted(v) for k, v in by_dtype.items()}, "ops": ops,
-            "computed_fp32_weights": sorted(set(computed_product_weights(g)))}
+    return {
+        "stored": {k: sorted(v) for k, v in by_dtype.items()},
+        "ops": ops,
+        "computed_fp32_weights": sorted(set(computed_product_weights(g))),
+    }

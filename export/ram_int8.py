@@ -18,14 +18,22 @@ tensors are on disk once; the location is relative to the artifact folder, since
 ``../`` (``artifact.EXTERNAL_DATA_FOLDER``). The runtime runs the generator once, quantizes in numpy and
 binds the int8 arrays for every run (``deploy/runtime.py``).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-from sharebert_runtime.artifact import (MODEL, RAM_INT8_COMPUTE as COMPUTE, RAM_INT8_GENERATOR as GENERATOR,
-                                       RAM_INT8_ROWS as ROWS, product_rows, quantize_per_channel, quantize_rows,
-                                       session_options)
+from sharebert_runtime.artifact import (
+    MODEL,
+    RAM_INT8_COMPUTE as COMPUTE,
+    RAM_INT8_GENERATOR as GENERATOR,
+    RAM_INT8_ROWS as ROWS,
+    product_rows,
+    quantize_per_channel,
+    quantize_rows,
+    session_options,
+)
 
 from .depth import inline_layers, is_wrapped, wrap_layers
 from .graph import computed_products, constant_keys, gather_before_dequantize, node_inputs, prune, replace_all
@@ -115,7 +123,9 @@ def _weight_reshape(w: dict, producer: dict):
     if w["layout"] != "kn":
         return node if node.op_type == "Reshape" else None
     perm = [helper.get_attribute_value(a) for a in node.attribute if a.name == "perm"]
-    return _produced_by(producer, node.input[0], "Reshape") if node.op_type == "Transpose" and perm == [[1, 0]] else None
+    return (
+        _produced_by(producer, node.input[0], "Reshape") if node.op_type == "Transpose" and perm == [[1, 0]] else None
+    )
 
 
 def _row_offset(w: dict, producer: dict, consts: dict):
@@ -123,8 +133,12 @@ def _row_offset(w: dict, producer: dict, consts: dict):
     is not ``Gemm -> Reshape(-1) -> Split(axis 0, constant sizes) -> Reshape`` or its size differs."""
     node = _weight_reshape(w, producer)
     split = _produced_by(producer, node.input[0], "Split") if node is not None else None
-    if split is None or len(split.input) < 2 or split.input[1] not in consts or \
-            any(a.name == "axis" and a.i != 0 for a in split.attribute):
+    if (
+        split is None
+        or len(split.input) < 2
+        or split.input[1] not in consts
+        or any(a.name == "axis" and a.i != 0 for a in split.attribute)
+    ):
         return None
     flat = _produced_by(producer, split.input[0], "Reshape")
     is_flat = flat is not None and consts.get(flat.input[1], [0]).tolist() == [-1]
@@ -177,8 +191,10 @@ def _slicer(g):
     from onnx import TensorProto, helper
 
     axes = {0: "rows.axis0", 1: "rows.axis1"}
-    g.node.extend(helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [axis]))
-                  for axis, name in axes.items())
+    g.node.extend(
+        helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [axis]))
+        for axis, name in axes.items()
+    )
 
     def cut(tensor, bounds, axis, out):  # tensor[bounds] along axis
         g.node.append(helper.make_node("Slice", [tensor, f"{bounds}.start", f"{bounds}.end", axes[axis]], [out]))
@@ -192,8 +208,10 @@ def _rows_interface(g) -> None:
     from onnx import TensorProto, helper
 
     del g.input[:], g.output[:]
-    g.input.extend(helper.make_tensor_value_info(n, TensorProto.INT64, [1])
-                   for n in ("rows.start", "rows.end", "cols.start", "cols.end"))
+    g.input.extend(
+        helper.make_tensor_value_info(n, TensorProto.INT64, [1])
+        for n in ("rows.start", "rows.end", "cols.start", "cols.end")
+    )
     g.output.append(helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, None]))
     g.name = "sharebert_ram_int8_rows"
 
@@ -271,7 +289,9 @@ def build_int8_ram_graphs(out_dir: str | Path) -> dict:
     if not representative:
         return {}
     generator = _generator_of(source, list(representative.values()))
-    whole = _run_generator(generator, list(representative.values()))  # shapes, and whether a weight is big enough to quantize
+    whole = _run_generator(
+        generator, list(representative.values())
+    )  # shapes, and whether a weight is big enough to quantize
     shapes = {name: value.shape for name, value in whole.items()}
     layout_of = {keys[node.input[1]]: layout for node, layout in products}
     weights, chosen = _chosen_weights(representative, shapes, layout_of)
@@ -321,8 +341,13 @@ def _chosen_weights(representative: dict, shapes: dict, layout_of: dict) -> tupl
             continue
         layout = layout_of[key]
         K, N = shape if layout == "kn" else shape[::-1]
-        entry = {"output": name, "int8": f"ram_int8.{len(weights)}.int8", "scale": f"ram_int8.{len(weights)}.scale",
-                 "layout": layout, "shape": [int(K), int(N)]}
+        entry = {
+            "output": name,
+            "int8": f"ram_int8.{len(weights)}.int8",
+            "scale": f"ram_int8.{len(weights)}.scale",
+            "layout": layout,
+            "shape": [int(K), int(N)],
+        }
         weights.append(entry)
         chosen[key] = entry
     return weights, chosen
@@ -358,8 +383,9 @@ def _save_generators(generator, whole_weights: list[dict], shapes: dict, out_dir
         part = onnx.ModelProto()  # the generator cut to this group's outputs
         part.CopyFrom(generator)
         del part.graph.output[:]
-        part.graph.output.extend(helper.make_tensor_value_info(w["output"], TensorProto.FLOAT, shapes[w["output"]])
-                                 for w in group)
+        part.graph.output.extend(
+            helper.make_tensor_value_info(w["output"], TensorProto.FLOAT, shapes[w["output"]]) for w in group
+        )
         prune(part)
         name = GENERATOR if i == 0 else GENERATOR.replace(".onnx", f".{i}.onnx")
         _save(part, out_dir / name, blob)
@@ -375,8 +401,9 @@ def _quantized_product(node, entry: dict):
     inputs = [node.input[0], entry["int8"], entry["scale"]]
     if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
         inputs += ["", node.input[2]]
-    return helper.make_node("DynamicQuantizeMatMul", inputs, list(node.output), name=f"{node.name}_int8",
-                            domain="com.microsoft")
+    return helper.make_node(
+        "DynamicQuantizeMatMul", inputs, list(node.output), name=f"{node.name}_int8", domain="com.microsoft"
+    )
 
 
 def _compute_of(source, keys: dict, chosen: dict, weights: list[dict], gated: bool):
@@ -390,7 +417,9 @@ def _compute_of(source, keys: dict, chosen: dict, weights: list[dict], gated: bo
     c = compute.graph
     new_nodes = []
     for node in c.node:
-        entry = chosen.get(keys.get(node.input[1])) if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 else None
+        entry = (
+            chosen.get(keys.get(node.input[1])) if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 else None
+        )
         new_nodes.append(node if entry is None or node.input[0] in keys else _quantized_product(node, entry))
     replace_all(c.node, new_nodes)
     gather_before_dequantize(compute)  # an int8-stored embedding table stays int8 in RAM too

@@ -8,6 +8,7 @@ be asked of a normalising model. The nodes read only the graph's final output, s
 ``depth`` input and the RAM-int8 graphs keep working. ``embedding_parity`` checks the nodes against the
 numpy pooling of the device runtime (``sharebert_runtime.pooling``) applied to PyTorch's token states.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,17 +45,32 @@ def add_sentence_embedding(proto, recipe: EmbeddingRecipe, dense_weights: list, 
     def row(x, index, name):  # x[b, index[b], :] for index (B, 1) int64
         idx = node("Unsqueeze", [index, const(name + ".axis", np.array([2], np.int64))], name + ".idx3")
         shape = node("Shape", [x], name + ".shape")
-        wide = node("Concat", [node("Slice", [shape, const(name + ".s0", np.array([0], np.int64)),
-                                               const(name + ".s1", np.array([1], np.int64))], name + ".b"),
-                               const(name + ".one", np.array([1], np.int64)),
-                               node("Slice", [shape, const(name + ".s2", np.array([2], np.int64)),
-                                              const(name + ".s3", np.array([3], np.int64))], name + ".h")],
-                    name + ".target", axis=0)
+        wide = node(
+            "Concat",
+            [
+                node(
+                    "Slice",
+                    [shape, const(name + ".s0", np.array([0], np.int64)), const(name + ".s1", np.array([1], np.int64))],
+                    name + ".b",
+                ),
+                const(name + ".one", np.array([1], np.int64)),
+                node(
+                    "Slice",
+                    [shape, const(name + ".s2", np.array([2], np.int64)), const(name + ".s3", np.array([3], np.int64))],
+                    name + ".h",
+                ),
+            ],
+            name + ".target",
+            axis=0,
+        )
         picked = node("GatherElements", [x, node("Expand", [idx, wide], name + ".idx")], name + ".rows", axis=1)
         return node("Squeeze", [picked, const(name + ".sq", np.array([1], np.int64))], name)
 
-    mask_f = node("Unsqueeze", [node("Cast", [MASK], "mask_f", to=TensorProto.FLOAT),
-                                const("axis2", np.array([2], np.int64))], "mask3")  # (B, T, 1)
+    mask_f = node(
+        "Unsqueeze",
+        [node("Cast", [MASK], "mask_f", to=TensorProto.FLOAT), const("axis2", np.array([2], np.int64))],
+        "mask3",
+    )  # (B, T, 1)
     mode = recipe.pooling
     if mode == "cls":
         x = row(HIDDEN, node("ArgMax", [MASK], "first", axis=1, keepdims=1), "pooled")
@@ -63,34 +79,56 @@ def add_sentence_embedding(proto, recipe: EmbeddingRecipe, dense_weights: list, 
         x = row(masked, node("ArgMax", [MASK], "last", axis=1, keepdims=1, select_last_index=1), "pooled")
     elif mode == "max":
         real = node("Greater", [mask_f, const("zero", np.array(0, np.float32))], "real")
-        x = reduce("ReduceMax", node("Where", [real, HIDDEN, const("ninf", np.array(-np.inf, np.float32))], "filled"),
-                   "pooled")
+        x = reduce(
+            "ReduceMax", node("Where", [real, HIDDEN, const("ninf", np.array(-np.inf, np.float32))], "filled"), "pooled"
+        )
     else:
         weights = mask_f
         if mode == "weightedmean":
             T = node("Gather", [node("Shape", [HIDDEN], "hshape"), const("i1", np.array(1, np.int64))], "T", axis=0)
-            pos = node("Range", [const("r0", np.array(1, np.int64)), node("Add", [T, const("r1", np.array(1, np.int64))],
-                                                                          "T1"), const("rd", np.array(1, np.int64))], "pos")
-            pos = node("Reshape", [node("Cast", [pos], "pos_f", to=TensorProto.FLOAT),
-                                   const("pshape", np.array([1, -1, 1], np.int64))], "pos3")
+            pos = node(
+                "Range",
+                [
+                    const("r0", np.array(1, np.int64)),
+                    node("Add", [T, const("r1", np.array(1, np.int64))], "T1"),
+                    const("rd", np.array(1, np.int64)),
+                ],
+                "pos",
+            )
+            pos = node(
+                "Reshape",
+                [node("Cast", [pos], "pos_f", to=TensorProto.FLOAT), const("pshape", np.array([1, -1, 1], np.int64))],
+                "pos3",
+            )
             weights = node("Mul", [mask_f, pos], "weights")
         total = reduce("ReduceSum", node("Mul", [HIDDEN, weights], "weighted"), "sum")
-        count = node("Max", [reduce("ReduceSum", weights, "count"), const("eps", np.array(1e-9, np.float32))], "count_c")
+        count = node(
+            "Max", [reduce("ReduceSum", weights, "count"), const("eps", np.array(1e-9, np.float32))], "count_c"
+        )
         if mode == "mean_sqrt_len":
             count = node("Sqrt", [count], "sqrt_count")
         x = node("Div", [total, count], "pooled")
     for i, (layer, (w, b)) in enumerate(zip(recipe.dense, dense_weights)):
-        x = node("MatMul", [x, const(f"dense{i}.weight", np.ascontiguousarray(np.asarray(w, np.float32).T))],
-                 f"dense{i}.matmul")
+        x = node(
+            "MatMul",
+            [x, const(f"dense{i}.weight", np.ascontiguousarray(np.asarray(w, np.float32).T))],
+            f"dense{i}.matmul",
+        )
         if b is not None:
             x = node("Add", [x, const(f"dense{i}.bias", np.asarray(b, np.float32))], f"dense{i}.add")
         op = ACTIVATIONS[layer.activation]
         if op == "Gelu":  # torch's exact GELU, 0.5 x (1 + erf(x / sqrt 2)), in ops every opset has
-            erf = node("Erf", [node("Mul", [x, const(f"dense{i}.rsqrt2", np.array(2 ** -0.5, np.float32))],
-                                    f"dense{i}.scaled")], f"dense{i}.erf")
+            erf = node(
+                "Erf",
+                [node("Mul", [x, const(f"dense{i}.rsqrt2", np.array(2**-0.5, np.float32))], f"dense{i}.scaled")],
+                f"dense{i}.erf",
+            )
             half = node("Mul", [x, const(f"dense{i}.half", np.array(0.5, np.float32))], f"dense{i}.half_x")
-            x = node("Mul", [half, node("Add", [erf, const(f"dense{i}.one", np.array(1.0, np.float32))],
-                                         f"dense{i}.erf1")], f"dense{i}.gelu")
+            x = node(
+                "Mul",
+                [half, node("Add", [erf, const(f"dense{i}.one", np.array(1.0, np.float32))], f"dense{i}.erf1")],
+                f"dense{i}.gelu",
+            )
         elif op != "Identity":
             x = node(op, [x], f"dense{i}.{op.lower()}")
     nodes.append(helper.make_node("Identity", [x], [OUTPUT], name=_P + "output"))
@@ -130,8 +168,16 @@ def reference(hidden: np.ndarray, mask: np.ndarray, recipe: EmbeddingRecipe, den
     return x
 
 
-def embedding_parity(model, tokenizer, session, recipe: EmbeddingRecipe, dense_weights: list, sentences: list[str],
-                     max_length: int, batch_size: int = 32) -> dict:
+def embedding_parity(
+    model,
+    tokenizer,
+    session,
+    recipe: EmbeddingRecipe,
+    dense_weights: list,
+    sentences: list[str],
+    max_length: int,
+    batch_size: int = 32,
+) -> dict:
     """The graph's ``sentence_embedding`` against the recipe applied to PyTorch's token states, normalised as
     the recipe says: ``max_abs_diff``, ``cosine_mean`` and ``cosine_min`` over ``sentences``."""
     import torch
@@ -144,18 +190,35 @@ def embedding_parity(model, tokenizer, session, recipe: EmbeddingRecipe, dense_w
     names = {i.name for i in session.get_inputs()}
     diffs, cosines = [], []
     for start in range(0, len(sentences), batch_size):
-        feeds = encode(tokenizer, sentences[start: start + batch_size], max_length)
-        feeds = {**model_feeds(session.get_inputs(), feeds["input_ids"], feeds["attention_mask"]),
-                 **{k: v for k, v in feeds.items() if k in names}}
+        feeds = encode(tokenizer, sentences[start : start + batch_size], max_length)
+        feeds = {
+            **model_feeds(session.get_inputs(), feeds["input_ids"], feeds["attention_mask"]),
+            **{k: v for k, v in feeds.items() if k in names},
+        }
         with torch.no_grad():
-            hidden = model(**{k: torch.from_numpy(v) for k, v in feeds.items()
-                              if k in ("input_ids", "attention_mask", "token_type_ids")}).last_hidden_state
+            hidden = model(
+                **{
+                    k: torch.from_numpy(v)
+                    for k, v in feeds.items()
+                    if k in ("input_ids", "attention_mask", "token_type_ids")
+                }
+            ).last_hidden_state
         want = reference(hidden.float().numpy(), feeds["attention_mask"], recipe, dense_weights)
         got = session.run([OUTPUT], feeds)[0].astype(np.float64)
         if recipe.normalize:
             want, got = l2_normalize(want), l2_normalize(got)
         diffs.append(float(np.abs(got - want).max()))
-        cosines.append(float(((got * want).sum(-1) / np.maximum(np.linalg.norm(got, axis=-1)
-                                                               * np.linalg.norm(want, axis=-1), 1e-30)).min()))
-    return {"sentences": len(sentences), "max_abs_diff": max(diffs), "cosine_mean": float(np.mean(cosines)),
-            "cosine_min": min(cosines)}
+        cosines.append(
+            float(
+                (
+                    (got * want).sum(-1)
+                    / np.maximum(np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1), 1e-30)
+                ).min()
+            )
+        )
+    return {
+        "sentences": len(sentences),
+        "max_abs_diff": max(diffs),
+        "cosine_mean": float(np.mean(cosines)),
+        "cosine_min": min(cosines),
+    }

@@ -7,6 +7,7 @@ Inputs are the ones the model's tokenizer gives and its ``forward`` takes (``inp
 (RoBERTa's from the padding, rotary ones from the length), so the runtime feeds what it feeds every artifact.
 Kept apart from the sharebert exporter so the two can become one ``torch.onnx`` path.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,11 +34,8 @@ def export_encoder(model, tokenizer, task: str, path: Path, opset: int) -> tuple
     from .torch_onnx import TEXT_AXES, export_onnx, text_inputs
 
     if task not in OUTPUTS:
-        raise ValueError(f"--task {task} of a {model.config.model_type} model: its export gives "
-                         f"{', '.join(OUTPUTS)}")
+        raise ValueError(f"--task {task} of a {model.config.model_type} model: its export gives {', '.join(OUTPUTS)}")
     output = OUTPUTS[task]
     feeds = text_inputs(graph_inputs(model, tokenizer), int(model.config.vocab_size))
     axes = {0: "batch_size"} if task == "text-classification" else TEXT_AXES
     return export_onnx(model, feeds, path, {output: axes}, opset, fixed={"return_dict": True})
-
-

@@ -10,6 +10,7 @@ The exporter is the TorchScript one (``dynamo=False``): it writes the traced ope
 constant folding, so a sharebert graph stores only learned tensors and computes its generated weights with
 nodes (the graph passes of ``graph.py`` and ``depth.py`` rely on that form).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,6 +39,7 @@ def _traced_forward(model: torch.nn.Module, inputs: list[str], call):
 def named_outputs(outputs: list[str], fixed: dict):
     """The ``call`` of :func:`export_onnx` that runs ``forward(**inputs, **fixed)`` and takes ``outputs`` from its
     result by name (a ``ModelOutput`` or dict) or, from a plain tuple, by position."""
+
     def call(forward, inputs):
         result = forward(**inputs, **fixed)
         if isinstance(result, tuple) and not hasattr(result, "keys"):
@@ -53,9 +55,13 @@ def text_inputs(names, vocab_size: int, batch: int = 2, length: int = 16, seed: 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab_size, (batch, length), generator=g)
     mask = torch.ones_like(ids)
-    mask[-1, length // 2:] = 0
-    made = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids),
-            "position_ids": torch.arange(length).expand(batch, length).clone()}
+    mask[-1, length // 2 :] = 0
+    made = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": torch.zeros_like(ids),
+        "position_ids": torch.arange(length).expand(batch, length).clone(),
+    }
     unknown = [n for n in names if n not in made]
     if unknown:
         raise ValueError(f"no example input for {', '.join(unknown)}; pass the feeds yourself")
@@ -71,9 +77,17 @@ def forward_inputs(model: torch.nn.Module, offered=("input_ids", "attention_mask
     return [n for n in offered if n in params]
 
 
-def export_onnx(model: torch.nn.Module, feeds: dict[str, torch.Tensor], path: str | Path, outputs: dict[str, dict],
-                opset: int, axes: dict[str, dict] | None = None, fixed: dict | None = None, call=None,
-                constant_folding: bool = False) -> tuple[list[str], list[str]]:
+def export_onnx(
+    model: torch.nn.Module,
+    feeds: dict[str, torch.Tensor],
+    path: str | Path,
+    outputs: dict[str, dict],
+    opset: int,
+    axes: dict[str, dict] | None = None,
+    fixed: dict | None = None,
+    call=None,
+    constant_folding: bool = False,
+) -> tuple[list[str], list[str]]:
     """Export ``model`` traced on ``feeds`` (``{name: tensor}``, in the graph's input order) to ``path``.
 
     ``outputs``: ``{name: dynamic axes}`` of the graph's outputs, taken by name from the model's output (or by
@@ -86,26 +100,43 @@ def export_onnx(model: torch.nn.Module, feeds: dict[str, torch.Tensor], path: st
     axes = {n: dict((axes or {}).get(n, TEXT_AXES)) for n in names}
     call = call or named_outputs(out_names, dict(fixed or {}))
     with torch.no_grad(), _traced_forward(model.eval(), names, call) as traced:
-        torch.onnx.export(traced, tuple(feeds.values()), str(path), input_names=names, output_names=out_names,
-                          dynamic_axes={**axes, **{n: dict(a) for n, a in outputs.items()}}, opset_version=opset,
-                          do_constant_folding=constant_folding, dynamo=False)
+        torch.onnx.export(
+            traced,
+            tuple(feeds.values()),
+            str(path),
+            input_names=names,
+            output_names=out_names,
+            dynamic_axes={**axes, **{n: dict(a) for n, a in outputs.items()}},
+            opset_version=opset,
+            do_constant_folding=constant_folding,
+            dynamo=False,
+        )
     return names, out_names
 
 
-def export_text_encoder(model: torch.nn.Module, path: str | Path, opset: int = 17, output: str = "last_hidden_state",
-                        output_axes: dict | None = None) -> tuple[list[str], list[str]]:
+def export_text_encoder(
+    model: torch.nn.Module,
+    path: str | Path,
+    opset: int = 17,
+    output: str = "last_hidden_state",
+    output_axes: dict | None = None,
+) -> tuple[list[str], list[str]]:
     """A transformers text model (any architecture) -> ``path``: the inputs its ``forward`` takes among
     ``input_ids``, ``attention_mask`` and ``token_type_ids``, dynamic batch and length, and ``output``
     (``last_hidden_state`` by default, ``logits`` for a head) with ``output_axes`` (default ``TEXT_AXES``)."""
     names = forward_inputs(model)
     feeds = text_inputs(names, int(model.config.vocab_size))
-    return export_onnx(model.eval(), feeds, path, {output: output_axes or TEXT_AXES}, opset,
-                       fixed={"return_dict": True})
+    return export_onnx(
+        model.eval(), feeds, path, {output: output_axes or TEXT_AXES}, opset, fixed={"return_dict": True}
+    )
 
 
 # task -> (the transformers Auto class, the graph's output)
-FOLDER_TASKS = {"feature-extraction": ("AutoModel", "last_hidden_state"), "fill-mask": ("AutoModelForMaskedLM", "logits"),
-                "text-classification": ("AutoModelForSequenceClassification", "logits")}
+FOLDER_TASKS = {
+    "feature-extraction": ("AutoModel", "last_hidden_state"),
+    "fill-mask": ("AutoModelForMaskedLM", "logits"),
+    "text-classification": ("AutoModelForSequenceClassification", "logits"),
+}
 
 
 def export_folder(model_dir: str | Path, out: str | Path, task: str = "feature-extraction", opset: int = 17) -> Path:
@@ -122,8 +153,15 @@ def export_folder(model_dir: str | Path, out: str | Path, task: str = "feature-e
     out.mkdir(parents=True, exist_ok=True)
     axes = {0: "batch_size"} if task == "text-classification" else TEXT_AXES
     names = forward_inputs(model)
-    export_onnx(model.eval(), text_inputs(names, int(model.config.vocab_size)), out / "model.onnx", {output: axes},
-                opset, fixed={"return_dict": True}, constant_folding=True)  # folded as optimum's: weights stored
+    export_onnx(
+        model.eval(),
+        text_inputs(names, int(model.config.vocab_size)),
+        out / "model.onnx",
+        {output: axes},
+        opset,
+        fixed={"return_dict": True},
+        constant_folding=True,
+    )  # folded as optimum's: weights stored
     # as the MatMuls read them, so ONNX Runtime's quantizer finds them
     transformers.AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(out))
     return out / "model.onnx"

@@ -11,6 +11,7 @@ The torch-free device runtime is the separate package ``sharebert_runtime`` (``f
 import Runtime``): importing it never runs this file. The model classes load on first use
 (``from sharebert import ShareBertForMaskedLM``).
 """
+
 import importlib
 import importlib.util
 

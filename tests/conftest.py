@@ -23,11 +23,26 @@ disable_progress_bars()
 # torch), then single slow tests of otherwise fast files; a test may also carry `@pytest.mark.slow` itself.
 # tests/test_structure.py checks that every name here exists.
 SLOW_FILES = {
-    "test_adversarial_export.py", "test_bert_folders.py", "test_compress.py", "test_compress_classifier.py",
-    "test_depth_training.py", "test_distill.py", "test_export.py", "test_finetune.py", "test_generate_cache.py",
-    "test_hf_ecosystem.py", "test_optimum.py", "test_ort_format.py", "test_pairs.py", "test_pretrain.py",
-    "test_ram_int8.py", "test_real_model.py", "test_serve.py", "test_serve_adversarial.py",
-    "test_any_teacher.py", "test_length_grouping.py",  # module fixtures of 30-90 s (teachers, exported artifacts)
+    "test_adversarial_export.py",
+    "test_bert_folders.py",
+    "test_compress.py",
+    "test_compress_classifier.py",
+    "test_depth_training.py",
+    "test_distill.py",
+    "test_export.py",
+    "test_finetune.py",
+    "test_generate_cache.py",
+    "test_hf_ecosystem.py",
+    "test_optimum.py",
+    "test_ort_format.py",
+    "test_pairs.py",
+    "test_pretrain.py",
+    "test_ram_int8.py",
+    "test_real_model.py",
+    "test_serve.py",
+    "test_serve_adversarial.py",
+    "test_any_teacher.py",
+    "test_length_grouping.py",  # module fixtures of 30-90 s (teachers, exported artifacts)
 }
 SLOW_TESTS = {  # over 10 s each in a fast-tier run on 2 cores at load 7
     "test_docs.py::test_block_runs_as_written",  # every command of the docs, in order
@@ -93,15 +108,22 @@ def plain_transformers():
 def _load_without_sharebert(folder, cls: str, feeds: dict, trust_remote_code: bool = False):
     """``(class name, logits)`` of ``folder`` loaded by plain transformers in a process where sharebert (and
     its transformers registration) cannot be imported (``trust_remote_code``: a portable folder's own code)."""
-    code = ("import sys, json, torch\n"
-            "sys.modules['sharebert'] = sys.modules['transformers_sharebert'] = None  # import fails\n"
-            "import transformers\n"
-            f"model = transformers.{cls}.from_pretrained(sys.argv[1], trust_remote_code={trust_remote_code}).eval()\n"
-            "feeds = {k: torch.tensor(v) for k, v in json.loads(sys.argv[2]).items()}\n"
-            "with torch.no_grad():\n"
-            "    print(json.dumps([type(model).__name__, model(**feeds).logits.tolist()]))\n")
-    out = subprocess.run([sys.executable, "-c", code, str(folder), json.dumps({k: v.tolist() for k, v in feeds.items()})],
-                         capture_output=True, text=True, timeout=300, env={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": ""})
+    code = (
+        "import sys, json, torch\n"
+        "sys.modules['sharebert'] = sys.modules['transformers_sharebert'] = None  # import fails\n"
+        "import transformers\n"
+        f"model = transformers.{cls}.from_pretrained(sys.argv[1], trust_remote_code={trust_remote_code}).eval()\n"
+        "feeds = {k: torch.tensor(v) for k, v in json.loads(sys.argv[2]).items()}\n"
+        "with torch.no_grad():\n"
+        "    print(json.dumps([type(model).__name__, model(**feeds).logits.tolist()]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(folder), json.dumps({k: v.tolist() for k, v in feeds.items()})],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": ""},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     import numpy as np
 
@@ -161,8 +183,10 @@ def stepped_clock(monkeypatch):
     return clock
 
 
-OPTIMUM_ABSENT = ("optimum's ONNX exporter is not installed (the `optimum` extra: optimum-onnx, which requires "
-                  "transformers<4.58; `make test-optimum` runs these tests in a venv of their own)")
+OPTIMUM_ABSENT = (
+    "optimum's ONNX exporter is not installed (the `optimum` extra: optimum-onnx, which requires "
+    "transformers<4.58; `make test-optimum` runs these tests in a venv of their own)"
+)
 
 
 @pytest.fixture

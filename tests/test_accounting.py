@@ -1,4 +1,5 @@
 """Analytic accounting vs the papers' figures, the instantiated models and torch's FLOP counter."""
+
 import json
 
 import pytest
@@ -33,8 +34,14 @@ def test_sharebert_table2_rows(preset):
 def test_sharebert_formula_and_bert_base_canonical():
     for preset in ("sharebert-small", "sharebert-base", "sharebert-large", "sharebert-f24-v512", "sharebert-f64-v768"):
         c = ShareBertConfig.from_preset(preset)
-        E, F, V, N, I, P = (c.vocab_size, c.embedding_size, c.hidden_size, c.num_hidden_layers, c.intermediate_size,
-                            c.max_position_embeddings)
+        E, F, V, N, I, P = (
+            c.vocab_size,
+            c.embedding_size,
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.intermediate_size,
+            c.max_position_embeddings,
+        )
         assert count_params(c)["learned_params"] == E * F + 2 * F * V + 2 * F + (P + 9 + 9 * N) * V + N * I
     n = count_params(ShareBertConfig.from_preset("bert-base"))
     assert (n["learned_params"], n["learned_params_without_embeddings_module"]) == (109_482_240, 85_645_056)
@@ -47,15 +54,31 @@ def test_attention_paper_counts(preset, expected):
 
 
 def _tiny(preset, **kw):
-    kw = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=2, intermediate_size=48, num_attention_heads=4,
-              max_position_embeddings=16, **kw)
+    kw = dict(
+        vocab_size=1000,
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=48,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+        **kw,
+    )
     if PRESETS[preset].get("embedding_size"):
         kw.setdefault("embedding_size", 8)
     return ShareBertConfig.from_preset(preset, **kw)
 
 
-TINY = ["sharebert-tiny", "bert-eps-i1024", "bert-eps-ef-f1152", "bert-small", "bert-small-symmetric",
-        "bert-small-pairwise", "bert-small-shared-qkv", "bert-small-partial-qk", "charlm-tiny"]
+TINY = [
+    "sharebert-tiny",
+    "bert-eps-i1024",
+    "bert-eps-ef-f1152",
+    "bert-small",
+    "bert-small-symmetric",
+    "bert-small-pairwise",
+    "bert-small-shared-qkv",
+    "bert-small-partial-qk",
+    "charlm-tiny",
+]
 
 
 @pytest.mark.parametrize("preset", TINY)
@@ -111,7 +134,9 @@ def test_bytes():
     c = ShareBertConfig.from_preset("sharebert-small")
     b, n = count_bytes(c), count_params(c)
     assert b["stored"] == {"fp32": 4 * 4_983_040, "fp16": 2 * 4_983_040, "int8": 4_983_040}
-    assert b["materialised"]["fp32"] == 4 * n["generated_params"] == 4 * (5 * 2048 * 2048 + 2 * 2048 * 4096)  # Q, K, V, O, pooler; FF in, out
+    assert (
+        b["materialised"]["fp32"] == 4 * n["generated_params"] == 4 * (5 * 2048 * 2048 + 2 * 2048 * 4096)
+    )  # Q, K, V, O, pooler; FF in, out
     assert b["at_load"]["fp16"] == b["stored"]["fp16"] + b["materialised"]["fp16"]
 
 

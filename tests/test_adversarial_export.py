@@ -7,6 +7,7 @@ escaping it fails the row); rows about the process itself (a file size limit, by
 the predict rows run ``python -m sharebert`` in a subprocess. Runtime rows rewrite one manifest field (or file) of a copied artifact and assert
 the refusal names the manifest or the file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,8 +45,15 @@ def artifact(tmp_path_factory, model_dir):
 
 
 def _cli(*argv, cwd, preexec=None):
-    return subprocess.run([sys.executable, "-m", "sharebert", *map(str, argv)], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, preexec_fn=preexec, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "sharebert", *map(str, argv)],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        preexec_fn=preexec,
+        timeout=600,
+    )
 
 
 def _main(*argv, cwd, capfd, monkeypatch) -> subprocess.CompletedProcess:
@@ -62,8 +70,10 @@ def _main(*argv, cwd, capfd, monkeypatch) -> subprocess.CompletedProcess:
 
 
 def _snapshot(root: Path) -> dict:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def _assert_refused(proc, *fragments):
@@ -105,41 +115,111 @@ EXPORT_CASES = [
     ("out-is-a-file", None, ["--out", "notes.txt", "--overwrite"], ["notes.txt is a file"]),
     ("out-under-a-file", None, ["--out", "notes.txt/art"], ["notes.txt is a file, not a folder"]),
     ("out-not-ours", None, ["--out", "P/..", "--overwrite"], ["is, or holds, the input"]),
-    ("out-nonempty-not-ours", lambda u: (u / "mine").mkdir() or _write(u / "mine" / "a.txt", b"mine"),
-     ["--out", "mine", "--overwrite"], ["mine is a non-empty folder that is not a sharebert artifact"]),
-    ("out-artifact-without-overwrite", None, ["--out", "art"], ["art already holds a sharebert artifact", "--overwrite"]),
+    (
+        "out-nonempty-not-ours",
+        lambda u: (u / "mine").mkdir() or _write(u / "mine" / "a.txt", b"mine"),
+        ["--out", "mine", "--overwrite"],
+        ["mine is a non-empty folder that is not a sharebert artifact"],
+    ),
+    (
+        "out-artifact-without-overwrite",
+        None,
+        ["--out", "art"],
+        ["art already holds a sharebert artifact", "--overwrite"],
+    ),
     ("model-is-an-artifact", None, ["--model", "art", "--out", "new"], ["art is an exported ONNX artifact"]),
     ("check-limit-zero", None, ["--out", "new", "--check-limit", "0"], ["--check-limit", "got 0"]),
     ("check-limit-negative", None, ["--out", "new", "--check-limit", "-5"], ["--check-limit", "got -5"]),
-    ("calibration-binary", lambda u: _write(u / "cal.tsv", bytes(range(256)) * 8),
-     ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.tsv"], ["cal.tsv is not a UTF-8 text file"]),
-    ("calibration-latin1", lambda u: _write(u / "cal.txt", "caf\xe9 au lait\n".encode("latin-1")),
-     ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"], ["cal.txt is not a UTF-8 text file"]),
-    ("calibration-dev-zero", None, ["--out", "new", "--quantize", "int8-static", "--calibration", "/dev/zero"],
-     ["sentence file /dev/zero: a character device, not a regular file"]),
-    ("calibration-line-over-1MiB", lambda u: _write(u / "cal.txt", b"x " * (1 << 20)),
-     ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"], ["cal.txt line 1: longer than 1048576 bytes"]),
-    ("calibration-empty", lambda u: _write(u / "cal.txt", b""),
-     ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"], ["cal.txt holds no sentences"]),
-    ("check-file-binary", lambda u: _write(u / "check.txt", b"\x00\x01\x02abc\n"),
-     ["--out", "new", "--check-file", "check.txt"], ["check.txt is not a UTF-8 text file"]),
-    ("config-truncated", lambda u: _half(u / "P/model/config.json"), ["--out", "new"], ["config.json is not valid JSON"]),
-    ("config-a-list", lambda u: _write(u / "P/model/config.json", b"[1, 2]"), ["--out", "new"],
-     ["config.json is not a JSON object"]),
-    ("config-field-out-of-range", lambda u: _set_config(u / "P/model", hidden_size="abc"), ["--out", "new"],
-     ["config.json is not a valid model config", "hidden_size"]),
-    ("safetensors-missing", lambda u: (u / "P/model/model.safetensors").unlink(), ["--out", "new"],
-     ["cannot load the weights"]),
-    ("safetensors-truncated", lambda u: _half(u / "P/model/model.safetensors"), ["--out", "new"],
-     ["model.safetensors", "cannot load the weights"]),
-    ("tokenizer-truncated", lambda u: _half(u / "P/model/tokenizer.json"), ["--out", "new"],
-     ["tokenizer.json cannot be read"]),
-    ("tokenizer-larger-than-vocab", lambda u: _small_vocab_model(u / "P/model"), ["--out", "new"],
-     ["30522 tokens but config.vocab_size is 1024"]),
-    ("mlm-exported-as-causal-lm", None, ["--out", "new", "--task", "causal-lm"],
-     ["holds a fill-mask model", "not a causal-lm one", "--task fill-mask"]),
-    ("mlm-exported-as-classifier", None, ["--out", "new", "--task", "text-classification"],
-     ["no trained weights", "classifier.weight", "--task fill-mask"]),
+    (
+        "calibration-binary",
+        lambda u: _write(u / "cal.tsv", bytes(range(256)) * 8),
+        ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.tsv"],
+        ["cal.tsv is not a UTF-8 text file"],
+    ),
+    (
+        "calibration-latin1",
+        lambda u: _write(u / "cal.txt", "caf\xe9 au lait\n".encode("latin-1")),
+        ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"],
+        ["cal.txt is not a UTF-8 text file"],
+    ),
+    (
+        "calibration-dev-zero",
+        None,
+        ["--out", "new", "--quantize", "int8-static", "--calibration", "/dev/zero"],
+        ["sentence file /dev/zero: a character device, not a regular file"],
+    ),
+    (
+        "calibration-line-over-1MiB",
+        lambda u: _write(u / "cal.txt", b"x " * (1 << 20)),
+        ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"],
+        ["cal.txt line 1: longer than 1048576 bytes"],
+    ),
+    (
+        "calibration-empty",
+        lambda u: _write(u / "cal.txt", b""),
+        ["--out", "new", "--quantize", "int8-static", "--calibration", "cal.txt"],
+        ["cal.txt holds no sentences"],
+    ),
+    (
+        "check-file-binary",
+        lambda u: _write(u / "check.txt", b"\x00\x01\x02abc\n"),
+        ["--out", "new", "--check-file", "check.txt"],
+        ["check.txt is not a UTF-8 text file"],
+    ),
+    (
+        "config-truncated",
+        lambda u: _half(u / "P/model/config.json"),
+        ["--out", "new"],
+        ["config.json is not valid JSON"],
+    ),
+    (
+        "config-a-list",
+        lambda u: _write(u / "P/model/config.json", b"[1, 2]"),
+        ["--out", "new"],
+        ["config.json is not a JSON object"],
+    ),
+    (
+        "config-field-out-of-range",
+        lambda u: _set_config(u / "P/model", hidden_size="abc"),
+        ["--out", "new"],
+        ["config.json is not a valid model config", "hidden_size"],
+    ),
+    (
+        "safetensors-missing",
+        lambda u: (u / "P/model/model.safetensors").unlink(),
+        ["--out", "new"],
+        ["cannot load the weights"],
+    ),
+    (
+        "safetensors-truncated",
+        lambda u: _half(u / "P/model/model.safetensors"),
+        ["--out", "new"],
+        ["model.safetensors", "cannot load the weights"],
+    ),
+    (
+        "tokenizer-truncated",
+        lambda u: _half(u / "P/model/tokenizer.json"),
+        ["--out", "new"],
+        ["tokenizer.json cannot be read"],
+    ),
+    (
+        "tokenizer-larger-than-vocab",
+        lambda u: _small_vocab_model(u / "P/model"),
+        ["--out", "new"],
+        ["30522 tokens but config.vocab_size is 1024"],
+    ),
+    (
+        "mlm-exported-as-causal-lm",
+        None,
+        ["--out", "new", "--task", "causal-lm"],
+        ["holds a fill-mask model", "not a causal-lm one", "--task fill-mask"],
+    ),
+    (
+        "mlm-exported-as-classifier",
+        None,
+        ["--out", "new", "--task", "text-classification"],
+        ["no trained weights", "classifier.weight", "--task fill-mask"],
+    ),
 ]
 
 
@@ -166,6 +246,7 @@ def test_export_refuses_bad_input_and_keeps_every_file(user, prepare, args, frag
 
 def test_export_disk_full_leaves_nothing(user):
     """A file size limit (as a full disk) met while writing: one line, and no --out or temporary folder."""
+
     def limit():
         import resource
         import signal
@@ -187,8 +268,21 @@ def test_export_refuses_unwritable_out(user):
 
 def test_overwrite_replaces_only_an_artifact(user, artifact, capfd, monkeypatch):
     before = (user / "art" / "manifest.json").read_bytes()
-    proc = _main("export", "--model", "P/model", "--out", "art", "--overwrite", "--check-limit", "4", "--quantize", "int8",
-                 cwd=user, capfd=capfd, monkeypatch=monkeypatch)
+    proc = _main(
+        "export",
+        "--model",
+        "P/model",
+        "--out",
+        "art",
+        "--overwrite",
+        "--check-limit",
+        "4",
+        "--quantize",
+        "int8",
+        cwd=user,
+        capfd=capfd,
+        monkeypatch=monkeypatch,
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((user / "art" / "manifest.json").read_text())
     assert manifest["quantization"] == "int8" and (user / "art" / "manifest.json").read_bytes() != before
@@ -232,8 +326,13 @@ def test_char_level_causal_lm_exports(tmp_path):
     from sharebert.training.corpus import char_tokenizer
 
     text = "the quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX! 0123456789,;:?'"
-    _, tokenizer = build_model("charlm-tiny", tmp_path / "char", dict(hidden_size=64, num_hidden_layers=2,
-                               intermediate_size=128), head="clm", tokenizer=char_tokenizer(text))
+    _, tokenizer = build_model(
+        "charlm-tiny",
+        tmp_path / "char",
+        dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128),
+        head="clm",
+        tokenizer=char_tokenizer(text),
+    )
     assert len(tokenizer) < 100
     manifest = export_model(tmp_path / "char", tmp_path / "art", **QUICK)
     assert manifest["task"] == "causal-lm" and manifest["parity"]["max_abs_diff"] <= 1e-3
@@ -280,12 +379,12 @@ def _special(**ids):
 RUNTIME_CASES = [
     ("max-length-string", _field(max_length="128"), "max_length"),
     ("max-length-zero", _field(max_length=0), "max_length"),
-    ("max-length-huge", _field(max_length=10 ** 12), "max_length"),
+    ("max-length-huge", _field(max_length=10**12), "max_length"),
     ("max-length-bool", _field(max_length=True), "max_length"),
     ("pad-negative", _special(pad=-1), "special_tokens"),
     ("pad-string", _special(pad="0"), "special_tokens"),
-    ("mask-beyond-vocab", _special(mask=10 ** 6), "special_tokens mask"),
-    ("mask-beyond-32-bits", _special(mask=10 ** 12), "special_tokens mask"),
+    ("mask-beyond-vocab", _special(mask=10**6), "special_tokens mask"),
+    ("mask-beyond-32-bits", _special(mask=10**12), "special_tokens mask"),
     ("task-unknown", _field(task="translation"), "task"),
     ("labels-number", _field(labels=5), "labels"),
     ("labels-empty", _field(labels=[]), "labels"),
@@ -303,8 +402,11 @@ RUNTIME_CASES = [
     ("generator-not-a-string", lambda f, m: m["ram_int8"].update(generator=["a"]), "ram_int8"),
     ("ram-int8-layout", lambda f, m: m["ram_int8"]["weights"][0].update(layout="xx"), "ram_int8"),
     ("tokenizer-symlink-outside", _symlinked_tokenizer, "tokenizer.json leads outside"),
-    ("rows-offset-past-the-product", lambda f, m: _row_weight(m).update(offset=m["ram_int8"]["width"] * m["ram_int8"]["height"]),
-     "ram_int8"),
+    (
+        "rows-offset-past-the-product",
+        lambda f, m: _row_weight(m).update(offset=m["ram_int8"]["width"] * m["ram_int8"]["height"]),
+        "ram_int8",
+    ),
     ("rows-offset-negative", lambda f, m: _row_weight(m).update(offset=-1), "ram_int8"),
     ("rows-shape-zero", lambda f, m: _row_weight(m).update(shape=[0, 4]), "ram_int8"),
     ("rows-width-missing", lambda f, m: m["ram_int8"].pop("width"), "ram_int8"),
@@ -313,20 +415,32 @@ RUNTIME_CASES = [
     ("weight-not-an-object", lambda f, m: m["ram_int8"]["weights"].__setitem__(0, 1), "ram_int8"),
     ("rows-width-off-by-one", lambda f, m: m["ram_int8"].update(width=m["ram_int8"]["width"] + 1), "ram_int8"),
     ("rows-height-off-by-one", lambda f, m: m["ram_int8"].update(height=m["ram_int8"]["height"] + 1), "ram_int8"),
-    ("rows-shape-reshaped", lambda f, m: _row_weight(m).update(shape=[2 * _row_weight(m)["shape"][0],
-                                                                      _row_weight(m)["shape"][1] // 2]), "ram_int8"),
+    (
+        "rows-shape-reshaped",
+        lambda f, m: _row_weight(m).update(shape=[2 * _row_weight(m)["shape"][0], _row_weight(m)["shape"][1] // 2]),
+        "ram_int8",
+    ),
     ("rows-file-is-the-compute-graph", lambda f, m: m["ram_int8"].update(rows=m["ram_int8"]["compute"]), "ram_int8"),
-    ("generator-output-unknown", lambda f, m: next(w for w in m["ram_int8"]["weights"] if "output" in w).update(
-        output="nope"), "ram_int8"),
-    ("weight-generator-unlisted", lambda f, m: _whole_weight(m).update(generator="ram_int8/generator.9.onnx"),
-     "does not list ram_int8/generator.9.onnx"),
+    (
+        "generator-output-unknown",
+        lambda f, m: next(w for w in m["ram_int8"]["weights"] if "output" in w).update(output="nope"),
+        "ram_int8",
+    ),
+    (
+        "weight-generator-unlisted",
+        lambda f, m: _whole_weight(m).update(generator="ram_int8/generator.9.onnx"),
+        "does not list ram_int8/generator.9.onnx",
+    ),
     ("weight-generator-outside", lambda f, m: _whole_weight(m).update(generator="../gen.onnx"), "../gen.onnx"),
     ("weight-generator-not-a-string", lambda f, m: _whole_weight(m).update(generator=5), "ram_int8"),
     ("task-does-not-fit-the-output", _field(task="text-classification", labels=["a", "b"]), "does not fit"),
     ("max-length-over-the-positions", _field(max_length=4096), "max_length 4096 exceeds the model's"),
     ("max-depth-over-the-layers", _field(max_depth=3), "max_depth 3"),
-    ("embedding-pooling-a-list", _field(embedding={"pooling": ["mean"], "normalize": True, "output": "logits"}),
-     "pooling ['mean'] is not one of"),
+    (
+        "embedding-pooling-a-list",
+        _field(embedding={"pooling": ["mean"], "normalize": True, "output": "logits"}),
+        "pooling ['mean'] is not one of",
+    ),
     ("embedding-not-an-object", _field(embedding="mean"), "embedding must be an object"),
 ]
 
@@ -349,7 +463,9 @@ def test_runtime_refuses_a_bad_manifest(tmp_path, artifact, change, fragment):
     change(folder, manifest)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError) as e:
-        Runtime(folder, ram="int8" if "generator" in fragment or "ram_int8" in fragment or "neither" in fragment else "fp32")
+        Runtime(
+            folder, ram="int8" if "generator" in fragment or "ram_int8" in fragment or "neither" in fragment else "fp32"
+        )
     assert fragment in str(e.value) and str(folder) in str(e.value)
 
 
@@ -399,7 +515,11 @@ def test_pinning(artifact, tmp_path):
 PREDICT_CASES = [
     ("output-is-a-folder", ["--output", "."], "is a folder"),
     ("output-in-missing-folder", ["--output", "nope/out.jsonl"], "does not exist"),
-    ("output-under-a-file", ["--output", "in.txt/out.jsonl"], "--output in.txt/out.jsonl: in.txt is a file, not a folder"),
+    (
+        "output-under-a-file",
+        ["--output", "in.txt/out.jsonl"],
+        "--output in.txt/out.jsonl: in.txt is a file, not a folder",
+    ),
     ("output-is-the-input", ["--output", "in.txt"], "is the --input file"),
     ("top-k-zero", ["--top-k", "0"], "--top-k"),
     ("pooling-on-fill-mask", ["--pooling", "mean"], "--pooling and --normalize are for feature-extraction"),
@@ -408,8 +528,14 @@ PREDICT_CASES = [
 
 
 def test_predict_refuses_a_text_argument_that_is_not_utf8(tmp_path, artifact):
-    proc = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(artifact).encode(), b"ok", b"\xff [MASK]"],
-                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sharebert", "predict", str(artifact).encode(), b"ok", b"\xff [MASK]"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     _assert_refused(proc, "TEXT argument 2 is not valid UTF-8")
 
 
@@ -431,12 +557,21 @@ PREDICT_INPUT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("path, stdin, fragment", [c[1:] for c in PREDICT_INPUT_CASES], ids=[c[0] for c in PREDICT_INPUT_CASES])
+@pytest.mark.parametrize(
+    "path, stdin, fragment", [c[1:] for c in PREDICT_INPUT_CASES], ids=[c[0] for c in PREDICT_INPUT_CASES]
+)
 def test_predict_reads_input_lines_in_bounded_memory(tmp_path, artifact, path, stdin, fragment):
     (tmp_path / "long.txt").write_bytes(b"a [MASK] .\n" + b"word " * (1 << 18) + b"\n")
     with open(stdin or os.devnull, "rb") as f:
-        proc = subprocess.run([sys.executable, "-m", "sharebert", "predict", str(artifact), "--input", path, "--output",
-                               "out.jsonl"], cwd=tmp_path, env=ENV, stdin=f, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "sharebert", "predict", str(artifact), "--input", path, "--output", "out.jsonl"],
+            cwd=tmp_path,
+            env=ENV,
+            stdin=f,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     _assert_refused(proc, fragment)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.txt"]  # no output, no temporary file
 
@@ -457,25 +592,47 @@ def _full_disk_predict(tmp_path, artifact, lines, limit):
     (tmp_path / "in.txt").write_text("".join(f"the [MASK] number {n} .\n" for n in range(lines)))
     disk = tmp_path / "disk"
     disk.mkdir()
-    predict = [sys.executable, "-m", "sharebert", "predict", str(artifact), "--input", "in.txt", "--output",
-               "disk/out.jsonl", "--top-k", "5"]
+    predict = [
+        sys.executable,
+        "-m",
+        "sharebert",
+        "predict",
+        str(artifact),
+        "--input",
+        "in.txt",
+        "--output",
+        "disk/out.jsonl",
+        "--top-k",
+        "5",
+    ]
     if limit == "rlimit":
         (disk / "out.jsonl").write_text("earlier results\n")
-        proc = subprocess.run(predict, cwd=tmp_path, env=ENV, capture_output=True, text=True, preexec_fn=_file_size_limit,
-                              timeout=600)
+        proc = subprocess.run(
+            predict, cwd=tmp_path, env=ENV, capture_output=True, text=True, preexec_fn=_file_size_limit, timeout=600
+        )
         return proc, sorted(p.name for p in disk.iterdir()), (disk / "out.jsonl").read_text()
     mount = f"mount -t tmpfs -o size=8k tmpfs {disk} && echo 'earlier results' > {disk}/out.jsonl"
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "sh", "-c", mount]).returncode:
         pytest.skip("no tmpfs can be mounted here (unshare -Urm: user namespaces not allowed)")
-    script = (f'{mount} && "$@" 2>{tmp_path}/err; code=$?; ls -A {disk} > {tmp_path}/left; '
-              f'cat {disk}/out.jsonl > {tmp_path}/kept; exit $code')
-    proc = subprocess.run(["unshare", "-Urm", "sh", "-c", script, "sh", *predict], cwd=tmp_path, env=ENV,
-                          capture_output=True, text=True, timeout=600)
+    script = (
+        f'{mount} && "$@" 2>{tmp_path}/err; code=$?; ls -A {disk} > {tmp_path}/left; '
+        f"cat {disk}/out.jsonl > {tmp_path}/kept; exit $code"
+    )
+    proc = subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", script, "sh", *predict],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     proc.stderr = (tmp_path / "err").read_text()
     return proc, (tmp_path / "left").read_text().split(), (tmp_path / "kept").read_text()
 
 
-@pytest.mark.parametrize("limit, lines", [("rlimit", 12), ("tmpfs", 300)], ids=["file-size-limit-at-the-end", "tmpfs-full-mid-run"])
+@pytest.mark.parametrize(
+    "limit, lines", [("rlimit", 12), ("tmpfs", 300)], ids=["file-size-limit-at-the-end", "tmpfs-full-mid-run"]
+)
 def test_predict_output_on_a_full_disk_leaves_no_temporary_file(tmp_path, artifact, limit, lines):
     """A full disk while --output is written (at its last flush: 12 lines of output fit in the write buffer; or
     mid-run): one line naming the file, exit 2, no temporary file left, the user's earlier file as it was."""
@@ -521,19 +678,46 @@ def test_predict_never_writes_nan(tmp_path, artifact):
 
 
 def test_predict_goes_on_after_bad_lines(tmp_path, artifact):
-    lines = [b"the [MASK] is red .", b"{not json [MASK]", b'{"txt": "x"}', b'{"text": 5}', b"\xff\xfe bad",
-             b'{"text": "a \\ud800 [MASK]"}', b'{"text": "fine [MASK]", "id": 3}', b'["text"]',
-             b'{"text": "mine [MASK]", "line": 99, "result": "my own", "id": 9}']
+    lines = [
+        b"the [MASK] is red .",
+        b"{not json [MASK]",
+        b'{"txt": "x"}',
+        b'{"text": 5}',
+        b"\xff\xfe bad",
+        b'{"text": "a \\ud800 [MASK]"}',
+        b'{"text": "fine [MASK]", "id": 3}',
+        b'["text"]',
+        b'{"text": "mine [MASK]", "line": 99, "result": "my own", "id": 9}',
+    ]
     (tmp_path / "in.txt").write_bytes(b"\n".join(lines) + b"\n")
-    proc = _cli("predict", artifact, "--input", "in.txt", "--output", "out.jsonl", "--batch-size", "3", "--top-k", "1",
-                cwd=tmp_path)
+    proc = _cli(
+        "predict",
+        artifact,
+        "--input",
+        "in.txt",
+        "--output",
+        "out.jsonl",
+        "--batch-size",
+        "3",
+        "--top-k",
+        "1",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     records = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["line"] for r in records] == [1, 2, 3, 7, 8, 9]  # a record's own "line" never hides the line number
     assert records[1]["text"] == "{not json [MASK]" and records[2]["text"] == '{"txt": "x"}'  # text starting with {
     assert records[3]["id"] == 3 and records[4]["text"] == '["text"]'
-    assert records[5]["id"] == 9 and len(records[5]["result"]) == 1 and list(records[5]) == ["line", "text", "id", "result"]
+    assert (
+        records[5]["id"] == 9
+        and len(records[5]["result"]) == 1
+        and list(records[5]) == ["line", "text", "id", "result"]
+    )
     assert "line 9: the record's own 'line', 'result' not copied to the output" in proc.stderr
-    for number, message in ((4, '"text" must be a string'), (5, "not valid UTF-8"), (6, "the JSON holds a lone surrogate")):
+    for number, message in (
+        (4, '"text" must be a string'),
+        (5, "not valid UTF-8"),
+        (6, "the JSON holds a lone surrogate"),
+    ):
         assert f"line {number}: {message}" in proc.stderr
     assert "3 line(s) skipped" in proc.stderr

@@ -2,6 +2,7 @@
 transformers' config classes with tokenizers trained on the shared text, nothing downloaded): read, exported and
 run torch-free as PyTorch runs them, distilled into a student that speaks their tokenizer, their vocabulary cut
 with exact ids."""
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,7 @@ def test_every_architecture_is_read_as_a_teacher(teachers, model_type):
     assert t["word"].shape[0] == 1000
     pos = getattr(getattr(model, "embeddings", None), "position_embeddings", None)
     if model_type in ("roberta", "xlm-roberta", "mpnet"):  # positions counted after padding_idx
-        assert torch.equal(t["position"], pos.weight[pos.padding_idx + 1:])
+        assert torch.equal(t["position"], pos.weight[pos.padding_idx + 1 :])
     elif model_type in ("modernbert", "deberta-v2"):  # rotary / relative positions: none to copy
         assert t["position"] is None
     else:
@@ -176,16 +177,36 @@ def test_short_distillation_of_any_teacher_improves_the_students_cosine(teachers
     text = tmp_path / "train.txt"
     text.write_text("\n".join(training_text(1400)[1000:1400]))
     tok = teacher_tokenizer(teacher)
-    shape = dict(hidden_size=32, embedding_size=16, num_hidden_layers=2, intermediate_size=64, num_attention_heads=2,
-                 **student_fields(tok))
+    shape = dict(
+        hidden_size=32,
+        embedding_size=16,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=2,
+        **student_fields(tok),
+    )
     vocab = cut_vocabulary(tok, training_text(1400)[1000:1400]) if model_type in ("roberta", "xlm-roberta") else None
     held = training_text()[1750:1814]
     scores = []
     for steps in (1, 60):
-        args = EmbeddingArgs(max_steps=steps, batch_size=16, lr=1e-3, warmup_steps=0,
-                             weights=DistillWeights(hidden=0, attention=0, embedding=0))
-        m = distill_embedding(teacher, "sharebert-tiny", tmp_path / f"s{steps}", [text], args, overrides=shape,
-                              progress=False, score_sts=False, vocab=vocab)
+        args = EmbeddingArgs(
+            max_steps=steps,
+            batch_size=16,
+            lr=1e-3,
+            warmup_steps=0,
+            weights=DistillWeights(hidden=0, attention=0, embedding=0),
+        )
+        m = distill_embedding(
+            teacher,
+            "sharebert-tiny",
+            tmp_path / f"s{steps}",
+            [text],
+            args,
+            overrides=shape,
+            progress=False,
+            score_sts=False,
+            vocab=vocab,
+        )
         assert m["init"] == "teacher"
         scores.append(_student_cosine(tmp_path / f"s{steps}", teacher, held))
     assert scores[1] > scores[0], scores
@@ -195,12 +216,15 @@ def test_short_distillation_of_any_teacher_improves_the_students_cosine(teachers
         assert saved["vocab_size"] == len(vocab.kept) < 1000
 
 
-@pytest.mark.parametrize("kind, message", [
-    ("gpt2", "is a causal (decoder) model"),
-    ("bart", "is an encoder-decoder model"),
-    ("vit", "model_type 'vit' is not a text encoder"),
-    ("no_tokenizer", "has no tokenizer files"),
-])
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("gpt2", "is a causal (decoder) model"),
+        ("bart", "is an encoder-decoder model"),
+        ("vit", "model_type 'vit' is not a text encoder"),
+        ("no_tokenizer", "has no tokenizer files"),
+    ],
+)
 def test_folders_that_are_no_encoder_teacher_get_one_line_errors(teachers, tmp_path, kind, message, capsys):
     import transformers
     from sharebert_runtime.main import main
@@ -212,10 +236,13 @@ def test_folders_that_are_no_encoder_teacher_get_one_line_errors(teachers, tmp_p
             (folder / name).unlink(missing_ok=True)
     else:
         config = {"gpt2": transformers.GPT2Config, "bart": transformers.BartConfig, "vit": transformers.ViTConfig}[kind]
-        config(architectures=[{"gpt2": "GPT2LMHeadModel", "bart": "BartModel", "vit": "ViTModel"}[kind]]) \
-            .save_pretrained(folder)
-    for argv in (["compress", str(folder), "--out", str(tmp_path / "out")],
-                 ["export", "--model", str(folder), "--out", str(tmp_path / "art")]):
+        config(
+            architectures=[{"gpt2": "GPT2LMHeadModel", "bart": "BartModel", "vit": "ViTModel"}[kind]]
+        ).save_pretrained(folder)
+    for argv in (
+        ["compress", str(folder), "--out", str(tmp_path / "out")],
+        ["export", "--model", str(folder), "--out", str(tmp_path / "art")],
+    ):
         rc = main(argv)
         err = capsys.readouterr().err.strip()
         assert rc == 2 and len(err.splitlines()) == 1 and message in err, err
@@ -267,8 +294,27 @@ def test_compress_of_a_classifier_cuts_its_vocabulary_maps_ids_exactly_and_learn
     from sharebert.training.glue import get_task, read_split
 
     teacher, out = trained_classifier(tmp_path, model_type), tmp_path / "out"
-    assert main(["compress", str(teacher), "--out", str(out), "--max-steps", "60", "--max-train-samples", "300",
-                 "--eval-limit", "200", "--batch-size", "16", "--vocab-size", "600"]) == 0
+    assert (
+        main(
+            [
+                "compress",
+                str(teacher),
+                "--out",
+                str(out),
+                "--max-steps",
+                "60",
+                "--max-train-samples",
+                "300",
+                "--eval-limit",
+                "200",
+                "--batch-size",
+                "16",
+                "--vocab-size",
+                "600",
+            ]
+        )
+        == 0
+    )
     said = capsys.readouterr().out
     r = json.loads((out / "report.json").read_text())
     cut = r["student"]["vocabulary"]
@@ -279,7 +325,9 @@ def test_compress_of_a_classifier_cuts_its_vocabulary_maps_ids_exactly_and_learn
     t_tok, s_tok = AutoTokenizer.from_pretrained(teacher), AutoTokenizer.from_pretrained(out / "student")
     runtime = Runtime(out / "artifact")
     rows = list(read_split(get_task("sst2"), data_path("glue", "SST-2"), "train").text_a[:300])  # the cut's text
-    covered = [t for t in rows if all(t_tok.convert_ids_to_tokens(i) in s_tok.get_vocab() for i in t_tok(t)["input_ids"])]
+    covered = [
+        t for t in rows if all(t_tok.convert_ids_to_tokens(i) in s_tok.get_vocab() for i in t_tok(t)["input_ids"])
+    ]
     assert len(covered) > 30
     for text in covered:  # the teacher's tokens, exactly, under the student's ids: in Python and on the device
         ids = s_tok(text)["input_ids"]
@@ -306,9 +354,30 @@ def test_mlm_distillation_takes_a_masked_lm_teacher_of_any_architecture(model_ty
 
     teacher, text, out = masked_lm(tmp_path, model_type), tmp_path / "train.txt", tmp_path / "student"
     text.write_text("\n".join(training_text(1200)[1000:1200]))
-    assert main(["distill", "--objective", "mlm", "--teacher", str(teacher), "--student", "bert-h128", "--train",
-                 str(text), "--out", str(out), "--max-steps", "3", "--batch-size", "4", "--seq-len", "32"]) == 0, \
-        capsys.readouterr().err
+    assert (
+        main(
+            [
+                "distill",
+                "--objective",
+                "mlm",
+                "--teacher",
+                str(teacher),
+                "--student",
+                "bert-h128",
+                "--train",
+                str(text),
+                "--out",
+                str(out),
+                "--max-steps",
+                "3",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "32",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 3 and m["soft_targets"] and np.isfinite(m["train_loss"])
     assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(teacher).get_vocab()

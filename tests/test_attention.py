@@ -1,4 +1,5 @@
 """Attention variants: the equivalences that follow from their definitions."""
+
 import pytest
 import torch
 
@@ -9,8 +10,17 @@ V, H = 32, 4
 
 
 def attn(variant, p=0.5):
-    config = ShareBertConfig(vocab_size=100, embedding_size=None, hidden_size=V, num_attention_heads=H, sharing="none",
-                             pooler="dense", attention=variant, qk_share_ratio=p, attention_probs_dropout_prob=0.0)
+    config = ShareBertConfig(
+        vocab_size=100,
+        embedding_size=None,
+        hidden_size=V,
+        num_attention_heads=H,
+        sharing="none",
+        pooler="dense",
+        attention=variant,
+        qk_share_ratio=p,
+        attention_probs_dropout_prob=0.0,
+    )
     module = SelfAttention(config).eval()
     torch.manual_seed(1)
     for b in module.bias.values():
@@ -95,10 +105,18 @@ def test_partial_qk_shares_the_first_dims_of_each_head():
 
 @pytest.mark.parametrize("sharing", ["eps", "veps"])
 def test_fewer_matrices_take_fewer_columns(sharing):
-    kw = dict(vocab_size=2000, hidden_size=64, num_attention_heads=4, intermediate_size=128, sharing=sharing,
-              embedding_size=16 if sharing == "veps" else None)
-    used = {a: ShareBertConfig(attention=a, **kw).column_plan().columns_used
-            for a in ("standard", "symmetric", "pairwise", "shared-qkv", "partial-qk")}
+    kw = dict(
+        vocab_size=2000,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        sharing=sharing,
+        embedding_size=16 if sharing == "veps" else None,
+    )
+    used = {
+        a: ShareBertConfig(attention=a, **kw).column_plan().columns_used
+        for a in ("standard", "symmetric", "pairwise", "shared-qkv", "partial-qk")
+    }
     assert used["shared-qkv"] < used["symmetric"] < used["standard"]
     assert used["symmetric"] < used["pairwise"] < used["standard"]
     for a in used:  # and each variant runs in a ShareBERT encoder

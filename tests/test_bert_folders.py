@@ -1,4 +1,5 @@
 """Stock transformers BERT folders are read as BERT (sharing='none', BERT's layout), never as a random ShareBERT."""
+
 import json
 
 import pytest
@@ -11,8 +12,15 @@ from sharebert.formats.model_folder import load_config, load_model
 from sharebert.formats.paths import data_path, default_vocab
 from sharebert.training.finetune import FinetuneArgs, finetune
 
-SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-             max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+SHAPE = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=64,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def _save(model, folder):
@@ -39,15 +47,23 @@ def _ids():
     return ids, mask
 
 
-@pytest.mark.parametrize("kind, ours, output", [
-    ("mlm", ShareBertForMaskedLM, "logits"),
-    ("cls", ShareBertForSequenceClassification, "logits"),
-    ("mlm", ShareBertModel, "last_hidden_state"),
-])
+@pytest.mark.parametrize(
+    "kind, ours, output",
+    [
+        ("mlm", ShareBertForMaskedLM, "logits"),
+        ("cls", ShareBertForSequenceClassification, "logits"),
+        ("mlm", ShareBertModel, "last_hidden_state"),
+    ],
+)
 def test_bert_folder_loads_as_the_same_function(bert_dirs, kind, ours, output):
     folder, bert = bert_dirs[kind]
     config = load_config(folder)
-    assert (config.sharing, config.norm_position, config.pooler, config.embedding_size) == ("none", "post", "dense", None)
+    assert (config.sharing, config.norm_position, config.pooler, config.embedding_size) == (
+        "none",
+        "post",
+        "dense",
+        None,
+    )
     model, missing = load_model(ours, folder)
     assert missing == [] or (ours is ShareBertModel and set(missing) <= {"pooler.weight", "pooler.bias"})
     ids, mask = _ids()
@@ -88,8 +104,16 @@ def test_pretrain_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path
     folder, bert = bert_dirs["mlm"]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat . " * 400)
-    args = PretrainArgs(max_steps=1, batch_size=2, seq_len=32, lr=1e-9, save_steps=100, eval_steps=100,
-                        valid_fraction=0.0, progress=False)
+    args = PretrainArgs(
+        max_steps=1,
+        batch_size=2,
+        seq_len=32,
+        lr=1e-9,
+        save_steps=100,
+        eval_steps=100,
+        valid_fraction=0.0,
+        progress=False,
+    )
     pretrain([corpus], tmp_path / "run", folder, args=args)
     config = load_config(tmp_path / "run")
     assert (config.sharing, config.hidden_size, config.num_hidden_layers) == ("none", 64, 2)
@@ -98,8 +122,9 @@ def test_pretrain_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path
     assert (trained.sharebert.layer_weights[0].matrices["query"] - want).abs().max().item() <= 1e-6
     assert json.loads((tmp_path / "run" / "config.json").read_text())["model_type"] == "bert"
     ids, mask = _ids()
-    name, logits = plain_transformers(tmp_path / "run", "AutoModelForMaskedLM",
-                                      {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    name, logits = plain_transformers(
+        tmp_path / "run", "AutoModelForMaskedLM", {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    )
     with torch.no_grad():
         ours = trained.eval()(input_ids=ids, attention_mask=mask).logits.numpy()
     assert name == "BertForMaskedLM" and abs(logits - ours).max() <= 1e-4
@@ -120,7 +145,9 @@ def test_export_of_a_bert_folder_runs_at_full_depth_and_says_why(bert_dirs, tmp_
 
     from sharebert.export.exporter import export_model
 
-    manifest = export_model(bert_dirs["mlm"][0], tmp_path / "art", check_limit=8, runs=2, progress=False, shapes=("1x64",))
+    manifest = export_model(
+        bert_dirs["mlm"][0], tmp_path / "art", check_limit=8, runs=2, progress=False, shapes=("1x64",)
+    )
     assert manifest["max_depth"] is None and "sharebert models" in manifest["depth_note"]
     assert Runtime(tmp_path / "art").fill_mask("a [MASK] day")
     assert main(["predict", str(tmp_path / "art"), "--depth", "1", "a [MASK] day"]) == 2

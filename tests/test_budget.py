@@ -1,4 +1,5 @@
 """Budget planner: size parsing, feasibility, the Pareto front, the no-fit explanation, the CLI and plot."""
+
 import pytest
 from sharebert_runtime.main import main
 
@@ -14,8 +15,12 @@ def test_parse_size():
 
 
 def _dominates(o, c):
-    return (o.params >= c.params and o.ram_bytes <= c.ram_bytes and o.gflops <= c.gflops
-            and (o.params, o.ram_bytes, o.gflops) != (c.params, c.ram_bytes, c.gflops))
+    return (
+        o.params >= c.params
+        and o.ram_bytes <= c.ram_bytes
+        and o.gflops <= c.gflops
+        and (o.params, o.ram_bytes, o.gflops) != (c.params, c.ram_bytes, c.gflops)
+    )
 
 
 def test_front_is_feasible_and_pareto():

@@ -1,4 +1,5 @@
 """Every subcommand's --help renders (argparse %-formats help strings, so a stray % breaks it)."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,28 +39,52 @@ def test_overview_shows_every_command_with_its_line_and_the_version(capsys):
 # blocked): its help and argument errors must not need them.
 FAST = {
     "": [["--help"], ["--no-such-option"]],
-    "build": [["build", "--help"], ["build", "--no-such-option"], ["build", "--preset", "sharebrt-tiny", "--out", "{tmp}/m"],
-              ["build", "--preset", "sharebert-tiny", "--out", "{tmp}/full"]],  # a folder holding a file of the user's
+    "build": [
+        ["build", "--help"],
+        ["build", "--no-such-option"],
+        ["build", "--preset", "sharebrt-tiny", "--out", "{tmp}/m"],
+        ["build", "--preset", "sharebert-tiny", "--out", "{tmp}/full"],
+    ],  # a folder holding a file of the user's
     "report": [["report", "--help"], ["report", "--preset", "sharebert-tiny", "--seq-len", "x"]],
     "budget": [["budget", "--help"], ["budget", "--max-params", "10M", "--dtype", "fp8"]],
-    "prepare": [["prepare", "--help"], ["prepare", "--out", "{tmp}/d"], ["prepare", "--train", "/dev/zero", "--out", "{tmp}/d"]],
-    "pretrain": [["pretrain", "--help"], ["pretrain", "--out", "{tmp}/p", "--max-steps", "x"],
-                 ["pretrain", "--preset", "sharebrt-tiny", "--out", "{tmp}/p"]],
-    "finetune": [["finetune", "--help"], ["finetune", "--model", "m", "--task", "sst3", "--out", "{tmp}/f"],
-                 ["finetune", "--model", "m", "--task", "sst2", "--out", "{tmp}/f", "--epochs", "0"]],
-    "distill": [["distill", "--help"], ["distill", "--teacher", "t", "--student", "s", "--out", "{tmp}/d", "--objective", "x"],
-                ["distill", "--teacher", "t", "--student", "s", "--out", "{tmp}/d", "--task", "sst2", "--layer-map", "1-3"],
-                ["distill", "--teacher", "t", "--student", "s", "--out", "{tmp}/d"]],
-    "evaluate": [["evaluate", "--help"], ["evaluate", "glue", "--help"], ["evaluate", "noise", "--model", "m"],
-                 ["evaluate", "glue", "--model", "m", "--task", "sst2", "--plot", "x.txt", "--depths", "1"]],
+    "prepare": [
+        ["prepare", "--help"],
+        ["prepare", "--out", "{tmp}/d"],
+        ["prepare", "--train", "/dev/zero", "--out", "{tmp}/d"],
+    ],
+    "pretrain": [
+        ["pretrain", "--help"],
+        ["pretrain", "--out", "{tmp}/p", "--max-steps", "x"],
+        ["pretrain", "--preset", "sharebrt-tiny", "--out", "{tmp}/p"],
+    ],
+    "finetune": [
+        ["finetune", "--help"],
+        ["finetune", "--model", "m", "--task", "sst3", "--out", "{tmp}/f"],
+        ["finetune", "--model", "m", "--task", "sst2", "--out", "{tmp}/f", "--epochs", "0"],
+    ],
+    "distill": [
+        ["distill", "--help"],
+        ["distill", "--teacher", "t", "--student", "s", "--out", "{tmp}/d", "--objective", "x"],
+        ["distill", "--teacher", "t", "--student", "s", "--out", "{tmp}/d", "--task", "sst2", "--layer-map", "1-3"],
+        ["distill", "--teacher", "t", "--student", "s", "--out", "{tmp}/d"],
+    ],
+    "evaluate": [
+        ["evaluate", "--help"],
+        ["evaluate", "glue", "--help"],
+        ["evaluate", "noise", "--model", "m"],
+        ["evaluate", "glue", "--model", "m", "--task", "sst2", "--plot", "x.txt", "--depths", "1"],
+    ],
     "export": [["export", "--help"], ["export", "--model", "m", "--out", "{tmp}/e", "--quantize", "int3"]],
     "plot": [["plot", "--help"], ["plot"]],
     "predict": [["predict", "--help"], ["predict"]],
     "serve": [["serve", "--help"], ["serve", "--port", "x"]],
     "demo": [["demo", "--help"], ["demo", "--steps", "x"]],
-    "compress": [["compress", "--help"], ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--max-time", "-1"],
-                 ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--task", "sst3"],
-                 ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--task-lr", "0"]],
+    "compress": [
+        ["compress", "--help"],
+        ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--max-time", "-1"],
+        ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--task", "sst3"],
+        ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--task-lr", "0"],
+    ],
 }
 DEVICE = ("", "predict", "serve")
 PROBE = """
@@ -91,9 +116,13 @@ def test_help_and_argument_errors_answer_without_torch(name, tmp_path):
     for argv in FAST[name]:
         argv = [a.format(tmp=tmp_path) for a in argv]
         block = "free" if name in DEVICE else "block"
-        done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv), block], capture_output=True, text=True,
-                              timeout=120,
-                              env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE, json.dumps(argv), block],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        )
         result = json.loads(done.stderr.strip().splitlines()[-1])
         help_asked = "--help" in argv
         assert result["code"] == (0 if help_asked else 2), (argv, done.stderr)

@@ -5,6 +5,7 @@ standard sentence-transformers folder, and its artifact alone gives the student'
 included). The teacher-started student is closer to the teacher than a random one; the loss is 0 for
 identical vectors; bad inputs get one-line errors.
 """
+
 import json
 from pathlib import Path
 
@@ -13,14 +14,29 @@ import pytest
 import torch
 
 from sharebert_runtime.main import main
-from sharebert.training.distill_embedding import (HEAD_FIT, EmbeddingProjections, build_student, default_corpus,
-                                                   embedding_loss, encode, fit_head, load_encoder, read_sentences,
-                                                   recipe_head)
+from sharebert.training.distill_embedding import (
+    HEAD_FIT,
+    EmbeddingProjections,
+    build_student,
+    default_corpus,
+    embedding_loss,
+    encode,
+    fit_head,
+    load_encoder,
+    read_sentences,
+    recipe_head,
+)
 
-SENTENCES = ["A man is playing a guitar.", "A woman is slicing an onion in the kitchen.",
-             "The stock market fell sharply on Monday after the announcement.", "Two dogs run across a snowy field.",
-             "Children are playing football in the park.", "The president spoke about the economy.",
-             "A cat is sleeping on the warm windowsill.", "Heavy rain flooded the streets of the city."]
+SENTENCES = [
+    "A man is playing a guitar.",
+    "A woman is slicing an onion in the kitchen.",
+    "The stock market fell sharply on Monday after the announcement.",
+    "Two dogs run across a snowy field.",
+    "Children are playing football in the park.",
+    "The president spoke about the economy.",
+    "A cat is sleeping on the warm windowsill.",
+    "Heavy rain flooded the streets of the city.",
+]
 
 
 UNBOUNDED = "86400"  # a --max-time no test run reaches: its --max-steps decide
@@ -34,9 +50,29 @@ def compressed(minilm_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("compress") / "run"
     with pytest.MonkeyPatch.context() as env:  # its own cache, beside it (each test has another: conftest)
         env.setenv("SHAREBERT_CACHE", str(out.parent / "cache"))
-        rc = main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "40", "--max-train-samples", "400",
-                   "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--save-minutes", "0.02",
-                   "--keep-work", "--max-time", UNBOUNDED])
+        rc = main(
+            [
+                "compress",
+                str(minilm_dir),
+                "--out",
+                str(out),
+                "--max-steps",
+                "40",
+                "--max-train-samples",
+                "400",
+                "--batch-size",
+                "16",
+                "--lr",
+                "1e-3",
+                "--max-params",
+                "2.5M",
+                "--save-minutes",
+                "0.02",
+                "--keep-work",
+                "--max-time",
+                UNBOUNDED,
+            ]
+        )
     assert rc == 0
     return out
 
@@ -118,14 +154,15 @@ def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
     assert json.loads((student / "tokenizer_config.json").read_text())["model_max_length"] == 256
     assert json.loads((student / "sentence_bert_config.json").read_text())["max_seq_length"] == 256
     assert "reads at most 256 tokens (its config, tokenizer and recipe say so), as its teacher does." in r["summary"]
-    assert not {"checkpoints", "metrics.json", "sharebert_run.json"} & {p.name for p in (compressed / "student").iterdir()}
+    assert not {"checkpoints", "metrics.json", "sharebert_run.json"} & {
+        p.name for p in (compressed / "student").iterdir()
+    }
     assert s["learned_params"] <= 2.5e6 and t["learned_params"] == 22_713_216
     assert s["file_bytes"] < t["artifact_bytes"] / 4
     assert (compressed / "report.md").is_file() and (compressed / "report.png").stat().st_size > 1000
 
 
-def test_a_compress_leaves_the_teachers_artifact_and_quality_vectors_in_the_cache(compressed, minilm_dir,
-                                                                                  monkeypatch):
+def test_a_compress_leaves_the_teachers_artifact_and_quality_vectors_in_the_cache(compressed, minilm_dir, monkeypatch):
     """What the next compress of this teacher skips: its export ladder and its side of every quality row."""
     from sharebert.pipelines.compress import cached_quality_sentences, quality_sentences, teacher_cache
 
@@ -172,34 +209,66 @@ def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(compr
     out = tmp_path / "run"
     shutil.copytree(compressed, out)
     exported = (out / "artifact" / "manifest.json").stat().st_mtime_ns
-    assert main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "48", "--max-train-samples", "400",
-                 "--batch-size", "16", "--lr", "1e-3", "--max-params", "2.5M", "--resume", "--max-time", UNBOUNDED]) == 0
+    assert (
+        main(
+            [
+                "compress",
+                str(minilm_dir),
+                "--out",
+                str(out),
+                "--max-steps",
+                "48",
+                "--max-train-samples",
+                "400",
+                "--batch-size",
+                "16",
+                "--lr",
+                "1e-3",
+                "--max-params",
+                "2.5M",
+                "--resume",
+                "--max-time",
+                UNBOUNDED,
+            ]
+        )
+        == 0
+    )
     r = json.loads((out / "report.json").read_text())
     assert r["training"]["steps"] == 48
     assert not (out / "work").exists()  # a finished run without --keep-work removes it
     student, manifest = out / "student", out / "artifact" / "manifest.json"
     assert manifest.stat().st_mtime_ns > max(exported, (student / "model.safetensors").stat().st_mtime_ns)
     recipe = read_recipe(student)
-    ours = encode(load_encoder(student), AutoTokenizer.from_pretrained(student), SENTENCES, "mean",
-                  recipe_head(student, recipe), normalize=True)
+    ours = encode(
+        load_encoder(student),
+        AutoTokenizer.from_pretrained(student),
+        SENTENCES,
+        "mean",
+        recipe_head(student, recipe),
+        normalize=True,
+    )
     assert _cos(np.stack(Runtime(out / "artifact").embed(SENTENCES)), ours).min() >= 0.98
 
 
-def test_resume_with_limits_that_pick_another_student_is_refused_before_any_work(compressed, minilm_dir, tmp_path,
-                                                                                 capsys):
+def test_resume_with_limits_that_pick_another_student_is_refused_before_any_work(
+    compressed, minilm_dir, tmp_path, capsys
+):
     """The limits of a resumed run pick another shape than the student in --out: one line naming what differs,
     before anything loads or is written (it was a late load_state_dict error)."""
     import shutil
 
     out = tmp_path / "run"
     shutil.copytree(compressed, out)
+
     def files():  # the run lock (.lock) aside: every run takes it
         return {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file() and f.name != ".lock"}
 
     before = files()
     capsys.readouterr()
-    assert main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "48", "--max-params", "5M",
-                 "--resume"]) == 2
+    assert (
+        main(["compress", str(minilm_dir), "--out", str(out), "--max-steps", "48", "--max-params", "5M", "--resume"])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds a student of another shape than these options pick" in err, err
     assert "embedding_size 64 -> 128" in err and "--overwrite" in err
@@ -218,8 +287,26 @@ def test_resume_with_another_teacher_is_refused_naming_it(compressed, minilm_dir
     (other / "config.json").write_text(json.dumps({**config, "note": "another teacher"}))
     before = {f: f.read_bytes() for f in out.rglob("*") if f.is_file() and f.name != ".lock"}
     capsys.readouterr()
-    assert main(["compress", str(other), "--out", str(out), "--max-steps", "48", "--max-train-samples", "400",
-                 "--batch-size", "16", "--max-params", "2.5M", "--resume"]) == 2
+    assert (
+        main(
+            [
+                "compress",
+                str(other),
+                "--out",
+                str(out),
+                "--max-steps",
+                "48",
+                "--max-train-samples",
+                "400",
+                "--batch-size",
+                "16",
+                "--max-params",
+                "2.5M",
+                "--resume",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "teacher (its weights, config or tokenizer files): config.json" in err, err
     assert {f: f.read_bytes() for f in out.rglob("*") if f.is_file() and f.name != ".lock"} == before
@@ -257,10 +344,17 @@ def test_a_student_folder_distilled_further_keeps_its_own_head(compressed, minil
 
     student = compressed / "student"
     recipe = read_recipe(student)
-    own = sts_spearman(load_encoder(student), AutoTokenizer.from_pretrained(student), "mean",
-                       recipe_head(student, recipe), limit=40)
-    args = EmbeddingArgs(max_steps=1, batch_size=4, lr=1e-9, warmup_steps=0, max_train_samples=16,
-                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    own = sts_spearman(
+        load_encoder(student), AutoTokenizer.from_pretrained(student), "mean", recipe_head(student, recipe), limit=40
+    )
+    args = EmbeddingArgs(
+        max_steps=1,
+        batch_size=4,
+        lr=1e-9,
+        warmup_steps=0,
+        max_train_samples=16,
+        weights=DistillWeights(hidden=0, attention=0, embedding=0),
+    )
     m = distill_embedding(minilm_dir, str(student), tmp_path / "on", args=args, progress=False, eval_limit=40)
     assert m["head"] == "the student's own"
     assert abs(m["start_sts_spearman"] - own) <= 1e-6, (m["start_sts_spearman"], own)  # NaN fails
@@ -279,8 +373,14 @@ def test_fp32_artifact_equals_the_pytorch_student(compressed, tmp_path):
     student = compressed / "student"
     export_model(student, tmp_path / "fp32", task="feature-extraction", check_limit=16, runs=2, progress=False)
     recipe = read_recipe(student)
-    ours = encode(load_encoder(student), AutoTokenizer.from_pretrained(student), SENTENCES, "mean",
-                  recipe_head(student, recipe), normalize=True)
+    ours = encode(
+        load_encoder(student),
+        AutoTokenizer.from_pretrained(student),
+        SENTENCES,
+        "mean",
+        recipe_head(student, recipe),
+        normalize=True,
+    )
     art = np.stack(Runtime(tmp_path / "fp32").embed(SENTENCES))
     assert np.abs(art - ours).max() <= 1e-4
 
@@ -309,11 +409,26 @@ def test_embedding_distillation_on_prepared_data(minilm_dir, prepared, tmp_path)
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 
-    args = EmbeddingArgs(max_steps=3, batch_size=4, seq_len=32, lr=1e-3, warmup_steps=0, max_train_samples=24,
-                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    args = EmbeddingArgs(
+        max_steps=3,
+        batch_size=4,
+        seq_len=32,
+        lr=1e-3,
+        warmup_steps=0,
+        max_train_samples=24,
+        weights=DistillWeights(hidden=0, attention=0, embedding=0),
+    )
     out = tmp_path / "student"
-    m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, overrides={"embedding_size": 32},
-                          progress=False, data=prepared / "minilm", eval_limit=16)
+    m = distill_embedding(
+        minilm_dir,
+        "sharebert-tiny",
+        out,
+        args=args,
+        overrides={"embedding_size": 32},
+        progress=False,
+        data=prepared / "minilm",
+        eval_limit=16,
+    )
     assert m["steps"] == 3 and m["train_sentences"] == 24 and m["seq_len"] == 32
     assert np.isfinite([m["train_loss"], m["last_terms"]["sentence"], m["student_sts_spearman"]]).all()
     assert 0 < m["last_terms"]["sentence"] <= 2  # cosine loss of unit-free vectors lies in [0, 2]
@@ -336,11 +451,19 @@ def test_embedding_distillation_samples_depth_with_token_level_terms(minilm_dir,
 
     monkeypatch.setattr(de, "HEAD_FIT", 4)
 
-    args = EmbeddingArgs(max_steps=4, batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16, depth_sampling=2,
-                         weights=DistillWeights(hidden=1.0, attention=0, embedding=0))
+    args = EmbeddingArgs(
+        max_steps=4,
+        batch_size=4,
+        lr=1e-3,
+        warmup_steps=0,
+        max_train_samples=16,
+        depth_sampling=2,
+        weights=DistillWeights(hidden=1.0, attention=0, embedding=0),
+    )
     out = tmp_path / "student"
-    m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, overrides={"embedding_size": 32},
-                          progress=False, eval_limit=16)
+    m = distill_embedding(
+        minilm_dir, "sharebert-tiny", out, args=args, overrides={"embedding_size": 32}, progress=False, eval_limit=16
+    )
     assert m["steps"] == 4 and np.isfinite([m["last_terms"]["hidden"], m["last_terms"]["sentence"]]).all()
     assert json.loads((out / "config.json").read_text())["train_min_depth"] == 2
     (targets,) = out.glob("teacher_targets*.npy")
@@ -368,8 +491,9 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (unreadable / "metrics.json").write_text('{"task": "sst2", "acc')
     listed = root / "labels_as_list"  # id2label a JSON list, not a mapping: was an internal AttributeError
     listed.mkdir()
-    (listed / "config.json").write_text(json.dumps({**raw, "architectures": ["BertForSequenceClassification"],
-                                                    "id2label": ["negative", "positive"]}))
+    (listed / "config.json").write_text(
+        json.dumps({**raw, "architectures": ["BertForSequenceClassification"], "id2label": ["negative", "positive"]})
+    )
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (listed / name).write_bytes((minilm_dir / name).read_bytes())
     (root / "o22" / "general").mkdir(parents=True)  # a user's folder with a subfolder named like a compress phase
@@ -380,72 +504,312 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (root / "o20" / "corpus.txt").write_text("A man is playing a guitar.\n")
     from sharebert.formats.build import build_model
 
-    build_model("sharebert-tiny", root / "other_tok", {"hidden_size": 64, "num_hidden_layers": 2, "embedding_size": 16,
-                                                       "intermediate_size": 128, "num_attention_heads": 2})
+    build_model(
+        "sharebert-tiny",
+        root / "other_tok",
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "embedding_size": 16,
+            "intermediate_size": 128,
+            "num_attention_heads": 2,
+        },
+    )
     return root
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["compress", "{root}/decoder", "--out", "{root}/o1"], "causal (decoder) model"),
-    (["distill", "--objective", "embedding", "--teacher", "{root}/decoder", "--student", "sharebert-tiny",
-      "--out", "{root}/o2"], "needs a bidirectional encoder teacher"),
-    (["compress", "{root}/classifier", "--out", "{root}/o3"], "is a classifier whose GLUE task is unknown (no "
-     "metrics.json from `sharebert finetune`; its labels [] name no task); name it with --task, e.g. --task sst2"),
-    (["compress", "{root}/metrics_corrupt", "--out", "{root}/o18"], "GLUE task is unknown (its metrics.json cannot "
-     "be read: "),
-    (["compress", "{root}/finetuned_sst2", "--task", "cola", "--out", "{root}/o11"],
-     "--task cola, but {root}/finetuned_sst2 was fine-tuned on sst2 (its metrics.json)"),
-    (["compress", "{root}/classifier", "--task", "stsb", "--out", "{root}/o12"], "has 2 labels, task stsb has 1"),
-    (["compress", "{root}/classifier", "--task", "mnli", "--out", "{root}/o13"], "has 2 labels, task mnli has 3"),
-    (["compress", "{minilm}", "--task", "sst2", "--out", "{root}/o14"], "--task is for a classifier teacher"),
-    (["compress", "{minilm}", "--task-lr", "0.1", "--out", "{root}/o16"], "--task-lr is for a classifier teacher"),
-    (["compress", "{minilm}", "--augment", "2", "--out", "{root}/o16b"], "--augment is for a classifier teacher"),
-    (["compress", "{root}/labels_as_list", "--out", "{root}/o17"], "id2label must map label ids to names, got list"),
-    (["compress", "{root}/finetuned_sst2", "--out", "{root}/o15", "--max-params", "10k"],  # 100k: a vocabulary cut fits
-     "no ShareBERT student fits under max-params 10k"),
-    (["compress", "{minilm}", "--out", "{root}/o4", "--max-params", "100k"], "no ShareBERT student fits under max-params 100k"),
-    # 300kB now fits: a student with the teacher's vocabulary cut to the text's tokens (training/vocab.py)
-    (["compress", "{minilm}", "--out", "{root}/o5", "--max-bytes", "50kB"], "no ShareBERT student fits"),
-    (["compress", "{minilm}", "--out", "{root}/o6", "--max-time", "-5"], "argument --max-time: must be a number > 0, got -5"),
-    (["compress", "{minilm}", "--out", "{root}/o7", "--max-params", "lots"], "cannot read size 'lots'"),
-    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
-      "--out", "{root}/o8"], "do not share a tokenizer"),
-    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
-      "--out", "{root}/other_tok", "--overwrite"], "is, or holds, the input {root}/other_tok"),
-    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "{root}/other_tok",
-      "--out", "{root}/other_tok/inner"], "lies inside the input {root}/other_tok"),
-    (["distill", "--objective", "mlm", "--teacher", "{minilm}", "--student", "sharebert-tiny", "--hidden-weight", "1",
-      "--train", "{root}/o20/corpus.txt", "--out", "{root}/o20", "--overwrite"],
-     "is, or holds, the input {root}/o20/corpus.txt"),
-    (["distill", "--objective", "mlm", "--teacher", "{minilm}", "--student", "{root}/other_tok", "--hidden-weight", "1",
-      "--train", "{root}/o20/corpus.txt", "--out", "{root}/other_tok/x"], "lies inside the input {root}/other_tok"),
-    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
-      "--max-eval-samples", "1", "--out", "{root}/o21"], "needs at least 2 STS-B dev pairs"),
-    (["compress", "{root}/finetuned_sst2", "--out", "{root}/o22", "--resume"],
-     "o22 is a non-empty folder that is not a compress result"),  # its subfolder's name makes it no result of ours
-    (["compress", "{minilm}", "--out", "{root}/o23", "--resume"],
-     "o23 is a non-empty folder that is not a compress result"),  # no marker (issue 38)
-    (["compress", "{minilm}", "--out", "{root}/o24", "--resume"],
-     "--resume: {root}/o24 holds no complete checkpoint to continue from; run without --resume to start"),
-    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
-      "--set", "vocab_size=100", "--out", "{root}/o9"], "takes the teacher's vocabulary"),
-    (["distill", "--objective", "glue", "--task", "sst2", "--teacher", "{minilm}", "--student", "sharebert-tiny",
-      "--set", "hidden_size=64", "--out", "{root}/o10"], "are for --objective embedding"),
-    (["distill", "--objective", "mlm", "--teacher", "{minilm}", "--student", "sharebert-tiny", "--max-time", "60",
-      "--out", "{root}/o10b"], "--max-time is for --objective embedding and glue"),
-    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
-      "--data", "{prepared}/chars", "--out", "{root}/o11"], "was prepared with another tokenizer than the teacher's"),
-    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
-      "--data", "{prepared}/minilm", "--train", "{prepared}/wiki.txt", "--out", "{root}/o12"], "are alternatives"),
-    (["distill", "--objective", "embedding", "--teacher", "{minilm}", "--student", "sharebert-tiny",
-      "--data", "{prepared}", "--out", "{root}/o13"], "is not a prepared data folder"),
-    (["compress", "{minilm}", "--data", "{prepared}/chars", "--out", "{root}/o14"], "another tokenizer than the teacher's"),
-    (["compress", "{minilm}", "--data", "{root}/missing", "--out", "{root}/o15"], "not found"),
-    (["compress", "{minilm}", "--data", "{prepared}/wiki.txt", "--out", "{root}/o16"],
-     "is a file, not a prepared data folder"),
-    (["compress", "{minilm}", "--train", "{root}/headless.tsv", "--out", "{root}/o17"],  # not column 0 read silently
-     "headless.tsv: a .tsv needs a GLUE header naming its text column"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["compress", "{root}/decoder", "--out", "{root}/o1"], "causal (decoder) model"),
+        (
+            [
+                "distill",
+                "--objective",
+                "embedding",
+                "--teacher",
+                "{root}/decoder",
+                "--student",
+                "sharebert-tiny",
+                "--out",
+                "{root}/o2",
+            ],
+            "needs a bidirectional encoder teacher",
+        ),
+        (
+            ["compress", "{root}/classifier", "--out", "{root}/o3"],
+            "is a classifier whose GLUE task is unknown (no "
+            "metrics.json from `sharebert finetune`; its labels [] name no task); name it with --task, e.g. --task sst2",
+        ),
+        (
+            ["compress", "{root}/metrics_corrupt", "--out", "{root}/o18"],
+            "GLUE task is unknown (its metrics.json cannot be read: ",
+        ),
+        (
+            ["compress", "{root}/finetuned_sst2", "--task", "cola", "--out", "{root}/o11"],
+            "--task cola, but {root}/finetuned_sst2 was fine-tuned on sst2 (its metrics.json)",
+        ),
+        (["compress", "{root}/classifier", "--task", "stsb", "--out", "{root}/o12"], "has 2 labels, task stsb has 1"),
+        (["compress", "{root}/classifier", "--task", "mnli", "--out", "{root}/o13"], "has 2 labels, task mnli has 3"),
+        (["compress", "{minilm}", "--task", "sst2", "--out", "{root}/o14"], "--task is for a classifier teacher"),
+        (["compress", "{minilm}", "--task-lr", "0.1", "--out", "{root}/o16"], "--task-lr is for a classifier teacher"),
+        (["compress", "{minilm}", "--augment", "2", "--out", "{root}/o16b"], "--augment is for a classifier teacher"),
+        (
+            ["compress", "{root}/labels_as_list", "--out", "{root}/o17"],
+            "id2label must map label ids to names, got list",
+        ),
+        (
+            [
+                "compress",
+                "{root}/finetuned_sst2",
+                "--out",
+                "{root}/o15",
+                "--max-params",
+                "10k",
+            ],  # 100k: a vocabulary cut fits
+            "no ShareBERT student fits under max-params 10k",
+        ),
+        (
+            ["compress", "{minilm}", "--out", "{root}/o4", "--max-params", "100k"],
+            "no ShareBERT student fits under max-params 100k",
+        ),
+        # 300kB now fits: a student with the teacher's vocabulary cut to the text's tokens (training/vocab.py)
+        (["compress", "{minilm}", "--out", "{root}/o5", "--max-bytes", "50kB"], "no ShareBERT student fits"),
+        (
+            ["compress", "{minilm}", "--out", "{root}/o6", "--max-time", "-5"],
+            "argument --max-time: must be a number > 0, got -5",
+        ),
+        (["compress", "{minilm}", "--out", "{root}/o7", "--max-params", "lots"], "cannot read size 'lots'"),
+        (
+            [
+                "distill",
+                "--objective",
+                "embedding",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "{root}/other_tok",
+                "--out",
+                "{root}/o8",
+            ],
+            "do not share a tokenizer",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "embedding",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "{root}/other_tok",
+                "--out",
+                "{root}/other_tok",
+                "--overwrite",
+            ],
+            "is, or holds, the input {root}/other_tok",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "embedding",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "{root}/other_tok",
+                "--out",
+                "{root}/other_tok/inner",
+            ],
+            "lies inside the input {root}/other_tok",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "mlm",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "sharebert-tiny",
+                "--hidden-weight",
+                "1",
+                "--train",
+                "{root}/o20/corpus.txt",
+                "--out",
+                "{root}/o20",
+                "--overwrite",
+            ],
+            "is, or holds, the input {root}/o20/corpus.txt",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "mlm",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "{root}/other_tok",
+                "--hidden-weight",
+                "1",
+                "--train",
+                "{root}/o20/corpus.txt",
+                "--out",
+                "{root}/other_tok/x",
+            ],
+            "lies inside the input {root}/other_tok",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "embedding",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "sharebert-tiny",
+                "--max-eval-samples",
+                "1",
+                "--out",
+                "{root}/o21",
+            ],
+            "needs at least 2 STS-B dev pairs",
+        ),
+        (
+            ["compress", "{root}/finetuned_sst2", "--out", "{root}/o22", "--resume"],
+            "o22 is a non-empty folder that is not a compress result",
+        ),  # its subfolder's name makes it no result of ours
+        (
+            ["compress", "{minilm}", "--out", "{root}/o23", "--resume"],
+            "o23 is a non-empty folder that is not a compress result",
+        ),  # no marker (issue 38)
+        (
+            ["compress", "{minilm}", "--out", "{root}/o24", "--resume"],
+            "--resume: {root}/o24 holds no complete checkpoint to continue from; run without --resume to start",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "embedding",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "sharebert-tiny",
+                "--set",
+                "vocab_size=100",
+                "--out",
+                "{root}/o9",
+            ],
+            "takes the teacher's vocabulary",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "glue",
+                "--task",
+                "sst2",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "sharebert-tiny",
+                "--set",
+                "hidden_size=64",
+                "--out",
+                "{root}/o10",
+            ],
+            "are for --objective embedding",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "mlm",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "sharebert-tiny",
+                "--max-time",
+                "60",
+                "--out",
+                "{root}/o10b",
+            ],
+            "--max-time is for --objective embedding and glue",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "embedding",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "sharebert-tiny",
+                "--data",
+                "{prepared}/chars",
+                "--out",
+                "{root}/o11",
+            ],
+            "was prepared with another tokenizer than the teacher's",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "embedding",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "sharebert-tiny",
+                "--data",
+                "{prepared}/minilm",
+                "--train",
+                "{prepared}/wiki.txt",
+                "--out",
+                "{root}/o12",
+            ],
+            "are alternatives",
+        ),
+        (
+            [
+                "distill",
+                "--objective",
+                "embedding",
+                "--teacher",
+                "{minilm}",
+                "--student",
+                "sharebert-tiny",
+                "--data",
+                "{prepared}",
+                "--out",
+                "{root}/o13",
+            ],
+            "is not a prepared data folder",
+        ),
+        (
+            ["compress", "{minilm}", "--data", "{prepared}/chars", "--out", "{root}/o14"],
+            "another tokenizer than the teacher's",
+        ),
+        (["compress", "{minilm}", "--data", "{root}/missing", "--out", "{root}/o15"], "not found"),
+        (
+            ["compress", "{minilm}", "--data", "{prepared}/wiki.txt", "--out", "{root}/o16"],
+            "is a file, not a prepared data folder",
+        ),
+        (
+            [
+                "compress",
+                "{minilm}",
+                "--train",
+                "{root}/headless.tsv",
+                "--out",
+                "{root}/o17",
+            ],  # not column 0 read silently
+            "headless.tsv: a .tsv needs a GLUE header naming its text column",
+        ),
+    ],
+)
 def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, prepared, argv, message, capsys):
     argv = [a.format(root=bad_inputs, minilm=minilm_dir, prepared=prepared) for a in argv]
     message = message.format(root=bad_inputs)
@@ -460,8 +824,9 @@ def test_bad_inputs_get_one_line_errors(bad_inputs, minilm_dir, prepared, argv, 
     assert after == before  # nothing half-written, nothing of an existing folder (an input as --out) touched
 
 
-def test_train_text_over_the_in_memory_limit_is_refused_before_the_teacher_runs(minilm_dir, tmp_path, monkeypatch,
-                                                                                 capsys):
+def test_train_text_over_the_in_memory_limit_is_refused_before_the_teacher_runs(
+    minilm_dir, tmp_path, monkeypatch, capsys
+):
     """--train sentences are held in memory with the teacher's vectors (~2 GB a million): more than IN_MEMORY
     without --max-train-samples is refused in one line naming both ways out (measured before: a 1 GB text would
     have been read whole, then the teacher's pass and its vectors would outgrow the machine); nothing is written.
@@ -471,9 +836,25 @@ def test_train_text_over_the_in_memory_limit_is_refused_before_the_teacher_runs(
     monkeypatch.setattr(de, "IN_MEMORY", 6)
     text = tmp_path / "text.txt"
     text.write_text("\n".join(SENTENCES) + "\n")  # 8 sentences
-    argv = ["distill", "--objective", "embedding", "--teacher", str(minilm_dir), "--student", "sharebert-tiny",
-            "--set", "embedding_size=32", "--train", str(text), "--max-steps", "1", "--batch-size", "4",
-            "--max-eval-samples", "8"]
+    argv = [
+        "distill",
+        "--objective",
+        "embedding",
+        "--teacher",
+        str(minilm_dir),
+        "--student",
+        "sharebert-tiny",
+        "--set",
+        "embedding_size=32",
+        "--train",
+        str(text),
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--max-eval-samples",
+        "8",
+    ]
     assert main([*argv, "--out", str(tmp_path / "refused")]) == 2
     err = capsys.readouterr().err
     assert "--train holds over 6 sentences" in err and "--max-train-samples" in err and "--data" in err, err
@@ -485,20 +866,41 @@ def test_train_text_over_the_in_memory_limit_is_refused_before_the_teacher_runs(
 def test_mlm_distillation_accepts_a_teacher_without_an_mlm_head(minilm_dir, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("\n".join(SENTENCES * 8) + "\n")
-    rc = main(["distill", "--objective", "mlm", "--teacher", str(minilm_dir), "--student", "sharebert-tiny",
-               "--train", str(text), "--out", str(tmp_path / "out"), "--max-steps", "2", "--batch-size", "4",
-               "--seq-len", "32"])
+    rc = main(
+        [
+            "distill",
+            "--objective",
+            "mlm",
+            "--teacher",
+            str(minilm_dir),
+            "--student",
+            "sharebert-tiny",
+            "--train",
+            str(text),
+            "--out",
+            str(tmp_path / "out"),
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "32",
+        ]
+    )
     assert rc == 0
     m = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert m["steps"] == 2 and m["soft_targets"] is False
     assert "kl" not in m["last_terms"] and np.isfinite([m["last_terms"][k] for k in ("hidden", "attention")]).all()
 
 
-@pytest.mark.parametrize("command", [
-    ["distill", "--objective", "embedding", "--student", "sharebert-tiny", "--max-steps", "1"],
-    ["distill", "--objective", "glue", "--task", "sst2", "--student", "sharebert-tiny", "--max-steps", "1"],
-    ["compress", "--max-steps", "1"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["distill", "--objective", "embedding", "--student", "sharebert-tiny", "--max-steps", "1"],
+        ["distill", "--objective", "glue", "--task", "sst2", "--student", "sharebert-tiny", "--max-steps", "1"],
+        ["compress", "--max-steps", "1"],
+    ],
+)
 def test_one_run_at_a_time_per_out_and_a_refused_run_leaves_nothing(command, minilm_dir, tmp_path, capsys):
     """distill and compress hold the --out lock (outdir.run_lock) as prepare, pretrain and
     finetune do: a second run into a folder being written is refused in one line naming the first; a run refused
@@ -506,7 +908,7 @@ def test_one_run_at_a_time_per_out_and_a_refused_run_leaves_nothing(command, min
     from sharebert_runtime.outdir import OutLock
 
     name = command[0]
-    teacher = (["--teacher", str(minilm_dir)] if name == "distill" else [str(minilm_dir)])
+    teacher = ["--teacher", str(minilm_dir)] if name == "distill" else [str(minilm_dir)]
     argv = lambda out, t=teacher: [name, *t, "--out", str(out), *command[1:]]  # noqa: E731
     busy = tmp_path / "busy"
     busy.mkdir()
@@ -550,14 +952,17 @@ def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_di
     tok, out = AutoTokenizer.from_pretrained(teacher_dir), tmp_path / "out"
 
     def vectors():
-        return _teacher_targets(load_encoder(teacher_dir), teacher_dir, None, tok, SENTENCES[:4], "mean", 32, 384,
-                                out, progress=False)
+        return _teacher_targets(
+            load_encoder(teacher_dir), teacher_dir, None, tok, SENTENCES[:4], "mean", 32, 384, out, progress=False
+        )
 
     first = vectors()
     (cached,) = out.glob("teacher_targets-*.npy")
     for damage in (cached.read_bytes()[:200], b"not an array", (4, 10), np.int64, "U1"):
         if not isinstance(damage, bytes):  # another width; integers or strings of the right shape
-            np.save(cached, np.ones(damage, dtype=np.float32) if isinstance(damage, tuple) else np.ones((4, 384), damage))
+            np.save(
+                cached, np.ones(damage, dtype=np.float32) if isinstance(damage, tuple) else np.ones((4, 384), damage)
+            )
         else:
             cached.write_bytes(damage)
         again = vectors()
@@ -580,12 +985,24 @@ def test_a_student_as_wide_as_its_teacher_keeps_its_own_head(minilm_dir, tmp_pat
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 
-    args = EmbeddingArgs(max_steps=1, batch_size=4, lr=1e-9, warmup_steps=0, max_train_samples=8,
-                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    args = EmbeddingArgs(
+        max_steps=1,
+        batch_size=4,
+        lr=1e-9,
+        warmup_steps=0,
+        max_train_samples=8,
+        weights=DistillWeights(hidden=0, attention=0, embedding=0),
+    )
     wide = tmp_path / "wide"
     kw = dict(progress=False, eval_limit=8)
-    distill_embedding(minilm_dir, "sharebert-tiny", wide, args=args, **kw,
-                      overrides={"embedding_size": 32, "hidden_size": 384, "num_attention_heads": 6})
+    distill_embedding(
+        minilm_dir,
+        "sharebert-tiny",
+        wide,
+        args=args,
+        **kw,
+        overrides={"embedding_size": 32, "hidden_size": 384, "num_attention_heads": 6},
+    )
     assert read_recipe(wide).dense == ()  # as wide as MiniLM's 384: no projection of its own yet
     rng = np.random.default_rng(0)
     w0, b0 = (rng.normal(size=(384, 384)) * 0.05).astype(np.float32), rng.normal(size=384).astype(np.float32)
@@ -606,29 +1023,48 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
 
     out = tmp_path / "run"
     kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
-    args = EmbeddingArgs(max_steps=4, batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16,
-                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    args = EmbeddingArgs(
+        max_steps=4,
+        batch_size=4,
+        lr=1e-3,
+        warmup_steps=0,
+        max_train_samples=16,
+        weights=DistillWeights(hidden=0, attention=0, embedding=0),
+    )
     distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
     assert (out / "checkpoints" / "checkpoint-4").is_dir()
     short = EmbeddingArgs(**{**args.__dict__, "max_steps": 2})
     distill_embedding(minilm_dir, "sharebert-tiny", out, args=short, overwrite=True, **kw)
-    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-2"]
-    m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
-                          resume=True, **kw)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("checkpoint-")) == [
+        "checkpoint-2"
+    ]
+    m = distill_embedding(
+        minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}), resume=True, **kw
+    )
     assert m["steps"] == 3
     before = {f: (out / f).read_bytes() for f in ("metrics.json", "checkpoints/checkpoint-3/sharebert_complete.json")}
-    m = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
-                          resume=True, **kw)  # a finished run resumed mid-epoch takes no step
+    m = distill_embedding(
+        minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}), resume=True, **kw
+    )  # a finished run resumed mid-epoch takes no step
     assert m["steps"] == 3 and not (out / "checkpoints" / "checkpoint-4").exists()
     assert m["last_terms"]  # kept, not rewritten as {}; its checkpoint not saved again
     assert {f: (out / f).read_bytes() for f in before} == before
     other = EmbeddingArgs(**{**args.__dict__, "max_steps": 5, "max_train_samples": 12})  # refused, not trained on
     with pytest.raises(ValueError, match="trained on 16 other sentences; resume on the same"):
         distill_embedding(minilm_dir, "sharebert-tiny", out, args=other, resume=True, **kw)
-    with pytest.raises(ValueError, match="distilled the student sharebert-tiny --set embedding_size=32; resume with "
-                       "the same --student and --set \\(now sharebert-tiny --set embedding_size=48\\)"):  # not loaded,
-        distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True,  # nor failed on shapes
-                          **{**kw, "overrides": {"embedding_size": 48}})
+    with pytest.raises(
+        ValueError,
+        match="distilled the student sharebert-tiny --set embedding_size=32; resume with "
+        "the same --student and --set \\(now sharebert-tiny --set embedding_size=48\\)",
+    ):  # not loaded,
+        distill_embedding(
+            minilm_dir,
+            "sharebert-tiny",
+            out,
+            args=args,
+            resume=True,  # nor failed on shapes
+            **{**kw, "overrides": {"embedding_size": 48}},
+        )
 
     killed = tmp_path / "killed"
     killed.mkdir()
@@ -651,16 +1087,28 @@ def test_a_checkpoint_whose_projections_do_not_fit_is_one_line(minilm_dir, tmp_p
 
     out = tmp_path / "run"
     kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
-    args = EmbeddingArgs(max_steps=2, batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16,
-                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    args = EmbeddingArgs(
+        max_steps=2,
+        batch_size=4,
+        lr=1e-3,
+        warmup_steps=0,
+        max_train_samples=16,
+        weights=DistillWeights(hidden=0, attention=0, embedding=0),
+    )
     distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
     ckpt = out / "checkpoints" / "checkpoint-2"
     saved = load_file(str(ckpt / PROJECTIONS_FILE))
     save_file({k: v for k, v in saved.items() if not k.startswith("head.")}, str(ckpt / PROJECTIONS_FILE))
     mark_complete(ckpt, 2)
     with pytest.raises(ValueError, match=f"{PROJECTIONS_FILE} does not fit this run's projections .*Missing key"):
-        distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
-                          resume=True, **kw)
+        distill_embedding(
+            minilm_dir,
+            "sharebert-tiny",
+            out,
+            args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
+            resume=True,
+            **kw,
+        )
 
 
 def test_a_finished_run_whose_results_were_lost_writes_its_figures_again(minilm_dir, tmp_path):
@@ -672,8 +1120,15 @@ def test_a_finished_run_whose_results_were_lost_writes_its_figures_again(minilm_
 
     out = tmp_path / "run"
     kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
-    args = EmbeddingArgs(max_steps=3, eval_steps=1, batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16,
-                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    args = EmbeddingArgs(
+        max_steps=3,
+        eval_steps=1,
+        batch_size=4,
+        lr=1e-3,
+        warmup_steps=0,
+        max_train_samples=16,
+        weights=DistillWeights(hidden=0, attention=0, embedding=0),
+    )
     first = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
     (out / "metrics.json").unlink()
     again = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True, **kw)
@@ -691,27 +1146,59 @@ def test_finished_max_time_run_resumed_is_kept(minilm_dir, tmp_path, capsys, ste
 
     out = tmp_path / "run"
     kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
-    args = EmbeddingArgs(max_time=4, epochs=1000, batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16,
-                         weights=DistillWeights(hidden=0, attention=0, embedding=0))
+    args = EmbeddingArgs(
+        max_time=4,
+        epochs=1000,
+        batch_size=4,
+        lr=1e-3,
+        warmup_steps=0,
+        max_train_samples=16,
+        weights=DistillWeights(hidden=0, attention=0, embedding=0),
+    )
     first = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
     assert first["stopped_by_time"] and first["steps"] > 0
     saved = (out / "metrics.json").read_bytes()
     again = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True, **kw)
     assert again["steps"] == first["steps"] and (out / "metrics.json").read_bytes() == saved
     assert "had finished (at step" in capsys.readouterr().out
-    longer = distill_embedding(minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_time": 8}),
-                               resume=True, **kw)
+    longer = distill_embedding(
+        minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_time": 8}), resume=True, **kw
+    )
     assert longer["steps"] > first["steps"] and longer["train_seconds"] > first["train_seconds"]
 
 
 def test_distill_embedding_cli_scores_max_eval_samples_pairs(minilm_dir, tmp_path):
     """`distill --objective embedding --max-eval-samples N` scores the first N STS-B dev pairs."""
     out = tmp_path / "s"
-    assert main(["distill", "--objective", "embedding", "--teacher", str(minilm_dir), "--student", "sharebert-tiny",
-                 "--set", "embedding_size=32", "--out", str(out), "--max-steps", "1", "--batch-size", "4",
-                 "--max-train-samples", "8", "--max-eval-samples", "20"]) == 0
+    assert (
+        main(
+            [
+                "distill",
+                "--objective",
+                "embedding",
+                "--teacher",
+                str(minilm_dir),
+                "--student",
+                "sharebert-tiny",
+                "--set",
+                "embedding_size=32",
+                "--out",
+                str(out),
+                "--max-steps",
+                "1",
+                "--batch-size",
+                "4",
+                "--max-train-samples",
+                "8",
+                "--max-eval-samples",
+                "20",
+            ]
+        )
+        == 0
+    )
     assert json.loads((out / "metrics.json").read_text())["sts_dev_pairs"] == 20
     from sharebert.training.distill_embedding import sts_dev
+
     assert len(sts_dev(10**6).labels) == len(sts_dev().labels) == 1500  # the count scored, not the limit asked
 
 
@@ -721,8 +1208,14 @@ def test_start_checkpoints_removes_only_its_own_folders(tmp_path):
     from sharebert.training.callbacks import start_checkpoints
 
     ckpts, elsewhere = tmp_path / "out" / "checkpoints", tmp_path / "elsewhere"
-    for name in ("checkpoint-3", "incomplete-checkpoint-4", "corrupt-checkpoint-5", "corrupt-checkpoint-5.2", "notes",
-                 "checkpoint-x"):
+    for name in (
+        "checkpoint-3",
+        "incomplete-checkpoint-4",
+        "corrupt-checkpoint-5",
+        "corrupt-checkpoint-5.2",
+        "notes",
+        "checkpoint-x",
+    ):
         (ckpts / name).mkdir(parents=True)
     (ckpts / "mywork.txt").write_text("precious")
     (elsewhere / "checkpoint-9").mkdir(parents=True)
@@ -748,14 +1241,24 @@ def test_teacher_fingerprint_covers_shards_and_named_modules(tmp_path):
     t = tmp_path / "t"
     (t / "modules" / "2_Dense").mkdir(parents=True)
     (t / "data" / "big").mkdir(parents=True)
-    files = {"config.json": "{}", "model-00001-of-00002.safetensors": "a", "model-00002-of-00002.safetensors": "b",
-             "model.safetensors.index.json": "{}", "modules/2_Dense/model.safetensors": "d",
-             "modules.json": json.dumps([{"path": ""}, {"path": "modules/2_Dense"}]), "data/big/train.bin": "x"}
+    files = {
+        "config.json": "{}",
+        "model-00001-of-00002.safetensors": "a",
+        "model-00002-of-00002.safetensors": "b",
+        "model.safetensors.index.json": "{}",
+        "modules/2_Dense/model.safetensors": "d",
+        "modules.json": json.dumps([{"path": ""}, {"path": "modules/2_Dense"}]),
+        "data/big/train.bin": "x",
+    }
     for name, text in files.items():
         (t / name).write_text(text)
     first = teacher_fingerprint(t)
     assert not any(p.startswith("data/") for p in first)
-    for name in ("model-00002-of-00002.safetensors", "modules/2_Dense/model.safetensors", "model.safetensors.index.json"):
+    for name in (
+        "model-00002-of-00002.safetensors",
+        "modules/2_Dense/model.safetensors",
+        "model.safetensors.index.json",
+    ):
         (t / name).write_text("changed")
         assert teacher_fingerprint(t) != first, name
         (t / name).write_text(files[name])

@@ -1,6 +1,7 @@
 """Issue 37: `compress` outside this workspace (the text shipped in the package, `--eval-pairs`, agreement with the
 teacher on held-out text) and a report that reads right (every figure says what it was measured on, the cosine
 calibration, the picture's title, units and values)."""
+
 import json
 import math
 import os
@@ -51,12 +52,17 @@ def test_search_agreement_counts_queries_whose_top1_sentence_is_the_teachers():
     corpus, queries, answers = packaged_search()
     rng = np.random.default_rng(0)
     table = {text: rng.normal(size=8) for text in corpus}
+
     # the teacher: each query is its answer sentence's vector; the student: the same, but the first 7 queries point
     # at another sentence
-    t_vec = lambda texts: np.stack([table[t] if t in table else table[corpus[answers[queries.index(t)]]]  # noqa: E731
-                                    for t in texts])
+    def t_vec(texts):
+        return np.stack([table[t] if t in table else table[corpus[answers[queries.index(t)]]] for t in texts])
+
     wrong = {q: corpus[(answers[i] + 1) % len(corpus)] for i, q in enumerate(queries[:7])}
-    s_vec = lambda texts: t_vec([wrong.get(t, t) for t in texts])  # noqa: E731
+
+    def s_vec(texts):
+        return t_vec([wrong.get(t, t) for t in texts])
+
     row = search_agreement(t_vec, s_vec, say=lambda _: None)
     assert row["student"] == pytest.approx(1 - 7 / len(queries)) and row["teacher"] == 1.0
     assert f"({len(queries)} queries over {len(corpus)} sentences)" in row["label"]
@@ -126,13 +132,16 @@ def test_defaults_fall_back_to_the_packaged_text_without_a_data_folder(tmp_path,
     assert default_check_file() == tmp_path / "glue" / "SST-2" / "dev.tsv"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("a\tb\n", "expected 3 tab-separated fields"),
-    ("a\tb\tsame\nc\td\tmaybe\n", "line 2"),
-    ("a\tb\tsame\nc\td\tsame\n", "different gold values"),
-    ("a\tb\t1\nc\td\tnan\n", "line 2"),
-    ("", "different gold values"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a\tb\n", "expected 3 tab-separated fields"),
+        ("a\tb\tsame\nc\td\tmaybe\n", "line 2"),
+        ("a\tb\tsame\nc\td\tsame\n", "different gold values"),
+        ("a\tb\t1\nc\td\tnan\n", "line 2"),
+        ("", "different gold values"),
+    ],
+)
 def test_eval_pairs_refuses_malformed_files_in_one_line(text, message, tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text(text)
@@ -179,9 +188,11 @@ def test_agreement_and_calibration_of_a_perturbed_teacher(minilm_dir, tmp_path, 
         return v + rng.normal(scale=noise["value"], size=v.shape)
 
     pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("A man plays a guitar.\tA man is playing the guitar.\tsame\nA cat sleeps.\tThe market fell.\t"
-                     "different\nDogs run in the snow.\tTwo dogs run across a snowy field.\tsame\nRain flooded the "
-                     "city.\tChildren play football in the park.\tdifferent\n")
+    pairs.write_text(
+        "A man plays a guitar.\tA man is playing the guitar.\tsame\nA cat sleeps.\tThe market fell.\t"
+        "different\nDogs run in the snow.\tTwo dogs run across a snowy field.\tsame\nRain flooded the "
+        "city.\tChildren play football in the park.\tdifferent\n"
+    )
     same = embedding_quality(minilm_dir, student, pairs, say=lambda *_: None, limit=60)
     noise["value"] = 0.05
     noisy = embedding_quality(minilm_dir, student, pairs, say=lambda *_: None, limit=60)
@@ -196,16 +207,38 @@ def test_agreement_and_calibration_of_a_perturbed_teacher(minilm_dir, tmp_path, 
 
 
 def _report(tmp_path) -> dict:
-    side = dict(learned_params=22_713_216, file_bytes=90_000_000, artifact_bytes=23_000_000,
-                peak_rss_bytes=120_000_000, added_rss_bytes=50_000_000, p50_ms_16=4.0, p50_ms_128=20.0, agreement_top1=1.0, sts_spearman=0.867)
-    return {"teacher": {"folder": "/x/model", "name": "all-MiniLM-L6-v2", **side},
-            "student": {"folder": "/x/out/student", "shape": "F=64 V=256 N=4", **side, "learned_params": 4_900_000,
-                        "file_bytes": 5_000_000, "agreement_top1": 0.91, "sts_spearman": 0.80},
-            "quality": [{"label": "top-1 neighbour agreement with the teacher (600 held-out WikiText-2 sentences)",
-                         "key": "agreement_top1"},
-                        {"label": "STS-B dev Spearman (all 1500 pairs)", "key": "sts_spearman"}],
-            "calibration": {"unrelated": {"teacher": 0.05, "student": 0.2, "measured_on": "600 pairs"}},
-            "summary": "..."}
+    side = dict(
+        learned_params=22_713_216,
+        file_bytes=90_000_000,
+        artifact_bytes=23_000_000,
+        peak_rss_bytes=120_000_000,
+        added_rss_bytes=50_000_000,
+        p50_ms_16=4.0,
+        p50_ms_128=20.0,
+        agreement_top1=1.0,
+        sts_spearman=0.867,
+    )
+    return {
+        "teacher": {"folder": "/x/model", "name": "all-MiniLM-L6-v2", **side},
+        "student": {
+            "folder": "/x/out/student",
+            "shape": "F=64 V=256 N=4",
+            **side,
+            "learned_params": 4_900_000,
+            "file_bytes": 5_000_000,
+            "agreement_top1": 0.91,
+            "sts_spearman": 0.80,
+        },
+        "quality": [
+            {
+                "label": "top-1 neighbour agreement with the teacher (600 held-out WikiText-2 sentences)",
+                "key": "agreement_top1",
+            },
+            {"label": "STS-B dev Spearman (all 1500 pairs)", "key": "sts_spearman"},
+        ],
+        "calibration": {"unrelated": {"teacher": 0.05, "student": 0.2, "measured_on": "600 pairs"}},
+        "summary": "...",
+    }
 
 
 def test_report_rows_say_what_they_measured_and_the_calibration(tmp_path):
@@ -255,10 +288,30 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir
     empty.mkdir()
     work = tmp_path / "elsewhere"
     work.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "sharebert", "compress", str(minilm_dir), "--out", "R",
-                           "--max-steps", "2", "--max-train-samples", "64", "--batch-size", "8", "--max-params", "2.5M"],
-                          cwd=work, capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "SHAREBERT_DATA": str(empty), "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sharebert",
+            "compress",
+            str(minilm_dir),
+            "--out",
+            "R",
+            "--max-steps",
+            "2",
+            "--max-train-samples",
+            "64",
+            "--batch-size",
+            "8",
+            "--max-params",
+            "2.5M",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "SHAREBERT_DATA": str(empty), "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((work / "R" / "report.json").read_text())
     keys = [q["key"] for q in report["quality"]]
@@ -269,7 +322,10 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir
     for side in ("teacher", "student"):  # the first answer includes the load and one request: longer than a request
         d = report[side]
         assert math.isfinite(d["first_answer_ms"]) and d["first_answer_ms"] > d["p50_ms_16"] > 0
-    assert "| time to first answer (fresh process: start, imports, load, 1 request) |" in (work / "R" / "report.md").read_text()
+    assert (
+        "| time to first answer (fresh process: start, imports, load, 1 request) |"
+        in (work / "R" / "report.md").read_text()
+    )
     assert not list(empty.iterdir())
     assert proc.stdout.index("plan for --max-time") < proc.stdout.index("exporting the student")
     assert not (work / "R" / "work").exists() and not (work / "R" / "student" / "checkpoints").exists()
@@ -286,8 +342,11 @@ def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget(monk
     budget = TimeBudget(600, after_sentences=3600, say=said.append, start=now)
     n = budget.plan(15000, rate=50.0, step=0.2, batch=32)
     reserve = budget.reserve()
-    assert reserve == pytest.approx(2 * (TimeBudget.EXPORT_SECONDS + 2 * 128 / 50) + 2 * TimeBudget.PROBE_SECONDS
-                                    + (1 + TimeBudget.STUDENT_SHARE) * 3600 / 50)
+    assert reserve == pytest.approx(
+        2 * (TimeBudget.EXPORT_SECONDS + 2 * 128 / 50)
+        + 2 * TimeBudget.PROBE_SECONDS
+        + (1 + TimeBudget.STUDENT_SHARE) * 3600 / 50
+    )
     assert n == pytest.approx(50 * (600 - reserve) / 3, rel=0.02)  # a third of what is left, at 50 sentences a second
     assert budget.training_seconds() + reserve == pytest.approx(budget.left(), abs=1)  # set when training starts
     budget.exports = 1  # the teacher's artifact made before training: only the student's export is still to come
@@ -317,8 +376,9 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
     work = tmp_path / "work" / "student"
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     assert tok.model_max_length == 512  # the teacher's tokenizer says more than the student has positions
-    model = ShareBertModel(ShareBertConfig.from_preset("sharebert-tiny", vocab_size=len(tok), pooler="none",
-                                                       max_position_embeddings=128))
+    model = ShareBertModel(
+        ShareBertConfig.from_preset("sharebert-tiny", vocab_size=len(tok), pooler="none", max_position_embeddings=128)
+    )
     save_student(model, None, tok, work, read_recipe(minilm_dir), seq_len=128)
     (work / "checkpoints" / "checkpoint-2").mkdir(parents=True)
     (work / "teacher_targets-abc.npy").write_bytes(b"x")
@@ -330,18 +390,25 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
     assert {"configuration_sharebert.py", "modeling_sharebert.py", "modules.json", "config.json"} <= names
     assert json.loads((student / "tokenizer_config.json").read_text())["model_max_length"] == 128
     assert json.loads((student / "sentence_bert_config.json").read_text())["max_seq_length"] == 128
-    code = ("import sys, json\n"
-            "sys.modules['sharebert'] = sys.modules['transformers_sharebert'] = None  # import fails\n"
-            "from transformers import AutoModel, AutoTokenizer\n"
-            "from sentence_transformers import SentenceTransformer\n"
-            "tok = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
-            "enc = tok('word ' * 1000, truncation=True, return_tensors='pt')\n"
-            "out = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)(**enc).last_hidden_state\n"
-            "st = SentenceTransformer(sys.argv[1], trust_remote_code=True, device='cpu')\n"
-            "print(json.dumps([enc['input_ids'].shape[1], list(out.shape), st.encode(['a', 'b']).shape[1]]))\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(student)], capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    code = (
+        "import sys, json\n"
+        "sys.modules['sharebert'] = sys.modules['transformers_sharebert'] = None  # import fails\n"
+        "from transformers import AutoModel, AutoTokenizer\n"
+        "from sentence_transformers import SentenceTransformer\n"
+        "tok = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+        "enc = tok('word ' * 1000, truncation=True, return_tensors='pt')\n"
+        "out = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)(**enc).last_hidden_state\n"
+        "st = SentenceTransformer(sys.argv[1], trust_remote_code=True, device='cpu')\n"
+        "print(json.dumps([enc['input_ids'].shape[1], list(out.shape), st.encode(['a', 'b']).shape[1]]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(student)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     tokens, shape, width = json.loads(proc.stdout.strip().splitlines()[-1])
     assert tokens == 128 and shape[1] == 128 and width == model.config.hidden_size

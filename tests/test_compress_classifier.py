@@ -6,6 +6,7 @@ One session run: a tiny BERT (hidden 256, 2 layers) fine-tuned a few steps on SS
 task example). Bad inputs are in
 tests/test_compress.py's table.
 """
+
 import json
 
 import numpy as np
@@ -24,15 +25,64 @@ def classifier_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("compress_classifier")
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=512, max_position_embeddings=128)).save_pretrained(root / "base")
+    BertModel(
+        BertConfig(
+            vocab_size=30522,
+            hidden_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=512,
+            max_position_embeddings=128,
+        )
+    ).save_pretrained(root / "base")
     BertTokenizerFast(str(default_vocab())).save_pretrained(root / "base")
-    assert main(["finetune", "--model", str(root / "base"), "--task", "sst2", "--out", str(root / "teacher"),
-                 "--max-steps", "10", "--max-train-samples", "320", "--max-eval-samples", "64", "--lr", "1e-3",
-                 "--batch-size", "32"]) == 0
-    assert main(["compress", str(root / "teacher"), "--out", str(root / "out"), "--max-steps", str(STEPS),
-                 "--max-train-samples", str(SENTENCES), "--eval-limit", str(EVAL), "--batch-size", "16",
-                 "--max-params", str(MAX_PARAMS), "--augment", "1"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--model",
+                str(root / "base"),
+                "--task",
+                "sst2",
+                "--out",
+                str(root / "teacher"),
+                "--max-steps",
+                "10",
+                "--max-train-samples",
+                "320",
+                "--max-eval-samples",
+                "64",
+                "--lr",
+                "1e-3",
+                "--batch-size",
+                "32",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "compress",
+                str(root / "teacher"),
+                "--out",
+                str(root / "out"),
+                "--max-steps",
+                str(STEPS),
+                "--max-train-samples",
+                str(SENTENCES),
+                "--eval-limit",
+                str(EVAL),
+                "--batch-size",
+                "16",
+                "--max-params",
+                str(MAX_PARAMS),
+                "--augment",
+                "1",
+            ]
+        )
+        == 0
+    )
     return root
 
 
@@ -56,7 +106,9 @@ def test_report_has_both_phases_and_the_budgeted_student(classifier_run):
 
     out = classifier_run / "out"
     r = json.loads((out / "report.json").read_text())
-    assert r["task"] == "sst2" and r["metric"] == "accuracy" and r["dev_examples"] == EVAL  # from finetune's metrics.json
+    assert (
+        r["task"] == "sst2" and r["metric"] == "accuracy" and r["dev_examples"] == EVAL
+    )  # from finetune's metrics.json
     assert r["general"]["steps"] == STEPS and r["general"]["train_sentences"] == SENTENCES
     assert r["general"]["pooling"] == "cls"  # a plain classifier folder: the [CLS] state its head reads
     assert r["training"]["steps"] == STEPS and r["training"]["train_samples"] == 2 * SENTENCES  # --augment 1
@@ -66,7 +118,11 @@ def test_report_has_both_phases_and_the_budgeted_student(classifier_run):
     assert r["student"]["learned_params"] == cand.params + head <= MAX_PARAMS  # the budget counts what is saved
     assert r["student"]["learned_params"] < r["teacher"]["learned_params"] / 3
     md = (out / "report.md").read_text()
-    assert f"| SST-2 dev accuracy ({r['dev_examples']} examples) |" in md and f"General distillation: {STEPS} steps" in md and "Task distillation on sst2" in md
+    assert (
+        f"| SST-2 dev accuracy ({r['dev_examples']} examples) |" in md
+        and f"General distillation: {STEPS} steps" in md
+        and "Task distillation on sst2" in md
+    )
     assert (out / "report.png").stat().st_size > 1000
     assert not (out / "general" / "checkpoints").exists() and not (out / "student" / "checkpoints").exists()
 
@@ -91,9 +147,29 @@ def test_the_artifact_classifies_and_its_metric_is_the_reported_one(classifier_r
 def test_resume_of_a_finished_run_trains_no_phase_again(classifier_run):
     out = classifier_run / "out"
     before = json.loads((out / "report.json").read_text())
-    stamps = {p: p.stat().st_mtime_ns for p in (out / "general" / "model.safetensors", out / "student" / "model.safetensors")}
-    assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS),
-                 "--eval-limit", str(EVAL), "--max-params", str(MAX_PARAMS), "--augment", "1", "--resume"]) == 0
+    stamps = {
+        p: p.stat().st_mtime_ns for p in (out / "general" / "model.safetensors", out / "student" / "model.safetensors")
+    }
+    assert (
+        main(
+            [
+                "compress",
+                str(classifier_run / "teacher"),
+                "--out",
+                str(out),
+                "--max-steps",
+                str(STEPS),
+                "--eval-limit",
+                str(EVAL),
+                "--max-params",
+                str(MAX_PARAMS),
+                "--augment",
+                "1",
+                "--resume",
+            ]
+        )
+        == 0
+    )
     after = json.loads((out / "report.json").read_text())
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # both phases recorded: neither ran again
     assert after["general"] == before["general"] and after["training"] == before["training"]
@@ -106,10 +182,27 @@ def test_resume_of_a_finished_run_with_a_larger_budget_is_refused_not_ignored(cl
     out = classifier_run / "out"
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
     capsys.readouterr()
-    for budget in (["--max-steps", str(STEPS * 4)], ["--max-time", "600"], ["--max-steps", str(STEPS), "--augment", "4"],
-                   ["--max-steps", str(STEPS)]):  # the last: without the run's --augment 1
-        assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), *budget,
-                     "--max-params", str(MAX_PARAMS), "--resume"]) == 2
+    for budget in (
+        ["--max-steps", str(STEPS * 4)],
+        ["--max-time", "600"],
+        ["--max-steps", str(STEPS), "--augment", "4"],
+        ["--max-steps", str(STEPS)],
+    ):  # the last: without the run's --augment 1
+        assert (
+            main(
+                [
+                    "compress",
+                    str(classifier_run / "teacher"),
+                    "--out",
+                    str(out),
+                    *budget,
+                    "--max-params",
+                    str(MAX_PARAMS),
+                    "--resume",
+                ]
+            )
+            == 2
+        )
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "holds a finished compress trained with" in err, err
         assert f"--max-steps {STEPS} and --augment 1; a finished phase keeps no checkpoint" in err
@@ -117,24 +210,44 @@ def test_resume_of_a_finished_run_with_a_larger_budget_is_refused_not_ignored(cl
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == stamps
 
 
-@pytest.mark.parametrize("part, text, message", [
-    ("phases.json", "{", "phases.json is not valid JSON (Expecting property name"),
-    ("phases.json", "[" * 100_000 + "]" * 100_000, "phases.json is not valid JSON (nested too deeply)"),
-    ("phases.json", "[]", "phases.json is not a record of compress phases"),
-    ("phases.json", '{"general": 5, "task": []}', "phases.json is not a record of compress phases"),
-    ("student/config.json", "[1, 2]", "student/config.json is not a model config (a JSON object)"),
-    ("general/config.json", "garbage", "general/config.json is not a model config (a JSON object)"),
-])
-def test_resume_with_a_damaged_record_is_one_line_naming_the_file(classifier_run, tmp_path, part, text, message,
-                                                                   capsys):
+@pytest.mark.parametrize(
+    "part, text, message",
+    [
+        ("phases.json", "{", "phases.json is not valid JSON (Expecting property name"),
+        ("phases.json", "[" * 100_000 + "]" * 100_000, "phases.json is not valid JSON (nested too deeply)"),
+        ("phases.json", "[]", "phases.json is not a record of compress phases"),
+        ("phases.json", '{"general": 5, "task": []}', "phases.json is not a record of compress phases"),
+        ("student/config.json", "[1, 2]", "student/config.json is not a model config (a JSON object)"),
+        ("general/config.json", "garbage", "general/config.json is not a model config (a JSON object)"),
+    ],
+)
+def test_resume_with_a_damaged_record_is_one_line_naming_the_file(
+    classifier_run, tmp_path, part, text, message, capsys
+):
     import shutil
 
     out = tmp_path / "out"
     shutil.copytree(classifier_run / "out", out)
     (out / part).write_text(text)
     capsys.readouterr()
-    assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS),
-                 "--max-params", str(MAX_PARAMS), "--augment", "1", "--resume"]) == 2
+    assert (
+        main(
+            [
+                "compress",
+                str(classifier_run / "teacher"),
+                "--out",
+                str(out),
+                "--max-steps",
+                str(STEPS),
+                "--max-params",
+                str(MAX_PARAMS),
+                "--augment",
+                "1",
+                "--resume",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and "--overwrite" in err, err
 
@@ -143,11 +256,26 @@ def test_resume_with_nothing_to_resume_is_refused(classifier_run, tmp_path, caps
     """compress --resume of a classifier into a new folder says there is nothing to resume and writes nothing (no
     training from scratch)."""
     out = tmp_path / "new"
-    assert main(["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS),
-                 "--max-params", str(MAX_PARAMS), "--resume"]) == 2
+    assert (
+        main(
+            [
+                "compress",
+                str(classifier_run / "teacher"),
+                "--out",
+                str(out),
+                "--max-steps",
+                str(STEPS),
+                "--max-params",
+                str(MAX_PARAMS),
+                "--resume",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
-    assert err.endswith(f"--resume: {out} holds no complete checkpoint to continue from; run without --resume to "
-                        "start"), err
+    assert err.endswith(
+        f"--resume: {out} holds no complete checkpoint to continue from; run without --resume to start"
+    ), err
     assert not out.exists()
 
 

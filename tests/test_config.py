@@ -1,4 +1,5 @@
 """Config validation, presets and the `sharebert build` command."""
+
 import json
 
 import pytest
@@ -9,16 +10,21 @@ from sharebert.formats.build import config_for_vocab
 from sharebert.model.shape import parse_overrides
 
 
-@pytest.mark.parametrize("kwargs,words", [
-    (dict(hidden_size=100, num_attention_heads=3), ["not divisible by num_attention_heads 3"]),
-    (dict(qk_share_ratio=1.5, attention="partial-qk"), ["qk_share_ratio must lie in [0, 1]"]),
-    (dict(attention="sparse"), ["attention='sparse'", "standard, symmetric"]),
-    (dict(sharing="eps", embedding_size=64, hidden_size=768, intermediate_size=3072, num_attention_heads=12),
-     ["column budget exceeded", "short by", "veps"]),
-    (dict(sharing="none", pooler="generated"), ["pooler='generated' needs sharing"]),
-    (dict(sharing="veps", embedding_size=None), ["embedding_size smaller than hidden_size"]),
-    (dict(classifier_pooling="avg"), ["classifier_pooling='avg' is not one of cls, mean"]),
-])
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        (dict(hidden_size=100, num_attention_heads=3), ["not divisible by num_attention_heads 3"]),
+        (dict(qk_share_ratio=1.5, attention="partial-qk"), ["qk_share_ratio must lie in [0, 1]"]),
+        (dict(attention="sparse"), ["attention='sparse'", "standard, symmetric"]),
+        (
+            dict(sharing="eps", embedding_size=64, hidden_size=768, intermediate_size=3072, num_attention_heads=12),
+            ["column budget exceeded", "short by", "veps"],
+        ),
+        (dict(sharing="none", pooler="generated"), ["pooler='generated' needs sharing"]),
+        (dict(sharing="veps", embedding_size=None), ["embedding_size smaller than hidden_size"]),
+        (dict(classifier_pooling="avg"), ["classifier_pooling='avg' is not one of cls, mean"]),
+    ],
+)
 def test_invalid_configs_fail_at_build_time_with_the_fix(kwargs, words):
     with pytest.raises(ValueError) as e:
         ShareBertConfig(**kwargs)
@@ -54,14 +60,19 @@ def test_config_json_round_trip(tmp_path):
     c.save_pretrained(tmp_path)
     back = ShareBertConfig.from_pretrained(tmp_path)
     drop = {"_name_or_path"}
-    assert {k: v for k, v in back.to_dict().items() if k not in drop} == {k: v for k, v in c.to_dict().items() if k not in drop}
+    assert {k: v for k, v in back.to_dict().items() if k not in drop} == {
+        k: v for k, v in c.to_dict().items() if k not in drop
+    }
 
 
-@pytest.mark.parametrize("override,words", [
-    (dict(classifier_pooling="avg"), "classifier_pooling='avg' is not one of cls, mean"),
-    (dict(pooler="bogus"), "pooler='bogus' is not one of"),
-    (dict(num_hidden_layers=0), "num_hidden_layers must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "override,words",
+    [
+        (dict(classifier_pooling="avg"), "classifier_pooling='avg' is not one of cls, mean"),
+        (dict(pooler="bogus"), "pooler='bogus' is not one of"),
+        (dict(num_hidden_layers=0), "num_hidden_layers must be a positive integer"),
+    ],
+)
 def test_from_pretrained_keyword_overrides_are_validated(tmp_path, override, words):
     """transformers sets from_pretrained's keyword overrides after __init__ validated the folder's values."""
     ShareBertConfig.from_preset("sharebert-tiny").save_pretrained(tmp_path)
@@ -73,22 +84,42 @@ def test_from_pretrained_keyword_overrides_are_validated(tmp_path, override, wor
 
 
 def test_parse_overrides_types():
-    assert parse_overrides(["hidden_size=1", "qk_share_ratio=0.5", "is_decoder=true", "embedding_size=none",
-                            "attention=symmetric", "num-hidden-layers=2"]) == \
-        {"hidden_size": 1, "qk_share_ratio": 0.5, "is_decoder": True, "embedding_size": None, "attention": "symmetric",
-         "num_hidden_layers": 2}
+    assert parse_overrides(
+        [
+            "hidden_size=1",
+            "qk_share_ratio=0.5",
+            "is_decoder=true",
+            "embedding_size=none",
+            "attention=symmetric",
+            "num-hidden-layers=2",
+        ]
+    ) == {
+        "hidden_size": 1,
+        "qk_share_ratio": 0.5,
+        "is_decoder": True,
+        "embedding_size": None,
+        "attention": "symmetric",
+        "num_hidden_layers": 2,
+    }
     with pytest.raises(ValueError, match="key=value"):
         parse_overrides(["oops"])
     # "none" is a value of the string fields that allow it, Python's None elsewhere
-    assert parse_overrides(["sharing=none", "pooler=none", "pooler_activation=none", "share_layers=none"]) == \
-        {"sharing": "none", "pooler": "none", "pooler_activation": "none", "share_layers": None}
+    assert parse_overrides(["sharing=none", "pooler=none", "pooler_activation=none", "share_layers=none"]) == {
+        "sharing": "none",
+        "pooler": "none",
+        "pooler_activation": "none",
+        "share_layers": None,
+    }
 
 
-@pytest.mark.parametrize("item, message", [
-    ("num_hiden_layers=3", "num_hiden_layers: not a config field; did you mean num_hidden_layers"),
-    ("atention=symmetric", "did you mean attention"),
-    ("zzz=1", "known fields: attention"),
-])
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("num_hiden_layers=3", "num_hiden_layers: not a config field; did you mean num_hidden_layers"),
+        ("atention=symmetric", "did you mean attention"),
+        ("zzz=1", "known fields: attention"),
+    ],
+)
 def test_parse_overrides_refuses_unknown_fields(item, message):
     """A typo in --set is an error, never a field stored and ignored."""
     with pytest.raises(ValueError, match=message):

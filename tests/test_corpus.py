@@ -1,4 +1,5 @@
 """Corpora: newline styles, MediaWiki XML streaming and markup stripping, packing, character tokenizer, bad input."""
+
 import bz2
 import os
 
@@ -9,7 +10,12 @@ import torch
 from sharebert.formats.paths import data_path, default_vocab
 from sharebert.formats.tokenization import hf_tokenizer
 from sharebert.training.corpus import (
-    char_tokenizer, encode_sources, iter_lines, pack, read_text, strip_wiki_markup,
+    char_tokenizer,
+    encode_sources,
+    iter_lines,
+    pack,
+    read_text,
+    strip_wiki_markup,
 )
 from sharebert.formats.model_folder import load_tokenizer
 from sharebert_runtime.textlines import PIECE_CHARS, resolve_sources
@@ -39,7 +45,9 @@ def test_newline_styles_give_the_same_tokens(tmp_path, tok):
     assert ids["lf"].size > 1000
     assert np.array_equal(ids["lf"], ids["crlf"]) and np.array_equal(ids["lf"], ids["cr"])
     # the staged WikiText file itself has CRLF endings: no stray \r survives the reader
-    assert all(not line.rstrip("\n").endswith("\r") for line in iter_lines(data_path("wikitext-2-raw", "wiki.valid.raw")))
+    assert all(
+        not line.rstrip("\n").endswith("\r") for line in iter_lines(data_path("wikitext-2-raw", "wiki.valid.raw"))
+    )
     # a bz2-compressed copy (detected by content, not name) reads the same
     packed = tmp_path / "corpus.dat"
     packed.write_bytes(bz2.compress(text.encode("utf-8")))
@@ -60,9 +68,11 @@ def test_mediawiki_dump_is_streamed_without_markup():
 
 
 def test_strip_wiki_markup_rules():
-    src = ("'''Foo''' is a [[bar baz|Bar]] of [[Qux]].{{cite web|url=x|title={{nested}}}}<ref name=a>r</ref>"
-           "[[File:a.jpg|thumb|A [[link]] in a caption]] [http://example.org the label]<!-- hidden -->\n"
-           "== History ==\n* first &amp; second\n{| class=wikitable\n| cell\n|}\n[[de:Foo]][[Category:Things]]")
+    src = (
+        "'''Foo''' is a [[bar baz|Bar]] of [[Qux]].{{cite web|url=x|title={{nested}}}}<ref name=a>r</ref>"
+        "[[File:a.jpg|thumb|A [[link]] in a caption]] [http://example.org the label]<!-- hidden -->\n"
+        "== History ==\n* first &amp; second\n{| class=wikitable\n| cell\n|}\n[[de:Foo]][[Category:Things]]"
+    )
     assert strip_wiki_markup(src) == "Foo is a Bar of Qux. the label\nHistory\nfirst & second"
 
 
@@ -147,7 +157,7 @@ def test_tokenizer_larger_than_config_vocab_is_refused(tmp_path, tok):
 def test_dynamic_masking_is_15_percent_80_10_10_and_seeded_per_epoch(tok):
     from sharebert.training.corpus import PackedDataset
 
-    ids = encode_sources([data_path("wikitext-2-raw", "wiki.valid.raw")], tok, progress=False)[:64 * 400]
+    ids = encode_sources([data_path("wikitext-2-raw", "wiki.valid.raw")], tok, progress=False)[: 64 * 400]
     ds = PackedDataset.for_objective(pack(ids, 64, tok.cls_token_id, tok.sep_token_id), tok, "mlm", seed=3)
     items = [ds[i] for i in range(len(ds))]
     inputs = torch.stack([x["input_ids"] for x in items])
@@ -195,7 +205,7 @@ def test_word_strings_follow_each_sentence_at_the_ratio_and_never_repeat_a_word(
         assert len(strings) == round(ratio * len(sentences))
         used = [w for s in strings for w in s.split()]
         assert len(used) == len(set(used)) and all(1 <= len(s.split()) <= 4 for s in strings)
-        head = mixed[:len(mixed) // 2]  # a time budget keeps a prefix: the mix holds in it
+        head = mixed[: len(mixed) // 2]  # a time budget keeps a prefix: the mix holds in it
         assert abs(sum(x not in sentences for x in head) / len(head) - ratio / (1 + ratio)) < 0.05
     assert with_word_strings(sentences, words, 1.0, seed=3) == with_word_strings(sentences, words, 1.0, seed=3)
     assert with_word_strings(sentences, words, 1.0, seed=3) != with_word_strings(sentences, words, 1.0, seed=4)

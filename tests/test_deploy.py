@@ -1,4 +1,5 @@
 """The torch-free device runtime on artifacts written by the real exporter from tiny models."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,13 @@ from sharebert.formats.build import build_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 QUICK = dict(check_limit=16, runs=3, progress=False)  # a short parity check and footprint timing
-SENTENCES = ["the capital of france is [MASK].", "he went to the [MASK] to buy some bread.", "",
-             "a [MASK] movie , and a [MASK] one .", "it 's a charming and often affecting journey ."]
+SENTENCES = [
+    "the capital of france is [MASK].",
+    "he went to the [MASK] to buy some bread.",
+    "",
+    "a [MASK] movie , and a [MASK] one .",
+    "it 's a charming and often affecting journey .",
+]
 
 # Importing any of these raises in the device subprocess (onnx too: a device has only onnxruntime).
 BLOCK_IMPORTS = """
@@ -54,8 +60,17 @@ def _classifier(root, **overrides):
     from sharebert.formats.tokenization import hf_tokenizer
 
     tokenizer = hf_tokenizer(default_vocab())
-    config = config_for_vocab("sharebert-tiny", {**TINY, "num_labels": 3, "id2label": {0: "neg", 1: "neu", 2: "pos"},
-                                                 "label2id": {"neg": 0, "neu": 1, "pos": 2}, **overrides}, len(tokenizer))
+    config = config_for_vocab(
+        "sharebert-tiny",
+        {
+            **TINY,
+            "num_labels": 3,
+            "id2label": {0: "neg", 1: "neu", 2: "pos"},
+            "label2id": {"neg": 0, "neu": 1, "pos": 2},
+            **overrides,
+        },
+        len(tokenizer),
+    )
     torch.manual_seed(0)
     model = ShareBertForSequenceClassification(config)
     with torch.no_grad():  # a classifier head large enough that the three probabilities differ visibly
@@ -79,7 +94,9 @@ def _torch_logits(model_dir, texts, head="mlm"):
 def test_device_subprocess_without_torch_matches_pytorch(mlm):
     """Import hook blocks torch/transformers/optimum/onnx; the runtime and the CLI still work end to end."""
     model_dir, artifact = mlm
-    script = BLOCK_IMPORTS + f"""
+    script = (
+        BLOCK_IMPORTS
+        + f"""
 import json
 import sharebert_runtime
 from sharebert_runtime import Runtime
@@ -90,6 +107,7 @@ out = {{mode: Runtime({str(artifact)!r}, threads=1, ram=mode).fill_mask(texts, t
 rc = main(["predict", {str(artifact)!r}, *texts, "--json", "--top-k", "3"])
 print("RESULT " + json.dumps(out))
 """
+    )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -236,13 +254,23 @@ def test_predict_cli_streams_and_reports_malformed_lines(mlm, tmp_path, capsys):
     from sharebert_runtime.main import main
 
     _, artifact = mlm
-    lines = [b"the [MASK] is red .", b'{"text": "a [MASK] day", "id": 7}', b"{not json", b"\xff\xfe broken",
-             b"", b'{"txt": "x"}', b"last [MASK] line"]
+    lines = [
+        b"the [MASK] is red .",
+        b'{"text": "a [MASK] day", "id": 7}',
+        b"{not json",
+        b"\xff\xfe broken",
+        b"",
+        b'{"txt": "x"}',
+        b"last [MASK] line",
+    ]
     src = tmp_path / "in.txt"
     src.write_bytes(b"\n".join(lines) + b"\n")
     out = tmp_path / "out.jsonl"
     # exit status 1: a line was skipped (the others are answered all the same)
-    assert main(["predict", str(artifact), "--input", str(src), "--output", str(out), "--batch-size", "2", "--top-k", "1"]) == 1
+    assert (
+        main(["predict", str(artifact), "--input", str(src), "--output", str(out), "--batch-size", "2", "--top-k", "1"])
+        == 1
+    )
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["line"] for r in records] == [1, 2, 3, 5, 6, 7]  # lines 3 and 6 start with "{" but are text
     assert records[1]["id"] == 7 and records[3]["result"] == [] and len(records[0]["result"][0]) == 1
@@ -252,8 +280,10 @@ def test_predict_cli_streams_and_reports_malformed_lines(mlm, tmp_path, capsys):
     assert main(["predict", str(artifact)]) == 2  # no texts, no --input: a clear error
 
 
-@pytest.mark.parametrize("p, text", [(0.6123, "0.612"), (0.1, "0.100"), (0.0421, "0.0421"), (0.00123, "0.00123"),
-                                     (3.2e-05, "3.2e-05"), (0.0, "0")])
+@pytest.mark.parametrize(
+    "p, text",
+    [(0.6123, "0.612"), (0.1, "0.100"), (0.0421, "0.0421"), (0.00123, "0.00123"), (3.2e-05, "3.2e-05"), (0.0, "0")],
+)
 def test_predict_prints_small_probabilities_readably(p, text):
     from sharebert_runtime.cli import _score
 

@@ -1,4 +1,5 @@
 """Depth chosen at inference: PyTorch ``depth=``, the exported ``depth`` input, ``predict``/``serve --depth``."""
+
 from __future__ import annotations
 
 import json
@@ -57,10 +58,13 @@ def test_depth_k_is_the_k_layer_model_with_the_same_weights(mlm):
     model = sharebert.ShareBertForMaskedLM.from_pretrained(mlm[0]).eval()
     ids = torch.randint(1000, 2000, (2, 9))
     for k in range(1, N + 1):
-        small = sharebert.ShareBertForMaskedLM(sharebert.ShareBertConfig(**{**model.config.to_dict(),
-                                                                             "num_hidden_layers": k})).eval()
+        small = sharebert.ShareBertForMaskedLM(
+            sharebert.ShareBertConfig(**{**model.config.to_dict(), "num_hidden_layers": k})
+        ).eval()
         missing, unexpected = small.load_state_dict(model.state_dict(), strict=False)
-        assert not missing and {u.split("layers.")[1].split(".")[0] for u in unexpected} == {str(i) for i in range(k, N)}
+        assert not missing and {u.split("layers.")[1].split(".")[0] for u in unexpected} == {
+            str(i) for i in range(k, N)
+        }
         with torch.no_grad():
             diff = (model(ids, depth=k).logits - small(ids).logits).abs().max().item()
         assert diff <= 1e-6, (k, diff)
@@ -69,8 +73,9 @@ def test_depth_k_is_the_k_layer_model_with_the_same_weights(mlm):
         assert not torch.allclose(model(ids, depth=1).logits, model(ids).logits)
 
 
-@pytest.mark.parametrize("bad", [0, N + 1, -1, 1.0, "2", True, torch.tensor(2.7), torch.tensor([2]), torch.tensor(True),
-                                 np.float64(2)])
+@pytest.mark.parametrize(
+    "bad", [0, N + 1, -1, 1.0, "2", True, torch.tensor(2.7), torch.tensor([2]), torch.tensor(True), np.float64(2)]
+)
 def test_torch_refuses_bad_depths(mlm, bad):
     model = sharebert.ShareBertForMaskedLM.from_pretrained(mlm[0]).eval()
     with pytest.raises(ValueError, match="depth must be an integer"):
@@ -150,10 +155,11 @@ def test_classifier_and_causal_lm_at_depth(tmp_path):
     ids = torch.tensor([[runtime.cls_id] + runtime.tokenizer.encode(prompt, add_special_tokens=False).ids])
     for k in (1, N):
         with torch.no_grad():
-            ref = model.generate(ids, max_new_tokens=6, do_sample=False, depth=k, pad_token_id=0)[0, ids.shape[1]:]
+            ref = model.generate(ids, max_new_tokens=6, do_sample=False, depth=k, pad_token_id=0)[0, ids.shape[1] :]
         assert runtime.at_depth(k).generate(prompt, max_new_tokens=6)[0] == runtime.tokenizer.decode(ref.tolist())
-        assert runtime.at_depth(k).generate(prompt, max_new_tokens=6, use_cache=False) == \
-            runtime.at_depth(k).generate(prompt, max_new_tokens=6)
+        assert runtime.at_depth(k).generate(prompt, max_new_tokens=6, use_cache=False) == runtime.at_depth(k).generate(
+            prompt, max_new_tokens=6
+        )
 
 
 def _without_depth(artifact, tmp_path):

@@ -1,5 +1,6 @@
 """Depth at inference, training and evaluation side: --depth-sampling in finetune / pretrain / distill (real
 Trainer, few steps), DDP with layers skipped, `evaluate glue --depths` (PyTorch and artifact), bad input."""
+
 import json
 import os
 import subprocess
@@ -21,8 +22,14 @@ from sharebert.training.evaluate import evaluate_glue
 from sharebert.training.finetune import load_classifier
 from sharebert.training.glue import get_task
 
-TINY4 = dict(hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=2, embedding_size=16,
-             max_position_embeddings=64)
+TINY4 = dict(
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=128,
+    num_attention_heads=2,
+    embedding_size=16,
+    max_position_embeddings=64,
+)
 SET = [x for k, v in TINY4.items() for x in ("--set", f"{k}={v}")]
 REPO = Path(__file__).resolve().parent.parent
 SST2 = str(data_path("glue", "SST-2"))
@@ -68,9 +75,34 @@ def _config(folder) -> dict:
 
 def test_finetune_samples_depths_in_training_and_scores_at_full_depth(base, tmp_path, depths_seen):
     out = tmp_path / "ft"
-    assert main(["finetune", "--model", str(base), "--task", "sst2", "--data-dir", SST2, "--out", str(out),
-                 "--max-steps", "12", "--max-train-samples", "96", "--max-eval-samples", "32", "--batch-size", "8",
-                 "--eval-steps", "6", "--depth-sampling", "1"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--model",
+                str(base),
+                "--task",
+                "sst2",
+                "--data-dir",
+                SST2,
+                "--out",
+                str(out),
+                "--max-steps",
+                "12",
+                "--max-train-samples",
+                "96",
+                "--max-eval-samples",
+                "32",
+                "--batch-size",
+                "8",
+                "--eval-steps",
+                "6",
+                "--depth-sampling",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert _config(out)["train_min_depth"] == 1
     train = [k for training, k in depths_seen if training]
     assert len(train) == 12 and len(set(train)) > 1 and set(train) <= {1, 2, 3, 4}
@@ -83,9 +115,33 @@ def test_pretrain_bare_depth_sampling_means_min_1(tmp_path, depths_seen):
     with open(data_path("wikitext-2-raw", "wiki.valid.raw"), encoding="utf-8") as f:
         corpus.write_text("".join(next(f) for _ in range(120)), encoding="utf-8")
     out = tmp_path / "pt"
-    assert main(["pretrain", "--preset", "sharebert-tiny", *SET, "--train", str(corpus), "--out", str(out),
-                 "--max-steps", "10", "--batch-size", "4", "--seq-len", "32", "--eval-steps", "10",
-                 "--eval-samples", "8", "--no-progress", "--depth-sampling"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--preset",
+                "sharebert-tiny",
+                *SET,
+                "--train",
+                str(corpus),
+                "--out",
+                str(out),
+                "--max-steps",
+                "10",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "32",
+                "--eval-steps",
+                "10",
+                "--eval-samples",
+                "8",
+                "--no-progress",
+                "--depth-sampling",
+            ]
+        )
+        == 0
+    )
     assert _config(out)["train_min_depth"] == 1
     train = [k for training, k in depths_seen if training]
     assert len(train) == 10 and len(set(train)) > 1
@@ -100,10 +156,36 @@ def test_torchrun_two_processes_with_depth_sampling(tmp_path):
         corpus.write_text("".join(next(f) for _ in range(120)), encoding="utf-8")
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "sharebert",
-           "pretrain", "--preset", "sharebert-tiny", *SET, "--train", str(corpus), "--out", str(out), "--max-steps", "4",
-           "--batch-size", "4", "--seq-len", "32", "--save-steps", "100", "--eval-steps", "100", "--no-progress",
-           "--depth-sampling", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "sharebert",
+        "pretrain",
+        "--preset",
+        "sharebert-tiny",
+        *SET,
+        "--train",
+        str(corpus),
+        "--out",
+        str(out),
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--save-steps",
+        "100",
+        "--eval-steps",
+        "100",
+        "--no-progress",
+        "--depth-sampling",
+        "1",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -122,8 +204,9 @@ def _ddp_worker(rank, port, out):
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(0)
-    model = ShareBertForMaskedLM(ShareBertConfig.from_preset("sharebert-tiny", **{**TINY4, "num_hidden_layers": 2,
-                                                                                    "vocab_size": 1024}))
+    model = ShareBertForMaskedLM(
+        ShareBertConfig.from_preset("sharebert-tiny", **{**TINY4, "num_hidden_layers": 2, "vocab_size": 1024})
+    )
     ddp = DistributedDataParallel(model, find_unused_parameters=True)
     ids = torch.randint(0, 1024, (2, 8), generator=torch.Generator().manual_seed(rank))
     ddp(input_ids=ids, labels=ids, depth=rank + 1).loss.backward()
@@ -165,26 +248,67 @@ def test_layer_map_at_a_sampled_depth():
 def test_distill_with_depth_sampling_has_finite_losses(base, tmp_path, depths_seen):
     teacher = tmp_path / "teacher"
     torch.manual_seed(0)
-    BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                             intermediate_size=64, max_position_embeddings=64)).save_pretrained(teacher)
+    BertForSequenceClassification(
+        BertConfig(
+            vocab_size=30522,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(teacher)
     BertTokenizerFast(str(default_vocab())).save_pretrained(teacher)
     out = tmp_path / "student"
-    args = DistillArgs(max_steps=8, max_train_samples=64, max_eval_samples=32, batch_size=8, warmup_steps=1,
-                       eval_steps=4, seq_len=32, depth_sampling=1)
+    args = DistillArgs(
+        max_steps=8,
+        max_train_samples=64,
+        max_eval_samples=32,
+        batch_size=8,
+        warmup_steps=1,
+        eval_steps=4,
+        seq_len=32,
+        depth_sampling=1,
+    )
     metrics = distill_glue(teacher, str(base), "sst2", out, args=args, progress=False)
     assert _config(out)["train_min_depth"] == 1
     student = [k for training, k in depths_seen if training]  # the teacher is a BERT: not counted here
     assert len(student) == 8 and len(set(student)) > 1
     terms = [e for e in json.loads((out / "log_history.json").read_text()) if "loss_hidden" in e]
-    assert terms and all(abs(e[k]) <= 1e6 for e in terms
-                         for k in ("loss", "loss_kl", "loss_hard", "loss_hidden", "loss_attention", "loss_embedding"))
+    assert terms and all(
+        abs(e[k]) <= 1e6
+        for e in terms
+        for k in ("loss", "loss_kl", "loss_hard", "loss_hidden", "loss_attention", "loss_embedding")
+    )
     assert 0 <= metrics["accuracy"] <= 1
 
 
 def test_evaluate_depths_table_full_row_equals_plain_evaluate(classifier, tmp_path, capsys):
     plot = tmp_path / "depths.png"
-    assert main(["evaluate", "glue", "--model", str(classifier), "--task", "sst2", "--max-eval-samples", "120",
-                 "--depths", "1", "2", "--latency-samples", "5", "--plot", str(plot), "--json", str(tmp_path / "d.json")]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "glue",
+                "--model",
+                str(classifier),
+                "--task",
+                "sst2",
+                "--max-eval-samples",
+                "120",
+                "--depths",
+                "1",
+                "2",
+                "--latency-samples",
+                "5",
+                "--plot",
+                str(plot),
+                "--json",
+                str(tmp_path / "d.json"),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     result = json.loads((tmp_path / "d.json").read_text())
     rows = {r["depth"]: r for r in result["rows"]}
@@ -192,8 +316,9 @@ def test_evaluate_depths_table_full_row_equals_plain_evaluate(classifier, tmp_pa
     assert sum(line.split()[0] in {"1", "2", "4"} for line in printed.splitlines() if line.split()) == 3
     plain = evaluate_glue(classifier, "sst2", max_eval_samples=120, progress=False)
     assert rows[4]["accuracy"] == plain["accuracy"] and rows[4]["metric_vs_full"] == 0
-    assert all(r["p50_ms"] > 0 and abs(r["accuracy"] - plain["accuracy"] - r["metric_vs_full"]) <= 1e-12
-               for r in rows.values())
+    assert all(
+        r["p50_ms"] > 0 and abs(r["accuracy"] - plain["accuracy"] - r["metric_vs_full"]) <= 1e-12 for r in rows.values()
+    )
     assert plot.stat().st_size > 10_000
 
 
@@ -207,17 +332,21 @@ def artifact(classifier, tmp_path_factory):
 
 
 def test_artifact_depth_1_matches_pytorch_and_stays_torch_free(classifier, artifact, tmp_path):
-    code = ("import json, sys; sys.modules.update(torch=None, transformers=None); "  # a device install: no torch
-            "from sharebert.training.depth_table import depth_table; "
-            f"r = depth_table({str(artifact)!r}, 'sst2', [1], max_eval_samples=120, latency_samples=3); "
-            "print(json.dumps(r))")
+    code = (
+        "import json, sys; sys.modules.update(torch=None, transformers=None); "  # a device install: no torch
+        "from sharebert.training.depth_table import depth_table; "
+        f"r = depth_table({str(artifact)!r}, 'sst2', [1], max_eval_samples=120, latency_samples=3); "
+        "print(json.dumps(r))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     onnx = {r["depth"]: r["accuracy"] for r in json.loads(proc.stdout.splitlines()[-1])["rows"]}
     from sharebert.training.depth_table import depth_table
 
-    torch_rows = {r["depth"]: r["accuracy"] for r in depth_table(classifier, "sst2", [1], max_eval_samples=120,
-                                                                  latency_samples=3)["rows"]}
+    torch_rows = {
+        r["depth"]: r["accuracy"]
+        for r in depth_table(classifier, "sst2", [1], max_eval_samples=120, latency_samples=3)["rows"]
+    }
     for k in (1, 4):  # fp32 artifact: at most one of 120 predictions may flip on a tie
         assert abs(onnx[k] - torch_rows[k]) <= 1 / 120, (k, onnx, torch_rows)
 
@@ -234,22 +363,93 @@ def _no_depth_artifact(artifact, tmp_path):
 
 
 BAD = [
-    ("depths 0", ["evaluate", "glue", "--model", "{clf}", "--task", "sst2", "--depths", "0"], "--depths must be integers in 1..4"),
+    (
+        "depths 0",
+        ["evaluate", "glue", "--model", "{clf}", "--task", "sst2", "--depths", "0"],
+        "--depths must be integers in 1..4",
+    ),
     ("depths 13", ["evaluate", "glue", "--model", "{clf}", "--task", "sst2", "--depths", "2", "13"], "got 13"),
     ("plot alone", ["evaluate", "glue", "--model", "{clf}", "--task", "sst2", "--plot", "x.png"], "give --depths too"),
-    ("no depth input", ["evaluate", "glue", "--model", "{old}", "--task", "sst2", "--depths", "1"], "has no depth input"),
+    (
+        "no depth input",
+        ["evaluate", "glue", "--model", "{old}", "--task", "sst2", "--depths", "1"],
+        "has no depth input",
+    ),
     ("artifact pairs", ["evaluate", "glue", "--model", "{art}", "--task", "qnli", "--depths", "1"], "sentence pairs"),
-    ("sampling 0", ["finetune", "--model", "{base}", "--task", "sst2", "--out", "{out}", "--depth-sampling", "0"],
-     "--depth-sampling: must be an integer >= 1, got 0"),
-    ("sampling 9", ["finetune", "--model", "{base}", "--task", "sst2", "--out", "{out}", "--depth-sampling", "9"], "got 9"),
-    ("pretrain 9", ["pretrain", "--preset", "sharebert-tiny", *SET, "--train", "{corpus}", "--out", "{out}",
-                    "--depth-sampling", "9"], "in 1..4"),
-    ("one layer", ["pretrain", "--preset", "sharebert-tiny", "--set", "num_hidden_layers=1", "--train", "{corpus}",
-                   "--out", "{out}", "--depth-sampling"], "at least 2 layers"),
-    ("--set", ["pretrain", "--preset", "sharebert-tiny", "--set", "train_min_depth=2", "--train", "{corpus}",
-               "--out", "{out}"], "--depth-sampling MIN, not --set"),
-    ("distill 5", ["distill", "--teacher", "{clf}", "--student", "{base}", "--task", "sst2", "--out", "{out}",
-                   "--depth-sampling", "5"], "in 1..4"),
+    (
+        "sampling 0",
+        ["finetune", "--model", "{base}", "--task", "sst2", "--out", "{out}", "--depth-sampling", "0"],
+        "--depth-sampling: must be an integer >= 1, got 0",
+    ),
+    (
+        "sampling 9",
+        ["finetune", "--model", "{base}", "--task", "sst2", "--out", "{out}", "--depth-sampling", "9"],
+        "got 9",
+    ),
+    (
+        "pretrain 9",
+        [
+            "pretrain",
+            "--preset",
+            "sharebert-tiny",
+            *SET,
+            "--train",
+            "{corpus}",
+            "--out",
+            "{out}",
+            "--depth-sampling",
+            "9",
+        ],
+        "in 1..4",
+    ),
+    (
+        "one layer",
+        [
+            "pretrain",
+            "--preset",
+            "sharebert-tiny",
+            "--set",
+            "num_hidden_layers=1",
+            "--train",
+            "{corpus}",
+            "--out",
+            "{out}",
+            "--depth-sampling",
+        ],
+        "at least 2 layers",
+    ),
+    (
+        "--set",
+        [
+            "pretrain",
+            "--preset",
+            "sharebert-tiny",
+            "--set",
+            "train_min_depth=2",
+            "--train",
+            "{corpus}",
+            "--out",
+            "{out}",
+        ],
+        "--depth-sampling MIN, not --set",
+    ),
+    (
+        "distill 5",
+        [
+            "distill",
+            "--teacher",
+            "{clf}",
+            "--student",
+            "{base}",
+            "--task",
+            "sst2",
+            "--out",
+            "{out}",
+            "--depth-sampling",
+            "5",
+        ],
+        "in 1..4",
+    ),
 ]
 
 
@@ -265,4 +465,3 @@ def test_bad_input_is_one_line_exit_2(case, argv, message, base, classifier, art
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
-

@@ -1,4 +1,5 @@
 """Knowledge distillation: exact losses (copy of the teacher -> 0, KL at T=2 by hand), gradients, a short real run, bad input."""
+
 import json
 import shutil
 import math
@@ -13,15 +14,33 @@ from sharebert_runtime.main import main
 from sharebert.formats.model_folder import load_model
 from sharebert.model.modeling_sharebert import ShareBertForSequenceClassification
 from sharebert.formats.paths import default_vocab
-from sharebert.training.distill import (PROJECTIONS_FILE, DistillArgs, DistillWeights, Projections, distill_glue,
-                                        distill_losses, head_groups, layer_map, load_teacher, soft_kl)
+from sharebert.training.distill import (
+    PROJECTIONS_FILE,
+    DistillArgs,
+    DistillWeights,
+    Projections,
+    distill_glue,
+    distill_losses,
+    head_groups,
+    layer_map,
+    load_teacher,
+    soft_kl,
+)
 from sharebert.training.encoded import encode, predict_logits
 from sharebert.training.glue import get_task, read_split
 from sharebert.formats.paths import data_path
 
-SHAPE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
-STUDENT = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4, embedding_size=16,
-               max_position_embeddings=64)
+SHAPE = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64
+)
+STUDENT = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    embedding_size=16,
+    max_position_embeddings=64,
+)
 ALL = DistillWeights(temperature=2.0, kl=1.0, hard=0.0, hidden=1.0, attention=1.0, embedding=1.0)
 
 
@@ -56,8 +75,16 @@ def test_student_that_copies_the_teacher_has_every_distillation_loss_zero(teache
     batch = _batch()
     assert batch["attention_mask"].min() == 0  # padding present: masked positions must not count
     pairs = layer_map(2, 2)
-    parts = distill_losses(_outputs(student, batch), _outputs(teacher, batch), batch["attention_mask"], None,
-                           Projections(32, 32), ALL, pairs, head_groups(2, 2))
+    parts = distill_losses(
+        _outputs(student, batch),
+        _outputs(teacher, batch),
+        batch["attention_mask"],
+        None,
+        Projections(32, 32),
+        ALL,
+        pairs,
+        head_groups(2, 2),
+    )
     assert set(parts) == {"kl", "hidden", "attention", "embedding", "loss"}
     for name, value in parts.items():
         assert float(value.detach()) <= 1e-6, (name, float(value.detach()))  # fails on NaN too
@@ -84,20 +111,37 @@ def test_gradients_reach_a_p_and_the_projections(teacher_dir):
     student = ShareBertForSequenceClassification(config_for_vocab("sharebert-tiny", STUDENT, 30522))
     proj = Projections(64, 32)
     batch = _batch()
-    parts = distill_losses(_outputs(student, batch), _outputs(teacher, batch), batch["attention_mask"], None, proj,
-                           ALL, layer_map(2, 2), head_groups(4, 2))
+    parts = distill_losses(
+        _outputs(student, batch),
+        _outputs(teacher, batch),
+        batch["attention_mask"],
+        None,
+        proj,
+        ALL,
+        layer_map(2, 2),
+        head_groups(4, 2),
+    )
     parts["loss"].backward()
     named = dict(student.named_parameters())
-    for p in (named["sharebert.embeddings.word_embeddings.weight"], named["sharebert.weight_generator.projection"],
-              proj.hidden.weight, proj.embedding.weight):
+    for p in (
+        named["sharebert.embeddings.word_embeddings.weight"],
+        named["sharebert.weight_generator.projection"],
+        proj.hidden.weight,
+        proj.embedding.weight,
+    ):
         norm = float(p.grad.norm())
         assert np.isfinite(norm) and norm > 0
     assert all(p.grad is None for p in teacher.parameters())
 
 
-@pytest.mark.parametrize("s, t, want", [
-    (4, 12, [(1, 3), (2, 6), (3, 9), (4, 12)]), (2, 2, [(1, 1), (2, 2)]), (4, 2, [(1, 1), (2, 1), (3, 1), (4, 2)]),
-])
+@pytest.mark.parametrize(
+    "s, t, want",
+    [
+        (4, 12, [(1, 3), (2, 6), (3, 9), (4, 12)]),
+        (2, 2, [(1, 1), (2, 2)]),
+        (4, 2, [(1, 1), (2, 1), (3, 1), (4, 2)]),
+    ],
+)
 def test_uniform_layer_map(s, t, want):
     assert [list(p) for p in layer_map(s, t)] == [list(p) for p in want]
 
@@ -122,10 +166,20 @@ def test_short_distillation_moves_the_student_toward_the_teacher(teacher_dir, tm
     ds = encode(dev, tok, 64, progress=False)
     teacher = load_teacher(teacher_dir)
     from sharebert.training.finetune import load_classifier
+
     before = _kl_to_teacher(load_classifier(student_dir, task).eval(), teacher, ds)
     out = tmp_path / "out"
-    args = DistillArgs(max_steps=30, max_train_samples=256, max_eval_samples=64, batch_size=16, lr=2e-3, warmup_steps=2,
-                       eval_steps=15, seq_len=64, weights=DistillWeights(hard=0.0, hidden=0.0, attention=0.0, embedding=0.0))
+    args = DistillArgs(
+        max_steps=30,
+        max_train_samples=256,
+        max_eval_samples=64,
+        batch_size=16,
+        lr=2e-3,
+        warmup_steps=2,
+        eval_steps=15,
+        seq_len=64,
+        weights=DistillWeights(hard=0.0, hidden=0.0, attention=0.0, embedding=0.0),
+    )
     m = distill_glue(teacher_dir, str(student_dir), "sst2", out, args=args, progress=False)
     student, missing = load_model(ShareBertForSequenceClassification, out)
     after = _kl_to_teacher(student.eval(), teacher, ds)
@@ -144,11 +198,50 @@ def test_a_clock_bounded_task_distillation_anneals_its_learning_rate(teacher_dir
     stepped_clock.step_seconds = 0.05
     build_model("sharebert-tiny", tmp_path / "s", STUDENT, seed=0)
     out = tmp_path / "out"
-    assert main(["distill", "--objective", "glue", "--task", "sst2", "--teacher", str(teacher_dir), "--student",
-                 str(tmp_path / "s"), "--out", str(out), "--max-time", "6",  # no --epochs: the clock ends it
-                 "--max-train-samples", "64", "--max-eval-samples", "16", "--batch-size", "16", "--lr", "1e-3",
-                 "--warmup-steps", "1", "--eval-steps", "10000", "--seq-len", "32", "--save-minutes", "0",
-                 "--hard-weight", "0", "--hidden-weight", "0", "--attention-weight", "0", "--embedding-weight", "0"]) == 0
+    assert (
+        main(
+            [
+                "distill",
+                "--objective",
+                "glue",
+                "--task",
+                "sst2",
+                "--teacher",
+                str(teacher_dir),
+                "--student",
+                str(tmp_path / "s"),
+                "--out",
+                str(out),
+                "--max-time",
+                "6",  # no --epochs: the clock ends it
+                "--max-train-samples",
+                "64",
+                "--max-eval-samples",
+                "16",
+                "--batch-size",
+                "16",
+                "--lr",
+                "1e-3",
+                "--warmup-steps",
+                "1",
+                "--eval-steps",
+                "10000",
+                "--seq-len",
+                "32",
+                "--save-minutes",
+                "0",
+                "--hard-weight",
+                "0",
+                "--hidden-weight",
+                "0",
+                "--attention-weight",
+                "0",
+                "--embedding-weight",
+                "0",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "metrics.json").read_text())
     rates = [e["learning_rate"] for e in json.loads((out / "log_history.json").read_text()) if "learning_rate" in e]
     assert m["stopped_by_time"] and m["steps"] >= 3 and len(rates) >= 2, (m["steps"], rates)
@@ -157,23 +250,28 @@ def test_a_clock_bounded_task_distillation_anneals_its_learning_rate(teacher_dir
 
 def test_all_terms_train_and_projections_are_dropped(teacher_dir, tmp_path):
     out = tmp_path / "out"
-    args = DistillArgs(max_steps=4, max_train_samples=64, max_eval_samples=32, batch_size=16, warmup_steps=1,
-                       eval_steps=2, seq_len=32)
+    args = DistillArgs(
+        max_steps=4, max_train_samples=64, max_eval_samples=32, batch_size=16, warmup_steps=1, eval_steps=2, seq_len=32
+    )
     build_model("sharebert-tiny", tmp_path / "s", STUDENT, seed=0)
     distill_glue(teacher_dir, str(tmp_path / "s"), "sst2", out, args=args, progress=False, keep_checkpoints=True)
     ckpt = sorted(out.glob("checkpoints/checkpoint-*"))[-1]
     assert (ckpt / PROJECTIONS_FILE).is_file()  # checkpoints carry them, for --resume
     from safetensors import safe_open
+
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         keys = list(f.keys())
     assert keys and not any("projections" in k or k.startswith(("hidden.", "embedding.")) for k in keys)
     log = json.loads((out / "log_history.json").read_text())
     losses = [e for e in log if "loss_attention" in e]
-    assert losses and all(math.isfinite(e[k]) for e in losses for k in ("loss_kl", "loss_hard", "loss_hidden", "loss_embedding"))
+    assert losses and all(
+        math.isfinite(e[k]) for e in losses for k in ("loss_kl", "loss_hard", "loss_hidden", "loss_embedding")
+    )
     # --resume continues from the newest complete checkpoint (same steps: nothing left to do, the projections
     # load); one killed while being saved (no completion marker)
     # is skipped, as pretrain skips it
     from sharebert.training.callbacks import MARKER, is_complete
+
     assert is_complete(ckpt)
     half = ckpt.with_name("checkpoint-99")
     shutil.copytree(ckpt, half)
@@ -192,8 +290,11 @@ def bad_folders(tmp_path_factory, teacher_dir):
     _bert_classifier(root / "wrong_labels", num_labels=3)
     _bert_classifier(root / "named", id2label={0: "yes", 1: "no"}, label2id={"yes": 0, "no": 1})
     _bert_classifier(root / "nomask")
-    BertTokenizerFast(str(default_vocab()), mask_token=None).save_pretrained(root / "nomask")  # no [MASK] to augment with
+    BertTokenizerFast(str(default_vocab()), mask_token=None).save_pretrained(
+        root / "nomask"
+    )  # no [MASK] to augment with
     from transformers import BertForMaskedLM
+
     BertForMaskedLM(BertConfig(vocab_size=30522, **SHAPE)).save_pretrained(root / "mlm")
     BertTokenizerFast(str(default_vocab())).save_pretrained(root / "mlm")
     vocab = root / "vocab.txt"
@@ -212,26 +313,59 @@ BAD = [
     ("layer map syntax", ["--layer-map", "1-2"], "expected STUDENT:TEACHER pairs"),
     ("layer map range", ["--layer-map", "1:9"], "out of range"),
     ("teacher label count", ["--teacher", "{bad}/wrong_labels"], "has 3 labels, task sst2 has 2"),
-    ("teacher label names", ["--teacher", "{bad}/named"], "has labels ['yes', 'no'], task sst2 has ['negative', 'positive']"),
+    (
+        "teacher label names",
+        ["--teacher", "{bad}/named"],
+        "has labels ['yes', 'no'], task sst2 has ['negative', 'positive']",
+    ),
     ("teacher not a classifier", ["--teacher", "{bad}/mlm"], "is not a sequence classifier"),
     ("tokenizers differ", ["--student", "{bad}/other_tok"], "differs from the student's"),
     ("unknown student", ["--student", "no-such-preset"], "neither a model folder nor a preset"),
-    ("every loss weight 0", ["--kl-weight", "0", "--hard-weight", "0", "--hidden-weight", "0", "--attention-weight", "0",
-                             "--embedding-weight", "0"], "every loss weight is 0"),
+    (
+        "every loss weight 0",
+        [
+            "--kl-weight",
+            "0",
+            "--hard-weight",
+            "0",
+            "--hidden-weight",
+            "0",
+            "--attention-weight",
+            "0",
+            "--embedding-weight",
+            "0",
+        ],
+        "every loss weight is 0",
+    ),
     ("max steps 0", ["--max-steps", "0"], "argument --max-steps: must be an integer >= 1, got 0"),
     ("augment 0", ["--augment", "0"], "argument --augment: must be an integer >= 1, got 0"),
     ("augment without the kl term", ["--augment", "2", "--kl-weight", "0"], "needs --kl-weight above 0"),
     ("augment on mlm", ["--objective", "mlm", "--augment", "2"], "--augment is for --objective glue"),
-    ("augment without a mask token", ["--augment", "2", "--teacher", "{bad}/nomask", "--student", "sharebert-tiny"],
-     "the tokenizer of {bad}/nomask has none"),
-    ("augment past the row limit", ["--augment", "1000000"], "makes 16,000,016 training rows from 16 examples, more than 2,000,000"),
+    (
+        "augment without a mask token",
+        ["--augment", "2", "--teacher", "{bad}/nomask", "--student", "sharebert-tiny"],
+        "the tokenizer of {bad}/nomask has none",
+    ),
+    (
+        "augment past the row limit",
+        ["--augment", "1000000"],
+        "makes 16,000,016 training rows from 16 examples, more than 2,000,000",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case, extra, message", BAD, ids=[b[0] for b in BAD])
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(case, extra, message, teacher_dir, bad_folders, tmp_path, capsys):
-    opts = {"--teacher": str(teacher_dir), "--student": "sharebert-tiny", "--task": "sst2",
-            "--out": str(tmp_path / "out"), "--max-steps": "1", "--max-train-samples": "16"}
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+    case, extra, message, teacher_dir, bad_folders, tmp_path, capsys
+):
+    opts = {
+        "--teacher": str(teacher_dir),
+        "--student": "sharebert-tiny",
+        "--task": "sst2",
+        "--out": str(tmp_path / "out"),
+        "--max-steps": "1",
+        "--max-train-samples": "16",
+    }
     extra = [e.replace("{bad}", str(bad_folders)) for e in extra]
     message = message.replace("{bad}", str(bad_folders))
     for k, v in zip(extra[::2], extra[1::2]):
@@ -247,17 +381,39 @@ def test_mlm_general_distillation_on_text(bad_folders, tmp_path, capsys):
     student = tmp_path / "student"
     build_model("sharebert-tiny", student, STUDENT, seed=0)
     out = tmp_path / "out"
-    argv = ["distill", "--objective", "mlm", "--teacher", str(bad_folders / "mlm"), "--student", str(student),
-            "--train", str(data_path("wikitext-2-raw", "wiki.valid.raw")), "--out", str(out), "--max-steps", "3",
-            "--batch-size", "4", "--seq-len", "32", "--max-train-samples", "64", "--save-minutes", "0.0001"]
+    argv = [
+        "distill",
+        "--objective",
+        "mlm",
+        "--teacher",
+        str(bad_folders / "mlm"),
+        "--student",
+        str(student),
+        "--train",
+        str(data_path("wikitext-2-raw", "wiki.valid.raw")),
+        "--out",
+        str(out),
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--max-train-samples",
+        "64",
+        "--save-minutes",
+        "0.0001",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 3 and set(m["last_terms"]) == {"kl", "hard", "hidden", "attention", "embedding"}
     assert all(np.isfinite(v) and v > 0 for v in m["last_terms"].values())
     from sharebert.model.modeling_sharebert import ShareBertForMaskedLM
+
     assert load_model(ShareBertForMaskedLM, out)[1] == []
     # --save-minutes: a checkpoint by time at every step (save_steps is 500), the two newest kept; --resume goes on
     from sharebert.training.callbacks import checkpoints
+
     assert [(step, ok) for step, _, ok in checkpoints(out / "checkpoints")] == [(2, True), (3, True)]
     assert main(argv[:-2] + ["--max-steps", "4", "--resume"]) == 0, capsys.readouterr().err
     assert f"resuming from {out / 'checkpoints' / 'checkpoint-3'}" in capsys.readouterr().out
@@ -274,15 +430,37 @@ def test_mlm_general_distillation_on_prepared_data(bad_folders, tmp_path, capsys
     teacher = bad_folders / "mlm"
     corpus = data_path("wikitext-2-raw", "wiki.valid.raw")
     prepare([corpus], tmp_path / "data", tokenizer=str(teacher), progress=False)
-    common = ["distill", "--objective", "mlm", "--teacher", str(teacher), "--student", str(student), "--max-steps", "2",
-              "--batch-size", "4", "--seq-len", "32", "--max-train-samples", "32"]
-    assert main(common + ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    common = [
+        "distill",
+        "--objective",
+        "mlm",
+        "--teacher",
+        str(teacher),
+        "--student",
+        str(student),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--max-train-samples",
+        "32",
+    ]
+    assert main(common + ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")]) == 0, (
+        capsys.readouterr().err
+    )
     m = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert m["steps"] == 2 and m["train_sequences"] == 32 and all(np.isfinite(v) for v in m["last_terms"].values())
     from sharebert.training.corpus import char_tokenizer
 
-    build_model("charlm-tiny", tmp_path / "chars", dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128),
-                head="clm", tokenizer=char_tokenizer(corpus.read_text()[:5000]))
+    build_model(
+        "charlm-tiny",
+        tmp_path / "chars",
+        dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128),
+        head="clm",
+        tokenizer=char_tokenizer(corpus.read_text()[:5000]),
+    )
     prepare([corpus], tmp_path / "other", tokenizer=str(tmp_path / "chars"), progress=False)
     assert main(common + ["--data", str(tmp_path / "other"), "--out", str(tmp_path / "out2")]) == 2
     assert "prepared with another tokenizer" in capsys.readouterr().err and not (tmp_path / "out2").exists()
@@ -291,8 +469,16 @@ def test_mlm_general_distillation_on_prepared_data(bad_folders, tmp_path, capsys
 def test_cached_teacher_logits_train_the_same_student(teacher_dir, tmp_path):
     student = tmp_path / "s"
     build_model("sharebert-tiny", student, STUDENT, seed=0)
-    args = DistillArgs(max_steps=4, max_train_samples=64, max_eval_samples=32, batch_size=16, warmup_steps=1,
-                       eval_steps=4, seq_len=32, weights=DistillWeights(hidden=0.0, attention=0.0, embedding=0.0))
+    args = DistillArgs(
+        max_steps=4,
+        max_train_samples=64,
+        max_eval_samples=32,
+        batch_size=16,
+        warmup_steps=1,
+        eval_steps=4,
+        seq_len=32,
+        weights=DistillWeights(hidden=0.0, attention=0.0, embedding=0.0),
+    )
     cache = tmp_path / "cache"
     runs = {}
     for name, c in (("plain", None), ("first", cache), ("cached", cache), ("damaged", cache)):

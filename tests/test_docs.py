@@ -22,6 +22,7 @@ stops at the end of its block. The scratch folder ``work/`` sits beside a link `
 parent folder, so ``../shared/data`` resolves as it does beside a checkout; ``examples/`` and ``benchmarks/``
 are linked in. ``make docs-check`` runs only this file (``-rs`` lists the skipped blocks).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-DOC_ORDER = ["README.md", "docs/TRAINING.md", "docs/FINETUNING.md", "docs/DISTILLATION.md", "docs/EXPORT.md",
-             "docs/DEVICE.md", "docs/ACCOUNTING.md", "docs/RESULTS.md"]
+DOC_ORDER = [
+    "README.md",
+    "docs/TRAINING.md",
+    "docs/FINETUNING.md",
+    "docs/DISTILLATION.md",
+    "docs/EXPORT.md",
+    "docs/DEVICE.md",
+    "docs/ACCOUNTING.md",
+    "docs/RESULTS.md",
+]
 RUN_LANGUAGES = {"bash": "shell", "sh": "shell", "shell": "shell", "python": "python"}
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 SKIP_BLOCK = re.compile(r"<!--\s*docs-check:\s*skip\b\s*(.*?)\s*-->")
@@ -79,12 +88,16 @@ BUDGETED = {
     "sharebert.training.distill:distill_glue": {"args": "sharebert.training.arguments:DistillArgs"},
     "sharebert.training.distill:distill_mlm": {"args": "sharebert.training.arguments:DistillArgs"},
     "sharebert.training.distill_embedding:distill_embedding": {
-        "args": "sharebert.training.distill_embedding:EmbeddingArgs", "eval_limit": "max_eval_samples"},
+        "args": "sharebert.training.distill_embedding:EmbeddingArgs",
+        "eval_limit": "max_eval_samples",
+    },
     "sharebert.pipelines.compress:compress": {"eval_limit": "max_eval_samples"},  # the artifact's STS-B too
     "sharebert.training.evaluate:_dev_sets": {"max_eval_samples": "max_eval_samples"},
     "sharebert.training.evaluate:word_analogy": {"max_questions": "max_questions"},
-    "sharebert.training.depth_table:depth_table": {"max_eval_samples": "max_eval_samples",
-                                             "latency_samples": "latency_samples"},
+    "sharebert.training.depth_table:depth_table": {
+        "max_eval_samples": "max_eval_samples",
+        "latency_samples": "latency_samples",
+    },
     "sharebert.export.exporter:export_model": {"options": "sharebert.export.exporter:ExportOptions"},
 }
 # The commands whose budget options capped_command_line caps where they run in another process.
@@ -117,10 +130,17 @@ def blocks() -> list[Block]:
             language = RUN_LANGUAGES.get(m.group(1).lower())
             if language is None:
                 continue
-            before = text[:m.start()].rstrip().rsplit("\n", 1)[-1]
+            before = text[: m.start()].rstrip().rsplit("\n", 1)[-1]
             marker = SKIP_BLOCK.search(before)
-            out.append(Block(doc, text.count("\n", 0, m.start()) + 1, language, m.group(2),
-                             (marker.group(1) or "marked skip") if marker else None))
+            out.append(
+                Block(
+                    doc,
+                    text.count("\n", 0, m.start()) + 1,
+                    language,
+                    m.group(2),
+                    (marker.group(1) or "marked skip") if marker else None,
+                )
+            )
     return out
 
 
@@ -212,7 +232,7 @@ def capped_command_line(argv: list[str]) -> list[str] | None:
     importlib.import_module(COMMANDS[argv[at + 1]][0]).add_arguments(parser)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            parser = next((action.choices[w] for w in argv[at + 2:] if w in action.choices), parser)
+            parser = next((action.choices[w] for w in argv[at + 2 :] if w in action.choices), parser)
     out = list(argv)
     for action in parser._actions:
         if action.dest not in CAPS or not action.option_strings:
@@ -257,9 +277,15 @@ class Scratch:
         for name in LINKED:
             (self.cwd / name).symlink_to(REPO / name, target_is_directory=True)
         bindir = str(Path(sys.executable).parent)
-        self.env = {**os.environ, "SHAREBERT_DATA": str(data), "OMP_NUM_THREADS": "1",
-                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                    "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+        self.env = {
+            **os.environ,
+            "SHAREBERT_DATA": str(data),
+            "OMP_NUM_THREADS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        }
 
     def run_block(self, block: Block, say) -> None:
         if block.language == "python":
@@ -270,17 +296,25 @@ class Scratch:
             for line in commands(block.code):
                 needs = NEEDS.search(line)
                 if needs:
-                    say(f"{block.id}: skipped `{line[:needs.start()].strip()[:80]}`: {needs.group(1)}")
+                    say(f"{block.id}: skipped `{line[: needs.start()].strip()[:80]}`: {needs.group(1)}")
                     continue
                 assignment = ASSIGNMENT.match(line.strip())
                 if assignment:  # kept, as a shell keeps it, for the block's later lines (bash and in-process)
                     name = assignment.group(1)
-                    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", f'{line}\nprintf %s "${name}"'],
-                                          cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=600)
+                    done = subprocess.run(
+                        ["bash", "-e", "-o", "pipefail", "-c", f'{line}\nprintf %s "${name}"'],
+                        cwd=self.cwd,
+                        env=self.env,
+                        capture_output=True,
+                        text=True,
+                        timeout=600,
+                    )
                     assert done.returncode == 0, f"{block.id}: `{line}` exited {done.returncode}: {done.stderr[-500:]}"
                     self.env[name] = done.stdout
                     continue
-                argv = [VARIABLE.sub(lambda m: self.env.get(m.group(1) or m.group(2), m.group(0)), w) for w in words(line)]
+                argv = [
+                    VARIABLE.sub(lambda m: self.env.get(m.group(1) or m.group(2), m.group(0)), w) for w in words(line)
+                ]
                 if "..." in argv:
                     say(f"{block.id}: skipped `{line[:80]}`: an outline (holds ...)")
                     continue
@@ -292,15 +326,21 @@ class Scratch:
                     line = line.replace(f"localhost:{port[0]}", f"localhost:{port[1]}")
                 if argv[:2] == ["sharebert", "serve"]:
                     port = (argv[argv.index("--port") + 1] if "--port" in argv else "8000", str(free_port()))
-                    served = [a if a != port[0] else port[1] for a in argv[1:]] + ([] if "--port" in argv else ["--port", port[1]])
+                    served = [a if a != port[0] else port[1] for a in argv[1:]] + (
+                        [] if "--port" in argv else ["--port", port[1]]
+                    )
                     server = self._serve(served, port[1], block)
                 elif argv[0] == "sharebert" and not SHELL_OPERATORS & set(argv):
                     from sharebert_runtime.main import main
 
                     rc = self._in_process(lambda argv=argv: main(argv[1:]))
                     assert rc == 0, f"{block.id}: `{line}` exited {rc}"
-                elif argv[0] in ("python", "python3") and argv[1:2] and argv[1].endswith(".py") \
-                        and not SHELL_OPERATORS & set(argv):
+                elif (
+                    argv[0] in ("python", "python3")
+                    and argv[1:2]
+                    and argv[1].endswith(".py")
+                    and not SHELL_OPERATORS & set(argv)
+                ):
                     rc = self._in_process(lambda argv=argv: run_script(argv[1:]))
                     assert rc == 0, f"{block.id}: `{line}` exited {rc}"
                 elif (capped := capped_command_line(argv)) is not None:  # another process: its options capped
@@ -308,8 +348,9 @@ class Scratch:
                     done = subprocess.run(["env", *capped], cwd=self.cwd, env=self.env, timeout=600)
                     assert done.returncode == 0, f"{block.id}: `{shlex.join(capped)}` exited {done.returncode}"
                 else:
-                    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", line], cwd=self.cwd, env=self.env,
-                                          timeout=600)
+                    done = subprocess.run(
+                        ["bash", "-e", "-o", "pipefail", "-c", line], cwd=self.cwd, env=self.env, timeout=600
+                    )
                     assert done.returncode == 0, f"{block.id}: `{line}` exited {done.returncode}"
         finally:
             if server is not None:
@@ -386,7 +427,11 @@ def test_the_caps_apply_to_options_fields_and_named_limits_only_while_active():
     capping.active = True
     args, eval_limit, lr, fields = capped(given, 100, lr=1, check_limit=100, threads=4)
     assert (args.max_steps, args.batch_size, args.max_eval_sequences, args.lr) == (
-        CAPS["max_steps"], CAPS["batch_size"], CAPS["max_eval_sequences"], 5e-4)
+        CAPS["max_steps"],
+        CAPS["batch_size"],
+        CAPS["max_eval_sequences"],
+        5e-4,
+    )
     assert (eval_limit, lr, fields) == (CAPS["max_eval_samples"], 1, {"check_limit": CAPS["check_limit"], "threads": 4})
     assert capped()[0] == capped_options(PretrainArgs()) and capped()[0].max_steps == CAPS["max_steps"]
     assert capped(given, eval_limit=1)[1] == 1  # below the cap: kept
@@ -414,10 +459,12 @@ def test_installed_caps_reach_every_holder_of_a_budgeted_function(monkeypatch):
 
 
 def test_a_command_line_run_in_another_process_gets_its_budget_options_capped():
-    line = words("torchrun --standalone --nproc_per_node=2 -m sharebert pretrain --preset sharebert-tiny "
-                 "--out runs/ddp --max-steps 20 --batch-size 4")
+    line = words(
+        "torchrun --standalone --nproc_per_node=2 -m sharebert pretrain --preset sharebert-tiny "
+        "--out runs/ddp --max-steps 20 --batch-size 4"
+    )
     capped = capped_command_line(line)
-    assert capped[:capped.index("--max-steps")] == line[:line.index("--max-steps")]
+    assert capped[: capped.index("--max-steps")] == line[: line.index("--max-steps")]
     assert capped[capped.index("--max-steps") + 1] == str(CAPS["max_steps"])
     assert capped[capped.index("--batch-size") + 1] == "4"  # below the cap: kept
     assert capped[capped.index("--eval-samples") + 1] == str(CAPS["max_eval_sequences"])  # appended

@@ -1,4 +1,5 @@
 """EPS column plan, generation layout and the generic Linear replacement."""
+
 import copy
 import math
 
@@ -80,8 +81,15 @@ def test_generation_backward_is_exact_and_skips_unused_entries():
 def test_share_linears_on_every_linear_of_a_transformer():
     torch.manual_seed(0)
     d = 16
-    model = nn.Transformer(d_model=d, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32,
-                           dropout=0.0, batch_first=True)
+    model = nn.Transformer(
+        d_model=d,
+        nhead=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dim_feedforward=32,
+        dropout=0.0,
+        batch_first=True,
+    )
     dense = copy.deepcopy(model)
     embedding = nn.Parameter(torch.randn(1000, 64) * 0.1)
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -104,7 +112,7 @@ def test_share_linears_on_every_linear_of_a_transformer():
             dense.get_submodule(name).weight.copy_(weights[name])
         torch.testing.assert_close(out, dense(src, tgt))
     out.pow(2).mean().backward()
-    assert embedding.grad is not None and embedding.grad[:, plan.first_column:].abs().sum() > 0
+    assert embedding.grad is not None and embedding.grad[:, plan.first_column :].abs().sum() > 0
     assert embedding.grad[:, : plan.first_column].abs().sum() == 0
     # The learned biases stayed parameters of the model; the weights are not.
     names = {n for n, _ in model.named_parameters()}

@@ -1,4 +1,5 @@
 """Metrics against hand-computed cases and scipy; word similarity/analogy counts; noise; cross-domain."""
+
 import json
 import math
 
@@ -13,8 +14,15 @@ from sharebert.formats.paths import data_path, default_vocab
 from sharebert.training import metrics as M
 from sharebert.training.encoded import encode, label_map, mean_embedding_norm, predict_logits
 from sharebert.training.evaluate import (
-    cross_domain, embedding_matrix, evaluate_glue, load_any, load_finetuned, noise_robustness, read_wordsim,
-    word_analogy, word_similarity,
+    cross_domain,
+    embedding_matrix,
+    evaluate_glue,
+    load_any,
+    load_finetuned,
+    noise_robustness,
+    read_wordsim,
+    word_analogy,
+    word_similarity,
 )
 from sharebert.model.configuration_sharebert import ShareBertConfig
 from sharebert.training.finetune import load_classifier
@@ -116,8 +124,13 @@ def test_word_similarity_scores_split_words_by_their_pieces(tiny, mode):
     pieces = {w: tok.convert_tokens_to_ids(tok.tokenize(w)) for row in rows for w in row[:2]}
     vec = {w: _unit(emb[ids].mean(0) if mode == "mean" else emb[ids[0]]) for w, ids in pieces.items()}
     split = sum(len(pieces[a]) > 1 or len(pieces[b]) > 1 for a, b, _ in rows)
-    assert (r["pairs"], r["used"], r["used_multitoken"], r["skipped_oov"], r["skipped_multitoken"]) == \
-        (353, 353, split, 0, 0) and split > 0
+    assert (r["pairs"], r["used"], r["used_multitoken"], r["skipped_oov"], r["skipped_multitoken"]) == (
+        353,
+        353,
+        split,
+        0,
+        0,
+    ) and split > 0
     want = stats.spearmanr([vec[a] @ vec[b] for a, b, _ in rows], [s for *_, s in rows])[0]
     assert r["spearman"] == pytest.approx(want, abs=1e-5)
 
@@ -150,8 +163,10 @@ def test_word_analogy_3cosadd(tiny, tmp_path):
             A[ids(a)], A[ids(b)], A[ids(c)] = e[off], e[off + 1], e[off + 2]
             A[ids(d)] = sign * (e[off + 1] - e[off] + e[off + 2])
     path = tmp_path / "q.txt"
-    path.write_text(": family\nKing Queen Man Woman\n: capitals\nParis France Rome Italy\n"
-                    "King Queen Man Womanhood\nzyxwvq queen man woman\n")
+    path.write_text(
+        ": family\nKing Queen Man Woman\n: capitals\nParis France Rome Italy\n"
+        "King Queen Man Womanhood\nzyxwvq queen man woman\n"
+    )
     r = word_analogy(model, tok, path, progress=False, multi_token="skip")
     assert (r["questions"], r["used"], r["skipped_multitoken"], r["skipped_oov"]) == (4, 2, 2, 0)
     assert r["accuracy"] == 0.5 and r["sections"] == {"family": 1.0, "capitals": 0.0}
@@ -160,17 +175,31 @@ def test_word_analogy_3cosadd(tiny, tmp_path):
 def test_word_analogy_with_split_question_words_by_hand(tiny, tmp_path):
     """a, b, c that WordPiece splits get their pieces' mean; the argmax is checked against numpy over the candidates."""
     model, tok = load_any(tiny)
-    questions = [("zyxwvq", "queen", "man", "woman"), ("paris", "quxbarland", "rome", "italy"),
-                 ("king", "queen", "man", "womanhood")]  # the last: d is split, so it cannot be answered
+    questions = [
+        ("zyxwvq", "queen", "man", "woman"),
+        ("paris", "quxbarland", "rome", "italy"),
+        ("king", "queen", "man", "womanhood"),
+    ]  # the last: d is split, so it cannot be answered
     path = tmp_path / "q.txt"
     path.write_text(": mixed\n" + "\n".join(" ".join(q) for q in questions) + "\n")
     r = word_analogy(model, tok, path, progress=False)
-    assert (r["questions"], r["used"], r["used_multitoken"], r["skipped_multitoken"], r["skipped_oov"]) == (3, 2, 2, 1, 0)
+    assert (r["questions"], r["used"], r["used_multitoken"], r["skipped_multitoken"], r["skipped_oov"]) == (
+        3,
+        2,
+        2,
+        1,
+        0,
+    )
     emb = embedding_matrix(model).numpy()
     vocab = tok.get_vocab()
     special = set(tok.all_special_tokens)
-    cand = np.array(sorted(i for t, i in vocab.items() if t not in special and not t.startswith("##")
-                           and not (t.startswith("[") and t.endswith("]"))))
+    cand = np.array(
+        sorted(
+            i
+            for t, i in vocab.items()
+            if t not in special and not t.startswith("##") and not (t.startswith("[") and t.endswith("]"))
+        )
+    )
     cand_emb = np.stack([_unit(emb[i]) for i in cand])
     correct = []
     for q in questions[:2]:
@@ -222,7 +251,9 @@ def test_noise_zero_equals_clean_and_noise_changes_predictions(tiny, tmp_path):
     ds = encode(read_split("sst2", data_path("glue", "SST-2"), "dev").head(64), tok, 128, progress=False)
     norm = mean_embedding_norm(model, ds)
     base = predict_logits(model, ds, progress=False)
-    moved = [np.abs(predict_logits(model, ds, noise=x, mean_norm=norm, progress=False) - base).mean() for x in (0.1, 0.4)]
+    moved = [
+        np.abs(predict_logits(model, ds, noise=x, mean_norm=norm, progress=False) - base).mean() for x in (0.1, 0.4)
+    ]
     assert 0 < moved[0] < moved[1]
     with pytest.raises(ValueError, match="outside 0..1"):
         noise_robustness(clf, "sst2", levels=(2.0,), max_eval_samples=8, progress=False)
@@ -245,18 +276,34 @@ def test_cross_domain_matrix(tiny, tmp_path):
     rte = tmp_path / "RTE"
     rte.mkdir()
     qnli_dev = data_path("glue", "QNLI", "dev.tsv").read_text().splitlines()[:41]
-    (rte / "dev.tsv").write_text("\n".join(["index\tsentence1\tsentence2\tlabel"]
-                                           + ["\t".join(line.split("\t")[:4]) for line in qnli_dev[1:]]) + "\n")
-    models = {"qnli": _classifier(tiny, "qnli", tmp_path / "q", 1), "rte": _classifier(tiny, "rte", tmp_path / "r", 2),
-              "mnli": _classifier(tiny, "mnli", tmp_path / "m", 3), "sst2": _classifier(tiny, "sst2", tmp_path / "s", 4)}
-    assert list(label_map(ShareBertConfig.from_pretrained(models["mnli"]), get_task("rte"))) == [1, 0, 1]  # contradiction/neutral -> not_entailment
-    result = cross_domain({t: models[t] for t in ("qnli", "rte", "sst2")}, {"rte": rte}, max_eval_samples=40, progress=False)
+    (rte / "dev.tsv").write_text(
+        "\n".join(["index\tsentence1\tsentence2\tlabel"] + ["\t".join(line.split("\t")[:4]) for line in qnli_dev[1:]])
+        + "\n"
+    )
+    models = {
+        "qnli": _classifier(tiny, "qnli", tmp_path / "q", 1),
+        "rte": _classifier(tiny, "rte", tmp_path / "r", 2),
+        "mnli": _classifier(tiny, "mnli", tmp_path / "m", 3),
+        "sst2": _classifier(tiny, "sst2", tmp_path / "s", 4),
+    }
+    assert list(label_map(ShareBertConfig.from_pretrained(models["mnli"]), get_task("rte"))) == [
+        1,
+        0,
+        1,
+    ]  # contradiction/neutral -> not_entailment
+    result = cross_domain(
+        {t: models[t] for t in ("qnli", "rte", "sst2")}, {"rte": rte}, max_eval_samples=40, progress=False
+    )
     m = result["matrix"]
     assert result["tasks"] == ["qnli", "rte", "sst2"]
     assert m["sst2"]["qnli"] is None and m["qnli"]["sst2"] is None and m["rte"]["sst2"] is None
     # The RTE file holds the first 40 QNLI dev pairs, so any model scores the same on both columns.
     for t in ("qnli", "rte"):
-        assert m[t]["qnli"] == m[t]["rte"] == evaluate_glue(models[t], "qnli", max_eval_samples=40, progress=False)["accuracy"]
+        assert (
+            m[t]["qnli"]
+            == m[t]["rte"]
+            == evaluate_glue(models[t], "qnli", max_eval_samples=40, progress=False)["accuracy"]
+        )
     assert m["sst2"]["sst2"] == evaluate_glue(models["sst2"], "sst2", max_eval_samples=40, progress=False)["accuracy"]
     with pytest.raises(ValueError, match="not trained on rte"):
         cross_domain({"rte": models["sst2"]}, max_eval_samples=4, progress=False)
@@ -264,16 +311,37 @@ def test_cross_domain_matrix(tiny, tmp_path):
     mnli = tmp_path / "MNLI"
     mnli.mkdir()
     head = "index\tpromptID\tpairID\tgenre\tp1\tp2\tq1\tq2\tsentence1\tsentence2\tlabel1\tgold_label"
-    body = [f"{i}\t0\t0\tg\t-\t-\t-\t-\t{ln.split(chr(9))[1]}\t{ln.split(chr(9))[2]}\tneutral\tneutral"
-            for i, ln in enumerate(qnli_dev[1:])]
+    body = [
+        f"{i}\t0\t0\tg\t-\t-\t-\t-\t{ln.split(chr(9))[1]}\t{ln.split(chr(9))[2]}\tneutral\tneutral"
+        for i, ln in enumerate(qnli_dev[1:])
+    ]
     for split in ("dev_matched", "dev_mismatched"):
         (mnli / f"{split}.tsv").write_text("\n".join([head, *body]) + "\n")
     out = tmp_path / "cd.json"
-    assert main(["evaluate", "cross-domain", "--models", f"qnli={models['qnli']}", f"mnli={models['mnli']}",
-                 "--data-dirs", f"mnli={mnli}", "--max-eval-samples", "16", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "cross-domain",
+                "--models",
+                f"qnli={models['qnli']}",
+                f"mnli={models['mnli']}",
+                "--data-dirs",
+                f"mnli={mnli}",
+                "--max-eval-samples",
+                "16",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     saved = json.loads(out.read_text())
     assert saved["matrix"]["qnli"]["mnli"] is None and 0 <= saved["matrix"]["mnli"]["qnli"] <= 1
-    assert saved["matrix"]["qnli"]["qnli"] == evaluate_glue(models["qnli"], "qnli", max_eval_samples=16, progress=False)["accuracy"]
+    assert (
+        saved["matrix"]["qnli"]["qnli"]
+        == evaluate_glue(models["qnli"], "qnli", max_eval_samples=16, progress=False)["accuracy"]
+    )
 
 
 def test_cli_wordsim_and_errors(tiny, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """Export: compact vs materialized storage, quantized variants, ORT folding, parity, ORTModel loading,
 the artifact contract and bad input. Tiny models with perturbed (trained-like) weights."""
+
 from __future__ import annotations
 
 import hashlib
@@ -46,8 +47,12 @@ def tokenizer():
 
 
 def _config(tokenizer, **kw):
-    return sharebert.ShareBertConfig.from_preset("sharebert-tiny", vocab_size=sharebert.model.configuration_sharebert.pad_vocab_size(len(tokenizer)),
-                                                 **TINY, **kw)
+    return sharebert.ShareBertConfig.from_preset(
+        "sharebert-tiny",
+        vocab_size=sharebert.model.configuration_sharebert.pad_vocab_size(len(tokenizer)),
+        **TINY,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +64,9 @@ def mlm_dir(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="module")
 def clf_dir(tmp_path_factory, tokenizer):
     torch.manual_seed(0)
-    config = _config(tokenizer, num_labels=2, id2label={0: "negative", 1: "positive"},
-                     label2id={"negative": 0, "positive": 1})
+    config = _config(
+        tokenizer, num_labels=2, id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1}
+    )
     return _save(sharebert.ShareBertForSequenceClassification(config), tokenizer, tmp_path_factory.mktemp("clf"))
 
 
@@ -76,7 +82,7 @@ def artifacts(tmp_path_factory, mlm_dir):
 
 
 def _sentences(n=16):
-    lines = SST2_DEV.read_text(encoding="utf-8").splitlines()[1:n + 1]
+    lines = SST2_DEV.read_text(encoding="utf-8").splitlines()[1 : n + 1]
     return [line.split("\t")[0] for line in lines]
 
 
@@ -171,8 +177,13 @@ def test_manifest_contract(artifacts):
     assert f["file_bytes"] == manifest["files"]["model.onnx"]["bytes"]
     assert f["peak_rss_run_mb"] >= f["peak_rss_load_mb"] >= f["rss_baseline_mb"] > 0
     assert f["latency"]["1x128"]["p95_ms"] >= f["latency"]["1x128"]["p50_ms"] > 0
-    config = json.loads((folder / "config.json").read_text())  # the fill-mask model's FLOPs, as `sharebert report --head mlm`
-    assert f["gflops"] == pytest.approx(count_flops(config, "mlm", 128, 1)["inference"] / 1e9) and f["gflops_shape"] == "1x128"
+    config = json.loads(
+        (folder / "config.json").read_text()
+    )  # the fill-mask model's FLOPs, as `sharebert report --head mlm`
+    assert (
+        f["gflops"] == pytest.approx(count_flops(config, "mlm", 128, 1)["inference"] / 1e9)
+        and f["gflops_shape"] == "1x128"
+    )
     assert not list(folder.parent.glob(".*tmp-*"))
 
 
@@ -190,9 +201,16 @@ def test_an_export_sweeps_what_a_killed_export_left_and_nothing_else(tmp_path, m
         root = tmp_path / ("plain" if name == "art" else "glob")
         root.mkdir()
         left = [root / f".{name}.tmp-{d}-x1abc_9z", root / f".{name}.old-{d}"]
-        kept = [root / f".{name}.tmp-{os.getpid()}-x2abcdef", root / f".other.tmp-{d}-x3abcdef",
-                root / f".{name}.tmp-{d}-notes", root / f".{name}.old-{d}-backup", root / f".{name}.old-2024-01-05",
-                root / f".{name}x.old-{d}", root / ".ab.old-99991", root / "target"]
+        kept = [
+            root / f".{name}.tmp-{os.getpid()}-x2abcdef",
+            root / f".other.tmp-{d}-x3abcdef",
+            root / f".{name}.tmp-{d}-notes",
+            root / f".{name}.old-{d}-backup",
+            root / f".{name}.old-2024-01-05",
+            root / f".{name}x.old-{d}",
+            root / ".ab.old-99991",
+            root / "target",
+        ]
         for folder in left + kept:
             folder.mkdir()
             (folder / "model.onnx").write_bytes(b"half")
@@ -225,7 +243,10 @@ def _classifier_and_features(tmp_path, clf_dir, mlm_dir):
     p = manifest["parity"]
     assert p["agreement"] == 1.0 and p["accuracy_change"] == 0.0 and 0.0 <= p["accuracy_torch"] <= 1.0
     manifest = export_model(mlm_dir, tmp_path / "feat", task="feature-extraction", **FAST)
-    assert manifest["outputs"] == ["last_hidden_state", "sentence_embedding"] and manifest["parity"]["max_abs_diff"] <= 1e-3
+    assert (
+        manifest["outputs"] == ["last_hidden_state", "sentence_embedding"]
+        and manifest["parity"]["max_abs_diff"] <= 1e-3
+    )
     assert (manifest["embedding"]["pooling"], manifest["embedding"]["normalize"]) == ("cls", False)  # no recipe files
     assert "no sentence-transformers files" in manifest["embedding"]["source"]
     return {"clf": tmp_path / "clf", "feat": tmp_path / "feat"}
@@ -262,7 +283,7 @@ def test_parity_accuracy_matches_the_labels_in_file_order(tmp_path, tokenizer):
     folder = _save(model, tokenizer, tmp_path / "model")
     p = export_model(folder, tmp_path / "artifact", **FAST)["parity"]
     model = sharebert.ShareBertForSequenceClassification.from_pretrained(folder).eval()
-    rows = [line.split("\t") for line in SST2_DEV.read_text(encoding="utf-8").splitlines()[1:p["sentences"] + 1]]
+    rows = [line.split("\t") for line in SST2_DEV.read_text(encoding="utf-8").splitlines()[1 : p["sentences"] + 1]]
     with torch.no_grad():
         preds = [model(**tokenizer(text, return_tensors="pt")).logits.argmax(-1).item() for text, _ in rows]
     assert 0 < sum(preds) < len(preds)  # else any pairing would give the same accuracy
@@ -285,8 +306,14 @@ def test_int8_dynamic_and_static_quantize_every_weight(tmp_path, mlm_dir):
             rt = ort.InferenceSession(str(tmp_path / quantize / "model.onnx"), providers=["CPUExecutionProvider"])
             tok = hf_tokenizer(default_vocab())
             enc = tok(["the capital of france is [MASK] ."], return_tensors="np")
-            logits = rt.run(["logits"], {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")
-                                         if k in {i.name for i in rt.get_inputs()}})[0][0, 6]
+            logits = rt.run(
+                ["logits"],
+                {
+                    k: enc[k].astype(np.int64)
+                    for k in ("input_ids", "attention_mask", "token_type_ids")
+                    if k in {i.name for i in rt.get_inputs()}
+                },
+            )[0][0, 6]
             assert len(np.unique(logits)) > 256 and (logits == logits.max()).sum() == 1
         assert manifest["parity"]["cosine_mean"] > 0.95
         assert manifest["parity"]["below_thresholds"] == [] and manifest["parity"]["thresholds"]["top1"] > 0
@@ -294,12 +321,21 @@ def test_int8_dynamic_and_static_quantize_every_weight(tmp_path, mlm_dir):
 
 def test_causal_lm_export(tmp_path, tokenizer):
     torch.manual_seed(0)
-    config = sharebert.ShareBertConfig.from_preset("charlm-tiny", vocab_size=sharebert.model.configuration_sharebert.pad_vocab_size(len(tokenizer)),
-                                                   hidden_size=64, num_hidden_layers=2, intermediate_size=128)
+    config = sharebert.ShareBertConfig.from_preset(
+        "charlm-tiny",
+        vocab_size=sharebert.model.configuration_sharebert.pad_vocab_size(len(tokenizer)),
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+    )
     folder = _save(sharebert.ShareBertForCausalLM(config), tokenizer, tmp_path / "clm")
     manifest = export_model(folder, tmp_path / "out", **FAST)
     assert manifest["task"] == "causal-lm" and manifest["inputs"] == [
-        "input_ids", "attention_mask", "position_ids", *(f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value"))]
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        *(f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")),
+    ]
     assert manifest["parity"]["top1_agreement"] == 1.0 and manifest["parity"]["max_abs_diff"] <= 1e-3
 
 

@@ -1,4 +1,5 @@
 """Short real fine-tunes of a tiny ShareBERT with the transformers Trainer (SST-2, STS-B) and bad input."""
+
 import json
 import os
 import shutil
@@ -30,8 +31,9 @@ def base(tmp_path_factory):
 
 def test_sst2_finetune_writes_metrics_and_best_model(base, tmp_path):
     out = tmp_path / "sst2"
-    args = FinetuneArgs(max_steps=20, max_train_samples=320, max_eval_samples=200, batch_size=16, lr=1e-3,
-                        warmup_steps=2, eval_steps=10)
+    args = FinetuneArgs(
+        max_steps=20, max_train_samples=320, max_eval_samples=200, batch_size=16, lr=1e-3, warmup_steps=2, eval_steps=10
+    )
     metrics = finetune(base, "sst2", out, data_path("glue", "SST-2"), args, progress=False)
     on_disk = json.loads((out / "metrics.json").read_text())
     assert on_disk == metrics
@@ -68,9 +70,27 @@ def test_stsb_regression(base, tmp_path):
 
 
 def test_cli_finetune_and_bad_input(base, tmp_path, capsys):
-    rc = main(["finetune", "--model", str(base), "--task", "cola", "--data-dir", str(data_path("glue", "CoLA")),
-               "--out", str(tmp_path / "cola"), "--max-steps", "3", "--max-train-samples", "48",
-               "--max-eval-samples", "64", "--batch-size", "16"])
+    rc = main(
+        [
+            "finetune",
+            "--model",
+            str(base),
+            "--task",
+            "cola",
+            "--data-dir",
+            str(data_path("glue", "CoLA")),
+            "--out",
+            str(tmp_path / "cola"),
+            "--max-steps",
+            "3",
+            "--max-train-samples",
+            "48",
+            "--max-eval-samples",
+            "64",
+            "--batch-size",
+            "16",
+        ]
+    )
     assert rc == 0
     assert "matthews_correlation" in json.loads((tmp_path / "cola" / "metrics.json").read_text())
     # Missing and empty data: a clear error before training, nothing written.
@@ -78,10 +98,30 @@ def test_cli_finetune_and_bad_input(base, tmp_path, capsys):
     empty.mkdir()
     (empty / "train.tsv").write_text("")
     (empty / "dev.tsv").write_text("sentence\tlabel\nok\t1\n")
-    assert main(["finetune", "--model", str(base), "--task", "sst2", "--data-dir", str(empty), "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            ["finetune", "--model", str(base), "--task", "sst2", "--data-dir", str(empty), "--out", str(tmp_path / "x")]
+        )
+        == 2
+    )
     assert "train.tsv: the file is empty" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
-    assert main(["finetune", "--model", str(base), "--task", "sst2", "--data-dir", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                "finetune",
+                "--model",
+                str(base),
+                "--task",
+                "sst2",
+                "--data-dir",
+                str(tmp_path / "nope"),
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "does not exist" in capsys.readouterr().err
     # A tokenizer larger than the config's vocabulary.
     bad = tmp_path / "bad"
@@ -105,11 +145,33 @@ def test_rerun_into_unfinished_out_and_one_run_at_a_time(base, tmp_path, capsys)
     from sharebert_runtime.outdir import mark_out
 
     mark_out(out, "finetune")  # with the marker it wrote first (outdir.MARK): a folder without one is not ours
-    argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-steps", "2",
-            "--max-train-samples", "16", "--max-eval-samples", "16", "--batch-size", "8"]
-    holder = subprocess.Popen([sys.executable, "-c", "import time; from sharebert_runtime.outdir import OutLock\n"
-                               f"with OutLock({str(out)!r}, 'finetune'):\n    print('locked', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    argv = [
+        "finetune",
+        "--model",
+        str(base),
+        "--task",
+        "sst2",
+        "--out",
+        str(out),
+        "--max-steps",
+        "2",
+        "--max-train-samples",
+        "16",
+        "--max-eval-samples",
+        "16",
+        "--batch-size",
+        "8",
+    ]
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from sharebert_runtime.outdir import OutLock\n"
+            f"with OutLock({str(out)!r}, 'finetune'):\n    print('locked', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         assert main(argv) == 2
@@ -130,8 +192,24 @@ def test_resume_continues_from_the_newest_complete_checkpoint(base, tmp_path, ca
     from sharebert.training.callbacks import MARKER, checkpoints
 
     out = tmp_path / "ft"
-    argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-train-samples", "32",
-            "--max-eval-samples", "16", "--batch-size", "8", "--eval-steps", "2", "--keep-checkpoints"]
+    argv = [
+        "finetune",
+        "--model",
+        str(base),
+        "--task",
+        "sst2",
+        "--out",
+        str(out),
+        "--max-train-samples",
+        "32",
+        "--max-eval-samples",
+        "16",
+        "--batch-size",
+        "8",
+        "--eval-steps",
+        "2",
+        "--keep-checkpoints",
+    ]
     assert main([*argv, "--resume"]) == 2  # a new folder: nothing to resume
     err = capsys.readouterr().err  # the run's own lock does not make the folder "used"
     assert "holds no complete checkpoint to continue from; run without --resume to start" in err and not out.exists()
@@ -164,8 +242,24 @@ def test_resume_of_a_finished_run_by_epochs_and_its_refusals(base, tmp_path, cap
     resumed as it was is kept (no 7th step of 6); a metrics.json cut short is written again; without
     --keep-checkpoints the refusal says the results stand; a checkpoint of another width is one line."""
     out = tmp_path / "ft"
-    argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-train-samples", "32",
-            "--max-eval-samples", "16", "--batch-size", "8", "--eval-steps", "2", "--keep-checkpoints"]
+    argv = [
+        "finetune",
+        "--model",
+        str(base),
+        "--task",
+        "sst2",
+        "--out",
+        str(out),
+        "--max-train-samples",
+        "32",
+        "--max-eval-samples",
+        "16",
+        "--batch-size",
+        "8",
+        "--eval-steps",
+        "2",
+        "--keep-checkpoints",
+    ]
     steps = lambda: json.loads((out / "metrics.json").read_text())["steps"]  # noqa: E731
     assert main([*argv, "--max-steps", "3"]) == 0 and steps() == 3
     assert main([*argv, "--epochs", "1", "--resume"]) == 0 and steps() == 4
@@ -176,14 +270,19 @@ def test_resume_of_a_finished_run_by_epochs_and_its_refusals(base, tmp_path, cap
     assert main([*argv, "--epochs", "1.5", "--resume"]) == 0 and (out / "metrics.json").read_bytes() == before
     assert "had finished (at step 6, its last)" in capsys.readouterr().out
     (out / "metrics.json").write_text('{"steps": 6}')
-    assert main([*argv, "--epochs", "1.5", "--resume"]) == 0 and "accuracy" in json.loads((out / "metrics.json").read_text())
+    assert main([*argv, "--epochs", "1.5", "--resume"]) == 0 and "accuracy" in json.loads(
+        (out / "metrics.json").read_text()
+    )
     wide = tmp_path / "wide"
     build_model("sharebert-tiny", wide, {**TINY, "hidden_size": 128}, seed=0)
     capsys.readouterr()
     assert main([str(wide) if a == str(base) else a for a in argv] + ["--epochs", "2", "--resume"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "holds a run of another model (its weights, config or tokenizer files): " \
-        "config.json, model.safetensors" in err, err  # the run's fingerprint, before training
+    assert (
+        len(err.splitlines()) == 1
+        and "holds a run of another model (its weights, config or tokenizer files): config.json, model.safetensors"
+        in err
+    ), err  # the run's fingerprint, before training
     plain = [a for a in argv if a != "--keep-checkpoints"]
     shutil.rmtree(out)
     assert main([*plain, "--max-steps", "2"]) == 0
@@ -197,11 +296,29 @@ def test_a_run_killed_mid_epoch_keeps_a_checkpoint_by_time_and_resumes_from_it(b
     from sharebert.training.callbacks import latest_checkpoint
 
     out = tmp_path / "ft"
-    argv = ["finetune", "--model", str(base), "--task", "sst2", "--out", str(out), "--max-train-samples", "256",
-            "--max-eval-samples", "16", "--batch-size", "4", "--keep-checkpoints"]
+    argv = [
+        "finetune",
+        "--model",
+        str(base),
+        "--task",
+        "sst2",
+        "--out",
+        str(out),
+        "--max-train-samples",
+        "256",
+        "--max-eval-samples",
+        "16",
+        "--batch-size",
+        "4",
+        "--keep-checkpoints",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    run = subprocess.Popen([sys.executable, "-m", "sharebert", *argv, "--save-minutes", "0.002"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "sharebert", *argv, "--save-minutes", "0.002"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 300
         while latest_checkpoint(out / "checkpoints") is None and run.poll() is None and time.monotonic() < deadline:

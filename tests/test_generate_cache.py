@@ -1,5 +1,6 @@
 """The causal-LM artifact carries the key/value cache (optimum's decoder inputs and outputs) and
 ``Runtime.generate`` uses it: the same tokens as without it, and as PyTorch's ``generate``."""
+
 import numpy as np
 import pytest
 import torch
@@ -12,8 +13,14 @@ from sharebert.formats.build import build_model
 from sharebert.formats.paths import data_path
 from sharebert.training.corpus import char_tokenizer
 
-SHAPE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, max_position_embeddings=32,
-             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+SHAPE = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    max_position_embeddings=32,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 PROMPTS = ["ROMEO: what", "To be or not"]
 
 
@@ -30,10 +37,12 @@ def test_artifact_has_the_decoder_cache_inputs_and_outputs(char_lm):
     _, manifest = char_lm
     layers = SHAPE["num_hidden_layers"]
     assert manifest["inputs"][:3] == ["input_ids", "attention_mask", "position_ids"]
-    assert [n for n in manifest["inputs"] if n.startswith("past_key_values.")] == \
-        [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    assert [n for n in manifest["outputs"] if n.startswith("present.")] == \
-        [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    assert [n for n in manifest["inputs"] if n.startswith("past_key_values.")] == [
+        f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")
+    ]
+    assert [n for n in manifest["outputs"] if n.startswith("present.")] == [
+        f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")
+    ]
     assert not (manifest["parity"]["max_abs_diff"] > 1e-4)  # the first step, run with an empty cache
 
 
@@ -54,7 +63,7 @@ def test_runtime_continues_as_pytorch_generate(char_lm):
     runtime = Runtime(root / "artifact", threads=1)
     for prompt in PROMPTS:
         ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
-        out = model.generate(ids, max_new_tokens=50, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+        out = model.generate(ids, max_new_tokens=50, do_sample=False, pad_token_id=0)[0, ids.shape[1] :]
         assert runtime.generate(prompt, max_new_tokens=50)[0] == tokenizer.decode(out, skip_special_tokens=True)
 
 
@@ -64,7 +73,7 @@ def test_one_cached_step_equals_the_full_window(char_lm):
     ids = np.array([[5, 9, 12, 7, 30, 2]], dtype=np.int64)
     full = runtime._run(ids, np.ones_like(ids))["logits"][:, -1]
     first = runtime._run(ids[:, :-1], np.ones_like(ids[:, :-1]))
-    past = {"past_key_values." + n[len("present."):]: v for n, v in first.items() if n.startswith("present.")}
+    past = {"past_key_values." + n[len("present.") :]: v for n, v in first.items() if n.startswith("present.")}
     step = runtime._run(ids[:, -1:], np.ones_like(ids), past)["logits"][:, -1]
     assert not (np.abs(step - full).max() > 1e-5)
 

@@ -1,4 +1,5 @@
 """GLUE TSV readers: the real staged files and synthetic files for the layouts not staged."""
+
 from collections import Counter
 
 import pytest
@@ -9,15 +10,18 @@ from sharebert.training.glue import TASKS, get_task, read_split
 GLUE = data_path("glue")
 
 
-@pytest.mark.parametrize("task,split,rows,label_counts", [
-    ("cola", "train", 8551, {1: 6023, 0: 2528}),
-    ("cola", "dev", 1043, None),
-    ("sst2", "train", 67349, {1: 37569, 0: 29780}),
-    ("sst2", "dev", 872, None),
-    ("stsb", "train", 5749, None),
-    ("stsb", "dev", 1500, None),
-    ("qnli", "dev", 5463, {0: 2702, 1: 2761}),  # entailment = class 0
-])
+@pytest.mark.parametrize(
+    "task,split,rows,label_counts",
+    [
+        ("cola", "train", 8551, {1: 6023, 0: 2528}),
+        ("cola", "dev", 1043, None),
+        ("sst2", "train", 67349, {1: 37569, 0: 29780}),
+        ("sst2", "dev", 872, None),
+        ("stsb", "train", 5749, None),
+        ("stsb", "dev", 1500, None),
+        ("qnli", "dev", 5463, {0: 2702, 1: 2761}),  # entailment = class 0
+    ],
+)
 def test_real_files(task, split, rows, label_counts):
     t = get_task(task)
     s = read_split(t, GLUE / t.folder, split)
@@ -34,8 +38,11 @@ def test_real_first_rows():
     cola = read_split("cola", GLUE / "CoLA", "dev")
     assert cola.text_a[0] == "The sailors rode the breeze clear of the rocks." and cola.labels[0] == 1
     sts = read_split("stsb", GLUE / "STS-B", "dev")
-    assert (sts.text_a[0], sts.text_b[0], sts.labels[0]) == ("A man with a hard hat is dancing.",
-                                                           "A man wearing a hard hat is dancing.", 5.0)
+    assert (sts.text_a[0], sts.text_b[0], sts.labels[0]) == (
+        "A man with a hard hat is dancing.",
+        "A man wearing a hard hat is dancing.",
+        5.0,
+    )
     qnli = read_split("qnli", GLUE / "QNLI", "dev")
     assert qnli.text_a[0].startswith("What came into force") and qnli.labels[:2] == [0, 1]
 
@@ -48,35 +55,66 @@ def _write(path, lines, bom=False, crlf=False):
 
 
 def test_mrpc_with_bom_and_crlf(tmp_path):
-    _write(tmp_path / "train.tsv", ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String",
-                                    "1\t702876\t702977\tAmrozi accused his brother .\tReferring to him as the witness .",
-                                    "0\t2108705\t2108831\tYucaipa owned Dominick 's .\tYucaipa bought Dominick 's ."],
-           bom=True, crlf=True)
+    _write(
+        tmp_path / "train.tsv",
+        [
+            "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String",
+            "1\t702876\t702977\tAmrozi accused his brother .\tReferring to him as the witness .",
+            "0\t2108705\t2108831\tYucaipa owned Dominick 's .\tYucaipa bought Dominick 's .",
+        ],
+        bom=True,
+        crlf=True,
+    )
     s = read_split("mrpc", tmp_path, "train")
     assert s.text_a == ["Amrozi accused his brother .", "Yucaipa owned Dominick 's ."]
     assert s.text_b[1] == "Yucaipa bought Dominick 's ." and s.labels == [1, 0]
 
 
 def test_qqp_rte_wnli(tmp_path):
-    _write(tmp_path / "QQP" / "dev.tsv", ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
-                                          "1\t3\t4\tHow do I cook rice?\tHow is rice cooked?\t1",
-                                          "2\t5\t6\tWhat is AI?\tWho is Ada?\t0"])
+    _write(
+        tmp_path / "QQP" / "dev.tsv",
+        [
+            "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+            "1\t3\t4\tHow do I cook rice?\tHow is rice cooked?\t1",
+            "2\t5\t6\tWhat is AI?\tWho is Ada?\t0",
+        ],
+    )
     s = read_split("qqp", tmp_path / "QQP", "dev")
     assert s.text_b == ["How is rice cooked?", "Who is Ada?"] and s.labels == [1, 0]
-    _write(tmp_path / "RTE" / "train.tsv", ["index\tsentence1\tsentence2\tlabel",
-                                            "0\tA dog runs.\tAn animal moves.\tentailment",
-                                            "1\tA dog runs.\tA cat sleeps.\tnot_entailment"])
+    _write(
+        tmp_path / "RTE" / "train.tsv",
+        [
+            "index\tsentence1\tsentence2\tlabel",
+            "0\tA dog runs.\tAn animal moves.\tentailment",
+            "1\tA dog runs.\tA cat sleeps.\tnot_entailment",
+        ],
+    )
     assert read_split("rte", tmp_path / "RTE", "train").labels == [0, 1]
-    _write(tmp_path / "WNLI" / "train.tsv", ["index\tsentence1\tsentence2\tlabel",
-                                             "0\tI put the cake in the box because it was small.\tThe box was small.\t0",
-                                             "1\tThe cup fell because it was heavy.\tThe cup was heavy.\t1"])
+    _write(
+        tmp_path / "WNLI" / "train.tsv",
+        [
+            "index\tsentence1\tsentence2\tlabel",
+            "0\tI put the cake in the box because it was small.\tThe box was small.\t0",
+            "1\tThe cup fell because it was heavy.\tThe cup was heavy.\t1",
+        ],
+    )
     w = read_split("wnli", tmp_path / "WNLI", "train")
     assert [TASKS["wnli"].label_names[y] for y in w.labels] == ["not_entailment", "entailment"]
 
 
 def test_mnli_matched_and_mismatched(tmp_path):
-    head = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-            "sentence1_parse", "sentence2_parse", "sentence1", "sentence2"]
+    head = [
+        "index",
+        "promptID",
+        "pairID",
+        "genre",
+        "sentence1_binary_parse",
+        "sentence2_binary_parse",
+        "sentence1_parse",
+        "sentence2_parse",
+        "sentence1",
+        "sentence2",
+    ]
     train = head + ["label1", "gold_label"]
     dev = head + ["label1", "label2", "label3", "label4", "label5", "gold_label"]
     row = ["0", "1", "1e", "fiction", "( a )", "( b )", "(ROOT a)", "(ROOT b)", "It rains.", "It is wet."]

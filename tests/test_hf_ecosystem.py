@@ -1,6 +1,7 @@
 """The Hugging Face stack on ShareBERT as on BERT, each from a fresh process where it matters: ``import sharebert``
 as the one import (Auto classes, pipelines, optimum's export where the ``optimum`` extra is installed), the BERT tokenizer class, multiple choice, and
 ``build`` of a causal preset. Real transformers, optimum (where installed) and ONNX Runtime; no hub."""
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,21 @@ import torch
 from sharebert.formats.build import build_model
 from sharebert_runtime.main import main
 
-TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16,
-            max_position_embeddings=64)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=2,
+    embedding_size=16,
+    max_position_embeddings=64,
+)
 TEXTS = ["the capital of france is [MASK].", "a [MASK] movie, and a good one."]
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,19 +76,24 @@ def artifact_of(mlm_dir, tmp_path_factory):
     return make
 
 
-@pytest.mark.parametrize("with_optimum", [False, pytest.param(True, marks=pytest.mark.optimum)],
-                         ids=["transformers", "optimum"])
+@pytest.mark.parametrize(
+    "with_optimum", [False, pytest.param(True, marks=pytest.mark.optimum)], ids=["transformers", "optimum"]
+)
 def test_import_sharebert_is_the_one_import(mlm_dir, tmp_path, with_optimum):
     """A user's script, written the obvious way: ``import sharebert``, then transformers' own entry points on a
     sharebert folder (AutoConfig, AutoTokenizer, AutoModel*, pipeline) and, with the ``optimum`` extra, optimum's
     ``main_export``."""
-    optimum = f"""
+    optimum = (
+        f"""
 from optimum.exporters.onnx import main_export
-main_export(folder, {str(tmp_path / 'onnx')!r}, task="fill-mask")
-session = ort.InferenceSession({str(tmp_path / 'onnx' / 'model.onnx')!r}, providers=["CPUExecutionProvider"])
+main_export(folder, {str(tmp_path / "onnx")!r}, task="fill-mask")
+session = ort.InferenceSession({str(tmp_path / "onnx" / "model.onnx")!r}, providers=["CPUExecutionProvider"])
 onnx = session.run(["logits"], {{i.name: enc[i.name].numpy() for i in session.get_inputs()}})[0]
 got["onnx_diff"] = float(np.abs(onnx - logits.numpy()).max())
-""" if with_optimum else ""
+"""
+        if with_optimum
+        else ""
+    )
     script = f"""
 import json, sharebert
 import numpy as np, onnxruntime as ort, torch
@@ -105,7 +118,11 @@ print(json.dumps(got))
     done = _python(script)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (got["config"], got["tokenizer"], got["model"]) == ("ShareBertConfig", "BertTokenizerFast", "ShareBertForMaskedLM")
+    assert (got["config"], got["tokenizer"], got["model"]) == (
+        "ShareBertConfig",
+        "BertTokenizerFast",
+        "ShareBertForMaskedLM",
+    )
     assert got["hidden"][-1] == TINY["hidden_size"] and got["fill"] == got["top"]
     assert got.get("onnx_diff", 0.0) <= 1e-4, got["onnx_diff"]
 
@@ -124,8 +141,22 @@ def test_build_of_a_causal_preset_writes_a_causal_lm(tmp_path, capsys):
     vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
     assert config["architectures"] == ["ShareBertForCausalLM"] and config["is_decoder"] is True
     assert generation["eos_token_id"] == vocab["[SEP]"] and generation["pad_token_id"] == vocab["[PAD]"]
-    assert main(["build", "--preset", "charlm-tiny", "--set", "num_hidden_layers=1", "--head", "mlm",
-                 "--out", str(tmp_path / "mlm")]) == 0  # --head still decides when given
+    assert (
+        main(
+            [
+                "build",
+                "--preset",
+                "charlm-tiny",
+                "--set",
+                "num_hidden_layers=1",
+                "--head",
+                "mlm",
+                "--out",
+                str(tmp_path / "mlm"),
+            ]
+        )
+        == 0
+    )  # --head still decides when given
     assert json.loads((tmp_path / "mlm" / "config.json").read_text())["architectures"] == ["ShareBertForMaskedLM"]
 
 
@@ -136,8 +167,16 @@ def _multiple_choice():
     from sharebert import ShareBertConfig, ShareBertForMultipleChoice
     from sharebert.formats.model_folder import bert_state_dict
 
-    shape = dict(vocab_size=500, hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=2,
-                 max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    shape = dict(
+        vocab_size=500,
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     torch.manual_seed(0)
     bert = BertForMultipleChoice(BertConfig(**shape)).eval()
     config = ShareBertConfig.from_preset("bert-base", **shape)
@@ -146,9 +185,11 @@ def _multiple_choice():
     missing, unexpected = ours.load_state_dict(bert_state_dict(bert.state_dict(), 2, "sharebert."), strict=False)
     assert not missing and not unexpected
     g = torch.Generator().manual_seed(1)
-    inputs = {"input_ids": torch.randint(5, 500, (2, 3, 10), generator=g),
-              "token_type_ids": torch.randint(0, 2, (2, 3, 10), generator=g),
-              "attention_mask": torch.ones(2, 3, 10, dtype=torch.long)}
+    inputs = {
+        "input_ids": torch.randint(5, 500, (2, 3, 10), generator=g),
+        "token_type_ids": torch.randint(0, 2, (2, 3, 10), generator=g),
+        "attention_mask": torch.ones(2, 3, 10, dtype=torch.long),
+    }
     inputs["attention_mask"][1, 2, 7:] = 0
     return bert, ours, inputs, torch.tensor([2, 0])
 
@@ -229,14 +270,27 @@ def remote(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("remote")
     folders = {name: root / name for name in ("portable", "hub", "embedder", "resaved")}
-    assert main(["build", "--preset", "sharebert-tiny", *[f"--set={k}={v}" for k, v in TINY.items()],
-                 "--portable", "--out", str(folders["portable"])]) == 0
+    assert (
+        main(
+            [
+                "build",
+                "--preset",
+                "sharebert-tiny",
+                *[f"--set={k}={v}" for k, v in TINY.items()],
+                "--portable",
+                "--out",
+                str(folders["portable"]),
+            ]
+        )
+        == 0
+    )
     torch.manual_seed(0)  # the portable folder loaded by the package's class and saved again, as finetune does
     ShareBertForSequenceClassification.from_pretrained(folders["portable"]).save_pretrained(folders["resaved"])
 
     torch.manual_seed(0)
-    model = ShareBertForSequenceClassification(ShareBertConfig.from_preset("sharebert-tiny", vocab_size=30528,
-                                                                           num_labels=3, **TINY))
+    model = ShareBertForSequenceClassification(
+        ShareBertConfig.from_preset("sharebert-tiny", vocab_size=30528, num_labels=3, **TINY)
+    )
     ShareBertForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
     try:
         model.save_pretrained(folders["hub"])
@@ -248,17 +302,31 @@ def remote(tmp_path_factory):
     ShareBertModel.from_pretrained(folder).save_pretrained(folder)  # the encoder alone, as embedders ship
     rng = np.random.default_rng(0)
     w, b = rng.normal(size=(24, TINY["hidden_size"])).astype(np.float32) * 0.2, rng.normal(size=24).astype(np.float32)
-    write_recipe(folder, EmbeddingRecipe("mean", True, (DenseLayer("", TINY["hidden_size"], 24, True,
-                                                                   "torch.nn.modules.activation.Tanh"),), 48, True),
-                 [(w, b)])
+    write_recipe(
+        folder,
+        EmbeddingRecipe(
+            "mean", True, (DenseLayer("", TINY["hidden_size"], 24, True, "torch.nn.modules.activation.Tanh"),), 48, True
+        ),
+        [(w, b)],
+    )
     make_portable(folder, AUTO_CLASSES)
 
     site = root / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(BLOCK_SHAREBERT)
-    done = subprocess.run([sys.executable, "-c", REMOTE_SCRIPT, json.dumps({k: str(v) for k, v in folders.items()}),
-                           json.dumps(EMBED_TEXTS)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(site), "HF_MODULES_CACHE": str(root / "modules")})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            REMOTE_SCRIPT,
+            json.dumps({k: str(v) for k, v in folders.items()}),
+            json.dumps(EMBED_TEXTS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(site), "HF_MODULES_CACHE": str(root / "modules")},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return {**folders, "hub_logits": _local_logits(model), "outputs": json.loads(done.stdout.strip().splitlines()[-1])}
 
@@ -306,8 +374,9 @@ def test_a_portable_model_saved_by_a_process_that_is_not_the_main_one_writes_not
     transformers' save does (the portable code does not look for a config.json never written)."""
     from sharebert import ShareBertForSequenceClassification
 
-    ShareBertForSequenceClassification.from_pretrained(remote["portable"]).save_pretrained(tmp_path / "r",
-                                                                                           is_main_process=False)
+    ShareBertForSequenceClassification.from_pretrained(remote["portable"]).save_pretrained(
+        tmp_path / "r", is_main_process=False
+    )
     assert not any((tmp_path / "r").glob("*.json")) and not any((tmp_path / "r").glob("*.py"))
 
 
@@ -343,8 +412,22 @@ def test_export_of_a_portable_folder_leaves_its_auto_map_behind(remote, tmp_path
     from sharebert_runtime.main import main
     from sharebert_runtime import Runtime
 
-    assert main(["export", "--model", str(remote["portable"]), "--out", str(tmp_path / "art"),
-                 "--shapes", "1x16", "--check-limit", "8"]) == 0  # parity still checked, on 8 sentences, not SST-2's 872
+    assert (
+        main(
+            [
+                "export",
+                "--model",
+                str(remote["portable"]),
+                "--out",
+                str(tmp_path / "art"),
+                "--shapes",
+                "1x16",
+                "--check-limit",
+                "8",
+            ]
+        )
+        == 0
+    )  # parity still checked, on 8 sentences, not SST-2's 872
     config = json.loads((tmp_path / "art" / "config.json").read_text())
     assert "auto_map" not in config and config["model_type"] == "sharebert"
     assert not any((tmp_path / "art").glob("*.py"))
@@ -428,21 +511,40 @@ def test_lora_adapts_the_generated_weights_trains_only_adapters_merges_and_expor
     with torch.no_grad():
         adapted = peft_model(**enc).logits.clone()
         encoder = peft_model.base_model.model.sharebert
-        moved = (encoder(**enc).last_hidden_state - ShareBertForSequenceClassification.from_pretrained(base_dir)
-                 .eval().sharebert(**enc).last_hidden_state).abs().max().item()
+        moved = (
+            (
+                encoder(**enc).last_hidden_state
+                - ShareBertForSequenceClassification.from_pretrained(base_dir).eval().sharebert(**enc).last_hidden_state
+            )
+            .abs()
+            .max()
+            .item()
+        )
     assert (adapted - base).abs().max().item() > 1e-3 and moved > 1e-4  # the encoder itself changed
     peft_model.save_pretrained(tmp_path / "adapter")
-    reloaded = PeftModel.from_pretrained(ShareBertForSequenceClassification.from_pretrained(base_dir), tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(
+        ShareBertForSequenceClassification.from_pretrained(base_dir), tmp_path / "adapter"
+    )
     merged = peft_model.merge_and_unload()
-    assert all(torch.equal(p, frozen[n]) for n, p in merged.named_parameters()
-               if "word_embeddings" not in n and "weight_generator" not in n and "classifier" not in n)
+    assert all(
+        torch.equal(p, frozen[n])
+        for n, p in merged.named_parameters()
+        if "word_embeddings" not in n and "weight_generator" not in n and "classifier" not in n
+    )
     with torch.no_grad():
         for other in (reloaded.eval()(**enc).logits, merged.eval()(**enc).logits):
             assert (other - adapted).abs().max().item() <= 1e-5
     merged.save_pretrained(tmp_path / "merged")
     tokenizer.save_pretrained(tmp_path / "merged")
-    export_model(tmp_path / "merged", tmp_path / "artifact", task="text-classification", check_limit=4, runs=1,
-                 shapes=("1x16",), progress=False)
+    export_model(
+        tmp_path / "merged",
+        tmp_path / "artifact",
+        task="text-classification",
+        check_limit=4,
+        runs=1,
+        shapes=("1x16",),
+        progress=False,
+    )
     from sharebert_runtime import Runtime
 
     got = Runtime(tmp_path / "artifact").classify(["a good film", "a dull , tedious film", "fine"])
@@ -451,10 +553,13 @@ def test_lora_adapts_the_generated_weights_trains_only_adapters_merges_and_expor
     assert np.abs(np.array([[r["scores"][n] for n in names] for r in got]) - probs).max() <= 1e-4
 
 
-@pytest.mark.parametrize("config, said", [
-    (dict(sharing="none", embedding_size=None, pooler="dense"), "needs sharing 'veps' or 'eps'"),
-    ("bert", "for sharebert models"),
-])
+@pytest.mark.parametrize(
+    "config, said",
+    [
+        (dict(sharing="none", embedding_size=None, pooler="dense"), "needs sharing 'veps' or 'eps'"),
+        ("bert", "for sharebert models"),
+    ],
+)
 def test_lora_config_refusals_name_the_problem(config, said):
     import sharebert
     from transformers import BertConfig
@@ -478,8 +583,15 @@ def test_sentence_transformers_loads_a_sharebert_embedding_folder_as_the_artifac
 
     folder, texts = remote["embedder"], EMBED_TEXTS
     local = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
-    export_model(folder, tmp_path / "artifact", task="feature-extraction", check_limit=4, runs=1, shapes=("1x16",),
-                 progress=False)
+    export_model(
+        folder,
+        tmp_path / "artifact",
+        task="feature-extraction",
+        check_limit=4,
+        runs=1,
+        shapes=("1x16",),
+        progress=False,
+    )
     artifact = np.stack(Runtime(tmp_path / "artifact").embed(texts))
     assert local.shape == (3, 24) and np.abs(np.linalg.norm(local, axis=1) - 1).max() <= 1e-5
     assert np.abs(local - artifact).max() <= 1e-4
@@ -498,12 +610,17 @@ def test_export_optimize_fuses_keeps_depth_and_equals_the_plain_artifact(mlm_dir
     plain = json.loads((artifact_of("fp32 fill-mask") / "manifest.json").read_text())
     fused = export_model(mlm_dir, tmp_path / "fused", optimize=True, task="fill-mask", **QUICK_EXPORT)
     assert plain["optimized"] is None and fused["max_depth"] == plain["max_depth"] == TINY["num_hidden_layers"]
-    assert fused["optimized"].get("SkipLayerNormalization", 0) >= 1 and fused["optimized"].get("LayerNormalization", 0) >= 1
+    assert (
+        fused["optimized"].get("SkipLayerNormalization", 0) >= 1
+        and fused["optimized"].get("LayerNormalization", 0) >= 1
+    )
     ops = {n.op_type for n in onnx.load(str(tmp_path / "fused" / MODEL)).graph.node}
     assert "If" in ops and "SkipLayerNormalization" in ops
     assert fused["parity"]["max_abs_diff"] <= 1e-3 and fused["parity"]["depth_1"]["max_abs_diff"] <= 1e-3
-    sessions = [ort.InferenceSession(str(folder / MODEL), providers=["CPUExecutionProvider"])
-                for folder in (artifact_of("fp32 fill-mask"), tmp_path / "fused")]
+    sessions = [
+        ort.InferenceSession(str(folder / MODEL), providers=["CPUExecutionProvider"])
+        for folder in (artifact_of("fp32 fill-mask"), tmp_path / "fused")
+    ]
     ids = np.random.default_rng(0).integers(1000, 30000, (2, 12)).astype(np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
     outs = {}
@@ -527,8 +644,14 @@ def _ort_optimize(model, call: str):
         options = FusionOptions("bert")
         options.enable_shape_inference = False
         kwargs = dict(opt_level=0, optimization_options=options)
-    return optimize_model(model, model_type="bert", num_heads=TINY["num_attention_heads"],
-                          hidden_size=TINY["hidden_size"], use_gpu=False, **kwargs)
+    return optimize_model(
+        model,
+        model_type="bert",
+        num_heads=TINY["num_attention_heads"],
+        hidden_size=TINY["hidden_size"],
+        use_gpu=False,
+        **kwargs,
+    )
 
 
 def _ort_feeds(session) -> dict:
@@ -556,16 +679,20 @@ def test_ort_transformer_optimizer_writes_a_valid_model_with_the_artifacts_outpu
     optimized.save_model_to_file(str(tmp_path / MODEL))
     fused = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
     assert fused.get("SkipLayerNormalization", 0) + fused.get("BiasGelu", 0) + fused.get("Gelu", 0) >= 1, fused
-    sessions = [ort.InferenceSession(str(f / MODEL), session_options(folder), providers=["CPUExecutionProvider"])
-                for f in (folder, tmp_path)]
+    sessions = [
+        ort.InferenceSession(str(f / MODEL), session_options(folder), providers=["CPUExecutionProvider"])
+        for f in (folder, tmp_path)
+    ]
     feeds = _ort_feeds(sessions[0])
     gated = DEPTH in {i.name for i in sessions[0].get_overridable_initializers()}  # an input with a default
-    assert gated == (ARTIFACT_KINDS[kind][1] > 1) == bool(json.loads((folder / "manifest.json").read_text())["max_depth"])
+    assert (
+        gated == (ARTIFACT_KINDS[kind][1] > 1) == bool(json.loads((folder / "manifest.json").read_text())["max_depth"])
+    )
     if gated:
         assert DEPTH in {i.name for i in sessions[1].get_overridable_initializers()}
         assert "If" in {n.op_type for n in onnx.load(str(tmp_path / MODEL)).graph.node}
     outs = {}
-    for depth in ((1, TINY["num_hidden_layers"]) if gated else (None,)):
+    for depth in (1, TINY["num_hidden_layers"]) if gated else (None,):
         run = {**feeds, DEPTH: np.array(depth, np.int64)} if gated else feeds
         want, got = (s.run(None, run) for s in sessions)
         assert len(want) == len(got) >= 1 and all(np.isfinite(g).all() for g in got)
@@ -595,18 +722,22 @@ def test_ort_transformer_optimizer_on_the_ram_int8_compute_graph(artifact_of, ca
     graph = onnx.load(str(folder / RAM_INT8_COMPUTE), load_external_data=False)
     load_external_data_for_model(graph, str(folder))
     optimized = _ort_optimize(graph, call)
-    runtime.session = ort.InferenceSession(optimized.model.SerializeToString(), session_options(None, 1),
-                                           providers=["CPUExecutionProvider"])
+    runtime.session = ort.InferenceSession(
+        optimized.model.SerializeToString(), session_options(None, 1), providers=["CPUExecutionProvider"]
+    )
     for d in depths:
         got = runtime.at_depth(d)._run(ids, np.ones_like(ids))["logits"]
         assert np.isfinite(got).all() and np.abs(got - want[d]).max() <= 1e-4, d
     assert np.abs(want[1] - want[TINY["num_hidden_layers"]]).max() > 1e-3
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--quantize", "int8"], "--optimize applies ONNX Runtime's fp32 encoder fusions"),
-    (["--format", "ort"], "needs --quantize none, --format onnx"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--quantize", "int8"], "--optimize applies ONNX Runtime's fp32 encoder fusions"),
+        (["--format", "ort"], "needs --quantize none, --format onnx"),
+    ],
+)
 def test_export_optimize_refusals(mlm_dir, tmp_path, capsys, args, said):
     out = tmp_path / "never"
     assert main(["export", "--model", str(mlm_dir), "--out", str(out), "--optimize", *args]) == 2

@@ -1,5 +1,6 @@
 """Length-aware batching: ``Runtime`` orders a request's texts by token length into ONNX Runtime calls,
 each padded to its own longest row, and answers in input order, exactly as calls in input order do."""
+
 from __future__ import annotations
 
 import json
@@ -122,18 +123,30 @@ def test_predict_cli_answers_chunks_in_input_order(artifacts, mix, tmp_path, mon
 
     artifact = artifacts["fill-mask"]
     texts = _masked(mix)
-    (tmp_path / "in.txt").write_bytes(b"\n".join([t.encode() for t in texts[:20]] + [b"\xff bad"] +
-                                                 [t.encode() for t in texts[20:]]) + b"\n")
+    (tmp_path / "in.txt").write_bytes(
+        b"\n".join([t.encode() for t in texts[:20]] + [b"\xff bad"] + [t.encode() for t in texts[20:]]) + b"\n"
+    )
     monkeypatch.setattr(cli, "CHUNK_LINES", 16)  # several chunks, each grouped by the runtime
-    args = ["predict", str(artifact), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.jsonl"),
-            "--batch-size", "4", "--top-k", "2"]
+    args = [
+        "predict",
+        str(artifact),
+        "--input",
+        str(tmp_path / "in.txt"),
+        "--output",
+        str(tmp_path / "out.jsonl"),
+        "--batch-size",
+        "4",
+        "--top-k",
+        "2",
+    ]
     assert main(args) == 1
     records = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["line"] for r in records] == [n for n in range(1, len(texts) + 2) if n != 21]
     assert [r["text"] for r in records] == texts
     expected = Runtime(artifact, threads=1).fill_mask(texts, top_k=2)
-    assert [[[c["token_id"] for c in m] for m in r["result"]] for r in records] == \
-        [[[c["token_id"] for c in m] for m in p] for p in expected]
+    assert [[[c["token_id"] for c in m] for m in r["result"]] for r in records] == [
+        [[c["token_id"] for c in m] for m in p] for p in expected
+    ]
     err = capsys.readouterr().err
     assert "line 21: not valid UTF-8" in err and "4 input(s) cut" in err
 
@@ -152,8 +165,14 @@ def test_predict_cli_names_the_line_that_fails_in_a_chunk(artifacts, tmp_path, m
     texts = [f"text number {i} [MASK]" for i in range(10)]
     texts[6] = "poison"
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
-    args = ["predict", str(artifacts["fill-mask"]), "--input", str(tmp_path / "in.txt"), "--output",
-            str(tmp_path / "out.jsonl")]
+    args = [
+        "predict",
+        str(artifacts["fill-mask"]),
+        "--input",
+        str(tmp_path / "in.txt"),
+        "--output",
+        str(tmp_path / "out.jsonl"),
+    ]
     assert main(args) == 1
     records = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["line"] for r in records] == [1, 2, 3, 4, 5, 6, 8, 9, 10]

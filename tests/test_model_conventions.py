@@ -3,6 +3,7 @@ inputs made by a tester class, one check per convention.
 
 Which conventions hold and which are declared unsupported (and why) is in docs/MODEL.md.
 """
+
 import pytest
 import torch
 from torch.export import Dim, export
@@ -20,8 +21,14 @@ from sharebert import (
 )
 from sharebert.formats.model_folder import bert_state_dict
 
-ALL_CLASSES = (ShareBertModel, ShareBertForMaskedLM, ShareBertForCausalLM, ShareBertForSequenceClassification,
-               ShareBertForTokenClassification, ShareBertForQuestionAnswering)
+ALL_CLASSES = (
+    ShareBertModel,
+    ShareBertForMaskedLM,
+    ShareBertForCausalLM,
+    ShareBertForSequenceClassification,
+    ShareBertForTokenClassification,
+    ShareBertForQuestionAnswering,
+)
 
 
 class ShareBertModelTester:
@@ -30,9 +37,17 @@ class ShareBertModelTester:
     batch_size, seq_length, vocab_size, num_heads = 2, 12, 1000, 4
 
     def get_config(self, **kw):
-        fields = dict(vocab_size=self.vocab_size, embedding_size=16, hidden_size=64, num_hidden_layers=3,
-                      intermediate_size=128, num_attention_heads=self.num_heads, max_position_embeddings=32,
-                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        fields = dict(
+            vocab_size=self.vocab_size,
+            embedding_size=16,
+            hidden_size=64,
+            num_hidden_layers=3,
+            intermediate_size=128,
+            num_attention_heads=self.num_heads,
+            max_position_embeddings=32,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
         return ShareBertConfig.from_preset("sharebert-tiny", **{**fields, **kw})
 
     def prepare_config_and_inputs(self, seed=0, batch=None, length=None):
@@ -40,7 +55,7 @@ class ShareBertModelTester:
         B, T = batch or self.batch_size, length or self.seq_length
         ids = torch.randint(5, self.vocab_size, (B, T), generator=g)
         mask = torch.ones_like(ids)
-        mask[-1, T - 3:] = 0
+        mask[-1, T - 3 :] = 0
         return self.get_config(), {"input_ids": ids, "attention_mask": mask}
 
 
@@ -114,8 +129,15 @@ def test_left_padding_gives_the_continuation_of_no_padding():
 def test_generate_forwards_model_kwargs():
     model = _lm()
     ids = tester.prepare_config_and_inputs()[1]["input_ids"]
-    out = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
-                         output_attentions=True, output_hidden_states=True)
+    out = model.generate(
+        ids,
+        max_new_tokens=3,
+        do_sample=False,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_attentions=True,
+        output_hidden_states=True,
+    )
     L, T = model.config.num_hidden_layers, ids.shape[1]
     assert len(out.attentions) == 3 and len(out.attentions[0]) == L and len(out.hidden_states[0]) == L + 1
     assert out.attentions[0][0].shape == (2, tester.num_heads, T, T)  # the prompt, then one new query
@@ -131,14 +153,27 @@ def wordpiece_lm(tmp_path_factory):
     from sharebert.formats.build import build_model
 
     out = tmp_path_factory.mktemp("wordpiece_lm") / "model"
-    build_model("charlm-tiny", out, dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                                         num_attention_heads=4, max_position_embeddings=32), seed=0)
+    build_model(
+        "charlm-tiny",
+        out,
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=4,
+            max_position_embeddings=32,
+        ),
+        seed=0,
+    )
     return AutoModelForCausalLM.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out)
 
 
-GENERATION_MODES = {"greedy": dict(do_sample=False), "sample": dict(do_sample=True, top_k=20),
-                    "beam": dict(do_sample=False, num_beams=3, num_return_sequences=2),
-                    "beam-sample": dict(do_sample=True, num_beams=2)}
+GENERATION_MODES = {
+    "greedy": dict(do_sample=False),
+    "sample": dict(do_sample=True, top_k=20),
+    "beam": dict(do_sample=False, num_beams=3, num_return_sequences=2),
+    "beam-sample": dict(do_sample=True, num_beams=2),
+}
 
 
 @pytest.mark.parametrize("mode", GENERATION_MODES)
@@ -151,8 +186,15 @@ def test_generate_on_tokenizer_output_with_and_without_the_cache(wordpiece_lm, m
     runs = {}
     for use_cache in (True, False):
         torch.manual_seed(0)
-        runs[use_cache] = model.generate(**enc, **GENERATION_MODES[mode], max_new_tokens=6, min_new_tokens=6,
-                                         use_cache=use_cache, return_dict_in_generate=True, output_scores=True)
+        runs[use_cache] = model.generate(
+            **enc,
+            **GENERATION_MODES[mode],
+            max_new_tokens=6,
+            min_new_tokens=6,
+            use_cache=use_cache,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
     cached, plain = runs[True], runs[False]
     rows = 2 * GENERATION_MODES[mode].get("num_return_sequences", 1)
     assert cached.sequences.shape == (rows, enc["input_ids"].shape[1] + 6)
@@ -167,14 +209,16 @@ def test_generate_stops_at_sep(wordpiece_lm):
     """A WordPiece causal LM's ``generation_config.eos_token_id`` is ``[SEP]``: generation ends there."""
     model, tokenizer = wordpiece_lm
     sep = tokenizer.sep_token_id
-    assert model.generation_config.eos_token_id == sep and model.generation_config.pad_token_id == tokenizer.pad_token_id
+    assert (
+        model.generation_config.eos_token_id == sep and model.generation_config.pad_token_id == tokenizer.pad_token_id
+    )
     enc = tokenizer(["the weather is"], return_tensors="pt")
-    free = model.generate(**enc, max_new_tokens=12, do_sample=False)[0, enc["input_ids"].shape[1]:]
+    free = model.generate(**enc, max_new_tokens=12, do_sample=False)[0, enc["input_ids"].shape[1] :]
     with torch.no_grad():
         saved = model.lm_head.decoder.bias.clone()
         try:
             model.lm_head.decoder.bias[sep] += 1e4  # [SEP] always wins ...
-            stopped = model.generate(**enc, max_new_tokens=12, do_sample=False)[0, enc["input_ids"].shape[1]:]
+            stopped = model.generate(**enc, max_new_tokens=12, do_sample=False)[0, enc["input_ids"].shape[1] :]
             unstopped = model.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None)
         finally:
             model.lm_head.decoder.bias.copy_(saved)
@@ -188,12 +232,17 @@ def test_left_padded_tokenizer_batch_continues_as_each_text_alone(wordpiece_lm):
     texts = ["the weather is very", "a"]
     tokenizer.padding_side = "left"
     try:
-        batch = model.generate(**tokenizer(texts, return_tensors="pt", padding=True), max_new_tokens=5,
-                               min_new_tokens=5, do_sample=False)[:, -5:]
+        batch = model.generate(
+            **tokenizer(texts, return_tensors="pt", padding=True), max_new_tokens=5, min_new_tokens=5, do_sample=False
+        )[:, -5:]
     finally:
         tokenizer.padding_side = "right"
-    alone = [model.generate(**tokenizer([t], return_tensors="pt"), max_new_tokens=5, min_new_tokens=5,
-                            do_sample=False)[0, -5:] for t in texts]
+    alone = [
+        model.generate(**tokenizer([t], return_tensors="pt"), max_new_tokens=5, min_new_tokens=5, do_sample=False)[
+            0, -5:
+        ]
+        for t in texts
+    ]
     assert torch.equal(batch, torch.stack(alone))
 
 
@@ -219,8 +268,16 @@ def _bert_with_head_mask(bert, head_mask):
 def test_head_mask_matches_transformers_bert():
     """sharing='none' is BERT: the same head_mask gives the same hidden states and attentions as BertModel."""
     torch.manual_seed(0)
-    shape = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                 max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    shape = dict(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     bert = BertModel(BertConfig(**shape), add_pooling_layer=False).eval()
     ours = ShareBertModel(ShareBertConfig.from_preset("bert-base", **shape), add_pooling_layer=False).eval()
     missing, unexpected = ours.load_state_dict(bert_state_dict(bert.state_dict(), 2, ""), strict=False)

@@ -1,4 +1,5 @@
 """ShareBERT models: BERT equivalence, generation once per forward, eval cache, HF round trips."""
+
 import copy
 
 import pytest
@@ -26,8 +27,15 @@ from sharebert import (
 from sharebert.formats.build import build_model
 from sharebert.formats.paths import default_vocab
 
-TINY = dict(vocab_size=1000, embedding_size=16, hidden_size=64, num_hidden_layers=3, intermediate_size=128,
-            num_attention_heads=4, max_position_embeddings=32)
+TINY = dict(
+    vocab_size=1000,
+    embedding_size=16,
+    hidden_size=64,
+    num_hidden_layers=3,
+    intermediate_size=128,
+    num_attention_heads=4,
+    max_position_embeddings=32,
+)
 
 
 def tiny(**kw):
@@ -44,24 +52,43 @@ def batch(B=2, T=12, vocab=1000, pad=3):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, vocab, (B, T), generator=g)
     mask = torch.ones(B, T, dtype=torch.long)
-    mask[-1, T - pad:] = 0
+    mask[-1, T - pad :] = 0
     return ids, mask
 
 
 def test_plain_encoder_equals_transformers_bert():
     """sharing='none', post-LN, dense tanh pooler: the same function as BertForMaskedLM."""
     torch.manual_seed(0)
-    bc = BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                    max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    bc = BertConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     bert = BertForMaskedLM(bc).eval()
-    config = ShareBertConfig.from_preset("bert-base", vocab_size=1000, hidden_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, intermediate_size=128, max_position_embeddings=32,
-                                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = ShareBertConfig.from_preset(
+        "bert-base",
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     ours = ShareBertForMaskedLM(config).eval()
     assert ours.num_parameters() == bert.num_parameters()
     sd = bert.state_dict()
-    mine = {"sharebert.embeddings." + k[len("bert.embeddings."):]: v for k, v in sd.items()
-            if k.startswith("bert.embeddings.") and "position_ids" not in k}
+    mine = {
+        "sharebert.embeddings." + k[len("bert.embeddings.") :]: v
+        for k, v in sd.items()
+        if k.startswith("bert.embeddings.") and "position_ids" not in k
+    }
     for i in range(2):
         b, s = f"bert.encoder.layer.{i}.", f"sharebert.layers.{i}."
         for name in ("query", "key", "value"):
@@ -76,9 +103,16 @@ def test_plain_encoder_equals_transformers_bert():
         for ln, dst in (("attention.output.LayerNorm", "attention_norm"), ("output.LayerNorm", "ffn_norm")):
             mine[s + dst + ".weight"], mine[s + dst + ".bias"] = sd[b + ln + ".weight"], sd[b + ln + ".bias"]
     p = "cls.predictions."
-    mine.update({"lm_head.transform.weight": sd[p + "transform.dense.weight"], "lm_head.transform.bias": sd[p + "transform.dense.bias"],
-                 "lm_head.norm.weight": sd[p + "transform.LayerNorm.weight"], "lm_head.norm.bias": sd[p + "transform.LayerNorm.bias"],
-                 "lm_head.decoder.bias": sd[p + "bias"], "lm_head.decoder.weight": sd[p + "decoder.weight"]})
+    mine.update(
+        {
+            "lm_head.transform.weight": sd[p + "transform.dense.weight"],
+            "lm_head.transform.bias": sd[p + "transform.dense.bias"],
+            "lm_head.norm.weight": sd[p + "transform.LayerNorm.weight"],
+            "lm_head.norm.bias": sd[p + "transform.LayerNorm.bias"],
+            "lm_head.decoder.bias": sd[p + "bias"],
+            "lm_head.decoder.weight": sd[p + "decoder.weight"],
+        }
+    )
     missing, unexpected = ours.load_state_dict(mine, strict=False)
     assert not unexpected and not missing
     ids, mask = batch()
@@ -146,8 +180,12 @@ def test_eval_cache_reused_and_never_stale(monkeypatch, tmp_path):
     other = ShareBertForMaskedLM(tiny(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
     model.load_state_dict(other.state_dict())
     with torch.no_grad():
-        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits,
-                                   other(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)
+        torch.testing.assert_close(
+            model(input_ids=ids, attention_mask=mask).logits,
+            other(input_ids=ids, attention_mask=mask).logits,
+            rtol=0,
+            atol=0,
+        )
         model.to(torch.float64)
         assert model(input_ids=ids, attention_mask=mask).logits.dtype == torch.float64
 
@@ -170,13 +208,17 @@ def test_no_generated_weight_in_state_dict_and_bit_exact_round_trip(tmp_path):
         assert torch.equal(a, b), n
     ids, mask = batch()
     with torch.no_grad():
-        assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, loaded(input_ids=ids, attention_mask=mask).logits)
+        assert torch.equal(
+            model(input_ids=ids, attention_mask=mask).logits, loaded(input_ids=ids, attention_mask=mask).logits
+        )
     assert isinstance(AutoConfig.from_pretrained(tmp_path), ShareBertConfig)
     assert type(AutoModel.from_pretrained(tmp_path)) is ShareBertModel
 
 
-@pytest.mark.parametrize("sharing,attention", [("veps", "standard"), ("eps", "symmetric"), ("none", "pairwise"),
-                                               ("veps", "shared-qkv"), ("none", "partial-qk")])
+@pytest.mark.parametrize(
+    "sharing,attention",
+    [("veps", "standard"), ("eps", "symmetric"), ("none", "pairwise"), ("veps", "shared-qkv"), ("none", "partial-qk")],
+)
 def test_heads_outputs_and_losses(sharing, attention):
     kw = dict(sharing=sharing, attention=attention)
     if sharing == "eps":
@@ -196,7 +238,9 @@ def test_heads_outputs_and_losses(sharing, attention):
     assert clf(input_ids=ids, labels=torch.tensor([0, 2])).logits.shape == (2, 3)
     tok = ShareBertForTokenClassification(with_labels(config, 5))
     assert tok(input_ids=ids, labels=torch.zeros(2, 12, dtype=torch.long)).logits.shape == (2, 12, 5)
-    qa = ShareBertForQuestionAnswering(config)(input_ids=ids, start_positions=torch.tensor([1, 2]), end_positions=torch.tensor([3, 4]))
+    qa = ShareBertForQuestionAnswering(config)(
+        input_ids=ids, start_positions=torch.tensor([1, 2]), end_positions=torch.tensor([3, 4])
+    )
     assert qa.start_logits.shape == (2, 12) and qa.loss.ndim == 0
 
 
@@ -221,13 +265,17 @@ def test_mean_pooling_classifier_reads_the_mean_of_the_unpadded_token_states():
         logits = model(input_ids=ids, attention_mask=mask).logits
         m = mask.unsqueeze(-1).float()
         torch.testing.assert_close(logits, model.classifier((hidden * m).sum(1) / m.sum(1)))
-        longer = model(input_ids=torch.cat([ids, ids[:, :5]], 1),
-                       attention_mask=torch.cat([mask, torch.zeros(2, 5, dtype=mask.dtype)], 1)).logits
+        longer = model(
+            input_ids=torch.cat([ids, ids[:, :5]], 1),
+            attention_mask=torch.cat([mask, torch.zeros(2, 5, dtype=mask.dtype)], 1),
+        ).logits
     torch.testing.assert_close(longer, logits, atol=1e-5, rtol=0)
     cls = ShareBertForSequenceClassification(tiny(num_labels=2, pooler="none")).eval()
     with torch.no_grad():  # the default reads [CLS]
-        torch.testing.assert_close(cls(input_ids=ids, attention_mask=mask).logits,
-                                   cls.classifier(cls.sharebert(ids, mask).last_hidden_state[:, 0]))
+        torch.testing.assert_close(
+            cls(input_ids=ids, attention_mask=mask).logits,
+            cls.classifier(cls.sharebert(ids, mask).last_hidden_state[:, 0]),
+        )
 
 
 def test_causal_lm_does_not_look_ahead():
@@ -279,7 +327,9 @@ def test_fill_mask_pipeline_on_a_built_folder(tmp_path):
 def test_masked_only_logits_in_training_give_the_same_loss_and_gradients(mlm_head):
     cfg = dict(TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, mlm_head=mlm_head)
     torch.manual_seed(0)
-    masked = ShareBertForMaskedLM(ShareBertConfig.from_preset("sharebert-tiny", mlm_logits_in_training="masked", **cfg)).train()
+    masked = ShareBertForMaskedLM(
+        ShareBertConfig.from_preset("sharebert-tiny", mlm_logits_in_training="masked", **cfg)
+    ).train()
     full = ShareBertForMaskedLM(ShareBertConfig.from_preset("sharebert-tiny", **cfg)).train()
     full.load_state_dict(masked.state_dict())
     ids = torch.randint(5, 1000, (3, 20))
@@ -296,10 +346,19 @@ def test_masked_only_logits_in_training_give_the_same_loss_and_gradients(mlm_hea
     assert masked.eval()(input_ids=ids, labels=labels).logits.shape == (3, 20, 1000)  # eval: BERT's full logits
 
 
-HEAD_CLASSES = (ShareBertModel, ShareBertForMaskedLM, ShareBertForCausalLM, ShareBertForSequenceClassification,
-                ShareBertForTokenClassification, ShareBertForQuestionAnswering)
-INIT_CONFIGS = {"veps-generated-pooler": {}, "eps-dense-pooler": dict(sharing="eps", embedding_size=None, pooler="dense"),
-                "bert": "bert-small"}
+HEAD_CLASSES = (
+    ShareBertModel,
+    ShareBertForMaskedLM,
+    ShareBertForCausalLM,
+    ShareBertForSequenceClassification,
+    ShareBertForTokenClassification,
+    ShareBertForQuestionAnswering,
+)
+INIT_CONFIGS = {
+    "veps-generated-pooler": {},
+    "eps-dense-pooler": dict(sharing="eps", embedding_size=None, pooler="dense"),
+    "bert": "bert-small",
+}
 
 
 def _init_config(name):

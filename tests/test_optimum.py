@@ -2,6 +2,7 @@
 ``optimum-register/``), ``main_export`` and ``ORTModel*.from_pretrained(folder, export=True)`` after
 ``import sharebert``, and ``ORTQuantizer`` on our artifacts. Real optimum, real ORT sessions. Those marked
 ``optimum`` need the ``optimum`` extra (transformers 4.57: ``make test-optimum``) and are skipped without it."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,11 @@ from sharebert.formats.build import build_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 OPTIMUM_CLI = str(Path(sys.executable).parent / "optimum-cli")
-SENTENCES = ["the capital of france is [MASK].", "he went to the [MASK] to buy some bread.",
-             "a [MASK] movie , and a [MASK] one ."]
+SENTENCES = [
+    "the capital of france is [MASK].",
+    "he went to the [MASK] to buy some bread.",
+    "a [MASK] movie , and a [MASK] one .",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +35,16 @@ def tiny(tmp_path_factory):
     """(model folder, compact fp32 fill-mask artifact) of a tiny ShareBERT (VEPS)."""
     root = tmp_path_factory.mktemp("optimum")
     build_model("sharebert-tiny", root / "model", TINY, seed=0)
-    export_model(root / "model", root / "artifact", task="fill-mask", weights="compact", quantize="none",
-                 check_limit=8, runs=2, progress=False)
+    export_model(
+        root / "model",
+        root / "artifact",
+        task="fill-mask",
+        weights="compact",
+        quantize="none",
+        check_limit=8,
+        runs=2,
+        progress=False,
+    )
     return root / "model", root / "artifact"
 
 
@@ -94,10 +106,10 @@ import json, numpy as np, sharebert
 from optimum.exporters.onnx import main_export
 from optimum.onnxruntime import ORTModelForMaskedLM, ORTModelForFeatureExtraction
 from transformers import AutoTokenizer
-main_export({str(model_dir)!r}, {str(tmp_path / 'main')!r}, task="feature-extraction")
+main_export({str(model_dir)!r}, {str(tmp_path / "main")!r}, task="feature-extraction")
 enc = AutoTokenizer.from_pretrained({str(model_dir)!r})({SENTENCES!r}, padding=True, return_tensors="pt")
 mlm = ORTModelForMaskedLM.from_pretrained({str(model_dir)!r}, export=True)
-fe = ORTModelForFeatureExtraction.from_pretrained({str(tmp_path / 'main')!r})
+fe = ORTModelForFeatureExtraction.from_pretrained({str(tmp_path / "main")!r})
 print(json.dumps({{"logits": mlm(**enc).logits.tolist(), "hidden": fe(**enc).last_hidden_state.tolist()}}))
 """
     done = _run([sys.executable, "-c", script])
@@ -162,7 +174,16 @@ def test_optimum_cli_hook_refuses_in_one_line_exit_2(tiny, tmp_path, capfd, monk
     process (an exception other than the exit escaping it fails the test; ``capfd``: all that reaches fd 2)."""
     import runpy
 
-    argv = ["optimum-cli", "export", "onnx", "--model", str(tiny[0]), "--task", "text-classification", str(tmp_path / "o")]
+    argv = [
+        "optimum-cli",
+        "export",
+        "onnx",
+        "--model",
+        str(tiny[0]),
+        "--task",
+        "text-classification",
+        str(tmp_path / "o"),
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     capfd.readouterr()
     with pytest.raises(SystemExit) as done:
@@ -197,8 +218,9 @@ def test_ortquantizer_quantizes_an_artifact(tiny, tmp_path):
     from optimum.onnxruntime.configuration import AutoQuantizationConfig
 
     model_dir, artifact = tiny
-    ORTQuantizer.from_pretrained(artifact).quantize(AutoQuantizationConfig.avx2(is_static=False, per_channel=False),
-                                                    save_dir=tmp_path / "q")
+    ORTQuantizer.from_pretrained(artifact).quantize(
+        AutoQuantizationConfig.avx2(is_static=False, per_channel=False), save_dir=tmp_path / "q"
+    )
     quantized = tmp_path / "q" / "model_quantized.onnx"
     ops = _ops(onnx.load(str(quantized), load_external_data=False).graph)
     assert ops.count("MatMulInteger") > 0 and "MatMul" not in ops, sorted(set(ops))

@@ -1,4 +1,5 @@
 """`sharebert export --format ort`: ORT-format artifacts for ONNX Runtime mobile / minimal builds."""
+
 from __future__ import annotations
 
 import json
@@ -10,14 +11,26 @@ import pytest
 from sharebert.formats.build import build_model
 from sharebert_runtime.main import main
 from sharebert_runtime import ArtifactError, Runtime
-from sharebert_runtime.artifact import (MANIFEST, MODEL, ORT_COMPUTE, ORT_GENERATOR, REQUIRED_OPERATORS, assemble_ort,
-                                       verify_artifact)
+from sharebert_runtime.artifact import (
+    MANIFEST,
+    MODEL,
+    ORT_COMPUTE,
+    ORT_GENERATOR,
+    REQUIRED_OPERATORS,
+    assemble_ort,
+    verify_artifact,
+)
 from sharebert.export.exporter import export_model
 from sharebert.export.ort_format import parse_required_operators
 
 QUICK = dict(check_limit=16, runs=3, progress=False)
-SENTENCES = ["the capital of france is [MASK].", "he went to the [MASK] to buy some bread.", "",
-             "a [MASK] movie , and a [MASK] one .", "it 's a charming and often affecting journey . " * 12]
+SENTENCES = [
+    "the capital of france is [MASK].",
+    "he went to the [MASK] to buy some bread.",
+    "",
+    "a [MASK] movie , and a [MASK] one .",
+    "it 's a charming and often affecting journey . " * 12,
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +55,11 @@ def classifier(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ort_cls")
     tokenizer = hf_tokenizer(default_vocab())
-    config = config_for_vocab("sharebert-tiny", {"num_labels": 3, "id2label": {0: "neg", 1: "neu", 2: "pos"},
-                                                 "label2id": {"neg": 0, "neu": 1, "pos": 2}}, len(tokenizer))
+    config = config_for_vocab(
+        "sharebert-tiny",
+        {"num_labels": 3, "id2label": {0: "neg", 1: "neu", 2: "pos"}, "label2id": {"neg": 0, "neu": 1, "pos": 2}},
+        len(tokenizer),
+    )
     torch.manual_seed(0)
     model = ShareBertForSequenceClassification(config)
     with torch.no_grad():
@@ -125,7 +141,9 @@ def test_required_operators_list_the_graphs_ops(mlm):
 
     session = ort.InferenceSession(generator, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    compute = assemble_ort((ort_dir / ORT_COMPUTE).read_bytes(), manifest["ort"], dict(zip(names, session.run(names, {}))))
+    compute = assemble_ort(
+        (ort_dir / ORT_COMPUTE).read_bytes(), manifest["ort"], dict(zip(names, session.run(names, {})))
+    )
     used: dict[str, set[str]] = {}
     for data in (generator, compute):
         for domain, ops in _ort_ops(data).items():
@@ -151,19 +169,22 @@ def test_corrupted_ort_file_is_refused(mlm, tmp_path, name):
 def _swap_two_holes(manifest: dict) -> None:
     """Two holes of the same size exchange their generator outputs: every size still fits."""
     holes = manifest["ort"]["holes"]
-    a, b = next((a, b) for i, a in enumerate(holes) for b in holes[i + 1:] if a["bytes"] == b["bytes"])
+    a, b = next((a, b) for i, a in enumerate(holes) for b in holes[i + 1 :] if a["bytes"] == b["bytes"])
     a["output"], b["output"] = b["output"], a["output"]
 
 
-@pytest.mark.parametrize("change, field", [
-    (_swap_two_holes, "does not match ort.compute_sha256"),
-    (lambda m: m["ort"].pop("compute_sha256"), "compute_sha256"),
-    (lambda m: m.update(format_version=1), "format_version"),
-    (lambda m: m.update(model_format="tflite"), "model_format"),
-    (lambda m: m["ort"].update(generator=None), "ort"),
-    (lambda m: m["ort"]["holes"].reverse(), "ort"),
-    (lambda m: m.update(format_version=3), "format_version"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (_swap_two_holes, "does not match ort.compute_sha256"),
+        (lambda m: m["ort"].pop("compute_sha256"), "compute_sha256"),
+        (lambda m: m.update(format_version=1), "format_version"),
+        (lambda m: m.update(model_format="tflite"), "model_format"),
+        (lambda m: m["ort"].update(generator=None), "ort"),
+        (lambda m: m["ort"]["holes"].reverse(), "ort"),
+        (lambda m: m.update(format_version=3), "format_version"),
+    ],
+)
 def test_bad_ort_manifest_is_refused(mlm, tmp_path, change, field):
     _, _, ort_dir = mlm
     copy = tmp_path / "art"
@@ -180,15 +201,18 @@ def test_ram_int8_is_refused_clearly(mlm):
         Runtime(mlm[2], ram="int8")
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--format", "ORT"], "--format must be one of onnx, ort, got 'ORT'"),
-    (["--format", "ort "], "--format must be one of"),
-    (["--format", "ort-format"], "--format must be one of"),
-    (["--format", ""], "--format must be one of"),
-    (["--format", "tflite"], "--format must be one of"),
-    (["--format", "ort", "--weights", "materialized"], "needs --weights compact"),
-    (["--format", "ort", "--quantize", "int8-dynamic"], "needs --weights compact"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--format", "ORT"], "--format must be one of onnx, ort, got 'ORT'"),
+        (["--format", "ort "], "--format must be one of"),
+        (["--format", "ort-format"], "--format must be one of"),
+        (["--format", ""], "--format must be one of"),
+        (["--format", "tflite"], "--format must be one of"),
+        (["--format", "ort", "--weights", "materialized"], "needs --weights compact"),
+        (["--format", "ort", "--quantize", "int8-dynamic"], "needs --weights compact"),
+    ],
+)
 def test_format_typos_are_one_line_exit_2(mlm, tmp_path, capsys, argv, fragment):
     model_dir = mlm[0]
     out = tmp_path / "never"

@@ -5,6 +5,7 @@ student shape, data, objective); ``compress`` refuses bad inputs before torch is
 One table per root cause. Each command runs in a subprocess; ``device=True`` blocks torch and transformers there (as
 on a device install, where ``import sharebert`` registers nothing), so a refusal that needs torch fails to come.
 """
+
 import json
 import os
 import signal
@@ -15,34 +16,51 @@ from pathlib import Path
 import pytest
 from sharebert_runtime.outdir import MARK, check_same_run, mark_out, read_mark
 
-DRIVER = ("import sys, json\n"
-          "if sys.argv.pop(1) == 'device':\n"
-          "    sys.modules.update(torch=None, transformers=None)\n"
-          "from sharebert_runtime.main import main\n"
-          "rc = main(sys.argv[1:])\n"
-          "print(json.dumps({'rc': rc, 'torch': sys.modules.get('torch') is not None}))\n")
+DRIVER = (
+    "import sys, json\n"
+    "if sys.argv.pop(1) == 'device':\n"
+    "    sys.modules.update(torch=None, transformers=None)\n"
+    "from sharebert_runtime.main import main\n"
+    "rc = main(sys.argv[1:])\n"
+    "print(json.dumps({'rc': rc, 'torch': sys.modules.get('torch') is not None}))\n"
+)
 
 
 def _sharebert(*argv, cwd, env=None, device=False):
     """``(exit status, torch imported, stderr)`` of ``sharebert argv`` in a fresh process (``device``: torch blocked)."""
-    proc = subprocess.run([sys.executable, "-c", DRIVER, "device" if device else "workstation", *map(str, argv)], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, "device" if device else "workstation", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        timeout=600,
+    )
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     return last["rc"], last["torch"], proc.stderr
 
 
 def _snapshot(folder: Path) -> dict:
     """Every path and file content under ``folder`` (a run's lock file aside: ``outdir.OutLock``)."""
-    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))
-            if p.name != ".lock"}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+        for p in sorted(folder.rglob("*"))
+        if p.name != ".lock"
+    }
 
 
 # what each --overwrite-taking command writes (a finished result, made by hand with the command's marker), and an
 # invalid limit it finds only after it has checked --out
 FINISHED = {
-    "compress": ("student/config.json", "student/model.safetensors", "artifact/manifest.json", "teacher_artifact/x.onnx",
-                 "report.json", "report.md", "report.png"),
+    "compress": (
+        "student/config.json",
+        "student/model.safetensors",
+        "artifact/manifest.json",
+        "teacher_artifact/x.onnx",
+        "report.json",
+        "report.md",
+        "report.png",
+    ),
     "distill": ("config.json", "model.safetensors", "metrics.json", "checkpoints/checkpoint-2/trainer_state.json"),
     "finetune": ("config.json", "model.safetensors", "metrics.json"),
     "build": ("config.json", "model.safetensors", "vocab.txt"),
@@ -50,14 +68,46 @@ FINISHED = {
 
 
 def _argv(command, teacher, out, invalid: bool):
-    bad = {"compress": ["--max-params", "1k"], "distill": ["--set", "hidden_size=7"],
-           "finetune": ["--depth-sampling", "99"], "build": ["--set", "hidden_size=7"]}[command] if invalid else []
+    bad = (
+        {
+            "compress": ["--max-params", "1k"],
+            "distill": ["--set", "hidden_size=7"],
+            "finetune": ["--depth-sampling", "99"],
+            "build": ["--set", "hidden_size=7"],
+        }[command]
+        if invalid
+        else []
+    )
     return {
         "compress": ["compress", teacher, "--out", out, "--overwrite", "--max-steps", "1", *bad],
-        "distill": ["distill", "--objective", "embedding", "--teacher", teacher, "--student", "sharebert-tiny",
-                    "--out", out, "--overwrite", "--max-steps", "1", *bad],
-        "finetune": ["finetune", "--model", teacher, "--task", "sst2", "--out", out, "--overwrite", "--max-steps", "1",
-                     *bad],
+        "distill": [
+            "distill",
+            "--objective",
+            "embedding",
+            "--teacher",
+            teacher,
+            "--student",
+            "sharebert-tiny",
+            "--out",
+            out,
+            "--overwrite",
+            "--max-steps",
+            "1",
+            *bad,
+        ],
+        "finetune": [
+            "finetune",
+            "--model",
+            teacher,
+            "--task",
+            "sst2",
+            "--out",
+            out,
+            "--overwrite",
+            "--max-steps",
+            "1",
+            *bad,
+        ],
         "build": ["build", "--preset", "sharebert-tiny", "--out", out, "--overwrite", *bad],
     }[command]
 
@@ -74,13 +124,28 @@ def _finished(folder: Path, command: str) -> Path:
 
 def _users(folder: Path) -> Path:
     """A user's project folder holding what a command's own folder holds, by name (never a sharebert result)."""
-    for name in ("student/essay.txt", "general/notes.txt", "checkpoints/draft.txt", "report.md", "metrics.json",
-                 "config.json"):
+    for name in (
+        "student/essay.txt",
+        "general/notes.txt",
+        "checkpoints/draft.txt",
+        "report.md",
+        "metrics.json",
+        "config.json",
+    ):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text("the user's own\n")
-    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 10, "hidden_size": 8,
-                                                    "num_hidden_layers": 1, "num_attention_heads": 1,
-                                                    "intermediate_size": 8}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "bert",
+                "vocab_size": 10,
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 1,
+                "intermediate_size": 8,
+            }
+        )
+    )
     return folder
 
 
@@ -107,17 +172,20 @@ def test_overwrite_never_takes_a_users_folder(command, minilm_dir, tmp_path):
     assert "not a" in err or "without the sharebert_run.json" in err, err
 
 
-@pytest.mark.parametrize("bad, message", [
-    (["--train", "empty.txt"], "--train empty.txt is empty"),
-    (["--train", "fifo"], "FIFO"),
-    (["--train", "/dev/zero"], "a character device"),
-    (["--train", "nohdr.tsv"], "a .tsv needs a GLUE header"),
-    (["--train", "missing.txt"], "missing.txt"),
-    (["--max-params", "1k"], "no ShareBERT student fits under max-params 1k"),
-    (["--out", "afile"], "is a file"),
-    (["--out", "mine"], "is a non-empty folder that is not a compress result"),
-    (["--teacher-missing"], "model folder not found"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["--train", "empty.txt"], "--train empty.txt is empty"),
+        (["--train", "fifo"], "FIFO"),
+        (["--train", "/dev/zero"], "a character device"),
+        (["--train", "nohdr.tsv"], "a .tsv needs a GLUE header"),
+        (["--train", "missing.txt"], "missing.txt"),
+        (["--max-params", "1k"], "no ShareBERT student fits under max-params 1k"),
+        (["--out", "afile"], "is a file"),
+        (["--out", "mine"], "is a non-empty folder that is not a compress result"),
+        (["--teacher-missing"], "model folder not found"),
+    ],
+)
 def test_compress_refuses_bad_inputs_before_torch_is_imported(bad, message, minilm_dir, tmp_path):
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "empty.txt").write_text("")
@@ -134,14 +202,23 @@ def test_compress_refuses_bad_inputs_before_torch_is_imported(bad, message, mini
 
 
 def test_a_resume_of_another_run_is_refused_naming_what_differs(tmp_path):
-    fp = {"teacher": ["config.json:aa", "model.safetensors:bb"], "student": "{\"hidden_size\": 64}",
-          "data": ["train.txt:cc"], "objective": "embedding (cosine loss)"}
+    fp = {
+        "teacher": ["config.json:aa", "model.safetensors:bb"],
+        "student": '{"hidden_size": 64}',
+        "data": ["train.txt:cc"],
+        "objective": "embedding (cosine loss)",
+    }
     mark_out(tmp_path, "compress", fp)
     check_same_run(tmp_path, fp)  # the same run resumes
-    cases = {"teacher": (["config.json:aa", "model.safetensors:XX"], "teacher (its weights, config or tokenizer files): "
-                                                                      "model.safetensors"),
-             "student": ("{\"hidden_size\": 128}", "student shape"), "data": (["other.txt:dd"], "training data"),
-             "objective": ("embedding (mse loss)", "objective: embedding (cosine loss) -> embedding (mse loss)")}
+    cases = {
+        "teacher": (
+            ["config.json:aa", "model.safetensors:XX"],
+            "teacher (its weights, config or tokenizer files): model.safetensors",
+        ),
+        "student": ('{"hidden_size": 128}', "student shape"),
+        "data": (["other.txt:dd"], "training data"),
+        "objective": ("embedding (mse loss)", "objective: embedding (cosine loss) -> embedding (mse loss)"),
+    }
     for key, (value, said) in cases.items():
         with pytest.raises(ValueError, match="--resume") as e:
             check_same_run(tmp_path, {**fp, key: value})
@@ -166,17 +243,39 @@ def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm
     other_text = tmp_path / "other.txt"
     other_text.write_text(text.read_text().replace("trees", "rivers"))
     out = tmp_path / "run"
-    base = ["distill", "--objective", "embedding", "--student", "sharebert-tiny", "--set", "hidden_size=64",
-            "--set", "embedding_size=32", "--set", "intermediate_size=64", "--set", "num_hidden_layers=1",
-            "--out", out, "--max-train-samples", "64", "--batch-size", "16", "--eval-steps", "1",
-            "--max-eval-samples", "8"]
+    base = [
+        "distill",
+        "--objective",
+        "embedding",
+        "--student",
+        "sharebert-tiny",
+        "--set",
+        "hidden_size=64",
+        "--set",
+        "embedding_size=32",
+        "--set",
+        "intermediate_size=64",
+        "--set",
+        "num_hidden_layers=1",
+        "--out",
+        out,
+        "--max-train-samples",
+        "64",
+        "--batch-size",
+        "16",
+        "--eval-steps",
+        "1",
+        "--max-eval-samples",
+        "8",
+    ]
     rc, _, err = _sharebert(*base, "--teacher", minilm_dir, "--train", text, "--max-steps", "1", cwd=tmp_path)
     assert rc == 0, err
     before = _snapshot(out)
-    for change, said in ((["--teacher", other, "--train", text], "teacher (its weights, config or tokenizer files): "
-                                                                  "config.json"),
-                         (["--teacher", minilm_dir, "--train", other_text], "other sentences"),
-                         (["--teacher", minilm_dir, "--train", text, "--loss", "mse"], "objective")):
+    for change, said in (
+        (["--teacher", other, "--train", text], "teacher (its weights, config or tokenizer files): config.json"),
+        (["--teacher", minilm_dir, "--train", other_text], "other sentences"),
+        (["--teacher", minilm_dir, "--train", text, "--loss", "mse"], "objective"),
+    ):
         rc, _, err = _sharebert(*base, *change, "--max-steps", "2", "--resume", cwd=tmp_path)
         assert rc == 2 and said in err and len(err.strip().splitlines()) == 1, err
         assert _snapshot(out) == before
@@ -201,7 +300,6 @@ def test_compress_overwrite_keeps_the_earlier_result_aside_until_the_new_one_is_
     (out / "report.json").write_text("{}")
     finish_out(out)
     assert not (out / ASIDE).exists() and (out / "notes.txt").is_file()
-
 
 
 def test_publish_over_restores_on_failure_keeps_a_stopped_run_and_clears_aside_when_done(tmp_path):
@@ -230,6 +328,7 @@ def test_publish_over_restores_on_failure_keeps_a_stopped_run_and_clears_aside_w
     assert (out / "student").is_dir() and (out / ASIDE).is_dir()
     report = publish_over(out, {"objective": "new"}, False, True, lambda: {"stopped": False})
     assert report == {"stopped": False} and not (out / ASIDE).exists()
+
 
 def test_a_marker_that_is_no_file_of_ours_owns_nothing(tmp_path):
     from sharebert_runtime.outdir import made_by

@@ -1,6 +1,7 @@
 """Sentence pairs on the device, and BERT in, BERT out: a transformers BERT fine-tuned on STS-B (a regression
 head on pairs) is saved as BERT (plain transformers loads it, sharebert not importable), exported, and
 answered by Runtime.classify / predict / serve with text_pair as PyTorch answers it."""
+
 import csv
 import json
 import threading
@@ -13,8 +14,9 @@ from transformers import BertConfig, BertForSequenceClassification, BertModel, B
 
 from sharebert.formats.paths import data_path, default_vocab
 
-SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-             max_position_embeddings=64)
+SHAPE = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=64
+)
 PAIRS = 48
 
 
@@ -91,8 +93,9 @@ def test_predict_reads_pairs_from_json_lines_and_tsv(stsb_model, stsb_pairs, tmp
     first, second = stsb_pairs[0][1:6], stsb_pairs[1][1:6]
     want = _torch_scores(folder, first, second)
     jsonl, tsv = tmp_path / "pairs.jsonl", tmp_path / "pairs.tsv"
-    jsonl.write_text("".join(json.dumps({"text": a, "text_pair": b, "id": i}) + "\n"
-                             for i, (a, b) in enumerate(zip(first, second))))
+    jsonl.write_text(
+        "".join(json.dumps({"text": a, "text_pair": b, "id": i}) + "\n" for i, (a, b) in enumerate(zip(first, second)))
+    )
     tsv.write_text("".join(f"{a}\t{b}\n" for a, b in zip(first, second)))
     for source in (jsonl, tsv):
         out = tmp_path / f"{source.suffix[1:]}.out.jsonl"
@@ -121,10 +124,12 @@ def test_serve_answers_pairs(stsb_model, stsb_pairs, http_json):
         assert np.abs(np.array([r["score"] for r in body["results"]]) - want).max() <= 1e-4
         status, body = post({"text": first[0], "text_pair": second[0]})
         assert status == 200 and abs(body["results"][0]["score"] - want[0]) <= 1e-4
-        for bad, says in [({"texts": first, "text_pair": second[:2]}, "one per text"),
-                          ({"texts": first, "text_pair": "one string"}, "a list of strings with"),
-                          ({"text": first[0], "text_pair": 3}, "a string with"),
-                          ({"text": first[0], "text_pair": ["a"]}, "a string with")]:
+        for bad, says in [
+            ({"texts": first, "text_pair": second[:2]}, "one per text"),
+            ({"texts": first, "text_pair": "one string"}, "a list of strings with"),
+            ({"text": first[0], "text_pair": 3}, "a string with"),
+            ({"text": first[0], "text_pair": ["a"]}, "a string with"),
+        ]:
             status, body = post(bad)
             assert status == 400 and says in body["error"], (bad, body)
     finally:
@@ -132,12 +137,23 @@ def test_serve_answers_pairs(stsb_model, stsb_pairs, http_json):
         server.server_close()
 
 
-@pytest.mark.parametrize("call, error, says", [
-    (lambda rt: rt.classify(["a", "b"], text_pair=["c"]), ValueError, "one second text per text"),
-    (lambda rt: rt.classify(["a"], text_pair=[3]), TypeError, "must be strings"),
-    (lambda rt: rt.classify(["a"], text_pair=3), TypeError, "text_pair must be a string or a list of strings, got int"),
-    (lambda rt: rt.classify(["a"], text_pair={"b": 1}), TypeError, "text_pair must be a string or a list of strings, got dict"),
-])
+@pytest.mark.parametrize(
+    "call, error, says",
+    [
+        (lambda rt: rt.classify(["a", "b"], text_pair=["c"]), ValueError, "one second text per text"),
+        (lambda rt: rt.classify(["a"], text_pair=[3]), TypeError, "must be strings"),
+        (
+            lambda rt: rt.classify(["a"], text_pair=3),
+            TypeError,
+            "text_pair must be a string or a list of strings, got int",
+        ),
+        (
+            lambda rt: rt.classify(["a"], text_pair={"b": 1}),
+            TypeError,
+            "text_pair must be a string or a list of strings, got dict",
+        ),
+    ],
+)
 def test_bad_pairs_are_refused(stsb_model, call, error, says):
     with pytest.raises(error, match=says):
         call(Runtime(stsb_model[1], threads=1))
@@ -154,10 +170,17 @@ def test_pairs_on_a_model_with_one_token_type(tmp_path):
     BertTokenizerFast(str(default_vocab())).save_pretrained(tmp_path / "bert")
     export_model(tmp_path / "bert", tmp_path / "art", check_limit=4, runs=1, shapes=("1x8",), progress=False)
     first, second = ["a man is playing a guitar .", "x"], ["a guitar is being played .", ""]
-    got = np.array([r["scores"]["LABEL_1"] for r in Runtime(tmp_path / "art", threads=1).classify(first, text_pair=second)])
+    got = np.array(
+        [r["scores"]["LABEL_1"] for r in Runtime(tmp_path / "art", threads=1).classify(first, text_pair=second)]
+    )
     tokenizer = BertTokenizerFast.from_pretrained(tmp_path / "bert")
     enc = tokenizer(first, second, padding=True, return_tensors="pt")
     enc["token_type_ids"].zero_()
     with torch.no_grad():
-        want = BertForSequenceClassification.from_pretrained(tmp_path / "bert").eval()(**enc).logits.softmax(-1)[:, 1].numpy()
+        want = (
+            BertForSequenceClassification.from_pretrained(tmp_path / "bert")
+            .eval()(**enc)
+            .logits.softmax(-1)[:, 1]
+            .numpy()
+        )
     assert np.abs(got - want).max() <= 1e-5

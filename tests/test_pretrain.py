@@ -1,5 +1,6 @@
 """Pre-training with the real Trainer: exact resume after SIGTERM, NaN stop, partial checkpoints,
 torchrun on 2 CPU processes, character-level CLI, bad input, wall-clock budget."""
+
 import json
 import os
 import re
@@ -22,11 +23,33 @@ from sharebert.training.callbacks import MARKER, checkpoints, is_complete, lates
 from sharebert.training.pretrain import NonFiniteLoss, PretrainArgs, param_digest, pretrain
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
-ARGS = dict(max_steps=6, batch_size=4, seq_len=32, save_steps=2, eval_steps=3, logging_steps=1,
-            max_eval_sequences=16, eval_on_start=True, progress=False)
+ARGS = dict(
+    max_steps=6,
+    batch_size=4,
+    seq_len=32,
+    save_steps=2,
+    eval_steps=3,
+    logging_steps=1,
+    max_eval_sequences=16,
+    eval_on_start=True,
+    progress=False,
+)
 REPO = Path(__file__).resolve().parent.parent
-MAX_TIME_ARGS = ["--batch-size", "4", "--seq-len", "32", "--logging-steps", "1", "--eval-steps", "100000",
-                 "--save-steps", "100000", "--max-eval-sequences", "8", "--no-progress"]
+MAX_TIME_ARGS = [
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "32",
+    "--logging-steps",
+    "1",
+    "--eval-steps",
+    "100000",
+    "--save-steps",
+    "100000",
+    "--max-eval-sequences",
+    "8",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +92,10 @@ def test_sigterm_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path, mode
     log = _log(tmp_path / "whole")
     evals = [r for r in log if "eval_loss" in r]
     assert [r["step"] for r in evals] == [0, 3, 6]  # the untrained model is scored first
-    assert all(abs(r["eval_perplexity"] - torch.tensor(r["eval_loss"]).exp().item()) < 1e-2 * r["eval_perplexity"]
-               for r in evals)
+    assert all(
+        abs(r["eval_perplexity"] - torch.tensor(r["eval_loss"]).exp().item()) < 1e-2 * r["eval_perplexity"]
+        for r in evals
+    )
     assert whole["eval_loss"] == evals[-1]["eval_loss"]
     assert list((tmp_path / "whole" / "tb").glob("events.out.tfevents.*"))
     lrs = [r["learning_rate"] for r in log if "learning_rate" in r]
@@ -107,9 +132,34 @@ def test_sigterm_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path, mode
 
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, model_dir, corpus, capsys):
     out = tmp_path / "nan"
-    rc = main(["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), "--lr", "1e9",
-               "--warmup-ratio", "0", "--max-steps", "5", "--batch-size", "4", "--seq-len", "32", "--save-steps", "1",
-               "--logging-steps", "1", "--max-eval-sequences", "8", "--no-progress"])
+    rc = main(
+        [
+            "pretrain",
+            "--model",
+            str(model_dir),
+            "--train",
+            str(corpus),
+            "--out",
+            str(out),
+            "--lr",
+            "1e9",
+            "--warmup-ratio",
+            "0",
+            "--max-steps",
+            "5",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "32",
+            "--save-steps",
+            "1",
+            "--logging-steps",
+            "1",
+            "--max-eval-sequences",
+            "8",
+            "--no-progress",
+        ]
+    )
     msg = capsys.readouterr().out
     assert rc == 3
     assert "loss became nan at step 2" in msg and "checkpoint-1" in msg
@@ -136,10 +186,43 @@ def test_torchrun_two_processes_keep_identical_replicas(tmp_path, model_dir, cor
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     tiny = [x for k, v in TINY.items() for x in ("--set", f"{k}={v}")]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "sharebert",
-           "pretrain", "--preset", "sharebert-tiny", *tiny, "--train", str(corpus), "--out", str(out), "--max-steps", "3",
-           "--batch-size", "4", "--seq-len", "32", "--lr", "1e-2", "--warmup-ratio", "0", "--logging-steps", "1",
-           "--save-steps", "2", "--eval-steps", "3", "--eval-samples", "16", "--eval-on-start", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "sharebert",
+        "pretrain",
+        "--preset",
+        "sharebert-tiny",
+        *tiny,
+        "--train",
+        str(corpus),
+        "--out",
+        str(out),
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--lr",
+        "1e-2",
+        "--warmup-ratio",
+        "0",
+        "--logging-steps",
+        "1",
+        "--save-steps",
+        "2",
+        "--eval-steps",
+        "3",
+        "--eval-samples",
+        "16",
+        "--eval-on-start",
+        "--no-progress",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -159,12 +242,34 @@ def test_torchrun_two_processes_keep_identical_replicas(tmp_path, model_dir, cor
 
 def test_cli_sigterm_then_resume(tmp_path, model_dir, corpus):
     out = tmp_path / "cli"
-    common = ["--model", str(model_dir), "--train", str(corpus), "--out", str(out), "--batch-size", "2",
-              "--seq-len", "16", "--save-steps", "1000", "--logging-steps", "1", "--max-eval-sequences", "8",
-              "--no-progress"]
+    common = [
+        "--model",
+        str(model_dir),
+        "--train",
+        str(corpus),
+        "--out",
+        str(out),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--save-steps",
+        "1000",
+        "--logging-steps",
+        "1",
+        "--max-eval-sequences",
+        "8",
+        "--no-progress",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "sharebert", "pretrain", *common, "--max-steps", "100000"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sharebert", "pretrain", *common, "--max-steps", "100000"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = out / "log.jsonl"
     deadline = time.monotonic() + 300  # a hang guard: starting takes long on a loaded machine
     while not (log.exists() and len(log.read_text().splitlines()) >= 2) and proc.poll() is None:
@@ -187,10 +292,37 @@ def test_cli_sigterm_then_resume(tmp_path, model_dir, corpus):
 
 def test_char_level_preset_on_shakespeare(tmp_path):
     out = tmp_path / "char"
-    rc = main(["pretrain", "--char-level", "--objective", "clm", "--preset", "charlm-tiny", "--set", "hidden_size=32",
-               "--set", "num_hidden_layers=1", "--set", "intermediate_size=64", "--set", "qk_share_ratio=0.9",
-               "--out", str(out), "--max-steps", "2", "--batch-size", "4", "--seq-len", "64", "--eval-steps", "2",
-               "--max-eval-sequences", "4", "--no-progress"])
+    rc = main(
+        [
+            "pretrain",
+            "--char-level",
+            "--objective",
+            "clm",
+            "--preset",
+            "charlm-tiny",
+            "--set",
+            "hidden_size=32",
+            "--set",
+            "num_hidden_layers=1",
+            "--set",
+            "intermediate_size=64",
+            "--set",
+            "qk_share_ratio=0.9",
+            "--out",
+            str(out),
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "64",
+            "--eval-steps",
+            "2",
+            "--max-eval-sequences",
+            "4",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     m = json.loads((out / "metrics.json").read_text())
     n = 1_115_394  # characters in input.txt = tokens
@@ -203,11 +335,14 @@ def test_char_level_preset_on_shakespeare(tmp_path):
     assert m["eval_loss"] < 4.5  # ln(72) = 4.28 at init; finite and near it after 2 steps
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--preset", "sharebert-tiny", "--train", "missing.txt"], "not found"),
-    (["--preset", "sharebert-tiny", "--char-level", "--train", "x"], "--objective clm"),
-    (["--train", "x"], "exactly one of --model"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "sharebert-tiny", "--train", "missing.txt"], "not found"),
+        (["--preset", "sharebert-tiny", "--char-level", "--train", "x"], "--objective clm"),
+        (["--train", "x"], "exactly one of --model"),
+    ],
+)
 def test_bad_command_lines(tmp_path, capsys, argv, message):
     rc = main(["pretrain", *argv, "--out", str(tmp_path / "o")])
     assert rc == 2 and message in capsys.readouterr().err
@@ -226,8 +361,20 @@ def test_tokenizer_config_mismatch_is_refused_before_training(tmp_path, model_di
 # max_time: a real tiny run stops on the wall clock, before max_steps, with a checkpoint --resume continues from.
 def test_max_time_stops_before_max_steps_and_resumes(tmp_path, model_dir, corpus, capsys, stepped_clock):
     out = tmp_path / "run"
-    argv = ["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), *MAX_TIME_ARGS,
-            "--max-steps", "1000000", "--max-time", "1.5"]
+    argv = [
+        "pretrain",
+        "--model",
+        str(model_dir),
+        "--train",
+        str(corpus),
+        "--out",
+        str(out),
+        *MAX_TIME_ARGS,
+        "--max-steps",
+        "1000000",
+        "--max-time",
+        "1.5",
+    ]
     assert main(argv) == 0
     assert "stopped by --max-time" in capsys.readouterr().out
     m = json.loads((out / "metrics.json").read_text())
@@ -255,9 +402,30 @@ def test_save_minutes_checkpoints_by_time_between_step_saves(tmp_path, model_dir
     """--save-minutes: with --save-steps past the run, a
     tiny interval saves at every step; each time save is complete (marked, so --resume takes it) and rotated."""
     out = tmp_path / "run"
-    argv = ["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), "--batch-size", "4",
-            "--seq-len", "32", "--save-steps", "1000", "--eval-steps", "1000", "--max-eval-sequences", "8",
-            "--keep-checkpoints", "2", "--no-progress", "--max-steps", "4"]
+    argv = [
+        "pretrain",
+        "--model",
+        str(model_dir),
+        "--train",
+        str(corpus),
+        "--out",
+        str(out),
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--save-steps",
+        "1000",
+        "--eval-steps",
+        "1000",
+        "--max-eval-sequences",
+        "8",
+        "--keep-checkpoints",
+        "2",
+        "--no-progress",
+        "--max-steps",
+        "4",
+    ]
     assert main([*argv, "--save-minutes", "0.00001"]) == 0
     assert [(step, done) for step, _, done in checkpoints(out)] == [(3, True), (4, True)]
     assert main([*argv, "--max-steps", "2", "--save-minutes", "0", "--out", str(tmp_path / "none")]) == 0
@@ -266,14 +434,23 @@ def test_save_minutes_checkpoints_by_time_between_step_saves(tmp_path, model_dir
     assert main([*argv, "--resume"]) == 0  # finished at step 4: nothing trained, its figures kept as they were
     assert (out / "metrics.json").read_bytes() == before and [s for s, _, _ in checkpoints(out)] == [3, 4]
     from sharebert.training.pretrain import UNFINISHED
+
     (out / UNFINISHED).write_text('{"status": "training"}')  # an extension killed before its first checkpoint
     assert main([*argv, "--resume"]) == 0 and not (out / UNFINISHED).exists()  # published again, not left
     # marked unfinished (export would refuse the folder and send the user to a --resume that kept it)
 
 
 def test_max_steps_reached_first_and_bad_max_time(tmp_path, model_dir, corpus):
-    args = PretrainArgs(max_steps=2, max_time=3600.0, batch_size=4, seq_len=32, eval_steps=2, save_steps=2,
-                        max_eval_sequences=8, progress=False)
+    args = PretrainArgs(
+        max_steps=2,
+        max_time=3600.0,
+        batch_size=4,
+        seq_len=32,
+        eval_steps=2,
+        save_steps=2,
+        max_eval_sequences=8,
+        progress=False,
+    )
     m = pretrain([corpus], tmp_path / "steps", model_dir, args=args)
     assert m["stopped_by"] == "max_steps" and m["global_step"] == 2
     with pytest.raises(ValueError, match="max_time must be a positive"):
@@ -300,13 +477,52 @@ def _free_port():
 def test_two_nodes_on_localhost_train_from_prepared_data(tmp_path, model_dir, data_dir):
     out, port = tmp_path / "nodes", _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
-         "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "sharebert", "pretrain", "--model", str(model_dir),
-         "--data", str(data_dir), "--out", str(out), "--max-steps", "3", "--batch-size", "4", "--seq-len", "32",
-         "--lr", "1e-2", "--warmup-ratio", "0", "--logging-steps", "1", "--save-steps", "3", "--eval-samples", "8",
-         "--no-progress"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={rank}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                "-m",
+                "sharebert",
+                "pretrain",
+                "--model",
+                str(model_dir),
+                "--data",
+                str(data_dir),
+                "--out",
+                str(out),
+                "--max-steps",
+                "3",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "32",
+                "--lr",
+                "1e-2",
+                "--warmup-ratio",
+                "0",
+                "--logging-steps",
+                "1",
+                "--save-steps",
+                "3",
+                "--eval-samples",
+                "8",
+                "--no-progress",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     results = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     m = json.loads((out / "metrics.json").read_text())
@@ -332,7 +548,9 @@ def test_prepared_data_sigterm_in_evaluation_corrupt_checkpoint_and_exact_resume
     whole = pretrain(None, tmp_path / "whole", model_dir, data=data_dir, args=PretrainArgs(**args))
     # the same sequences and masks as tokenizing in memory: --train with the same held-out share
     in_memory = pretrain([corpus], tmp_path / "mem", model_dir, args=PretrainArgs(**args, valid_fraction=0.0))
-    nothing_held = pretrain(None, tmp_path / "d0", model_dir, data=data_dir, args=PretrainArgs(**args, valid_fraction=0.0))
+    nothing_held = pretrain(
+        None, tmp_path / "d0", model_dir, data=data_dir, args=PretrainArgs(**args, valid_fraction=0.0)
+    )
     assert nothing_held["param_sha256"] == in_memory["param_sha256"]
 
     part = tmp_path / "part"
@@ -344,7 +562,9 @@ def test_prepared_data_sigterm_in_evaluation_corrupt_checkpoint_and_exact_resume
     raw = bytearray(opt.read_bytes())
     raw[-100] ^= 0xFF
     opt.write_bytes(bytes(raw))
-    resumed = pretrain(None, part, model_dir, data=data_dir, args=PretrainArgs(**{**args, "resume": True, "logging_steps": 100}))
+    resumed = pretrain(
+        None, part, model_dir, data=data_dir, args=PretrainArgs(**{**args, "resume": True, "logging_steps": 100})
+    )
     assert (part / "corrupt-checkpoint-3").is_dir()
     assert resumed["param_sha256"] == whole["param_sha256"] and resumed["eval_loss"] == whole["eval_loss"]
     # metrics over the whole run, though this part ran steps 3-6 and logged none of them
@@ -370,7 +590,11 @@ def test_a_step_corrupted_twice_is_set_aside_twice(tmp_path):
     for _ in range(2):
         save(3)
         assert resume_checkpoint(tmp_path, said.append) == tmp_path / "checkpoint-2"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "corrupt-checkpoint-3", "corrupt-checkpoint-3.2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-2",
+        "corrupt-checkpoint-3",
+        "corrupt-checkpoint-3.2",
+    ]
     assert said[-1].endswith("set aside as corrupt-checkpoint-3.2, trying the previous checkpoint"), said
     (tmp_path / "corrupt-checkpoint-3.3").symlink_to(tmp_path / "nowhere")  # a link that leads nowhere counts too
     save(3)
@@ -412,30 +636,39 @@ def _plain(extra):
     return lambda tmp_path, model_dir, data_dir, corpus: ["--model", str(model_dir), "--train", str(corpus), *extra]
 
 
-@pytest.mark.parametrize("make_argv, out_kind, message", [
-    (_plain(["--keep-checkpoints", "-1"]), "new", "keep_checkpoints must be at least 1"),
-    (_plain(["--keep-checkpoints", "0"]), "new", "keep_checkpoints must be at least 1"),
-    (_plain(["--set", "hidden_size=32"]), "new", "--set changes a --preset build"),
-    (_plain(["--eval-samples", "0"]), "new", "eval_samples must be at least 1"),
-    (_binary_corpus, "new", "w.bin is binary, not UTF-8 text"),
-    (_tokenizer_mismatch, "new", "was prepared with another tokenizer"),
-    (_plain([]), "file", "is a file, not a folder"),
-    (_plain([]), "under_file", "is a file, not a folder"),
-    (_plain([]), "foreign", "is a non-empty folder that is not a pretrain run"),
-    (lambda t, m, d, c: ["--model", str(m), "--data", str(t)], "new", "is not a prepared data folder"),
-    # --out may never be the input model, even with --resume (which would overwrite it)
-    (_plain([]), "model", "is, or holds, the input"),
-    (_plain(["--resume"]), "model", "is, or holds, the input"),
-])
-def test_bad_input_is_one_line_and_leaves_no_out(tmp_path, capsys, model_dir, data_dir, corpus, make_argv, out_kind,
-                                                  message):
+@pytest.mark.parametrize(
+    "make_argv, out_kind, message",
+    [
+        (_plain(["--keep-checkpoints", "-1"]), "new", "keep_checkpoints must be at least 1"),
+        (_plain(["--keep-checkpoints", "0"]), "new", "keep_checkpoints must be at least 1"),
+        (_plain(["--set", "hidden_size=32"]), "new", "--set changes a --preset build"),
+        (_plain(["--eval-samples", "0"]), "new", "eval_samples must be at least 1"),
+        (_binary_corpus, "new", "w.bin is binary, not UTF-8 text"),
+        (_tokenizer_mismatch, "new", "was prepared with another tokenizer"),
+        (_plain([]), "file", "is a file, not a folder"),
+        (_plain([]), "under_file", "is a file, not a folder"),
+        (_plain([]), "foreign", "is a non-empty folder that is not a pretrain run"),
+        (lambda t, m, d, c: ["--model", str(m), "--data", str(t)], "new", "is not a prepared data folder"),
+        # --out may never be the input model, even with --resume (which would overwrite it)
+        (_plain([]), "model", "is, or holds, the input"),
+        (_plain(["--resume"]), "model", "is, or holds, the input"),
+    ],
+)
+def test_bad_input_is_one_line_and_leaves_no_out(
+    tmp_path, capsys, model_dir, data_dir, corpus, make_argv, out_kind, message
+):
     argv = make_argv(tmp_path, model_dir, data_dir, corpus)
     weights = (model_dir / "model.safetensors").read_bytes()
     (tmp_path / "f.txt").write_text("mine\n")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine\n")
-    out = {"new": tmp_path / "new", "file": tmp_path / "f.txt", "under_file": tmp_path / "f.txt" / "o",
-           "foreign": tmp_path / "foreign", "model": model_dir}[out_kind]
+    out = {
+        "new": tmp_path / "new",
+        "file": tmp_path / "f.txt",
+        "under_file": tmp_path / "f.txt" / "o",
+        "foreign": tmp_path / "foreign",
+        "model": model_dir,
+    }[out_kind]
     rc = main(["pretrain", *argv, "--out", str(out), "--max-steps", "1", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
@@ -451,9 +684,28 @@ def test_no_progress_prints_step_lines_and_resume_reports_the_whole_run(tmp_path
     """--no-progress: the documented plain lines, never a raw dict; after --resume the train loss (printed and
     in metrics.json) is the mean over every step of the run, and the tied decoder weight is not 'missing'."""
     out = tmp_path / "run"
-    argv = ["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), "--batch-size", "4",
-            "--seq-len", "32", "--logging-steps", "1", "--save-steps", "2", "--eval-steps", "2",
-            "--max-eval-sequences", "8", "--no-progress"]
+    argv = [
+        "pretrain",
+        "--model",
+        str(model_dir),
+        "--train",
+        str(corpus),
+        "--out",
+        str(out),
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--logging-steps",
+        "1",
+        "--save-steps",
+        "2",
+        "--eval-steps",
+        "2",
+        "--max-eval-sequences",
+        "8",
+        "--no-progress",
+    ]
     assert main([*argv, "--max-steps", "2"]) == 0
     first = capfd.readouterr()
     assert main([*argv, "--max-steps", "4", "--resume"]) == 0
@@ -482,10 +734,12 @@ def test_interrupted_preset_run_is_refused_until_resumed(tmp_path, corpus, capsy
     stopped = pretrain([corpus], out, preset="sharebert-tiny", args=PretrainArgs(**args), callbacks=[SignalAt(1)])
     assert stopped["status"] == "interrupted" and (out / "config.json").is_file() and (out / UNFINISHED).is_file()
     capsys.readouterr()
-    for argv in (["export", "--model", str(out), "--out", str(tmp_path / "art")],
-                 ["finetune", "--model", str(out), "--task", "sst2", "--out", str(tmp_path / "ft"), "--max-steps", "1"],
-                 ["pretrain", "--model", str(out), "--train", str(corpus), "--out", str(tmp_path / "pt")],
-                 ["report", "--model", str(out)]):
+    for argv in (
+        ["export", "--model", str(out), "--out", str(tmp_path / "art")],
+        ["finetune", "--model", str(out), "--task", "sst2", "--out", str(tmp_path / "ft"), "--max-steps", "1"],
+        ["pretrain", "--model", str(out), "--train", str(corpus), "--out", str(tmp_path / "pt")],
+        ["report", "--model", str(out)],
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "holds an unfinished training run" in err and "--resume" in err, err
@@ -500,13 +754,30 @@ def test_one_run_at_a_time_per_out_and_a_killed_run_leaves_no_stuck_lock(tmp_pat
     the kernel drops it when its holder is killed with SIGKILL, so the next run proceeds."""
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from sharebert_runtime.outdir import OutLock\n"
-                               f"with OutLock({str(out)!r}, 'pretrain'):\n    print('locked', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from sharebert_runtime.outdir import OutLock\n"
+            f"with OutLock({str(out)!r}, 'pretrain'):\n    print('locked', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        argv = ["pretrain", "--model", str(model_dir), "--train", str(corpus), "--out", str(out), *MAX_TIME_ARGS,
-                "--max-steps", "1"]
+        argv = [
+            "pretrain",
+            "--model",
+            str(model_dir),
+            "--train",
+            str(corpus),
+            "--out",
+            str(out),
+            *MAX_TIME_ARGS,
+            "--max-steps",
+            "1",
+        ]
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and f"another `sharebert pretrain` (pid {holder.pid}) is writing" in err, err
@@ -521,6 +792,7 @@ def test_one_run_at_a_time_per_out_and_a_killed_run_leaves_no_stuck_lock(tmp_pat
 def test_full_disk_during_a_checkpoint_is_one_line_naming_out(tmp_path, corpus):
     """A file size limit (as a full disk) met while torch.save writes a checkpoint: one `error:` line naming --out
     (not torch's `RuntimeError: [enforce fail at inline_container.cc]`), exit 2, --out marked unfinished."""
+
     def limit():
         import resource
 
@@ -529,10 +801,36 @@ def test_full_disk_during_a_checkpoint_is_one_line_naming_out(tmp_path, corpus):
 
     out = tmp_path / "run"
     sets = [x for k, v in TINY.items() for x in ("--set", f"{k}={v}")]
-    proc = subprocess.run([sys.executable, "-m", "sharebert", "pretrain", "--preset", "sharebert-tiny", *sets,
-                           "--train", str(corpus), "--out", str(out), "--max-steps", "2", "--save-steps", "1",
-                           "--batch-size", "2", "--seq-len", "16", "--no-progress"], cwd=REPO, preexec_fn=limit,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sharebert",
+            "pretrain",
+            "--preset",
+            "sharebert-tiny",
+            *sets,
+            "--train",
+            str(corpus),
+            "--out",
+            str(out),
+            "--max-steps",
+            "2",
+            "--save-steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--no-progress",
+        ],
+        cwd=REPO,
+        preexec_fn=limit,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     err = [line for line in proc.stderr.splitlines() if "error" in line]
     assert proc.returncode == 2 and len(err) == 1, proc.stderr[-2000:]
     assert "error: no space left on the device" in err[0] and f"while writing {out}" in err[0], err

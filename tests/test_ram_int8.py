@@ -1,4 +1,5 @@
 """RAM-int8 loading a few rows at a time: the same int8 weights as quantizing each whole weight, bounded fp32."""
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,16 @@ from sharebert.formats.build import build_model
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 
 
-@pytest.mark.parametrize("width, offset, K, N, chunk", [(7, 0, 5, 9, 1), (7, 3, 5, 9, 2), (16, 5, 16, 4, 1),
-                                                        (10, 11, 3, 30, 4), (1000, 17, 64, 8, 32)])
+@pytest.mark.parametrize(
+    "width, offset, K, N, chunk",
+    [(7, 0, 5, 9, 1), (7, 3, 5, 9, 2), (16, 5, 16, 4, 1), (10, 11, 3, 30, 4), (1000, 17, 64, 8, 32)],
+)
 def test_quantize_rows_equals_quantizing_the_whole_weight(width, offset, K, N, chunk):
     """Channels straddle product rows; every chunk size gives exactly the whole weight's int8 and scales."""
     rng = np.random.default_rng(width + offset)
     height = -(-(offset + K * N) // width) + 1
     product = rng.normal(size=(height, width)).astype(np.float32)
-    product.reshape(-1)[offset + 2 * K: offset + 3 * K] = 0.0  # an all-zero channel: scale 1, not a division by 0
+    product.reshape(-1)[offset + 2 * K : offset + 3 * K] = 0.0  # an all-zero channel: scale 1, not a division by 0
     calls = []
 
     def rows(start, end):
@@ -32,7 +35,7 @@ def test_quantize_rows_equals_quantizing_the_whole_weight(width, offset, K, N, c
         return product[start:end].copy()
 
     q, scale = contract.quantize_rows(rows, width, offset, [K, N], chunk_rows=chunk)
-    W = product.reshape(-1)[offset: offset + K * N].reshape(N, K)  # (N, K): row n is output channel n
+    W = product.reshape(-1)[offset : offset + K * N].reshape(N, K)  # (N, K): row n is output channel n
     ref_q, ref_scale = contract.quantize_per_channel(np.ascontiguousarray(W.T), "kn")
     assert np.array_equal(q, ref_q) and np.array_equal(scale, ref_scale)
     assert scale[2] == 1.0 and not q[:, 2].any()
@@ -49,15 +52,25 @@ def test_product_rows_made_in_column_slices_and_kept_equal_the_product():
     a, b = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=(3, 11)).astype(np.float32)
     axis = numpy_helper.from_array(np.array([0], np.int64), "zero")
     axis1 = numpy_helper.from_array(np.array([1], np.int64), "one")
-    nodes = [helper.make_node("Slice", ["a", "rows.start", "rows.end", "zero"], ["ra"]),
-             helper.make_node("Slice", ["b", "cols.start", "cols.end", "one"], ["cb"]),
-             helper.make_node("MatMul", ["ra", "cb"], ["rows"])]
-    graph = helper.make_graph(nodes, "rows", [helper.make_tensor_value_info(n, TensorProto.INT64, [1]) for n in
-                                              ("rows.start", "rows.end", "cols.start", "cols.end")],
-                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, None])],
-                              [numpy_helper.from_array(a, "a"), numpy_helper.from_array(b, "b"), axis, axis1])
-    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-                                   .SerializeToString(), providers=["CPUExecutionProvider"])
+    nodes = [
+        helper.make_node("Slice", ["a", "rows.start", "rows.end", "zero"], ["ra"]),
+        helper.make_node("Slice", ["b", "cols.start", "cols.end", "one"], ["cb"]),
+        helper.make_node("MatMul", ["ra", "cb"], ["rows"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "rows",
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT64, [1])
+            for n in ("rows.start", "rows.end", "cols.start", "cols.end")
+        ],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, None])],
+        [numpy_helper.from_array(a, "a"), numpy_helper.from_array(b, "b"), axis, axis1],
+    )
+    session = ort.InferenceSession(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
+        providers=["CPUExecutionProvider"],
+    )
     calls = []
     real = session.run_with_iobinding
     session.run_with_iobinding = lambda binding: calls.append(1) or real(binding)
@@ -103,6 +116,7 @@ def test_load_makes_generated_weights_in_bounded_row_chunks(artifact, monkeypatc
         def counted(start, end):
             spans.append(end - start)
             return rows(start, end)
+
         return real(counted, *args, **kwargs)
 
     monkeypatch.setattr(runtime_module, "quantize_rows", spy)
@@ -126,18 +140,26 @@ def test_gather_before_dequantize_gives_the_same_numbers():
     q = rng.integers(-127, 128, (50, 6)).astype(np.int8)
     scale = rng.uniform(0.001, 0.1, 50).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("DequantizeLinear", ["q", "scale"], ["table"], axis=0),
-         helper.make_node("Gather", ["table", "ids"], ["out"])], "g",
+        [
+            helper.make_node("DequantizeLinear", ["q", "scale"], ["table"], axis=0),
+            helper.make_node("Gather", ["table", "ids"], ["out"]),
+        ],
+        "g",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [None, None, 6])],
-        [numpy_helper.from_array(q, "q"), numpy_helper.from_array(scale, "scale")])
+        [numpy_helper.from_array(q, "q"), numpy_helper.from_array(scale, "scale")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     ids = rng.integers(0, 50, (3, 7))
-    before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"ids": ids}
+    )[0]
     assert gather_before_dequantize(model) == 1
     assert "DequantizeLinear" not in {n.op_type for n in model.graph.node}
     onnx.checker.check_model(model)
-    after = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    after = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[
+        0
+    ]
     assert np.array_equal(before, after)
 
 
@@ -145,8 +167,9 @@ def test_int8_stored_file_keeps_its_embedding_table_int8_in_ram(tmp_path):
     import onnx
 
     build_model("sharebert-tiny", tmp_path / "model", TINY, seed=6)
-    export_model(tmp_path / "model", tmp_path / "art", task="fill-mask", quantize="int8", check_limit=8, runs=2,
-                 progress=False)
+    export_model(
+        tmp_path / "model", tmp_path / "art", task="fill-mask", quantize="int8", check_limit=8, runs=2, progress=False
+    )
     compute = onnx.load(str(tmp_path / "art" / contract.RAM_INT8_COMPUTE), load_external_data=False)
     producer = {o: n for n in compute.graph.node for o in n.output}
     gathers = [n for n in compute.graph.node if n.op_type == "Gather" and n.input[0] in producer]
@@ -165,8 +188,13 @@ def test_int8_stored_file_keeps_its_embedding_table_int8_in_ram(tmp_path):
         assert abs(a[0]["score"] - b[0]["score"]) <= 0.05
 
 
-SENTENCES = ["the capital of france is paris .", "he went to the shop to buy some bread .", "",
-             "a gripping movie , and a moving one .", "it 's a charming and often affecting journey ."]
+SENTENCES = [
+    "the capital of france is paris .",
+    "he went to the shop to buy some bread .",
+    "",
+    "a gripping movie , and a moving one .",
+    "it 's a charming and often affecting journey .",
+]
 
 
 @pytest.mark.parametrize("quantize, default", [("int8", "int8"), ("none", "fp32")])
@@ -176,8 +204,15 @@ def test_every_memory_setting_answers_within_the_artifacts_parity_tolerance(tmp_
     from sharebert.export.parity import THRESHOLDS
 
     build_model("sharebert-tiny", tmp_path / "model", TINY, seed=7)
-    export_model(tmp_path / "model", tmp_path / "art", task="feature-extraction", quantize=quantize, check_limit=8,
-                 runs=2, progress=False)
+    export_model(
+        tmp_path / "model",
+        tmp_path / "art",
+        task="feature-extraction",
+        quantize=quantize,
+        check_limit=8,
+        runs=2,
+        progress=False,
+    )
     vectors = {}
     for ram in runtime_module.RAM_MODES:
         rt = Runtime(tmp_path / "art", ram=ram, threads=1)
@@ -202,13 +237,16 @@ def test_a_dense_teachers_weights_come_from_small_generator_graphs_with_the_same
     tokenizer, clf = make_tokenizer("wordpiece", "bert", True), tmp_path / "bert"  # weights of 64 x 64 and up
     torch.manual_seed(0)
     transformers.AutoModelForSequenceClassification.from_config(
-        make_config("bert", tokenizer, hidden_size=64, intermediate_size=128, num_labels=2)).save_pretrained(clf)
+        make_config("bert", tokenizer, hidden_size=64, intermediate_size=128, num_labels=2)
+    ).save_pretrained(clf)
     tokenizer.save_pretrained(clf)
-    export_model(clf, tmp_path / "one", task="text-classification", quantize="int8", check_limit=8, runs=1,
-                 progress=False)
+    export_model(
+        clf, tmp_path / "one", task="text-classification", quantize="int8", check_limit=8, runs=1, progress=False
+    )
     monkeypatch.setattr(ram_int8, "GENERATOR_BYTES", 1)  # one weight per graph
-    export_model(clf, tmp_path / "split", task="text-classification", quantize="int8", check_limit=8, runs=1,
-                 progress=False)
+    export_model(
+        clf, tmp_path / "split", task="text-classification", quantize="int8", check_limit=8, runs=1, progress=False
+    )
     manifest = json.loads((tmp_path / "split" / "manifest.json").read_text())
     graphs = {w.get("generator", manifest["ram_int8"]["generator"]) for w in manifest["ram_int8"]["weights"]}
     assert len(graphs) == len(manifest["ram_int8"]["weights"]) > 1 and graphs <= set(manifest["files"])

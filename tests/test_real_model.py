@@ -1,6 +1,7 @@
 """A real pre-trained model (all-MiniLM-L6-v2, a sentence-transformers folder: mean pooling, Normalize,
 max_seq_length 256) through export and the device runtime: parity with transformers at every
 quantization, and the artifact's default embeddings score STS-B as sentence-transformers does."""
+
 import csv
 import json
 
@@ -25,8 +26,9 @@ def minilm_artifact(minilm_dir, tmp_path_factory):
     def get(quantize: str):
         if quantize not in made:
             out = tmp_path_factory.mktemp("minilm") / quantize
-            manifest = export_model(minilm_dir, out, quantize=quantize, check_limit=16, runs=1, shapes=("1x8",),
-                                    progress=False)
+            manifest = export_model(
+                minilm_dir, out, quantize=quantize, check_limit=16, runs=1, shapes=("1x8",), progress=False
+            )
             made[quantize] = out, manifest
         return made[quantize]
 
@@ -69,16 +71,26 @@ def test_export_matches_transformers_at_every_quantization(minilm_artifact, quan
     parity, emb = manifest["parity"], manifest["parity"]["sentence_embedding"]
     # fp32: rounding only; weight-only int8: the weights' error; dynamic int8: activations quantized too
     # (token states: max |diff|, least cosine; sentence embeddings: least cosine)
-    tolerance = {"none": (1e-4, 0.99999, 0.99999), "int8": (0.2, 0.99, 0.995),
-                 "int8-dynamic": (1.0, 0.95, 0.98)}[quantize]
+    tolerance = {"none": (1e-4, 0.99999, 0.99999), "int8": (0.2, 0.99, 0.995), "int8-dynamic": (1.0, 0.95, 0.98)}[
+        quantize
+    ]
     assert parity["max_abs_diff"] <= tolerance[0] and parity["cosine_min"] >= tolerance[1], parity
     assert emb["sentences"] == 16 and emb["cosine_min"] >= tolerance[2], emb
-    assert manifest["embedding"] == {"pooling": "mean", "normalize": True, "dense": [], "max_seq_length": 256,
-                                     "do_lower_case": False, "source": "modules.json", "output": "sentence_embedding"}
+    assert manifest["embedding"] == {
+        "pooling": "mean",
+        "normalize": True,
+        "dense": [],
+        "max_seq_length": 256,
+        "do_lower_case": False,
+        "source": "modules.json",
+        "output": "sentence_embedding",
+    }
 
 
-@pytest.mark.parametrize("quantize, ram, tolerance", [("none", "fp32", 0.002), ("int8", "fp32", 0.005),
-                                                      ("int8-dynamic", "fp32", 0.005), ("none", "int8", 0.005)])
+@pytest.mark.parametrize(
+    "quantize, ram, tolerance",
+    [("none", "fp32", 0.002), ("int8", "fp32", 0.005), ("int8-dynamic", "fp32", 0.005), ("none", "int8", 0.005)],
+)
 def test_default_embeddings_score_stsb_as_pytorch(minilm_artifact, torch_reference, stsb, quantize, ram, tolerance):
     """STS-B dev Spearman of cosine similarity: the artifact's default embeddings (mean pooling, normalised:
     the folder's recipe) within ``tolerance`` of sentence-transformers; [CLS] pooling would lose ~0.07."""
@@ -121,8 +133,14 @@ def test_overrides_and_max_seq_length(minilm_artifact, minilm_dir, torch_referen
     m = enc["attention_mask"].numpy()[..., None]
     mean = (hidden * m).sum(1) / m.sum(1)
     assert np.abs(np.stack(runtime.embed(texts, normalize=False)) - mean).max() <= 1e-4
-    assert np.abs(np.stack(runtime.embed(texts, pooling="max")) - np.stack(runtime.embed(texts, pooling="max", normalize=False))
-                  / np.linalg.norm(np.where(m > 0, hidden, -np.inf).max(1), axis=1, keepdims=True)).max() <= 1e-4
+    assert (
+        np.abs(
+            np.stack(runtime.embed(texts, pooling="max"))
+            - np.stack(runtime.embed(texts, pooling="max", normalize=False))
+            / np.linalg.norm(np.where(m > 0, hidden, -np.inf).max(1), axis=1, keepdims=True)
+        ).max()
+        <= 1e-4
+    )
 
 
 def test_manifest_counts_what_the_file_holds(minilm_artifact, minilm_dir):
@@ -135,8 +153,11 @@ def test_manifest_counts_what_the_file_holds(minilm_artifact, minilm_dir):
     bert = BertModel.from_pretrained(minilm_dir)
     pooler = sum(p.numel() for p in bert.pooler.parameters())
     assert pooler == 147_840 and manifest["learned_params"] == bert.num_parameters() - pooler
-    stored = sum(numpy_helper.to_array(t).size for t in onnx.load(str(path / "model.onnx")).graph.initializer
-                 if t.data_type == onnx.TensorProto.FLOAT)
+    stored = sum(
+        numpy_helper.to_array(t).size
+        for t in onnx.load(str(path / "model.onnx")).graph.initializer
+        if t.data_type == onnx.TensorProto.FLOAT
+    )
     assert 0 <= stored - manifest["learned_params"] <= 16, stored  # the rest: scalar constants (eps, 0.5, ...)
 
 
@@ -170,14 +191,21 @@ def test_predict_and_serve_embed_by_the_recipe(minilm_artifact, capsys, tmp_path
         assert status == 200 and np.abs(np.array(body["results"]) - default).max() <= 1e-5
         status, body = post({"texts": texts, "pooling": "cls", "normalize": False})
         assert status == 200 and np.abs(np.array(body["results"]) - raw_cls).max() <= 1e-5
-        for bad, says in [({"text": "a", "normalize": "yes"}, "true or false"), ({"text": "a", "normalize": 1}, "true or false"),
-                          ({"text": "a", "pooling": "median"}, "must be one of"), ({"text": "a", "text_pair": "b"}, "single texts")]:
+        for bad, says in [
+            ({"text": "a", "normalize": "yes"}, "true or false"),
+            ({"text": "a", "normalize": 1}, "true or false"),
+            ({"text": "a", "pooling": "median"}, "must be one of"),
+            ({"text": "a", "text_pair": "b"}, "single texts"),
+        ]:
             status, body = post(bad)
             assert status == 400 and says in body["error"], (bad, body)
     finally:
         server.shutdown()
         server.server_close()
-    for kwargs, says in [({"pooling": "median"}, "pooling must be one of"), ({"pooling": ["mean"]}, "pooling must be one of"),
-                         ({"normalize": "yes"}, "true or false")]:
+    for kwargs, says in [
+        ({"pooling": "median"}, "pooling must be one of"),
+        ({"pooling": ["mean"]}, "pooling must be one of"),
+        ({"normalize": "yes"}, "true or false"),
+    ]:
         with pytest.raises(ValueError, match=says):
             runtime.embed(texts, **kwargs)

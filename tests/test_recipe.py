@@ -1,5 +1,6 @@
 """The sentence-embedding recipe (sharebert/formats/recipe.py): what write_recipe writes, sentence-transformers loads
 and computes as the recipe says; read_recipe reads it back; each malformed recipe file is refused naming it."""
+
 import json
 
 import numpy as np
@@ -8,8 +9,15 @@ import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
 from sharebert.formats.paths import default_vocab
-from sharebert.formats.recipe import (DEFAULT_RECIPE, POOLING_MODES, DenseLayer, EmbeddingRecipe, read_dense_weights,
-                              read_recipe, write_recipe)
+from sharebert.formats.recipe import (
+    DEFAULT_RECIPE,
+    POOLING_MODES,
+    DenseLayer,
+    EmbeddingRecipe,
+    read_dense_weights,
+    read_recipe,
+    write_recipe,
+)
 
 TANH, IDENTITY = "torch.nn.modules.activation.Tanh", "torch.nn.modules.linear.Identity"
 TEXTS = ["a short one", "a rather longer sentence with quite a few more words in it", "mid length text here"]
@@ -19,8 +27,14 @@ TEXTS = ["a short one", "a rather longer sentence with quite a few more words in
 def bert_folder(tmp_path_factory):
     """A plain transformers BERT folder (no sentence-transformers files) and its model."""
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     model = BertModel(config).eval()
     folder = tmp_path_factory.mktemp("plain_bert")
     model.save_pretrained(folder)
@@ -62,14 +76,24 @@ def test_written_recipe_loads_in_sentence_transformers_as_the_recipe_says(bert_f
     rng = np.random.default_rng(1)
     w1, b1 = rng.normal(size=(24, 32)).astype(np.float32) * 0.2, rng.normal(size=24).astype(np.float32)
     w2 = rng.normal(size=(16, 24)).astype(np.float32) * 0.2
-    recipe = EmbeddingRecipe(pooling=pooling, normalize=pooling != "max",
-                             dense=(DenseLayer("", 32, 24, True, TANH), DenseLayer("", 24, 16, False, IDENTITY)),
-                             max_seq_length=40, do_lower_case=False, source="test")
+    recipe = EmbeddingRecipe(
+        pooling=pooling,
+        normalize=pooling != "max",
+        dense=(DenseLayer("", 32, 24, True, TANH), DenseLayer("", 24, 16, False, IDENTITY)),
+        max_seq_length=40,
+        do_lower_case=False,
+        source="test",
+    )
     write_recipe(out, recipe, [(w1, b1), (w2, None)])
     back = read_recipe(out)
-    assert back == EmbeddingRecipe(pooling=pooling, normalize=recipe.normalize, max_seq_length=40, do_lower_case=False,
-                                   dense=(DenseLayer("2_Dense", 32, 24, True, TANH),
-                                          DenseLayer("3_Dense", 24, 16, False, IDENTITY)), source="modules.json")
+    assert back == EmbeddingRecipe(
+        pooling=pooling,
+        normalize=recipe.normalize,
+        max_seq_length=40,
+        do_lower_case=False,
+        dense=(DenseLayer("2_Dense", 32, 24, True, TANH), DenseLayer("3_Dense", 24, 16, False, IDENTITY)),
+        source="modules.json",
+    )
     got_w, got_b = read_dense_weights(out, back.dense[0])
     assert np.array_equal(got_w, w1) and np.array_equal(got_b, b1) and read_dense_weights(out, back.dense[1])[1] is None
 
@@ -87,13 +111,18 @@ def test_written_recipe_loads_in_sentence_transformers_as_the_recipe_says(bert_f
 
 
 def test_sentence_transformers_folder_is_read_as_shipped(minilm_dir):
-    assert read_recipe(minilm_dir) == EmbeddingRecipe(pooling="mean", normalize=True, max_seq_length=256,
-                                                      do_lower_case=False, source="modules.json")
+    assert read_recipe(minilm_dir) == EmbeddingRecipe(
+        pooling="mean", normalize=True, max_seq_length=256, do_lower_case=False, source="modules.json"
+    )
 
 
 T, P, D, N = ("sentence_transformers.models." + k for k in ("Transformer", "Pooling", "Dense", "Normalize"))
-CHAIN = [{"idx": 0, "name": "0", "path": "", "type": T}, {"idx": 1, "name": "1", "path": "1_Pooling", "type": P},
-         {"idx": 2, "name": "2", "path": "2_Dense", "type": D}, {"idx": 3, "name": "3", "path": "3_Normalize", "type": N}]
+CHAIN = [
+    {"idx": 0, "name": "0", "path": "", "type": T},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": P},
+    {"idx": 2, "name": "2", "path": "2_Dense", "type": D},
+    {"idx": 3, "name": "3", "path": "3_Normalize", "type": N},
+]
 POOL = {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}
 DENSE = {"in_features": 32, "out_features": 8, "bias": True, "activation_function": TANH}
 
@@ -109,7 +138,11 @@ BAD_FILES = [
     ("modules.json", CHAIN[:1] + [dict(CHAIN[1], path="../elsewhere")], "inside the model folder"),
     ("modules.json", CHAIN[:1] + [dict(CHAIN[1], path="1_Pooling\x00")], "inside the model folder"),
     ("modules.json", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ("modules.json", CHAIN[:1] + [dict(CHAIN[1], path="")] + CHAIN[2:], "the Pooling module's path is the model folder"),
+    (
+        "modules.json",
+        CHAIN[:1] + [dict(CHAIN[1], path="")] + CHAIN[2:],
+        "the Pooling module's path is the model folder",
+    ),
     ("modules.json", CHAIN[:2] + [dict(CHAIN[2], path=".")] + CHAIN[3:], "the Dense module's path is the model folder"),
     ("1_Pooling/config.json", None, "not found"),
     ("1_Pooling/config.json", "{'a': 1}", "not valid JSON"),
@@ -140,8 +173,11 @@ def recipe_folder(bert_folder, tmp_path_factory):
     """A plain BERT folder with a mean-pooling, Dense (32->8, tanh), Normalize recipe written into it."""
     out = _copy(bert_folder[0], tmp_path_factory.mktemp("recipe") / "st")
     rng = np.random.default_rng(0)
-    write_recipe(out, EmbeddingRecipe("mean", True, (DenseLayer("", 32, 8, True, TANH),), 64, False),
-                 [(rng.normal(size=(8, 32)), rng.normal(size=8))])
+    write_recipe(
+        out,
+        EmbeddingRecipe("mean", True, (DenseLayer("", 32, 8, True, TANH),), 64, False),
+        [(rng.normal(size=(8, 32)), rng.normal(size=8))],
+    )
     return out
 
 
@@ -160,12 +196,15 @@ def test_malformed_recipe_file_is_refused_naming_it(recipe_folder, tmp_path, nam
     assert len(message.splitlines()) == 1 and str(path) in message and says in message, message
 
 
-@pytest.mark.parametrize("tensors, says", [
-    ({"linear.weight": np.zeros((8, 16), np.float32), "linear.bias": np.zeros(8, np.float32)}, "shape [8, 32]"),
-    ({"linear.weight": np.zeros((8, 32), np.float32)}, "linear.bias must have shape [8]"),
-    ({"linear.weight": np.full((8, 32), np.nan, np.float32), "linear.bias": np.zeros(8, np.float32)}, "NaN"),
-    (b"not safetensors", "damaged"),
-])
+@pytest.mark.parametrize(
+    "tensors, says",
+    [
+        ({"linear.weight": np.zeros((8, 16), np.float32), "linear.bias": np.zeros(8, np.float32)}, "shape [8, 32]"),
+        ({"linear.weight": np.zeros((8, 32), np.float32)}, "linear.bias must have shape [8]"),
+        ({"linear.weight": np.full((8, 32), np.nan, np.float32), "linear.bias": np.zeros(8, np.float32)}, "NaN"),
+        (b"not safetensors", "damaged"),
+    ],
+)
 def test_bad_dense_weights_are_refused_naming_the_file(recipe_folder, tmp_path, tensors, says):
     from safetensors.numpy import save_file
 
@@ -192,10 +231,12 @@ def test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes(recipe_f
     folder = _copy(recipe_folder, tmp_path / "st")
     path = folder / "2_Dense" / "model.safetensors"
     save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(path)).items()}, str(path))
-    code = ("import sys; sys.modules['ml_dtypes'] = None; "  # nothing can register bfloat16 with numpy
-            "from sharebert.formats.recipe import read_dense_weights, read_recipe; "
-            "w, b = read_dense_weights(sys.argv[1], read_recipe(sys.argv[1]).dense[0]); "
-            "print(w.dtype, w.shape, b.dtype, sys.modules.get('ml_dtypes') is None)")
+    code = (
+        "import sys; sys.modules['ml_dtypes'] = None; "  # nothing can register bfloat16 with numpy
+        "from sharebert.formats.recipe import read_dense_weights, read_recipe; "
+        "w, b = read_dense_weights(sys.argv[1], read_recipe(sys.argv[1]).dense[0]); "
+        "print(w.dtype, w.shape, b.dtype, sys.modules.get('ml_dtypes') is None)"
+    )
     done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.split() == ["float32", "(8,", "32)", "float32", "True"], done
 
@@ -203,8 +244,17 @@ def test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes(recipe_f
 GELU, RELU = "torch.nn.modules.activation.GELU", "torch.nn.modules.activation.ReLU"
 
 
-@pytest.mark.parametrize("pooling, activation", [("cls", TANH), ("mean", GELU), ("max", RELU), ("mean_sqrt_len", IDENTITY),
-                                                 ("weightedmean", TANH), ("lasttoken", TANH)])
+@pytest.mark.parametrize(
+    "pooling, activation",
+    [
+        ("cls", TANH),
+        ("mean", GELU),
+        ("max", RELU),
+        ("mean_sqrt_len", IDENTITY),
+        ("weightedmean", TANH),
+        ("lasttoken", TANH),
+    ],
+)
 def test_exported_recipe_embeds_as_sentence_transformers(bert_folder, tmp_path, pooling, activation):
     """export puts the recipe's pooling and Dense layer into the graph; Runtime.embed (defaults) gives what
     SentenceTransformer(folder).encode gives; overrides pool the token states as deploy.pooling says."""
@@ -216,9 +266,16 @@ def test_exported_recipe_embeds_as_sentence_transformers(bert_folder, tmp_path, 
 
     folder = _copy(bert_folder[0], tmp_path / "st")
     rng = np.random.default_rng(2)
-    recipe = EmbeddingRecipe(pooling, normalize=pooling != "cls", dense=(DenseLayer("", 32, 12, True, activation),),
-                             max_seq_length=12, do_lower_case=False)
-    write_recipe(folder, recipe, [(rng.normal(size=(12, 32)).astype(np.float32), rng.normal(size=12).astype(np.float32))])
+    recipe = EmbeddingRecipe(
+        pooling,
+        normalize=pooling != "cls",
+        dense=(DenseLayer("", 32, 12, True, activation),),
+        max_seq_length=12,
+        do_lower_case=False,
+    )
+    write_recipe(
+        folder, recipe, [(rng.normal(size=(12, 32)).astype(np.float32), rng.normal(size=12).astype(np.float32))]
+    )
     manifest = export_model(folder, tmp_path / "art", check_limit=4, runs=1, shapes=("1x8",), progress=False)
     assert manifest["max_length"] == 12 and manifest["embedding"]["pooling"] == pooling
     assert manifest["parity"]["sentence_embedding"]["max_abs_diff"] <= 1e-4
@@ -227,8 +284,9 @@ def test_exported_recipe_embeds_as_sentence_transformers(bert_folder, tmp_path, 
     want = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
     assert got.shape == (3, 12) and np.abs(got - want).max() <= 1e-5, np.abs(got - want).max()
     other = "mean" if pooling != "mean" else "max"
-    tokens = BertTokenizerFast.from_pretrained(folder)(TEXTS, padding=True, truncation=True, max_length=12,
-                                                      return_tensors="pt")
+    tokens = BertTokenizerFast.from_pretrained(folder)(
+        TEXTS, padding=True, truncation=True, max_length=12, return_tensors="pt"
+    )
     with torch.no_grad():
         hidden = bert_folder[1](**tokens).last_hidden_state.numpy()
     plain = pool(hidden, tokens["attention_mask"].numpy(), other)

@@ -1,5 +1,6 @@
 """The package boundary: ``sharebert_runtime`` (the device runtime) never imports torch, transformers or the library,
 on a workstation install too; ``import sharebert`` registers with transformers' Auto classes."""
+
 from __future__ import annotations
 
 import json
@@ -64,4 +65,3 @@ folder = sys.argv[1]
 print(json.dumps([type(AutoConfig.from_pretrained(folder)).__name__, type(AutoModel.from_pretrained(folder)).__name__]))
 """
     assert json.loads(_python(code, folders[0])) == ["ShareBertConfig", "ShareBertModel"]
-

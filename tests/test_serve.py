@@ -1,4 +1,5 @@
 """``sharebert serve`` on 127.0.0.1: endpoints, 4xx for bad input, and a short concurrent load."""
+
 from __future__ import annotations
 
 import http.client

@@ -1,5 +1,6 @@
 """``sharebert serve`` against hostile input on 127.0.0.1: every case gets a valid status line and a
 JSON 4xx (never a reset, a hang or a 5xx other than the 503 of overload); limits; startup errors."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,17 @@ from sharebert.export.exporter import export_model
 from sharebert.formats.build import build_model
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
-LIMITS = dict(max_batch=8, max_body_bytes=12000, max_tokens=200, max_top_k=5, timeout=2, workers=1, max_queue=1,
-              max_connections=16, max_candidates=40)
+LIMITS = dict(
+    max_batch=8,
+    max_body_bytes=12000,
+    max_tokens=200,
+    max_top_k=5,
+    timeout=2,
+    workers=1,
+    max_queue=1,
+    max_connections=16,
+    max_candidates=40,
+)
 
 
 @pytest.fixture(scope="module")
@@ -99,22 +109,68 @@ HOSTILE = [  # (case, raw request, status, part of the error message)
     ("not UTF-8", post(b'{"text": "\xff"}'), 400, "UTF-8"),
     ("texts over the cap", post(json.dumps({"texts": ["a"] * 9}).encode()), 413, "limit of 8"),
     ("tokens over the cap", post(json.dumps({"texts": ["word " * 60] * 4}).encode()), 413, "limit of 200"),
-    ("candidates over the cap", post(json.dumps({"text": "[MASK] " * 9, "top_k": 5}).encode()), 413,
-     "9 [MASK] tokens x top_k 5 = 45 candidates exceed the limit of 40 per request (--max-candidates)"),
-    ("candidates over the cap, default top_k", post(json.dumps({"texts": ["[MASK] a [MASK]"] * 4 + ["[MASK]"]}).encode()),
-     413, "9 [MASK] tokens x top_k 5 = 45 candidates"),
+    (
+        "candidates over the cap",
+        post(json.dumps({"text": "[MASK] " * 9, "top_k": 5}).encode()),
+        413,
+        "9 [MASK] tokens x top_k 5 = 45 candidates exceed the limit of 40 per request (--max-candidates)",
+    ),
+    (
+        "candidates over the cap, default top_k",
+        post(json.dumps({"texts": ["[MASK] a [MASK]"] * 4 + ["[MASK]"]}).encode()),
+        413,
+        "9 [MASK] tokens x top_k 5 = 45 candidates",
+    ),
     ("body over the cap", post(json.dumps({"text": "y" * 13000}).encode()), 413, "limit of 12000"),
-    ("declared 1 GB, nothing sent", b"POST /fill-mask HTTP/1.1\r\nContent-Length: 1000000000\r\n\r\n", 413, "limit of 12000"),
-    ("Expect 100-continue, oversize", b"POST /fill-mask HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 99999\r\n\r\n",
-     413, "limit of 12000"),
-    ("Content-Length not a number", b"POST /fill-mask HTTP/1.1\r\nContent-Length: abc\r\n\r\n{}", 400, "Content-Length"),
+    (
+        "declared 1 GB, nothing sent",
+        b"POST /fill-mask HTTP/1.1\r\nContent-Length: 1000000000\r\n\r\n",
+        413,
+        "limit of 12000",
+    ),
+    (
+        "Expect 100-continue, oversize",
+        b"POST /fill-mask HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 99999\r\n\r\n",
+        413,
+        "limit of 12000",
+    ),
+    (
+        "Content-Length not a number",
+        b"POST /fill-mask HTTP/1.1\r\nContent-Length: abc\r\n\r\n{}",
+        400,
+        "Content-Length",
+    ),
     ("Content-Length negative", b"POST /fill-mask HTTP/1.1\r\nContent-Length: -1\r\n\r\n{}", 400, "Content-Length"),
-    ("Content-Length superscript digit", b"POST /fill-mask HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n{}", 400, "Content-Length"),
-    ("Content-Length 30 digits", b"POST /fill-mask HTTP/1.1\r\nContent-Length: " + b"9" * 30 + b"\r\n\r\n", 400, "Content-Length"),
-    ("Content-Length twice", b"POST /fill-mask HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400, "Content-Length"),
-    ("chunked and Content-Length", b"POST /fill-mask HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}",
-     400, "Transfer-Encoding"),
-    ("chunked only", b"POST /fill-mask HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 411, "Content-Length"),
+    (
+        "Content-Length superscript digit",
+        b"POST /fill-mask HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n{}",
+        400,
+        "Content-Length",
+    ),
+    (
+        "Content-Length 30 digits",
+        b"POST /fill-mask HTTP/1.1\r\nContent-Length: " + b"9" * 30 + b"\r\n\r\n",
+        400,
+        "Content-Length",
+    ),
+    (
+        "Content-Length twice",
+        b"POST /fill-mask HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+        400,
+        "Content-Length",
+    ),
+    (
+        "chunked and Content-Length",
+        b"POST /fill-mask HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}",
+        400,
+        "Transfer-Encoding",
+    ),
+    (
+        "chunked only",
+        b"POST /fill-mask HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        411,
+        "Content-Length",
+    ),
     ("no Content-Length", b"POST /fill-mask HTTP/1.1\r\n\r\n", 411, "Content-Length"),
     ("body shorter than declared", b"POST /fill-mask HTTP/1.1\r\nContent-Length: 100\r\n\r\n{}", 408, "2 of 100 bytes"),
     ("binary bytes", b"\x00\xff\xfe\x16\x03\r\n\r\n", 400, "bad request line"),
@@ -135,7 +191,9 @@ HOSTILE = [  # (case, raw request, status, part of the error message)
 @pytest.mark.parametrize("case, request_bytes, status, message", HOSTILE, ids=[row[0] for row in HOSTILE])
 def test_hostile_input_gets_json_4xx(serve, case, request_bytes, status, message):
     server, _ = serve(**LIMITS)
-    got, body, head = exchange(server.server_address[1], request_bytes)  # answered, not left to hang (exchange's timeout)
+    got, body, head = exchange(
+        server.server_address[1], request_bytes
+    )  # answered, not left to hang (exchange's timeout)
     assert (got, message in body["error"]) == (status, True), (case, got, body)
     got, body, _ = exchange(server.server_address[1], b"GET /health HTTP/1.1\r\n\r\n")  # and the server lives on
     assert (got, body) == (200, {"status": "ok"})
@@ -224,8 +282,11 @@ def _dribble(port: int, seconds: float, pieces) -> bool:
         return False
 
 
-@pytest.mark.parametrize("pieces", [[b"GET /health HTTP/1.1\r\n"], [bytes([b]) for b in b"GET /health HTTP/1.1\r\n"] * 4],
-                         ids=["a-header-line-at-a-time", "a-byte-at-a-time"])
+@pytest.mark.parametrize(
+    "pieces",
+    [[b"GET /health HTTP/1.1\r\n"], [bytes([b]) for b in b"GET /health HTTP/1.1\r\n"] * 4],
+    ids=["a-header-line-at-a-time", "a-byte-at-a-time"],
+)
 def test_a_dribbling_client_is_cut_off_at_the_whole_request_deadline(serve, pieces):
     server, _ = serve(**LIMITS)  # timeout 2 s per request, whatever the pace of its lines or bytes
     assert _dribble(server.server_address[1], 60.0, pieces)  # hung up on; a per-line timeout never would
@@ -271,7 +332,10 @@ def _response(s: socket.socket) -> bytes:
 def test_idle_keep_alive_connections_are_capped(serve):
     server, _ = serve(**{**LIMITS, "max_idle": 1, "timeout": 120})  # closed by the cap, long before the timeout
     port = server.server_address[1]
-    with socket.create_connection(("127.0.0.1", port)) as first, socket.create_connection(("127.0.0.1", port)) as second:
+    with (
+        socket.create_connection(("127.0.0.1", port)) as first,
+        socket.create_connection(("127.0.0.1", port)) as second,
+    ):
         first.sendall(b"GET /health HTTP/1.1\r\n\r\n")
         assert b"Connection: close" not in _response(first)  # kept alive: the one idle place
         second.sendall(b"GET /health HTTP/1.1\r\n\r\n")
@@ -328,7 +392,10 @@ def test_a_light_request_is_answered_while_the_heavy_lane_is_taken(serve):
     heavy = post(json.dumps({"texts": heavy_texts, "top_k": 3}).encode())
     with server.admission.slot(heavy=True):  # a large request is running
         status, body, _ = exchange(port, light)
-        assert (status, body["results"]) == (200, json.loads(json.dumps(list(runtime.fill_mask(["a [MASK] film"], top_k=2)))))
+        assert (status, body["results"]) == (
+            200,
+            json.loads(json.dumps(list(runtime.fill_mask(["a [MASK] film"], top_k=2)))),
+        )
         status, body, head = exchange(port, heavy)
         assert status == 503 and "large request" in body["error"] and "Retry-After: 1" in head
     status, body, _ = exchange(port, heavy, timeout=120)
@@ -365,8 +432,14 @@ def test_many_simultaneous_clients_all_answered(artifact):
     """80 clients connect while the server is not yet accepting: the backlog holds them all (the stdlib's
     5 held 6 and left the others' handshakes unanswered), then every one gets its right answer."""
     runtime = Runtime(artifact, threads=1)
-    server = make_server(runtime, "127.0.0.1", 0, quiet=True, max_queue=100,  # listening, not yet accepting
-                         max_client_connections=100)  # all 80 from one address: the backlog is tested here
+    server = make_server(
+        runtime,
+        "127.0.0.1",
+        0,
+        quiet=True,
+        max_queue=100,  # listening, not yet accepting
+        max_client_connections=100,
+    )  # all 80 from one address: the backlog is tested here
     port, n = server.server_address[1], 80
     want = json.loads(json.dumps(list(runtime.fill_mask(["a [MASK] film"], top_k=2))))
     clients, serving = [socket.socket() for _ in range(n)], None
@@ -415,10 +488,14 @@ def test_startup_errors_are_one_line_exit_2(artifact, tmp_path, case, extra, mes
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        args = [str(tmp_path / "none")] if extra is None else [str(artifact)] + [
-            str(taken.getsockname()[1]) if a == "IN_USE" else a for a in extra]
-        done = subprocess.run([sys.executable, "-m", "sharebert", "serve", *args], capture_output=True, text=True,
-                              timeout=120)
+        args = (
+            [str(tmp_path / "none")]
+            if extra is None
+            else [str(artifact)] + [str(taken.getsockname()[1]) if a == "IN_USE" else a for a in extra]
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "sharebert", "serve", *args], capture_output=True, text=True, timeout=120
+        )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr, done.stderr

@@ -1,4 +1,5 @@
 """Light imports: shapes, validation and reports without torch; Auto registration however it is imported."""
+
 from __future__ import annotations
 
 import inspect
@@ -16,8 +17,9 @@ from sharebert.model.shape import DEFAULTS, PRESETS, ModelShape
 
 
 def _run(code: str, **env) -> str:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, **env})
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -38,15 +40,21 @@ def test_model_shape_matches_config(name):
     assert count_flops(shape, "mlm", 64, 2) == count_flops(config, "mlm", 64, 2)
 
 
-@pytest.mark.parametrize("bad", [dict(hidden_size=250), dict(qk_share_ratio=1.5), dict(attention="fancy"),
-                                 dict(sharing="eps", embedding_size=None, hidden_size=2048, vocab_size=1000)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(hidden_size=250),
+        dict(qk_share_ratio=1.5),
+        dict(attention="fancy"),
+        dict(sharing="eps", embedding_size=None, hidden_size=2048, vocab_size=1000),
+    ],
+)
 def test_model_shape_refuses_what_the_config_refuses(bad):
     with pytest.raises(ValueError) as from_config:
         ShareBertConfig.from_preset("sharebert-tiny", **bad)
     with pytest.raises(ValueError) as from_shape:
         ModelShape.from_preset("sharebert-tiny", **bad)
     assert str(from_shape.value) == str(from_config.value)
-
 
 
 def test_report_and_budget_run_without_torch():
@@ -68,8 +76,15 @@ print(heavy)
     assert _run(code).strip() == "[]"
 
 
-@pytest.mark.parametrize("command", [["-m", "sharebert_runtime", "--help"], ["-m", "sharebert_runtime", "--version"],
-                                     ["CONSOLE", "predict", "--help"], ["CONSOLE", "serve", "--help"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m", "sharebert_runtime", "--help"],
+        ["-m", "sharebert_runtime", "--version"],
+        ["CONSOLE", "predict", "--help"],
+        ["CONSOLE", "serve", "--help"],
+    ],
+)
 def test_the_sharebert_command_imports_no_torch_for_device_commands(command):
     """The ``sharebert`` command (``sharebert_runtime.main``, its console script as the shell runs it) answers its
     overview and the device commands without importing torch, transformers or the library package."""
@@ -87,9 +102,14 @@ def test_a_broken_transformers_install_leaves_the_runtime_importable(tmp_path):
     warns in one line that it did not register."""
     (tmp_path / "transformers").mkdir()
     (tmp_path / "transformers" / "__init__.py").write_text('raise ImportError("libbroken.so: cannot open")')
-    out = subprocess.run([sys.executable, "-c", "from sharebert_runtime import Runtime; import sharebert; print('imported')"],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    out = subprocess.run(
+        [sys.executable, "-c", "from sharebert_runtime import Runtime; import sharebert; print('imported')"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert out.returncode == 0 and out.stdout == "imported\n", out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "not registered with transformers: libbroken.so" in out.stderr
 
@@ -97,17 +117,29 @@ def test_a_broken_transformers_install_leaves_the_runtime_importable(tmp_path):
 REGISTER = "import sharebert"  # the documented import
 
 
-@pytest.mark.parametrize("order", ["sharebert first", "transformers first", "model class first",
-                                   pytest.param("optimum exporter", marks=pytest.mark.optimum), "pipeline",
-                                   pytest.param("optimum ORTModel first", marks=pytest.mark.optimum)])
+@pytest.mark.parametrize(
+    "order",
+    [
+        "sharebert first",
+        "transformers first",
+        "model class first",
+        pytest.param("optimum exporter", marks=pytest.mark.optimum),
+        "pipeline",
+        pytest.param("optimum ORTModel first", marks=pytest.mark.optimum),
+    ],
+)
 def test_auto_classes_know_sharebert_after_import(order):
-    first = {"sharebert first": REGISTER,
-             "transformers first": "from transformers import AutoModel; " + REGISTER,
-             "model class first": "from sharebert import ShareBertModel",
-             "optimum exporter": REGISTER + "; from optimum.exporters.onnx import main_export",
-             "pipeline": REGISTER + "; from transformers import pipeline",
-             "optimum ORTModel first": "from optimum.onnxruntime import ORTModelForMaskedLM; " + REGISTER}[order]
-    code = first + """
+    first = {
+        "sharebert first": REGISTER,
+        "transformers first": "from transformers import AutoModel; " + REGISTER,
+        "model class first": "from sharebert import ShareBertModel",
+        "optimum exporter": REGISTER + "; from optimum.exporters.onnx import main_export",
+        "pipeline": REGISTER + "; from transformers import pipeline",
+        "optimum ORTModel first": "from optimum.onnxruntime import ORTModelForMaskedLM; " + REGISTER,
+    }[order]
+    code = (
+        first
+        + """
 import json, sys
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSequenceClassification
 config = AutoConfig.for_model("sharebert", hidden_size=32, embedding_size=8, num_hidden_layers=1,
@@ -115,11 +147,14 @@ config = AutoConfig.for_model("sharebert", hidden_size=32, embedding_size=8, num
 print(json.dumps([type(AutoModelForMaskedLM.from_config(config)).__name__,
                   type(AutoModelForSequenceClassification.from_config(config)).__name__]))
 """
+    )
     assert json.loads(_run(code)) == ["ShareBertForMaskedLM", "ShareBertForSequenceClassification"]
 
 
 def test_import_sharebert_registers_models_and_optimum_configs(optimum_onnx):
-    code = ("import sharebert, sys; from transformers import AutoConfig; from optimum.exporters.tasks import TasksManager; "
-            "print(type(AutoConfig.for_model('sharebert')).__name__, 'sharebert.model.modeling_sharebert' in sys.modules, "
-            "'fill-mask' in TasksManager.get_supported_tasks_for_model_type('sharebert', 'onnx', library_name='transformers'))")
+    code = (
+        "import sharebert, sys; from transformers import AutoConfig; from optimum.exporters.tasks import TasksManager; "
+        "print(type(AutoConfig.for_model('sharebert')).__name__, 'sharebert.model.modeling_sharebert' in sys.modules, "
+        "'fill-mask' in TasksManager.get_supported_tasks_for_model_type('sharebert', 'onnx', library_name='transformers'))"
+    )
     assert _run(code).split() == ["ShareBertConfig", "True", "True"]

@@ -1,4 +1,5 @@
 """`sharebert prepare`: the prepared stream is the in-memory stream, resumable, locked, tamper-evident; bad input."""
+
 import hashlib
 import json
 import os
@@ -19,8 +20,7 @@ from sharebert.formats.paths import data_path, default_vocab
 from sharebert.formats.tokenization import hf_tokenizer
 from sharebert.training import shards
 from sharebert.training.corpus import encode_sources, pack
-from sharebert.training.shards import (MANIFEST, PROGRESS, Interrupted, StreamBlocks, TokenStream, prepare,
-                                       read_manifest)
+from sharebert.training.shards import MANIFEST, PROGRESS, Interrupted, StreamBlocks, TokenStream, prepare, read_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 WIKI = data_path("wikitext-2-raw", "wiki.valid.raw")
@@ -67,7 +67,9 @@ def test_prepared_stream_is_the_in_memory_stream_across_shards(tmp_path, tok, te
     assert len(lazy) == blocks.shape[0] and all(torch.equal(lazy[i], blocks[i]) for i in range(len(lazy)))
     # two worker processes give the same shards
     again = prepare(train, tmp_path / "two", "sharebert-tiny", valid=[texts / "v.txt"], workers=2, progress=False)
-    assert [s["sha256"] for s in again["splits"]["train"]["shards"]] == [s["sha256"] for s in m["splits"]["train"]["shards"]]
+    assert [s["sha256"] for s in again["splits"]["train"]["shards"]] == [
+        s["sha256"] for s in m["splits"]["train"]["shards"]
+    ]
     # the same command on a complete folder does nothing; other sources are refused
     assert prepare(train, out, "sharebert-tiny", valid=[texts / "v.txt"], progress=False) == m
     with pytest.raises(ValueError, match="other sources"):
@@ -150,15 +152,18 @@ def _tamper_nested(out):
     (out / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
 
 
-@pytest.mark.parametrize("tamper, message", [
-    (_tamper_truncate, "00000.bin is missing, truncated or altered"),
-    (_tamper_swap, "00000.bin does not match the sha256 its manifest records"),
-    (_tamper_ids, "00000.bin holds token id 65000, beyond the tokenizer's 30522 tokens"),
-    (_tamper_nested, "manifest.json is not valid JSON (nested too deeply)"),
-    (_tamper_edit, "manifest.json does not match its checksum"),
-    (_tamper_garbage, "manifest.json is not a valid manifest"),
-    (_tamper_outside, "lies outside"),
-])
+@pytest.mark.parametrize(
+    "tamper, message",
+    [
+        (_tamper_truncate, "00000.bin is missing, truncated or altered"),
+        (_tamper_swap, "00000.bin does not match the sha256 its manifest records"),
+        (_tamper_ids, "00000.bin holds token id 65000, beyond the tokenizer's 30522 tokens"),
+        (_tamper_nested, "manifest.json is not valid JSON (nested too deeply)"),
+        (_tamper_edit, "manifest.json does not match its checksum"),
+        (_tamper_garbage, "manifest.json is not a valid manifest"),
+        (_tamper_outside, "lies outside"),
+    ],
+)
 def test_tampered_data_folders_are_refused(tmp_path, texts, tamper, message):
     out = tmp_path / "data"
     prepare([texts / "a.txt"], out, "sharebert-tiny", progress=False)
@@ -183,22 +188,39 @@ def _empty(tmp):
     return [str(p)]
 
 
-@pytest.mark.parametrize("make_train, out_kind, extra, message", [
-    (_binary, "new", [], "model.bin is binary, not UTF-8 text"),
-    (_empty, "new", ["--workers", "1"], "empty.txt holds no text"),  # found after reading: no pool of processes to spawn
-    (None, "file", [], "is a file, not a folder"),
-    (None, "under_file", [], "is a file, not a folder"),
-    (None, "foreign", [], "is a non-empty folder that is not a prepared data folder"),
-    (None, "new", ["--workers", "0"], "--workers must be at least 1"),
-    (None, "new", ["--tokenizer", "no-such-thing"], "neither a model folder nor a preset"),
-    (lambda tmp: [str(tmp / "missing.txt")], "new", [], "not found"),
-    (lambda tmp: ["/dev/zero"], "new", [], "/dev/zero: a character device, not a regular file"),
-    (lambda tmp: os.mkfifo(tmp / "fifo") or [str(tmp / "fifo")], "new", [], "fifo: a FIFO (named pipe), not a regular file"),
-])
+@pytest.mark.parametrize(
+    "make_train, out_kind, extra, message",
+    [
+        (_binary, "new", [], "model.bin is binary, not UTF-8 text"),
+        (
+            _empty,
+            "new",
+            ["--workers", "1"],
+            "empty.txt holds no text",
+        ),  # found after reading: no pool of processes to spawn
+        (None, "file", [], "is a file, not a folder"),
+        (None, "under_file", [], "is a file, not a folder"),
+        (None, "foreign", [], "is a non-empty folder that is not a prepared data folder"),
+        (None, "new", ["--workers", "0"], "--workers must be at least 1"),
+        (None, "new", ["--tokenizer", "no-such-thing"], "neither a model folder nor a preset"),
+        (lambda tmp: [str(tmp / "missing.txt")], "new", [], "not found"),
+        (lambda tmp: ["/dev/zero"], "new", [], "/dev/zero: a character device, not a regular file"),
+        (
+            lambda tmp: os.mkfifo(tmp / "fifo") or [str(tmp / "fifo")],
+            "new",
+            [],
+            "fifo: a FIFO (named pipe), not a regular file",
+        ),
+    ],
+)
 def test_bad_prepare_command_lines(tmp_path, capsys, make_train, out_kind, extra, message):
     train = make_train(tmp_path) if make_train else [str(WIKI)]
-    out = {"new": tmp_path / "new", "file": tmp_path / "f.txt", "under_file": tmp_path / "f.txt" / "sub",
-           "foreign": tmp_path / "foreign"}[out_kind]
+    out = {
+        "new": tmp_path / "new",
+        "file": tmp_path / "f.txt",
+        "under_file": tmp_path / "f.txt" / "sub",
+        "foreign": tmp_path / "foreign",
+    }[out_kind]
     (tmp_path / "f.txt").write_text("mine\n")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine\n")
@@ -223,8 +245,19 @@ def test_sigterm_during_prepare_saves_progress_and_the_rerun_completes(tmp_path)
     corpus.write_text(WIKI.read_text(encoding="utf-8") * 10, encoding="utf-8")  # ~12 MB: several seconds of work
     out = tmp_path / "data"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "sharebert", "prepare", "--train", str(corpus), "--out", str(out), "--workers", "1",
-           "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sharebert",
+        "prepare",
+        "--train",
+        str(corpus),
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300  # a hang guard: starting takes long on a loaded machine
     while not (out / "tokenizer" / "tokenizer.json").exists() and proc.poll() is None:

@@ -1,5 +1,6 @@
 """The package's structure: who may import whom (``RULES``, the documented layers of docs/ARCHITECTURE.md
 "Who may import whom"), and no import cycle among its modules (every import counted, module level or not)."""
+
 import ast
 import sys
 from dataclasses import dataclass
@@ -100,6 +101,7 @@ class Rule:
     importing the module runs counts (its module-level imports, followed through the package, except the
     package's ``__init__``, whose registration is decided at run time: docs/ARCHITECTURE.md); else every
     import of the module itself, function bodies included."""
+
     why: str
     covers: tuple[str, ...]
     exempt: tuple[str, ...] = ()
@@ -119,17 +121,45 @@ def _matches(name: str, patterns) -> bool:
 
 DEPLOY = ("sharebert_runtime", "sharebert_runtime.*")
 EXPORT = ("sharebert.export", "sharebert.export.*")
-DEPLOY_HELPERS = ("sharebert_runtime.errors", "sharebert_runtime.options", "sharebert_runtime.textlines",
-                  "sharebert_runtime.outdir", "sharebert_runtime.untrusted")  # stdlib only; the library uses them too
+DEPLOY_HELPERS = (
+    "sharebert_runtime.errors",
+    "sharebert_runtime.options",
+    "sharebert_runtime.textlines",
+    "sharebert_runtime.outdir",
+    "sharebert_runtime.untrusted",
+)  # stdlib only; the library uses them too
 DEVICE_INSTALL = frozenset({"numpy", "onnxruntime", "tokenizers", "tqdm"})  # the base install (pyproject.toml)
-TRAINING_STACK = frozenset({"torch", "transformers", "optimum", "onnx", "peft", "accelerate", "safetensors",
-                            "sentence_transformers", "model2vec", "datasets"})
-TORCH_FREE = ("sharebert.model.shape", "sharebert.model.plan", "sharebert.accounting.counts",
-              "sharebert.accounting.budget", "sharebert.accounting.curves", "sharebert.formats.model_folder",
-              "sharebert.formats.recipe", "sharebert.formats.bars", "sharebert.formats.paths",
-              "sharebert.training.arguments", "sharebert.training.glue", "sharebert_runtime.main",
-              "sharebert.pipelines.compress", "sharebert.training.fingerprint",  # compress checks its inputs torch-free
-              *DEPLOY_HELPERS)
+TRAINING_STACK = frozenset(
+    {
+        "torch",
+        "transformers",
+        "optimum",
+        "onnx",
+        "peft",
+        "accelerate",
+        "safetensors",
+        "sentence_transformers",
+        "model2vec",
+        "datasets",
+    }
+)
+TORCH_FREE = (
+    "sharebert.model.shape",
+    "sharebert.model.plan",
+    "sharebert.accounting.counts",
+    "sharebert.accounting.budget",
+    "sharebert.accounting.curves",
+    "sharebert.formats.model_folder",
+    "sharebert.formats.recipe",
+    "sharebert.formats.bars",
+    "sharebert.formats.paths",
+    "sharebert.training.arguments",
+    "sharebert.training.glue",
+    "sharebert_runtime.main",
+    "sharebert.pipelines.compress",
+    "sharebert.training.fingerprint",  # compress checks its inputs torch-free
+    *DEPLOY_HELPERS,
+)
 
 # The library's layers, bottom up, and the layers each may import (besides itself, the package's __init__ and
 # sharebert_runtime, the bottom layer of all): docs/ARCHITECTURE.md "Who may import whom". export sits beside
@@ -152,37 +182,72 @@ def _sharebert(layer: str) -> tuple[str, ...]:
     return EXPORT if layer == "export" else _layer(f"sharebert.{layer}")
 
 
-LIBRARY_BELOW_PIPELINES = ("sharebert", "sharebert.__main__", "transformers_sharebert",
-                           *(p for layer in ("model", "formats", "accounting", "training") for p in _sharebert(layer)))
+LIBRARY_BELOW_PIPELINES = (
+    "sharebert",
+    "sharebert.__main__",
+    "transformers_sharebert",
+    *(p for layer in ("model", "formats", "accounting", "training") for p in _sharebert(layer)),
+)
 
 RULES = [
-    Rule("sharebert_runtime (deploy/) runs on a device's base install: no torch, nothing of sharebert",
-         covers=DEPLOY, only=DEPLOY, third_party=DEVICE_INSTALL),
-    Rule("the runtime's helpers that the library shares are stdlib only", covers=DEPLOY_HELPERS, only=DEPLOY_HELPERS,
-         third_party=frozenset()),
-    *(Rule(f"sharebert.{layer} imports only {', '.join(below) or 'nothing'} of the library's layers (and the runtime)",
-           covers=_sharebert(layer), only=("sharebert", *DEPLOY, *_sharebert(layer),
-                                           *(p for b in below for p in _sharebert(b))))
-      for layer, below in LAYERS.items()),
-    Rule("the library below the pipelines never imports export; pipelines and commands do", covers=LIBRARY_BELOW_PIPELINES,
-         forbids=EXPORT),
-    Rule("export imports the library's layers below the pipelines", covers=EXPORT,
-         forbids=(*_sharebert("pipelines"), *_sharebert("commands"))),
-    Rule("export takes of deploy only its artifact contract and the shared helpers", covers=EXPORT, forbids=DEPLOY,
-         allowed=("sharebert_runtime.artifact", *DEPLOY_HELPERS)),
-    Rule("torch-free modules import no training stack (`report`, `budget`, `--help` answer without torch)",
-         covers=TORCH_FREE, at_import=True),
+    Rule(
+        "sharebert_runtime (deploy/) runs on a device's base install: no torch, nothing of sharebert",
+        covers=DEPLOY,
+        only=DEPLOY,
+        third_party=DEVICE_INSTALL,
+    ),
+    Rule(
+        "the runtime's helpers that the library shares are stdlib only",
+        covers=DEPLOY_HELPERS,
+        only=DEPLOY_HELPERS,
+        third_party=frozenset(),
+    ),
+    *(
+        Rule(
+            f"sharebert.{layer} imports only {', '.join(below) or 'nothing'} of the library's layers (and the runtime)",
+            covers=_sharebert(layer),
+            only=("sharebert", *DEPLOY, *_sharebert(layer), *(p for b in below for p in _sharebert(b))),
+        )
+        for layer, below in LAYERS.items()
+    ),
+    Rule(
+        "the library below the pipelines never imports export; pipelines and commands do",
+        covers=LIBRARY_BELOW_PIPELINES,
+        forbids=EXPORT,
+    ),
+    Rule(
+        "export imports the library's layers below the pipelines",
+        covers=EXPORT,
+        forbids=(*_sharebert("pipelines"), *_sharebert("commands")),
+    ),
+    Rule(
+        "export takes of deploy only its artifact contract and the shared helpers",
+        covers=EXPORT,
+        forbids=DEPLOY,
+        allowed=("sharebert_runtime.artifact", *DEPLOY_HELPERS),
+    ),
+    Rule(
+        "torch-free modules import no training stack (`report`, `budget`, `--help` answer without torch)",
+        covers=TORCH_FREE,
+        at_import=True,
+    ),
 ]
 
 # Imports that break a rule, each tolerated here with why. A listed import that no longer happens fails the
 # test too, so the table stays the truth.
 EXCEPTIONS = {
-    ("transformers_sharebert", "sharebert.export.onnx_config"):
-        "the registration gives optimum's TasksManager sharebert's ONNX config (`import sharebert` imports it)",
-    ("sharebert_runtime.main", "huggingface_hub.utils"):
-        "the command quiets transformers' own progress bars before a library command runs (skipped on a device)",
-    ("sharebert.export.sentence_embedding", "sharebert_runtime.pooling"):
-        "the exported pooling graph and the runtime's pooling share deploy/pooling.py's one list of modes",
+    (
+        "transformers_sharebert",
+        "sharebert.export.onnx_config",
+    ): "the registration gives optimum's TasksManager sharebert's ONNX config (`import sharebert` imports it)",
+    (
+        "sharebert_runtime.main",
+        "huggingface_hub.utils",
+    ): "the command quiets transformers' own progress bars before a library command runs (skipped on a device)",
+    (
+        "sharebert.export.sentence_embedding",
+        "sharebert_runtime.pooling",
+    ): "the exported pooling graph and the runtime's pooling share deploy/pooling.py's one list of modes",
 }
 
 
@@ -205,12 +270,14 @@ def violations(every: dict[str, set[str]], at_import: dict[str, set[str]]) -> se
                 inside = _package_module(name, mods)
                 if inside is not None:
                     bad = (_matches(inside, rule.forbids) and not _matches(inside, rule.allowed)) or (
-                        rule.only is not None and not _matches(inside, rule.only))
+                        rule.only is not None and not _matches(inside, rule.only)
+                    )
                 else:
                     root = name.split(".")[0]
                     bad = root not in sys.stdlib_module_names and (
                         (rule.third_party is not None and root not in rule.third_party)
-                        or (rule.at_import and root in TRAINING_STACK))
+                        or (rule.at_import and root in TRAINING_STACK)
+                    )
                 if bad:
                     out.add((rule.why, importer, inside or name))
     return out
@@ -268,12 +335,19 @@ def test_the_layer_rules_catch_a_breach():
     every["sharebert.training.finetune"].add("sharebert.pipelines.compress")  # training importing a pipeline
     every["sharebert.export.exporter"].add("sharebert.commands.report")  # export importing the command line
     found = {(i, n) for _, i, n in violations(every, at_import)}
-    assert {("sharebert_runtime.runtime", "torch"), ("sharebert.training.finetune", "sharebert.export.exporter"),
-            ("sharebert.accounting.counts", "transformers"), ("sharebert.model.shape", "sharebert.formats.paths"),
-            ("sharebert.formats.recipe", "sharebert.accounting.counts"),
-            ("sharebert.training.finetune", "sharebert.pipelines.compress"),
-            ("sharebert.export.exporter", "sharebert.commands.report")} <= found
-    assert ("sharebert.accounting.budget", "transformers") not in found  # through accounting: one finding, at its source
+    assert {
+        ("sharebert_runtime.runtime", "torch"),
+        ("sharebert.training.finetune", "sharebert.export.exporter"),
+        ("sharebert.accounting.counts", "transformers"),
+        ("sharebert.model.shape", "sharebert.formats.paths"),
+        ("sharebert.formats.recipe", "sharebert.accounting.counts"),
+        ("sharebert.training.finetune", "sharebert.pipelines.compress"),
+        ("sharebert.export.exporter", "sharebert.commands.report"),
+    } <= found
+    assert (
+        "sharebert.accounting.budget",
+        "transformers",
+    ) not in found  # through accounting: one finding, at its source
 
 
 def test_the_slow_tier_names_tests_that_exist():

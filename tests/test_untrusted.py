@@ -1,6 +1,7 @@
 """Files a model folder or artifact names are untrusted input; output files are written through one atomic writer;
 pairs are recognised by content and the model's task; the service's per-client cap answers a readable 503; options
 that cannot apply are refused; the Hub path as a user writes it. One table per root cause (issue 38)."""
+
 from __future__ import annotations
 
 import json
@@ -52,6 +53,7 @@ def _bounded(call, seconds: float = 20):
 
 # -- one reader for every file a folder names: each kind of non-file, at each name --------------------------------
 
+
 def _fifo(p: Path):
     os.mkfifo(p)
 
@@ -77,8 +79,13 @@ BAD_JSON = {
     "not-utf8": (b'{"a": "\xff"}', "not valid JSON"),
     "deep": (b"[" * 100000 + b"]" * 100000, "not valid JSON"),
 }
-RECIPE_FILES = ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json", "2_Dense/config.json",
-                "config.json")
+RECIPE_FILES = (
+    "modules.json",
+    "sentence_bert_config.json",
+    "1_Pooling/config.json",
+    "2_Dense/config.json",
+    "config.json",
+)
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +147,16 @@ def test_a_wrong_typed_recipe_field_is_refused_naming_file_and_field(recipe_fold
     assert str(path) in str(e.value) and field in str(e.value), str(e.value)
 
 
-CONFIG_FIELDS = [("hidden_size", "sixty-four"), ("num_hidden_layers", 2.5), ("vocab_size", True),
-                 ("hidden_dropout_prob", "0.1"), ("layer_norm_eps", [1e-12]), ("sharing", 3), ("is_decoder", "no"),
-                 ("embedding_size", "16")]
+CONFIG_FIELDS = [
+    ("hidden_size", "sixty-four"),
+    ("num_hidden_layers", 2.5),
+    ("vocab_size", True),
+    ("hidden_dropout_prob", "0.1"),
+    ("layer_norm_eps", [1e-12]),
+    ("sharing", 3),
+    ("is_decoder", "no"),
+    ("embedding_size", "16"),
+]
 
 
 @pytest.mark.parametrize("model_type", ["sharebert", "bert"])
@@ -165,16 +179,25 @@ def tokenizer_folder(tmp_path_factory):
     # transformers 5 saves a fast tokenizer as tokenizer.json + tokenizer_config.json only; a folder saved by
     # transformers 4 (most of the hub's) also holds vocab.txt and special_tokens_map.json, which the check guards too.
     shutil.copyfile(default_vocab(), folder / "vocab.txt")
-    (folder / "special_tokens_map.json").write_text(json.dumps({"cls_token": "[CLS]", "sep_token": "[SEP]",
-                                                                "pad_token": "[PAD]", "unk_token": "[UNK]",
-                                                                "mask_token": "[MASK]"}))
+    (folder / "special_tokens_map.json").write_text(
+        json.dumps(
+            {
+                "cls_token": "[CLS]",
+                "sep_token": "[SEP]",
+                "pad_token": "[PAD]",
+                "unk_token": "[UNK]",
+                "mask_token": "[MASK]",
+            }
+        )
+    )
     _check_tokenizer_files(folder)
     return folder
 
 
 @pytest.mark.parametrize("kind", list(NOT_FILES))
-@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                                  "special_tokens_map.json"])
+@pytest.mark.parametrize(
+    "name", ["config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"]
+)
 def test_a_model_folder_file_that_is_not_a_regular_file_is_refused_naming_it(tokenizer_folder, tmp_path, name, kind):
     if kind == "huge" and name in ("tokenizer.json", "vocab.txt"):
         pytest.skip("their cap (TOKENIZER_BYTES) is above the sparse file's size only for JSON")
@@ -207,6 +230,7 @@ def test_json_files_have_a_cap_and_it_is_named():
 
 # -- --convert-to-sharebert: refused where it cannot apply, never ignored ------------------------------------------
 
+
 def _config_folder(path: Path, model_type: str, finished: bool = False) -> Path:
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"model_type": model_type, "hidden_size": 64}))
@@ -228,7 +252,9 @@ CONVERT = [  # (--model kind, --out holds a finished run of kind, convert, resum
 
 
 @pytest.mark.parametrize("model_kind, out_kind, convert, resume, refusal", CONVERT)
-def test_convert_to_sharebert_is_refused_where_it_cannot_apply(tmp_path, model_kind, out_kind, convert, resume, refusal):
+def test_convert_to_sharebert_is_refused_where_it_cannot_apply(
+    tmp_path, model_kind, out_kind, convert, resume, refusal
+):
     model = _config_folder(tmp_path / "model", model_kind)
     out = _config_folder(tmp_path / "out", out_kind, finished=True) if out_kind else tmp_path / "out"
     if refusal is None:
@@ -241,12 +267,28 @@ def test_convert_to_sharebert_is_refused_where_it_cannot_apply(tmp_path, model_k
 @pytest.mark.slow
 def test_convert_to_sharebert_refusal_comes_from_the_command_before_torch(tmp_path):
     model = _config_folder(tmp_path / "model", "sharebert")
-    code = ("import sys; sys.modules.update(torch=None, transformers=None); "  # a device install: refused without torch
-            "from sharebert_runtime.main import main; rc = main(sys.argv[1:]); sys.exit(rc)")
+    code = (
+        "import sys; sys.modules.update(torch=None, transformers=None); "  # a device install: refused without torch
+        "from sharebert_runtime.main import main; rc = main(sys.argv[1:]); sys.exit(rc)"
+    )
     for command in (["finetune", "--task", "sst2"], ["pretrain", "--train", str(model / "config.json")]):
-        proc = subprocess.run([sys.executable, "-c", code, *command, "--model", str(model), "--out", str(tmp_path / "o"),
-                               "--convert-to-sharebert"], capture_output=True, text=True, timeout=120,
-                              env=ENV)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                code,
+                *command,
+                "--model",
+                str(model),
+                "--out",
+                str(tmp_path / "o"),
+                "--convert-to-sharebert",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=ENV,
+        )
         assert proc.returncode == 2 and "is already a ShareBERT folder" in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
@@ -262,16 +304,24 @@ DISTILL_IGNORED = [  # an option the objective does not read -> refused in one l
 @pytest.mark.slow
 @pytest.mark.parametrize("argv, refusal", DISTILL_IGNORED)
 def test_distill_refuses_an_option_its_objective_does_not_read(tmp_path, argv, refusal):
-    code = ("import sys; sys.modules.update(torch=None, transformers=None); "  # a device install: refused without torch
-            "from sharebert_runtime.main import main; rc = main(sys.argv[1:]); sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code, "distill", "--teacher", "t", "--student", "sharebert-tiny",
-                           "--out", "o", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env=ENV)
+    code = (
+        "import sys; sys.modules.update(torch=None, transformers=None); "  # a device install: refused without torch
+        "from sharebert_runtime.main import main; rc = main(sys.argv[1:]); sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "distill", "--teacher", "t", "--student", "sharebert-tiny", "--out", "o", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
     assert proc.returncode == 2 and refusal in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert list(tmp_path.iterdir()) == []
 
 
 # -- output files: one atomic writer ------------------------------------------------------------------------------
+
 
 def test_output_through_a_symlink_is_written_through(tmp_path):
     target, link = tmp_path / "target.txt", tmp_path / "link.txt"
@@ -329,8 +379,14 @@ def _default_signals():
 def test_every_stopping_signal_removes_the_partial_file(tmp_path, sig):
     path = tmp_path / "out.jsonl"
     path.write_text("old")
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV, preexec_fn=_default_signals)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        preexec_fn=_default_signals,
+    )
     assert proc.stdout.readline() == "writing\n"
     assert any(p.name.endswith(".partial") for p in tmp_path.iterdir())
     proc.send_signal(sig)
@@ -339,6 +395,7 @@ def test_every_stopping_signal_removes_the_partial_file(tmp_path, sig):
 
 
 # -- the artifacts the CLI rows run: a fill-mask model, a pair classifier, a single-text classifier ----------------
+
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
@@ -353,12 +410,21 @@ def artifacts(tmp_path_factory):
     build_model("sharebert-tiny", root / "mlm_model", TINY, seed=0)
     export_model(root / "mlm_model", root / "mlm", **QUICK)
     out = {"mlm": root / "mlm"}
-    for name, task, labels in (("pairs", "mrpc", ["not_paraphrase", "paraphrase"]),
-                               ("single", "sst2", ["negative", "positive"])):
+    for name, task, labels in (
+        ("pairs", "mrpc", ["not_paraphrase", "paraphrase"]),
+        ("single", "sst2", ["negative", "positive"]),
+    ):
         torch.manual_seed(0)
-        config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=64, max_position_embeddings=64, id2label=dict(enumerate(labels)),
-                            label2id={label: i for i, label in enumerate(labels)})
+        config = BertConfig(
+            vocab_size=30522,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            id2label=dict(enumerate(labels)),
+            label2id={label: i for i, label in enumerate(labels)},
+        )
         model = root / f"{name}_model"
         BertForSequenceClassification(config).save_pretrained(model)
         BertTokenizerFast(str(default_vocab())).save_pretrained(model)
@@ -374,14 +440,22 @@ def artifacts(tmp_path_factory):
 
 
 def _predict(*argv, stdin=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "sharebert", "predict", *map(str, argv)], input=stdin, cwd=cwd,
-                          capture_output=True, text=True, env=ENV, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "sharebert", "predict", *map(str, argv)],
+        input=stdin,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
 def test_manifest_records_whether_the_model_takes_pairs(artifacts):
-    assert [json.loads((artifacts[k] / "manifest.json").read_text()).get("pairs") for k in ("pairs", "single", "mlm")] \
-        == [True, False, None]
+    assert [
+        json.loads((artifacts[k] / "manifest.json").read_text()).get("pairs") for k in ("pairs", "single", "mlm")
+    ] == [True, False, None]
 
 
 PAIRS_TSV = "a cat sat on the mat\ta cat was sitting\nthe dog ran\tno dog ran\n"
@@ -403,16 +477,18 @@ PAIR_ROWS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["txt-link", "stdin", "tsv-name"])
 @pytest.mark.parametrize("kind, text, status, paired, words", PAIR_ROWS)
-def test_pairs_are_recognised_by_content_and_the_model_never_by_file_name(artifacts, tmp_path, how, kind, text, status,
-                                                                          paired, words):
+def test_pairs_are_recognised_by_content_and_the_model_never_by_file_name(
+    artifacts, tmp_path, how, kind, text, status, paired, words
+):
     (tmp_path / "data.tsv").write_text(text)
     (tmp_path / "input.txt").symlink_to("data.tsv")
     source = {"txt-link": "input.txt", "stdin": "-", "tsv-name": "data.tsv"}[how]
     proc = _predict(artifacts[kind], "--input", source, stdin=text if how == "stdin" else None, cwd=tmp_path)
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode == status and sum("text_pair" in r for r in rows) == paired, proc.stderr
-    assert (words is None and "line" not in proc.stderr.split("results")[0]) or (words and words in proc.stderr), \
+    assert (words is None and "line" not in proc.stderr.split("results")[0]) or (words and words in proc.stderr), (
         proc.stderr
+    )
 
 
 @pytest.mark.slow
@@ -442,9 +518,24 @@ def test_predict_output_is_written_through_a_symlink_and_a_full_disk_fails(artif
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_predict_stopped_by_a_signal_leaves_no_partial_file(artifacts, tmp_path, sig):
     (tmp_path / "in.txt").write_text("".join(f"the [MASK] sat on mat {i}\n" for i in range(200000)))
-    proc = subprocess.Popen([sys.executable, "-m", "sharebert", "predict", str(artifacts["mlm"]), "--input", "in.txt",
-                             "--output", "out.jsonl"], cwd=tmp_path, env=ENV, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_signals)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sharebert",
+            "predict",
+            str(artifacts["mlm"]),
+            "--input",
+            "in.txt",
+            "--output",
+            "out.jsonl",
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_signals,
+    )
     deadline = time.monotonic() + 300  # a hang guard: starting takes long on a loaded machine
     while not any(p.name.endswith(".partial") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -502,27 +593,58 @@ def test_a_stop_signal_inside_a_finalizer_is_sent_again_not_lost(sig, raised, wh
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
-    assert type(stopped.value).__name__ == raised and (raised == "KeyboardInterrupt") != isinstance(stopped.value, Stopped)
+    assert type(stopped.value).__name__ == raised and (raised == "KeyboardInterrupt") != isinstance(
+        stopped.value, Stopped
+    )
 
 
 # -- export never publishes the default recipe when a listed recipe file is unreadable ----------------------------
 
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name, kind", [("modules.json", "fifo"), ("sentence_bert_config.json", "dev-zero"),
-                                        ("1_Pooling/config.json", "dev-urandom"), ("2_Dense/config.json", "folder"),
-                                        ("2_Dense/model.safetensors", "huge")])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("modules.json", "fifo"),
+        ("sentence_bert_config.json", "dev-zero"),
+        ("1_Pooling/config.json", "dev-urandom"),
+        ("2_Dense/config.json", "folder"),
+        ("2_Dense/model.safetensors", "huge"),
+    ],
+)
 def test_export_refuses_an_unreadable_recipe_file(tmp_path, name, kind):
     from sharebert.formats.build import build_model
 
     model = tmp_path / "model"
     build_model("sharebert-tiny", model, TINY, seed=0)
-    write_recipe(model, EmbeddingRecipe("mean", True, (DenseLayer("", 64, 16, True, TANH),), 20, True),
-                 [(np.ones((16, 64), np.float32), np.zeros(16, np.float32))])
+    write_recipe(
+        model,
+        EmbeddingRecipe("mean", True, (DenseLayer("", 64, 16, True, TANH),), 20, True),
+        [(np.ones((16, 64), np.float32), np.zeros(16, np.float32))],
+    )
     (model / name).unlink()
     NOT_FILES[kind][0](model / name)
-    proc = subprocess.run([sys.executable, "-m", "sharebert", "export", "--model", "model", "--out", "art", "--task",
-                           "feature-extraction", "--check-limit", "4"], cwd=tmp_path, capture_output=True, text=True,
-                          env=ENV, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sharebert",
+            "export",
+            "--model",
+            "model",
+            "--out",
+            "art",
+            "--task",
+            "feature-extraction",
+            "--check-limit",
+            "4",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert proc.returncode == 2 and name in proc.stderr and NOT_FILES[kind][1] in proc.stderr, proc.stderr
     assert not (tmp_path / "art").exists()
 
@@ -558,8 +680,10 @@ def _exchange(port: int, body: bytes) -> bytes:
     replies = b""
     with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
         for _ in range(2):
-            s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: %d\r\n\r\n" % len(body))
+            s.sendall(
+                b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body)
+            )
             time.sleep(0.05)  # the body after the head, as http.client sends them: a refusal must not close in between
             s.sendall(body)
             reply = b""
@@ -588,14 +712,24 @@ def test_per_client_cap_answers_a_readable_503_never_a_dropped_connection(artifa
     from sharebert_runtime import Runtime
     from sharebert_runtime.serve import make_server
 
-    server = make_server(Runtime(artifacts["mlm"], threads=1), "127.0.0.1", 0, quiet=True, max_client_connections=4,
-                         workers=1, max_queue=64, timeout=10)
+    server = make_server(
+        Runtime(artifacts["mlm"], threads=1),
+        "127.0.0.1",
+        0,
+        quiet=True,
+        max_client_connections=4,
+        workers=1,
+        max_queue=64,
+        timeout=10,
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     small = json.dumps({"texts": ["the [MASK] sat on the mat"] * 4}).encode()
     large = json.dumps({"texts": ["the [MASK] sat"], "padding": "x" * 40000}).encode()  # 400: an unknown field
     try:  # a body still being sent when a refusal closed the connection unread made the kernel reset it
         with ThreadPoolExecutor(48) as pool:
-            replies = list(pool.map(lambda i: _exchange(server.server_address[1], (small, large)[i % 2]), range(4 * 48)))
+            replies = list(
+                pool.map(lambda i: _exchange(server.server_address[1], (small, large)[i % 2]), range(4 * 48))
+            )
     finally:
         server.shutdown()
         server.server_close()
@@ -606,6 +740,7 @@ def test_per_client_cap_answers_a_readable_503_never_a_dropped_connection(artifa
 
 
 # -- the Hub path, exactly as a user writes it --------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_register_for_auto_class_then_save_pretrained_loads_without_sharebert(tmp_path):

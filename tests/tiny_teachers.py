@@ -2,6 +2,7 @@
 with real tokenizers of each kind (WordPiece, byte-level BPE, Unigram) trained with ``tokenizers`` on the shared
 WikiText-2 text, saved as sentence-transformers folders (sentence_transformers' own save) and as
 ``...ForSequenceClassification`` folders (SST-2's labels)."""
+
 from __future__ import annotations
 
 from functools import cache
@@ -21,18 +22,45 @@ ARCHITECTURES = {
     "modernbert": ("ModernBertConfig", {"global_attn_every_n_layers": 2, "local_attention": 16}, "bpe", "bert"),
     "xlm-roberta": ("XLMRobertaConfig", {}, "unigram", "roberta"),
     "albert": ("AlbertConfig", {"embedding_size": 16}, "unigram", "bert"),
-    "deberta-v2": ("DebertaV2Config", {"relative_attention": True, "position_biased_input": False,
-                                       "pos_att_type": ["p2c", "c2p"], "type_vocab_size": 0}, "unigram", "bert"),
+    "deberta-v2": (
+        "DebertaV2Config",
+        {
+            "relative_attention": True,
+            "position_biased_input": False,
+            "pos_att_type": ["p2c", "c2p"],
+            "type_vocab_size": 0,
+        },
+        "unigram",
+        "bert",
+    ),
 }
 TOKEN_TYPES = ("bert", "electra", "albert", "deberta-v2")  # whose published tokenizers give token_type_ids
-STYLES = {"bert": {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]"},
-          "roberta": {"bos_token": "<s>", "cls_token": "<s>", "sep_token": "</s>", "eos_token": "</s>", "pad_token": "<pad>",
-                          "unk_token": "<unk>", "mask_token": "<mask>"}}
+STYLES = {
+    "bert": {
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "mask_token": "[MASK]",
+    },
+    "roberta": {
+        "bos_token": "<s>",
+        "cls_token": "<s>",
+        "sep_token": "</s>",
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "mask_token": "<mask>",
+    },
+}
 
 
 def training_text(limit: int | None = None) -> list[str]:
-    lines = [line.strip() for line in data_path("wikitext-2-raw", "wiki.valid.raw").read_text(encoding="utf-8")
-             .splitlines() if line.strip() and not line.startswith(" =")]
+    lines = [
+        line.strip()
+        for line in data_path("wikitext-2-raw", "wiki.valid.raw").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith(" =")
+    ]
     return lines[:limit]
 
 
@@ -51,8 +79,17 @@ def backend_tokenizer(kind: str, style: str) -> str:
     )
 
     special = STYLES[style]
-    names = list(dict.fromkeys([special["pad_token"], special["unk_token"], special["cls_token"], special["sep_token"],
-                                special["mask_token"]]))
+    names = list(
+        dict.fromkeys(
+            [
+                special["pad_token"],
+                special["unk_token"],
+                special["cls_token"],
+                special["sep_token"],
+                special["mask_token"],
+            ]
+        )
+    )
     if kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token=special["unk_token"]))
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
@@ -63,8 +100,9 @@ def backend_tokenizer(kind: str, style: str) -> str:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=names,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB, special_tokens=names, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        )
     else:
         tok = Tokenizer(models.Unigram())
         tok.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC()])
@@ -76,11 +114,13 @@ def backend_tokenizer(kind: str, style: str) -> str:
     cls, sep = special["cls_token"], special["sep_token"]
     ids = {t: tok.token_to_id(t) for t in (cls, sep)}
     if style == "roberta":
-        tok.post_processor = processors.TemplateProcessing(single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} {sep} $B {sep}",
-                                                           special_tokens=list(ids.items()))
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} {sep} $B {sep}", special_tokens=list(ids.items())
+        )
     else:
-        tok.post_processor = processors.TemplateProcessing(single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-                                                           special_tokens=list(ids.items()))
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1", special_tokens=list(ids.items())
+        )
     return tok.to_str()
 
 
@@ -100,8 +140,10 @@ def _canonical(tok, specials: int):
     model = spec["model"]
     if model["type"] == "WordPiece":
         rest = sorted(model["vocab"], key=model["vocab"].get)[specials:]
-        model["vocab"] = {**{t: i for t, i in model["vocab"].items() if i < specials},
-                          **{t: specials + i for i, t in enumerate(sorted(rest))}}
+        model["vocab"] = {
+            **{t: i for t, i in model["vocab"].items() if i < specials},
+            **{t: specials + i for i, t in enumerate(sorted(rest))},
+        }
     elif model["type"] == "Unigram":
         rest = [[piece, round(score, 9)] for piece, score in model["vocab"][specials:]]
         low = min(score for _, score in rest)
@@ -119,22 +161,34 @@ def make_tokenizer(kind: str, style: str, token_types: bool):
     from transformers import PreTrainedTokenizerFast
 
     inputs = ["input_ids", "token_type_ids", "attention_mask"] if token_types else ["input_ids", "attention_mask"]
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(backend_tokenizer(kind, style)),
-                                   model_max_length=128, model_input_names=inputs, **STYLES[style])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(backend_tokenizer(kind, style)),
+        model_max_length=128,
+        model_input_names=inputs,
+        **STYLES[style],
+    )
 
 
 def make_config(model_type: str, tokenizer, **extra):
     import transformers
 
     name, fields, _, _ = ARCHITECTURES[model_type]
-    ids = {k: getattr(tokenizer, f"{k.split('_')[0]}_token_id") for k in ("pad_token_id", "bos_token_id", "eos_token_id")
-           if getattr(tokenizer, f"{k.split('_')[0]}_token_id") is not None}
+    ids = {
+        k: getattr(tokenizer, f"{k.split('_')[0]}_token_id")
+        for k in ("pad_token_id", "bos_token_id", "eos_token_id")
+        if getattr(tokenizer, f"{k.split('_')[0]}_token_id") is not None
+    }
     if model_type == "modernbert":
-        ids.update(cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
-                   bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
+        ids.update(
+            cls_token_id=tokenizer.cls_token_id,
+            sep_token_id=tokenizer.sep_token_id,
+            bos_token_id=tokenizer.cls_token_id,
+            eos_token_id=tokenizer.sep_token_id,
+        )
     positions = 130 if ARCHITECTURES[model_type][3] == "roberta" else 128  # RoBERTa's, MPNet's: padding_idx + 1 offset
-    return getattr(transformers, name)(**{"vocab_size": len(tokenizer), "max_position_embeddings": positions,
-                                          **SHAPE, **fields, **ids, **extra})
+    return getattr(transformers, name)(
+        **{"vocab_size": len(tokenizer), "max_position_embeddings": positions, **SHAPE, **fields, **ids, **extra}
+    )
 
 
 def build(root: Path, model_type: str) -> dict[str, Path]:
@@ -144,13 +198,13 @@ def build(root: Path, model_type: str) -> dict[str, Path]:
 
     base, tokenizer = _saved(transformers.AutoModel, model_type, root / f"{model_type}-base")
     word = models.Transformer(str(base), max_seq_length=64)
-    st = SentenceTransformer(modules=[word, models.Pooling(word.get_embedding_dimension(), "mean"),
-                                      models.Normalize()])
+    st = SentenceTransformer(modules=[word, models.Pooling(word.get_embedding_dimension(), "mean"), models.Normalize()])
     st.save(str(root / f"{model_type}-st"))
     labels = {"num_labels": 2, "id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
     clf = root / f"{model_type}-clf"
-    transformers.AutoModelForSequenceClassification.from_config(make_config(model_type, tokenizer, **labels)) \
-        .save_pretrained(clf)
+    transformers.AutoModelForSequenceClassification.from_config(
+        make_config(model_type, tokenizer, **labels)
+    ).save_pretrained(clf)
     tokenizer.save_pretrained(clf)
     return {"embedding": root / f"{model_type}-st", "classifier": clf}
 
@@ -170,8 +224,16 @@ def trained_classifier(root: Path, model_type: str, steps: int = 150) -> Path:
     labels = {"num_labels": 2, "id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
     torch.manual_seed(0)
     model = transformers.AutoModelForSequenceClassification.from_config(
-        make_config(model_type, tokenizer, vocab_size=2500, hidden_size=256, intermediate_size=512,
-                    num_attention_heads=4, **labels))
+        make_config(
+            model_type,
+            tokenizer,
+            vocab_size=2500,
+            hidden_size=256,
+            intermediate_size=512,
+            num_attention_heads=4,
+            **labels,
+        )
+    )
     split = read_split(get_task("sst2"), data_path("glue", "SST-2"), "train")
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
     model.train()

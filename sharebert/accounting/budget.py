@@ -4,6 +4,7 @@ Candidates are plain config dicts scored analytically (``accounting``); no model
 per candidate (backbone, ``head='none'``): learned parameters, bytes stored and RAM at load
 (learned + generated weights) at the chosen dtype, and inference GFLOPs at the given sequence length.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,7 +22,9 @@ def parse_size(text: str) -> float:
     """``"10M"`` -> 1e7, ``"20MB"`` -> 2e7, ``"1.5G"`` -> 1.5e9, ``"64MiB"`` -> 64 * 2**20."""
     m = _SIZE.match(str(text))
     if not m:
-        raise ValueError(f"cannot read size {text!r}: use a number with an optional k/M/G/T suffix, e.g. 10M, 20MB, 1.5G")
+        raise ValueError(
+            f"cannot read size {text!r}: use a number with an optional k/M/G/T suffix, e.g. 10M, 20MB, 1.5G"
+        )
     number, prefix, binary = float(m.group(1)), m.group(2).lower(), bool(m.group(3))
     power = "kmgt".index(prefix) + 1 if prefix else 0
     return number * (1024 if binary else 1000) ** power
@@ -36,9 +39,23 @@ def human(x: float) -> str:
 
 
 # The fields the counts depend on: candidates equal on these are one candidate.
-_COUNTED_FIELDS = ("vocab_size", "word_embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size",
-                   "num_attention_heads", "max_position_embeddings", "type_vocab_size", "sharing", "share_layers",
-                   "attention", "qk_share_ratio", "norm_position", "pooler", "mlm_head")
+_COUNTED_FIELDS = (
+    "vocab_size",
+    "word_embedding_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "sharing",
+    "share_layers",
+    "attention",
+    "qk_share_ratio",
+    "norm_position",
+    "pooler",
+    "mlm_head",
+)
 
 
 def candidate_configs(vocab_size: int = 30528) -> list[dict]:
@@ -47,21 +64,62 @@ def candidate_configs(vocab_size: int = 30528) -> list[dict]:
 
     # the presets at the teacher's vocabulary (their own is 30,528 rows): counted with the table the student gets,
     # and only those that build with it (a cut vocabulary's table may be too small a source for a preset's layers)
-    out = [(name, c) for name, c in ((n, dict(p, vocab_size=vocab_size)) for n, p in PRESETS.items()
-                                     if not p.get("is_decoder")) if _builds(c)]
-    common = dict(vocab_size=vocab_size, max_position_embeddings=128, type_vocab_size=2, share_layers=None,
-                  qk_share_ratio=0.5, mlm_head="tied", is_decoder=False)
-    for F, V, N, ratio, head_dim, att in itertools.product((16, 32, 64, 128, 256, 384, 768), (256, 512, 768, 1024, 2048),
-                                                          (4, 6, 8, 12), (1, 2, 4), (64, 128),
-                                                          ("standard", "symmetric", "shared-qkv")):
-        c = dict(common, embedding_size=F, hidden_size=V, num_hidden_layers=N, intermediate_size=ratio * V,
-                 num_attention_heads=V // head_dim, attention=att, sharing="veps", pooler="generated", norm_position="pre")
+    out = [
+        (name, c)
+        for name, c in ((n, dict(p, vocab_size=vocab_size)) for n, p in PRESETS.items() if not p.get("is_decoder"))
+        if _builds(c)
+    ]
+    common = dict(
+        vocab_size=vocab_size,
+        max_position_embeddings=128,
+        type_vocab_size=2,
+        share_layers=None,
+        qk_share_ratio=0.5,
+        mlm_head="tied",
+        is_decoder=False,
+    )
+    for F, V, N, ratio, head_dim, att in itertools.product(
+        (16, 32, 64, 128, 256, 384, 768),
+        (256, 512, 768, 1024, 2048),
+        (4, 6, 8, 12),
+        (1, 2, 4),
+        (64, 128),
+        ("standard", "symmetric", "shared-qkv"),
+    ):
+        c = dict(
+            common,
+            embedding_size=F,
+            hidden_size=V,
+            num_hidden_layers=N,
+            intermediate_size=ratio * V,
+            num_attention_heads=V // head_dim,
+            attention=att,
+            sharing="veps",
+            pooler="generated",
+            norm_position="pre",
+        )
         if F < V and as_shape(c).columns_used() <= V:
             out.append(("sharebert", c))
-    for H, N, att in itertools.product((128, 256, 384, 512, 768), (2, 4, 6, 12), ("standard", "symmetric", "shared-qkv")):
-        out.append(("bert", dict(common, embedding_size=None, hidden_size=H, num_hidden_layers=N, intermediate_size=4 * H,
-                                 num_attention_heads=max(1, H // 64), attention=att, sharing="none", pooler="dense",
-                                 norm_position="post")))
+    for H, N, att in itertools.product(
+        (128, 256, 384, 512, 768), (2, 4, 6, 12), ("standard", "symmetric", "shared-qkv")
+    ):
+        out.append(
+            (
+                "bert",
+                dict(
+                    common,
+                    embedding_size=None,
+                    hidden_size=H,
+                    num_hidden_layers=N,
+                    intermediate_size=4 * H,
+                    num_attention_heads=max(1, H // 64),
+                    attention=att,
+                    sharing="none",
+                    pooler="dense",
+                    norm_position="post",
+                ),
+            )
+        )
     seen, unique = set(), []
     for name, c in out:  # a grid point equal to a preset keeps the preset's name
         s = as_shape(c)
@@ -99,7 +157,11 @@ class Candidate:
     def describe(self) -> str:
         s = as_shape(self.config)
         sizes = f"N={s.num_hidden_layers} I={s.intermediate_size} heads={s.num_attention_heads}"
-        shape = f"F={s.word_embedding_size} V={s.hidden_size} {sizes}" if s.sharing != "none" else f"H={s.hidden_size} {sizes}"
+        shape = (
+            f"F={s.word_embedding_size} V={s.hidden_size} {sizes}"
+            if s.sharing != "none"
+            else f"H={s.hidden_size} {sizes}"
+        )
         kind = "ShareBERT" if s.sharing == "veps" else ("BERT+EPS" if s.sharing == "eps" else "BERT")
         return f"{kind} {shape} {s.attention}"
 
@@ -109,14 +171,25 @@ def score(configs, dtype: str = "fp32", seq_len: int = 128) -> list[Candidate]:
     out = []
     for name, c in configs:
         n = count_params(c)
-        out.append(Candidate(name, c, n["learned_params"], n["learned_params"] * k,
-                             (n["learned_params"] + n["generated_params"]) * k,
-                             count_flops(c, seq_len=seq_len)["inference"] / 1e9))
+        out.append(
+            Candidate(
+                name,
+                c,
+                n["learned_params"],
+                n["learned_params"] * k,
+                (n["learned_params"] + n["generated_params"]) * k,
+                count_flops(c, seq_len=seq_len)["inference"] / 1e9,
+            )
+        )
     return out
 
 
-LIMITS = {"max_params": ("learned parameters", "params"), "max_bytes": ("bytes stored", "stored_bytes"),
-          "max_ram": ("RAM at load", "ram_bytes"), "max_gflops": ("GFLOPs per forward", "gflops")}
+LIMITS = {
+    "max_params": ("learned parameters", "params"),
+    "max_bytes": ("bytes stored", "stored_bytes"),
+    "max_ram": ("RAM at load", "ram_bytes"),
+    "max_gflops": ("GFLOPs per forward", "gflops"),
+}
 
 
 def pareto_front(cands: list[Candidate]) -> list[Candidate]:
@@ -124,13 +197,16 @@ def pareto_front(cands: list[Candidate]) -> list[Candidate]:
 
     More parameters is better (capacity), less RAM and fewer GFLOPs are better.
     """
+
     def key(c):
         return (-c.params, c.ram_bytes, c.gflops)
 
     front = []
     for c in sorted(cands, key=key):
-        if not any(o.params >= c.params and o.ram_bytes <= c.ram_bytes and o.gflops <= c.gflops and key(o) != key(c)
-                   for o in front):
+        if not any(
+            o.params >= c.params and o.ram_bytes <= c.ram_bytes and o.gflops <= c.gflops and key(o) != key(c)
+            for o in front
+        ):
             front.append(c)
     return front
 
@@ -157,19 +233,33 @@ def search_candidates(limits: dict, dtype: str = "fp32", seq_len: int = 128, mod
             label, attr = LIMITS[k]
             smallest = min(getattr(c, attr) for c in cands)
             if smallest > v:
-                reasons.append(f"{label} <= {human(v)} rules out every candidate on its own: the smallest needs "
-                               f"{human(smallest)} ({smallest / v:.2f}x the limit)")
+                reasons.append(
+                    f"{label} <= {human(v)} rules out every candidate on its own: the smallest needs "
+                    f"{human(smallest)} ({smallest / v:.2f}x the limit)"
+                )
                 continue
             others = [c for c in cands if fits(c, skip=k)]
             if others:
                 need = min(getattr(c, attr) for c in others)
-                reasons.append(f"{label} <= {human(v)}: the candidates within the other limits need at least "
-                               f"{human(need)} ({need / v:.2f}x the limit)")
-        blocking = "no configuration fits. " + ("; ".join(reasons) or "no single limit rules everything out: "
-                                                "only the limits together do; relax any of them")
-    return {"front": pareto_front(feasible), "feasible": len(feasible), "total": len(cands),
-            "presets": [c for c in feasible if c.is_preset], "all": cands, "fits": [fits(c) for c in cands],
-            "limits": limits, "dtype": dtype, "blocking": blocking, "seq_len": seq_len}
+                reasons.append(
+                    f"{label} <= {human(v)}: the candidates within the other limits need at least "
+                    f"{human(need)} ({need / v:.2f}x the limit)"
+                )
+        blocking = "no configuration fits. " + (
+            "; ".join(reasons) or "no single limit rules everything out: only the limits together do; relax any of them"
+        )
+    return {
+        "front": pareto_front(feasible),
+        "feasible": len(feasible),
+        "total": len(cands),
+        "presets": [c for c in feasible if c.is_preset],
+        "all": cands,
+        "fits": [fits(c) for c in cands],
+        "limits": limits,
+        "dtype": dtype,
+        "blocking": blocking,
+        "seq_len": seq_len,
+    }
 
 
 def _clusters(rows: list[dict], ratio: float = 1.12) -> list[list[dict]]:
@@ -203,7 +293,9 @@ def plot(result: dict, path: str) -> None:
     ax.set_xlabel("learned parameters (M, backbone)")
     ax.set_ylabel(f"GFLOPs per forward (batch 1, seq {result.get('seq_len', 128)}, weights materialised)")
     ax.set_title(_plot_title(result), fontsize=8, pad=16)
-    ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=7, frameon=False)  # beside the axes: never over a point
+    ax.legend(
+        loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=7, frameon=False
+    )  # beside the axes: never over a point
     save_figure(fig, path, dpi=120)
     plt.close(fig)
 
@@ -214,11 +306,23 @@ def _plot_candidates(ax, result: dict) -> None:
     for kind, color, name in (("veps", "tab:blue", "ShareBERT grid"), ("none", "tab:gray", "dense BERT grid")):
         for inside in (True, False):
             pts = [c for c, ok in zip(cands, fits) if ok == inside and not c.is_preset and c.config["sharing"] == kind]
-            ax.scatter([c.params / 1e6 for c in pts], [c.gflops for c in pts], s=7, color=color,
-                       alpha=0.45 if inside else 0.07, label=f"{name}, {'within' if inside else 'outside'} the limits")
+            ax.scatter(
+                [c.params / 1e6 for c in pts],
+                [c.gflops for c in pts],
+                s=7,
+                color=color,
+                alpha=0.45 if inside else 0.07,
+                label=f"{name}, {'within' if inside else 'outside'} the limits",
+            )
     front = result["front"]
-    ax.scatter([c.params / 1e6 for c in front], [c.gflops for c in front], s=22, color="tab:orange", zorder=3,
-               label="Pareto front within the limits")
+    ax.scatter(
+        [c.params / 1e6 for c in front],
+        [c.gflops for c in front],
+        s=22,
+        color="tab:orange",
+        zorder=3,
+        label="Pareto front within the limits",
+    )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(min(c.params for c in cands) / 1e6 * 0.8, max(c.params for c in cands) / 1e6 * 2.2)  # room for labels
@@ -233,8 +337,15 @@ def _plot_presets(ax, cands, fits) -> None:
     table2 = published()["table2"]["rows"]
     stars = [(c, ok) for c, ok in zip(cands, fits) if c.name in table2]
     for c, ok in stars:
-        ax.scatter(c.params / 1e6, c.gflops, marker="*", s=130, zorder=4, color="tab:red" if ok else "white",
-                   edgecolors="tab:red")
+        ax.scatter(
+            c.params / 1e6,
+            c.gflops,
+            marker="*",
+            s=130,
+            zorder=4,
+            color="tab:red" if ok else "white",
+            edgecolors="tab:red",
+        )
     _label_without_overlap(ax, [(c.name, c.params / 1e6, c.gflops) for c, _ in stars])
 
 
@@ -257,11 +368,29 @@ def _plot_methods(fig, ax) -> None:
     for letter, group in zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ", _clusters(published()["compression_methods"]["rows"])):
         x = sum(r["params"] for r in group) / len(group) / 1e6
         ax.axvline(x, color="tab:green", alpha=0.35, lw=0.9)
-        ax.text(x, 1.01, letter, transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=8,
-                color="tab:green", fontweight="bold")
-        key.append(f"{letter}  " + "; ".join(f"{r['label']} {r['params'] / 1e6:.3g}M ({r['relative_perf']}%)" for r in group))
-    fig.text(0.735, 0.9, "ShareBERT Table 1 methods (green lines;\nrelative GLUE score vs BERT Base):\n\n" +
-             "\n".join(_wrap(k, 48) for k in key), fontsize=7, va="top", family="monospace")
+        ax.text(
+            x,
+            1.01,
+            letter,
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color="tab:green",
+            fontweight="bold",
+        )
+        key.append(
+            f"{letter}  " + "; ".join(f"{r['label']} {r['params'] / 1e6:.3g}M ({r['relative_perf']}%)" for r in group)
+        )
+    fig.text(
+        0.735,
+        0.9,
+        "ShareBERT Table 1 methods (green lines;\nrelative GLUE score vs BERT Base):\n\n"
+        + "\n".join(_wrap(k, 48) for k in key),
+        fontsize=7,
+        va="top",
+        family="monospace",
+    )
 
 
 def _plot_title(result: dict) -> str:
@@ -270,10 +399,12 @@ def _plot_title(result: dict) -> str:
     shown = {"max_params": "params", "max_bytes": "bytes", "max_gflops": "GFLOPs"}
     words = [f"{LIMITS[k][0]} <= {human(v)}" for k, v in limits.items()]
     drawn = " and ".join(shown[k] for k in limits if k in shown)
-    return (f"sharebert budget: {result['feasible']:,} of {result['total']:,} candidates within "
-            f"{', '.join(words) or 'no limits'} ({result.get('dtype', 'fp32')})\n"
-            f"{'red dashes: the ' + drawn + (' limits' if ' and ' in drawn else ' limit') + ' (shaded: outside); ' if drawn else ''}"
-            "stars: ShareBERT Table 2 presets (hollow: outside the limits)")
+    return (
+        f"sharebert budget: {result['feasible']:,} of {result['total']:,} candidates within "
+        f"{', '.join(words) or 'no limits'} ({result.get('dtype', 'fp32')})\n"
+        f"{'red dashes: the ' + drawn + (' limits' if ' and ' in drawn else ' limit') + ' (shaded: outside); ' if drawn else ''}"
+        "stars: ShareBERT Table 2 presets (hollow: outside the limits)"
+    )
 
 
 def _label_without_overlap(ax, points: list[tuple[str, float, float]], fontsize: int = 7) -> None:
@@ -290,8 +421,15 @@ def _label_without_overlap(ax, points: list[tuple[str, float, float]], fontsize:
             if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
                 break
         placed.append(box)
-        ax.annotate(text, (x, y), fontsize=fontsize, zorder=5, textcoords="offset points", xytext=(dx, dy),
-                    ha="right" if dx < 0 else "left")
+        ax.annotate(
+            text,
+            (x, y),
+            fontsize=fontsize,
+            zorder=5,
+            textcoords="offset points",
+            xytext=(dx, dy),
+            ha="right" if dx < 0 else "left",
+        )
 
 
 def _wrap(text: str, width: int) -> str:
@@ -300,7 +438,9 @@ def _wrap(text: str, width: int) -> str:
     return "\n   ".join(textwrap.wrap(text, width))
 
 
-def student_for(teacher: dict, limits: dict, seq_len: int = 128, num_labels: int | None = None) -> tuple[Candidate, int]:
+def student_for(
+    teacher: dict, limits: dict, seq_len: int = 128, num_labels: int | None = None
+) -> tuple[Candidate, int]:
     """``(candidate, head parameters)``: the ShareBERT student ``sharebert compress`` trains for a teacher (its
     config fields: ``vocab_size``, ``hidden_size`` H, ``num_hidden_layers`` L) under ``limits`` (``max_params``,
     ``max_bytes`` at int8), counting the head the student keeps: the V -> H output projection of a narrower
@@ -329,30 +469,43 @@ def _student_configs(teacher: dict) -> list[tuple[str, dict]]:
     least), at the teacher's positions with no pooler; ``ValueError`` when there are none."""
     H, L = int(teacher["hidden_size"]), int(teacher["num_hidden_layers"])
     positions = int(teacher.get("max_length") or 128)
-    shaped = [(n, {**c, "pooler": "none", "max_position_embeddings": positions})
-              for n, c in candidate_configs(int(teacher["vocab_size"]))
-              if c["sharing"] == "veps" and c.get("attention", "standard") == "standard"
-              and c["num_hidden_layers"] <= max(L, 4) and c["max_position_embeddings"] == 128]
+    shaped = [
+        (n, {**c, "pooler": "none", "max_position_embeddings": positions})
+        for n, c in candidate_configs(int(teacher["vocab_size"]))
+        if c["sharing"] == "veps"
+        and c.get("attention", "standard") == "standard"
+        and c["num_hidden_layers"] <= max(L, 4)
+        and c["max_position_embeddings"] == 128
+    ]
     if not shaped:  # a ShareBERT generates its layers' weights from its word table: a few hundred rows source none
-        raise ValueError(f"no ShareBERT student builds on a {teacher['vocab_size']}-row word table: its layers' "
-                         "weights are generated from that table, and it is too small a source")
+        raise ValueError(
+            f"no ShareBERT student builds on a {teacher['vocab_size']}-row word table: its layers' "
+            "weights are generated from that table, and it is too small a source"
+        )
     configs = [(n, c) for n, c in shaped if c["hidden_size"] <= H]
     if not configs:
         narrowest = min(c["hidden_size"] for _, c in shaped)
-        raise ValueError(f"no ShareBERT student is as narrow as this teacher (hidden_size {H}); the narrowest "
-                         f"candidate has hidden_size {narrowest}")
+        raise ValueError(
+            f"no ShareBERT student is as narrow as this teacher (hidden_size {H}); the narrowest "
+            f"candidate has hidden_size {narrowest}"
+        )
     return configs
 
 
 def _fitting(cands: list, limits: dict, total, teacher: dict) -> list:
     """The candidates whose ``total`` parameters (head included) are within ``max_params`` and ``max_bytes``;
     ``ValueError`` naming the smallest one's when none is."""
-    fits = [c for c in cands if all(total(c) <= v for k, v in limits.items() if v is not None
-                                    and k in ("max_params", "max_bytes"))]
+    fits = [
+        c
+        for c in cands
+        if all(total(c) <= v for k, v in limits.items() if v is not None and k in ("max_params", "max_bytes"))
+    ]
     if not fits:
         smallest = min(cands, key=total)
         stated = ", ".join(f"{k.replace('_', '-')} {human(v)}" for k, v in limits.items() if v is not None)
-        raise ValueError(f"no ShareBERT student fits under {stated}: the smallest for this teacher's vocabulary "
-                         f"({teacher['vocab_size']} tokens) has {human(total(smallest))} learned parameters "
-                         f"({human(total(smallest))}B at int8)")
+        raise ValueError(
+            f"no ShareBERT student fits under {stated}: the smallest for this teacher's vocabulary "
+            f"({teacher['vocab_size']} tokens) has {human(total(smallest))} learned parameters "
+            f"({human(total(smallest))}B at int8)"
+        )
     return fits

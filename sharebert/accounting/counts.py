@@ -16,6 +16,7 @@ FLOP convention: FLOPs = 2 x multiply-accumulates of the matrix products (linear
 generation, attention scores and context); element-wise work (biases, norms, softmax, GELU, the
 shared-qkv scalings) and embedding lookups count 0, as in ``torch.utils.flop_counter``.
 """
+
 from __future__ import annotations
 
 from ..model.shape import FILL_ORDER, ModelShape, ShapeMixin
@@ -58,7 +59,9 @@ def count_params(config, head: str = "none") -> dict:
         c["virtual_projection"] = F * V + V  # P and p of M = A @ P + p
     if s.sharing == "none":
         c["encoder_matrices"] = (1 if s.share_layers else N) * _numel(s.layer_matrices())
-    c["layer_biases_and_norms"] = N * (s.attention_vectors() + I + V + 4 * V) + (2 * V if s.norm_position == "pre" else 0)
+    c["layer_biases_and_norms"] = N * (s.attention_vectors() + I + V + 4 * V) + (
+        2 * V if s.norm_position == "pre" else 0
+    )
     if with_pooler:
         c["pooler"] = V + (V * V if s.pooler == "dense" else 0)  # a generated pooler learns only its bias
     if head == "mlm":
@@ -67,8 +70,9 @@ def count_params(config, head: str = "none") -> dict:
     if head == "classifier":
         c["classifier"] = V * s.labels_count + s.labels_count
     learned = sum(c.values())
-    embeddings_module = sum(c.get(k, 0) for k in ("word_embeddings", "input_projection", "positions_and_token_types",
-                                                   "embedding_norm"))
+    embeddings_module = sum(
+        c.get(k, 0) for k in ("word_embeddings", "input_projection", "positions_and_token_types", "embedding_norm")
+    )
     generated = _numel(s.generated_targets(with_pooler=head != "mlm"))
     return {
         "head": head,
@@ -78,8 +82,11 @@ def count_params(config, head: str = "none") -> dict:
         "generated_params": generated,
         "columns_used": s.columns_used(),
         "components": c,
-        "counted": {"pooler": with_pooler and s.pooler, "mlm_head": head == "mlm" and s.mlm_head,
-                    "classifier": head == "classifier"},
+        "counted": {
+            "pooler": with_pooler and s.pooler,
+            "mlm_head": head == "mlm" and s.mlm_head,
+            "classifier": head == "classifier",
+        },
     }
 
 
@@ -141,8 +148,11 @@ def count_bytes(config, head: str = "none") -> dict:
     n = count_params(config, head)
     stored = {d: n["learned_params"] * k for d, k in DTYPE_BYTES.items()}
     materialised = {d: n["generated_params"] * k for d, k in DTYPE_BYTES.items()}
-    return {"stored": stored, "materialised": materialised,
-            "at_load": {d: stored[d] + materialised[d] for d in DTYPE_BYTES}}
+    return {
+        "stored": stored,
+        "materialised": materialised,
+        "at_load": {d: stored[d] + materialised[d] for d in DTYPE_BYTES},
+    }
 
 
 def published() -> dict:
@@ -171,7 +181,9 @@ def paper_figures(preset: str | None, head: str = "none") -> dict | None:
         out["source"] = f"{data['sources']['sharebert']}, Table 2"
     if head == "mlm" and preset in data["attention_counts"]["rows"]:
         row = data["attention_counts"]["rows"][preset]
-        out.update(params=row["params"], exact_params=row["params"], source=f"{data['sources'][row['source']]}, {row['table']}")
+        out.update(
+            params=row["params"], exact_params=row["params"], source=f"{data['sources'][row['source']]}, {row['table']}"
+        )
     if out and preset in data["flops"]["gflops"]:
         out["gflops"] = data["flops"]["gflops"][preset]
         out["gflops_source"] = f"{data['sources']['sharebert']}, Limitations (batch 1, sequence 128)"

@@ -4,6 +4,7 @@ A run folder holds the Trainer's log events: ``log.jsonl`` (``sharebert pretrain
 line) or ``log_history.json`` (``sharebert finetune``, one list). Each event has ``step`` and some of
 ``loss``, ``eval_loss``, ``learning_rate``. ``sharebert plot RUN_DIR`` redraws ``curves.png``.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,11 @@ def read_log(run_dir: str | Path) -> list[dict]:
     if path.suffix == ".json":
         events = read_json(path)
     else:
-        events = [parse_json(line, f"{path} line {n}", allow_nan=True)  # a diverged run logs NaN losses
-                  for n, line in enumerate(read_bytes(path, "the run's log", RESULT_JSON_BYTES).splitlines(), 1) if line.strip()]
+        events = [
+            parse_json(line, f"{path} line {n}", allow_nan=True)  # a diverged run logs NaN losses
+            for n, line in enumerate(read_bytes(path, "the run's log", RESULT_JSON_BYTES).splitlines(), 1)
+            if line.strip()
+        ]
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise ValueError(f"{path}: expected log events (JSON objects with a step)")
     return [e for e in events if isinstance(e.get("step"), (int, float))]
@@ -66,8 +70,9 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> Path:
     if not (train[0] or valid[0] or objective[0]):
         raise ValueError("the log holds no loss yet: nothing to draw")
     rows = [("loss", 3)] + ([("objective", 2)] if distill else []) + [("lr", 1)]
-    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 2.2 + 1.4 * len(rows)), sharex=True,
-                             height_ratios=[h for _, h in rows])
+    fig, axes = plt.subplots(
+        len(rows), 1, figsize=(8, 2.2 + 1.4 * len(rows)), sharex=True, height_ratios=[h for _, h in rows]
+    )
     panels = dict(zip((name for name, _ in rows), axes))
     top = panels["loss"]
     _line(top, train, "train: gold-label term (last batch)" if distill else "train loss")
@@ -77,18 +82,33 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> Path:
         top.text(0.5, 0.5, "no train or validation loss logged", transform=top.transAxes, ha="center")
     else:
         if not train[0]:
-            top.text(0.5, 0.9, "train loss not logged (the run was shorter than its logging interval)",
-                     transform=top.transAxes, ha="center", fontsize=8)
+            top.text(
+                0.5,
+                0.9,
+                "train loss not logged (the run was shorter than its logging interval)",
+                transform=top.transAxes,
+                ha="center",
+                fontsize=8,
+            )
         top.legend(loc="lower right" if not train[0] else "best")
     top.set_title(title, fontsize=9)
     if distill:
-        _line(panels["objective"], objective, "train: distillation objective (weighted sum of terms)", color="tab:purple")
+        _line(
+            panels["objective"], objective, "train: distillation objective (weighted sum of terms)", color="tab:purple"
+        )
         panels["objective"].set_ylabel("objective")
         panels["objective"].legend(fontsize=8)
     _line(panels["lr"], lr, None, color="tab:green")
     if not lr[0]:
-        panels["lr"].text(0.5, 0.5, "not logged (the run was shorter than its logging interval)",
-                          transform=panels["lr"].transAxes, ha="center", va="center", fontsize=8)
+        panels["lr"].text(
+            0.5,
+            0.5,
+            "not logged (the run was shorter than its logging interval)",
+            transform=panels["lr"].transAxes,
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
     panels["lr"].set_ylabel("learning rate")
     panels["lr"].set_xlabel("optimizer step")
     for ax in axes:

@@ -1,4 +1,5 @@
 """``sharebert build``: write a ready-to-train model folder from a preset."""
+
 from __future__ import annotations
 
 from sharebert_runtime import options as opt
@@ -8,15 +9,29 @@ def add_arguments(p):
     from ..model.shape import PRESETS
 
     p.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
-    p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
-                   help="override a config field, e.g. --set attention=symmetric (repeatable)")
-    p.add_argument("--vocab", type=opt.path, help="WordPiece vocab.txt (default: ../shared/data/bert-base-uncased/vocab.txt)")
-    p.add_argument("--head", choices=["mlm", "clm"],
-                   help="masked-LM or causal-LM head (default: causal for a decoder preset such as charlm-tiny, else masked)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="override a config field, e.g. --set attention=symmetric (repeatable)",
+    )
+    p.add_argument(
+        "--vocab", type=opt.path, help="WordPiece vocab.txt (default: ../shared/data/bert-base-uncased/vocab.txt)"
+    )
+    p.add_argument(
+        "--head",
+        choices=["mlm", "clm"],
+        help="masked-LM or causal-LM head (default: causal for a decoder preset such as charlm-tiny, else masked)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--portable", action="store_true",
-                   help="also write the modeling code into the folder (config.json auto_map): it then loads with "
-                        "transformers' trust_remote_code=True where sharebert is not installed")
+    p.add_argument(
+        "--portable",
+        action="store_true",
+        help="also write the modeling code into the folder (config.json auto_map): it then loads with "
+        "transformers' trust_remote_code=True where sharebert is not installed",
+    )
     p.add_argument("--out", type=opt.path, required=True, help="output folder")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
 
@@ -33,8 +48,14 @@ def run(args) -> int:
 
     overrides = parse_overrides(args.overrides)
     preset_fields(args.preset)  # an unknown preset fails here, before torch is imported
-    out = check_out_dir(args.out, "model folder", made_by("build"), args.overwrite, legacy=is_model_folder,
-                        inputs=[args.vocab] if args.vocab else ())
+    out = check_out_dir(
+        args.out,
+        "model folder",
+        made_by("build"),
+        args.overwrite,
+        legacy=is_model_folder,
+        inputs=[args.vocab] if args.vocab else (),
+    )
     from ..formats.build import build_model  # torch and transformers: only once the input is known to be good
 
     # --overwrite replaces the folder whole (no file of the old model stays, e.g. its modules.json): built
@@ -62,7 +83,9 @@ def run(args) -> int:
     c = model.config
     n = count_params(c)
     print(f"built {args.preset} -> {out}")
-    print(f"  sharing={c.sharing} attention={c.attention} E={c.vocab_size} F={c.word_embedding_size} "
-          f"V={c.hidden_size} N={c.num_hidden_layers} I={c.intermediate_size} heads={c.num_attention_heads}")
+    print(
+        f"  sharing={c.sharing} attention={c.attention} E={c.vocab_size} F={c.word_embedding_size} "
+        f"V={c.hidden_size} N={c.num_hidden_layers} I={c.intermediate_size} heads={c.num_attention_heads}"
+    )
     print(f"  learned parameters (backbone): {n['learned_params']:,}; tokenizer: {len(tok):,} tokens")
     return 0

@@ -1,6 +1,7 @@
 """``sharebert compress``: distil a pre-trained sentence-embedding encoder (or a GLUE classifier: general, then task
 distillation) into a small ShareBERT, export it int8 and report teacher vs student (size, memory, speed, STS-B dev
 Spearman or the task's dev metric)."""
+
 from __future__ import annotations
 
 import sys
@@ -20,62 +21,134 @@ def add_arguments(p):
     from ..training.glue import TASKS
     from .finetune import add_save_minutes_argument
 
-    p.add_argument("teacher", type=opt.path, metavar="TEACHER", help="the teacher: a sentence-transformers or transformers folder of "
-                                                                     "any encoder architecture (bert, distilbert, roberta, "
-                                                                     "xlm-roberta, mpnet, electra, deberta-v2, albert, "
-                                                                     "modernbert, ...), or such a classifier fine-tuned on "
-                                                                     "a GLUE task")
-    p.add_argument("--out", type=opt.path, required=True, help="output folder: student/ (the model alone, to ship), "
-                                                               "artifact/, report.md, report.json, report.png")
-    p.add_argument("--max-params", default=None, help=f"learned parameters of the student, e.g. 3M (default {MAX_PARAMS} "
-                                                      "unless --max-bytes is given)")
+    p.add_argument(
+        "teacher",
+        type=opt.path,
+        metavar="TEACHER",
+        help="the teacher: a sentence-transformers or transformers folder of "
+        "any encoder architecture (bert, distilbert, roberta, "
+        "xlm-roberta, mpnet, electra, deberta-v2, albert, "
+        "modernbert, ...), or such a classifier fine-tuned on "
+        "a GLUE task",
+    )
+    p.add_argument(
+        "--out",
+        type=opt.path,
+        required=True,
+        help="output folder: student/ (the model alone, to ship), artifact/, report.md, report.json, report.png",
+    )
+    p.add_argument(
+        "--max-params",
+        default=None,
+        help=f"learned parameters of the student, e.g. 3M (default {MAX_PARAMS} unless --max-bytes is given)",
+    )
     p.add_argument("--max-bytes", help="bytes of the student's int8 file, e.g. 4MB")
-    p.add_argument("--max-time", type=opt.positive_float, default=MAX_TIME, metavar="SECONDS",
-                   help=f"seconds for the whole command (default {MAX_TIME:g}): the teacher's pass, training, export "
-                        "and measures, planned in one line before the first step; a classifier teacher: the training "
-                        "time of each phase")
-    p.add_argument("--max-steps", type=opt.positive_int, help="stop after N optimizer steps (default: --max-time decides)")
-    p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="unlabelled text (one paragraph or sentence per line, or "
-                                                               "GLUE .tsv); default: WikiText-2 valid, STS-B and SST-2 "
-                                                               "training sentences from the data folder, else the text "
-                                                               "shipped in the package (sharebert/data/text)")
-    p.add_argument("--data", type=opt.path, metavar="DIR", help="a folder from `sharebert prepare --tokenizer TEACHER` instead of "
-                                                 "--train: its packed sequences, memory-mapped, the teacher run per batch")
-    p.add_argument("--max-train-samples", type=opt.positive_int, default=SENTENCES, help=f"sentences to train on (default {SENTENCES}; "
-                                                                                       "a classifier: also its task's training examples)")
-    p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
-                   help=f"loss on the sentence vectors (default {EMBEDDING_LOSS})")
-    p.add_argument("--word-strings", type=opt.non_negative_float, metavar="R",
-                   help=f"R strings of 1-4 whole words of the student's vocabulary per training sentence, each taught "
-                        f"with the teacher's vector: words the text lacks (default {WORD_STRINGS:g} for an encoder "
-                        "teacher, 0 for a classifier's general distillation; 0: off)")
+    p.add_argument(
+        "--max-time",
+        type=opt.positive_float,
+        default=MAX_TIME,
+        metavar="SECONDS",
+        help=f"seconds for the whole command (default {MAX_TIME:g}): the teacher's pass, training, export "
+        "and measures, planned in one line before the first step; a classifier teacher: the training "
+        "time of each phase",
+    )
+    p.add_argument(
+        "--max-steps", type=opt.positive_int, help="stop after N optimizer steps (default: --max-time decides)"
+    )
+    p.add_argument(
+        "--train",
+        type=opt.path,
+        nargs="+",
+        metavar="FILE",
+        help="unlabelled text (one paragraph or sentence per line, or "
+        "GLUE .tsv); default: WikiText-2 valid, STS-B and SST-2 "
+        "training sentences from the data folder, else the text "
+        "shipped in the package (sharebert/data/text)",
+    )
+    p.add_argument(
+        "--data",
+        type=opt.path,
+        metavar="DIR",
+        help="a folder from `sharebert prepare --tokenizer TEACHER` instead of "
+        "--train: its packed sequences, memory-mapped, the teacher run per batch",
+    )
+    p.add_argument(
+        "--max-train-samples",
+        type=opt.positive_int,
+        default=SENTENCES,
+        help=f"sentences to train on (default {SENTENCES}; a classifier: also its task's training examples)",
+    )
+    p.add_argument(
+        "--loss",
+        choices=EMBEDDING_LOSSES,
+        default=EMBEDDING_LOSS,
+        help=f"loss on the sentence vectors (default {EMBEDDING_LOSS})",
+    )
+    p.add_argument(
+        "--word-strings",
+        type=opt.non_negative_float,
+        metavar="R",
+        help=f"R strings of 1-4 whole words of the student's vocabulary per training sentence, each taught "
+        f"with the teacher's vector: words the text lacks (default {WORD_STRINGS:g} for an encoder "
+        "teacher, 0 for a classifier's general distillation; 0: off)",
+    )
     p.add_argument("--lr", type=opt.positive_float, default=LR, help=f"peak learning rate (default {LR:g})")
     p.add_argument("--batch-size", type=opt.positive_int, default=BATCH, help=f"default {BATCH}")
-    p.add_argument("--eval-limit", type=opt.positive_int, help="a classifier teacher: score the first N GLUE dev examples "
-                                                                 "(default all)")
-    p.add_argument("--eval-pairs", type=opt.path, metavar="FILE",
-                   help="an encoder teacher: your sentence pairs, tab-separated sentence1, sentence2 and a gold score "
-                        "or same/different; the report gives teacher and student Spearman on them (beside the "
-                        "agreement with the teacher on held-out text, and STS-B dev where the data folder has it)")
-    p.add_argument("--task", choices=list(TASKS), help="a classifier teacher's GLUE task (default: the one its "
-                                                       "`sharebert finetune` metrics.json records, or its label names tell)")
-    p.add_argument("--task-lr", type=opt.positive_float, default=None,
-                   help=f"a classifier's task distillation: peak learning rate (default {TASK_LR:g})")
-    p.add_argument("--augment", type=opt.positive_int, metavar="N",
-                   help="a classifier's task distillation: add N perturbed copies of each training example, taught "
-                        "by the teacher's logits (`distill --augment`; the teacher's pass grows N + 1 times)")
-    p.add_argument("--vocab-size", type=opt.positive_int, metavar="N",
-                   help="keep the N tokens of the teacher's vocabulary the --train text (a classifier: and its task's "
-                        "training text) uses most, with its special and fallback tokens (default: the whole vocabulary, "
-                        "cut to the text's tokens only when it does not fit the limits)")
+    p.add_argument(
+        "--eval-limit",
+        type=opt.positive_int,
+        help="a classifier teacher: score the first N GLUE dev examples (default all)",
+    )
+    p.add_argument(
+        "--eval-pairs",
+        type=opt.path,
+        metavar="FILE",
+        help="an encoder teacher: your sentence pairs, tab-separated sentence1, sentence2 and a gold score "
+        "or same/different; the report gives teacher and student Spearman on them (beside the "
+        "agreement with the teacher on held-out text, and STS-B dev where the data folder has it)",
+    )
+    p.add_argument(
+        "--task",
+        choices=list(TASKS),
+        help="a classifier teacher's GLUE task (default: the one its "
+        "`sharebert finetune` metrics.json records, or its label names tell)",
+    )
+    p.add_argument(
+        "--task-lr",
+        type=opt.positive_float,
+        default=None,
+        help=f"a classifier's task distillation: peak learning rate (default {TASK_LR:g})",
+    )
+    p.add_argument(
+        "--augment",
+        type=opt.positive_int,
+        metavar="N",
+        help="a classifier's task distillation: add N perturbed copies of each training example, taught "
+        "by the teacher's logits (`distill --augment`; the teacher's pass grows N + 1 times)",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=opt.positive_int,
+        metavar="N",
+        help="keep the N tokens of the teacher's vocabulary the --train text (a classifier: and its task's "
+        "training text) uses most, with its special and fallback tokens (default: the whole vocabulary, "
+        "cut to the text's tokens only when it does not fit the limits)",
+    )
     p.add_argument("--seed", type=int, default=0)
     add_save_minutes_argument(p, FinetuneArgs.save_minutes)
-    p.add_argument("--no-portable", dest="portable", action="store_false",
-                   help="an encoder teacher: --out/student without the modeling code that lets AutoModel / "
-                        "SentenceTransformer load it with trust_remote_code=True where sharebert is not installed")
-    p.add_argument("--keep-work", action="store_true",
-                   help="an encoder teacher: keep --out/work (the distillation's checkpoints and the teacher's "
-                        "vectors), which a finished run removes")
+    p.add_argument(
+        "--no-portable",
+        dest="portable",
+        action="store_false",
+        help="an encoder teacher: --out/student without the modeling code that lets AutoModel / "
+        "SentenceTransformer load it with trust_remote_code=True where sharebert is not installed",
+    )
+    p.add_argument(
+        "--keep-work",
+        action="store_true",
+        help="an encoder teacher: keep --out/work (the distillation's checkpoints and the teacher's "
+        "vectors), which a finished run removes",
+    )
     p.add_argument("--resume", action="store_true", help="continue a stopped run in --out")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier compress result in --out")
 
@@ -89,8 +162,9 @@ def run(args) -> int:
     from ..pipelines.compress import is_classifier, precheck
 
     # every check that needs no model comes first, torch not imported yet (a bad --train or --out: < 2 s)
-    _, raw = precheck(args.teacher, args.out, limits, args.train, args.data, args.overwrite, args.resume,
-                      args.eval_pairs)
+    _, raw = precheck(
+        args.teacher, args.out, limits, args.train, args.data, args.overwrite, args.resume, args.eval_pairs
+    )
     classifier = is_classifier(raw)
     _check_teacher_options(args, classifier)
 
@@ -105,15 +179,37 @@ def run(args) -> int:
     try:
         with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
             if classifier:
-                r = compress_classifier(args.teacher, args.out, limits, eargs, task_args, task=args.task,
-                                        train=args.train, overwrite=args.overwrite, resume=args.resume,
-                                        stopper=stopper, vocab_size=args.vocab_size)
+                r = compress_classifier(
+                    args.teacher,
+                    args.out,
+                    limits,
+                    eargs,
+                    task_args,
+                    task=args.task,
+                    train=args.train,
+                    overwrite=args.overwrite,
+                    resume=args.resume,
+                    stopper=stopper,
+                    vocab_size=args.vocab_size,
+                )
             else:
-                r = compress(args.teacher, args.out, limits, eargs, train=args.train, data=args.data,
-                             overwrite=args.overwrite, resume=args.resume, eval_pairs=args.eval_pairs,
-                             budget=TimeBudget(args.max_time, start=started) if args.max_time else None,
-                             portable=args.portable, keep_work=args.keep_work,
-                             stopper=stopper, task=args.task, vocab_size=args.vocab_size)
+                r = compress(
+                    args.teacher,
+                    args.out,
+                    limits,
+                    eargs,
+                    train=args.train,
+                    data=args.data,
+                    overwrite=args.overwrite,
+                    resume=args.resume,
+                    eval_pairs=args.eval_pairs,
+                    budget=TimeBudget(args.max_time, start=started) if args.max_time else None,
+                    portable=args.portable,
+                    keep_work=args.keep_work,
+                    stopper=stopper,
+                    task=args.task,
+                    vocab_size=args.vocab_size,
+                )
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)
         return 128 + e.signum
@@ -130,8 +226,10 @@ def _limits(args) -> dict:
     """``max_params`` and ``max_bytes`` (None: not given); neither given: ``MAX_PARAMS``."""
     from ..accounting.budget import parse_size
 
-    limits = {"max_params": parse_size(args.max_params) if args.max_params else None,
-              "max_bytes": parse_size(args.max_bytes) if args.max_bytes else None}
+    limits = {
+        "max_params": parse_size(args.max_params) if args.max_params else None,
+        "max_bytes": parse_size(args.max_bytes) if args.max_bytes else None,
+    }
     if limits["max_params"] is None and limits["max_bytes"] is None:
         limits["max_params"] = parse_size(MAX_PARAMS)
     return limits
@@ -140,20 +238,28 @@ def _limits(args) -> dict:
 def _check_teacher_options(args, classifier: bool) -> None:
     """``ValueError`` for an option of the other kind of teacher (a classifier's or an encoder's)."""
     if classifier and args.eval_pairs:
-        raise ValueError("--eval-pairs is for an encoder teacher; a classifier is scored on its GLUE task's dev set "
-                         "(--eval-limit N: its first N examples)")
+        raise ValueError(
+            "--eval-pairs is for an encoder teacher; a classifier is scored on its GLUE task's dev set "
+            "(--eval-limit N: its first N examples)"
+        )
     if not classifier and args.eval_limit:
-        raise ValueError("--eval-limit is for a classifier teacher's GLUE dev set; an encoder's STS-B row is always "
-                         "on all 1,500 pairs (--eval-pairs FILE: your own pairs)")
+        raise ValueError(
+            "--eval-limit is for a classifier teacher's GLUE dev set; an encoder's STS-B row is always "
+            "on all 1,500 pairs (--eval-pairs FILE: your own pairs)"
+        )
     if classifier and args.data:
         raise ValueError("--data is for an embedding teacher; a classifier's general distillation reads --train text")
     if classifier and (args.keep_work or not args.portable):
-        raise ValueError(f"--{'keep-work' if args.keep_work else 'no-portable'} is for an encoder teacher; a "
-                         "classifier's phases keep their own folders (general/, student/)")
+        raise ValueError(
+            f"--{'keep-work' if args.keep_work else 'no-portable'} is for an encoder teacher; a "
+            "classifier's phases keep their own folders (general/, student/)"
+        )
     for name in ("task_lr", "augment"):
         if not classifier and getattr(args, name) is not None:
-            raise ValueError(f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "
-                             f"{args.teacher} is an encoder")
+            raise ValueError(
+                f"--{name.replace('_', '-')} is for a classifier teacher's task distillation; "
+                f"{args.teacher} is an encoder"
+            )
 
 
 def _recipes(args, classifier: bool):
@@ -161,14 +267,27 @@ def _recipes(args, classifier: bool):
     from ..training.distill import DistillArgs, DistillWeights
     from ..training.distill_embedding import EmbeddingArgs
 
-    steps = dict(epochs=1000.0, batch_size=args.batch_size, warmup_steps=min(100, (args.max_steps or 500) // 5),
-                 max_steps=args.max_steps or (None if args.max_time else 1000), seed=args.seed,
-                 max_train_samples=args.max_train_samples, eval_steps=200, save_minutes=args.save_minutes)
-    eargs = EmbeddingArgs(lr=args.lr, **steps, loss=args.loss, max_time=args.max_time,
-                          words=(0.0 if classifier else WORD_STRINGS) if args.word_strings is None else args.word_strings,
-                          weights=DistillWeights(hidden=0, attention=0, embedding=0))
-    task_args = DistillArgs(lr=args.task_lr or TASK_LR, **steps, max_eval_samples=args.eval_limit,
-                            augment=args.augment or 0)
+    steps = dict(
+        epochs=1000.0,
+        batch_size=args.batch_size,
+        warmup_steps=min(100, (args.max_steps or 500) // 5),
+        max_steps=args.max_steps or (None if args.max_time else 1000),
+        seed=args.seed,
+        max_train_samples=args.max_train_samples,
+        eval_steps=200,
+        save_minutes=args.save_minutes,
+    )
+    eargs = EmbeddingArgs(
+        lr=args.lr,
+        **steps,
+        loss=args.loss,
+        max_time=args.max_time,
+        words=(0.0 if classifier else WORD_STRINGS) if args.word_strings is None else args.word_strings,
+        weights=DistillWeights(hidden=0, attention=0, embedding=0),
+    )
+    task_args = DistillArgs(
+        lr=args.task_lr or TASK_LR, **steps, max_eval_samples=args.eval_limit, augment=args.augment or 0
+    )
     return eargs, task_args
 
 
@@ -177,15 +296,24 @@ def _print_result(r: dict) -> None:
     t, s = r["teacher"], r["student"]
     if "task" in r:
         q = f"{r['task']} dev {r['metric']}"
-        print(f"teacher {t['learned_params']:,} params, {t['artifact_bytes'] / 1e6:.1f} MB {t['quantization']}, {q} "
-              f"{t['glue_dev']:.4f} ({t['quantization']} {t['glue_dev_artifact']:.4f}), p50 16 tok {t['p50_ms_16']:.1f} ms")
-        print(f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, {q} {s['glue_dev']:.4f} "
-              f"(fp32 {s['glue_dev_fp32']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms")
+        print(
+            f"teacher {t['learned_params']:,} params, {t['artifact_bytes'] / 1e6:.1f} MB {t['quantization']}, {q} "
+            f"{t['glue_dev']:.4f} ({t['quantization']} {t['glue_dev_artifact']:.4f}), p50 16 tok {t['p50_ms_16']:.1f} ms"
+        )
+        print(
+            f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, {q} {s['glue_dev']:.4f} "
+            f"(fp32 {s['glue_dev_fp32']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms"
+        )
         return
     for who, d in (("teacher", t), ("student", s)):
-        size = (f"{d['artifact_bytes'] / 1e6:.1f} MB {d['quantization']}" if who == "teacher"
-                else f"{d['file_bytes'] / 1e6:.1f} MB int8")
-        print(f"{who} {d['learned_params']:,} params, {size}, p50 16 tok {d['p50_ms_16']:.1f} ms, peak RSS "
-              f"{d['peak_rss_bytes'] / 1e6:.0f} MB")
+        size = (
+            f"{d['artifact_bytes'] / 1e6:.1f} MB {d['quantization']}"
+            if who == "teacher"
+            else f"{d['file_bytes'] / 1e6:.1f} MB int8"
+        )
+        print(
+            f"{who} {d['learned_params']:,} params, {size}, p50 16 tok {d['p50_ms_16']:.1f} ms, peak RSS "
+            f"{d['peak_rss_bytes'] / 1e6:.0f} MB"
+        )
     for q in r["quality"]:
         print(f"  {q['label']}: teacher {t[q['key']]:.4f}, student {s[q['key']]:.4f}")

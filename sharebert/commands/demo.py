@@ -6,6 +6,7 @@ student and answer a similarity query with the torch-free runtime; otherwise bui
 pre-train it briefly on WikiText-2, export it as an int8 ONNX artifact and answer fill-mask queries.
 Each step prints its report; under 5 minutes on 2 CPU cores.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,10 +33,13 @@ def _compress_demo(main, out: Path, t0: float) -> int:
     """Compress the real all-MiniLM-L6-v2 into a ShareBERT (a short run), then answer similarity queries with the
     torch-free runtime."""
     teacher = _real_teacher()
-    _step("2. Compress all-MiniLM-L6-v2 (22.7M parameters) into a ShareBERT under 5M (5 minutes in all: "
-          "distillation, export and measures)")
-    rc = main(["compress", str(teacher), "--out", str(out / "compress"), "--max-time", "300",
-               "--max-train-samples", "4000"])
+    _step(
+        "2. Compress all-MiniLM-L6-v2 (22.7M parameters) into a ShareBERT under 5M (5 minutes in all: "
+        "distillation, export and measures)"
+    )
+    rc = main(
+        ["compress", str(teacher), "--out", str(out / "compress"), "--max-time", "300", "--max-train-samples", "4000"]
+    )
     if rc:
         return rc
     print((out / "compress" / "report.md").read_text())
@@ -56,8 +60,9 @@ def search(result: Path) -> float:
     from ..formats.paths import packaged_search
 
     corpus, queries, _ = packaged_search()
-    _step(f"3. Similarity search with the torch-free runtime over {len(corpus)} sentences: the student beside its "
-          "teacher")
+    _step(
+        f"3. Similarity search with the torch-free runtime over {len(corpus)} sentences: the student beside its teacher"
+    )
 
     def top(artifact: Path) -> tuple[np.ndarray, np.ndarray]:
         rt = Runtime(artifact)
@@ -67,10 +72,14 @@ def search(result: Path) -> float:
 
     (s_top, s_cos), (t_top, t_cos) = top(result / "artifact"), top(result / "teacher_artifact")
     for i in range(SHOWN):
-        print(f"query: {queries[i]}\n  student ({s_cos[i]:.3f}): {corpus[s_top[i]]}\n  teacher ({t_cos[i]:.3f}): "
-              f"{corpus[t_top[i]]}")
-    print(f"the student's top answer is the teacher's for {int((s_top == t_top).sum())} of {len(queries)} queries "
-          "(both as int8 artifacts)")
+        print(
+            f"query: {queries[i]}\n  student ({s_cos[i]:.3f}): {corpus[s_top[i]]}\n  teacher ({t_cos[i]:.3f}): "
+            f"{corpus[t_top[i]]}"
+        )
+    print(
+        f"the student's top answer is the teacher's for {int((s_top == t_top).sum())} of {len(queries)} queries "
+        "(both as int8 artifacts)"
+    )
     return float((s_top == t_top).mean())
 
 
@@ -78,7 +87,12 @@ def add_arguments(p):
     p.add_argument("--out", type=opt.path, default="runs/demo", help="working folder (default: runs/demo)")
     from sharebert_runtime.options import positive_int
 
-    p.add_argument("--steps", type=positive_int, default=300, help="pre-training steps of the tiny path, without all-MiniLM-L6-v2 (default: 300)")
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        default=300,
+        help="pre-training steps of the tiny path, without all-MiniLM-L6-v2 (default: 300)",
+    )
 
 
 def _step(title: str):
@@ -116,22 +130,59 @@ def run(args) -> int:
         return rc
 
     _step(f"3. Pre-train {args.steps} masked-LM steps on WikiText-2 (valid split; test split held out)")
-    rc = main(["pretrain", "--model", str(out / "model"), "--train", str(train),
-               "--valid", str(valid), "--out", str(out / "pretrained"), "--max-steps", str(args.steps),
-               "--batch-size", "32", "--seq-len", "64", "--lr", "2e-3", "--eval-steps", str(args.steps),
-               "--save-steps", str(args.steps), "--max-eval-sequences", "64", "--logging-steps", "25"])
+    rc = main(
+        [
+            "pretrain",
+            "--model",
+            str(out / "model"),
+            "--train",
+            str(train),
+            "--valid",
+            str(valid),
+            "--out",
+            str(out / "pretrained"),
+            "--max-steps",
+            str(args.steps),
+            "--batch-size",
+            "32",
+            "--seq-len",
+            "64",
+            "--lr",
+            "2e-3",
+            "--eval-steps",
+            str(args.steps),
+            "--save-steps",
+            str(args.steps),
+            "--max-eval-sequences",
+            "64",
+            "--logging-steps",
+            "25",
+        ]
+    )
     if rc:
         return rc
 
     _step("4. Export int8 (learned tensors stored as int8, weights generated at load)")
-    rc = main(["export", "--model", str(out / "pretrained"), "--out", str(out / "onnx-int8"), "--quantize", "int8",
-               "--overwrite"])
+    rc = main(
+        [
+            "export",
+            "--model",
+            str(out / "pretrained"),
+            "--out",
+            str(out / "onnx-int8"),
+            "--quantize",
+            "int8",
+            "--overwrite",
+        ]
+    )
     if rc:
         return rc
 
     _step("5. Fill-mask with the torch-free runtime")
     rc = main(["predict", str(out / "onnx-int8"), *SENTENCES])
-    print(f"\n{args.steps} steps on 2 cores teach a model word frequencies, not language: expect frequent words above;\n"
-          f"pre-train longer for real answers (docs/TRAINING.md, docs/RESULTS.md).")
+    print(
+        f"\n{args.steps} steps on 2 cores teach a model word frequencies, not language: expect frequent words above;\n"
+        f"pre-train longer for real answers (docs/TRAINING.md, docs/RESULTS.md)."
+    )
     print(f"demo finished in {time.time() - t0:.0f} s; artifacts under {out}/")
     return rc

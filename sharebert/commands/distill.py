@@ -1,4 +1,5 @@
 """``sharebert distill``: knowledge distillation from a fine-tuned BERT-family teacher into a ShareBERT student."""
+
 from __future__ import annotations
 
 import os
@@ -14,53 +15,124 @@ def add_arguments(p):
     from .finetune import add_training_arguments
 
     d, w = FinetuneArgs(), DistillWeights()
-    p.add_argument("--teacher", type=opt.path, required=True, help="teacher folder: a transformers BertForSequenceClassification or "
-                                                    "a `sharebert finetune` output for --task")
-    p.add_argument("--student", type=opt.path, required=True, help="student: a preset (e.g. sharebert-tiny) or a model folder")
-    p.add_argument("--objective", choices=["glue", "mlm", "embedding"], default="glue",
-                   help="glue: task distillation (--task); mlm: general distillation on --train text; embedding: "
-                        "the teacher's sentence embeddings on --train text (default: the data folder's sentences) or --data")
-    p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
-                   help="--objective embedding: shape the preset student, e.g. --set embedding_size=128 (repeatable)")
-    p.add_argument("--loss", choices=EMBEDDING_LOSSES, default=EMBEDDING_LOSS,
-                   help=f"--objective embedding: loss on the sentence vectors (default {EMBEDDING_LOSS})")
-    p.add_argument("--word-strings", type=opt.non_negative_float, default=0.0, metavar="R",
-                   help="--objective embedding: R strings of 1-4 whole words of the student's vocabulary per training "
-                        "sentence, each taught with the teacher's vector (default 0; compress uses 1)")
-    p.add_argument("--init", choices=["teacher", "random"], default="teacher",
-                   help="--objective embedding: start the student's embeddings from the teacher's (PCA) or at random")
-    p.add_argument("--max-time", type=opt.positive_float, metavar="SECONDS",
-                   help="--objective embedding or glue: stop training after SECONDS (checkpoint, then the student "
-                        "is saved); without --max-steps the learning rate falls to 0 as the time is spent, and the run "
-                        "goes on until then unless --epochs is given")
+    p.add_argument(
+        "--teacher",
+        type=opt.path,
+        required=True,
+        help="teacher folder: a transformers BertForSequenceClassification or a `sharebert finetune` output for --task",
+    )
+    p.add_argument(
+        "--student", type=opt.path, required=True, help="student: a preset (e.g. sharebert-tiny) or a model folder"
+    )
+    p.add_argument(
+        "--objective",
+        choices=["glue", "mlm", "embedding"],
+        default="glue",
+        help="glue: task distillation (--task); mlm: general distillation on --train text; embedding: "
+        "the teacher's sentence embeddings on --train text (default: the data folder's sentences) or --data",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="--objective embedding: shape the preset student, e.g. --set embedding_size=128 (repeatable)",
+    )
+    p.add_argument(
+        "--loss",
+        choices=EMBEDDING_LOSSES,
+        default=EMBEDDING_LOSS,
+        help=f"--objective embedding: loss on the sentence vectors (default {EMBEDDING_LOSS})",
+    )
+    p.add_argument(
+        "--word-strings",
+        type=opt.non_negative_float,
+        default=0.0,
+        metavar="R",
+        help="--objective embedding: R strings of 1-4 whole words of the student's vocabulary per training "
+        "sentence, each taught with the teacher's vector (default 0; compress uses 1)",
+    )
+    p.add_argument(
+        "--init",
+        choices=["teacher", "random"],
+        default="teacher",
+        help="--objective embedding: start the student's embeddings from the teacher's (PCA) or at random",
+    )
+    p.add_argument(
+        "--max-time",
+        type=opt.positive_float,
+        metavar="SECONDS",
+        help="--objective embedding or glue: stop training after SECONDS (checkpoint, then the student "
+        "is saved); without --max-steps the learning rate falls to 0 as the time is spent, and the run "
+        "goes on until then unless --epochs is given",
+    )
     p.add_argument("--task", choices=list(TASKS), help="GLUE task (--objective glue)")
-    p.add_argument("--train", type=opt.path, nargs="+", metavar="FILE", help="--objective mlm: text files, MediaWiki XML or folders")
-    p.add_argument("--data", type=opt.path, metavar="DIR", help="--objective mlm / embedding: a folder from `sharebert prepare` "
-                                                                "(the teacher's tokenizer), instead of --train")
+    p.add_argument(
+        "--train",
+        type=opt.path,
+        nargs="+",
+        metavar="FILE",
+        help="--objective mlm: text files, MediaWiki XML or folders",
+    )
+    p.add_argument(
+        "--data",
+        type=opt.path,
+        metavar="DIR",
+        help="--objective mlm / embedding: a folder from `sharebert prepare` "
+        "(the teacher's tokenizer), instead of --train",
+    )
     p.add_argument("--data-dir", type=opt.path, help="the task's folder (default ../shared/data/glue/<Task>)")
     p.add_argument("--out", type=opt.path, required=True, help="output folder: best student, tokenizer, metrics.json")
-    p.add_argument("--temperature", type=opt.positive_float, default=w.temperature, help=f"softmax temperature (default {w.temperature:g})")
-    for name, what in (("kl", "soft-target KL (x T^2)"), ("hard", "gold-label loss"), ("hidden", "hidden-state MSE"),
-                       ("attention", "attention-map MSE"), ("embedding", "embedding-output MSE")):
-        p.add_argument(f"--{name}-weight", type=opt.non_negative_float, help=f"{what} (default {getattr(w, name):g}; "
-                                                            "0 with --objective embedding)")
+    p.add_argument(
+        "--temperature",
+        type=opt.positive_float,
+        default=w.temperature,
+        help=f"softmax temperature (default {w.temperature:g})",
+    )
+    for name, what in (
+        ("kl", "soft-target KL (x T^2)"),
+        ("hard", "gold-label loss"),
+        ("hidden", "hidden-state MSE"),
+        ("attention", "attention-map MSE"),
+        ("embedding", "embedding-output MSE"),
+    ):
+        p.add_argument(
+            f"--{name}-weight",
+            type=opt.non_negative_float,
+            help=f"{what} (default {getattr(w, name):g}; 0 with --objective embedding)",
+        )
     p.add_argument("--layer-map", help="STUDENT:TEACHER layer pairs, 1-based, e.g. 1:3,2:6 (default: uniform)")
     add_training_arguments(p, d)
     p.set_defaults(epochs=None)  # None: --epochs' default, or until --max-time when it bounds the run alone
-    p.add_argument("--augment", type=opt.positive_int, metavar="N",
-                   help="--objective glue: add N perturbed copies of each training example (10%% of word tokens "
-                        "masked, 10%% swapped for a near word in the teacher's embedding table), taught by the "
-                        "teacher's logits alone (docs/DISTILLATION.md)")
-    p.add_argument("--cache-teacher", type=opt.path, metavar="DIR", help="keep the teacher's training-set logits in DIR (reused by "
-                                                          "later runs; with --hidden/--attention/--embedding-weight 0 "
-                                                          "the teacher does not run during training)")
+    p.add_argument(
+        "--augment",
+        type=opt.positive_int,
+        metavar="N",
+        help="--objective glue: add N perturbed copies of each training example (10%% of word tokens "
+        "masked, 10%% swapped for a near word in the teacher's embedding table), taught by the "
+        "teacher's logits alone (docs/DISTILLATION.md)",
+    )
+    p.add_argument(
+        "--cache-teacher",
+        type=opt.path,
+        metavar="DIR",
+        help="keep the teacher's training-set logits in DIR (reused by "
+        "later runs; with --hidden/--attention/--embedding-weight 0 "
+        "the teacher does not run during training)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep out/checkpoints after training")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier distillation result in --out")
 
 
 # Options only some objectives read (their other option checks are below): given to another, they are refused.
-OBJECTIVE_OPTIONS = {"loss": ("embedding",), "data_dir": ("glue",), "cache_teacher": ("glue",), "data": ("mlm", "embedding")}
+OBJECTIVE_OPTIONS = {
+    "loss": ("embedding",),
+    "data_dir": ("glue",),
+    "cache_teacher": ("glue",),
+    "data": ("mlm", "embedding"),
+}
 OPTION_DEFAULTS = {"loss": EMBEDDING_LOSS}
 
 
@@ -83,7 +155,16 @@ def _distill_args(args):
     clock end the run (its schedule anneals to 0)."""
     from ..training.arguments import DistillArgs, DistillWeights, parse_layer_map
 
-    for name in ("epochs", "batch_size", "lr", "seq_len", "max_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
+    for name in (
+        "epochs",
+        "batch_size",
+        "lr",
+        "seq_len",
+        "max_steps",
+        "max_train_samples",
+        "max_eval_samples",
+        "eval_steps",
+    ):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -94,11 +175,23 @@ def _distill_args(args):
     weights = DistillWeights(temperature=args.temperature, layer_map=parse_layer_map(args.layer_map), **terms)
     if args.epochs is None:
         args.epochs = 1000.0 if args.max_time and not args.max_steps else DistillArgs.epochs
-    return DistillArgs(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
-                       weight_decay=args.weight_decay, seq_len=args.seq_len, max_steps=args.max_steps,
-                       max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                       eval_steps=args.eval_steps, save_minutes=args.save_minutes, seed=args.seed,
-                       depth_sampling=args.depth_sampling, weights=weights, augment=args.augment or 0)
+    return DistillArgs(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        seq_len=args.seq_len,
+        max_steps=args.max_steps,
+        max_train_samples=args.max_train_samples,
+        max_eval_samples=args.max_eval_samples,
+        eval_steps=args.eval_steps,
+        save_minutes=args.save_minutes,
+        seed=args.seed,
+        depth_sampling=args.depth_sampling,
+        weights=weights,
+        augment=args.augment or 0,
+    )
 
 
 def _check_objective_options(args, weights) -> None:
@@ -107,8 +200,9 @@ def _check_objective_options(args, weights) -> None:
         raise ValueError("--set and --init are for --objective embedding")
     for option, objectives in OBJECTIVE_OPTIONS.items():
         if getattr(args, option) not in (None, OPTION_DEFAULTS.get(option)) and args.objective not in objectives:
-            raise ValueError(f"--{option.replace('_', '-')} is for --objective {' and '.join(objectives)}, "
-                             f"not {args.objective}")
+            raise ValueError(
+                f"--{option.replace('_', '-')} is for --objective {' and '.join(objectives)}, not {args.objective}"
+            )
     if args.objective != "glue" and args.augment:
         raise ValueError("--augment is for --objective glue")
     if args.augment and not weights.kl:
@@ -122,8 +216,16 @@ def _run_mlm(args, dargs) -> int:
         raise ValueError("--task is for --objective glue; --objective mlm reads --train text or --data")
     from ..training.distill import distill_mlm  # torch: once the options are known to be good
 
-    m = distill_mlm(args.teacher, args.student, args.train, args.out, dargs, overwrite=args.overwrite,
-                    resume=args.resume, data=args.data)
+    m = distill_mlm(
+        args.teacher,
+        args.student,
+        args.train,
+        args.out,
+        dargs,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        data=args.data,
+    )
     loss = "not logged" if m["train_loss"] is None else f"{m['train_loss']:.4f}"  # a resume that logged none
     print(f"distilled {m['steps']} steps: train loss {loss}; student and metrics.json -> {args.out}")
     return 0
@@ -138,10 +240,19 @@ def _run_glue(args, dargs) -> int:
     from ..training.distill import distill_glue  # torch: once the options are known to be good
     from .tables import format_table
 
-    metrics = distill_glue(args.teacher, args.student, args.task, args.out, args.data_dir, dargs,
-                           overwrite=args.overwrite, resume=args.resume, keep_checkpoints=args.keep_checkpoints,
-                           cache_teacher=args.cache_teacher,
-                           clock=WallClockLimit(args.max_time) if args.max_time else None)
+    metrics = distill_glue(
+        args.teacher,
+        args.student,
+        args.task,
+        args.out,
+        args.data_dir,
+        dargs,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        keep_checkpoints=args.keep_checkpoints,
+        cache_teacher=args.cache_teacher,
+        clock=WallClockLimit(args.max_time) if args.max_time else None,
+    )
     if int(os.environ.get("RANK", "0")) == 0:
         teacher = metrics.pop("teacher")
         rows = [[k, v] for k, v in metrics.items() if not isinstance(v, (dict, list))]
@@ -161,13 +272,30 @@ def _run_embedding(args, dargs) -> int:
         raise ValueError("--task is for --objective glue; --objective embedding reads --train text or --data")
     if args.max_time is not None and not args.max_time > 0:
         raise ValueError(f"--max-time must be positive, got {args.max_time}")
-    eargs = EmbeddingArgs(**asdict(dargs) | {"weights": dargs.weights}, loss=args.loss, init=args.init,
-                          max_time=args.max_time, words=args.word_strings)
-    m = distill_embedding(args.teacher, args.student, args.out, args.train, eargs,
-                          overrides=parse_overrides(args.overrides), overwrite=args.overwrite, resume=args.resume,
-                          data=args.data, eval_limit=args.max_eval_samples)  # STS-B dev pairs scored
-    sts = (f"STS-B dev Spearman ({m['sts_dev_pairs']} pairs): teacher {m['teacher_sts_spearman']:.4f}, student at "
-           f"start {m['start_sts_spearman']:.4f}, after {m['student_sts_spearman']:.4f}"
-           if m.get("student_sts_spearman") is not None else "no STS-B dev in the data folder to score on")
+    eargs = EmbeddingArgs(
+        **asdict(dargs) | {"weights": dargs.weights},
+        loss=args.loss,
+        init=args.init,
+        max_time=args.max_time,
+        words=args.word_strings,
+    )
+    m = distill_embedding(
+        args.teacher,
+        args.student,
+        args.out,
+        args.train,
+        eargs,
+        overrides=parse_overrides(args.overrides),
+        overwrite=args.overwrite,
+        resume=args.resume,
+        data=args.data,
+        eval_limit=args.max_eval_samples,
+    )  # STS-B dev pairs scored
+    sts = (
+        f"STS-B dev Spearman ({m['sts_dev_pairs']} pairs): teacher {m['teacher_sts_spearman']:.4f}, student at "
+        f"start {m['start_sts_spearman']:.4f}, after {m['student_sts_spearman']:.4f}"
+        if m.get("student_sts_spearman") is not None
+        else "no STS-B dev in the data folder to score on"
+    )
     print(f"distilled {m['steps']} steps in {m['train_seconds']:.0f} s; {sts}; student and metrics.json -> {args.out}")
     return 0

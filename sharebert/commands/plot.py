@@ -1,11 +1,14 @@
 """``sharebert plot RUN_DIR``: (re)draw a run's training curves."""
+
 from __future__ import annotations
 
 from sharebert_runtime import options as opt
 
 
 def add_arguments(p):
-    p.add_argument("run", type=opt.path, help="a `sharebert pretrain` or `finetune` output folder (log.jsonl / log_history.json)")
+    p.add_argument(
+        "run", type=opt.path, help="a `sharebert pretrain` or `finetune` output folder (log.jsonl / log_history.json)"
+    )
     p.add_argument("--out", type=opt.path, help="image to write (default RUN/curves.png)")
 
 

@@ -1,4 +1,5 @@
 """``sharebert report``: parameters, bytes and FLOPs of a preset or model folder, from the config alone."""
+
 from __future__ import annotations
 
 import json
@@ -9,13 +10,27 @@ from sharebert_runtime import options as opt
 def add_arguments(p):
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", help="a preset name (see `sharebert build --help`)")
-    src.add_argument("--model", type=opt.path, help="a model folder holding config.json (a ShareBERT or BERT one counted "
-                                                    "analytically; another encoder architecture as transformers builds it)")
-    p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", default=[],
-                   help="override a config field, e.g. --set hidden_size=512 (repeatable)")
-    p.add_argument("--head", choices=["none", "mlm", "classifier"], default="none",
-                   help="none: backbone as the ShareBERT paper counts it (default); mlm: BertForMaskedLM-style "
-                        "pre-training model; classifier: pooler + sequence classifier")
+    src.add_argument(
+        "--model",
+        type=opt.path,
+        help="a model folder holding config.json (a ShareBERT or BERT one counted "
+        "analytically; another encoder architecture as transformers builds it)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="override a config field, e.g. --set hidden_size=512 (repeatable)",
+    )
+    p.add_argument(
+        "--head",
+        choices=["none", "mlm", "classifier"],
+        default="none",
+        help="none: backbone as the ShareBERT paper counts it (default); mlm: BertForMaskedLM-style "
+        "pre-training model; classifier: pooler + sequence classifier",
+    )
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--format", choices=["table", "json", "markdown"], default="table")
@@ -47,17 +62,34 @@ def build_report(config, preset: str | None, head: str, seq_len: int, batch: int
         paper = {k: v for k, v in paper.items() if not k.startswith("gflops")}
     return {
         "preset": preset,
-        "config": {k: getattr(config, k) for k in ("sharing", "attention", "vocab_size", "word_embedding_size",
-                                                   "hidden_size", "num_hidden_layers", "intermediate_size",
-                                                   "num_attention_heads", "max_position_embeddings", "pooler",
-                                                   "mlm_head")},
+        "config": {
+            k: getattr(config, k)
+            for k in (
+                "sharing",
+                "attention",
+                "vocab_size",
+                "word_embedding_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "intermediate_size",
+                "num_attention_heads",
+                "max_position_embeddings",
+                "pooler",
+                "mlm_head",
+            )
+        },
         **n,
         "learned_params_by_head": {h: count_params(config, h)["learned_params"] for h in HEADS},
         "bytes": count_bytes(config, head),
-        "gflops": {"convention": flops["convention"], "seq_len": seq_len, "batch": batch,
-                   "paper_convention": flops["paper_convention"] / 1e9, "inference": flops["inference"] / 1e9,
-                   "training_forward": flops["training_forward"] / 1e9,
-                   "breakdown": {k: v / 1e9 for k, v in flops["breakdown"].items()}},
+        "gflops": {
+            "convention": flops["convention"],
+            "seq_len": seq_len,
+            "batch": batch,
+            "paper_convention": flops["paper_convention"] / 1e9,
+            "inference": flops["inference"] / 1e9,
+            "training_forward": flops["training_forward"] / 1e9,
+            "breakdown": {k: v / 1e9 for k, v in flops["breakdown"].items()},
+        },
         "paper": paper,
     }
 
@@ -70,22 +102,37 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
     """``(quantity, value, paper, relative difference)`` rows, section titles with empty cells."""
     paper = r["paper"] or {}
     counted = r["counted"]
-    heads = (f"pooler: {counted['pooler'] or 'not counted'}; MLM head: {counted['mlm_head'] or 'not counted'}; "
-             f"classifier: {'counted' if counted['classifier'] else 'not counted'}")
+    heads = (
+        f"pooler: {counted['pooler'] or 'not counted'}; MLM head: {counted['mlm_head'] or 'not counted'}; "
+        f"classifier: {'counted' if counted['classifier'] else 'not counted'}"
+    )
     rows = [(f"Learned parameters (head={r['head']}; {heads})", "", "", "")]
     rows += [(f"  {name}", f"{v:,}", "", "") for name, v in r["components"].items()]
     p = paper.get("exact_params", paper.get("params"))
     rows.append(("  = learned", f"{r['learned_params']:,}", f"{p:,.0f}" if p else "", _rel(r["learned_params"], p)))
     w, without = paper.get("without_embeddings"), paper.get("without", "word_embeddings")
-    for key, label in (("word_embeddings", "without word embeddings"), ("embeddings_module", "without embeddings module")):
+    for key, label in (
+        ("word_embeddings", "without word embeddings"),
+        ("embeddings_module", "without embeddings module"),
+    ):
         v = r[f"learned_params_without_{key}"]
         pw = w if key == without else None
         rows.append((f"  {label}", f"{v:,}", f"{pw:,.0f}" if pw else "", _rel(v, pw)))
     rows.append(("  generated (materialised) weights", f"{r['generated_params']:,}", "", ""))
-    rows.append(("  as other heads count it: " + ", ".join(f"{h} {v:,}" for h, v in r["learned_params_by_head"].items()),
-                 "", "", ""))
+    rows.append(
+        (
+            "  as other heads count it: " + ", ".join(f"{h} {v:,}" for h, v in r["learned_params_by_head"].items()),
+            "",
+            "",
+            "",
+        )
+    )
     rows.append(("Bytes (fp32 / fp16 / int8)", "", "", ""))
-    for kind, label in (("stored", "stored (learned)"), ("materialised", "materialised at load"), ("at_load", "RAM at load")):
+    for kind, label in (
+        ("stored", "stored (learned)"),
+        ("materialised", "materialised at load"),
+        ("at_load", "RAM at load"),
+    ):
         rows.append((f"  {label}", " / ".join(_size(v) for v in r["bytes"][kind].values()), "", ""))
     g = r["gflops"]
     rows.append((f"GFLOPs (batch {g['batch']}, seq {g['seq_len']}; 2 x MACs of matrix products)", "", "", ""))
@@ -93,8 +140,14 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
     rows.append(("  inference (weights materialised)", f"{g['inference']:.3f}", "", ""))
     rows.append(("  training forward (+ weight generation)", f"{g['training_forward']:.3f}", "", ""))
     pg = paper.get("gflops")
-    rows.append(("  paper convention (see below)",
-                 f"{g['paper_convention']:.1f}", f"{pg}" if pg else "", _rel(g["paper_convention"], pg)))
+    rows.append(
+        (
+            "  paper convention (see below)",
+            f"{g['paper_convention']:.1f}",
+            f"{pg}" if pg else "",
+            _rel(g["paper_convention"], pg),
+        )
+    )
     return rows
 
 
@@ -109,17 +162,23 @@ def render(r: dict, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(r, indent=2)
     c = r["config"]
-    title = (f"{r['preset'] or 'custom config'}: sharing={c['sharing']} attention={c['attention']} E={c['vocab_size']} "
-             f"F={c['word_embedding_size']} V={c['hidden_size']} N={c['num_hidden_layers']} I={c['intermediate_size']} "
-             f"heads={c['num_attention_heads']} positions={c['max_position_embeddings']}")
+    title = (
+        f"{r['preset'] or 'custom config'}: sharing={c['sharing']} attention={c['attention']} E={c['vocab_size']} "
+        f"F={c['word_embedding_size']} V={c['hidden_size']} N={c['num_hidden_layers']} I={c['intermediate_size']} "
+        f"heads={c['num_attention_heads']} positions={c['max_position_embeddings']}"
+    )
     rows = _rows(r)
     source = (r["paper"] or {}).get("source")
-    note = ("paper convention: encoder layers + input projection + pooler + the reference's untied V x V + V x E "
-            "MLM head over all positions, without weight generation\n"
-            + (f"paper: {source}" if source else "paper: no published figures for this configuration"))
+    note = (
+        "paper convention: encoder layers + input projection + pooler + the reference's untied V x V + V x E "
+        "MLM head over all positions, without weight generation\n"
+        + (f"paper: {source}" if source else "paper: no published figures for this configuration")
+    )
     if fmt == "markdown":
         lines = [f"**{title}**", "", "| quantity | value | paper | diff |", "|---|---:|---:|---:|"]
-        lines += [f"| {q.strip() if not v else q.replace('  ', '&nbsp;&nbsp;', 1)} | {v} | {p} | {d} |" for q, v, p, d in rows]
+        lines += [
+            f"| {q.strip() if not v else q.replace('  ', '&nbsp;&nbsp;', 1)} | {v} | {p} | {d} |" for q, v, p, d in rows
+        ]
         return "\n".join(lines + [""] + [f"_{n}_  " for n in note.splitlines()])
     width = max(len(q) for q, v, _, _ in rows if v)
     lines = [title]
@@ -149,8 +208,10 @@ def encoder_report(model_dir, head: str, seq_len: int, batch: int) -> dict:
     positions = getattr(config, "max_position_embeddings", None)
     if positions and seq_len > positions:
         raise ValueError(f"--seq-len {seq_len} exceeds the {positions} positions of {model_dir}")
-    auto = getattr(transformers, {"none": "AutoModel", "mlm": "AutoModelForMaskedLM",
-                                  "classifier": "AutoModelForSequenceClassification"}[head])
+    auto = getattr(
+        transformers,
+        {"none": "AutoModel", "mlm": "AutoModelForMaskedLM", "classifier": "AutoModelForSequenceClassification"}[head],
+    )
     with torch.device("meta"):
         model = auto.from_config(config, attn_implementation="eager")
     prefix = getattr(model, "base_model_prefix", "")
@@ -160,10 +221,16 @@ def encoder_report(model_dir, head: str, seq_len: int, batch: int) -> dict:
         key = parts[1] if parts[0] == prefix and len(parts) > 2 else parts[0]
         components[key] = components.get(key, 0) + p.numel()
     learned = sum(components.values())
-    return {"model": str(model_dir), "model_type": config.model_type, "architecture": type(model).__name__,
-            "head": head, "learned_params": learned, "components": components,
-            "bytes": {"fp32": 4 * learned, "fp16": 2 * learned, "int8": learned},
-            "gflops": _counted_gflops(auto, config, seq_len, batch)}
+    return {
+        "model": str(model_dir),
+        "model_type": config.model_type,
+        "architecture": type(model).__name__,
+        "head": head,
+        "learned_params": learned,
+        "components": components,
+        "bytes": {"fp32": 4 * learned, "fp16": 2 * learned, "int8": learned},
+        "gflops": _counted_gflops(auto, config, seq_len, batch),
+    }
 
 
 def _counted_gflops(auto, config, seq_len: int, batch: int) -> dict:
@@ -195,16 +262,21 @@ def render_encoder(r: dict, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(r, indent=2)
     g = r["gflops"]
-    rows = [(f"Learned parameters ({r['architecture']}, head={r['head']})", ""),
-            *((f"  {k}", f"{v:,}") for k, v in r["components"].items()),
-            ("  = learned", f"{r['learned_params']:,}"),
-            ("Bytes (fp32 / fp16 / int8)", " / ".join(_size(v) for v in r["bytes"].values())),
-            (f"GFLOPs (batch {g['batch']}, seq {g['seq_len']}; 2 x MACs of matrix products)",
-             f"{g['inference']:.3f}" if g["inference"] is not None else f"not counted: {g['why_not']}")]
+    rows = [
+        (f"Learned parameters ({r['architecture']}, head={r['head']})", ""),
+        *((f"  {k}", f"{v:,}") for k, v in r["components"].items()),
+        ("  = learned", f"{r['learned_params']:,}"),
+        ("Bytes (fp32 / fp16 / int8)", " / ".join(_size(v) for v in r["bytes"].values())),
+        (
+            f"GFLOPs (batch {g['batch']}, seq {g['seq_len']}; 2 x MACs of matrix products)",
+            f"{g['inference']:.3f}" if g["inference"] is not None else f"not counted: {g['why_not']}",
+        ),
+    ]
     title = f"{r['model']}: {r['model_type']} as transformers builds it from its config (no weights read)"
     if fmt == "markdown":
-        return "\n".join([f"**{title}**", "", "| quantity | value |", "|---|---:|",
-                          *(f"| {q.strip()} | {v} |" for q, v in rows)])
+        return "\n".join(
+            [f"**{title}**", "", "| quantity | value |", "|---|---:|", *(f"| {q.strip()} | {v} |" for q, v in rows)]
+        )
     width = max(len(q) for q, _ in rows)
     return "\n".join([title, *(f"{q:<{width}}  {v:>20}" if v else q for q, v in rows)])
 
@@ -216,8 +288,10 @@ def run(args) -> int:
         raise ValueError("--seq-len and --batch must be positive")
     if _other_architecture(args.model):
         if args.overrides:
-            raise ValueError(f"--set shapes a ShareBERT or BERT config; {args.model} is reported as transformers "
-                             "builds it from its config.json")
+            raise ValueError(
+                f"--set shapes a ShareBERT or BERT config; {args.model} is reported as transformers "
+                "builds it from its config.json"
+            )
         print(render_encoder(encoder_report(args.model, args.head, args.seq_len, args.batch), args.format))
         return 0
     config, preset = load_config(args.preset, args.model, parse_overrides(args.overrides))

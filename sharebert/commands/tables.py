@@ -1,9 +1,11 @@
 """Plain-text tables for the commands' output."""
+
 from __future__ import annotations
 
 
 def format_table(header: list[str], rows: list[list]) -> str:
     """A plain-text table; floats print with 4 decimals, None as ``-``."""
+
     def cell(v):
         return "-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
 

@@ -5,6 +5,7 @@ codes of nested bars, would flood the file. There :func:`bar` prints its meter a
 most every ``LINE_SECONDS`` and once at the end (``prepare: 12.0MB/100MB [00:04<00:29, 3.0MB/s]``), and
 the Trainer prints one line per log event (``training.log_lines.LogLines``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -37,8 +38,11 @@ class _Lines(tqdm):
     def __init__(self, iterable=None, **kwargs):
         self._printed_at, self._printed_n = 0.0, None
         known = kwargs.get("total") is not None or hasattr(iterable, "__len__")
-        line = ("{desc}: {percentage:.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]" if known
-                else "{desc}: {n_fmt} [{elapsed}, {rate_fmt}{postfix}]")
+        line = (
+            "{desc}: {percentage:.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+            if known
+            else "{desc}: {n_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+        )
         super().__init__(iterable, file=_Null(), mininterval=LINE_SECONDS, bar_format=line, **kwargs)
 
     def _print(self):
@@ -47,8 +51,12 @@ class _Lines(tqdm):
 
     def display(self, msg=None, pos=None):
         done = self.total is not None and self.n >= self.total
-        if msg != "" and self.n and self.n != self._printed_n and \
-                (done or time.monotonic() - self._printed_at >= LINE_SECONDS):
+        if (
+            msg != ""
+            and self.n
+            and self.n != self._printed_n
+            and (done or time.monotonic() - self._printed_at >= LINE_SECONDS)
+        ):
             self._print()
         return True
 

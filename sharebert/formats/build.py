@@ -1,4 +1,5 @@
 """Build a ready-to-train model folder: config, safetensors weights and tokenizer."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,13 +15,22 @@ def config_for_vocab(preset: str, overrides: dict, tokenizer_size: int) -> Share
     overrides.setdefault("vocab_size", pad_vocab_size(tokenizer_size))
     config = ShareBertConfig.from_preset(preset, **overrides)
     if config.vocab_size < tokenizer_size:
-        raise ValueError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {tokenizer_size} tokens; "
-                         f"set vocab_size >= {tokenizer_size} (e.g. {pad_vocab_size(tokenizer_size)})")
+        raise ValueError(
+            f"vocab_size {config.vocab_size} is smaller than the tokenizer's {tokenizer_size} tokens; "
+            f"set vocab_size >= {tokenizer_size} (e.g. {pad_vocab_size(tokenizer_size)})"
+        )
     return config
 
 
-def build_model(preset: str, out: str | Path, overrides: dict | None = None, vocab: str | Path | None = None,
-                head: str | None = None, seed: int = 0, tokenizer=None):
+def build_model(
+    preset: str,
+    out: str | Path,
+    overrides: dict | None = None,
+    vocab: str | Path | None = None,
+    head: str | None = None,
+    seed: int = 0,
+    tokenizer=None,
+):
     """Write a freshly initialised model (``head``: mlm or clm; default: clm for a decoder preset such as
     ``charlm-tiny``, else mlm) and its tokenizer to ``out``.
 

@@ -7,6 +7,7 @@ in BERT's layout (post-LN, dense tanh pooler), its weights renamed. So ``pretrai
 
 The config functions are torch-free (``sharebert report`` uses them); model loading imports torch.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,10 +33,23 @@ from ..model.shape import CONFIG_FIELDS, DEFAULTS, PRESETS, preset_fields
 
 MODEL_TYPES = ("sharebert", "bert")
 # BERT config fields that carry over unchanged (everything else of the shape is the bert preset's).
-_BERT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
-                "type_vocab_size", "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
-                "is_decoder")
+_BERT_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+    "pad_token_id",
+    "classifier_dropout",
+    "is_decoder",
+)
 _HEAD_FIELDS = ("architectures", "id2label", "label2id", "problem_type", "num_labels")
 # In a training run's --out from the start of training until its final model is saved: a folder holding it
 # (a run stopped by a signal, killed, or failed) keeps a model that is not the trained one, so it is refused.
@@ -54,7 +68,9 @@ def _field_types() -> dict:
 
 _FIELD_TYPES = {**_field_types(), "classifier_dropout": float, "num_labels": int}
 _NULLABLE = {key for fields in (DEFAULTS, *PRESETS.values()) for key, value in fields.items() if value is None} | {
-    "classifier_dropout", "pad_token_id"}
+    "classifier_dropout",
+    "pad_token_id",
+}
 
 
 def read_config(model_dir: str | Path, unfinished_ok: bool = False, model_types: tuple | None = MODEL_TYPES) -> dict:
@@ -68,25 +84,33 @@ def read_config(model_dir: str | Path, unfinished_ok: bool = False, model_types:
     except FileNotFoundError:
         raise FileNotFoundError(f"model folder not found: {model_dir}") from None
     except OSError as e:  # a symlink loop, a path through a file, no permission
-        raise ValueError(f"model folder {symlink_loop(model_dir) or f'{model_dir} cannot be opened ({e.strerror or e})'}") from None
+        raise ValueError(
+            f"model folder {symlink_loop(model_dir) or f'{model_dir} cannot be opened ({e.strerror or e})'}"
+        ) from None
     if not is_dir:
         raise ValueError(f"{model_dir} is a file, not a model folder")
     if (model_dir / "manifest.json").is_file() and (model_dir / "model.onnx").is_file():
-        raise ValueError(f"{model_dir} is an exported ONNX artifact, not a model folder; give the model folder it "
-                         "was exported from (artifacts run with `sharebert predict` / `serve`)")
+        raise ValueError(
+            f"{model_dir} is an exported ONNX artifact, not a model folder; give the model folder it "
+            "was exported from (artifacts run with `sharebert predict` / `serve`)"
+        )
     if (model_dir / UNFINISHED).exists() and not unfinished_ok:
-        raise ValueError(f"{model_dir} holds an unfinished training run (stopped before it saved its trained model): "
-                         f"finish it with --resume --out {model_dir}, or give one of its checkpoint-N folders")
+        raise ValueError(
+            f"{model_dir} holds an unfinished training run (stopped before it saved its trained model): "
+            f"finish it with --resume --out {model_dir}, or give one of its checkpoint-N folders"
+        )
     if optional_file(path, "the model's config") is None:
-        raise FileNotFoundError(f"{path} not found: a model folder is written by `sharebert build` (or is a "
-                                "transformers BERT folder)")
+        raise FileNotFoundError(
+            f"{path} not found: a model folder is written by `sharebert build` (or is a transformers BERT folder)"
+        )
     raw = read_json(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path} is not a JSON object: not a model config")
     if model_types is not None and raw.get("model_type") not in model_types:
         kind = raw.get("model_type")
-        raise ValueError(f"{path}: model_type {kind!r} is not supported (sharebert reads {', '.join(MODEL_TYPES)} "
-                         "model folders)")
+        raise ValueError(
+            f"{path}: model_type {kind!r} is not supported (sharebert reads {', '.join(MODEL_TYPES)} model folders)"
+        )
     check_field_types(raw, path)
     return raw
 
@@ -149,16 +173,20 @@ def bert_state_dict(sd: dict, num_layers: int, prefix: str) -> dict:
     """A transformers BERT state dict renamed to ShareBERT's (``prefix``: ``"sharebert."`` or ``""`` for the backbone)."""
     out = {}
     for key, value in sd.items():
-        k = key[len("bert."):] if key.startswith("bert.") else key
+        k = key[len("bert.") :] if key.startswith("bert.") else key
         if k.startswith("embeddings.") and "position_ids" not in k:
             out[prefix + k] = value
         elif k.startswith("pooler.dense."):
-            out[prefix + "pooler." + k[len("pooler.dense."):]] = value
+            out[prefix + "pooler." + k[len("pooler.dense.") :]] = value
         elif key.startswith("cls.predictions."):
-            rest = key[len("cls.predictions."):]
-            rest = {"bias": "decoder.bias", "transform.dense.weight": "transform.weight",
-                    "transform.dense.bias": "transform.bias", "transform.LayerNorm.weight": "norm.weight",
-                    "transform.LayerNorm.bias": "norm.bias"}.get(rest, rest)
+            rest = key[len("cls.predictions.") :]
+            rest = {
+                "bias": "decoder.bias",
+                "transform.dense.weight": "transform.weight",
+                "transform.dense.bias": "transform.bias",
+                "transform.LayerNorm.weight": "norm.weight",
+                "transform.LayerNorm.bias": "norm.bias",
+            }.get(rest, rest)
             out["lm_head." + rest] = value
         elif key.startswith(("classifier.", "qa_outputs.")):
             out[key] = value
@@ -167,7 +195,11 @@ def bert_state_dict(sd: dict, num_layers: int, prefix: str) -> dict:
         for name in ("query", "key", "value"):
             _move(sd, out, b + f"attention.self.{name}.weight", w + name)
             _move(sd, out, b + f"attention.self.{name}.bias", s + f"attention.bias.{name}")
-        for src, dst in (("attention.output.dense", "output"), ("intermediate.dense", "ffn_in"), ("output.dense", "ffn_out")):
+        for src, dst in (
+            ("attention.output.dense", "output"),
+            ("intermediate.dense", "ffn_in"),
+            ("output.dense", "ffn_out"),
+        ):
             _move(sd, out, b + src + ".weight", w + dst)
             _move(sd, out, b + src + ".bias", s + {"output": "attention.output_bias"}.get(dst, dst + "_bias"))
         for src, dst in (("attention.output.LayerNorm", "attention_norm"), ("output.LayerNorm", "ffn_norm")):
@@ -207,8 +239,9 @@ def load_model(cls, model_dir: str | Path, config=None, unfinished_ok: bool = Fa
     except (OSError, RuntimeError, ValueError, SafetensorError) as e:
         if isinstance(e, FileNotFoundError):
             raise
-        raise ValueError(f"{weights} cannot be loaded ({first_line(e)}); the file is damaged or does "
-                         "not match config.json") from None
+        raise ValueError(
+            f"{weights} cannot be loaded ({first_line(e)}); the file is damaged or does not match config.json"
+        ) from None
     _check_shapes(mismatched, new_head_ok, weights, model_dir)
     missing = [k for k in missing if k != "lm_head.decoder.weight" or not config.tie_word_embeddings]
     return model, missing
@@ -228,8 +261,9 @@ def _load_sharebert(cls, model_dir: Path, config, **kwargs):
     """``(model, mismatched, missing)`` of a sharebert folder. transformers 5 raises one RuntimeError pointing at
     its log for any mismatch: load them all and name the first afterwards. Its mismatched_keys are (key, stored
     shape, configured shape) triples."""
-    model, info = cls.from_pretrained(model_dir, config=config, output_loading_info=True,
-                                      ignore_mismatched_sizes=True, **kwargs)
+    model, info = cls.from_pretrained(
+        model_dir, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+    )
     mismatched = sorted((k, tuple(stored), tuple(made)) for k, stored, made in info.get("mismatched_keys", ()))
     return model, mismatched, info["missing_keys"]
 
@@ -255,17 +289,22 @@ def _check_shapes(mismatched: list, new_head_ok: bool, weights: Path, model_dir:
     wrong = [m for m in mismatched if not (new_head_ok and m[0].startswith(TASK_HEADS))]
     if wrong:
         key, stored, configured = wrong[0]
-        raise ValueError(f"{weights} does not fit {model_dir / 'config.json'}: {key} is stored as "
-                         f"{'x'.join(map(str, stored)) or 'another shape'} but the config makes it {'x'.join(map(str, configured))}"
-                         f"{f' ({len(wrong) - 1} more tensors differ)' if len(wrong) > 1 else ''}; "
-                         "the weights belong to another model")
+        raise ValueError(
+            f"{weights} does not fit {model_dir / 'config.json'}: {key} is stored as "
+            f"{'x'.join(map(str, stored)) or 'another shape'} but the config makes it {'x'.join(map(str, configured))}"
+            f"{f' ({len(wrong) - 1} more tensors differ)' if len(wrong) > 1 else ''}; "
+            "the weights belong to another model"
+        )
 
 
-_BERT_CLASSES = {"ShareBertModel": "BertModel", "ShareBertForMaskedLM": "BertForMaskedLM",
-                 "ShareBertForCausalLM": "BertLMHeadModel",
-                 "ShareBertForSequenceClassification": "BertForSequenceClassification",
-                 "ShareBertForTokenClassification": "BertForTokenClassification",
-                 "ShareBertForQuestionAnswering": "BertForQuestionAnswering"}
+_BERT_CLASSES = {
+    "ShareBertModel": "BertModel",
+    "ShareBertForMaskedLM": "BertForMaskedLM",
+    "ShareBertForCausalLM": "BertLMHeadModel",
+    "ShareBertForSequenceClassification": "BertForSequenceClassification",
+    "ShareBertForTokenClassification": "BertForTokenClassification",
+    "ShareBertForQuestionAnswering": "BertForQuestionAnswering",
+}
 
 
 def is_bert_folder(model_dir: str | Path) -> bool:
@@ -289,10 +328,16 @@ def check_convert(model_dir, out, convert: bool, resume: bool) -> None:
         return
     saved_bert = read_config(out, unfinished_ok=True)["model_type"] == "bert"
     if bert_in and saved_bert == convert:
-        saved, asked = ("BERT", "ShareBERT (--convert-to-sharebert)") if saved_bert else ("ShareBERT", "BERT (no --convert-to-sharebert)")
-        raise ValueError(f"--resume: the finished run in {out} saved a {saved} folder, and a resume keeps its result as it "
-                         f"is, so it cannot save {asked}: resume with the option as the run began, or start again "
-                         "with --overwrite")
+        saved, asked = (
+            ("BERT", "ShareBERT (--convert-to-sharebert)")
+            if saved_bert
+            else ("ShareBERT", "BERT (no --convert-to-sharebert)")
+        )
+        raise ValueError(
+            f"--resume: the finished run in {out} saved a {saved} folder, and a resume keeps its result as it "
+            f"is, so it cannot save {asked}: resume with the option as the run began, or start again "
+            "with --overwrite"
+        )
 
 
 def save_as_bert(model, folder: str | Path) -> None:
@@ -304,10 +349,16 @@ def save_as_bert(model, folder: str | Path) -> None:
 
     name = type(model).__name__
     config = model.config
-    if name not in _BERT_CLASSES or config.sharing != "none" or config.norm_position != "post" or \
-            config.embedding_size not in (None, config.hidden_size) or config.attention != "standard":
-        raise ValueError(f"{name} with sharing={config.sharing!r} has no transformers BERT equivalent; keep the "
-                         "ShareBERT folder")
+    if (
+        name not in _BERT_CLASSES
+        or config.sharing != "none"
+        or config.norm_position != "post"
+        or config.embedding_size not in (None, config.hidden_size)
+        or config.attention != "standard"
+    ):
+        raise ValueError(
+            f"{name} with sharing={config.sharing!r} has no transformers BERT equivalent; keep the ShareBERT folder"
+        )
     fields = config.to_dict()
     bert_config = transformers.BertConfig(**{k: fields[k] for k in _BERT_FIELDS + _HEAD_FIELDS if k in fields})
     bert_config.architectures = [_BERT_CLASSES[name]]
@@ -324,14 +375,25 @@ def save_as_bert(model, folder: str | Path) -> None:
     if name == "ShareBertModel" and not getattr(model, "has_pooler", True):
         unmatched = [k for k in unmatched if not k.startswith("pooler.")]
     if unmatched:
-        raise ValueError(f"{name}: no ShareBERT weight for BERT's {', '.join(unmatched[:3])}; keep the ShareBERT folder")
+        raise ValueError(
+            f"{name}: no ShareBERT weight for BERT's {', '.join(unmatched[:3])}; keep the ShareBERT folder"
+        )
     bert.load_state_dict(weights, strict=False)
     bert.save_pretrained(folder)
 
 
 # The tokenizer files transformers may open in a model folder: each present one must be a regular file of bounded size.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def _check_tokenizer_files(model_dir: Path) -> None:
@@ -344,26 +406,33 @@ def _check_tokenizer_files(model_dir: Path) -> None:
     for name in present - {"tokenizer_config.json", "tokenizer.json"}:
         size = regular_file(model_dir / name, "a tokenizer file")
         if size > TOKENIZER_BYTES:
-            raise ValueError(f"{model_dir / name} has {size} bytes, more than the {TOKENIZER_BYTES} a tokenizer file may hold")
+            raise ValueError(
+                f"{model_dir / name} has {size} bytes, more than the {TOKENIZER_BYTES} a tokenizer file may hold"
+            )
     settings = model_dir / "tokenizer_config.json"
     if "tokenizer_config.json" in present:
         read_json(settings, limit=JSON_BYTES)  # refused as "<path> is not valid JSON", as config.json is
     elif "tokenizer.json" in present and read_config(model_dir, True, None).get("model_type") == "sharebert":
-        raise ValueError(f"{settings} not found: a sharebert folder's tokenizer is tokenizer.json with "
-                                "tokenizer_config.json (the special tokens); rebuild it with `sharebert build`")
+        raise ValueError(
+            f"{settings} not found: a sharebert folder's tokenizer is tokenizer.json with "
+            "tokenizer_config.json (the special tokens); rebuild it with `sharebert build`"
+        )
     if "tokenizer.json" in present:
         text = read_bytes(model_dir / "tokenizer.json", "the tokenizer", TOKENIZER_BYTES)
         try:
             Tokenizer.from_str(text.decode("utf-8"))
         except Exception as e:  # the tokenizers library's own Exception type; UnicodeDecodeError
-            raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read (the tokenizer files are damaged): "
-                             f"{first_line(e)}") from None
+            raise ValueError(
+                f"{model_dir / 'tokenizer.json'} cannot be read (the tokenizer files are damaged): {first_line(e)}"
+            ) from None
 
 
 def check_has_tokenizer(model_dir: Path) -> None:
     """``FileNotFoundError`` naming the folder when it holds no tokenizer files at all."""
     if not any(os.path.lexists(model_dir / f) for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
-        raise FileNotFoundError(f"{model_dir} has no tokenizer files (tokenizer.json); build the folder with `sharebert build`")
+        raise FileNotFoundError(
+            f"{model_dir} has no tokenizer files (tokenizer.json); build the folder with `sharebert build`"
+        )
 
 
 def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...] = ()):
@@ -378,14 +447,17 @@ def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except Exception as e:  # tokenizers raises its own Exception type for a damaged tokenizer.json
-        raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read (the tokenizer files are damaged): "
-                         f"{first_line(e)}") from None
+        raise ValueError(
+            f"{model_dir / 'tokenizer.json'} cannot be read (the tokenizer files are damaged): {first_line(e)}"
+        ) from None
     if not tokenizer.is_fast:
         raise ValueError(f"{model_dir}: a fast tokenizer (tokenizer.json) is needed")
     if len(tokenizer) > vocab_size:
-        raise ValueError(f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but config.vocab_size is "
-                         f"{vocab_size}: they do not belong together (ids >= {vocab_size} would index past the "
-                         "embedding table); rebuild the model for this tokenizer")
+        raise ValueError(
+            f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but config.vocab_size is "
+            f"{vocab_size}: they do not belong together (ids >= {vocab_size} would index past the "
+            "embedding table); rebuild the model for this tokenizer"
+        )
     missing = [f"[{name.upper()}]" for name in needs if getattr(tokenizer, f"{name}_token_id") is None]
     if missing:
         raise ValueError(f"the tokenizer in {model_dir} lacks {', '.join(missing)}, which this command needs")

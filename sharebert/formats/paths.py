@@ -1,6 +1,7 @@
 """Where the data lives: ``$SHAREBERT_DATA`` or ``../shared/data`` beside the repository (GLUE, WikiText-2, ...;
 present in this workspace, absent where the wheel is installed elsewhere), and the text shipped inside the
 package (``sharebert/data/text``: a small default corpus and held-out sentences, CC BY-SA 3.0, its README)."""
+
 from __future__ import annotations
 
 import os
@@ -46,10 +47,16 @@ def packaged_search() -> tuple[list[str], list[str], list[int]]:
     ``(corpus, queries, answers)``: 105 sentences on 20-odd topics, 35 queries each with the 0-based index of
     the sentence that answers it (all-MiniLM-L6-v2's top-1 for every one). Where ``compress`` measures the
     student's top-1 search answer against its teacher's, and what ``sharebert demo`` asks."""
-    corpus = [line.strip() for line in (PACKAGED_TEXT / "search_corpus.txt").read_text(encoding="utf-8").splitlines()
-              if line.strip()]
-    rows = [line.split("\t") for line in (PACKAGED_TEXT / "search_queries.tsv").read_text(encoding="utf-8")
-            .splitlines()[1:] if line.strip()]
+    corpus = [
+        line.strip()
+        for line in (PACKAGED_TEXT / "search_corpus.txt").read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    rows = [
+        line.split("\t")
+        for line in (PACKAGED_TEXT / "search_queries.tsv").read_text(encoding="utf-8").splitlines()[1:]
+        if line.strip()
+    ]
     return corpus, [q for q, _ in rows], [int(a) - 1 for _, a in rows]
 
 

@@ -11,6 +11,7 @@ names it.
 
 Torch-free: stdlib and json; numpy and safetensors only where Dense weights are read or written.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,15 +26,30 @@ from sharebert_runtime.untrusted import int_field as _int
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # sentence-transformers' names for them: its ``pooling_mode`` strings and its legacy boolean keys.
-_ST_MODES = {"cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
-             "weightedmean": "weightedmean", "lasttoken": "lasttoken"}
-_ST_LEGACY_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
-                   "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
-                   "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+_ST_MODES = {
+    "cls": "cls",
+    "mean": "mean",
+    "max": "max",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+    "weightedmean": "weightedmean",
+    "lasttoken": "lasttoken",
+}
+_ST_LEGACY_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
 # Dense activations the exported graph computes: sentence-transformers' ``activation_function`` string -> ONNX op.
-ACTIVATIONS = {"torch.nn.modules.linear.Identity": "Identity", "torch.nn.modules.activation.Tanh": "Tanh",
-               "torch.nn.modules.activation.ReLU": "Relu", "torch.nn.modules.activation.Sigmoid": "Sigmoid",
-               "torch.nn.modules.activation.GELU": "Gelu"}
+ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "Identity",
+    "torch.nn.modules.activation.Tanh": "Tanh",
+    "torch.nn.modules.activation.ReLU": "Relu",
+    "torch.nn.modules.activation.Sigmoid": "Sigmoid",
+    "torch.nn.modules.activation.GELU": "Gelu",
+}
 _DEFAULT_ACTIVATION = "torch.nn.modules.activation.Tanh"  # sentence-transformers' Dense default
 _ST = "sentence_transformers."
 _MODULE_KINDS = ("Transformer", "Pooling", "Dense", "Normalize")
@@ -67,8 +83,9 @@ class EmbeddingRecipe:
             raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}, got {self.pooling!r}")
         for layer in self.dense:
             if layer.activation not in ACTIVATIONS:
-                raise ValueError(f"Dense activation {layer.activation!r} is not supported "
-                                 f"(supported: {', '.join(ACTIVATIONS)})")
+                raise ValueError(
+                    f"Dense activation {layer.activation!r} is not supported (supported: {', '.join(ACTIVATIONS)})"
+                )
         for a, b in zip(self.dense, self.dense[1:]):
             if b.in_features != a.out_features:
                 raise ValueError(f"Dense {b.path} takes {b.in_features} features but {a.path} gives {a.out_features}")
@@ -96,12 +113,18 @@ def _read_json(path: Path, what: str):
 
 def _module_kind(entry, path: Path) -> tuple[str, str]:
     """(kind, folder) of one ``modules.json`` entry."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str) or not isinstance(entry.get("path", ""), str):
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("type"), str)
+        or not isinstance(entry.get("path", ""), str)
+    ):
         raise ValueError(f"{path}: each module must be an object with a string 'type' and 'path', got {entry!r}")
     kind = entry["type"].rsplit(".", 1)[-1]
     if not entry["type"].startswith(_ST) or kind not in _MODULE_KINDS:
-        raise ValueError(f"{path}: module type {entry['type']!r} is not supported (a recipe holds a Transformer, "
-                         "then Pooling, Dense modules and Normalize)")
+        raise ValueError(
+            f"{path}: module type {entry['type']!r} is not supported (a recipe holds a Transformer, "
+            "then Pooling, Dense modules and Normalize)"
+        )
     folder = entry.get("path", "")
     if Path(folder).is_absolute() or ".." in Path(folder).parts or "\x00" in folder:
         raise ValueError(f"{path}: module path {folder!r} is not a folder inside the model folder")
@@ -146,14 +169,22 @@ def _dense(model_dir: Path, folder: str) -> DenseLayer:
         _int(cfg[key], path, key)
     activation = cfg.get("activation_function", _DEFAULT_ACTIVATION)
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise ValueError(f"{path}: activation_function {activation!r} is not supported "
-                         f"(supported: {', '.join(a.rsplit('.', 1)[-1] for a in ACTIVATIONS)})")
+        raise ValueError(
+            f"{path}: activation_function {activation!r} is not supported "
+            f"(supported: {', '.join(a.rsplit('.', 1)[-1] for a in ACTIVATIONS)})"
+        )
     for key in ("module_input_name", "module_output_name"):
         if cfg.get(key) not in (None, "sentence_embedding"):
-            raise ValueError(f"{path}: {key} {cfg[key]!r} is not supported (a Dense reads and writes "
-                             "'sentence_embedding')")
-    layer = DenseLayer(path=folder, in_features=cfg["in_features"], out_features=cfg["out_features"],
-                       bias=_bool(cfg.get("bias", True), path, "bias"), activation=activation)
+            raise ValueError(
+                f"{path}: {key} {cfg[key]!r} is not supported (a Dense reads and writes 'sentence_embedding')"
+            )
+    layer = DenseLayer(
+        path=folder,
+        in_features=cfg["in_features"],
+        out_features=cfg["out_features"],
+        bias=_bool(cfg.get("bias", True), path, "bias"),
+        activation=activation,
+    )
     _dense_weights_file(model_dir / folder, layer)
     return layer
 
@@ -173,8 +204,10 @@ def _dense_weights_file(folder: Path, layer: DenseLayer | None = None) -> Path:
     if layer is not None:
         limit = DENSE_HEADER_BYTES + 8 * layer.out_features * (layer.in_features + 1)
         if size > limit:
-            raise ValueError(f"{weights} has {size} bytes, more than a [{layer.out_features}, {layer.in_features}] "
-                             f"Dense layer's weights can take ({limit}); the file is not this layer's")
+            raise ValueError(
+                f"{weights} has {size} bytes, more than a [{layer.out_features}, {layer.in_features}] "
+                f"Dense layer's weights can take ({limit}); the file is not this layer's"
+            )
     return weights
 
 
@@ -201,12 +234,20 @@ def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
     pooling = _pooling(model_dir, chain[1][1], hidden_size)
     dense = tuple(_dense(model_dir, folder) for kind, folder in chain if kind == "Dense")
     if dense and hidden_size is not None and dense[0].in_features != hidden_size:
-        raise ValueError(f"{model_dir / dense[0].path / 'config.json'}: in_features {dense[0].in_features} is not "
-                         f"the model's hidden_size {hidden_size}")
+        raise ValueError(
+            f"{model_dir / dense[0].path / 'config.json'}: in_features {dense[0].in_features} is not "
+            f"the model's hidden_size {hidden_size}"
+        )
     max_seq_length, do_lower_case = _transformer_settings(model_dir / "sentence_bert_config.json")
     try:
-        return EmbeddingRecipe(pooling=pooling, normalize=chain[-1][0] == "Normalize", dense=dense,
-                               max_seq_length=max_seq_length, do_lower_case=do_lower_case, source="modules.json")
+        return EmbeddingRecipe(
+            pooling=pooling,
+            normalize=chain[-1][0] == "Normalize",
+            dense=dense,
+            max_seq_length=max_seq_length,
+            do_lower_case=do_lower_case,
+            source="modules.json",
+        )
     except ValueError as e:
         raise ValueError(f"{modules_path}: {e}") from None
 
@@ -220,17 +261,23 @@ def _module_chain(model_dir: Path, modules_path: Path) -> list[tuple[str, str]]:
     chain = [_module_kind(entry, modules_path) for entry in modules]
     kinds = "".join(kind[0] for kind, _ in chain)  # T, P, D, N
     if not re.fullmatch(r"TPD*N?", kinds):
-        raise ValueError(f"{modules_path}: modules {[k for k, _ in chain]} are not Transformer, Pooling, Dense..., "
-                         "Normalize in that order, the chain a recipe supports")
+        raise ValueError(
+            f"{modules_path}: modules {[k for k, _ in chain]} are not Transformer, Pooling, Dense..., "
+            "Normalize in that order, the chain a recipe supports"
+        )
     if chain[0][1] != "":
-        raise ValueError(f"{modules_path}: the Transformer module is in {chain[0][1]!r}; it must be the model folder "
-                         "itself (path \"\")")
+        raise ValueError(
+            f"{modules_path}: the Transformer module is in {chain[0][1]!r}; it must be the model folder "
+            'itself (path "")'
+        )
     for kind, folder in chain[1:]:
         if kind == "Normalize" and folder and os.path.lexists(model_dir / folder) and not (model_dir / folder).is_dir():
             raise ValueError(f"{modules_path}: the Normalize module's path {model_dir / folder} is not a folder")
         if kind in ("Pooling", "Dense") and Path(folder) == Path("."):
-            raise ValueError(f"{modules_path}: the {kind} module's path is the model folder itself; its config.json "
-                             "is the model's, not the module's (give the module its own folder, e.g. 1_Pooling)")
+            raise ValueError(
+                f"{modules_path}: the {kind} module's path is the model folder itself; its config.json "
+                "is the model's, not the module's (give the module its own folder, e.g. 1_Pooling)"
+            )
     return chain
 
 
@@ -265,18 +312,23 @@ def read_dense_weights(model_dir: str | Path, layer: DenseLayer):
         tensors = {k: v.float().numpy() for k, v in load_torch(weights).items()}
     w = tensors.get("linear.weight")
     if w is None or w.shape != (layer.out_features, layer.in_features):
-        raise ValueError(f"{weights}: linear.weight must have shape [{layer.out_features}, {layer.in_features}], "
-                         f"got {None if w is None else list(w.shape)}")
+        raise ValueError(
+            f"{weights}: linear.weight must have shape [{layer.out_features}, {layer.in_features}], "
+            f"got {None if w is None else list(w.shape)}"
+        )
     b = tensors.get("linear.bias")
     if layer.bias and (b is None or b.shape != (layer.out_features,)):
-        raise ValueError(f"{weights}: linear.bias must have shape [{layer.out_features}], "
-                         f"got {None if b is None else list(b.shape)}")
+        raise ValueError(
+            f"{weights}: linear.bias must have shape [{layer.out_features}], got {None if b is None else list(b.shape)}"
+        )
     if not np.isfinite(w).all() or (layer.bias and not np.isfinite(b).all()):
         raise ValueError(f"{weights} holds NaN or infinite weights")
     return w.astype(np.float32), (b.astype(np.float32) if layer.bias else None)
 
 
-def write_recipe(model_dir: str | Path, recipe: EmbeddingRecipe, dense_weights=(), hidden_size: int | None = None) -> None:
+def write_recipe(
+    model_dir: str | Path, recipe: EmbeddingRecipe, dense_weights=(), hidden_size: int | None = None
+) -> None:
     """Write ``recipe`` into the model folder ``model_dir`` (which already holds the transformers model) as
     sentence-transformers files: ``modules.json`` (module 0 the Transformer at path ""),
     ``sentence_bert_config.json``, ``1_Pooling/config.json``, ``<k>_Dense/{config.json, model.safetensors}``
@@ -291,18 +343,24 @@ def write_recipe(model_dir: str | Path, recipe: EmbeddingRecipe, dense_weights=(
         raise ValueError(f"{model_dir / 'config.json'} gives no hidden_size; pass hidden_size")
     dense_weights = list(dense_weights)
     if len(dense_weights) != len(recipe.dense):
-        raise ValueError(f"the recipe has {len(recipe.dense)} Dense layers but {len(dense_weights)} weight pairs were given")
+        raise ValueError(
+            f"the recipe has {len(recipe.dense)} Dense layers but {len(dense_weights)} weight pairs were given"
+        )
     if recipe.dense and recipe.dense[0].in_features != hidden_size:
-        raise ValueError(f"the first Dense takes {recipe.dense[0].in_features} features but the model's hidden_size "
-                         f"is {hidden_size}")
+        raise ValueError(
+            f"the first Dense takes {recipe.dense[0].in_features} features but the model's hidden_size is {hidden_size}"
+        )
     arrays = []
     for layer, (w, b) in zip(recipe.dense, dense_weights):
         w = np.ascontiguousarray(w, dtype=np.float32)
         if w.shape != (layer.out_features, layer.in_features):
-            raise ValueError(f"Dense weight of shape {list(w.shape)} given for a [{layer.out_features}, "
-                             f"{layer.in_features}] layer")
+            raise ValueError(
+                f"Dense weight of shape {list(w.shape)} given for a [{layer.out_features}, {layer.in_features}] layer"
+            )
         if layer.bias != (b is not None):
-            raise ValueError(f"Dense layer has bias={layer.bias} but its bias {'is missing' if b is None else 'was given'}")
+            raise ValueError(
+                f"Dense layer has bias={layer.bias} but its bias {'is missing' if b is None else 'was given'}"
+            )
         if b is not None:
             b = np.ascontiguousarray(b, dtype=np.float32)
             if b.shape != (layer.out_features,):
@@ -311,24 +369,40 @@ def write_recipe(model_dir: str | Path, recipe: EmbeddingRecipe, dense_weights=(
 
     from safetensors.numpy import save_file
 
-    modules = [{"idx": 0, "name": "0", "path": "", "type": _ST + "models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": _ST + "models.Pooling"}]
-    write_json(model_dir / "1_Pooling" / "config.json",  # the boolean keys: every sentence-transformers version reads them
-               {"word_embedding_dimension": hidden_size,
-                **{key: value == recipe.pooling for key, value in _ST_LEGACY_KEYS.items()}})
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": _ST + "models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": _ST + "models.Pooling"},
+    ]
+    write_json(
+        model_dir / "1_Pooling" / "config.json",  # the boolean keys: every sentence-transformers version reads them
+        {
+            "word_embedding_dimension": hidden_size,
+            **{key: value == recipe.pooling for key, value in _ST_LEGACY_KEYS.items()},
+        },
+    )
     for layer, (w, b) in zip(recipe.dense, arrays):
         k = len(modules)
         folder = f"{k}_Dense"
         modules.append({"idx": k, "name": str(k), "path": folder, "type": _ST + "models.Dense"})
-        write_json(model_dir / folder / "config.json",
-                   {"in_features": layer.in_features, "out_features": layer.out_features, "bias": layer.bias,
-                    "activation_function": layer.activation})
-        save_file({"linear.weight": w, **({"linear.bias": b} if b is not None else {})},
-                  str(model_dir / folder / "model.safetensors"))
+        write_json(
+            model_dir / folder / "config.json",
+            {
+                "in_features": layer.in_features,
+                "out_features": layer.out_features,
+                "bias": layer.bias,
+                "activation_function": layer.activation,
+            },
+        )
+        save_file(
+            {"linear.weight": w, **({"linear.bias": b} if b is not None else {})},
+            str(model_dir / folder / "model.safetensors"),
+        )
     if recipe.normalize:
         k = len(modules)
         modules.append({"idx": k, "name": str(k), "path": f"{k}_Normalize", "type": _ST + "models.Normalize"})
         (model_dir / f"{k}_Normalize").mkdir(exist_ok=True)
-    write_json(model_dir / "sentence_bert_config.json",
-               {"max_seq_length": recipe.max_seq_length, "do_lower_case": bool(recipe.do_lower_case)})
+    write_json(
+        model_dir / "sentence_bert_config.json",
+        {"max_seq_length": recipe.max_seq_length, "do_lower_case": bool(recipe.do_lower_case)},
+    )
     write_json(model_dir / "modules.json", modules)

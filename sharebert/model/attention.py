@@ -14,6 +14,7 @@ owns only its per-layer learned vectors (biases, diagonal scalings). Shapes: ``x
   matrix ``W`` (and bias) and the rest from ``Wq'`` / ``Wk'`` (Yang et al.). We split per head, so
   ``p = 0`` is standard and ``p = 1`` is symmetric.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,10 +33,11 @@ class SelfAttention(nn.Module):
         self.variant = config.attention
         self.heads, self.head_dim = h, config.head_dim
         self.shared_dim = config.qk_shared_dim
-        self.scale = self.head_dim ** -config.attention_scale_power
+        self.scale = self.head_dim**-config.attention_scale_power
         self.dropout = config.attention_probs_dropout_prob
-        self.bias = nn.ParameterDict({name: nn.Parameter(torch.zeros(n))
-                                      for name, (_, n) in config.attention_projections().items() if n > 0})
+        self.bias = nn.ParameterDict(
+            {name: nn.Parameter(torch.zeros(n)) for name, (_, n) in config.attention_projections().items() if n > 0}
+        )
         if self.variant in ATTENTION_SCALINGS:  # diagonal scalings D_q, D_k, D_v
             self.scaling = nn.ParameterDict({k: nn.Parameter(torch.ones(V)) for k in ATTENTION_SCALINGS[self.variant]})
         self.output_bias = nn.Parameter(torch.zeros(V))

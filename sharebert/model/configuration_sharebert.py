@@ -8,6 +8,7 @@
 
 ``attention`` picks how Q, K and V are formed (see ``sharebert/model/attention.py``).
 """
+
 from __future__ import annotations
 
 from transformers import PretrainedConfig

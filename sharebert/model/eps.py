@@ -5,6 +5,7 @@ plan and the layout (``T[i, j] = M[k % E, c0 + k // E]`` with ``k = i * cols + j
 ``sharebert/model/plan.py``. Generation is one matrix product: ``M[:, used].T`` is a ``(sum(G), E)``
 buffer whose rows are the generated columns, and every target is a view of a piece of it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable

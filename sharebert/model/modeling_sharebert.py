@@ -10,6 +10,7 @@ per layer, or one shared set with ``share_layers``). Each layer owns its biases 
 Only learned tensors are parameters: generated weights are temporaries, cached in eval mode
 (see ``eps._SourceCache``) and never saved.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -73,13 +74,15 @@ class ShareBertEmbeddings(nn.Module):
             inputs_embeds = self.word_embeddings(input_ids)
         B, T = inputs_embeds.shape[:2]
         if position_ids is None and not tracing() and past_length + T > self.max_positions:  # traced: T stays dynamic
-            raise ValueError(f"sequence length {past_length + T} exceeds max_position_embeddings {self.max_positions}; "
-                             f"truncate the input (tokenizer(..., truncation=True, max_length={self.max_positions}))")
+            raise ValueError(
+                f"sequence length {past_length + T} exceeds max_position_embeddings {self.max_positions}; "
+                f"truncate the input (tokenizer(..., truncation=True, max_length={self.max_positions}))"
+            )
         x = inputs_embeds
         if hasattr(self, "input_projection"):
             x = self.input_projection(self.input_norm(x))
         if position_ids is None:
-            x = x + self.position_embeddings.weight[past_length:past_length + T]
+            x = x + self.position_embeddings.weight[past_length : past_length + T]
         else:
             x = x + self.position_embeddings(position_ids)
         if token_type_ids is None:
@@ -113,8 +116,10 @@ class WeightGenerator(nn.Module):
 
     def forward(self, word_embeddings: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.virtual:
-            return self._cache.get([word_embeddings, self.projection, self.bias],
-                                   lambda: generate_virtual(self.plan, word_embeddings, self.projection, self.bias))
+            return self._cache.get(
+                [word_embeddings, self.projection, self.bias],
+                lambda: generate_virtual(self.plan, word_embeddings, self.projection, self.bias),
+            )
         return self._cache.get([word_embeddings], lambda: generate_from_source(self.plan, word_embeddings))
 
 
@@ -182,8 +187,10 @@ class ShareBertPreTrainedModel(PreTrainedModel):
 
     def prune_heads(self, heads_to_prune):
         """Not supported: every layer runs the same generated (or shared) weights, so a head cannot leave one layer."""
-        raise NotImplementedError("head pruning is not supported by sharebert models: their layers share generated "
-                                  "weights; mask heads with head_mask instead")
+        raise NotImplementedError(
+            "head pruning is not supported by sharebert models: their layers share generated "
+            "weights; mask heads with head_mask instead"
+        )
 
     def _init_weights(self, module):
         """Each module's own tensors. ``init`` leaves alone a tensor a checkpoint loaded (transformers 5
@@ -222,10 +229,12 @@ class ShareBertPreTrainedModel(PreTrainedModel):
         would change every generated weight. Build a new model with the vocabulary instead.
         """
         if self.config.sharing != "none":
-            raise ValueError(f"resize_token_embeddings is not supported with sharing={self.config.sharing!r}: the "
-                             "encoder's weights are generated from the word embeddings, so vocab_size is part of its "
-                             "shape; build a new model with the vocabulary (sharebert build --vocab ... or "
-                             "--set vocab_size=N)")
+            raise ValueError(
+                f"resize_token_embeddings is not supported with sharing={self.config.sharing!r}: the "
+                "encoder's weights are generated from the word embeddings, so vocab_size is part of its "
+                "shape; build a new model with the vocabulary (sharebert build --vocab ... or "
+                "--set vocab_size=N)"
+            )
         return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
 
 
@@ -242,7 +251,9 @@ class ShareBertModel(ShareBertPreTrainedModel):
             n_sets = 1 if config.share_layers else config.num_hidden_layers
             self.layer_weights = nn.ModuleList(DenseWeights(config) for _ in range(n_sets))
         self.layers = nn.ModuleList(ShareBertLayer(config) for _ in range(config.num_hidden_layers))
-        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        self.final_norm = (
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        )
         self.causal = bool(config.is_decoder)
         if self.has_pooler:
             if config.pooler == "dense":
@@ -277,8 +288,12 @@ class ShareBertModel(ShareBertPreTrainedModel):
             if not (self.training and low):
                 return N
             return int(torch.randint(low, N + 1, ()))  # stochastic depth over the shared layers
-        if isinstance(depth, torch.Tensor) and depth.dim() == 0 and not depth.is_floating_point() \
-                and depth.dtype != torch.bool:
+        if (
+            isinstance(depth, torch.Tensor)
+            and depth.dim() == 0
+            and not depth.is_floating_point()
+            and depth.dtype != torch.bool
+        ):
             depth = int(depth)
         if isinstance(depth, bool) or not (isinstance(depth, numbers.Integral) and 1 <= depth <= N):
             raise ValueError(f"depth must be an integer in 1..{N} (num_hidden_layers), got {depth!r}")
@@ -337,7 +352,9 @@ class ShareBertModel(ShareBertPreTrainedModel):
         a shallower model costs nothing new. ``cache_position`` and other generation keyword arguments
         are accepted and unused."""
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
@@ -349,8 +366,9 @@ class ShareBertModel(ShareBertPreTrainedModel):
         head_masks = self._head_masks(head_mask)
 
         generated = self.generated_weights()  # once per forward, shared by every layer
-        x, all_hidden, all_attn = self._encode(x, mask, head_masks, generated, depth, cache, output_attentions,
-                                               output_hidden_states)
+        x, all_hidden, all_attn = self._encode(
+            x, mask, head_masks, generated, depth, cache, output_attentions, output_hidden_states
+        )
         pooled = self._pool(x, generated) if self.has_pooler else None
         out = BaseModelOutputWithPoolingAndCrossAttentions(
             last_hidden_state=x,
@@ -360,7 +378,6 @@ class ShareBertModel(ShareBertPreTrainedModel):
             **{CACHE: cache},
         )
         return out if return_dict else out.to_tuple()
-
 
     def _cache(self, use_cache: Optional[bool], cache):
         """The cache this forward reads and extends (a new ``DynamicCache`` when none is given), or None when it
@@ -377,8 +394,15 @@ class ShareBertModel(ShareBertPreTrainedModel):
         all_hidden, all_attn = ([x] if output_hidden_states else None), ([] if output_attentions else None)
         for i, layer in enumerate(self.layers[: self._depth(depth)]):
             w = generated or self.layer_weights[0 if self.config.share_layers else i]()
-            x, probs = layer(x, mask, *(w[n] for n in layer.names), output_attentions=output_attentions, cache=cache,
-                             layer_idx=i, head_mask=head_masks[i])
+            x, probs = layer(
+                x,
+                mask,
+                *(w[n] for n in layer.names),
+                output_attentions=output_attentions,
+                cache=cache,
+                layer_idx=i,
+                head_mask=head_masks[i],
+            )
             if output_hidden_states:
                 all_hidden.append(x)
             if output_attentions:
@@ -443,8 +467,20 @@ class ShareBertForMaskedLM(_WithLMHead):
         super().__init__(config)
         self._build(config)
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        position_ids=None,
+        head_mask=None,
+        depth=None,
+    ):
         """``labels`` (B, T): token ids at masked positions, -100 elsewhere.
 
         ``logits`` is ``(B, T, E)``, as in BERT. With ``config.mlm_logits_in_training == "masked"``
@@ -453,8 +489,18 @@ class ShareBertForMaskedLM(_WithLMHead):
         ``logits`` is ``None``.
         """
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
-                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
+        out = self.sharebert(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
+            position_ids=position_ids,
+            head_mask=head_mask,
+            depth=depth,
+        )
         h, logits, loss = out.last_hidden_state, None, None
         if labels is not None and self.training and self.config.mlm_logits_in_training == "masked":
             keep = labels.ne(-100)
@@ -476,8 +522,9 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         super().__init__(config)
         self._build(config)
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
-                                      token_type_ids=None, cache=None, **kwargs):
+    def prepare_inputs_for_generation(
+        self, input_ids, past_key_values=None, attention_mask=None, token_type_ids=None, cache=None, **kwargs
+    ):
         """One generation step's inputs: the tokens the cache has not seen, with their token types (a
         tokenizer's ``token_type_ids``, which ``generate`` extends with each new token) and their positions
         counted over the attention mask (so left padding does not shift them), and every other model keyword.
@@ -495,28 +542,67 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
             input_ids, attention_mask, past = input_ids[:, -P:], attention_mask[:, -P:], 0
             past_key_values = DynamicCache() if past_key_values is not None else None
         if token_type_ids is not None:  # (B, T) like input_ids: the same window, the same new positions
-            token_type_ids = token_type_ids[:, -input_ids.shape[1]:][:, past:]
+            token_type_ids = token_type_ids[:, -input_ids.shape[1] :][:, past:]
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         kwargs.pop("position_ids", None)  # generate's own, counted without the mask
-        return {**kwargs, "input_ids": input_ids[:, past:], "attention_mask": attention_mask,
-                "token_type_ids": token_type_ids, "position_ids": position_ids[:, past:], CACHE: past_key_values}
+        return {
+            **kwargs,
+            "input_ids": input_ids[:, past:],
+            "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids,
+            "position_ids": position_ids[:, past:],
+            CACHE: past_key_values,
+        }
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None,
-                past_key_values=None, use_cache=None, head_mask=None, depth=None, cache=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        position_ids=None,
+        past_key_values=None,
+        use_cache=None,
+        head_mask=None,
+        depth=None,
+        cache=None,
+        **kwargs,
+    ):
         """``labels`` (B, T): the inputs themselves (shifted inside), -100 to ignore. ``cache`` (or
         ``past_key_values``): a transformers ``Cache`` (returned, extended, in the output when ``use_cache``)."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
-                             output_hidden_states, return_dict=True, position_ids=position_ids,
-                             past_key_values=past_key_values, use_cache=use_cache, head_mask=head_mask, depth=depth,
-                             cache=cache)
+        out = self.sharebert(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            head_mask=head_mask,
+            depth=depth,
+            cache=cache,
+        )
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-        res = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions,
-                                     **{CACHE: getattr(out, CACHE)})
+            loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+            )
+        res = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+            **{CACHE: getattr(out, CACHE)},
+        )
         return res if return_dict else res.to_tuple()
 
 
@@ -555,26 +641,54 @@ class ShareBertForSequenceClassification(ShareBertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        position_ids=None,
+        head_mask=None,
+        depth=None,
+    ):
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
-                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
+        out = self.sharebert(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
+            position_ids=position_ids,
+            head_mask=head_mask,
+            depth=depth,
+        )
         pooled = sequence_vector(out, attention_mask, self.config.classifier_pooling)
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
             if self.config.problem_type is None:
-                self.config.problem_type = ("regression" if self.num_labels == 1 else
-                                            "single_label_classification" if labels.dtype in (torch.long, torch.int) else
-                                            "multi_label_classification")
+                self.config.problem_type = (
+                    "regression"
+                    if self.num_labels == 1
+                    else "single_label_classification"
+                    if labels.dtype in (torch.long, torch.int)
+                    else "multi_label_classification"
+                )
             if self.config.problem_type == "regression":
                 loss = F.mse_loss(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
             elif self.config.problem_type == "single_label_classification":
                 loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
             else:
                 loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
-        res = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        res = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
         return res if return_dict else res.to_tuple()
 
 
@@ -588,16 +702,40 @@ class ShareBertForTokenClassification(ShareBertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        position_ids=None,
+        head_mask=None,
+        depth=None,
+    ):
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
-                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
+        out = self.sharebert(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
+            position_ids=position_ids,
+            head_mask=head_mask,
+            depth=depth,
+        )
         logits = self.classifier(self.dropout(out.last_hidden_state))
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1), ignore_index=-100)
-        res = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        res = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
         return res if return_dict else res.to_tuple()
 
 
@@ -608,21 +746,46 @@ class ShareBertForQuestionAnswering(ShareBertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None,
-                start_positions=None, end_positions=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, position_ids=None, head_mask=None, depth=None):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        position_ids=None,
+        head_mask=None,
+        depth=None,
+    ):
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        out = self.sharebert(input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions,
-                             output_hidden_states, return_dict=True, position_ids=position_ids, head_mask=head_mask, depth=depth)
+        out = self.sharebert(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
+            position_ids=position_ids,
+            head_mask=head_mask,
+            depth=depth,
+        )
         start, end = self.qa_outputs(out.last_hidden_state).split(1, dim=-1)
         start, end = start.squeeze(-1), end.squeeze(-1)
         loss = None
         if start_positions is not None and end_positions is not None:
             T = start.shape[1]
-            loss = (F.cross_entropy(start, start_positions.clamp(0, T), ignore_index=T)
-                    + F.cross_entropy(end, end_positions.clamp(0, T), ignore_index=T)) / 2
-        res = QuestionAnsweringModelOutput(loss=loss, start_logits=start, end_logits=end,
-                                           hidden_states=out.hidden_states, attentions=out.attentions)
+            loss = (
+                F.cross_entropy(start, start_positions.clamp(0, T), ignore_index=T)
+                + F.cross_entropy(end, end_positions.clamp(0, T), ignore_index=T)
+            ) / 2
+        res = QuestionAnsweringModelOutput(
+            loss=loss, start_logits=start, end_logits=end, hidden_states=out.hidden_states, attentions=out.attentions
+        )
         return res if return_dict else res.to_tuple()
 
 
@@ -638,8 +801,20 @@ class ShareBertForMultipleChoice(ShareBertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, position_ids=None, head_mask=None, depth=None):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        position_ids=None,
+        head_mask=None,
+        depth=None,
+    ):
         """``labels`` (B,): the index of the right choice."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
@@ -647,21 +822,35 @@ class ShareBertForMultipleChoice(ShareBertPreTrainedModel):
         def flat(t):  # (B, C, T, ...) -> (B * C, T, ...)
             return None if t is None else t.reshape(-1, *t.shape[2:])
 
-        out = self.sharebert(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(inputs_embeds),
-                             output_attentions, output_hidden_states, return_dict=True, position_ids=flat(position_ids),
-                             head_mask=head_mask, depth=depth)
+        out = self.sharebert(
+            flat(input_ids),
+            flat(attention_mask),
+            flat(token_type_ids),
+            flat(inputs_embeds),
+            output_attentions,
+            output_hidden_states,
+            return_dict=True,
+            position_ids=flat(position_ids),
+            head_mask=head_mask,
+            depth=depth,
+        )
         pooled = sequence_vector(out, flat(attention_mask), self.config.classifier_pooling)
         logits = self.classifier(self.dropout(pooled)).view(-1, choices)
         loss = F.cross_entropy(logits, labels.view(-1)) if labels is not None else None
-        res = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        res = MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
         return res if return_dict else res.to_tuple()
 
 
 # The Auto class of each model class: ``sharebert.model.registration`` registers them with transformers (and so with
 # pipelines and optimum's ORTModel*), and ``make_portable`` names them in a portable folder's ``auto_map``.
-AUTO_CLASSES = {"AutoModel": ShareBertModel, "AutoModelForMaskedLM": ShareBertForMaskedLM,
-                "AutoModelForCausalLM": ShareBertForCausalLM,
-                "AutoModelForSequenceClassification": ShareBertForSequenceClassification,
-                "AutoModelForTokenClassification": ShareBertForTokenClassification,
-                "AutoModelForQuestionAnswering": ShareBertForQuestionAnswering,
-                "AutoModelForMultipleChoice": ShareBertForMultipleChoice}
+AUTO_CLASSES = {
+    "AutoModel": ShareBertModel,
+    "AutoModelForMaskedLM": ShareBertForMaskedLM,
+    "AutoModelForCausalLM": ShareBertForCausalLM,
+    "AutoModelForSequenceClassification": ShareBertForSequenceClassification,
+    "AutoModelForTokenClassification": ShareBertForTokenClassification,
+    "AutoModelForQuestionAnswering": ShareBertForQuestionAnswering,
+    "AutoModelForMultipleChoice": ShareBertForMultipleChoice,
+}

@@ -19,6 +19,7 @@ Layout (documented choice, tested in ``tests/test_eps.py``):
 This order makes generation one matrix product: ``M[:, used].T`` is a ``(sum(G), E)`` buffer whose
 rows are the generated columns, and every target is a reshape (a view) of a piece of it.
 """
+
 from __future__ import annotations
 
 import math

@@ -7,6 +7,7 @@ It is kept out of ``configuration_sharebert`` and ``modeling_sharebert`` so that
 those modules whole: a portable folder's code (remote code, ``trust_remote_code=True``) is registered by
 transformers from its ``auto_map`` and saved by transformers' own ``save_pretrained``.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,11 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
         return result
     make_portable(save_directory, AUTO_CLASSES)
     if push:  # transformers' own push would upload before the portable files exist; its save goes through this one
-        self.push_to_hub(hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))), **hub,
-                         **{k: kwargs[k] for k in ("max_shard_size",) if k in kwargs})
+        self.push_to_hub(
+            hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory))),
+            **hub,
+            **{k: kwargs[k] for k in ("max_shard_size",) if k in kwargs},
+        )
     return result
 
 
@@ -69,4 +73,3 @@ _HUB_OPTIONS = ("repo_id", "commit_message", "commit_description", "private", "t
 
 
 ShareBertPreTrainedModel.save_pretrained = _save_pretrained
-

@@ -5,6 +5,7 @@ EPS column plan, validation); ``ShareBertConfig`` (transformers) and ``ModelShap
 ``sharebert report`` and ``sharebert budget``, which must not pay for importing torch) both use it,
 so a shape is defined in one place.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,8 +24,12 @@ ATTENTION_VARIANTS = {
     "symmetric": lambda V, h, d, ds: {"query": ((V, V), V), "value": ((V, V), V)},  # K = Q
     "pairwise": lambda V, h, d, ds: {"query": ((V, V), V), "pair": ((h * d, d), 0), "value": ((V, V), V)},  # S_h
     "shared-qkv": lambda V, h, d, ds: {"shared_qkv": ((V, V), V)},  # Q, K, V = S D_q, S D_k, S D_v
-    "partial-qk": lambda V, h, d, ds: {"qk_shared": ((h * ds, V), h * ds), "query": ((h * (d - ds), V), h * (d - ds)),
-                                       "key": ((h * (d - ds), V), h * (d - ds)), "value": ((V, V), V)},
+    "partial-qk": lambda V, h, d, ds: {
+        "qk_shared": ((h * ds, V), h * ds),
+        "query": ((h * (d - ds), V), h * (d - ds)),
+        "key": ((h * (d - ds), V), h * (d - ds)),
+        "value": ((V, V), V),
+    },
 }
 # Learned per-dimension scalings (length V each) a variant has per layer: shared-qkv's diagonal D_q, D_k, D_v.
 ATTENTION_SCALINGS = {"shared-qkv": ("query", "key", "value")}
@@ -37,16 +42,35 @@ FILL_ORDER = ("qk_shared", "query", "key", "pair", "shared_qkv", "value", "ffn_i
 
 
 def _sharebert(**kw):
-    base = dict(vocab_size=30528, hidden_size=2048, num_hidden_layers=12, intermediate_size=4096,
-                num_attention_heads=16, sharing="veps", max_position_embeddings=128, pooler="generated",
-                pooler_activation="none", norm_position="pre")
+    base = dict(
+        vocab_size=30528,
+        hidden_size=2048,
+        num_hidden_layers=12,
+        intermediate_size=4096,
+        num_attention_heads=16,
+        sharing="veps",
+        max_position_embeddings=128,
+        pooler="generated",
+        pooler_activation="none",
+        norm_position="pre",
+    )
     return {**base, **kw}
 
 
 def _bert(**kw):
-    base = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, intermediate_size=3072,
-                num_attention_heads=12, sharing="none", embedding_size=None, max_position_embeddings=512,
-                pooler="dense", pooler_activation="tanh", norm_position="post")
+    base = dict(
+        vocab_size=30522,
+        hidden_size=768,
+        num_hidden_layers=12,
+        intermediate_size=3072,
+        num_attention_heads=12,
+        sharing="none",
+        embedding_size=None,
+        max_position_embeddings=512,
+        pooler="dense",
+        pooler_activation="tanh",
+        norm_position="post",
+    )
     return {**base, **kw}
 
 
@@ -55,33 +79,90 @@ PRESETS: dict[str, dict] = {
     "sharebert-small": _sharebert(embedding_size=128),
     "sharebert-base": _sharebert(embedding_size=384),
     "sharebert-large": _sharebert(embedding_size=768, num_hidden_layers=6),
-    "sharebert-f24-v512": _sharebert(embedding_size=24, hidden_size=512, num_hidden_layers=10, intermediate_size=512, num_attention_heads=8),
-    "sharebert-f64-v768": _sharebert(embedding_size=64, hidden_size=768, num_hidden_layers=12, intermediate_size=768, num_attention_heads=12),
+    "sharebert-f24-v512": _sharebert(
+        embedding_size=24, hidden_size=512, num_hidden_layers=10, intermediate_size=512, num_attention_heads=8
+    ),
+    "sharebert-f64-v768": _sharebert(
+        embedding_size=64, hidden_size=768, num_hidden_layers=12, intermediate_size=768, num_attention_heads=12
+    ),
     # Sized to pre-train on 2 CPU cores.
-    "sharebert-tiny": _sharebert(embedding_size=64, hidden_size=256, num_hidden_layers=4, intermediate_size=512, num_attention_heads=4),
+    "sharebert-tiny": _sharebert(
+        embedding_size=64, hidden_size=256, num_hidden_layers=4, intermediate_size=512, num_attention_heads=4
+    ),
     # ShareBERT paper, Table 2 (BERT + EPS, BERT + EPS + EF): BERT's 512 positions and a dense pooler (the
     # printed 24.5M / 43.0M and the 'shared dims' 130/233/388/1100 need both; see docs/ACCOUNTING.md).
-    "bert-eps-i1024": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=1024, num_attention_heads=12,
-                                max_position_embeddings=512, pooler="dense", pooler_activation="tanh"),
-    "bert-eps-i3072": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=3072, num_attention_heads=12,
-                                max_position_embeddings=512, pooler="dense", pooler_activation="tanh"),
-    "bert-eps-i6144": _sharebert(sharing="eps", embedding_size=None, hidden_size=768, intermediate_size=6144, num_attention_heads=12,
-                                max_position_embeddings=512, pooler="dense", pooler_activation="tanh"),
-    "bert-eps-ef-f1152": _sharebert(sharing="eps", embedding_size=1152, max_position_embeddings=512, pooler="dense",
-                                   pooler_activation="tanh"),
+    "bert-eps-i1024": _sharebert(
+        sharing="eps",
+        embedding_size=None,
+        hidden_size=768,
+        intermediate_size=1024,
+        num_attention_heads=12,
+        max_position_embeddings=512,
+        pooler="dense",
+        pooler_activation="tanh",
+    ),
+    "bert-eps-i3072": _sharebert(
+        sharing="eps",
+        embedding_size=None,
+        hidden_size=768,
+        intermediate_size=3072,
+        num_attention_heads=12,
+        max_position_embeddings=512,
+        pooler="dense",
+        pooler_activation="tanh",
+    ),
+    "bert-eps-i6144": _sharebert(
+        sharing="eps",
+        embedding_size=None,
+        hidden_size=768,
+        intermediate_size=6144,
+        num_attention_heads=12,
+        max_position_embeddings=512,
+        pooler="dense",
+        pooler_activation="tanh",
+    ),
+    "bert-eps-ef-f1152": _sharebert(
+        sharing="eps", embedding_size=1152, max_position_embeddings=512, pooler="dense", pooler_activation="tanh"
+    ),
     # ShareBERT paper, Table 2 (small BERT baselines: vocab 30528, 128 positions).
-    "bert-h128": _bert(vocab_size=30528, hidden_size=128, intermediate_size=512, num_attention_heads=2, max_position_embeddings=128),
-    "bert-h256": _bert(vocab_size=30528, hidden_size=256, intermediate_size=1024, num_attention_heads=4, max_position_embeddings=128),
+    "bert-h128": _bert(
+        vocab_size=30528, hidden_size=128, intermediate_size=512, num_attention_heads=2, max_position_embeddings=128
+    ),
+    "bert-h256": _bert(
+        vocab_size=30528, hidden_size=256, intermediate_size=1024, num_attention_heads=4, max_position_embeddings=128
+    ),
     # Attention papers (Courtois, Kowsher): BERT base and small.
     "bert-base": _bert(),
     "bert-small": _bert(hidden_size=512, num_hidden_layers=4, intermediate_size=2048, num_attention_heads=8),
     # Partial Q-K paper: character-level GPT (6 layers, 6 heads, 384 dims, block 256) and a CPU size.
-    "charlm-6l": _bert(vocab_size=128, hidden_size=384, num_hidden_layers=6, intermediate_size=1536, num_attention_heads=6,
-                       max_position_embeddings=256, pooler="none", norm_position="pre", attention="partial-qk",
-                       hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.2, is_decoder=True),
-    "charlm-tiny": _bert(vocab_size=128, hidden_size=128, num_hidden_layers=4, intermediate_size=512, num_attention_heads=4,
-                         max_position_embeddings=128, pooler="none", norm_position="pre", attention="partial-qk",
-                         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, is_decoder=True),
+    "charlm-6l": _bert(
+        vocab_size=128,
+        hidden_size=384,
+        num_hidden_layers=6,
+        intermediate_size=1536,
+        num_attention_heads=6,
+        max_position_embeddings=256,
+        pooler="none",
+        norm_position="pre",
+        attention="partial-qk",
+        hidden_dropout_prob=0.2,
+        attention_probs_dropout_prob=0.2,
+        is_decoder=True,
+    ),
+    "charlm-tiny": _bert(
+        vocab_size=128,
+        hidden_size=128,
+        num_hidden_layers=4,
+        intermediate_size=512,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        pooler="none",
+        norm_position="pre",
+        attention="partial-qk",
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        is_decoder=True,
+    ),
 }
 # Every BERT preset with each attention variant, e.g. "bert-base-symmetric".
 for _name in ("bert-base", "bert-small"):
@@ -132,9 +213,16 @@ def preset_fields(name: str, **overrides) -> dict:
 # Every field ``--set`` may change: the defaults above and what a preset sets besides them (``is_decoder``).
 CONFIG_FIELDS = frozenset(DEFAULTS) | {key for fields in PRESETS.values() for key in fields}
 # The string fields and their allowed values (``"none"`` is a value here, not Python's None).
-CHOICES = {"sharing": SHARING, "attention": ATTENTION, "pooler": POOLER, "mlm_head": MLM_HEADS,
-           "mlm_logits_in_training": ("masked", "all"), "norm_position": ("pre", "post"),
-           "pooler_activation": ("tanh", "none"), "classifier_pooling": ("cls", "mean")}
+CHOICES = {
+    "sharing": SHARING,
+    "attention": ATTENTION,
+    "pooler": POOLER,
+    "mlm_head": MLM_HEADS,
+    "mlm_logits_in_training": ("masked", "all"),
+    "norm_position": ("pre", "post"),
+    "pooler_activation": ("tanh", "none"),
+    "classifier_pooling": ("cls", "mean"),
+}
 
 
 def parse_overrides(items: list[str] | None) -> dict:
@@ -190,19 +278,26 @@ class ShapeMixin:
     @property
     def qk_shared_dim(self) -> int:
         """Per-head query/key dims taken from the shared matrix (partial-qk), ``round(p * d_head)``."""
-        return {"symmetric": self.head_dim, "partial-qk": round(self.qk_share_ratio * self.head_dim)}.get(self.attention, 0)
+        return {"symmetric": self.head_dim, "partial-qk": round(self.qk_share_ratio * self.head_dim)}.get(
+            self.attention, 0
+        )
 
     def attention_projections(self) -> dict[str, tuple[tuple[int, int], int]]:
         """One layer's attention projections ``{name: ((out, in), bias length)}`` (``ATTENTION_VARIANTS``;
         empty ones, as partial-qk's at p = 0 or 1, left out)."""
-        table = ATTENTION_VARIANTS[self.attention](self.hidden_size, self.num_attention_heads, self.head_dim,
-                                                   self.qk_shared_dim)
+        table = ATTENTION_VARIANTS[self.attention](
+            self.hidden_size, self.num_attention_heads, self.head_dim, self.qk_shared_dim
+        )
         return {name: (shape, bias) for name, (shape, bias) in table.items() if shape[0] * shape[1] > 0}
 
     def attention_vectors(self) -> int:
         """Per-layer learned attention vectors: projection biases, scalings (shared-qkv) and the output bias."""
         V = self.hidden_size
-        return sum(b for _, b in self.attention_projections().values()) + V * len(ATTENTION_SCALINGS.get(self.attention, ())) + V
+        return (
+            sum(b for _, b in self.attention_projections().values())
+            + V * len(ATTENTION_SCALINGS.get(self.attention, ()))
+            + V
+        )
 
     def layer_matrices(self) -> list[tuple[str, tuple[int, int]]]:
         """The encoder's weight matrices ``(name, (out, in))`` in fill order, for this attention."""
@@ -250,30 +345,51 @@ class ShapeMixin:
 
         for key, allowed in CHOICES.items():
             need(getattr(self, key) in allowed, f"{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
-        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "max_position_embeddings"):
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             value = getattr(self, key)
             need(isinstance(value, int) and value > 0, f"{key} must be a positive integer, got {value!r}")
-        need(self.embedding_size is None or (isinstance(self.embedding_size, int) and self.embedding_size > 0),
-             f"embedding_size must be a positive integer or None, got {self.embedding_size!r}")
-        need(self.hidden_size % self.num_attention_heads == 0,
-             f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}; "
-             f"pick heads among the divisors of {self.hidden_size} (e.g. {self.hidden_size // 64 or 1} for 64-dim heads)")
-        need(isinstance(self.qk_share_ratio, (int, float)) and 0.0 <= self.qk_share_ratio <= 1.0,
-             f"qk_share_ratio must lie in [0, 1] (0 = standard, 1 = symmetric), got {self.qk_share_ratio!r}")
-        need(not (self.pooler == "generated" and self.sharing == "none"),
-             "pooler='generated' needs sharing='eps' or 'veps'; use pooler='dense' for a plain encoder")
-        need(not (self.sharing == "veps" and not self.factorized),
-             "sharing='veps' needs embedding_size smaller than hidden_size (the virtual projection maps F -> V); "
-             "use sharing='eps' for an unfactorised embedding")
-        need(self.train_min_depth is None or (isinstance(self.train_min_depth, int) and not isinstance(self.train_min_depth, bool)
-                                              and 1 <= self.train_min_depth <= self.num_hidden_layers),
-             f"train_min_depth must be None or an integer in 1..{self.num_hidden_layers} (num_hidden_layers), "
-             f"got {self.train_min_depth!r}")
+        need(
+            self.embedding_size is None or (isinstance(self.embedding_size, int) and self.embedding_size > 0),
+            f"embedding_size must be a positive integer or None, got {self.embedding_size!r}",
+        )
+        need(
+            self.hidden_size % self.num_attention_heads == 0,
+            f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}; "
+            f"pick heads among the divisors of {self.hidden_size} (e.g. {self.hidden_size // 64 or 1} for 64-dim heads)",
+        )
+        need(
+            isinstance(self.qk_share_ratio, (int, float)) and 0.0 <= self.qk_share_ratio <= 1.0,
+            f"qk_share_ratio must lie in [0, 1] (0 = standard, 1 = symmetric), got {self.qk_share_ratio!r}",
+        )
+        need(
+            not (self.pooler == "generated" and self.sharing == "none"),
+            "pooler='generated' needs sharing='eps' or 'veps'; use pooler='dense' for a plain encoder",
+        )
+        need(
+            not (self.sharing == "veps" and not self.factorized),
+            "sharing='veps' needs embedding_size smaller than hidden_size (the virtual projection maps F -> V); "
+            "use sharing='eps' for an unfactorised embedding",
+        )
+        need(
+            self.train_min_depth is None
+            or (
+                isinstance(self.train_min_depth, int)
+                and not isinstance(self.train_min_depth, bool)
+                and 1 <= self.train_min_depth <= self.num_hidden_layers
+            ),
+            f"train_min_depth must be None or an integer in 1..{self.num_hidden_layers} (num_hidden_layers), "
+            f"got {self.train_min_depth!r}",
+        )
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             need(0.0 <= getattr(self, key) < 1.0, f"{key} must lie in [0, 1), got {getattr(self, key)!r}")
         self.column_plan()  # raises ValueError with the column shortfall and the ways out
-
 
 
 class ModelShape(ShapeMixin):

@@ -21,6 +21,7 @@ Steps, each in its own subfolder of ``out`` so a stopped run resumes where it wa
    fresh torch-free process each), then :func:`embedding_quality`: agreement with the teacher on held-out
    text, ``--eval-pairs``, STS-B dev where present, the cosine calibration.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,12 +34,34 @@ from dataclasses import replace
 from pathlib import Path
 
 from sharebert_runtime.errors import first_line
-from sharebert_runtime.outdir import MARK, atomic_output, check_out_dir, check_same_run, finite, made_by, mark_out, read_json, save_figure, write_json
+from sharebert_runtime.outdir import (
+    MARK,
+    atomic_output,
+    check_out_dir,
+    check_same_run,
+    finite,
+    made_by,
+    mark_out,
+    read_json,
+    save_figure,
+    write_json,
+)
 
 REPORT = "report.json"
 WORK = "work"  # an embedding teacher's distillation (checkpoints, the teacher's vectors): kept with --keep-work
-PARTS = ("general", "student", WORK, "artifact", "teacher_artifact", "teacher_logits", "phases.json", REPORT,
-         "report.md", "report.png", MARK)  # what a compress run writes in ``out`` (``--overwrite`` replaces these, nothing else)
+PARTS = (
+    "general",
+    "student",
+    WORK,
+    "artifact",
+    "teacher_artifact",
+    "teacher_logits",
+    "phases.json",
+    REPORT,
+    "report.md",
+    "report.png",
+    MARK,
+)  # what a compress run writes in ``out`` (``--overwrite`` replaces these, nothing else)
 
 # Runs in a fresh process (torch never imported): peak RSS after loading the artifact (VmHWM: ru_maxrss would
 # count the parent's peak, kept across exec), the time to its first answer, then p50 latencies.
@@ -80,7 +103,8 @@ def _legacy(path: Path) -> bool:
     except (OSError, ValueError):
         report = None
     return (isinstance(report, dict) and {"teacher", "student"} <= set(report)) or any(
-        (path / part / "metrics.json").is_file() for part in ("student", "general"))
+        (path / part / "metrics.json").is_file() for part in ("student", "general")
+    )
 
 
 class TimeBudget:
@@ -117,8 +141,11 @@ class TimeBudget:
         """Seconds the steps after training take: ``exports`` exports (each its parity pass of 128 sentences
         through PyTorch; ``compress`` makes the teacher's before training, so one), two probes, the quality sentences through the teacher (but those cached) and the student (:data:`STUDENT_SHARE` of its cost)."""
         rate = self.rate or 50.0
-        return (self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate) + 2 * self.PROBE_SECONDS
-                + ((1 + self.STUDENT_SHARE) * self.after_sentences - self.cached_sentences) / rate)
+        return (
+            self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate)
+            + 2 * self.PROBE_SECONDS
+            + ((1 + self.STUDENT_SHARE) * self.after_sentences - self.cached_sentences) / rate
+        )
 
     def plan(self, available: int, rate: float, step: float, batch: int) -> int:
         """How many of ``available`` sentences the teacher encodes (at ``rate`` a second), said with the plan."""
@@ -126,13 +153,17 @@ class TimeBudget:
         reserve, spend = self.reserve(), self.left() - self.reserve()
         n = int(min(available, max(4 * batch, rate * max(spend, 0.0) / 3)))
         train = max(spend - n / rate, 1.0)
-        self.say(f"plan for --max-time {self.seconds:.0f} s ({self.left():.0f} s left): the teacher's vectors for "
-                 f"{n:,} of {available:,} sentences (~{n / rate:.0f} s at {rate:.0f} sentences/s), then about "
-                 f"{train / step:,.0f} steps of {batch} in ~{train:.0f} s of training (~{step:.2f} s a step), then "
-                 f"export, speed and quality (~{reserve:.0f} s)")
+        self.say(
+            f"plan for --max-time {self.seconds:.0f} s ({self.left():.0f} s left): the teacher's vectors for "
+            f"{n:,} of {available:,} sentences (~{n / rate:.0f} s at {rate:.0f} sentences/s), then about "
+            f"{train / step:,.0f} steps of {batch} in ~{train:.0f} s of training (~{step:.2f} s a step), then "
+            f"export, speed and quality (~{reserve:.0f} s)"
+        )
         if spend <= n / rate:
-            self.say(f"--max-time {self.seconds:.0f} s is less than exporting and measuring take here (~{reserve:.0f} s "
-                     "after a short training): the run will overrun it; give more time, or --max-steps")
+            self.say(
+                f"--max-time {self.seconds:.0f} s is less than exporting and measuring take here (~{reserve:.0f} s "
+                "after a short training): the run will overrun it; give more time, or --max-steps"
+            )
         return n
 
     def training_seconds(self) -> float:
@@ -148,8 +179,12 @@ def is_classifier(config: dict) -> bool:
 def probe(artifact: Path, runs: int = 30) -> dict:
     """Peak RSS at load, the time from the process's start to its first answer, and p50 of one sentence at 16 and
     128 tokens (1 thread), in a fresh torch-free process."""
-    proc = subprocess.run([sys.executable, "-c", _PROBE, str(artifact), str(runs), repr(time.time())],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(artifact), str(runs), repr(time.time())],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     if proc.returncode:
         raise RuntimeError(f"measuring {artifact} failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -167,8 +202,10 @@ def read_eval_pairs(path) -> tuple[list[str], list[str], list[float]]:
 
     path = check_text_file(path, "--eval-pairs")
     if path.stat().st_size > MAX_EVAL_BYTES:
-        raise ValueError(f"--eval-pairs {path} is {path.stat().st_size / 1e6:.0f} MB; give at most "
-                         f"{MAX_EVAL_BYTES / 1e6:.0f} MB of pairs (a sample)")
+        raise ValueError(
+            f"--eval-pairs {path} is {path.stat().st_size / 1e6:.0f} MB; give at most "
+            f"{MAX_EVAL_BYTES / 1e6:.0f} MB of pairs (a sample)"
+        )
     a, b, gold = [], [], []
     with open(path, encoding="utf-8", errors="strict") as f:
         try:
@@ -183,17 +220,21 @@ def read_eval_pairs(path) -> tuple[list[str], list[str], list[float]]:
         if value is None:
             if number == 1 and len(fields) == 3:  # a header
                 continue
-            raise ValueError(f"--eval-pairs {path}, line {number}: expected 3 tab-separated fields (sentence1, "
-                             f"sentence2, a score or same/different), got {len(fields)} field(s)"
-                             + (f" ending in {fields[-1][:20]!r}" if len(fields) == 3 else ""))
+            raise ValueError(
+                f"--eval-pairs {path}, line {number}: expected 3 tab-separated fields (sentence1, "
+                f"sentence2, a score or same/different), got {len(fields)} field(s)"
+                + (f" ending in {fields[-1][:20]!r}" if len(fields) == 3 else "")
+            )
         a.append(fields[0])
         b.append(fields[1])
         gold.append(value)
         if len(gold) > MAX_EVAL_PAIRS:
             raise ValueError(f"--eval-pairs {path} holds over {MAX_EVAL_PAIRS:,} pairs; give a sample")
     if len(set(gold)) < 2:
-        raise ValueError(f"--eval-pairs {path}: needs at least 2 pairs with different gold values (has {len(gold)} "
-                         "pair(s)); a correlation needs both")
+        raise ValueError(
+            f"--eval-pairs {path}: needs at least 2 pairs with different gold values (has {len(gold)} "
+            "pair(s)); a correlation needs both"
+        )
     return a, b, gold
 
 
@@ -241,8 +282,12 @@ def search_agreement(t_vec, s_vec, say=print) -> dict:
     corpus, queries, _ = packaged_search()
     say(f"measuring the student's search answers on {len(queries)} queries over {len(corpus)} sentences ...")
     t, s = search_answers(t_vec(queries), t_vec(corpus)), search_answers(s_vec(queries), s_vec(corpus))
-    return {"label": f"top-1 search answer agreement with the teacher ({len(queries)} queries over {len(corpus)} "
-                     "sentences)", "teacher": 1.0, "student": float((t == s).mean())}
+    return {
+        "label": f"top-1 search answer agreement with the teacher ({len(queries)} queries over {len(corpus)} "
+        "sentences)",
+        "teacher": 1.0,
+        "student": float((t == s).mean()),
+    }
 
 
 def _cos(a, b):
@@ -259,7 +304,7 @@ def quality_texts(eval_pairs=None, limit: int | None = None) -> list[list[str]]:
     from ..training.distill_embedding import sts_available, sts_dev
 
     held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
-    texts = [held[:max(limit, 3)] if limit else held, *packaged_search()[1::-1]]
+    texts = [held[: max(limit, 3)] if limit else held, *packaged_search()[1::-1]]
     if eval_pairs is not None:
         texts += list(read_eval_pairs(eval_pairs)[:2])
     if sts_available():
@@ -302,42 +347,64 @@ def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit:
     seq_len = _max_length(teacher)
     cache_key = teacher_vectors_key(teacher)  # not "key": the loop below names each measure so
     t_vec = lambda texts: cached_teacher_vectors(  # noqa: E731
-        cache_key, texts, lambda: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len))
+        cache_key, texts, lambda: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len)
+    )
     s_vec = lambda texts: np.stack(student_embed(list(texts)))  # noqa: E731
     held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
-    held = held[:max(limit, 3)] if limit else held
+    held = held[: max(limit, 3)] if limit else held
     say(f"measuring the student's agreement with the teacher on {len(held)} held-out sentences ...")
     t_held, s_held = t_vec(held), s_vec(held)
     where = f"{len(held)} held-out WikiText-2 sentences"
-    rows = {"agreement_cosine": {"label": f"mean cosine to the teacher's vector ({where})", "teacher": 1.0,
-                                 "student": float(_cos(s_held, t_held).mean()) if s_held.shape == t_held.shape
-                                 else None},
-            "agreement_top1": {"label": f"top-1 neighbour agreement with the teacher ({where})", "teacher": 1.0,
-                               "student": neighbour_agreement(s_held, t_held)}}
+    rows = {
+        "agreement_cosine": {
+            "label": f"mean cosine to the teacher's vector ({where})",
+            "teacher": 1.0,
+            "student": float(_cos(s_held, t_held).mean()) if s_held.shape == t_held.shape else None,
+        },
+        "agreement_top1": {
+            "label": f"top-1 neighbour agreement with the teacher ({where})",
+            "teacher": 1.0,
+            "student": neighbour_agreement(s_held, t_held),
+        },
+    }
     rows["search_top1"] = search_agreement(t_vec, s_vec, say)
     shift = np.roll(np.arange(len(held)), len(held) // 2)  # each sentence with one far from it: unrelated
-    calibration = {"unrelated": {"teacher": float(_cos(t_held, t_held[shift]).mean()),
-                                 "student": float(_cos(s_held, s_held[shift]).mean()),
-                                 "measured_on": f"{len(held)} pairs of unrelated held-out sentences"}}
+    calibration = {
+        "unrelated": {
+            "teacher": float(_cos(t_held, t_held[shift]).mean()),
+            "student": float(_cos(s_held, s_held[shift]).mean()),
+            "measured_on": f"{len(held)} pairs of unrelated held-out sentences",
+        }
+    }
     pair_sets = []
     if eval_pairs is not None:
         a, b, gold = read_eval_pairs(eval_pairs)
-        pair_sets.append(("eval_pairs_spearman", f"Spearman of cosine with the gold of {Path(eval_pairs).name} "
-                                                 f"({len(gold)} pairs)", a, b, gold))
+        pair_sets.append(
+            (
+                "eval_pairs_spearman",
+                f"Spearman of cosine with the gold of {Path(eval_pairs).name} ({len(gold)} pairs)",
+                a,
+                b,
+                gold,
+            )
+        )
     if sts_available():
         split, every = sts_dev(limit), len(sts_dev().labels)
         which = f"all {every}" if len(split.labels) == every else f"the first {len(split.labels)} of {every}"
-        pair_sets.append(("sts_spearman", f"STS-B dev Spearman ({which} pairs)", split.text_a,
-                          split.text_b, split.labels))
+        pair_sets.append(
+            ("sts_spearman", f"STS-B dev Spearman ({which} pairs)", split.text_a, split.text_b, split.labels)
+        )
     for key, label, a, b, gold in pair_sets:
         say(f"measuring {label} ...")
         (ta, tb), (sa, sb) = (t_vec(a), t_vec(b)), (s_vec(a), s_vec(b))
         rows[key] = {"label": label, "teacher": cosine_spearman(ta, tb, gold), "student": cosine_spearman(sa, sb, gold)}
         top = np.asarray(gold, dtype=np.float64) >= np.quantile(gold, 0.75)
         if "related" not in calibration and top.any():
-            calibration["related"] = {"teacher": float(_cos(ta[top], tb[top]).mean()),
-                                      "student": float(_cos(sa[top], sb[top]).mean()),
-                                      "measured_on": f"the {int(top.sum())} pairs of the gold's top quarter, {label}"}
+            calibration["related"] = {
+                "teacher": float(_cos(ta[top], tb[top]).mean()),
+                "student": float(_cos(sa[top], sb[top]).mean()),
+                "measured_on": f"the {int(top.sum())} pairs of the gold's top quarter, {label}",
+            }
     return {"measures": rows, "calibration": calibration}
 
 
@@ -370,7 +437,12 @@ def cached_teacher_vectors(key: str, texts, compute):
     path = _vectors_path(key, texts)
     try:
         cached = np.load(path, allow_pickle=False)
-        if cached.ndim == 2 and cached.shape[0] == len(texts) and cached.dtype.kind == "f" and np.isfinite(cached).all():
+        if (
+            cached.ndim == 2
+            and cached.shape[0] == len(texts)
+            and cached.dtype.kind == "f"
+            and np.isfinite(cached).all()
+        ):
             return cached
     except (OSError, ValueError, EOFError):
         pass
@@ -441,8 +513,17 @@ def _teacher_ladder(teacher, out: Path, task: str, progress: bool, say) -> tuple
     manifest, refused = out / "manifest.json", {}
     for mode in TEACHER_QUANTIZATIONS:
         try:
-            export_model(teacher, out, task=task, quantize=mode, overwrite=True, progress=progress,
-                         check_limit=TEACHER_CHECK, runs=5, allow_low_parity=True)
+            export_model(
+                teacher,
+                out,
+                task=task,
+                quantize=mode,
+                overwrite=True,
+                progress=progress,
+                check_limit=TEACHER_CHECK,
+                runs=5,
+                allow_low_parity=True,
+            )
         except ValueError as e:  # ParityError: outputs not finite
             refused[mode] = first_line(e)
             continue
@@ -451,7 +532,9 @@ def _teacher_ladder(teacher, out: Path, task: str, progress: bool, say) -> tuple
             return mode, refused
         refused[mode] = f"mean cosine {cosine:.4f} to PyTorch < {TEACHER_COSINE}"
         say(f"the teacher at --quantize {mode} does not keep it ({refused[mode]}); the next mode instead")
-    raise ValueError(f"no quantization keeps the teacher {teacher}: {'; '.join(f'{k}: {v}' for k, v in refused.items())}")
+    raise ValueError(
+        f"no quantization keeps the teacher {teacher}: {'; '.join(f'{k}: {v}' for k, v in refused.items())}"
+    )
 
 
 def teacher_cache(teacher, task: str) -> Path:
@@ -467,8 +550,15 @@ def teacher_cache(teacher, task: str) -> Path:
     from .. import export
 
     sources = sorted(Path(export.__file__).parent.glob("*.py"))
-    key = json.dumps([teacher_fingerprint(teacher), task, TEACHER_QUANTIZATIONS, TEACHER_COSINE,
-                      [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources]])
+    key = json.dumps(
+        [
+            teacher_fingerprint(teacher),
+            task,
+            TEACHER_QUANTIZATIONS,
+            TEACHER_COSINE,
+            [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources],
+        ]
+    )
     return cache_dir() / "teacher-artifacts" / hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
@@ -481,7 +571,10 @@ def _from_cache(cache: Path, out: Path) -> tuple[str, dict] | None:
     try:
         choice = read_json(cache / CACHE_CHOICE)
         mode, refused = choice["quantization"], dict(choice["refused"])
-        if mode not in TEACHER_QUANTIZATIONS or read_json(cache / "artifact" / "manifest.json").get("quantization") != mode:
+        if (
+            mode not in TEACHER_QUANTIZATIONS
+            or read_json(cache / "artifact" / "manifest.json").get("quantization") != mode
+        ):
             return None
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(cache / "artifact", out)
@@ -505,8 +598,14 @@ def _to_cache(cache: Path, out: Path, mode: str, refused: dict, say) -> None:
         say(f"the teacher's artifact is not cached ({first_line(e)}); set SHAREBERT_CACHE to a writable folder")
 
 
-def export_once(model_dir: Path, out: Path, quantize: str, progress: bool, task: str = "feature-extraction",
-                allow_low_parity: bool = False) -> Path:
+def export_once(
+    model_dir: Path,
+    out: Path,
+    quantize: str,
+    progress: bool,
+    task: str = "feature-extraction",
+    allow_low_parity: bool = False,
+) -> Path:
     """``model_dir`` exported to ``out``, unless ``out`` holds an artifact made after ``model_dir``'s weights
     were written: a run resumed after its export is not exported twice, one that trained on is."""
     from sharebert.export import export_model
@@ -514,16 +613,31 @@ def export_once(model_dir: Path, out: Path, quantize: str, progress: bool, task:
     manifest = out / "manifest.json"
     weights = [f.stat().st_mtime for f in Path(model_dir).iterdir() if f.suffix in (".safetensors", ".bin")]
     if not manifest.is_file() or manifest.stat().st_mtime < max(weights, default=0.0):
-        export_model(model_dir, out, task=task, quantize=quantize, overwrite=True, progress=progress,
-                     check_limit=128, runs=5, allow_low_parity=allow_low_parity)
+        export_model(
+            model_dir,
+            out,
+            task=task,
+            quantize=quantize,
+            overwrite=True,
+            progress=progress,
+            check_limit=128,
+            runs=5,
+            allow_low_parity=allow_low_parity,
+        )
     return out
 
 
 def check_out(out, teacher, train, overwrite: bool, resume: bool, data=None) -> Path:
     """``out`` checked, nothing changed: a new or empty folder, or a compress result (its marker) with
     ``overwrite``/``resume``; one written before the marker existed is refused (``outdir.check_out_dir``)."""
-    return check_out_dir(out, "compress result", made_by(COMMAND), overwrite or resume, legacy=_legacy,
-                         inputs=(teacher, *([data] if data is not None else []), *(train or [])))
+    return check_out_dir(
+        out,
+        "compress result",
+        made_by(COMMAND),
+        overwrite or resume,
+        legacy=_legacy,
+        inputs=(teacher, *([data] if data is not None else []), *(train or [])),
+    )
 
 
 def check_train(train) -> None:
@@ -543,14 +657,19 @@ def check_train(train) -> None:
             head = f.read(1 << 16)
         if b"\0" in head:
             raise ValueError(f"--train {src} is binary, not UTF-8 text")
-        if src.suffix == ".tsv" and text_fields(head.split(b"\n", 1)[0].decode("utf-8", "replace").rstrip("\r")
-                                                .split("\t")) is None:
-            raise ValueError(f"--train {src}: a .tsv needs a GLUE header naming its text column (e.g. 'sentence', "
-                             "'sentence1'); a plain text file: give it another suffix, e.g. .txt")
+        if (
+            src.suffix == ".tsv"
+            and text_fields(head.split(b"\n", 1)[0].decode("utf-8", "replace").rstrip("\r").split("\t")) is None
+        ):
+            raise ValueError(
+                f"--train {src}: a .tsv needs a GLUE header naming its text column (e.g. 'sentence', "
+                "'sentence1'); a plain text file: give it another suffix, e.g. .txt"
+            )
 
 
-def precheck(teacher, out, limits: dict, train=None, data=None, overwrite: bool = False, resume: bool = False,
-             eval_pairs=None):
+def precheck(
+    teacher, out, limits: dict, train=None, data=None, overwrite: bool = False, resume: bool = False, eval_pairs=None
+):
     """Every check that needs no model, torch-free and in well under 2 s, before anything is loaded or changed:
     the teacher's config, a student under ``limits``, ``--out``, the ``--train`` and ``--eval-pairs`` files.
     Returns ``(out, the teacher's config dict)``."""
@@ -601,8 +720,9 @@ def fingerprint(teacher, student: dict, train, data, objective: str) -> dict:
     from ..training.distill_embedding import default_corpus
     from ..training.fingerprint import data_files, run_fingerprint
 
-    return run_fingerprint(teacher, json.dumps(student, sort_keys=True), data_files(train, data, default_corpus()),
-                           objective)
+    return run_fingerprint(
+        teacher, json.dumps(student, sort_keys=True), data_files(train, data, default_corpus()), objective
+    )
 
 
 def start_out(out: Path, fp: dict, overwrite: bool, resume: bool) -> Path | None:
@@ -665,8 +785,16 @@ def publish_over(out: Path, fp: dict, overwrite: bool, resume: bool, run) -> dic
     return report
 
 
-STUDENT_FIELDS = ("embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-                  "attention", "max_position_embeddings", "pooler")  # a budget candidate's shape, as --set overrides
+STUDENT_FIELDS = (
+    "embedding_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "attention",
+    "max_position_embeddings",
+    "pooler",
+)  # a budget candidate's shape, as --set overrides
 
 
 def student_overrides(cand) -> dict:
@@ -691,15 +819,33 @@ def check_same_student(out: Path, overrides: dict, parts=("student",)) -> None:
                 continue
             differ = [f"{k} {raw.get(k)} -> {v}" for k, v in overrides.items() if raw.get(k) != v]
             if differ:
-                raise ValueError(f"{out} holds a student of another shape than these options pick ({', '.join(differ)}): "
-                                 "resume with the first run's --max-params / --max-bytes, or start again with --overwrite")
+                raise ValueError(
+                    f"{out} holds a student of another shape than these options pick ({', '.join(differ)}): "
+                    "resume with the first run's --max-params / --max-bytes, or start again with --overwrite"
+                )
             break
 
 
-def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite: bool = False, resume: bool = False,
-             progress: bool = True, eval_pairs=None, stopper=None, say=print, eval_limit: int | None = None,
-             budget: TimeBudget | None = None, portable: bool = True, keep_work: bool = False,
-             task: str | None = None, vocab_size: int | None = None) -> dict:
+def compress(
+    teacher,
+    out,
+    limits: dict,
+    args,
+    train=None,
+    data=None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    eval_pairs=None,
+    stopper=None,
+    say=print,
+    eval_limit: int | None = None,
+    budget: TimeBudget | None = None,
+    portable: bool = True,
+    keep_work: bool = False,
+    task: str | None = None,
+    vocab_size: int | None = None,
+) -> dict:
     """Run the steps of the module docstring for a sentence-embedding teacher (a classifier teacher:
     ``compress_classifier``; ``task`` is refused here); returns the report (also written to ``out/report.json``).
 
@@ -721,9 +867,11 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     if is_classifier(raw):  # the command sends a classifier to compress_classifier (which imports this module)
         raise ValueError(f"{teacher} is a classifier: compress it with compress_classifier.compress_classifier")
     if task is not None:
-        raise ValueError(f"--task is for a classifier teacher; {teacher} is an encoder "
-                         f"({', '.join(raw.get('architectures') or ['no architectures'])}): compress distils its "
-                         "sentence embeddings")
+        raise ValueError(
+            f"--task is for a classifier teacher; {teacher} is an encoder "
+            f"({', '.join(raw.get('architectures') or ['no architectures'])}): compress distils its "
+            "sentence embeddings"
+        )
     t_tok = teacher_tokenizer(teacher)
     if data is not None:  # refused before anything is written
         from ..training.distill_embedding import check_data
@@ -741,14 +889,39 @@ def compress(teacher, out, limits: dict, args, train=None, data=None, overwrite:
     student_dir = out / WORK / "student"
     if resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
         resume_from(student_dir / "checkpoints", True, say=say, out=out)
-    say(f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,}); it "
-        f"reads at most {args.seq_len} tokens, as the teacher does")
+    say(
+        f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,}); it "
+        f"reads at most {args.seq_len} tokens, as the teacher does"
+    )
     if budget is not None:
         budget.after_sentences = quality_sentences(eval_pairs, eval_limit)
         budget.cached_sentences = cached_quality_sentences(teacher, eval_pairs, eval_limit)
-    report = publish_over(out, fp, overwrite, resume, lambda: _compress(
-        teacher, out, student_dir, cand, overrides, limits, args, train, data, resume, progress, eval_pairs, stopper,
-        say, eval_limit, budget, portable, vocab))
+    report = publish_over(
+        out,
+        fp,
+        overwrite,
+        resume,
+        lambda: _compress(
+            teacher,
+            out,
+            student_dir,
+            cand,
+            overrides,
+            limits,
+            args,
+            train,
+            data,
+            resume,
+            progress,
+            eval_pairs,
+            stopper,
+            say,
+            eval_limit,
+            budget,
+            portable,
+            vocab,
+        ),
+    )
     if not report.get("stopped") and not keep_work:
         shutil.rmtree(out / WORK, ignore_errors=True)
     return report
@@ -779,9 +952,26 @@ def publish_student(work: Path, out: Path, portable: bool) -> Path:
     return out
 
 
-def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limits: dict, args, train, data,
-              resume: bool, progress: bool, eval_pairs, stopper, say, eval_limit=None, budget=None,
-              portable: bool = True, vocab=None) -> dict:
+def _compress(
+    teacher,
+    out: Path,
+    student_dir: Path,
+    cand,
+    overrides: dict,
+    limits: dict,
+    args,
+    train,
+    data,
+    resume: bool,
+    progress: bool,
+    eval_pairs,
+    stopper,
+    say,
+    eval_limit=None,
+    budget=None,
+    portable: bool = True,
+    vocab=None,
+) -> dict:
     from ..training.distill_embedding import distill_embedding
 
     # The teacher's artifact does not depend on the student: made first, its real cost (a refused quantization
@@ -790,11 +980,22 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
     t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "feature-extraction", progress, say)
     if budget is not None:
         budget.exports = 1
-    m = distill_embedding(teacher, "sharebert-tiny", student_dir, train, args, overrides=overrides,
-                          overwrite=True, resume=resume or (student_dir / "checkpoints").is_dir(),
-                          progress=progress, data=data, score_sts=False,  # measured once, below, from the artifact
-                          budget=budget if data is None else None,
-                          callbacks=(stopper,) if stopper is not None else (), vocab=vocab)
+    m = distill_embedding(
+        teacher,
+        "sharebert-tiny",
+        student_dir,
+        train,
+        args,
+        overrides=overrides,
+        overwrite=True,
+        resume=resume or (student_dir / "checkpoints").is_dir(),
+        progress=progress,
+        data=data,
+        score_sts=False,  # measured once, below, from the artifact
+        budget=budget if data is None else None,
+        callbacks=(stopper,) if stopper is not None else (),
+        vocab=vocab,
+    )
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}
     student_dir = publish_student(student_dir, out / "student", portable)
@@ -807,19 +1008,35 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
     q = embedding_quality(teacher, Runtime(art).embed, eval_pairs, say, eval_limit)
     s_manifest = json.loads((art / "manifest.json").read_text())
     report = {
-        "teacher": {"folder": str(teacher), "name": teacher_name(teacher),
-                    "learned_params": safetensor_params(Path(teacher)),
-                    "file_bytes": weight_bytes(Path(teacher)), "artifact_bytes": weight_bytes(t_art),
-                    "quantization": t_quant, "quantization_refused": t_refused,
-                    **{k: v["teacher"] for k, v in q["measures"].items()}, **t_probe},
-        "student": {"folder": str(student_dir), "shape": cand.describe(), "config": overrides,
-                    "learned_params": safetensor_params(student_dir), "file_bytes": weight_bytes(art),
-                    **{k: v["student"] for k, v in q["measures"].items()},
-                    "quantization": s_manifest.get("quantization"), **s_probe,
-                    **({"vocabulary": vocab.as_dict()} if vocab is not None else {})},
-        "training": {**{k: m[k] for k in ("steps", "train_seconds", "train_sentences", "loss", "init",
-                                          "stopped_by_time", "seq_len")},
-                     "train_word_strings": m.get("train_word_strings", 0)},
+        "teacher": {
+            "folder": str(teacher),
+            "name": teacher_name(teacher),
+            "learned_params": safetensor_params(Path(teacher)),
+            "file_bytes": weight_bytes(Path(teacher)),
+            "artifact_bytes": weight_bytes(t_art),
+            "quantization": t_quant,
+            "quantization_refused": t_refused,
+            **{k: v["teacher"] for k, v in q["measures"].items()},
+            **t_probe,
+        },
+        "student": {
+            "folder": str(student_dir),
+            "shape": cand.describe(),
+            "config": overrides,
+            "learned_params": safetensor_params(student_dir),
+            "file_bytes": weight_bytes(art),
+            **{k: v["student"] for k, v in q["measures"].items()},
+            "quantization": s_manifest.get("quantization"),
+            **s_probe,
+            **({"vocabulary": vocab.as_dict()} if vocab is not None else {}),
+        },
+        "training": {
+            **{
+                k: m[k]
+                for k in ("steps", "train_seconds", "train_sentences", "loss", "init", "stopped_by_time", "seq_len")
+            },
+            "train_word_strings": m.get("train_word_strings", 0),
+        },
         "limits": {k: v for k, v in limits.items() if v is not None},
         "quality": [{"label": v["label"], "key": k} for k, v in q["measures"].items()],
         "calibration": q["calibration"],
@@ -827,12 +1044,14 @@ def _compress(teacher, out: Path, student_dir: Path, cand, overrides: dict, limi
     report["student"].update(portable=portable, max_seq_length=m["seq_len"])
     report["teacher"]["max_seq_length"] = _max_length(teacher)
     tr = report["training"]
-    summary = (f"{_length_sentence(m['seq_len'], report['teacher']['max_seq_length'])} Distilled {tr['steps']} "
-               f"steps ({tr['train_seconds']:.0f} s, {_texts(tr)} of at "
-               f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: PyTorch "
-               "fp32; student figures: its int8 artifact through the torch-free runtime. "
-               + calibration_sentence(q["calibration"])
-               + (f" The student's {vocab.describe()}." if vocab is not None else ""))
+    summary = (
+        f"{_length_sentence(m['seq_len'], report['teacher']['max_seq_length'])} Distilled {tr['steps']} "
+        f"steps ({tr['train_seconds']:.0f} s, {_texts(tr)} of at "
+        f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: PyTorch "
+        "fp32; student figures: its int8 artifact through the torch-free runtime. "
+        + calibration_sentence(q["calibration"])
+        + (f" The student's {vocab.describe()}." if vocab is not None else "")
+    )
     return write_report(out, report, summary)
 
 
@@ -851,8 +1070,18 @@ def _length_sentence(student: int, teacher: int) -> str:
     return f"{said}; the teacher reads {teacher}: texts longer than {student} tokens are cut earlier."
 
 
-def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_size: int | None, say,
-                       num_labels: int | None = None, more_text=None):
+def student_vocabulary(
+    teacher,
+    t_tok,
+    limits: dict,
+    args,
+    train,
+    data,
+    vocab_size: int | None,
+    say,
+    num_labels: int | None = None,
+    more_text=None,
+):
     """The teacher's vocabulary cut for the student (``training.vocab.plan_vocabulary``), or None to keep it whole.
     The cut keeps the tokens of the --train text (default corpus) and of ``more_text()`` (a classifier: its task's
     training text); ``num_labels``: a classifier's, whose head the budget counts."""
@@ -861,8 +1090,10 @@ def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_si
 
     if data is not None:
         if vocab_size is not None:
-            raise ValueError("--vocab-size cuts the vocabulary to the tokens of --train text; a --data folder holds the "
-                             "teacher's token ids: give --train")
+            raise ValueError(
+                "--vocab-size cuts the vocabulary to the tokens of --train text; a --data folder holds the "
+                "teacher's token ids: give --train"
+            )
         return None
 
     def text():
@@ -873,7 +1104,6 @@ def student_vocabulary(teacher, t_tok, limits: dict, args, train, data, vocab_si
 
     shape = teacher_shape(teacher) if num_labels is not None else embedding_shape(teacher)  # an encoder: its positions
     return plan_vocabulary(t_tok, shape, limits, budget_fit(num_labels), text, vocab_size, say)
-
 
 
 def embedding_shape(teacher) -> dict:
@@ -912,10 +1142,18 @@ def teacher_name(teacher) -> str:
 
 def calibration_sentence(c: dict) -> str:
     """The cosine calibration in words: where a threshold tuned on the teacher's cosines lands for the student."""
-    parts = [f"{kind} pairs {v['teacher']:.2f} (teacher) vs {v['student']:.2f} (student), on {v['measured_on']}"
-             for kind, v in c.items()]
-    return ("Cosine calibration, mean cosine of " + "; ".join(parts) + ": a similarity threshold tuned on the "
-            "teacher's cosines moves with these means.") if parts else ""
+    parts = [
+        f"{kind} pairs {v['teacher']:.2f} (teacher) vs {v['student']:.2f} (student), on {v['measured_on']}"
+        for kind, v in c.items()
+    ]
+    return (
+        (
+            "Cosine calibration, mean cosine of " + "; ".join(parts) + ": a similarity threshold tuned on the "
+            "teacher's cosines moves with these means."
+        )
+        if parts
+        else ""
+    )
 
 
 def write_report(out: Path, report: dict, summary: str) -> dict:
@@ -939,19 +1177,23 @@ def safetensor_params(folder: Path) -> int:
         if "checkpoint" in str(f.relative_to(folder)):
             continue
         with safe_open(str(f), "np") as st:
-            n += sum(prod(st.get_slice(k).get_shape()) for k in st.keys()
-                     if st.get_slice(k).get_dtype() in ("F32", "F16", "BF16"))  # not integer buffers (position ids)
+            n += sum(
+                prod(st.get_slice(k).get_shape())
+                for k in st.keys()
+                if st.get_slice(k).get_dtype() in ("F32", "F16", "BF16")
+            )  # not integer buffers (position ids)
     return n
 
 
-ROWS = (("learned parameters", "learned_params", "{:,}", "count"),
-        ("file bytes (int8 artifact)", "file_bytes", None, "MB"),
-        ("peak RSS at load (1 thread, fresh process)", "peak_rss_bytes", None, "MB"),
-        ("RAM the artifact adds (load + 1 request)", "added_rss_bytes", None, "MB"),
-        ("p50, 16 tokens, 1 thread", "p50_ms_16", "{:.2f} ms", "ms"),
-        ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms", "ms"),
-        ("time to first answer (fresh process: start, imports, load, 1 request)", "first_answer_ms", "{:.0f} ms",
-         "ms"))  # then the report's quality rows
+ROWS = (
+    ("learned parameters", "learned_params", "{:,}", "count"),
+    ("file bytes (int8 artifact)", "file_bytes", None, "MB"),
+    ("peak RSS at load (1 thread, fresh process)", "peak_rss_bytes", None, "MB"),
+    ("RAM the artifact adds (load + 1 request)", "added_rss_bytes", None, "MB"),
+    ("p50, 16 tokens, 1 thread", "p50_ms_16", "{:.2f} ms", "ms"),
+    ("p50, 128 tokens, 1 thread", "p50_ms_128", "{:.2f} ms", "ms"),
+    ("time to first answer (fresh process: start, imports, load, 1 request)", "first_answer_ms", "{:.0f} ms", "ms"),
+)  # then the report's quality rows
 
 
 def rows(r: dict) -> tuple:
@@ -977,10 +1219,16 @@ def report_markdown(r: dict) -> str:
     """The report as a Markdown table, teacher beside student, with the ratio; then the cosine calibration."""
     t, s = _sides(r)
     name = t.get("name") or Path(t["folder"]).name
-    lines = ["# Compression report", "", f"teacher {name} (`{t['folder']}`) -> student {s['shape']} (`{s['folder']}`)",
-             "", f"| | teacher ({t.get('quantization', 'int8-dynamic')} artifact; quality rows in PyTorch fp32) "
-             "| student (int8 artifact) "
-             "| student / teacher |", "|---|---|---|---|"]
+    lines = [
+        "# Compression report",
+        "",
+        f"teacher {name} (`{t['folder']}`) -> student {s['shape']} (`{s['folder']}`)",
+        "",
+        f"| | teacher ({t.get('quantization', 'int8-dynamic')} artifact; quality rows in PyTorch fp32) "
+        "| student (int8 artifact) "
+        "| student / teacher |",
+        "|---|---|---|---|",
+    ]
     for label, key, fmt, _ in rows(r):
         tv, sv = t.get(key), s.get(key)
         ratio = f"{sv / tv:.3f}" if tv and sv is not None else "-"
@@ -988,8 +1236,10 @@ def report_markdown(r: dict) -> str:
     calibration = r.get("calibration") or {}
     if calibration:
         lines += ["", "| cosine calibration (mean cosine) | teacher | student | measured on |", "|---|---|---|---|"]
-        lines += [f"| {kind} pairs | {v['teacher']:.3f} | {v['student']:.3f} | {v['measured_on']} |"
-                  for kind, v in calibration.items()]
+        lines += [
+            f"| {kind} pairs | {v['teacher']:.3f} | {v['student']:.3f} | {v['measured_on']} |"
+            for kind, v in calibration.items()
+        ]
     return "\n".join(lines + ["", r["summary"], ""])
 
 
@@ -1010,8 +1260,10 @@ def plot_report(r: dict, path: Path) -> None:
         bars = ax.bar(["teacher", "student"], values, color=["tab:gray", "tab:blue"])
         text = [f"{v:.1f}" if unit == "MB" else f"{v:.2f}" if unit in ("ms", "count") else f"{v:.3f}" for v in values]
         ax.bar_label(bars, labels=text, fontsize=8)
-        ax.set_ylabel({"MB": "MB", "ms": "milliseconds", "count": "millions" if scale > 1 else "count"}.get(unit, "score"),
-                      fontsize=8)
+        ax.set_ylabel(
+            {"MB": "MB", "ms": "milliseconds", "count": "millions" if scale > 1 else "count"}.get(unit, "score"),
+            fontsize=8,
+        )
         if not unit:  # a quality measure: the axis spans the two values, so a gap of 0.05 is seen
             low, high = min(values), max(values)
             pad = max(0.02, (high - low) * 0.6)

@@ -21,6 +21,7 @@ task distillation, then the int8 artifact and the report (``compress``'s probe, 
 Each phase is recorded in ``out/phases.json`` when it ends; a stopped one (SIGINT/SIGTERM: checkpoint) resumes
 from its checkpoints, a recorded one is not run again.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,20 @@ from pathlib import Path
 
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import read_json, write_json
-from .compress import check_same_student, export_once, fingerprint, precheck, probe, \
-    publish_over, safetensor_params, student_overrides, student_vocabulary, teacher_name, weight_bytes, write_report
+from .compress import (
+    check_same_student,
+    export_once,
+    fingerprint,
+    precheck,
+    probe,
+    publish_over,
+    safetensor_params,
+    student_overrides,
+    student_vocabulary,
+    teacher_name,
+    weight_bytes,
+    write_report,
+)
 
 PHASES = "phases.json"
 TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
@@ -78,8 +91,10 @@ def classifier_task(teacher, config: dict, task: str | None):
     if task is not None:
         chosen = get_task(task)
         if recorded is not None and recorded.name != chosen.name:
-            raise ValueError(f"--task {task}, but {teacher} was fine-tuned on {recorded.name} (its metrics.json); "
-                             f"drop --task or give a teacher fine-tuned on {chosen.name}")
+            raise ValueError(
+                f"--task {task}, but {teacher} was fine-tuned on {recorded.name} (its metrics.json); "
+                f"drop --task or give a teacher fine-tuned on {chosen.name}"
+            )
         return chosen
     if recorded is not None:
         return recorded
@@ -94,8 +109,10 @@ def classifier_task(teacher, config: dict, task: str | None):
     if len(matches) == 1:
         return matches[0]
     fits = f"fit {', '.join(t.name for t in matches)}" if matches else "name no task"
-    raise ValueError(f"{teacher} is a classifier whose GLUE task is unknown ({why}; its labels {list(names)} "
-                     f"{fits}); name it with --task, e.g. --task sst2")
+    raise ValueError(
+        f"{teacher} is a classifier whose GLUE task is unknown ({why}; its labels {list(names)} "
+        f"{fits}); name it with --task, e.g. --task sst2"
+    )
 
 
 def artifact_glue_metrics(artifact: Path, task, data_dir: Path, limit: int | None = None) -> dict:
@@ -138,9 +155,21 @@ def _phases(out: Path) -> dict:
     return phases
 
 
-def compress_classifier(teacher, out, limits: dict, args, task_args, task: str | None = None, train=None,
-                        overwrite: bool = False, resume: bool = False, progress: bool = True, stopper=None,
-                        say=print, vocab_size: int | None = None) -> dict:
+def compress_classifier(
+    teacher,
+    out,
+    limits: dict,
+    args,
+    task_args,
+    task: str | None = None,
+    train=None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    stopper=None,
+    say=print,
+    vocab_size: int | None = None,
+) -> dict:
     """The steps of the module docstring; returns the report (``out/report.json``), or ``{"stopped": True,
     "phase", "steps"}`` after SIGINT/SIGTERM. ``args``: ``EmbeddingArgs`` (phase 1; its ``max_time`` bounds each
     phase); ``task_args``: ``DistillArgs`` (phase 2; ``max_eval_samples`` also bounds the report's dev rows).
@@ -161,38 +190,85 @@ def compress_classifier(teacher, out, limits: dict, args, task_args, task: str |
     data_dir = data_path("glue", task_.folder)
     for split in ("train", *task_.dev_splits):  # the task's files: found before any work
         if not (data_dir / task_.file(split)).is_file():  # compress has no --data-dir: the data folder is the way
-            raise FileNotFoundError(f"{task_.name}: a classifier's task distillation trains on the task's GLUE files, "
-                                    f"and {data_dir / task_.file(split)} is not there: set SHAREBERT_DATA to a folder "
-                                    f"holding glue/{task_.folder}/ (train.tsv and its dev files)")
+            raise FileNotFoundError(
+                f"{task_.name}: a classifier's task distillation trains on the task's GLUE files, "
+                f"and {data_dir / task_.file(split)} is not there: set SHAREBERT_DATA to a folder "
+                f"holding glue/{task_.folder}/ (train.tsv and its dev files)"
+            )
         task_file(task_, data_dir, split)
     t_tok = teacher_tokenizer(teacher)
-    vocab = student_vocabulary(teacher, t_tok, limits, args, train, None, vocab_size, say, task_.num_labels,
-                               lambda: task_text(task_, data_dir, task_args.max_train_samples))
+    vocab = student_vocabulary(
+        teacher,
+        t_tok,
+        limits,
+        args,
+        train,
+        None,
+        vocab_size,
+        say,
+        task_.num_labels,
+        lambda: task_text(task_, data_dir, task_args.max_train_samples),
+    )
     if vocab is not None:  # before any work: what a cut student cannot learn from
         check_cut_task(replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS)), out / "teacher_logits")
     shape = {**teacher_shape(teacher), **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
     cand, head = student_for(shape, limits, num_labels=task_.num_labels)
     overrides = {**student_overrides(cand), **student_fields(t_tok)}
     cut = "" if vocab is None else f"; vocabulary cut to {len(vocab.kept)} tokens, table {vocab.table_rows} rows"
-    fp = fingerprint(teacher, overrides, train, None, f"classifier: general, then task distillation on {task_.name}{cut}")
+    fp = fingerprint(
+        teacher, overrides, train, None, f"classifier: general, then task distillation on {task_.name}{cut}"
+    )
     if resume:
         check_same_run(out, fp)
     check_same_student(out, overrides, ("general", "student"))
     phases, general = _phases(out), out / "general"
     if resume and not phases and not (general.is_dir() and any(general.iterdir())):  # said in terms of --out,
         resume_from(general / "checkpoints", True, say=say, out=out)  # before any work (a used general/: its own check)
-    budget = {"max_time": args.max_time, "max_steps": args.max_steps,  # what bounds each phase, and the task data
-              "augment": task_args.augment}
+    budget = {
+        "max_time": args.max_time,
+        "max_steps": args.max_steps,  # what bounds each phase, and the task data
+        "augment": task_args.augment,
+    }
     done = phases.get("task", {}).get("budget")
-    if resume and "general" in phases and done is not None and any(  # an unset option and 0 are alike
-            (done.get(k) or None) != (budget.get(k) or None) for k in {*done, *budget}):
-        raise ValueError(f"{out} holds a finished compress trained with {_budget(done)}; a finished phase keeps no "
-                         f"checkpoint to train on from, so {_budget(budget)} cannot continue it: start again with "
-                         "--overwrite (or resume with the run's own budget to make its report again)")
-    say(f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
-        f"(classifier {head:,})")
-    return publish_over(out, fp, overwrite, resume, lambda: _phases_then_report(
-        teacher, out, task_, data_dir, cand, overrides, limits, args, task_args, train, progress, stopper, say, vocab))
+    if (
+        resume
+        and "general" in phases
+        and done is not None
+        and any(  # an unset option and 0 are alike
+            (done.get(k) or None) != (budget.get(k) or None) for k in {*done, *budget}
+        )
+    ):
+        raise ValueError(
+            f"{out} holds a finished compress trained with {_budget(done)}; a finished phase keeps no "
+            f"checkpoint to train on from, so {_budget(budget)} cannot continue it: start again with "
+            "--overwrite (or resume with the run's own budget to make its report again)"
+        )
+    say(
+        f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
+        f"(classifier {head:,})"
+    )
+    return publish_over(
+        out,
+        fp,
+        overwrite,
+        resume,
+        lambda: _phases_then_report(
+            teacher,
+            out,
+            task_,
+            data_dir,
+            cand,
+            overrides,
+            limits,
+            args,
+            task_args,
+            train,
+            progress,
+            stopper,
+            say,
+            vocab,
+        ),
+    )
 
 
 def task_text(task_, data_dir: Path, limit: int | None = None) -> list[str]:
@@ -203,8 +279,22 @@ def task_text(task_, data_dir: Path, limit: int | None = None) -> list[str]:
     return [*split.text_a, *(t for t in (split.text_b or ()) if t)]
 
 
-def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrides: dict, limits: dict, args,
-                        task_args, train, progress: bool, stopper, say, vocab=None) -> dict:
+def _phases_then_report(
+    teacher,
+    out: Path,
+    task_,
+    data_dir: Path,
+    cand,
+    overrides: dict,
+    limits: dict,
+    args,
+    task_args,
+    train,
+    progress: bool,
+    stopper,
+    say,
+    vocab=None,
+) -> dict:
     from ..training.callbacks import WallClockLimit
     from ..training.distill import distill_glue
     from ..training.distill_embedding import distill_embedding
@@ -215,13 +305,36 @@ def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrid
     if "general" not in phases:
         say(f"phase 1/2, general distillation (the teacher's pooled states on unlabelled text) -> {general}")
         again = _resumable(general)
-        m = distill_embedding(teacher, "sharebert-tiny", general, train, args, overrides=overrides,
-                              overwrite=True, resume=again, progress=progress,
-                              callbacks=(stopper,) if stopper is not None else (), score_sts=False, vocab=vocab)
+        m = distill_embedding(
+            teacher,
+            "sharebert-tiny",
+            general,
+            train,
+            args,
+            overrides=overrides,
+            overwrite=True,
+            resume=again,
+            progress=progress,
+            callbacks=(stopper,) if stopper is not None else (),
+            score_sts=False,
+            vocab=vocab,
+        )
         if stopped():
             return {"stopped": True, "phase": "general", "steps": m["steps"]}
-        phases["general"] = {k: m[k] for k in ("steps", "train_seconds", "train_sentences", "train_loss",
-                                               "stopped_by_time", "pooling", "loss", "init", "seq_len")}
+        phases["general"] = {
+            k: m[k]
+            for k in (
+                "steps",
+                "train_seconds",
+                "train_sentences",
+                "train_loss",
+                "stopped_by_time",
+                "pooling",
+                "loss",
+                "init",
+                "seq_len",
+            )
+        }
         write_json(out / PHASES, phases)  # then the checkpoints go: a stop between the two leaves a resumable run
         shutil.rmtree(general / "checkpoints", ignore_errors=True)
     if "task" not in phases:
@@ -229,25 +342,63 @@ def _phases_then_report(teacher, out: Path, task_, data_dir: Path, cand, overrid
         clock = WallClockLimit(args.max_time) if args.max_time else None
         t_args = replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS))
         again = _resumable(student)
-        m = distill_glue(teacher, str(general), task_.name, student, data_dir, t_args, overwrite=True,
-                         resume=again, keep_checkpoints=True, progress=progress,
-                         cache_teacher=out / "teacher_logits", clock=clock,
-                         callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None], vocab=vocab,
-                         agreed_labels=True)
+        m = distill_glue(
+            teacher,
+            str(general),
+            task_.name,
+            student,
+            data_dir,
+            t_args,
+            overwrite=True,
+            resume=again,
+            keep_checkpoints=True,
+            progress=progress,
+            cache_teacher=out / "teacher_logits",
+            clock=clock,
+            callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None],
+            vocab=vocab,
+            agreed_labels=True,
+        )
         if stopped():
             return {"stopped": True, "phase": "task", "steps": m["steps"]}
         phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached), "budget": budget}
         write_json(out / PHASES, phases)
         shutil.rmtree(student / "checkpoints", ignore_errors=True)
-    return _report(out, Path(teacher), task_, data_dir, cand, overrides, phases, limits, task_args.max_eval_samples,
-                   progress, say, vocab)
+    return _report(
+        out,
+        Path(teacher),
+        task_,
+        data_dir,
+        cand,
+        overrides,
+        phases,
+        limits,
+        task_args.max_eval_samples,
+        progress,
+        say,
+        vocab,
+    )
 
 
-def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: dict, phases: dict, limits: dict,
-            limit: int | None, progress: bool, say, vocab=None) -> dict:
+def _report(
+    out: Path,
+    teacher: Path,
+    task_,
+    data_dir: Path,
+    cand,
+    overrides: dict,
+    phases: dict,
+    limits: dict,
+    limit: int | None,
+    progress: bool,
+    say,
+    vocab=None,
+) -> dict:
     from .compress import export_teacher
 
-    say("exporting the student (int8) and the teacher (the first quantization that keeps it), task text-classification ...")
+    say(
+        "exporting the student (int8) and the teacher (the first quantization that keeps it), task text-classification ..."
+    )
     student = out / "student"
     art = export_once(student, out / "artifact", "int8", progress, task="text-classification", allow_low_parity=True)
     t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "text-classification", progress, say)
@@ -258,28 +409,60 @@ def _report(out: Path, teacher: Path, task_, data_dir: Path, cand, overrides: di
     t_scores = artifact_glue_metrics(t_art, task_, data_dir, limit)
     parity = json.loads((art / "manifest.json").read_text())["parity"]
     report = {
-        "teacher": {"folder": str(teacher), "name": teacher_name(teacher), "learned_params": safetensor_params(teacher),
-                    "file_bytes": weight_bytes(teacher), "artifact_bytes": weight_bytes(t_art), "glue_dev": t["teacher"][metric],
-                    "quantization": t_quant, "quantization_refused": t_refused,
-                    "glue_dev_artifact": t_scores[metric], **t_probe},
-        "student": {"folder": str(student), "shape": cand.describe(), "config": overrides,
-                    "learned_params": safetensor_params(student), "file_bytes": weight_bytes(art),
-                    "glue_dev_fp32": t[metric], "glue_dev": s_scores[metric], "artifact_metrics": s_scores,
-                    "quantization": "int8", "int8_agreement": parity.get("agreement"), **s_probe,
-                    **({"vocabulary": vocab.as_dict()} if vocab is not None else {})},
-        "task": task_.name, "metric": metric, "dev_examples": t["eval_samples"],
-        "general": g, "training": {k: t[k] for k in ("steps", "best_step", "train_seconds", "train_samples",
-                                                     "stopped_by_time", "losses", "temperature")},
+        "teacher": {
+            "folder": str(teacher),
+            "name": teacher_name(teacher),
+            "learned_params": safetensor_params(teacher),
+            "file_bytes": weight_bytes(teacher),
+            "artifact_bytes": weight_bytes(t_art),
+            "glue_dev": t["teacher"][metric],
+            "quantization": t_quant,
+            "quantization_refused": t_refused,
+            "glue_dev_artifact": t_scores[metric],
+            **t_probe,
+        },
+        "student": {
+            "folder": str(student),
+            "shape": cand.describe(),
+            "config": overrides,
+            "learned_params": safetensor_params(student),
+            "file_bytes": weight_bytes(art),
+            "glue_dev_fp32": t[metric],
+            "glue_dev": s_scores[metric],
+            "artifact_metrics": s_scores,
+            "quantization": "int8",
+            "int8_agreement": parity.get("agreement"),
+            **s_probe,
+            **({"vocabulary": vocab.as_dict()} if vocab is not None else {}),
+        },
+        "task": task_.name,
+        "metric": metric,
+        "dev_examples": t["eval_samples"],
+        "general": g,
+        "training": {
+            k: t[k]
+            for k in (
+                "steps",
+                "best_step",
+                "train_seconds",
+                "train_samples",
+                "stopped_by_time",
+                "losses",
+                "temperature",
+            )
+        },
         "limits": {k: v for k, v in limits.items() if v is not None},
         "quality": [{"label": f"{task_.folder} dev {metric} ({t['eval_samples']} examples)", "key": "glue_dev"}],
     }
     s = report["student"]
-    summary = (f"General distillation: {g['steps']} steps ({g['train_seconds']:.0f} s) on {g['train_sentences']:,} "
-               f"unlabelled sentences ({g['pooling']} state, {g['loss']} loss). Task distillation on {task_.name}: "
-               f"{t['steps']} steps ({t['train_seconds']:.0f} s) on {t['train_samples']:,} training examples, best "
-               f"dev at step {t['best_step']}. {task_.folder} dev {metric} ({t['eval_samples']} examples): teacher "
-               f"{report['teacher']['glue_dev']:.4f} in PyTorch fp32, {t_scores[metric]:.4f} from its {t_quant} "
-               f"artifact; student {s['glue_dev_fp32']:.4f} in PyTorch fp32, {s['glue_dev']:.4f} from its int8 "
-               f"artifact (int8 and fp32 agree on {s['int8_agreement']:.0%} of {parity.get('sentences')} check "
-               "sentences)." + (f" The student's {vocab.describe()}." if vocab is not None else ""))
+    summary = (
+        f"General distillation: {g['steps']} steps ({g['train_seconds']:.0f} s) on {g['train_sentences']:,} "
+        f"unlabelled sentences ({g['pooling']} state, {g['loss']} loss). Task distillation on {task_.name}: "
+        f"{t['steps']} steps ({t['train_seconds']:.0f} s) on {t['train_samples']:,} training examples, best "
+        f"dev at step {t['best_step']}. {task_.folder} dev {metric} ({t['eval_samples']} examples): teacher "
+        f"{report['teacher']['glue_dev']:.4f} in PyTorch fp32, {t_scores[metric]:.4f} from its {t_quant} "
+        f"artifact; student {s['glue_dev_fp32']:.4f} in PyTorch fp32, {s['glue_dev']:.4f} from its int8 "
+        f"artifact (int8 and fp32 agree on {s['int8_agreement']:.0%} of {parity.get('sentences')} check "
+        "sentences)." + (f" The student's {vocab.describe()}." if vocab is not None else "")
+    )
     return write_report(out, report, summary)

@@ -5,6 +5,7 @@ them). One home for each default: the training modules import these classes from
 ``PretrainArgs`` (``pretrain``), ``FinetuneArgs`` (``finetune``), ``DistillWeights`` and ``DistillArgs``
 (``distill``), and the evaluation choices ``NOISE_LEVELS``, ``WORDSIM_SETS``, ``MULTI_TOKEN``.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,9 @@ class PretrainArgs:
     objective: str = "mlm"  # mlm | clm
     char_level: bool = False
     max_steps: int = 23000
-    max_time: float | None = None  # seconds of training (the whole run: a --resume goes on from the seconds its checkpoint kept) before stopping
+    max_time: float | None = (
+        None  # seconds of training (the whole run: a --resume goes on from the seconds its checkpoint kept) before stopping
+    )
     batch_size: int = 32  # per process
     grad_accum: int = 1
     lr: float = 1e-3
@@ -34,7 +37,9 @@ class PretrainArgs:
     max_eval_sequences: int | None = 2048  # --eval-samples: validation sequences scored (None: all)
     eval_on_start: bool = False  # also score the untrained model at step 0
     save_steps: int = 1000
-    save_minutes: float | None = 10.0  # also a checkpoint at least this often (minutes of training); None or 0: none by time
+    save_minutes: float | None = (
+        10.0  # also a checkpoint at least this often (minutes of training); None or 0: none by time
+    )
     eval_steps: int = 1000
     logging_steps: int = 50
     keep_checkpoints: int | None = 3
@@ -62,7 +67,9 @@ class FinetuneArgs:
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
     eval_steps: int | None = None  # None: score the dev set after every epoch
-    save_minutes: float | None = 10.0  # a checkpoint at least this often (minutes of training); None or 0: no time saves
+    save_minutes: float | None = (
+        10.0  # a checkpoint at least this often (minutes of training); None or 0: no time saves
+    )
     seed: int = 0
     depth_sampling: int | None = None  # train_min_depth: each training forward runs a depth from MIN..N
     convert_to_sharebert: bool = False  # a transformers BERT folder is saved as BERT unless this asks for ShareBERT
@@ -92,8 +99,10 @@ class DistillWeights:
         """``ValueError`` when every term is 0 (task and general distillation learn from these terms alone; the
         embedding objective adds its own sentence loss, so it does not call this)."""
         if not any(getattr(self, name) for name in ("kl", "hard", "hidden", "attention", "embedding")):
-            raise ValueError("every loss weight is 0 (--kl-weight, --hard-weight, --hidden-weight, --attention-weight, "
-                             "--embedding-weight): the student would learn nothing; give at least one a weight > 0")
+            raise ValueError(
+                "every loss weight is 0 (--kl-weight, --hard-weight, --hidden-weight, --attention-weight, "
+                "--embedding-weight): the student would learn nothing; give at least one a weight > 0"
+            )
 
 
 def parse_layer_map(text: str | None) -> tuple[tuple[int, int], ...] | None:

@@ -11,6 +11,7 @@ TinyBERT's augmentation). Each copy perturbs the token ids of one example:
 Copies keep the example's segments (token types) and length. Their gold labels are unknown after the
 change, so they carry ``IGNORE_LABEL`` (NaN for regression) and teach through the teacher's logits alone.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,11 +27,15 @@ def check_augment(copies: int, tokenizer, teacher_dir, examples: int | None = No
     """``ValueError`` (naming the option) for copies that cannot be made: no ``[MASK]`` token in the teacher's
     tokenizer, or (once ``examples`` is known) more than ``MAX_ROWS`` rows in all."""
     if tokenizer.mask_token_id is None:
-        raise ValueError(f"--augment masks words with the teacher's mask token; the tokenizer of {teacher_dir} has none")
+        raise ValueError(
+            f"--augment masks words with the teacher's mask token; the tokenizer of {teacher_dir} has none"
+        )
     rows = (examples or 0) * (copies + 1)
     if rows > MAX_ROWS:
-        raise ValueError(f"--augment {copies} makes {rows:,} training rows from {examples:,} examples, more than "
-                         f"{MAX_ROWS:,}: ask for fewer copies (or fewer examples, --max-train-samples)")
+        raise ValueError(
+            f"--augment {copies} makes {rows:,} training rows from {examples:,} examples, more than "
+            f"{MAX_ROWS:,}: ask for fewer copies (or fewer examples, --max-train-samples)"
+        )
 
 
 def word_ids(tokenizer) -> np.ndarray:
@@ -44,8 +49,9 @@ def word_ids(tokenizer) -> np.ndarray:
 
 
 @torch.no_grad()
-def nearest_words(embeddings: torch.Tensor, ids: np.ndarray, candidates: np.ndarray, k: int,
-                  chunk: int = 4096) -> dict[int, np.ndarray]:
+def nearest_words(
+    embeddings: torch.Tensor, ids: np.ndarray, candidates: np.ndarray, k: int, chunk: int = 4096
+) -> dict[int, np.ndarray]:
     """For each id in ``ids``, its ``k`` nearest ids among ``candidates`` (itself excluded) by the cosine of
     rows of ``embeddings`` ``(V, H)``: ``{id: (k,) ids}``."""
     table = torch.nn.functional.normalize(embeddings.detach().float().cpu(), dim=-1)  # a teacher on a GPU too
@@ -53,7 +59,7 @@ def nearest_words(embeddings: torch.Tensor, ids: np.ndarray, candidates: np.ndar
     cand_vecs = table[cand]
     out = {}
     for s in range(0, len(ids), chunk):
-        part = torch.from_numpy(ids[s:s + chunk])
+        part = torch.from_numpy(ids[s : s + chunk])
         sims = table[part] @ cand_vecs.T  # (chunk, C)
         sims[cand[None, :] == part[:, None]] = -2.0  # never itself
         top = sims.topk(k, dim=-1).indices
@@ -62,8 +68,17 @@ def nearest_words(embeddings: torch.Tensor, ids: np.ndarray, candidates: np.ndar
     return out
 
 
-def augment(ds: EncodedSplit, copies: int, tokenizer, embeddings: torch.Tensor, regression: bool = False,
-            p_mask: float = 0.1, p_swap: float = 0.1, k: int = 8, seed: int = 0) -> EncodedSplit:
+def augment(
+    ds: EncodedSplit,
+    copies: int,
+    tokenizer,
+    embeddings: torch.Tensor,
+    regression: bool = False,
+    p_mask: float = 0.1,
+    p_swap: float = 0.1,
+    k: int = 8,
+    seed: int = 0,
+) -> EncodedSplit:
     """``ds`` followed by ``copies`` perturbed copies of each of its examples (module docstring), labelled
     ``IGNORE_LABEL`` (NaN when ``regression``). ``embeddings``: the teacher's input table ``(V, H)``."""
     if copies <= 0:
@@ -95,7 +110,6 @@ def augment(ds: EncodedSplit, copies: int, tokenizer, embeddings: torch.Tensor, 
                 out[j] = near[int(row[j])][rng.integers(k)] if int(row[j]) in near else row[j]
             out[is_word & (draw >= p_swap) & (draw < p_swap + p_mask)] = mask_id
             new_ids.append(out.tolist())
-    enc = {key: list(v) * (copies + 1) if key != "input_ids" else list(v) + new_ids
-           for key, v in ds.encodings.items()}
+    enc = {key: list(v) * (copies + 1) if key != "input_ids" else list(v) + new_ids for key, v in ds.encodings.items()}
     fill = float("nan") if regression else IGNORE_LABEL
     return EncodedSplit(enc, list(ds.labels) + [fill] * (len(ds) * copies))

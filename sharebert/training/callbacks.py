@@ -5,6 +5,7 @@ file in it was flushed to disk), so a save killed halfway is never resumed from 
 rotation delete the previous good checkpoint. The marker records each file's size (checked whenever
 checkpoints are listed) and SHA-256 (checked by :func:`resume_checkpoint` before a resume).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,11 @@ def mark_complete(folder: str | Path, step: int) -> None:
     """Flush ``folder`` to disk, then atomically write its completion marker (temp file + rename)."""
     folder = Path(folder)
     _fsync_tree(folder)
-    files = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
-             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != MARKER
+    }
     tmp = folder / f".{MARKER}.tmp"
     with open(tmp, "w") as f:
         json.dump({"step": step, "time": time.time(), "files": files}, f)
@@ -76,8 +80,9 @@ def is_complete(folder: str | Path) -> bool:
     """Whether ``folder`` has a marker and still holds every file, at the recorded size."""
     folder = Path(folder)
     files = _recorded(folder)
-    return files is not None and all((folder / n).is_file() and (folder / n).stat().st_size == r.get("size")
-                                     for n, r in files.items())
+    return files is not None and all(
+        (folder / n).is_file() and (folder / n).stat().st_size == r.get("size") for n, r in files.items()
+    )
 
 
 def corrupt_file(folder: str | Path) -> Path | None:
@@ -107,8 +112,10 @@ def resume_checkpoint(out: str | Path, say=print) -> Path | None:
         if bad is None:
             return ckpt
         aside = _set_aside(ckpt, "corrupt")
-        say(f"{bad} does not match the SHA-256 recorded when it was saved; set aside as {aside.name}, "
-            f"trying the previous checkpoint")
+        say(
+            f"{bad} does not match the SHA-256 recorded when it was saved; set aside as {aside.name}, "
+            f"trying the previous checkpoint"
+        )
     if bad is not None:
         raise ValueError(f"no intact checkpoint left in {out} ({bad.name} was corrupt); start a new --out")
     return None
@@ -176,9 +183,11 @@ def resume_from(folder: str | Path, resume: bool, say=print, out: Path | None = 
         out = Path(folder).parent if out is None else Path(out)  # used: holds more than the lock this run took
         used = out.is_dir() and any(p.name != OutLock.NAME for p in out.iterdir())
         if (out / "metrics.json").is_file():
-            raise ValueError(f"--resume: {out} holds a finished run's results and no checkpoint to continue from (they "
-                             "are removed at its end without --keep-checkpoints): its results stand; to train again, "
-                             "start it with --overwrite instead of --resume")
+            raise ValueError(
+                f"--resume: {out} holds a finished run's results and no checkpoint to continue from (they "
+                "are removed at its end without --keep-checkpoints): its results stand; to train again, "
+                "start it with --overwrite instead of --resume"
+            )
         start = "start it again with --overwrite instead of --resume" if used else "run without --resume to start"
         raise ValueError(f"--resume: {out} holds no complete checkpoint to continue from; {start}")
     say(f"resuming from {found}")
@@ -380,12 +389,17 @@ def check_fits(model, checkpoint: str | Path) -> None:
     own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     with safe_open(str(path), "pt") as f:
         saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    wrong = [f"{k}: {list(s)} in the checkpoint, {list(own[k])} in this model" for k, s in saved.items()
-             if k in own and s != own[k]]
+    wrong = [
+        f"{k}: {list(s)} in the checkpoint, {list(own[k])} in this model"
+        for k, s in saved.items()
+        if k in own and s != own[k]
+    ]
     if wrong:
-        raise ValueError(f"{checkpoint} does not fit this model (size mismatch for {wrong[0]}"
-                         f"{f', and {len(wrong) - 1} more' if len(wrong) > 1 else ''}); resume with the model options "
-                         "of the run that saved it, or start again with --overwrite")
+        raise ValueError(
+            f"{checkpoint} does not fit this model (size mismatch for {wrong[0]}"
+            f"{f', and {len(wrong) - 1} more' if len(wrong) > 1 else ''}); resume with the model options "
+            "of the run that saved it, or start again with --overwrite"
+        )
 
 
 def finished_run(trainer, state: dict) -> str | None:
@@ -403,8 +417,11 @@ def finished_run(trainer, state: dict) -> str | None:
     clock = next((c for c in trainer.callback_handler.callbacks if isinstance(c, WallClockLimit)), None)
     if clock is not None and isinstance(saved_clock, dict):
         seconds = (saved_clock.get("args") or {}).get("seconds")
-        if (saved_clock.get("attributes") or {}).get("reached") and isinstance(seconds, (int, float)) \
-                and clock.seconds <= seconds:
+        if (
+            (saved_clock.get("attributes") or {}).get("reached")
+            and isinstance(seconds, (int, float))
+            and clock.seconds <= seconds
+        ):
             return f"at step {step}, its --max-time of {seconds:g} s spent"
     return None
 
@@ -417,8 +434,9 @@ def epochs_steps(trainer) -> int:
     return math.ceil(a.num_train_epochs * per_epoch)
 
 
-def kept_result(trainer, checkpoint: str | Path | None, out: Path, expect=(), published: bool = True,
-                say=print) -> dict | None:
+def kept_result(
+    trainer, checkpoint: str | Path | None, out: Path, expect=(), published: bool = True, say=print
+) -> dict | None:
     """A ``--resume`` of a run that had finished (:func:`finished_run`) and written ``out/metrics.json`` (holding
     every key of ``expect``) at that checkpoint's step, its model ``published`` there: those metrics, kept as they are (said in one line; the caller returns them instead of
     training again, which would rewrite its figures and checkpoint); None otherwise. A finished run whose results
@@ -440,8 +458,10 @@ def kept_result(trainer, checkpoint: str | Path | None, out: Path, expect=(), pu
     older = marker.is_file() and metrics_file.stat().st_mtime < marker.stat().st_mtime
     if step != state.get("global_step") or older:
         return None  # another run's result (an earlier one --overwrite replaces)
-    say(f"--resume: {out} had finished ({why}); nothing left to train, its results are kept as they were "
-        "(a larger limit trains on)")
+    say(
+        f"--resume: {out} had finished ({why}); nothing left to train, its results are kept as they were "
+        "(a larger limit trains on)"
+    )
     return metrics
 
 

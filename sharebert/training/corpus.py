@@ -13,6 +13,7 @@ Every source must exist, be a regular file (or a folder of them), be readable an
 ``FileNotFoundError`` / ``ValueError`` names the file before any training starts. Lines are read in
 bounded pieces (:mod:`sharebert_runtime.textlines`): a file without a newline costs no more memory than any other.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -181,8 +182,9 @@ def char_tokenizer(text: str, model_max_length: int = 256):
     tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
-                                   model_max_length=model_max_length)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", model_max_length=model_max_length
+    )
 
 
 # -- tokenize and pack --------------------------------------------------------------------------
@@ -201,8 +203,14 @@ def encode_lines(backend, lines: list[str], char_level: bool = False) -> np.ndar
     return np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32)
 
 
-def encode_sources(sources: Iterable[Path | str], tokenizer, char_level: bool = False, chunk: int = 2048,
-                   progress: bool = True, stop=lambda: None) -> np.ndarray:
+def encode_sources(
+    sources: Iterable[Path | str],
+    tokenizer,
+    char_level: bool = False,
+    chunk: int = 2048,
+    progress: bool = True,
+    stop=lambda: None,
+) -> np.ndarray:
     """Token ids of all sources as one stream (int32), as :func:`encode_lines` gives them. ``ValueError``
     names a source that yields no tokens; ``stop()`` is polled per chunk (see :class:`StopRequested`)."""
     backend = tokenizer.backend_tokenizer
@@ -233,16 +241,24 @@ def pack(ids: np.ndarray, seq_len: int, cls_id: int | None = None, sep_id: int |
         raise ValueError(f"seq_len {seq_len} is too short")
     n = ids.size // body
     if n == 0:
-        raise ValueError(f"the corpus has {ids.size} tokens, fewer than one sequence of {body}; "
-                         f"give more text or a shorter --seq-len")
+        raise ValueError(
+            f"the corpus has {ids.size} tokens, fewer than one sequence of {body}; "
+            f"give more text or a shorter --seq-len"
+        )
     blocks = torch.from_numpy(ids[: n * body].astype(np.int64)).view(n, body)
     if wrap:
         blocks = torch.cat([torch.full((n, 1), cls_id), blocks, torch.full((n, 1), sep_id)], dim=1)
     return blocks
 
 
-def mask_tokens(ids: torch.Tensor, special: torch.Tensor, mask_id: int, vocab_size: int, generator: torch.Generator,
-                probability: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    ids: torch.Tensor,
+    special: torch.Tensor,
+    mask_id: int,
+    vocab_size: int,
+    generator: torch.Generator,
+    probability: float = 0.15,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT masking of ``ids`` (T,): each non-special token is picked with ``probability``; picked tokens
     become [MASK] (80%), a random token (10%) or stay (10%). Returns ``(input_ids, labels)``, labels -100
     where not picked."""
@@ -272,12 +288,17 @@ class PackedDataset(torch.utils.data.Dataset):
             self.special = torch.tensor(mlm["special_ids"], dtype=torch.long)
 
     @classmethod
-    def for_objective(cls, blocks, tokenizer, objective: str, probability: float = 0.15,
-                      seed: int = 0, fixed: bool = False) -> "PackedDataset":
+    def for_objective(
+        cls, blocks, tokenizer, objective: str, probability: float = 0.15, seed: int = 0, fixed: bool = False
+    ) -> "PackedDataset":
         mlm = None
         if objective == "mlm":
-            mlm = {"mask_id": tokenizer.mask_token_id, "vocab_size": len(tokenizer), "probability": probability,
-                   "special_ids": sorted(set(tokenizer.all_special_ids))}
+            mlm = {
+                "mask_id": tokenizer.mask_token_id,
+                "vocab_size": len(tokenizer),
+                "probability": probability,
+                "special_ids": sorted(set(tokenizer.all_special_ids)),
+            }
         return cls(blocks, mlm, seed, fixed)
 
     def __len__(self) -> int:
@@ -289,8 +310,9 @@ class PackedDataset(torch.utils.data.Dataset):
             return {"input_ids": ids, "labels": ids.clone()}
         epoch = -1 if self.fixed else self.epoch
         g = torch.Generator().manual_seed(((self.seed * 1_000_003 + epoch) * 1_000_000_007 + i) % (2**63))
-        inputs, labels = mask_tokens(ids, torch.isin(ids, self.special), self.mlm["mask_id"], self.mlm["vocab_size"], g,
-                                     self.mlm["probability"])
+        inputs, labels = mask_tokens(
+            ids, torch.isin(ids, self.special), self.mlm["mask_id"], self.mlm["vocab_size"], g, self.mlm["probability"]
+        )
         return {"input_ids": inputs, "labels": labels}
 
 
@@ -322,7 +344,7 @@ def with_word_strings(sentences: list[str], words: list[str], per_sentence: floa
     strings, i = [], 0
     while i < len(order) and len(strings) < round(per_sentence * len(sentences)):
         k = int(rng.integers(1, 5))
-        strings.append(" ".join(words[j] for j in order[i:i + k]))
+        strings.append(" ".join(words[j] for j in order[i : i + k]))
         i += k
     out, due = [], 0.0
     it = iter(strings)

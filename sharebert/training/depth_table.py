@@ -7,6 +7,7 @@ and times one sentence at it, on a fine-tuned model folder (PyTorch, ``model(...
 exported text-classification artifact (``Runtime(...).at_depth(k)``, torch-free: this module imports
 torch only for a model folder).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,9 @@ def check_depth_sampling(min_depth: int | None, layers: int) -> int | None:
     if layers < 2:
         raise ValueError(f"--depth-sampling needs a model with at least 2 layers; this one has {layers}")
     if isinstance(min_depth, bool) or not isinstance(min_depth, int) or not 1 <= min_depth <= layers:
-        raise ValueError(f"--depth-sampling MIN must be an integer in 1..{layers} (the model's layers), got {min_depth!r}")
+        raise ValueError(
+            f"--depth-sampling MIN must be an integer in 1..{layers} (the model's layers), got {min_depth!r}"
+        )
     return min_depth
 
 
@@ -76,8 +79,10 @@ def _artifact_scorer(path, task, split, threads):
     from sharebert_runtime import Runtime
 
     if split.text_b is not None or task.is_regression:
-        raise ValueError(f"{path} is an artifact: its runtime classifies single texts, and {task.name} scores "
-                         f"sentence pairs{' (regression)' if task.is_regression else ''}; give the model folder")
+        raise ValueError(
+            f"{path} is an artifact: its runtime classifies single texts, and {task.name} scores "
+            f"sentence pairs{' (regression)' if task.is_regression else ''}; give the model folder"
+        )
     runtime = Runtime(path, threads=threads)
     if runtime.task != "text-classification":
         raise ValueError(f"{path} is a {runtime.task} artifact, not a text classifier")
@@ -94,8 +99,16 @@ def _artifact_scorer(path, task, split, threads):
     return runtime.max_depth, score
 
 
-def depth_table(model, task: str, depths, data_dir=None, max_eval_samples: int | None = None,
-                latency_samples: int = 100, threads: int = 1, batch_size: int = 64) -> dict:
+def depth_table(
+    model,
+    task: str,
+    depths,
+    data_dir=None,
+    max_eval_samples: int | None = None,
+    latency_samples: int = 100,
+    threads: int = 1,
+    batch_size: int = 64,
+) -> dict:
     """The task's dev metric and the p50 latency of one sentence (batch 1, ``threads`` threads, median over the
     first ``latency_samples`` dev sentences) at each depth of ``depths`` and at the full depth N.
 
@@ -120,17 +133,35 @@ def depth_table(model, task: str, depths, data_dir=None, max_eval_samples: int |
         raise ValueError(f"--depths must be integers in 1..{layers} (the model's layers), got {bad[0]!r}")
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
     split = read_split(task_, data_dir, task_.dev_splits[0]).head(max_eval_samples)
-    _, score = (_artifact_scorer(model, task_, split, threads) if artifact
-                else _torch_scorer(model, task_, split, threads, batch_size))
+    _, score = (
+        _artifact_scorer(model, task_, split, threads)
+        if artifact
+        else _torch_scorer(model, task_, split, threads, batch_size)
+    )
     n = min(latency_samples, len(split))
     results = {d: score(d, n) for d in sorted({*depths, layers})}
     metric = task_.main_metric
     full_metric, full_ms = results[layers][0][metric], results[layers][1]
-    rows = [{"depth": d, metric: m[metric], "p50_ms": ms,
-             "metric_vs_full": None if m[metric] is None or full_metric is None else m[metric] - full_metric,
-             "latency_vs_full": ms / full_ms} for d, (m, ms) in results.items()]
-    return {"task": task_.name, "metric": metric, "backend": "onnxruntime" if artifact else "pytorch",
-            "layers": layers, "eval_samples": len(split), "latency_samples": n, "threads": threads, "rows": rows}
+    rows = [
+        {
+            "depth": d,
+            metric: m[metric],
+            "p50_ms": ms,
+            "metric_vs_full": None if m[metric] is None or full_metric is None else m[metric] - full_metric,
+            "latency_vs_full": ms / full_ms,
+        }
+        for d, (m, ms) in results.items()
+    ]
+    return {
+        "task": task_.name,
+        "metric": metric,
+        "backend": "onnxruntime" if artifact else "pytorch",
+        "layers": layers,
+        "eval_samples": len(split),
+        "latency_samples": n,
+        "threads": threads,
+        "rows": rows,
+    }
 
 
 def plot_depths(result: dict, path: str | Path) -> Path:
@@ -152,8 +183,9 @@ def plot_depths(result: dict, path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     lat = ax.twinx()
     lat.plot(depths, [r["p50_ms"] for r in rows], "s--", color="tab:orange", label="p50 latency")
-    lat.set_ylabel(f"p50 latency, ms (batch 1, {result['threads']} thread{'s' * (result['threads'] > 1)})",
-                   color="tab:orange")
+    lat.set_ylabel(
+        f"p50 latency, ms (batch 1, {result['threads']} thread{'s' * (result['threads'] > 1)})", color="tab:orange"
+    )
     lat.set_ylim(bottom=0)
     ax.set_title(f"{result['task']}: {result['backend']}, {result['eval_samples']} dev examples")
     fig.legend(loc="lower center", ncol=2, frameon=False)  # below the axes: never over a point

@@ -16,6 +16,7 @@ The layer map pairs each student iteration ``j`` (1-based; ShareBERT runs one sh
 trained with depth sampling (``train_min_depth``) runs fewer iterations in some steps: ``pairs_that_ran``.
 The projections are trained with the student and never saved with it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,15 @@ from ..formats.model_folder import load_config, load_tokenizer
 from sharebert_runtime.outdir import check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
 from ..formats.paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
-from .callbacks import (MarkCheckpoints, StopsAtMaxSteps, check_fits, kept_result, resume_from, start_checkpoints,
-                        write_results)
+from .callbacks import (
+    MarkCheckpoints,
+    StopsAtMaxSteps,
+    check_fits,
+    kept_result,
+    resume_from,
+    start_checkpoints,
+    write_results,
+)
 from .depth_table import check_depth_sampling
 from .encoded import encoded_task, evaluate_dev
 from .finetune import load_classifier, metrics_for, task_training_args
@@ -53,12 +61,17 @@ DATA_FILE = "distill_data.json"  # in each checkpoint: what it trained on (check
 
 def layer_map(student_layers: int, teacher_layers: int, given=None) -> tuple[tuple[int, int], ...]:
     """The checked layer map; uniform ``j -> j * L_t // L_s`` when ``given`` is None."""
-    pairs = given if given is not None else tuple((j, max(1, j * teacher_layers // student_layers))
-                                                  for j in range(1, student_layers + 1))
+    pairs = (
+        given
+        if given is not None
+        else tuple((j, max(1, j * teacher_layers // student_layers)) for j in range(1, student_layers + 1))
+    )
     for s, t in pairs:
         if not (1 <= s <= student_layers and 1 <= t <= teacher_layers):
-            raise ValueError(f"--layer-map pair {s}:{t} is out of range: the student runs {student_layers} "
-                             f"iterations, the teacher has {teacher_layers} layers (both counted from 1)")
+            raise ValueError(
+                f"--layer-map pair {s}:{t} is out of range: the student runs {student_layers} "
+                f"iterations, the teacher has {teacher_layers} layers (both counted from 1)"
+            )
     return tuple(pairs)
 
 
@@ -74,8 +87,10 @@ def pairs_that_ran(pairs, depth: int, student_layers: int, teacher_layers: int) 
 def head_groups(student_heads: int, teacher_heads: int) -> list[list[int]]:
     """For each student head, the teacher heads whose maps it learns (averaged)."""
     if teacher_heads >= student_heads:
-        return [list(range(h * teacher_heads // student_heads, (h + 1) * teacher_heads // student_heads))
-                for h in range(student_heads)]
+        return [
+            list(range(h * teacher_heads // student_heads, (h + 1) * teacher_heads // student_heads))
+            for h in range(student_heads)
+        ]
     return [[h * teacher_heads // student_heads] for h in range(student_heads)]
 
 
@@ -123,9 +138,18 @@ def hard_loss(logits, labels, regression: bool = False) -> torch.Tensor:
     return F.cross_entropy(logits.float()[keep], labels[keep])
 
 
-def distill_losses(student_out, teacher_out, attention_mask, labels, projections: Projections,
-                   weights: DistillWeights, pairs, groups, regression: bool = False,
-                   logits_mask=None) -> dict[str, torch.Tensor]:
+def distill_losses(
+    student_out,
+    teacher_out,
+    attention_mask,
+    labels,
+    projections: Projections,
+    weights: DistillWeights,
+    pairs,
+    groups,
+    regression: bool = False,
+    logits_mask=None,
+) -> dict[str, torch.Tensor]:
     """Each weighted term that is on, and ``"loss"``, their sum.
 
     ``student_out``/``teacher_out`` are model outputs (``logits`` and, where their terms are on,
@@ -139,17 +163,26 @@ def distill_losses(student_out, teacher_out, attention_mask, labels, projections
             s, t = s[logits_mask], t[logits_mask]
         n = min(s.shape[-1], t.shape[-1])  # MLM: vocabularies padded to different multiples; the rest is never a token
         s, t = s[..., :n], t[..., :n]
-        parts["kl"] = weights.kl * (F.mse_loss(s.float(), t.float()) if regression
-                                    else soft_kl(s, t, weights.temperature))
+        parts["kl"] = weights.kl * (
+            F.mse_loss(s.float(), t.float()) if regression else soft_kl(s, t, weights.temperature)
+        )
     if weights.hard and labels is not None:
         parts["hard"] = weights.hard * hard_loss(student_out.logits, labels, regression)
     if weights.embedding:
         parts["embedding"] = weights.embedding * masked_mse(
-            projections.embedding(student_out.hidden_states[0]), teacher_out.hidden_states[0], attention_mask)
+            projections.embedding(student_out.hidden_states[0]), teacher_out.hidden_states[0], attention_mask
+        )
     if weights.hidden:
-        parts["hidden"] = weights.hidden * sum(
-            masked_mse(projections.hidden(student_out.hidden_states[s]), teacher_out.hidden_states[t], attention_mask)
-            for s, t in pairs) / len(pairs)
+        parts["hidden"] = (
+            weights.hidden
+            * sum(
+                masked_mse(
+                    projections.hidden(student_out.hidden_states[s]), teacher_out.hidden_states[t], attention_mask
+                )
+                for s, t in pairs
+            )
+            / len(pairs)
+        )
     if weights.attention:
         pair_mask = attention_mask[:, None, :, None] * attention_mask[:, None, None, :]
         total = 0
@@ -173,8 +206,10 @@ def check_tokenizers(teacher_tok, student_tok, teacher_dir, student_name) -> Non
     """Refuse a student whose token ids mean other tokens than the teacher's."""
     t, s = tokenizer_fingerprint(teacher_tok), tokenizer_fingerprint(student_tok)
     if t != s:
-        raise ValueError(f"the teacher's tokenizer ({teacher_dir}: {t[0]} tokens, sha256 {t[1]}) differs from the "
-                         f"student's ({student_name}: {s[0]} tokens, sha256 {s[1]}); distillation needs one tokenizer")
+        raise ValueError(
+            f"the teacher's tokenizer ({teacher_dir}: {t[0]} tokens, sha256 {t[1]}) differs from the "
+            f"student's ({student_name}: {s[0]} tokens, sha256 {s[1]}); distillation needs one tokenizer"
+        )
 
 
 def check_encoder(teacher_dir) -> dict:
@@ -190,8 +225,10 @@ def check_teacher_labels(teacher_dir, config, task: GlueTask) -> None:
     raw = check_encoder(teacher_dir)
     archs = raw.get("architectures") or []
     if not any(a.endswith("ForSequenceClassification") for a in archs):
-        raise ValueError(f"{teacher_dir} is not a sequence classifier (architectures: {', '.join(archs) or 'none'}); "
-                         f"fine-tune the teacher on {task.name} first (`sharebert finetune`)")
+        raise ValueError(
+            f"{teacher_dir} is not a sequence classifier (architectures: {', '.join(archs) or 'none'}); "
+            f"fine-tune the teacher on {task.name} first (`sharebert finetune`)"
+        )
     want = 1 if task.is_regression else task.num_labels
     if config.num_labels != want:
         raise ValueError(f"the teacher in {teacher_dir} has {config.num_labels} labels, task {task.name} has {want}")
@@ -199,8 +236,9 @@ def check_teacher_labels(teacher_dir, config, task: GlueTask) -> None:
         names = [config.id2label[i] for i in range(config.num_labels)]
         generic = [f"LABEL_{i}" for i in range(config.num_labels)]
         if names != generic and names != list(task.label_names):
-            raise ValueError(f"the teacher in {teacher_dir} has labels {names}, task {task.name} has "
-                             f"{list(task.label_names)}")
+            raise ValueError(
+                f"the teacher in {teacher_dir} has labels {names}, task {task.name} has {list(task.label_names)}"
+            )
 
 
 def training_device() -> str:
@@ -235,8 +273,9 @@ def load_teacher(teacher_dir, head: str = "classifier"):
     return model.to(training_device()).eval()
 
 
-def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True,
-                   variant: str = ""):
+def teacher_logits(
+    teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True, variant: str = ""
+):
     """The teacher's logits on ``ds`` (N, labels); with ``cache_dir`` read from / written to
     ``<cache_dir>/<key>.npy``, the key hashing the teacher's files (:func:`teacher_fingerprint`), the split file,
     ``seq_len`` and ``variant`` (how the split was augmented; "" for none)."""
@@ -246,7 +285,11 @@ def teacher_logits(teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir
 
     if cache_dir is None:
         return predict_logits(teacher, ds, progress=progress)
-    parts = teacher_fingerprint(teacher_dir) + [sha256(Path(split_path)), str(seq_len), str(len(ds))] + ([variant] if variant else [])
+    parts = (
+        teacher_fingerprint(teacher_dir)
+        + [sha256(Path(split_path)), str(seq_len), str(len(ds))]
+        + ([variant] if variant else [])
+    )
     path = Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
     if path.is_file():
         try:
@@ -291,8 +334,22 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
     ``progress``: the progress display (``show_progress``; None leaves the Trainer's own).
     """
 
-    def __init__(self, *a, teacher, projections, weights, pairs, groups, regression=False, mlm=False, data=None,
-                 limit=None, max_steps=None, progress: bool | None = None, **kw):
+    def __init__(
+        self,
+        *a,
+        teacher,
+        projections,
+        weights,
+        pairs,
+        groups,
+        regression=False,
+        mlm=False,
+        data=None,
+        limit=None,
+        max_steps=None,
+        progress: bool | None = None,
+        **kw,
+    ):
         self.data = data
         super().__init__(*a, **kw)
         self.teacher, self.weights, self.pairs, self.groups = teacher, weights, pairs, groups
@@ -316,7 +373,8 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
         if self.lr_scheduler is None:
             warmup, clock = self.args.warmup_steps, self.clock
             self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-                optimizer or self.optimizer, lambda step: clock.lr_factor(step, warmup))
+                optimizer or self.optimizer, lambda step: clock.lr_factor(step, warmup)
+            )
         return self.lr_scheduler
 
     limit = None  # the ``WallClockLimit`` that stops the run, whether or not the learning rate follows it
@@ -339,8 +397,12 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
             spans = [b - a for a, b in zip([0, *steps], steps)]
             loss = sum(h["loss"] * n for h, n in zip(logged, spans)) / max(1, sum(spans))
             parts = parts or {k[5:]: v for k, v in logged[-1].items() if k.startswith("loss_")}
-        return {"train_seconds": round(seconds, 1), "stopped_by_time": bool(self.limit and self.limit.reached),
-                "train_loss": loss, "last_terms": parts}
+        return {
+            "train_seconds": round(seconds, 1),
+            "stopped_by_time": bool(self.limit and self.limit.reached),
+            "train_loss": loss,
+            "last_terms": parts,
+        }
 
     def create_optimizer(self):
         opt = super().create_optimizer()
@@ -363,8 +425,18 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
         pairs = self._pairs_that_ran(out, need_h, need_a) if need_h or need_a else self.pairs
         t_out = self._teacher_outputs(inputs, cached, need_h, need_a)
         logits_mask = (labels != -100) if self.mlm else None
-        parts = distill_losses(out, t_out, inputs["attention_mask"], labels if w.hard else None, self.projections,
-                               w, pairs, self.groups, self.regression, logits_mask)
+        parts = distill_losses(
+            out,
+            t_out,
+            inputs["attention_mask"],
+            labels if w.hard else None,
+            self.projections,
+            w,
+            pairs,
+            self.groups,
+            self.regression,
+            logits_mask,
+        )
         for k, v in parts.items():
             if k != "loss":
                 self._parts[k] = float(v.detach())
@@ -373,7 +445,9 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
     def _pairs_that_ran(self, out, need_h: bool, need_a: bool):
         """The layer pairs of the terms among the student layers this forward ran (fewer under depth sampling)."""
         ran = len(out.attentions) if need_a else len(out.hidden_states) - 1
-        return pairs_that_ran(self.pairs, ran, self.model.config.num_hidden_layers, self.teacher.config.num_hidden_layers)
+        return pairs_that_ran(
+            self.pairs, ran, self.model.config.num_hidden_layers, self.teacher.config.num_hidden_layers
+        )
 
     def _teacher_outputs(self, inputs: dict, cached, need_h: bool, need_a: bool):
         """The teacher's outputs on the batch: its ``cached`` logits alone when they are all the terms need
@@ -405,7 +479,9 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
             from safetensors.torch import save_file
 
             out = Path(output_dir or self.args.output_dir)
-            save_file({k: v.contiguous() for k, v in self.projections.state_dict().items()}, str(out / PROJECTIONS_FILE))
+            save_file(
+                {k: v.contiguous() for k, v in self.projections.state_dict().items()}, str(out / PROJECTIONS_FILE)
+            )
             if self.data is not None:
                 write_json(out / DATA_FILE, self.data)
 
@@ -428,8 +504,10 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
                 self.projections.load_state_dict(load_file(str(path), device=str(self.args.device)))
             except (RuntimeError, SafetensorError) as e:  # another run's (or an older sharebert's) layout
                 why = first_line(" ".join(str(e).split()), 300)
-                raise ValueError(f"{path} does not fit this run's projections ({why}); resume with the --student "
-                                 "(and --set) of the run that saved it, or start again with --overwrite") from None
+                raise ValueError(
+                    f"{path} does not fit this run's projections ({why}); resume with the --student "
+                    "(and --set) of the run that saved it, or start again with --overwrite"
+                ) from None
 
 
 COMMAND = "distill"  # the marker's command (``outdir.MARK``): a folder is a distillation's only when it says so
@@ -439,8 +517,9 @@ is_distill_out = made_by(COMMAND)
 def _is_distill_out(path: Path) -> bool:
     """A distillation's folder written before the marker existed (its result, its checkpoints, or the teacher's
     vectors): ``check_out_dir``'s ``legacy``, refused, never replaced."""
-    return ((path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
-            or any(path.glob(f"{TARGETS_FILE}-*.npy")))
+    return (
+        (path / "metrics.json").is_file() or (path / "checkpoints").is_dir() or any(path.glob(f"{TARGETS_FILE}-*.npy"))
+    )
 
 
 def _student_name(student: str) -> str:
@@ -483,20 +562,28 @@ def check_same_data(checkpoint: Path, data: dict) -> None:
     if not isinstance(saved, dict):
         raise ValueError(f"{checkpoint / DATA_FILE} is not a JSON object")
     if "sentences_sha256" in saved and "sentences_sha256" not in data:
-        raise ValueError(f"--resume: {checkpoint} is an embedding distillation's checkpoint; resume it with "
-                         "--objective embedding, or start again with --overwrite")
+        raise ValueError(
+            f"--resume: {checkpoint} is an embedding distillation's checkpoint; resume it with "
+            "--objective embedding, or start again with --overwrite"
+        )
     if saved.get("student", data.get("student")) != data.get("student"):  # unchecked before it was kept
-        raise ValueError(f"--resume: {checkpoint} distilled the student {saved['student']}; resume with the same "
-                         f"--student and --set (now {data['student']}), or start again with --overwrite")
+        raise ValueError(
+            f"--resume: {checkpoint} distilled the student {saved['student']}; resume with the same "
+            f"--student and --set (now {data['student']}), or start again with --overwrite"
+        )
     if "sentences_sha256" in data:
         if saved.get("sentences_sha256") != data["sentences_sha256"]:
-            raise ValueError(f"--resume: {checkpoint} trained on {saved.get('sentences', '?')} other sentences; "
-                             f"resume on the same --train / --data and --max-train-samples (now {data['sentences']} "
-                             "sentences), or start again with --overwrite")
+            raise ValueError(
+                f"--resume: {checkpoint} trained on {saved.get('sentences', '?')} other sentences; "
+                f"resume on the same --train / --data and --max-train-samples (now {data['sentences']} "
+                "sentences), or start again with --overwrite"
+            )
     elif saved.get("augment", 0) != data["augment"] or (data["augment"] and saved.get("seed") != data["seed"]):
-        raise ValueError(f"--resume: {checkpoint} trained with --augment {saved.get('augment', 0)} and --seed "
-                         f"{saved.get('seed')}; resume with the same (now --augment {data['augment']}, --seed "
-                         f"{data['seed']}), or start again with --overwrite")
+        raise ValueError(
+            f"--resume: {checkpoint} trained with --augment {saved.get('augment', 0)} and --seed "
+            f"{saved.get('seed')}; resume with the same (now --augment {data['augment']}, --seed "
+            f"{data['seed']}), or start again with --overwrite"
+        )
 
 
 def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed: int):
@@ -508,10 +595,14 @@ def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed
         from ..model.modeling_sharebert import ShareBertForSequenceClassification
 
         config = config_for_vocab(student, {}, len(teacher_tok))
-        labels = {"num_labels": 1 if task.is_regression else task.num_labels,
-                  "problem_type": "regression" if task.is_regression else "single_label_classification"}
+        labels = {
+            "num_labels": 1 if task.is_regression else task.num_labels,
+            "problem_type": "regression" if task.is_regression else "single_label_classification",
+        }
         if not task.is_regression:
-            labels.update(id2label=dict(enumerate(task.label_names)), label2id={n: i for i, n in enumerate(task.label_names)})
+            labels.update(
+                id2label=dict(enumerate(task.label_names)), label2id={n: i for i, n in enumerate(task.label_names)}
+            )
         config.update(labels)
         torch.manual_seed(seed)
         return ShareBertForSequenceClassification(config), teacher_tok
@@ -523,10 +614,23 @@ def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed
     return load_classifier(student, task), tokenizer
 
 
-def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args: DistillArgs = DistillArgs(),
-                 overwrite: bool = False, resume: bool = False, keep_checkpoints: bool = False,
-                 progress: bool = True, cache_teacher=None, callbacks=(), clock=None, vocab=None,
-                 agreed_labels: bool = False) -> dict:
+def distill_glue(
+    teacher_dir,
+    student: str,
+    task: str,
+    out,
+    data_dir=None,
+    args: DistillArgs = DistillArgs(),
+    overwrite: bool = False,
+    resume: bool = False,
+    keep_checkpoints: bool = False,
+    progress: bool = True,
+    cache_teacher=None,
+    callbacks=(),
+    clock=None,
+    vocab=None,
+    agreed_labels: bool = False,
+) -> dict:
     """Distil ``teacher_dir`` (a classifier fine-tuned on ``task``) into ``student``; returns the metrics.
 
     ``out`` receives the best student by the task's dev metric (projections dropped), its tokenizer,
@@ -550,8 +654,14 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
-    out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, legacy=_is_distill_out,
-                        inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()))
+    out = check_out_dir(
+        out,
+        "distillation result",
+        is_distill_out,
+        overwrite or resume,
+        legacy=_is_distill_out,
+        inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()),
+    )
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before any model loads
         task_file(task_, data_dir, split)
     data = {"augment": args.augment, "seed": args.seed}
@@ -571,50 +681,97 @@ def distill_glue(teacher_dir, student: str, task: str, out, data_dir=None, args:
     pairs, groups, projections = _maps(model, teacher, w, args.seed)
 
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
-    train, train_ds, dev_ds = encoded_task(task_, data_dir, s_tok, seq_len, args.max_train_samples,
-                                           args.max_eval_samples, progress)
-    t_train_ds, t_dev_ds = (train_ds, dev_ds) if vocab is None else \
-        encoded_task(task_, data_dir, t_tok, seq_len, args.max_train_samples, args.max_eval_samples, progress)[1:]
+    train, train_ds, dev_ds = encoded_task(
+        task_, data_dir, s_tok, seq_len, args.max_train_samples, args.max_eval_samples, progress
+    )
+    t_train_ds, t_dev_ds = (
+        (train_ds, dev_ds)
+        if vocab is None
+        else encoded_task(task_, data_dir, t_tok, seq_len, args.max_train_samples, args.max_eval_samples, progress)[1:]
+    )
     main_dev = dev_ds[task_.dev_splits[0]]
     if args.augment:  # the row limit, now the examples are counted: before --out is made
         check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
-    start_run(out, start_from is not None, run_fingerprint(teacher_dir, _student_name(student), [train.path],
-                                                           f"task distillation on {task_.name}"))
+    start_run(
+        out,
+        start_from is not None,
+        run_fingerprint(teacher_dir, _student_name(student), [train.path], f"task distillation on {task_.name}"),
+    )
     if args.augment:  # one tokenizer (a cut refuses --augment): the teacher reads the same augmented rows
-        train_ds = t_train_ds = augment(train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight,
-                                        task_.is_regression, seed=args.seed)
+        train_ds = t_train_ds = augment(
+            train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight, task_.is_regression, seed=args.seed
+        )
     if cache_teacher is not None:
         variant = ",".join(f"{k}={v}" for k, v in data.items()) if args.augment else ""
-        train_ds = WithTeacherLogits(train_ds, teacher_logits(teacher, teacher_dir, t_train_ds, train.path, seq_len,
-                                                              cache_teacher, progress, variant),
-                                     agreed=agreed_labels and not task_.is_regression)
+        train_ds = WithTeacherLogits(
+            train_ds,
+            teacher_logits(teacher, teacher_dir, t_train_ds, train.path, seq_len, cache_teacher, progress, variant),
+            agreed=agreed_labels and not task_.is_regression,
+        )
     teacher_metrics = evaluate_dev(teacher, t_dev_ds, task_, progress=progress)
 
-    targs = task_training_args(args, out, task_, progress, save_only_model=False,  # projections resume too
-                               keep_columns=cache_teacher is not None)  # the cached logits reach the loss
+    targs = task_training_args(
+        args,
+        out,
+        task_,
+        progress,
+        save_only_model=False,  # projections resume too
+        keep_columns=cache_teacher is not None,
+    )  # the cached logits reach the loss
 
     trainer = DistillTrainer(
-        model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=s_tok,
-        data_collator=DataCollatorWithPadding(s_tok), compute_metrics=metrics_for(task_), teacher=teacher,
-        projections=projections, weights=w, pairs=pairs, groups=groups, regression=task_.is_regression, data=data,
-        limit=clock, max_steps=args.max_steps, progress=progress)
+        model=model,
+        args=targs,
+        train_dataset=train_ds,
+        eval_dataset=main_dev,
+        processing_class=s_tok,
+        data_collator=DataCollatorWithPadding(s_tok),
+        compute_metrics=metrics_for(task_),
+        teacher=teacher,
+        projections=projections,
+        weights=w,
+        pairs=pairs,
+        groups=groups,
+        regression=task_.is_regression,
+        data=data,
+        limit=clock,
+        max_steps=args.max_steps,
+        progress=progress,
+    )
     for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
         trainer.add_callback(callback)
-    if (kept := kept_result(trainer, start_from, out, expect=(task_.main_metric, "steps", "best_step", "teacher",
-                                                              "train_seconds", "train_samples"))) is not None:
+    if (
+        kept := kept_result(
+            trainer,
+            start_from,
+            out,
+            expect=(task_.main_metric, "steps", "best_step", "teacher", "train_seconds", "train_samples"),
+        )
+    ) is not None:
         return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
     best = trainer.state.best_model_checkpoint
 
-    metrics = {"task": task_.name, **evaluate_dev(trainer.model, dev_ds, task_, targs.per_device_eval_batch_size,
-                                                  progress)}
-    metrics.update(train_samples=len(train_ds), augment=args.augment, eval_samples=len(main_dev), steps=trainer.state.global_step,
-                   best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
-                   **trainer.trained(result), seed=args.seed,
-                   teacher=teacher_metrics, student=student, teacher_dir=str(teacher_dir),
-                   losses={k: getattr(w, k) for k in ("kl", "hard", "hidden", "attention", "embedding")},
-                   temperature=w.temperature, layer_map=[list(p) for p in pairs])
+    metrics = {
+        "task": task_.name,
+        **evaluate_dev(trainer.model, dev_ds, task_, targs.per_device_eval_batch_size, progress),
+    }
+    metrics.update(
+        train_samples=len(train_ds),
+        augment=args.augment,
+        eval_samples=len(main_dev),
+        steps=trainer.state.global_step,
+        best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
+        **trainer.trained(result),
+        seed=args.seed,
+        teacher=teacher_metrics,
+        student=student,
+        teacher_dir=str(teacher_dir),
+        losses={k: getattr(w, k) for k in ("kl", "hard", "hidden", "attention", "embedding")},
+        temperature=w.temperature,
+        layer_map=[list(p) for p in pairs],
+    )
     _publish_student(trainer, s_tok, out, metrics, keep_checkpoints)
     return finite(metrics)
 
@@ -644,11 +801,15 @@ def check_cut_task(args: DistillArgs, cache_teacher) -> None:
     logits alone (computed once, on its own tokens), and no --augment (its perturbed copies are the teacher's ids)."""
     w = args.weights
     if cache_teacher is None or w.hidden or w.attention or w.embedding:
-        raise ValueError("a cut vocabulary's student learns a task from the teacher's cached logits alone (no hidden, "
-                         "attention or embedding terms): the teacher reads other tokens than the student")
+        raise ValueError(
+            "a cut vocabulary's student learns a task from the teacher's cached logits alone (no hidden, "
+            "attention or embedding terms): the teacher reads other tokens than the student"
+        )
     if args.augment:
-        raise ValueError(f"--augment {args.augment} perturbs the teacher's token ids, which a cut vocabulary's student "
-                         "does not read: drop --augment, or --vocab-size (or give limits the whole vocabulary fits)")
+        raise ValueError(
+            f"--augment {args.augment} perturbs the teacher's token ids, which a cut vocabulary's student "
+            "does not read: drop --augment, or --vocab-size (or give limits the whole vocabulary fits)"
+        )
 
 
 def _maps(model, teacher, w: DistillWeights, seed: int):
@@ -669,13 +830,26 @@ def stream_training_args(out: Path, args: DistillArgs, progress: bool, **extra):
 
     cuda = torch.cuda.is_available()
     return TrainingArguments(
-        output_dir=str(out / "checkpoints"), learning_rate=args.lr,
-        per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
-        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        save_strategy="steps", save_steps=args.eval_steps or 500, save_total_limit=None,  # MarkCheckpoints keep=2
-        logging_steps=max(1, min(50, args.eval_steps or 50)), seed=args.seed,
-        bf16=cuda and torch.cuda.is_bf16_supported(), report_to="none", disable_tqdm=no_bars(progress),
-        dataloader_num_workers=0, dataloader_pin_memory=cuda, **extra)
+        output_dir=str(out / "checkpoints"),
+        learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size,
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps or -1,
+        lr_scheduler_type="linear",
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        save_strategy="steps",
+        save_steps=args.eval_steps or 500,
+        save_total_limit=None,  # MarkCheckpoints keep=2
+        logging_steps=max(1, min(50, args.eval_steps or 50)),
+        seed=args.seed,
+        bf16=cuda and torch.cuda.is_bf16_supported(),
+        report_to="none",
+        disable_tqdm=no_bars(progress),
+        dataloader_num_workers=0,
+        dataloader_pin_memory=cuda,
+        **extra,
+    )
 
 
 def teacher_data(data, t_tok, teacher_dir) -> dict:
@@ -685,9 +859,11 @@ def teacher_data(data, t_tok, teacher_dir) -> dict:
 
     manifest = read_manifest(data)
     if manifest["tokenizer"]["vocab_sha256"] != vocab_sha256(t_tok):
-        raise ValueError(f"--data {data} was prepared with another tokenizer than the teacher's (vocab sha256 "
-                         f"{manifest['tokenizer']['vocab_sha256'][:12]} vs {vocab_sha256(t_tok)[:12]}); prepare it "
-                         f"with --tokenizer {teacher_dir}")
+        raise ValueError(
+            f"--data {data} was prepared with another tokenizer than the teacher's (vocab sha256 "
+            f"{manifest['tokenizer']['vocab_sha256'][:12]} vs {vocab_sha256(t_tok)[:12]}); prepare it "
+            f"with --tokenizer {teacher_dir}"
+        )
     return manifest
 
 
@@ -698,8 +874,9 @@ def teacher_blocks(data, manifest: dict, t_tok, seq_len: int, limit: int | None 
 
     stream = TokenStream(data, manifest, "train")
     total = StreamBlocks.sequences(stream, seq_len, True)
-    return StreamBlocks(stream, seq_len, count=min(total, limit or total), cls_id=t_tok.cls_token_id,
-                        sep_id=t_tok.sep_token_id)
+    return StreamBlocks(
+        stream, seq_len, count=min(total, limit or total), cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id
+    )
 
 
 def _mlm_student(student: str, t_tok, seed: int):
@@ -716,6 +893,7 @@ def _mlm_student(student: str, t_tok, seed: int):
         s_tok = load_tokenizer(student, load_config(student).vocab_size)
         torch.manual_seed(seed)
         from ..formats.model_folder import load_model
+
         return load_model(ShareBertForMaskedLM, student)[0], s_tok
     raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
 
@@ -726,11 +904,20 @@ def _text_blocks(train, t_tok, seq_len: int, max_train_samples, progress: bool):
     from .corpus import encode_sources, pack
 
     ids = encode_sources(resolve_sources(train), t_tok, progress=progress)
-    return pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[: max_train_samples]
+    return pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[:max_train_samples]
 
 
-def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = DistillArgs(), overwrite: bool = False,
-                resume: bool = False, progress: bool = True, data=None) -> dict:
+def distill_mlm(
+    teacher_dir,
+    student: str,
+    train,
+    out,
+    args: DistillArgs = DistillArgs(),
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    data=None,
+) -> dict:
     """General distillation during pre-training: the teacher's MLM distribution at the masked positions as
     soft targets (plus the hidden-state terms) on ``train`` text, packed and masked as ``sharebert pretrain`` does,
     or on a ``data`` folder prepared with the teacher's tokenizer (``sharebert prepare``, memory-mapped).
@@ -741,9 +928,19 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     args.weights.check_teaches()
     from .corpus import PackedDataset
 
-    out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, legacy=_is_distill_out,
-                        inputs=(teacher_dir, *([data] if data is not None else []), *(train or []),
-                                *([student] if Path(student).exists() else [])))
+    out = check_out_dir(
+        out,
+        "distillation result",
+        is_distill_out,
+        overwrite or resume,
+        legacy=_is_distill_out,
+        inputs=(
+            teacher_dir,
+            *([data] if data is not None else []),
+            *(train or []),
+            *([student] if Path(student).exists() else []),
+        ),
+    )
     start_from = _resume_from(out, resume)
     from .teacher import teacher_config, teacher_tokenizer
 
@@ -754,8 +951,10 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     if not mlm_teacher:  # an encoder without an MLM head (e.g. a sentence-transformers model): no soft targets
         args = replace(args, weights=replace(args.weights, kl=0.0))
         if not (args.weights.hidden or args.weights.attention or args.weights.embedding):
-            raise ValueError(f"{teacher_dir} has no MLM head, so only the hidden, attention and embedding terms can "
-                             "teach; set one of their weights above 0")
+            raise ValueError(
+                f"{teacher_dir} has no MLM head, so only the hidden, attention and embedding terms can "
+                "teach; set one of their weights above 0"
+            )
     model, s_tok = _mlm_student(student, t_tok, args.seed)
     model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
     check_tokenizers(t_tok, s_tok, teacher_dir, student)
@@ -771,23 +970,45 @@ def distill_mlm(teacher_dir, student: str, train, out, args: DistillArgs = Disti
     else:
         blocks = _text_blocks(train, t_tok, seq_len, args.max_train_samples, progress)
     train_ds = PackedDataset.for_objective(blocks, t_tok, "mlm", seed=args.seed)
-    start_run(out, start_from is not None, run_fingerprint(teacher_dir, _student_name(student),
-                                                           data_files(train, data), "mlm"))
+    start_run(
+        out,
+        start_from is not None,
+        run_fingerprint(teacher_dir, _student_name(student), data_files(train, data), "mlm"),
+    )
 
     targs = stream_training_args(out, args, progress)
     trainer = DistillTrainer(
-        model=model, args=targs, train_dataset=train_ds, processing_class=t_tok, teacher=teacher,
-        projections=projections, weights=w, pairs=pairs, groups=groups, mlm=True, progress=progress)
+        model=model,
+        args=targs,
+        train_dataset=train_ds,
+        processing_class=t_tok,
+        teacher=teacher,
+        projections=projections,
+        weights=w,
+        pairs=pairs,
+        groups=groups,
+        mlm=True,
+        progress=progress,
+    )
     trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=2))
-    if (kept := kept_result(trainer, start_from, out, expect=("steps", "train_loss", "train_seconds",
-                                                              "last_terms"))) is not None:
+    if (
+        kept := kept_result(trainer, start_from, out, expect=("steps", "train_loss", "train_seconds", "last_terms"))
+    ) is not None:
         return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
-    metrics = {"objective": "mlm", "steps": trainer.state.global_step, "train_sequences": len(train_ds),
-               **trainer.trained(result), "seed": args.seed, "student": student, "teacher_dir": str(teacher_dir),
-               "temperature": w.temperature, "soft_targets": mlm_teacher,
-               "layer_map": [list(p) for p in pairs]}
+    metrics = {
+        "objective": "mlm",
+        "steps": trainer.state.global_step,
+        "train_sequences": len(train_ds),
+        **trainer.trained(result),
+        "seed": args.seed,
+        "student": student,
+        "teacher_dir": str(teacher_dir),
+        "temperature": w.temperature,
+        "soft_targets": mlm_teacher,
+        "layer_map": [list(p) for p in pairs],
+    }
     if trainer.is_world_process_zero():
         trainer.model.save_pretrained(str(out))
         t_tok.save_pretrained(str(out))

@@ -15,6 +15,7 @@ each). With ``--train`` and no token-level term the teacher runs once over the t
 training (its vectors kept in ``out/teacher_targets.npy`` for ``--resume``); with ``--data`` it runs on each
 batch, so nothing grows with the corpus.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,9 +33,30 @@ from ..model.modeling_sharebert import pool
 from ..formats.model_folder import load_config, load_tokenizer
 from sharebert_runtime.outdir import check_out_dir, finite
 from ..formats.paths import data_path
-from .distill import DistillArgs, Projections, WithTeacherLogits, check_encoder, check_same_data, check_tokenizers, \
-    distill_losses, pairs_that_ran, teacher_blocks, teacher_data, teacher_fingerprint, training_device, _is_distill_out, \
-    is_distill_out, data_files, run_fingerprint, start_run, TARGETS_FILE, DistillTrainer, _maps, _resume_from, stream_training_args
+from .distill import (
+    DistillArgs,
+    Projections,
+    WithTeacherLogits,
+    check_encoder,
+    check_same_data,
+    check_tokenizers,
+    distill_losses,
+    pairs_that_ran,
+    teacher_blocks,
+    teacher_data,
+    teacher_fingerprint,
+    training_device,
+    _is_distill_out,
+    is_distill_out,
+    data_files,
+    run_fingerprint,
+    start_run,
+    TARGETS_FILE,
+    DistillTrainer,
+    _maps,
+    _resume_from,
+    stream_training_args,
+)
 from .depth_table import check_depth_sampling
 from .arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
@@ -67,7 +89,13 @@ def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str) -> t
     raise ValueError(f"--loss {kind!r}: choose one of {', '.join(EMBEDDING_LOSSES)}")
 
 
-_ACTIVATION_MODULES = {"Identity": nn.Identity, "Tanh": nn.Tanh, "Relu": nn.ReLU, "Sigmoid": nn.Sigmoid, "Gelu": nn.GELU}
+_ACTIVATION_MODULES = {
+    "Identity": nn.Identity,
+    "Tanh": nn.Tanh,
+    "Relu": nn.ReLU,
+    "Sigmoid": nn.Sigmoid,
+    "Gelu": nn.GELU,
+}
 
 
 def recipe_head(model_dir, recipe) -> nn.Module | None:
@@ -97,8 +125,11 @@ def student_head(student_dir, in_features: int, out_features: int, pooling: str)
     if recipe.pooling != pooling or len(dense) != 1:
         return None
     layer = dense[0]
-    if ACTIVATIONS[layer.activation] != "Identity" or not layer.bias \
-            or (layer.in_features, layer.out_features) != (in_features, out_features):
+    if (
+        ACTIVATIONS[layer.activation] != "Identity"
+        or not layer.bias
+        or (layer.in_features, layer.out_features) != (in_features, out_features)
+    ):
         return None
     w, b = read_dense_weights(student_dir, layer)
     head = nn.Linear(in_features, out_features)
@@ -143,8 +174,11 @@ def default_corpus() -> list[Path]:
     (``paths.packaged_corpus``: 2,482 WikiText-2 sentences)."""
     from ..formats.paths import packaged_corpus
 
-    files = [data_path("wikitext-2-raw", "wiki.valid.raw"), data_path("glue", "STS-B", "train.tsv"),
-             data_path("glue", "SST-2", "train.tsv")]
+    files = [
+        data_path("wikitext-2-raw", "wiki.valid.raw"),
+        data_path("glue", "STS-B", "train.tsv"),
+        data_path("glue", "SST-2", "train.tsv"),
+    ]
     return [f for f in files if f.is_file()] or [packaged_corpus()]
 
 
@@ -171,10 +205,12 @@ def read_sentences(sources, limit: int | None = None) -> list[str]:
                 if columns is None:
                     found = text_fields(fields)
                     if found is None:
-                        raise ValueError(f"{src}: a .tsv needs a GLUE header naming its text column (e.g. "
-                                         f"'sentence', 'sentence1') or CoLA's 4 fields; its first line has "
-                                         f"{len(fields)} field(s) and none of those names (a plain text file: "
-                                         f"give it another suffix)")
+                        raise ValueError(
+                            f"{src}: a .tsv needs a GLUE header naming its text column (e.g. "
+                            f"'sentence', 'sentence1') or CoLA's 4 fields; its first line has "
+                            f"{len(fields)} field(s) and none of those names (a plain text file: "
+                            f"give it another suffix)"
+                        )
                     columns, is_header = found
                     if is_header:
                         continue
@@ -235,8 +271,17 @@ class SentenceDataset(torch.utils.data.Dataset):
 
 
 @torch.no_grad()
-def encode(model, tokenizer, sentences: list[str], pooling: str, head=None, seq_len: int = 128,
-           batch_size: int = 64, normalize: bool = False, desc: str | None = None) -> np.ndarray:
+def encode(
+    model,
+    tokenizer,
+    sentences: list[str],
+    pooling: str,
+    head=None,
+    seq_len: int = 128,
+    batch_size: int = 64,
+    normalize: bool = False,
+    desc: str | None = None,
+) -> np.ndarray:
     """Sentence vectors ``(N, H)`` of a backbone (+ ``head``), batches sorted by length, in input order;
     ``desc``: show progress under that name (long passes: the teacher over the training sentences)."""
     from ..formats.bars import bar
@@ -245,9 +290,10 @@ def encode(model, tokenizer, sentences: list[str], pooling: str, head=None, seq_
     out = [None] * len(sentences)
     model.eval()
     for i in bar(range(0, len(order), batch_size), desc is not None, desc=desc, unit="batch"):
-        idx = order[i:i + batch_size]
-        enc = tokenizer([sentences[j] for j in idx], truncation=True, max_length=seq_len, padding=True,
-                        return_tensors="pt")
+        idx = order[i : i + batch_size]
+        enc = tokenizer(
+            [sentences[j] for j in idx], truncation=True, max_length=seq_len, padding=True, return_tensors="pt"
+        )
         enc = {k: v.to(model.device) for k, v in enc.items()}
         v = pool(model(**enc).last_hidden_state, enc["attention_mask"], pooling)
         if head is not None:
@@ -266,15 +312,18 @@ def sts_dev(limit: int | None = None):
     return read_split("stsb", data_path("glue", "STS-B"), "dev").head(limit)
 
 
-def sts_spearman(model, tokenizer, pooling: str, head=None, seq_len: int = 128, limit: int | None = None,
-                 desc: str | None = None) -> float:
+def sts_spearman(
+    model, tokenizer, pooling: str, head=None, seq_len: int = 128, limit: int | None = None, desc: str | None = None
+) -> float:
     """Spearman correlation of cosine similarities with the gold scores on :func:`sts_dev` (first ``limit``
     pairs); ``desc``: show progress under that name."""
     from .metrics import cosine_spearman
 
     split = sts_dev(limit)
-    a, b = (encode(model, tokenizer, texts, pooling, head, seq_len, desc=desc and f"{desc} (STS-B dev, {side})")
-            for side, texts in (("first", split.text_a), ("second", split.text_b)))
+    a, b = (
+        encode(model, tokenizer, texts, pooling, head, seq_len, desc=desc and f"{desc} (STS-B dev, {side})")
+        for side, texts in (("first", split.text_a), ("second", split.text_b))
+    )
     return cosine_spearman(a, b, split.labels)
 
 
@@ -327,10 +376,16 @@ class EmbeddingTrainer(DistillTrainer):
         if need_h or need_a:
             terms = replace(w, kl=0.0, hard=0.0)
             ran = len(out.attentions) if need_a else len(out.hidden_states) - 1  # fewer under depth sampling
-            pairs = pairs_that_ran(self.pairs, ran, model.config.num_hidden_layers,
-                                   self.teacher.config.num_hidden_layers)
-            parts = {k: v for k, v in distill_losses(out, t_out, inputs["attention_mask"], None, self.projections,
-                                                     terms, pairs, self.groups).items() if k != "loss"}
+            pairs = pairs_that_ran(
+                self.pairs, ran, model.config.num_hidden_layers, self.teacher.config.num_hidden_layers
+            )
+            parts = {
+                k: v
+                for k, v in distill_losses(
+                    out, t_out, inputs["attention_mask"], None, self.projections, terms, pairs, self.groups
+                ).items()
+                if k != "loss"
+            }
         parts["sentence"] = embedding_loss(s, targets, self.loss)
         for k, v in parts.items():
             self._parts[k] = float(v.detach())
@@ -338,8 +393,9 @@ class EmbeddingTrainer(DistillTrainer):
         return (total, out) if return_outputs else total
 
 
-def _teacher_targets(teacher, teacher_dir, head, tokenizer, sentences, pooling, seq_len, width: int, out: Path,
-                     progress: bool) -> np.ndarray:
+def _teacher_targets(
+    teacher, teacher_dir, head, tokenizer, sentences, pooling, seq_len, width: int, out: Path, progress: bool
+) -> np.ndarray:
     """The teacher's sentence vectors ``(N, width)``, kept in ``out`` under a key of the teacher's files
     (:func:`~.distill.teacher_fingerprint`), ``seq_len``, pooling and the sentences; a damaged file is recomputed."""
     key = hashlib.sha256("\n".join([*teacher_fingerprint(teacher_dir), str(seq_len), pooling, *sentences]).encode())
@@ -349,11 +405,22 @@ def _teacher_targets(teacher, teacher_dir, head, tokenizer, sentences, pooling, 
             cached = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError):  # truncated or not an array: recomputed and replaced below
             cached = None
-        if (cached is not None and cached.dtype.kind == "f" and cached.shape == (len(sentences), width)
-                and np.isfinite(cached).all()):
+        if (
+            cached is not None
+            and cached.dtype.kind == "f"
+            and cached.shape == (len(sentences), width)
+            and np.isfinite(cached).all()
+        ):
             return cached
-    t = encode(teacher, tokenizer, sentences, pooling, head, seq_len=seq_len,
-               desc=f"teacher over {len(sentences):,} training sentences" if progress else None)
+    t = encode(
+        teacher,
+        tokenizer,
+        sentences,
+        pooling,
+        head,
+        seq_len=seq_len,
+        desc=f"teacher over {len(sentences):,} training sentences" if progress else None,
+    )
     out.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, t)
@@ -375,8 +442,10 @@ def check_cut(vocab, manifest, weights, student_folder: bool):
     """The cut vocabulary's tokenizer, for a run that can use it: the student's inputs are its own tokens and the
     teacher's targets come from the teacher's tokens of the same sentences, so only sentence vectors of --train text."""
     if manifest is not None or student_folder or weights.hidden or weights.embedding or weights.attention:
-        raise ValueError("a cut vocabulary trains a new student on --train text with sentence vectors only (no --data, "
-                         "no student folder, no token-level terms): the teacher reads other tokens than the student")
+        raise ValueError(
+            "a cut vocabulary trains a new student on --train text with sentence vectors only (no --data, "
+            "no student folder, no token-level terms): the teacher reads other tokens than the student"
+        )
     return vocab.tokenizer
 
 
@@ -395,15 +464,19 @@ def build_student(student: str, overrides: dict, vocab_size: int):
             raise ValueError("--set shapes a new student from a preset; a model folder keeps its own shape")
         config = load_config(student)
         if config.vocab_size != vocab_size:
-            raise ValueError(f"the student {student} has vocab_size {config.vocab_size}, the teacher "
-                             f"{vocab_size}: they do not share a tokenizer")
+            raise ValueError(
+                f"the student {student} has vocab_size {config.vocab_size}, the teacher "
+                f"{vocab_size}: they do not share a tokenizer"
+            )
         return load_model(ShareBertModel, student, config)[0]
     if student not in PRESETS:
         raise ValueError(f"--student {student} is neither a model folder nor a preset ({', '.join(PRESETS)})")
     fields = {"pooler": "none", **STUDENT_DROPOUT, **overrides, "vocab_size": vocab_size}
     if overrides.get("vocab_size", vocab_size) != vocab_size:
-        raise ValueError(f"--set vocab_size={overrides['vocab_size']}: the student takes the teacher's vocabulary "
-                         f"({vocab_size} tokens)")
+        raise ValueError(
+            f"--set vocab_size={overrides['vocab_size']}: the student takes the teacher's vocabulary "
+            f"({vocab_size} tokens)"
+        )
     return ShareBertModel(ShareBertConfig.from_preset(student, **fields))
 
 
@@ -424,10 +497,23 @@ class _Teacher:
         return self.recipe.dense[-1].out_features if self.recipe.dense else self.model.config.hidden_size
 
 
-def distill_embedding(teacher_dir, student: str, out, train=None, args: EmbeddingArgs = EmbeddingArgs(),
-                      overrides: dict | None = None, overwrite: bool = False, resume: bool = False,
-                      progress: bool = True, data=None, eval_limit: int | None = None, callbacks=(),
-                      score_sts: bool = True, budget=None, vocab=None) -> dict:
+def distill_embedding(
+    teacher_dir,
+    student: str,
+    out,
+    train=None,
+    args: EmbeddingArgs = EmbeddingArgs(),
+    overrides: dict | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    data=None,
+    eval_limit: int | None = None,
+    callbacks=(),
+    score_sts: bool = True,
+    budget=None,
+    vocab=None,
+) -> dict:
     """Distil ``teacher_dir``'s sentence embeddings into ``student`` (a preset shaped by ``overrides``, or a
     model folder) on ``train`` text (default: :func:`default_corpus`) or a prepared ``data`` folder.
 
@@ -443,10 +529,15 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
     score_sts = score_sts and sts_available()  # STS-B is one more measure where the data folder has it
     _check_args(args, score_sts, eval_limit)
     student_folder = Path(student).exists()  # else a preset's name
-    inputs = (teacher_dir, *([data] if data is not None else []), *(train or []),
-              *([student] if student_folder else []))
-    out = check_out_dir(out, "distillation result", is_distill_out, overwrite or resume, inputs=inputs,
-                        legacy=_is_distill_out)
+    inputs = (
+        teacher_dir,
+        *([data] if data is not None else []),
+        *(train or []),
+        *([student] if student_folder else []),
+    )
+    out = check_out_dir(
+        out, "distillation result", is_distill_out, overwrite or resume, inputs=inputs, legacy=_is_distill_out
+    )
     start_from = _resume_from(out, resume)  # nothing to resume: said now, before any work
     t = _read_teacher(teacher_dir)
     manifest = check_data(data, train, t.tokenizer, teacher_dir)
@@ -462,33 +553,65 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
 
     # the teacher's learned positions past RoBERTa's offset (130 rows read 128 tokens): compress gives its student as
     # many positions as the teacher's config says, and asks for that length
-    seq_len = min(args.seq_len, model.config.max_position_embeddings, usable_length(t.model, t.tokenizer),
-                  t.recipe.max_seq_length or args.seq_len)
+    seq_len = min(
+        args.seq_len,
+        model.config.max_position_embeddings,
+        usable_length(t.model, t.tokenizer),
+        t.recipe.max_seq_length or args.seq_len,
+    )
     if manifest is not None:
-        sentences, train_ds = None, BlockDataset(teacher_blocks(data, manifest, t.tokenizer, seq_len,
-                                                                args.max_train_samples))
+        sentences, train_ds = (
+            None,
+            BlockDataset(teacher_blocks(data, manifest, t.tokenizer, seq_len, args.max_train_samples)),
+        )
     else:
         sentences, word_strings = _training_sentences(train, args, budget, start_from, t, model, s_tok, seq_len)
         train_ds = SentenceDataset(s_tok, sentences, seq_len)
     trained_on = _trained_on(train_ds, sentences, manifest, seq_len, student, student_folder, overrides)
     if start_from is not None:  # before the teacher's pass: --resume on other text is refused, not trained on
         check_same_data(Path(start_from), trained_on)
-    start_run(out, start_from is not None, run_fingerprint(teacher_dir, trained_on["student"],
-                                                           data_files(train, data, default_corpus()),
-                                                           f"embedding ({args.loss} loss)"))
+    start_run(
+        out,
+        start_from is not None,
+        run_fingerprint(
+            teacher_dir,
+            trained_on["student"],
+            data_files(train, data, default_corpus()),
+            f"embedding ({args.loss} loss)",
+        ),
+    )
     score = _scorer(score_sts, s_tok, t.recipe.pooling, seq_len, eval_limit, progress)
     metrics = _start_metrics(args, t, student, init, seq_len, len(train_ds), score_sts, eval_limit, data, vocab)
     if manifest is None and args.words:
         metrics["train_word_strings"] = word_strings
     metrics["teacher_sts_spearman"] = score(t.model, t.head, "teacher", t.tokenizer)
     fit = _take_own_head(student, student_folder, model, t, projections, args.init, metrics)
-    train_ds = _teacher_vectors(projections.head if fit else None, model, t, s_tok, sentences, train_ds,
-                                args.weights, seq_len, out, progress)
+    train_ds = _teacher_vectors(
+        projections.head if fit else None, model, t, s_tok, sentences, train_ds, args.weights, seq_len, out, progress
+    )
     metrics["start_sts_spearman"] = score(model, projections.head, "student at step 0")
-    trainer = _embedding_trainer(model, t, s_tok, train_ds, projections, pairs, groups, trained_on, args, out,
-                                 progress, budget, start_from, callbacks, packed=manifest is not None)
-    if (kept := kept_result(trainer, start_from, out, expect=(*metrics, "steps", "train_loss", "last_terms",
-                                                              "student_sts_spearman"))) is not None:
+    trainer = _embedding_trainer(
+        model,
+        t,
+        s_tok,
+        train_ds,
+        projections,
+        pairs,
+        groups,
+        trained_on,
+        args,
+        out,
+        progress,
+        budget,
+        start_from,
+        callbacks,
+        packed=manifest is not None,
+    )
+    if (
+        kept := kept_result(
+            trainer, start_from, out, expect=(*metrics, "steps", "train_loss", "last_terms", "student_sts_spearman")
+        )
+    ) is not None:
         return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=start_from)
@@ -503,8 +626,10 @@ def distill_embedding(teacher_dir, student: str, out, train=None, args: Embeddin
 def _check_args(args: EmbeddingArgs, score_sts: bool, eval_limit: int | None) -> None:
     """``ValueError`` for an option no run can take, before anything is read or made."""
     if score_sts and eval_limit is not None and eval_limit < 2:
-        raise ValueError(f"a Spearman correlation needs at least 2 STS-B dev pairs; --max-eval-samples / --eval-limit "
-                         f"is {eval_limit}")
+        raise ValueError(
+            f"a Spearman correlation needs at least 2 STS-B dev pairs; --max-eval-samples / --eval-limit "
+            f"is {eval_limit}"
+        )
     if args.loss not in EMBEDDING_LOSSES:
         raise ValueError(f"--loss {args.loss!r}: choose one of {', '.join(EMBEDDING_LOSSES)}")
     if args.init not in ("teacher", "random"):
@@ -520,8 +645,9 @@ def _read_teacher(teacher_dir) -> _Teacher:
     check_encoder(teacher_dir)
     recipe = read_recipe(teacher_dir)
     if recipe.pooling not in POOLING:
-        raise ValueError(f"the teacher pools by {recipe.pooling!r}; embedding distillation supports "
-                         f"{', '.join(POOLING)}")
+        raise ValueError(
+            f"the teacher pools by {recipe.pooling!r}; embedding distillation supports {', '.join(POOLING)}"
+        )
     config = teacher_config(teacher_dir)
     return _Teacher(teacher_dir, recipe, config, teacher_tokenizer(teacher_dir, config))
 
@@ -546,8 +672,9 @@ def _init_student(model, t: _Teacher, projections, init: str, student_folder: bo
         return {"init": "random"}
     from .student_init import init_from_teacher
 
-    return init_from_teacher(model, t.model, projections.head if t.head is None else None,
-                             rows=None if vocab is None else vocab.kept)
+    return init_from_teacher(
+        model, t.model, projections.head if t.head is None else None, rows=None if vocab is None else vocab.kept
+    )
 
 
 def _teacher_to_device(t: _Teacher) -> None:
@@ -558,41 +685,62 @@ def _teacher_to_device(t: _Teacher) -> None:
         t.head.to(device)
 
 
-def _training_sentences(train, args: EmbeddingArgs, budget, start_from, t: _Teacher, model, s_tok,
-                        seq_len: int) -> tuple[list[str], int]:
+def _training_sentences(
+    train, args: EmbeddingArgs, budget, start_from, t: _Teacher, model, s_tok, seq_len: int
+) -> tuple[list[str], int]:
     """The ``--train`` sentences (default: :func:`default_corpus`), at most ``IN_MEMORY`` unless
     ``--max-train-samples`` says, with ``args.words`` strings of the student's vocabulary words after each, and
     under a ``budget`` as many as its time allows; and how many of them are word strings."""
     sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY + 1)
     if not args.max_train_samples and len(sentences) > IN_MEMORY:  # refused now, not out of memory hours later
-        raise ValueError(f"--train holds over {IN_MEMORY:,} sentences, and each is kept in memory with its "
-                         f"teacher vector: pass --max-train-samples N, or `sharebert prepare --tokenizer "
-                         f"{t.dir}` the text and pass --data, which streams a corpus of any size")
+        raise ValueError(
+            f"--train holds over {IN_MEMORY:,} sentences, and each is kept in memory with its "
+            f"teacher vector: pass --max-train-samples N, or `sharebert prepare --tokenizer "
+            f"{t.dir}` the text and pass --data, which streams a corpus of any size"
+        )
     if args.words:
         from .corpus import vocabulary_words, with_word_strings
 
         real = set(sentences)
         sentences = with_word_strings(sentences, vocabulary_words(s_tok), args.words, args.seed)
     if budget is not None:  # the teacher's pass sized to the time (a resume: to the checkpoint's sentences)
-        sentences = sentences[:_budgeted_count(budget, start_from, t.model, model, t.tokenizer, t.head, sentences,
-                                               pooling=t.recipe.pooling, seq_len=seq_len, batch=args.batch_size,
-                                               student_tok=s_tok)]
+        sentences = sentences[
+            : _budgeted_count(
+                budget,
+                start_from,
+                t.model,
+                model,
+                t.tokenizer,
+                t.head,
+                sentences,
+                pooling=t.recipe.pooling,
+                seq_len=seq_len,
+                batch=args.batch_size,
+                student_tok=s_tok,
+            )
+        ]
     return sentences, (sum(x not in real for x in sentences) if args.words else 0)
 
 
-def _trained_on(train_ds, sentences, manifest, seq_len: int, student: str, student_folder: bool,
-                overrides: dict) -> dict:
+def _trained_on(
+    train_ds, sentences, manifest, seq_len: int, student: str, student_folder: bool, overrides: dict
+) -> dict:
     """What the run trains on and from, kept with its checkpoints (``distill.check_same_data``)."""
-    seen = "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{seq_len}"
-    return {"sentences": len(train_ds),
-            "sentences_sha256": hashlib.sha256(f"{len(train_ds)}|{seen}".encode()).hexdigest()[:16],
-            "student": (str(Path(student).resolve()) if student_folder else student)
-            + "".join(f" --set {k}={v}" for k, v in sorted(overrides.items()))}
+    seen = (
+        "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{seq_len}"
+    )
+    return {
+        "sentences": len(train_ds),
+        "sentences_sha256": hashlib.sha256(f"{len(train_ds)}|{seen}".encode()).hexdigest()[:16],
+        "student": (str(Path(student).resolve()) if student_folder else student)
+        + "".join(f" --set {k}={v}" for k, v in sorted(overrides.items())),
+    }
 
 
 def _scorer(score_sts: bool, tokenizer, pooling: str, seq_len: int, eval_limit: int | None, progress: bool):
     """``score(model, head, who, tok=tokenizer)``: the STS-B dev Spearman (:func:`sts_spearman`), None when
     the run does not score."""
+
     def score(model, head, who, tok=tokenizer):
         if not score_sts:
             return None
@@ -601,19 +749,38 @@ def _scorer(score_sts: bool, tokenizer, pooling: str, seq_len: int, eval_limit: 
     return score
 
 
-def _start_metrics(args: EmbeddingArgs, t: _Teacher, student: str, init: dict, seq_len: int, examples: int,
-                   score_sts: bool, eval_limit: int | None, data, vocab) -> dict:
+def _start_metrics(
+    args: EmbeddingArgs,
+    t: _Teacher,
+    student: str,
+    init: dict,
+    seq_len: int,
+    examples: int,
+    score_sts: bool,
+    eval_limit: int | None,
+    data,
+    vocab,
+) -> dict:
     """The metrics known before training: the recipe, the student, its start and the data."""
-    return {"objective": "embedding", "loss": args.loss, "pooling": t.recipe.pooling,
-            "normalize": t.recipe.normalize, "teacher_dir": str(t.dir), "student": student, **init,
-            "seq_len": seq_len, "train_sentences": examples,
-            "sts_dev_pairs": len(sts_dev(eval_limit).labels) if score_sts else None,
-            **({"train_data": str(data)} if data is not None else {}),
-            **({"vocabulary": vocab.as_dict()} if vocab is not None else {})}
+    return {
+        "objective": "embedding",
+        "loss": args.loss,
+        "pooling": t.recipe.pooling,
+        "normalize": t.recipe.normalize,
+        "teacher_dir": str(t.dir),
+        "student": student,
+        **init,
+        "seq_len": seq_len,
+        "train_sentences": examples,
+        "sts_dev_pairs": len(sts_dev(eval_limit).labels) if score_sts else None,
+        **({"train_data": str(data)} if data is not None else {}),
+        **({"vocabulary": vocab.as_dict()} if vocab is not None else {}),
+    }
 
 
-def _take_own_head(student: str, student_folder: bool, model, t: _Teacher, projections, init: str,
-                   metrics: dict) -> bool:
+def _take_own_head(
+    student: str, student_folder: bool, model, t: _Teacher, projections, init: str, metrics: dict
+) -> bool:
     """A student folder keeps its own output head (said in ``metrics``); otherwise the new head is fitted, on a
     resume too (the checkpoint then replaces it): the step-0 score is the run's, not a random head's. Whether
     ``projections.head`` is to be fitted."""
@@ -624,8 +791,18 @@ def _take_own_head(student: str, student_folder: bool, model, t: _Teacher, proje
     return projections.head is not None and init == "teacher" and own is None
 
 
-def _teacher_vectors(head: nn.Linear | None, model, t: _Teacher, s_tok, sentences, train_ds, weights,
-                     seq_len: int, out: Path, progress: bool):
+def _teacher_vectors(
+    head: nn.Linear | None,
+    model,
+    t: _Teacher,
+    s_tok,
+    sentences,
+    train_ds,
+    weights,
+    seq_len: int,
+    out: Path,
+    progress: bool,
+):
     """The teacher's vectors the run needs before training; returns the training set (with the vectors where
     the teacher runs once). ``head``: the student's output projection to fit, None for none."""
     if sentences is None:  # --data: the teacher runs on each batch; the head is fitted on the first blocks
@@ -638,26 +815,64 @@ def _teacher_vectors(head: nn.Linear | None, model, t: _Teacher, s_tok, sentence
 def _fit_head_on_blocks(head: nn.Linear, model, t: _Teacher, train_ds: BlockDataset) -> None:
     """The student's output projection fitted on the first ``HEAD_FIT`` packed blocks."""
     n = min(HEAD_FIT, len(train_ds))
-    fit_head(head, encode_blocks(model, train_ds.blocks, n, t.recipe.pooling),
-             encode_blocks(t.model, train_ds.blocks, n, t.recipe.pooling, t.head))
+    fit_head(
+        head,
+        encode_blocks(model, train_ds.blocks, n, t.recipe.pooling),
+        encode_blocks(t.model, train_ds.blocks, n, t.recipe.pooling, t.head),
+    )
 
 
-def _fit_head_on_sentences(head: nn.Linear | None, model, t: _Teacher, s_tok, sentences, train_ds, weights,
-                           seq_len: int, out: Path, progress: bool):
+def _fit_head_on_sentences(
+    head: nn.Linear | None,
+    model,
+    t: _Teacher,
+    s_tok,
+    sentences,
+    train_ds,
+    weights,
+    seq_len: int,
+    out: Path,
+    progress: bool,
+):
     """The teacher's vectors of the sentences: the student's output ``head`` (None: no fit) fitted on the first
     ``HEAD_FIT``; without token-level terms every sentence's, kept with the training set, which is returned."""
     live = weights.hidden or weights.embedding or weights.attention  # the teacher runs on each batch
     pooling = t.recipe.pooling
     if head is not None or not live:  # with live terms the vectors are only for the fit
-        targets = _teacher_targets(t.model, t.dir, t.head, t.tokenizer, sentences[:HEAD_FIT] if live else sentences,
-                                   pooling, seq_len, t.width, out, progress)
+        targets = _teacher_targets(
+            t.model,
+            t.dir,
+            t.head,
+            t.tokenizer,
+            sentences[:HEAD_FIT] if live else sentences,
+            pooling,
+            seq_len,
+            t.width,
+            out,
+            progress,
+        )
     if head is not None:
         fit_head(head, encode(model, s_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len), targets[:HEAD_FIT])
     return train_ds if live else WithTeacherLogits(train_ds, targets)
 
 
-def _embedding_trainer(model, t: _Teacher, s_tok, train_ds, projections, pairs, groups, trained_on: dict,
-                       args: EmbeddingArgs, out: Path, progress: bool, budget, start_from, callbacks, packed: bool):
+def _embedding_trainer(
+    model,
+    t: _Teacher,
+    s_tok,
+    train_ds,
+    projections,
+    pairs,
+    groups,
+    trained_on: dict,
+    args: EmbeddingArgs,
+    out: Path,
+    progress: bool,
+    budget,
+    start_from,
+    callbacks,
+    packed: bool,
+):
     """The embedding trainer, bound by ``--max-time`` (under a ``budget``: what the budget leaves training) and
     ``--max-steps``, marking its checkpoints. ``packed``: the training rows are --data's blocks, all one length."""
     from .callbacks import MarkCheckpoints, WallClockLimit
@@ -670,11 +885,25 @@ def _embedding_trainer(model, t: _Teacher, s_tok, train_ds, projections, pairs, 
     if budget is not None and start_from is None:  # training gets what the command's budget leaves
         clock = WallClockLimit(budget.training_seconds())
     trainer = EmbeddingTrainer(
-        model=model, args=targs, train_dataset=train_ds, processing_class=s_tok,
-        data_collator=_Collator(s_tok), teacher=t.model, projections=projections, weights=args.weights,
-        pairs=pairs, groups=groups, callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks],
-        data=trained_on, pooling=t.recipe.pooling, loss=args.loss, teacher_head=t.head,
-        limit=clock, max_steps=args.max_steps, progress=progress)
+        model=model,
+        args=targs,
+        train_dataset=train_ds,
+        processing_class=s_tok,
+        data_collator=_Collator(s_tok),
+        teacher=t.model,
+        projections=projections,
+        weights=args.weights,
+        pairs=pairs,
+        groups=groups,
+        callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks],
+        data=trained_on,
+        pooling=t.recipe.pooling,
+        loss=args.loss,
+        teacher_head=t.head,
+        limit=clock,
+        max_steps=args.max_steps,
+        progress=progress,
+    )
     return trainer
 
 
@@ -690,8 +919,12 @@ def padded_tokens(lengths, batch: int = 64) -> int:
     """Tokens, padding included, of a pass over texts of these token ``lengths`` sorted by length in batches of
     ``batch`` (as :func:`encode` runs): each batch costs its longest text times its size."""
     ordered = np.sort(np.asarray(lengths, dtype=np.int64))
-    return int(sum(ordered[min(i + batch, len(ordered)) - 1] * min(batch, len(ordered) - i)
-                   for i in range(0, len(ordered), batch)))
+    return int(
+        sum(
+            ordered[min(i + batch, len(ordered)) - 1] * min(batch, len(ordered) - i)
+            for i in range(0, len(ordered), batch)
+        )
+    )
 
 
 def _teacher_rate(teacher, tok, sentences, pooling: str, head, seq_len: int) -> float:
@@ -701,7 +934,7 @@ def _teacher_rate(teacher, tok, sentences, pooling: str, head, seq_len: int) -> 
     sample's few batches carry much (one batch of the first 64 texts read a 600 s compress's pass 3x slow)."""
     import time
 
-    spread = sentences[::max(1, len(sentences) // LENGTH_SAMPLE)][:LENGTH_SAMPLE]
+    spread = sentences[:: max(1, len(sentences) // LENGTH_SAMPLE)][:LENGTH_SAMPLE]
     lengths = [len(ids) for ids in tok(spread, truncation=True, max_length=seq_len)["input_ids"]]
     every = slice(None, None, max(1, len(spread) // RATE_SAMPLE))
     sample, sample_lengths = spread[every][:RATE_SAMPLE], lengths[every][:RATE_SAMPLE]
@@ -712,8 +945,9 @@ def _teacher_rate(teacher, tok, sentences, pooling: str, head, seq_len: int) -> 
     return len(spread) / (per_token * padded_tokens(lengths))
 
 
-def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, pooling: str, seq_len: int,
-                    batch: int, student_tok=None) -> int:
+def _budgeted_count(
+    budget, start_from, teacher, model, tok, head, sentences, pooling: str, seq_len: int, batch: int, student_tok=None
+) -> int:
     """How many of ``sentences`` a run under ``budget`` (``compress.TimeBudget``) takes: a resumed run, its
     checkpoint's count (its sentences must be the same); otherwise measured first, the teacher's rate on
     ``RATE_SAMPLE`` sentences and one student step on a batch, then ``budget.plan`` (which prints the plan line)."""
@@ -729,8 +963,9 @@ def _budgeted_count(budget, start_from, teacher, model, tok, head, sentences, po
             saved = None
         return saved if isinstance(saved, int) and saved > 0 else len(sentences)
     rate = _teacher_rate(teacher, tok, sentences, pooling, head, seq_len)
-    enc = (student_tok or tok)(sentences[:batch], truncation=True, max_length=seq_len, padding=True,
-                               return_tensors="pt")  # the student's own tokens (a cut vocabulary)
+    enc = (student_tok or tok)(
+        sentences[:batch], truncation=True, max_length=seq_len, padding=True, return_tensors="pt"
+    )  # the student's own tokens (a cut vocabulary)
     model.train()
     start = time.monotonic()
     model(**{k: v.to(model.device) for k, v in enc.items()}).last_hidden_state.float().pow(2).mean().backward()
@@ -773,7 +1008,12 @@ def save_student(model, head, tokenizer, out: Path, teacher_recipe, seq_len: int
     if head is not None:
         dense = (DenseLayer("2_Dense", head.in_features, head.out_features, True, "torch.nn.modules.linear.Identity"),)
         weights = [(head.weight.detach().cpu().numpy(), head.bias.detach().cpu().numpy())]
-    recipe = EmbeddingRecipe(pooling=teacher_recipe.pooling, normalize=teacher_recipe.normalize, dense=dense,
-                             max_seq_length=seq_len, do_lower_case=teacher_recipe.do_lower_case,
-                             source="modules.json")
+    recipe = EmbeddingRecipe(
+        pooling=teacher_recipe.pooling,
+        normalize=teacher_recipe.normalize,
+        dense=dense,
+        max_seq_length=seq_len,
+        do_lower_case=teacher_recipe.do_lower_case,
+        source="modules.json",
+    )
     write_recipe(out, recipe, weights, hidden_size=model.config.hidden_size)

@@ -3,6 +3,7 @@
 ``EncodedSplit`` is a torch ``Dataset`` of tokenized examples; ``evaluate_split`` scores a classifier
 on one, mapping the model's classes onto the task's by label name.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,16 +36,23 @@ def encode(split: GlueSplit, tokenizer, seq_len: int, chunk: int = 8192, progres
     enc: dict[str, list] = {}
     starts = range(0, len(split), chunk)
     for s in bar(starts, desc=f"tokenize {split.path.name}", progress=progress and len(starts) > 1, leave=False):
-        a = split.text_a[s:s + chunk]
-        b = split.text_b[s:s + chunk] if split.text_b is not None else None
+        a = split.text_a[s : s + chunk]
+        b = split.text_b[s : s + chunk] if split.text_b is not None else None
         out = tokenizer(a, b, truncation=True, max_length=seq_len)
         for k, v in out.items():
             enc.setdefault(k, []).extend(v)
     return EncodedSplit(enc, list(split.labels))
 
 
-def encoded_task(task: GlueTask, data_dir, tokenizer, seq_len: int, max_train: int | None = None,
-                 max_eval: int | None = None, progress: bool = True) -> tuple[GlueSplit, EncodedSplit, dict]:
+def encoded_task(
+    task: GlueTask,
+    data_dir,
+    tokenizer,
+    seq_len: int,
+    max_train: int | None = None,
+    max_eval: int | None = None,
+    progress: bool = True,
+) -> tuple[GlueSplit, EncodedSplit, dict]:
     """A task's train split (read and encoded) and its dev splits ``{name: EncodedSplit}``, every file read
     and checked before any training starts; a classification train split of one class is refused."""
     from .glue import read_split
@@ -53,23 +61,34 @@ def encoded_task(task: GlueTask, data_dir, tokenizer, seq_len: int, max_train: i
     devs = {s: read_split(task, data_dir, s).head(max_eval) for s in task.dev_splits}
     if not task.is_regression and len(set(train.labels)) < 2:
         raise ValueError(f"{train.path}: the training examples hold a single class; nothing to learn")
-    return (train, encode(train, tokenizer, seq_len, progress=progress),
-            {s: encode(d, tokenizer, seq_len, progress=progress) for s, d in devs.items()})
+    return (
+        train,
+        encode(train, tokenizer, seq_len, progress=progress),
+        {s: encode(d, tokenizer, seq_len, progress=progress) for s, d in devs.items()},
+    )
 
 
 def _batches(ds: EncodedSplit, batch_size: int, pad_id: int, device, order):
     """Padded tensors ``(B, T)`` per batch of the examples ``order`` lists, in that order."""
     keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in ds.encodings]
     for s in range(0, len(ds), batch_size):
-        rows = {k: [ds.encodings[k][i] for i in order[s:s + batch_size]] for k in keys}
+        rows = {k: [ds.encodings[k][i] for i in order[s : s + batch_size]] for k in keys}
         T = max(len(r) for r in rows["input_ids"])
         fill = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
         yield {k: torch.tensor([r + [fill[k]] * (T - len(r)) for r in v], device=device) for k, v in rows.items()}
 
 
 @torch.no_grad()
-def predict_logits(model, ds: EncodedSplit, batch_size: int = 64, noise: float = 0.0, mean_norm: float | None = None,
-                   seed: int = 0, progress: bool = True, depth: int | None = None) -> np.ndarray:
+def predict_logits(
+    model,
+    ds: EncodedSplit,
+    batch_size: int = 64,
+    noise: float = 0.0,
+    mean_norm: float | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    depth: int | None = None,
+) -> np.ndarray:
     """Logits ``(N, num_labels)`` in dataset order; with ``noise > 0`` Gaussian noise is added to the input
     embeddings (batches in dataset order, so a seed draws the same noise); without, batches run sorted by length
     (less padding: the teacher's pass over a training set is several times faster). ``depth``: run only the
@@ -81,9 +100,13 @@ def predict_logits(model, ds: EncodedSplit, batch_size: int = 64, noise: float =
     ids = ds.encodings["input_ids"]
     order = np.arange(len(ids)) if noise > 0 else np.argsort([len(r) for r in ids], kind="stable")
     out = []
-    for batch in bar(_batches(ds, batch_size, model.config.pad_token_id or 0, device, order),
-                     total=math.ceil(len(ds) / batch_size),
-                     desc="evaluate", progress=progress, leave=False):
+    for batch in bar(
+        _batches(ds, batch_size, model.config.pad_token_id or 0, device, order),
+        total=math.ceil(len(ds) / batch_size),
+        desc="evaluate",
+        progress=progress,
+        leave=False,
+    ):
         if noise > 0:
             x = embed(batch.pop("input_ids"))
             sigma = noise * mean_norm / math.sqrt(x.shape[-1])
@@ -108,8 +131,10 @@ def label_map(model_config, task: GlueTask) -> np.ndarray:
     if task.is_regression or model_config.num_labels == 1:
         if task.is_regression and model_config.num_labels == 1:
             return np.zeros(1, dtype=np.int64)
-        raise ValueError(f"a {model_config.num_labels}-label model cannot be scored on {task.name} "
-                         f"({'regression' if task.is_regression else 'classification'})")
+        raise ValueError(
+            f"a {model_config.num_labels}-label model cannot be scored on {task.name} "
+            f"({'regression' if task.is_regression else 'classification'})"
+        )
     names = [model_config.id2label[i] for i in range(model_config.num_labels)]
     mapped = [COLLAPSE.get(n, n) if n not in task.label_names else n for n in names]
     if not all(m in task.label_names for m in mapped):
@@ -117,9 +142,17 @@ def label_map(model_config, task: GlueTask) -> np.ndarray:
     return np.array([task.label_names.index(m) for m in mapped])
 
 
-def evaluate_split(model, ds: EncodedSplit, task: GlueTask, batch_size: int = 64, noise: float = 0.0,
-                   mean_norm: float | None = None, seed: int = 0, progress: bool = True,
-                   depth: int | None = None) -> dict[str, float]:
+def evaluate_split(
+    model,
+    ds: EncodedSplit,
+    task: GlueTask,
+    batch_size: int = 64,
+    noise: float = 0.0,
+    mean_norm: float | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    depth: int | None = None,
+) -> dict[str, float]:
     """The task's metrics of ``model`` on ``ds`` (model classes mapped onto the task's by label name), at ``depth``."""
     logits = predict_logits(model, ds, batch_size, noise, mean_norm, seed, progress, depth)
     preds = predictions_from_logits(logits, task.is_regression)
@@ -128,7 +161,9 @@ def evaluate_split(model, ds: EncodedSplit, task: GlueTask, batch_size: int = 64
     return task_metrics(task.metrics, preds, np.asarray(ds.labels))
 
 
-def evaluate_dev(model, dev_sets: dict, task: GlueTask, batch_size: int = 64, progress: bool = True) -> dict[str, float]:
+def evaluate_dev(
+    model, dev_sets: dict, task: GlueTask, batch_size: int = 64, progress: bool = True
+) -> dict[str, float]:
     """The task's metrics on each dev split (:func:`evaluate_split`): the first's as they are, a second's (MNLI's
     mismatched) suffixed ``_mismatched``."""
     out = {}

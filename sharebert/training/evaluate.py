@@ -12,6 +12,7 @@
 - ``cross_domain({task: model_dir})``: Kowsher Table 6, accuracy of each model on each other task
   whose labels it can name (same label space; MNLI's contradiction/neutral count as not_entailment).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,8 @@ from .glue import TASKS, GlueTask, get_task, read_split
 from .arguments import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
 
 
-
 # ---------------------------------------------------------------- classification
+
 
 def load_finetuned(model_dir: str | Path):
     """A fine-tuned ``ShareBertForSequenceClassification`` (eval mode, on GPU when present) and its tokenizer."""
@@ -39,8 +40,10 @@ def load_finetuned(model_dir: str | Path):
 
     config = load_config(model_dir)
     if "ShareBertForSequenceClassification" not in (config.architectures or []):
-        raise ValueError(f"{model_dir} holds a {', '.join(config.architectures or ['bare'])} model, not a fine-tuned "
-                         f"classifier; run `sharebert finetune` first")
+        raise ValueError(
+            f"{model_dir} holds a {', '.join(config.architectures or ['bare'])} model, not a fine-tuned "
+            f"classifier; run `sharebert finetune` first"
+        )
     tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))
     model = load_model(ShareBertForSequenceClassification, model_dir, config)[0]
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval(), tokenizer
@@ -49,12 +52,20 @@ def load_finetuned(model_dir: str | Path):
 def _dev_sets(task: GlueTask, data_dir, tokenizer, config, max_eval_samples, progress):
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task.folder)
     seq_len = min(128, config.max_position_embeddings)
-    return {s: encode(read_split(task, data_dir, s).head(max_eval_samples), tokenizer, seq_len, progress=progress)
-            for s in task.dev_splits}
+    return {
+        s: encode(read_split(task, data_dir, s).head(max_eval_samples), tokenizer, seq_len, progress=progress)
+        for s in task.dev_splits
+    }
 
 
-def evaluate_glue(model_dir: str | Path, task: str, data_dir: str | Path | None = None, max_eval_samples: int | None = None,
-                  batch_size: int = 64, progress: bool = True) -> dict[str, float]:
+def evaluate_glue(
+    model_dir: str | Path,
+    task: str,
+    data_dir: str | Path | None = None,
+    max_eval_samples: int | None = None,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> dict[str, float]:
     """Dev metrics of a fine-tuned model; MNLI's mismatched set adds ``<metric>_mismatched`` keys."""
     task_ = get_task(task)
     model, tokenizer = load_finetuned(model_dir)
@@ -67,9 +78,16 @@ def evaluate_glue(model_dir: str | Path, task: str, data_dir: str | Path | None 
     return out
 
 
-def noise_robustness(model_dir: str | Path, task: str, data_dir: str | Path | None = None, levels=NOISE_LEVELS,
-                     max_eval_samples: int | None = None, batch_size: int = 64, seed: int = 0,
-                     progress: bool = True) -> dict:
+def noise_robustness(
+    model_dir: str | Path,
+    task: str,
+    data_dir: str | Path | None = None,
+    levels=NOISE_LEVELS,
+    max_eval_samples: int | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Kowsher Table 5: ``{"task", "mean_norm", "rows": [{"level", <metrics>}...]}`` on the (first) dev set."""
     task_ = get_task(task)
     model, tokenizer = load_finetuned(model_dir)
@@ -79,12 +97,19 @@ def noise_robustness(model_dir: str | Path, task: str, data_dir: str | Path | No
     for level in bar(levels, desc="noise levels", progress=progress):
         if not 0 <= level <= 1:
             raise ValueError(f"noise level {level} is outside 0..1 (a fraction of the mean embedding norm)")
-        rows.append({"level": float(level), **evaluate_split(model, ds, task_, batch_size, level, norm, seed, progress=False)})
+        rows.append(
+            {"level": float(level), **evaluate_split(model, ds, task_, batch_size, level, norm, seed, progress=False)}
+        )
     return {"task": task_.name, "mean_norm": norm, "eval_samples": len(ds), "rows": rows}
 
 
-def cross_domain(models: dict[str, str | Path], data_dirs: dict[str, str | Path] | None = None,
-                 max_eval_samples: int | None = None, batch_size: int = 64, progress: bool = True) -> dict:
+def cross_domain(
+    models: dict[str, str | Path],
+    data_dirs: dict[str, str | Path] | None = None,
+    max_eval_samples: int | None = None,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> dict:
     """Kowsher Table 6: ``{"tasks", "matrix": {trained_on: {evaluated_on: accuracy or None}}}``.
 
     A cell is None when the model's labels do not fit the evaluated task's label space.
@@ -108,9 +133,17 @@ def cross_domain(models: dict[str, str | Path], data_dirs: dict[str, str | Path]
             except ValueError:
                 row[eval_task] = None
                 continue
-            ds = next(iter(_dev_sets(task, data_dirs.get(eval_task), tokenizer, model.config, max_eval_samples, progress).values()))
+            ds = next(
+                iter(
+                    _dev_sets(
+                        task, data_dirs.get(eval_task), tokenizer, model.config, max_eval_samples, progress
+                    ).values()
+                )
+            )
             metric = task.main_metric if task.is_regression else "accuracy"
-            row[eval_task] = evaluate_split(model, ds, replace(task, metrics=(metric,)), batch_size, progress=progress)[metric]
+            row[eval_task] = evaluate_split(model, ds, replace(task, metrics=(metric,)), batch_size, progress=progress)[
+                metric
+            ]
         matrix[train_task] = row
     return {"tasks": tasks, "matrix": matrix}
 
@@ -161,8 +194,9 @@ def read_wordsim(path: str | Path, columns: tuple[int, int, int] = (0, 1, 2)) ->
             try:
                 rows.append((fields[a], fields[b], float(fields[s])))
             except (IndexError, ValueError):
-                raise ValueError(f"{path}, line {lineno}: expected word1, word2 and a numeric score in fields "
-                                 f"{a}, {b}, {s}") from None
+                raise ValueError(
+                    f"{path}, line {lineno}: expected word1, word2 and a numeric score in fields {a}, {b}, {s}"
+                ) from None
     if not rows:
         raise ValueError(f"{path}: no word pairs")
     return rows
@@ -199,8 +233,14 @@ def word_similarity(model, tokenizer, sets: list[str] | None = None, multi_token
                 gold.append(score)
                 counts["used_multi"] += "multi" in (s1, s2)
         rho = float(stats.spearmanr(sims, gold)[0]) if len(sims) > 1 else float("nan")
-        results[name] = {"spearman": rho, "pairs": len(rows), "used": counts["ok"], "used_multitoken": counts["used_multi"],
-                         "skipped_oov": counts["oov"], "skipped_multitoken": counts["multi"]}
+        results[name] = {
+            "spearman": rho,
+            "pairs": len(rows),
+            "used": counts["ok"],
+            "used_multitoken": counts["used_multi"],
+            "skipped_oov": counts["oov"],
+            "skipped_multitoken": counts["multi"],
+        }
     return results
 
 
@@ -227,14 +267,24 @@ def read_analogy(path: str | Path) -> list[tuple[str, tuple[str, str, str, str]]
 def _candidate_ids(tokenizer, rows: int) -> torch.Tensor:
     """Whole-word vocabulary entries (no specials, [unusedN] or ## pieces) that have an embedding row."""
     special = set(tokenizer.all_special_tokens)
-    ids = [i for t, i in tokenizer.get_vocab().items()
-           if i < rows and t not in special and not t.startswith("##") and not (t.startswith("[") and t.endswith("]"))]
+    ids = [
+        i
+        for t, i in tokenizer.get_vocab().items()
+        if i < rows and t not in special and not t.startswith("##") and not (t.startswith("[") and t.endswith("]"))
+    ]
     return torch.tensor(sorted(ids))
 
 
 @torch.no_grad()
-def word_analogy(model, tokenizer, path: str | Path | None = None, batch_size: int = 512, progress: bool = True,
-                 multi_token: str = "mean", max_questions: int | None = None) -> dict:
+def word_analogy(
+    model,
+    tokenizer,
+    path: str | Path | None = None,
+    batch_size: int = 512,
+    progress: bool = True,
+    multi_token: str = "mean",
+    max_questions: int | None = None,
+) -> dict:
     """3CosAdd accuracy: ``d* = argmax_w cos(w, b - a + c)`` over whole-word tokens except a, b, c.
 
     ``a``, ``b``, ``c`` that WordPiece splits get vectors by ``multi_token`` (:data:`MULTI_TOKEN`); the
@@ -264,20 +314,27 @@ def word_analogy(model, tokenizer, path: str | Path | None = None, batch_size: i
             used_sections.append(section)
             counts["used_multi"] += "multi" in status
     correct = np.zeros(len(answers), dtype=bool)
-    for s in bar(range(0, len(answers), batch_size), desc="analogy", progress=progress and len(answers) > batch_size,
-                 leave=False):
-        scores = torch.stack(vectors[s:s + batch_size]) @ cand_emb.T  # (B, |cand|)
-        skip = torch.tensor(excluded[s:s + batch_size])
+    for s in bar(
+        range(0, len(answers), batch_size), desc="analogy", progress=progress and len(answers) > batch_size, leave=False
+    ):
+        scores = torch.stack(vectors[s : s + batch_size]) @ cand_emb.T  # (B, |cand|)
+        skip = torch.tensor(excluded[s : s + batch_size])
         for col in skip.unbind(-1):  # exclude the question words (those that are one token)
             scores[(cand[None, :] == col[:, None])] = -math.inf
-        correct[s:s + len(skip)] = (cand[scores.argmax(-1)] == torch.tensor(answers[s:s + batch_size])).numpy()
+        correct[s : s + len(skip)] = (cand[scores.argmax(-1)] == torch.tensor(answers[s : s + batch_size])).numpy()
     sections = {}
     for name in dict.fromkeys(used_sections):
         mask = np.array([u == name for u in used_sections])
         sections[name] = float(correct[mask].mean())
-    return {"accuracy": float(correct.mean()) if len(answers) else float("nan"), "questions": len(questions),
-            "used": counts["ok"], "used_multitoken": counts["used_multi"], "skipped_oov": counts["oov"],
-            "skipped_multitoken": counts["multi"], "sections": sections}
+    return {
+        "accuracy": float(correct.mean()) if len(answers) else float("nan"),
+        "questions": len(questions),
+        "used": counts["ok"],
+        "used_multitoken": counts["used_multi"],
+        "skipped_oov": counts["oov"],
+        "skipped_multitoken": counts["multi"],
+        "sections": sections,
+    }
 
 
 def load_any(model_dir: str | Path):
@@ -287,4 +344,3 @@ def load_any(model_dir: str | Path):
     config = load_config(model_dir)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))
     return load_model(ShareBertModel, model_dir, config, add_pooling_layer=False)[0].eval(), tokenizer
-

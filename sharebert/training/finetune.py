@@ -7,6 +7,7 @@ reference fine-tuning recipe (SPEC section 6): lr 5e-5, batch 64, 5 epochs, poly
 ``eval_steps``) and the best checkpoint by the task's metric is kept; ``out`` receives that model,
 its tokenizer, ``metrics.json`` (written last) and ``log_history.json``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,15 @@ from transformers import Trainer
 from ..formats.model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from sharebert_runtime.outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out
 from ..formats.paths import data_path
-from .callbacks import (FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps, kept_result, resume_from, start_checkpoints,
-                        write_results)
+from .callbacks import (
+    FitsCheckpoint,
+    MarkCheckpoints,
+    StopsAtMaxSteps,
+    kept_result,
+    resume_from,
+    start_checkpoints,
+    write_results,
+)
 from .depth_table import check_depth_sampling
 from .encoded import encoded_task, evaluate_dev
 from .fingerprint import run_fingerprint
@@ -65,8 +73,14 @@ def _unfinished(path: Path) -> bool:
     return path.is_dir() and _is_finetune_out(path) and not (path / "metrics.json").is_file()
 
 
-def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: bool, save_only_model: bool = True,
-                       keep_columns: bool = False):
+def task_training_args(
+    args: FinetuneArgs,
+    out: Path,
+    task: GlueTask,
+    progress: bool,
+    save_only_model: bool = True,
+    keep_columns: bool = False,
+):
     """The Trainer's arguments for a run over a GLUE task: checkpoints under ``out/checkpoints``, the dev set
     scored every epoch (or ``eval_steps``), the best checkpoint by the task's metric kept and reloaded (the
     rotation is :class:`~.callbacks.MarkCheckpoints`' with ``keep=1``, after the marker),
@@ -79,29 +93,58 @@ def task_training_args(args: FinetuneArgs, out: Path, task: GlueTask, progress: 
     strategy = "steps" if args.eval_steps else "epoch"
     return TrainingArguments(
         output_dir=str(out / "checkpoints"),
-        learning_rate=args.lr, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=max(args.batch_size, 64),
-        num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
-        lr_scheduler_type="polynomial", warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        eval_strategy=strategy, save_strategy=strategy, eval_steps=args.eval_steps, save_steps=args.eval_steps,
-        load_best_model_at_end=True, metric_for_best_model=task.main_metric, greater_is_better=True,
-        save_total_limit=None, save_only_model=save_only_model, logging_steps=max(1, min(50, args.eval_steps or 50)),
-        seed=args.seed, bf16=bf16, fp16=cuda and not bf16, report_to="none", disable_tqdm=no_bars(progress),
-        dataloader_num_workers=0, dataloader_pin_memory=cuda, remove_unused_columns=not keep_columns,
+        learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=max(args.batch_size, 64),
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps or -1,
+        lr_scheduler_type="polynomial",
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        eval_strategy=strategy,
+        save_strategy=strategy,
+        eval_steps=args.eval_steps,
+        save_steps=args.eval_steps,
+        load_best_model_at_end=True,
+        metric_for_best_model=task.main_metric,
+        greater_is_better=True,
+        save_total_limit=None,
+        save_only_model=save_only_model,
+        logging_steps=max(1, min(50, args.eval_steps or 50)),
+        seed=args.seed,
+        bf16=bf16,
+        fp16=cuda and not bf16,
+        report_to="none",
+        disable_tqdm=no_bars(progress),
+        dataloader_num_workers=0,
+        dataloader_pin_memory=cuda,
+        remove_unused_columns=not keep_columns,
     )
 
 
 def metrics_for(task: GlueTask):
     """The Trainer's ``compute_metrics`` for ``task``; NaN scores as -1, so NaN never wins "best"."""
+
     def compute_metrics(pred):
-        scores = task_metrics(task.metrics, predictions_from_logits(pred.predictions, task.is_regression), pred.label_ids)
+        scores = task_metrics(
+            task.metrics, predictions_from_logits(pred.predictions, task.is_regression), pred.label_ids
+        )
         return {k: (-1.0 if math.isnan(v) else v) for k, v in scores.items()}
 
     return compute_metrics
 
 
-def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | Path | None = None,
-             args: FinetuneArgs = FinetuneArgs(), overwrite: bool = False, keep_checkpoints: bool = False,
-             progress: bool = True, resume: bool = False) -> dict:
+def finetune(
+    model_dir: str | Path,
+    task: str,
+    out: str | Path,
+    data_dir: str | Path | None = None,
+    args: FinetuneArgs = FinetuneArgs(),
+    overwrite: bool = False,
+    keep_checkpoints: bool = False,
+    progress: bool = True,
+    resume: bool = False,
+) -> dict:
     """Fine-tune ``model_dir`` on ``task`` (data from ``data_dir``, default ``glue/<Task>``); returns the metrics.
 
     The returned dict (also ``out/metrics.json``) holds the task's dev metrics of the best checkpoint
@@ -112,8 +155,14 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
     """
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
-    out = check_out_dir(out, "fine-tuning result", _is_finetune_out, overwrite or resume or _unfinished(Path(out)),
-                        inputs=(model_dir, data_dir), legacy=_legacy)
+    out = check_out_dir(
+        out,
+        "fine-tuning result",
+        _is_finetune_out,
+        overwrite or resume or _unfinished(Path(out)),
+        inputs=(model_dir, data_dir),
+        legacy=_legacy,
+    )
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before the model loads
         task_file(task_, data_dir, split)
     rank0 = int(os.environ.get("RANK", "0")) == 0
@@ -131,8 +180,16 @@ def finetune(model_dir: str | Path, task: str, out: str | Path, data_dir: str | 
         raise
 
 
-def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, keep_checkpoints: bool,
-              progress: bool, start_from: Path | None) -> dict:
+def _finetune(
+    model_dir,
+    task_,
+    out: Path,
+    data_dir: Path,
+    args: FinetuneArgs,
+    keep_checkpoints: bool,
+    progress: bool,
+    start_from: Path | None,
+) -> dict:
     from transformers import DataCollatorWithPadding, set_seed
 
     config = load_config(model_dir)
@@ -143,8 +200,9 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
     model = load_classifier(model_dir, task_)
     model.config.train_min_depth = args.depth_sampling  # the option decides, whatever the folder held
     # Read and validate every file before any training starts.
-    _, train_ds, dev_ds = encoded_task(task_, data_dir, tokenizer, seq_len, args.max_train_samples,
-                                       args.max_eval_samples, progress)
+    _, train_ds, dev_ds = encoded_task(
+        task_, data_dir, tokenizer, seq_len, args.max_train_samples, args.max_eval_samples, progress
+    )
     main_dev = dev_ds[task_.dev_splits[0]]
     fp = run_fingerprint(model_dir, None, [task_file(task_, data_dir, "train")], f"fine-tuning on {task_.name}")
     fp = {"model": fp.pop("teacher"), **{k: v for k, v in fp.items() if k != "student"}}
@@ -155,25 +213,41 @@ def _finetune(model_dir, task_, out: Path, data_dir: Path, args: FinetuneArgs, k
     targs = task_training_args(args, out, task_, progress, save_only_model=False)  # optimizer state: --resume
 
     trainer = FinetuneTrainer(
-        model=model, args=targs, train_dataset=train_ds, eval_dataset=main_dev, processing_class=tokenizer,
-        data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=metrics_for(task_))
+        model=model,
+        args=targs,
+        train_dataset=train_ds,
+        eval_dataset=main_dev,
+        processing_class=tokenizer,
+        data_collator=DataCollatorWithPadding(tokenizer),
+        compute_metrics=metrics_for(task_),
+    )
     show_progress(trainer, progress)
     trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=1))
-    if (kept := kept_result(trainer, start_from, out, expect=(task_.main_metric, "steps", "best_step",
-                                                              "train_seconds"))) is not None:
+    if (
+        kept := kept_result(trainer, start_from, out, expect=(task_.main_metric, "steps", "best_step", "train_seconds"))
+    ) is not None:
         return kept
     start_checkpoints(out / "checkpoints", start_from)
     result = trainer.train(resume_from_checkpoint=str(start_from) if start_from else None)
     best = trainer.state.best_model_checkpoint
 
-    metrics = {"task": task_.name, **evaluate_dev(trainer.model, dev_ds, task_, targs.per_device_eval_batch_size,
-                                                  progress)}
-    metrics.update(train_samples=len(train_ds), eval_samples=len(main_dev), steps=trainer.state.global_step,
-                   best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
-                   train_seconds=round(result.metrics.get("train_runtime", 0.0), 1), seed=args.seed)
+    metrics = {
+        "task": task_.name,
+        **evaluate_dev(trainer.model, dev_ds, task_, targs.per_device_eval_batch_size, progress),
+    }
+    metrics.update(
+        train_samples=len(train_ds),
+        eval_samples=len(main_dev),
+        steps=trainer.state.global_step,
+        best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
+        train_seconds=round(result.metrics.get("train_runtime", 0.0), 1),
+        seed=args.seed,
+    )
     trainer.save_model(str(out))  # the main process writes; the others wait
     if trainer.is_world_process_zero() and is_bert_folder(model_dir) and not args.convert_to_sharebert:
-        save_as_bert(trainer.model, out)  # BERT stays BERT: plain transformers loads it as BertForSequenceClassification
+        save_as_bert(
+            trainer.model, out
+        )  # BERT stays BERT: plain transformers loads it as BertForSequenceClassification
     if trainer.is_world_process_zero():
         write_results(trainer, out, metrics)
         if not keep_checkpoints:

@@ -1,5 +1,6 @@
 """What a run is made of, for the caches' keys and for ``--resume`` (``outdir.check_same_run``): the teacher's
 files, the training files, torch-free (``finetune`` and ``distill`` both use it; neither imports the other here)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -50,5 +51,9 @@ def run_fingerprint(teacher_dir, student, files, objective: str) -> dict:
     """What a ``--resume`` must find unchanged (``outdir.check_same_run``): the teacher's files (weights, config,
     tokenizer, recipe: :func:`teacher_fingerprint`, full sha256), the student (its name or shape), the training
     files' bytes (``outdir.file_fingerprint``) and the objective."""
-    return {"teacher": teacher_fingerprint(teacher_dir), "student": student,
-            "data": [f"{Path(f).name}:{file_fingerprint(f)}" for f in files], "objective": objective}
+    return {
+        "teacher": teacher_fingerprint(teacher_dir),
+        "student": student,
+        "data": [f"{Path(f).name}:{file_fingerprint(f)}" for f in files],
+        "objective": objective,
+    }

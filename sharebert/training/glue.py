@@ -6,6 +6,7 @@ tab-separated without quoting; a UTF-8 byte-order mark and CRLF line ends are ac
 header (source, label, original label, sentence); every other task is read by header names, so
 extra columns (STS-B, MNLI) do not matter. Each row must have as many fields as the header.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,25 +65,94 @@ def _names(*raw_to_name) -> dict:
 
 
 TASKS: dict[str, GlueTask] = {
-    "cola": GlueTask("cola", "CoLA", (3,), 1, ("unacceptable", "acceptable"), _names(("0", "unacceptable"), ("1", "acceptable")),
-                     header=False, n_fields=4, metrics=("matthews_correlation",), space="acceptability"),
-    "sst2": GlueTask("sst2", "SST-2", ("sentence",), "label", ("negative", "positive"),
-                     _names(("0", "negative"), ("1", "positive")), space="sentiment"),
-    "mrpc": GlueTask("mrpc", "MRPC", ("#1 String", "#2 String"), "Quality", ("not_paraphrase", "paraphrase"),
-                     _names(("0", "not_paraphrase"), ("1", "paraphrase")), metrics=("f1", "accuracy"), space="paraphrase"),
-    "stsb": GlueTask("stsb", "STS-B", ("sentence1", "sentence2"), "score", None, metrics=("spearman", "pearson"),
-                     space="similarity", score_range=(0.0, 5.0)),
-    "qqp": GlueTask("qqp", "QQP", ("question1", "question2"), "is_duplicate", ("not_paraphrase", "paraphrase"),
-                    _names(("0", "not_paraphrase"), ("1", "paraphrase")), metrics=("f1", "accuracy"), space="paraphrase"),
-    "mnli": GlueTask("mnli", "MNLI", ("sentence1", "sentence2"), "gold_label", ("contradiction", "entailment", "neutral"),
-                     _names(("contradiction", "contradiction"), ("entailment", "entailment"), ("neutral", "neutral")),
-                     dev_splits=("dev_matched", "dev_mismatched"), space="nli"),
-    "qnli": GlueTask("qnli", "QNLI", ("question", "sentence"), "label", ("entailment", "not_entailment"),
-                     _names(("entailment", "entailment"), ("not_entailment", "not_entailment")), space="entailment"),
-    "rte": GlueTask("rte", "RTE", ("sentence1", "sentence2"), "label", ("entailment", "not_entailment"),
-                    _names(("entailment", "entailment"), ("not_entailment", "not_entailment")), space="entailment"),
-    "wnli": GlueTask("wnli", "WNLI", ("sentence1", "sentence2"), "label", ("entailment", "not_entailment"),
-                     _names(("1", "entailment"), ("0", "not_entailment")), space="entailment"),
+    "cola": GlueTask(
+        "cola",
+        "CoLA",
+        (3,),
+        1,
+        ("unacceptable", "acceptable"),
+        _names(("0", "unacceptable"), ("1", "acceptable")),
+        header=False,
+        n_fields=4,
+        metrics=("matthews_correlation",),
+        space="acceptability",
+    ),
+    "sst2": GlueTask(
+        "sst2",
+        "SST-2",
+        ("sentence",),
+        "label",
+        ("negative", "positive"),
+        _names(("0", "negative"), ("1", "positive")),
+        space="sentiment",
+    ),
+    "mrpc": GlueTask(
+        "mrpc",
+        "MRPC",
+        ("#1 String", "#2 String"),
+        "Quality",
+        ("not_paraphrase", "paraphrase"),
+        _names(("0", "not_paraphrase"), ("1", "paraphrase")),
+        metrics=("f1", "accuracy"),
+        space="paraphrase",
+    ),
+    "stsb": GlueTask(
+        "stsb",
+        "STS-B",
+        ("sentence1", "sentence2"),
+        "score",
+        None,
+        metrics=("spearman", "pearson"),
+        space="similarity",
+        score_range=(0.0, 5.0),
+    ),
+    "qqp": GlueTask(
+        "qqp",
+        "QQP",
+        ("question1", "question2"),
+        "is_duplicate",
+        ("not_paraphrase", "paraphrase"),
+        _names(("0", "not_paraphrase"), ("1", "paraphrase")),
+        metrics=("f1", "accuracy"),
+        space="paraphrase",
+    ),
+    "mnli": GlueTask(
+        "mnli",
+        "MNLI",
+        ("sentence1", "sentence2"),
+        "gold_label",
+        ("contradiction", "entailment", "neutral"),
+        _names(("contradiction", "contradiction"), ("entailment", "entailment"), ("neutral", "neutral")),
+        dev_splits=("dev_matched", "dev_mismatched"),
+        space="nli",
+    ),
+    "qnli": GlueTask(
+        "qnli",
+        "QNLI",
+        ("question", "sentence"),
+        "label",
+        ("entailment", "not_entailment"),
+        _names(("entailment", "entailment"), ("not_entailment", "not_entailment")),
+        space="entailment",
+    ),
+    "rte": GlueTask(
+        "rte",
+        "RTE",
+        ("sentence1", "sentence2"),
+        "label",
+        ("entailment", "not_entailment"),
+        _names(("entailment", "entailment"), ("not_entailment", "not_entailment")),
+        space="entailment",
+    ),
+    "wnli": GlueTask(
+        "wnli",
+        "WNLI",
+        ("sentence1", "sentence2"),
+        "label",
+        ("entailment", "not_entailment"),
+        _names(("1", "entailment"), ("0", "not_entailment")),
+        space="entailment",
+    ),
 }
 
 # MNLI's three classes collapse onto the two-way entailment space (Kowsher Table 6: MNLI -> QNLI).
@@ -133,7 +203,9 @@ class GlueSplit:
         """The first ``n`` examples (all when ``n`` is None)."""
         if n is None or n >= len(self):
             return self
-        return GlueSplit(self.task, self.path, self.text_a[:n], self.text_b[:n] if self.text_b else None, self.labels[:n])
+        return GlueSplit(
+            self.task, self.path, self.text_a[:n], self.text_b[:n] if self.text_b else None, self.labels[:n]
+        )
 
 
 def task_file(task: GlueTask, data_dir: str | Path, split: str) -> Path:
@@ -143,12 +215,16 @@ def task_file(task: GlueTask, data_dir: str | Path, split: str) -> Path:
     if path.is_file():
         return path
     if data_dir.is_file():
-        raise FileNotFoundError(f"{task.name}: --data-dir {data_dir} is a file; give the task's folder"
-                                f"{f' ({data_dir.parent})' if (data_dir.parent / task.file(split)).is_file() else ''}, "
-                                f"which holds {task.file(split)}")
+        raise FileNotFoundError(
+            f"{task.name}: --data-dir {data_dir} is a file; give the task's folder"
+            f"{f' ({data_dir.parent})' if (data_dir.parent / task.file(split)).is_file() else ''}, "
+            f"which holds {task.file(split)}"
+        )
     if not data_dir.is_dir():
-        raise FileNotFoundError(f"{task.name}: data folder {data_dir} does not exist "
-                                f"(--data-dir is the task's folder, e.g. glue/{task.folder})")
+        raise FileNotFoundError(
+            f"{task.name}: data folder {data_dir} does not exist "
+            f"(--data-dir is the task's folder, e.g. glue/{task.folder})"
+        )
     hint = ""
     if (data_dir / task.folder / task.file(split)).is_file():
         hint = f"; did you mean --data-dir {data_dir / task.folder}?"
@@ -189,7 +265,9 @@ def read_tsv(task: GlueTask, path: str | Path) -> GlueSplit:
     path = check_text_file(path, "data file")
     try:
         with open(path, "rb") as f:  # line by line in bounded memory: a line over 1 MiB is refused
-            lines = [raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n") for n, raw in numbered_lines(f, str(path))]
+            lines = [
+                raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n") for n, raw in numbered_lines(f, str(path))
+            ]
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e})") from None
     rows = [(i + 1, line.split("\t")) for i, line in enumerate(lines) if line.strip()]
@@ -199,7 +277,9 @@ def read_tsv(task: GlueTask, path: str | Path) -> GlueSplit:
         lineno, header = rows.pop(0)
         missing = [c for c in (*task.text_columns, task.label_column) if c not in header]
         if missing:
-            raise ValueError(f"{path}, line {lineno}: header {header} lacks {missing}; a {task.name} file has {_layout(task)}")
+            raise ValueError(
+                f"{path}, line {lineno}: header {header} lacks {missing}; a {task.name} file has {_layout(task)}"
+            )
         width = len(header)
         text_idx = [header.index(c) for c in task.text_columns]
         label_idx = header.index(task.label_column)
@@ -211,7 +291,9 @@ def read_tsv(task: GlueTask, path: str | Path) -> GlueSplit:
     labels = []
     for lineno, fields in rows:
         if len(fields) != width:
-            raise ValueError(f"{path}, line {lineno}: {len(fields)} fields, expected {width}; a {task.name} file has {_layout(task)}")
+            raise ValueError(
+                f"{path}, line {lineno}: {len(fields)} fields, expected {width}; a {task.name} file has {_layout(task)}"
+            )
         for out, i in zip(texts, text_idx):
             out.append(fields[i])
         labels.append(_label(task, fields[label_idx], path, lineno))
@@ -224,13 +306,19 @@ def _label(task: GlueTask, raw: str, path: Path, lineno: int):
         try:
             score = float(raw)
         except ValueError:
-            raise ValueError(f"{path}, line {lineno}: score {raw!r} is not a number ({task.name} is a regression task)") from None
+            raise ValueError(
+                f"{path}, line {lineno}: score {raw!r} is not a number ({task.name} is a regression task)"
+            ) from None
         low, high = task.score_range
         if not low <= score <= high:  # also refuses nan and inf
-            raise ValueError(f"{path}, line {lineno}: score {raw!r} is outside [{low:g}, {high:g}], the {task.name} scale")
+            raise ValueError(
+                f"{path}, line {lineno}: score {raw!r} is outside [{low:g}, {high:g}], the {task.name} scale"
+            )
         return score
     name = task.labels.get(raw)
     if name is None:
-        raise ValueError(f"{path}, line {lineno}: label {raw!r} is not one of {sorted(task.labels)} for {task.name}"
-                         f"; a {task.name} file has {_layout(task)}")
+        raise ValueError(
+            f"{path}, line {lineno}: label {raw!r} is not one of {sorted(task.labels)} for {task.name}"
+            f"; a {task.name} file has {_layout(task)}"
+        )
     return task.label_names.index(name)

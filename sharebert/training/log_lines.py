@@ -1,5 +1,6 @@
 """Trainer progress where bars cannot go: one plain line per log event (step, loss, learning rate, rate, ETA),
 and a line every ``LINE_SECONDS`` during an evaluation."""
+
 from __future__ import annotations
 
 import sys
@@ -32,9 +33,18 @@ class LogLines(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or self.start is None:
             return
-        self._print(state, [f"{k} {v:.4f}" for k, v in logs.items() if k in ("loss", "eval_loss", "train_loss")
-                            or k.startswith("eval_") and isinstance(v, float) and not k.endswith(("_runtime", "_per_second"))]
-                    + ([f"lr {logs['learning_rate']:.2e}"] if "learning_rate" in logs else []))
+        self._print(
+            state,
+            [
+                f"{k} {v:.4f}"
+                for k, v in logs.items()
+                if k in ("loss", "eval_loss", "train_loss")
+                or k.startswith("eval_")
+                and isinstance(v, float)
+                and not k.endswith(("_runtime", "_per_second"))
+            ]
+            + ([f"lr {logs['learning_rate']:.2e}"] if "learning_rate" in logs else []),
+        )
 
     def on_step_end(self, args, state, control, **kwargs):
         """Slow steps (a big teacher, a long logging interval): a bare step line every ``LINE_SECONDS``."""
@@ -47,15 +57,17 @@ class LogLines(TrainerCallback):
         rate = (step - self.first) / max(self.printed - self.start, 1e-9)
         if self.clock is not None:
             spent = self.clock.spent()
-            parts = [f"step {step} ({100 * spent:.0f}% of {_duration(self.clock.seconds)})", *values,
-                     f"{rate:.2f} steps/s ETA {_duration((1 - spent) * self.clock.seconds)}"]
+            parts = [
+                f"step {step} ({100 * spent:.0f}% of {_duration(self.clock.seconds)})",
+                *values,
+                f"{rate:.2f} steps/s ETA {_duration((1 - spent) * self.clock.seconds)}",
+            ]
             print(" ".join(parts), file=self.stream or sys.stderr, flush=True)
             return
         parts = [f"step {step}/{total} ({100 * step / max(total, 1):.0f}%)", *values]
         if rate > 0:
             parts.append(f"{rate:.2f} steps/s ETA {_duration((total - step) / rate)}")
         print(" ".join(parts), file=self.stream or sys.stderr, flush=True)
-
 
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
         """Evaluations are long too: ``evaluating: batch 40/256 (16%) 3.10 batches/s ETA 1m10s`` every

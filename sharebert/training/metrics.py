@@ -3,6 +3,7 @@
 Inputs are 1-D arrays of the same length: class ids for the classification metrics, floats for the
 correlations. An undefined correlation (a constant input) is ``nan``.
 """
+
 from __future__ import annotations
 
 import math
@@ -77,8 +78,13 @@ def cosine_spearman(a: np.ndarray, b: np.ndarray, gold) -> float:
     return spearman(cos, np.asarray(gold, dtype=np.float64))
 
 
-METRICS = {"accuracy": accuracy, "f1": f1, "matthews_correlation": matthews_correlation,
-           "pearson": pearson, "spearman": spearman}
+METRICS = {
+    "accuracy": accuracy,
+    "f1": f1,
+    "matthews_correlation": matthews_correlation,
+    "pearson": pearson,
+    "spearman": spearman,
+}
 
 
 def task_metrics(names, predictions, labels) -> dict[str, float]:

@@ -18,6 +18,7 @@ also from inside an evaluation; before training starts they raise :class:`StopRe
 after that much wall-clock time since training began (``stopped_by`` = ``max_time``), saving a
 checkpoint and the model as at a normal end; the schedule still runs to ``max_steps``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,9 +38,24 @@ from ..formats.model_folder import UNFINISHED, is_bert_folder, read_config, save
 from ..model.shape import preset_fields
 from ..accounting.curves import write_curves
 from sharebert_runtime.outdir import OutLock, check_out_dir, write_json
-from .callbacks import (JsonlLogger, SignalCheckpoint, StopRequested, StopsAtMaxSteps, TensorBoardLogs, TimedSaves,
-                        WallClockLimit, any_rank, checkpoints, kept_result, latest_checkpoint, mark_complete,
-                        remove_incomplete, resume_checkpoint, rotate, save_checkpoint)
+from .callbacks import (
+    JsonlLogger,
+    SignalCheckpoint,
+    StopRequested,
+    StopsAtMaxSteps,
+    TensorBoardLogs,
+    TimedSaves,
+    WallClockLimit,
+    any_rank,
+    checkpoints,
+    kept_result,
+    latest_checkpoint,
+    mark_complete,
+    remove_incomplete,
+    resume_checkpoint,
+    rotate,
+    save_checkpoint,
+)
 from sharebert_runtime.textlines import resolve_sources
 from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
 from .depth_table import check_depth_sampling
@@ -58,8 +74,10 @@ class NonFiniteLoss(RuntimeError):
     def __init__(self, step: int, loss: float, checkpoint: Path | None):
         self.step, self.loss, self.checkpoint = step, loss, checkpoint
         where = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was saved before it"
-        super().__init__(f"loss became {loss} at step {step}; training stopped before the update, {where} "
-                         f"(lower --lr, or check the data)")
+        super().__init__(
+            f"loss became {loss} at step {step}; training stopped before the update, {where} "
+            f"(lower --lr, or check the data)"
+        )
 
 
 class _MaskEpoch(TrainerCallback):
@@ -79,8 +97,15 @@ class PretrainTrainer(StopsAtMaxSteps, Trainer):
     the progress display (``show_progress``; None leaves the Trainer's own); ``resume_from``: the checkpoint whose
     loss sum the run continues (None: a new run)."""
 
-    def __init__(self, *args, keep_checkpoints: int | None = None, save_minutes: float | None = None,
-                 progress: bool | None = None, resume_from: Path | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        keep_checkpoints: int | None = None,
+        save_minutes: float | None = None,
+        progress: bool | None = None,
+        resume_from: Path | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.keep_checkpoints = keep_checkpoints
         self.saved_step = 0
@@ -97,7 +122,7 @@ class PretrainTrainer(StopsAtMaxSteps, Trainer):
         if any_rank(not math.isfinite(value), self.args.device):
             raise NonFiniteLoss(self.state.global_step + 1, value, latest_checkpoint(self.args.output_dir))
         self._sum += value
-        self._micro = (self._micro + [value])[-self.args.gradient_accumulation_steps:]
+        self._micro = (self._micro + [value])[-self.args.gradient_accumulation_steps :]
         return loss
 
     def resumed_from(self, checkpoint: Path | None) -> None:
@@ -112,8 +137,11 @@ class PretrainTrainer(StopsAtMaxSteps, Trainer):
             torch.distributed.all_reduce(t)
             t /= torch.distributed.get_world_size()
         ran = self.state.global_step > self.before["step"]
-        return {"loss_sum": self.before["loss_sum"] + t[0].item(), "step": self.state.global_step,
-                "last_loss": t[1].item() if ran else self.before["last_loss"]}
+        return {
+            "loss_sum": self.before["loss_sum"] + t[0].item(),
+            "step": self.state.global_step,
+            "last_loss": t[1].item() if ran else self.before["last_loss"],
+        }
 
     def log(self, logs: dict, start_time=None) -> None:
         if "eval_loss" in logs:
@@ -163,8 +191,10 @@ def _check_args(a: PretrainArgs, model_dir, preset, train, data) -> None:
     if (model_dir is None) == (preset is None) and not (a.char_level and model_dir is None):
         raise ValueError("give exactly one of --model DIR or --preset NAME")
     if model_dir is not None and a.overrides:
-        raise ValueError("--set changes a --preset build; a --model folder's config.json is its shape "
-                         "(build a new folder with `sharebert build --set ...` instead)")
+        raise ValueError(
+            "--set changes a --preset build; a --model folder's config.json is its shape "
+            "(build a new folder with `sharebert build --set ...` instead)"
+        )
     if "train_min_depth" in a.overrides:
         raise ValueError("train with --depth-sampling MIN, not --set train_min_depth")
     if data is not None and train:
@@ -177,8 +207,9 @@ def _check_args(a: PretrainArgs, model_dir, preset, train, data) -> None:
 def _check_settings(a: PretrainArgs) -> None:
     """The training settings: counts, rates, objective and precision within their ranges."""
     if a.keep_checkpoints is not None and a.keep_checkpoints < 1:
-        raise ValueError(f"keep_checkpoints must be at least 1 (the newest checkpoint is always kept), "
-                         f"got {a.keep_checkpoints}")
+        raise ValueError(
+            f"keep_checkpoints must be at least 1 (the newest checkpoint is always kept), got {a.keep_checkpoints}"
+        )
     if a.max_eval_sequences is not None and a.max_eval_sequences < 1:
         raise ValueError(f"eval_samples must be at least 1, got {a.max_eval_sequences}")
     if a.objective not in ("mlm", "clm"):
@@ -210,21 +241,41 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
     cuda = torch.cuda.is_available()
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
     return TrainingArguments(
-        output_dir=str(out), max_steps=a.max_steps,
-        per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=min(a.batch_size, EVAL_BATCH),
-        gradient_accumulation_steps=a.grad_accum, learning_rate=a.lr, adam_beta1=a.betas[0], adam_beta2=a.betas[1],
-        adam_epsilon=a.eps, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm,
+        output_dir=str(out),
+        max_steps=a.max_steps,
+        per_device_train_batch_size=a.batch_size,
+        per_device_eval_batch_size=min(a.batch_size, EVAL_BATCH),
+        gradient_accumulation_steps=a.grad_accum,
+        learning_rate=a.lr,
+        adam_beta1=a.betas[0],
+        adam_beta2=a.betas[1],
+        adam_epsilon=a.eps,
+        weight_decay=a.weight_decay,
+        max_grad_norm=a.max_grad_norm,
         # warmup_ratio's steps as transformers 4 counted them (5 dropped the option; a float warmup_steps is a ratio)
-        lr_scheduler_type="linear", warmup_steps=math.ceil(a.max_steps * a.warmup_ratio),
-        logging_steps=a.logging_steps, logging_first_step=True, logging_nan_inf_filter=False,
+        lr_scheduler_type="linear",
+        warmup_steps=math.ceil(a.max_steps * a.warmup_ratio),
+        logging_steps=a.logging_steps,
+        logging_first_step=True,
+        logging_nan_inf_filter=False,
         report_to="none",  # TensorBoard through TensorBoardLogs (out/tb: transformers 5 has no logging_dir)
         prediction_loss_only=True,  # evaluation keeps the loss, never every batch's (B, T, V) logits
-        eval_strategy="steps" if has_eval else "no", eval_steps=a.eval_steps, eval_on_start=has_eval and a.eval_on_start,
-        save_strategy="steps", save_steps=a.save_steps, save_total_limit=None,  # rotation after the marker
-        seed=a.seed, data_seed=a.seed, use_cpu=not cuda, ddp_backend="gloo" if multi and not cuda else None,
+        eval_strategy="steps" if has_eval else "no",
+        eval_steps=a.eval_steps,
+        eval_on_start=has_eval and a.eval_on_start,
+        save_strategy="steps",
+        save_steps=a.save_steps,
+        save_total_limit=None,  # rotation after the marker
+        seed=a.seed,
+        data_seed=a.seed,
+        use_cpu=not cuda,
+        ddp_backend="gloo" if multi and not cuda else None,
         # sampled depths leave the skipped layers' biases and norms without gradients
-        ddp_find_unused_parameters=a.depth_sampling is not None, dataloader_num_workers=a.dataloader_workers,
-        remove_unused_columns=False, disable_tqdm=no_bars(a.progress), **_precision(a),
+        ddp_find_unused_parameters=a.depth_sampling is not None,
+        dataloader_num_workers=a.dataloader_workers,
+        remove_unused_columns=False,
+        disable_tqdm=no_bars(a.progress),
+        **_precision(a),
     )
 
 
@@ -255,7 +306,9 @@ def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, tra
     from ..formats.build import build_model
 
     if a.char_level:  # a character tokenizer over the training text
-        build_model(preset, out, a.overrides, head="clm", seed=a.seed, tokenizer=char_tokenizer(read_text(train_sources)))
+        build_model(
+            preset, out, a.overrides, head="clm", seed=a.seed, tokenizer=char_tokenizer(read_text(train_sources))
+        )
         return out
 
     if data is not None and vocab is None:
@@ -275,8 +328,9 @@ def load_model_folder(model_dir: Path, objective: str, unfinished_ok: bool = Fal
 
     config = load_config(model_dir, unfinished_ok)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, ("mask", "cls", "sep") if objective == "mlm" else ())
-    model, _ = load_model(ShareBertForCausalLM if objective == "clm" else ShareBertForMaskedLM, model_dir, config,
-                          unfinished_ok)
+    model, _ = load_model(
+        ShareBertForCausalLM if objective == "clm" else ShareBertForMaskedLM, model_dir, config, unfinished_ok
+    )
     return config, tokenizer, model
 
 
@@ -310,8 +364,11 @@ def _prepared_datasets(a: PretrainArgs, tokenizer, data: Path, manifest: dict, s
     else:
         total = StreamBlocks.sequences(stream, seq_len, bool(wrap))
         held = int(round(total * a.valid_fraction))
-        valid = StreamBlocks(stream, seq_len, total - held, min(held, a.max_eval_sequences or held), **wrap) \
-            if held else None
+        valid = (
+            StreamBlocks(stream, seq_len, total - held, min(held, a.max_eval_sequences or held), **wrap)
+            if held
+            else None
+        )
     train = StreamBlocks(stream, seq_len, count=StreamBlocks.sequences(stream, seq_len, bool(wrap)) - held, **wrap)
     train_ds = PackedDataset.for_objective(train, **lm)
     return train_ds, PackedDataset.for_objective(valid, **lm, fixed=True) if valid is not None else None
@@ -334,8 +391,17 @@ def _publish(trainer: Trainer, out: Path, as_bert: bool = False) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
-def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, args: PretrainArgs | None = None,
-             vocab=None, callbacks=None, data=None) -> dict:
+def pretrain(
+    train,
+    out,
+    model_dir=None,
+    preset: str | None = None,
+    valid=None,
+    args: PretrainArgs | None = None,
+    vocab=None,
+    callbacks=None,
+    data=None,
+) -> dict:
     """Pre-train ``model_dir`` (or a fresh ``preset`` built into ``out``) on the ``train`` sources or on
     a prepared ``data`` folder (``sharebert prepare``).
 
@@ -354,19 +420,23 @@ def pretrain(train, out, model_dir=None, preset: str | None = None, valid=None, 
     out = Path(out)
     manifest, train_sources, valid_sources = _sources(a, train, valid, data)
     if model_dir is not None:
-        layers = read_config(model_dir).get("num_hidden_layers")  # a damaged or foreign config.json, an artifact: one line now
+        layers = read_config(model_dir).get(
+            "num_hidden_layers"
+        )  # a damaged or foreign config.json, an artifact: one line now
     else:
         layers = preset_fields(preset, **a.overrides)["num_hidden_layers"]
     check_depth_sampling(a.depth_sampling, layers)
     # --model and --data are folders even when given as strings; a source given as a string is a dataset name
-    inputs = [Path(p) for p in (model_dir, data) if p is not None] + \
-        [p for p in (*train_sources, *valid_sources) if not isinstance(p, str)]
+    inputs = [Path(p) for p in (model_dir, data) if p is not None] + [
+        p for p in (*train_sources, *valid_sources) if not isinstance(p, str)
+    ]
     _check_out(out, a, inputs)
     created = not out.exists()
     rank0 = os.environ.get("RANK", "0") == "0"
     with SignalCheckpoint() as stopper:
-        run = _Run(a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper,
-                   callbacks or [])
+        run = _Run(
+            a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper, callbacks or []
+        )
         try:
             if rank0:
                 out.mkdir(parents=True, exist_ok=True)
@@ -422,17 +492,28 @@ def _run(r: _Run) -> dict:
     config, tokenizer, model = load_model_folder(model_dir, a.objective, unfinished_ok=Path(model_dir) == out)
     as_bert = is_bert_folder(model_dir) and not a.convert_to_sharebert  # BERT in, BERT out
     model.config.train_min_depth = a.depth_sampling  # the option decides, whatever the folder held
-    seq_len = a.seq_len or (config.max_position_embeddings if a.char_level else min(128, config.max_position_embeddings))
+    seq_len = a.seq_len or (
+        config.max_position_embeddings if a.char_level else min(128, config.max_position_embeddings)
+    )
     if seq_len > config.max_position_embeddings:
-        raise ValueError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {config.max_position_embeddings}")
+        raise ValueError(
+            f"seq_len {seq_len} exceeds the model's max_position_embeddings {config.max_position_embeddings}"
+        )
     train_ds, eval_ds = _load_datasets(r, tokenizer, model_dir, seq_len)
     if a.objective == "mlm":  # the head runs only at masked positions in training: same loss, ~1/6 of its work
         model.config.mlm_logits_in_training = "masked"
     trainer, clock = _make_trainer(r, model, tokenizer, train_ds, eval_ds, resume_from)
     targs = trainer.args
-    if (kept := kept_result(trainer, resume_from, out, expect=("status", "global_step", "train_loss", "param_sha256"),
-                            published=not (out / UNFINISHED).exists(),
-                            say=print if targs.should_save else lambda m: None)) is not None:
+    if (
+        kept := kept_result(
+            trainer,
+            resume_from,
+            out,
+            expect=("status", "global_step", "train_loss", "param_sha256"),
+            published=not (out / UNFINISHED).exists(),
+            say=print if targs.should_save else lambda m: None,
+        )
+    ) is not None:
         return kept
     r.training = True
     if targs.should_save:  # until the trained model is saved, out's model (a preset's, an earlier run's) is not it
@@ -474,9 +555,11 @@ def _load_datasets(r: _Run, tokenizer, model_dir, seq_len: int):
         return _datasets(r.a, tokenizer, r.train_sources, r.valid_sources, seq_len, r.stopper.check)
     want = r.manifest["tokenizer"]
     if vocab_sha256(tokenizer) != want["vocab_sha256"]:
-        raise ValueError(f"--data {r.data} was prepared with another tokenizer ({want['vocab_size']} tokens) than "
-                         f"{model_dir}'s ({len(tokenizer)} tokens, a different vocabulary); "
-                         f"prepare it with --tokenizer {model_dir}")
+        raise ValueError(
+            f"--data {r.data} was prepared with another tokenizer ({want['vocab_size']} tokens) than "
+            f"{model_dir}'s ({len(tokenizer)} tokens, a different vocabulary); "
+            f"prepare it with --tokenizer {model_dir}"
+        )
     return _prepared_datasets(r.a, tokenizer, Path(r.data), r.manifest, seq_len)
 
 
@@ -486,14 +569,30 @@ def _make_trainer(r: _Run, model, tokenizer, train_ds, eval_ds, resume_from):
     a, out = r.a, r.out
     targs = _training_args(a, out, has_eval=eval_ds is not None)
     clock = [WallClockLimit(a.max_time)] if a.max_time else []
-    trainer = PretrainTrainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
-                              data_collator=default_data_collator, processing_class=tokenizer,
-                              callbacks=[_MaskEpoch(train_ds), JsonlLogger(out / "log.jsonl"), r.stopper, *clock,
-                                         TensorBoardLogs(out / "tb"), *r.callbacks],
-                              keep_checkpoints=a.keep_checkpoints, save_minutes=a.save_minutes, progress=a.progress,
-                              resume_from=resume_from)
+    trainer = PretrainTrainer(
+        model=model,
+        args=targs,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        data_collator=default_data_collator,
+        processing_class=tokenizer,
+        callbacks=[
+            _MaskEpoch(train_ds),
+            JsonlLogger(out / "log.jsonl"),
+            r.stopper,
+            *clock,
+            TensorBoardLogs(out / "tb"),
+            *r.callbacks,
+        ],
+        keep_checkpoints=a.keep_checkpoints,
+        save_minutes=a.save_minutes,
+        progress=a.progress,
+        resume_from=resume_from,
+    )
     if a.resume and targs.should_save:
-        print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0")
+        print(
+            f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0"
+        )
     return trainer, clock
 
 

@@ -15,6 +15,7 @@ stream :func:`~sharebert.training.corpus.encode_sources` gives in memory. Shards
 (temp + fsync + rename) and only then recorded in ``.progress.json``, so an interrupted or killed
 ``prepare`` continues from the last recorded shard when run again with the same arguments.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -88,7 +89,9 @@ def save_tokenizer(tok, folder: Path) -> None:
 
     tok.save_pretrained(folder)
     if isinstance(tok.backend_tokenizer.model, WordPiece) and not (folder / "vocab.txt").exists():
-        tokens = [t for t, _ in sorted(tok.backend_tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])]
+        tokens = [
+            t for t, _ in sorted(tok.backend_tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])
+        ]
         (folder / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
 
 
@@ -165,8 +168,15 @@ class Interrupted(Exception):
 
 
 # -- prepare --------------------------------------------------------------------------------------
-def prepare(train, out, tokenizer="sharebert-tiny", valid=None, workers: int = 1, progress: bool = True,
-            stop: Callable[[], int | None] = lambda: None) -> dict:
+def prepare(
+    train,
+    out,
+    tokenizer="sharebert-tiny",
+    valid=None,
+    workers: int = 1,
+    progress: bool = True,
+    stop: Callable[[], int | None] = lambda: None,
+) -> dict:
     """Tokenize ``train`` (and ``valid``) sources into ``out`` and return its manifest.
 
     ``stop()`` is polled between chunks; when it returns a signal number the finished part is saved and
@@ -179,8 +189,13 @@ def prepare(train, out, tokenizer="sharebert-tiny", valid=None, workers: int = 1
     tok = resolve_tokenizer(tokenizer)
     sources = {"train": resolve_sources(train), "valid": resolve_sources(valid) if valid else []}
     inputs = [src for srcs in sources.values() for src in srcs if not isinstance(src, str)]
-    check_out_dir(out, "prepared data folder", lambda p: any((p / n).exists() for n in (MANIFEST, PROGRESS, ".lock")),
-                  overwrite=True, inputs=inputs)  # our own folder: continued or returned as it is
+    check_out_dir(
+        out,
+        "prepared data folder",
+        lambda p: any((p / n).exists() for n in (MANIFEST, PROGRESS, ".lock")),
+        overwrite=True,
+        inputs=inputs,
+    )  # our own folder: continued or returned as it is
     for src in sources["train"] + sources["valid"]:
         if not isinstance(src, str):
             sniff_text(src)
@@ -197,8 +212,13 @@ def prepare(train, out, tokenizer="sharebert-tiny", valid=None, workers: int = 1
 
 def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool, stop) -> dict:
     records = {split: [source_record(s) for s in srcs] for split, srcs in sources.items()}
-    ident = {"format": FORMAT, "version": VERSION, "dtype": token_dtype(len(tok)).name,
-             "tokenizer": {"vocab_size": len(tok), "vocab_sha256": vocab_sha256(tok)}, "sources": records}
+    ident = {
+        "format": FORMAT,
+        "version": VERSION,
+        "dtype": token_dtype(len(tok)).name,
+        "tokenizer": {"vocab_size": len(tok), "vocab_sha256": vocab_sha256(tok)},
+        "sources": records,
+    }
     if (out / MANIFEST).exists():
         return _same_prepared(out, ident)
     state = _saved_state(out, ident)
@@ -208,10 +228,18 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
     for split in SPLITS:
         if sources[split] and sum(r["tokens"] for r in state["splits"][split]) == 0:
             raise ValueError(f"the {split} sources hold no text")
-    manifest = {**ident, "splits": {split: {"tokens": sum(r["tokens"] for r in shards),
-                                            "shards": [{k: r[k] for k in ("file", "tokens", "sha256")} for r in shards]}
-                                    for split, shards in state["splits"].items() if shards},
-                "seconds": round(time.perf_counter() - started, 2)}
+    manifest = {
+        **ident,
+        "splits": {
+            split: {
+                "tokens": sum(r["tokens"] for r in shards),
+                "shards": [{k: r[k] for k in ("file", "tokens", "sha256")} for r in shards],
+            }
+            for split, shards in state["splits"].items()
+            if shards
+        },
+        "seconds": round(time.perf_counter() - started, 2),
+    }
     manifest["checksum"] = _checksum(manifest)
     write_json(out / MANIFEST, manifest)
     (out / PROGRESS).unlink()
@@ -235,8 +263,10 @@ def _saved_state(out: Path, ident: dict) -> dict:
     except ValueError as e:
         raise ValueError(f"{e}; remove {out} and prepare again") from None
     if {k: saved.get(k) for k in ident} != ident:
-        raise ValueError(f"{out} holds an unfinished prepare of other sources or another tokenizer; "
-                         f"rerun that command or choose another --out")
+        raise ValueError(
+            f"{out} holds an unfinished prepare of other sources or another tokenizer; "
+            f"rerun that command or choose another --out"
+        )
     return saved
 
 
@@ -246,8 +276,12 @@ def _tokenize_sources(out: Path, tok, sources: dict, state: dict, workers: int, 
     dtype = np.dtype(state["dtype"])
     pool = None
     if workers > 1:  # spawn: fork may deadlock on locks held by threads (torch, tokenizers)
-        pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _init_worker,
-                                   (tok.backend_tokenizer.to_str(), dtype.name, os.getpid()))
+        pool = ProcessPoolExecutor(
+            workers,
+            multiprocessing.get_context("spawn"),
+            _init_worker,
+            (tok.backend_tokenizer.to_str(), dtype.name, os.getpid()),
+        )
     if pool is None:
         _init_worker_here(tok, dtype)
     total = sum(len(v) for v in sources.values())
@@ -329,8 +363,15 @@ def _save_shard(out: Path, split: str, source: int, ids: np.ndarray, lines_end: 
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, out / name)
-    state["splits"][split].append({"file": name, "tokens": int(ids.size), "sha256": hashlib.sha256(data).hexdigest(),
-                                   "source": source, "lines_end": lines_end})
+    state["splits"][split].append(
+        {
+            "file": name,
+            "tokens": int(ids.size),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "source": source,
+            "lines_end": lines_end,
+        }
+    )
     write_json(out / PROGRESS, state)
 
 
@@ -342,22 +383,33 @@ def read_manifest(data_dir: str | Path) -> dict:
     path = data_dir / MANIFEST
     if not path.is_file():
         if (data_dir / PROGRESS).is_file():
-            raise ValueError(f"{data_dir} is not complete (prepare was interrupted); run the same `sharebert prepare` again")
+            raise ValueError(
+                f"{data_dir} is not complete (prepare was interrupted); run the same `sharebert prepare` again"
+            )
         if data_dir.exists() and not data_dir.is_dir():
-            raise ValueError(f"--data {data_dir} is a file, not a prepared data folder; make one with `sharebert prepare`")
+            raise ValueError(
+                f"--data {data_dir} is a file, not a prepared data folder; make one with `sharebert prepare`"
+            )
         if not data_dir.is_dir():
             raise FileNotFoundError(f"--data {data_dir} not found")
-        raise ValueError(f"--data {data_dir} is not a prepared data folder (no {MANIFEST}); make one with `sharebert prepare`")
+        raise ValueError(
+            f"--data {data_dir} is not a prepared data folder (no {MANIFEST}); make one with `sharebert prepare`"
+        )
     try:
         m = read_json(path)
         ok = m.get("format") == FORMAT and m.get("version") == VERSION and m.get("checksum") == _checksum(m)
-        shards = [(split, shard["file"], int(shard["tokens"]), str(shard["sha256"]))
-                  for split, info in m["splits"].items() for shard in info["shards"]]
+        shards = [
+            (split, shard["file"], int(shard["tokens"]), str(shard["sha256"]))
+            for split, info in m["splits"].items()
+            for shard in info["shards"]
+        ]
         vocab_size, dtype = int(m["tokenizer"]["vocab_size"]), m["dtype"]
     except (ValueError, AttributeError, KeyError, TypeError) as e:
         raise ValueError(f"{path} is not a valid manifest ({first_line(e)})") from None
     if not ok:
-        raise ValueError(f"{path} does not match its checksum (edited by hand?); run `sharebert prepare` into a new folder")
+        raise ValueError(
+            f"{path} does not match its checksum (edited by hand?); run `sharebert prepare` into a new folder"
+        )
     if dtype not in ("uint16", "uint32"):
         raise ValueError(f"{path}: dtype {dtype!r} is not uint16 or uint32")
     itemsize = np.dtype(dtype).itemsize
@@ -367,8 +419,10 @@ def read_manifest(data_dir: str | Path) -> dict:
             raise ValueError(f"{path}: shard {file} lies outside {data_dir}")
         size = f.stat().st_size if f.is_file() else None
         if size != tokens * itemsize:
-            raise ValueError(f"{f} is missing, truncated or altered ({size} bytes, the manifest says "
-                             f"{tokens * itemsize}); prepare the data again")
+            raise ValueError(
+                f"{f} is missing, truncated or altered ({size} bytes, the manifest says "
+                f"{tokens * itemsize}); prepare the data again"
+            )
     _verify_shards(data_dir, [(file, sha) for _, file, _, sha in shards], np.dtype(dtype), vocab_size)
     return m
 
@@ -394,10 +448,13 @@ def _verify_shards(data_dir: Path, shards: list[tuple[str, str]], dtype: np.dtyp
                 h.update(block)
                 top = max(top, int(np.frombuffer(block, dtype).max()))
         if h.hexdigest() != sha:
-            raise ValueError(f"{f} does not match the sha256 its manifest records (altered or corrupt); "
-                             f"prepare the data again")
+            raise ValueError(
+                f"{f} does not match the sha256 its manifest records (altered or corrupt); prepare the data again"
+            )
         if top >= vocab_size:
-            raise ValueError(f"{f} holds token id {top}, beyond the tokenizer's {vocab_size} tokens; prepare the data again")
+            raise ValueError(
+                f"{f} holds token id {top}, beyond the tokenizer's {vocab_size} tokens; prepare the data again"
+            )
         checked[file] = key
     if checked != stamp:
         try:
@@ -433,7 +490,7 @@ class TokenStream:
         while start < stop:
             first = int(self.ends[k - 1]) if k else 0
             end = min(stop, int(self.ends[k]))
-            parts.append(maps[k][start - first:end - first])
+            parts.append(maps[k][start - first : end - first])
             start, k = end, k + 1
         return np.concatenate(parts).astype(np.int64)
 
@@ -442,8 +499,15 @@ class StreamBlocks:
     """Sequences ``first .. first+count`` of a packed :class:`TokenStream` (the in-memory ``pack`` layout,
     ``[CLS] + body + [SEP]`` when wrapped), read on demand: ``blocks[i]`` is an int64 tensor."""
 
-    def __init__(self, stream: TokenStream, seq_len: int, first: int = 0, count: int | None = None,
-                 cls_id: int | None = None, sep_id: int | None = None):
+    def __init__(
+        self,
+        stream: TokenStream,
+        seq_len: int,
+        first: int = 0,
+        count: int | None = None,
+        cls_id: int | None = None,
+        sep_id: int | None = None,
+    ):
         self.stream, self.seq_len, self.first = stream, seq_len, first
         self.wrap = (cls_id, sep_id) if cls_id is not None and sep_id is not None else None
         self.body = seq_len - 2 if self.wrap else seq_len

@@ -14,6 +14,7 @@ ShareBERT's factorised embeddings ``LN_V(W_in LN_F(A[ids]) + pos + type)`` then 
 The encoder's generated weights come from ``A`` through the (random) virtual projection, so the layers
 start random but small; the residual stream starts as the teacher's embeddings.
 """
+
 from __future__ import annotations
 
 import torch
@@ -88,8 +89,14 @@ def init_from_teacher(student, teacher, head: torch.nn.Linear | None = None, row
         emb.LayerNorm.weight.copy_(((q_v * q_v) * t["ln_weight"].float()[:, None]).sum(0))
     if t["ln_bias"] is not None:
         emb.LayerNorm.bias.copy_(t["ln_bias"].float() @ q_v)
-    if head is not None and tuple(head.weight.shape) == tuple(q_v.shape):  # else fitted on sentences (distill_embedding)
+    if head is not None and tuple(head.weight.shape) == tuple(
+        q_v.shape
+    ):  # else fitted on sentences (distill_embedding)
         head.weight.copy_(q_v)  # (H, V): a student vector back into the teacher's space
         head.bias.zero_()
-    return {"init": "teacher", "teacher_width": H, "word_pca_dims": Fw if hasattr(emb, "input_projection") else V,
-            "hidden_pca_dims": min(V, H)}
+    return {
+        "init": "teacher",
+        "teacher_width": H,
+        "word_pca_dims": Fw if hasattr(emb, "input_projection") else V,
+        "hidden_pca_dims": min(V, H),
+    }

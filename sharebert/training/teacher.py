@@ -8,6 +8,7 @@ SentencePiece / Unigram). A decoder-only or encoder-decoder model is refused in 
 What the student needs of it is read here in the architecture's own terms (transformers' attribute maps: DistilBERT's
 ``dim`` is its ``hidden_size``), so nothing downstream branches on ``model_type``.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -25,16 +26,20 @@ def encoder_types() -> tuple[str, ...]:
         MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     )
 
-    return ("sharebert", *sorted(t for t in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-                                 if t not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES))
+    return (
+        "sharebert",
+        *sorted(t for t in MODEL_FOR_MASKED_LM_MAPPING_NAMES if t not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
+    )
 
 
 def accepted() -> str:
     """The accepted kinds in words, for the one-line refusals."""
     common = ("bert", "distilbert", "roberta", "xlm-roberta", "mpnet", "electra", "deberta-v2", "albert", "modernbert")
-    return (f"a bidirectional encoder teacher ({', '.join(common)} or one of the {len(encoder_types()) - len(common) - 1} "
-            "other encoder architectures transformers has a masked-LM class for), as a sentence-transformers or "
-            "...ForSequenceClassification folder")
+    return (
+        f"a bidirectional encoder teacher ({', '.join(common)} or one of the {len(encoder_types()) - len(common) - 1} "
+        "other encoder architectures transformers has a masked-LM class for), as a sentence-transformers or "
+        "...ForSequenceClassification folder"
+    )
 
 
 def read_teacher(teacher_dir) -> dict:
@@ -49,11 +54,14 @@ def read_teacher(teacher_dir) -> dict:
     if raw.get("is_encoder_decoder"):
         raise ValueError(f"{path}: {kind!r} is an encoder-decoder model; sharebert needs {accepted()}")
     if raw.get("is_decoder") or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        raise ValueError(f"{path}: {kind!r} ({', '.join(archs) or 'is_decoder'}) is a causal (decoder) model; "
-                         f"sharebert needs {accepted()}")
+        raise ValueError(
+            f"{path}: {kind!r} ({', '.join(archs) or 'is_decoder'}) is a causal (decoder) model; "
+            f"sharebert needs {accepted()}"
+        )
     if kind not in encoder_types():
-        raise ValueError(f"{path}: model_type {kind!r} is not a text encoder sharebert can compress; it needs "
-                         f"{accepted()}")
+        raise ValueError(
+            f"{path}: model_type {kind!r} is not a text encoder sharebert can compress; it needs {accepted()}"
+        )
     return raw
 
 
@@ -126,14 +134,22 @@ def embedding_tables(teacher) -> dict:
         start = 0 if pos.padding_idx is None else pos.padding_idx + 1  # RoBERTa counts positions after padding_idx
         position = pos.weight[start:]
     types = children.get("token_type_embeddings")
-    norm = next((c for n, c in children.items() if isinstance(c, nn.LayerNorm) and n.lower() in ("layernorm", "norm",
-                                                                                                  "layer_norm")), None)
+    norm = next(
+        (
+            c
+            for n, c in children.items()
+            if isinstance(c, nn.LayerNorm) and n.lower() in ("layernorm", "norm", "layer_norm")
+        ),
+        None,
+    )
     width = word.weight.shape[1]
-    return {"word": word.weight,
-            "position": position,
-            "token_type": types.weight if isinstance(types, nn.Embedding) and types.weight.shape[1] == width else None,
-            "ln_weight": norm.weight if norm is not None and norm.weight is not None else None,
-            "ln_bias": norm.bias if norm is not None and norm.bias is not None else None}
+    return {
+        "word": word.weight,
+        "position": position,
+        "token_type": types.weight if isinstance(types, nn.Embedding) and types.weight.shape[1] == width else None,
+        "ln_weight": norm.weight if norm is not None and norm.weight is not None else None,
+        "ln_bias": norm.bias if norm is not None and norm.bias is not None else None,
+    }
 
 
 def usable_length(model, tokenizer) -> int:

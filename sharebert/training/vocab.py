@@ -12,6 +12,7 @@ finds the same pieces; a byte-level BPE keeps every merge that builds a kept tok
 merges apply in the same order; Unigram's best segmentation uses only kept pieces, all still there with their
 scores. Other text falls back to the unknown token (WordPiece: the whole word) or, byte-level, to smaller pieces.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,21 +39,32 @@ class CutVocabulary:
         return max(self.rows, len(self.kept))
 
     def describe(self) -> str:
-        bank = (f"; the student's table has {self.table_rows:,} rows, the rest the source its layers' weights are "
-                "generated from" if self.table_rows > len(self.kept) else "")
-        return (f"vocabulary cut from {self.teacher_size:,} to {len(self.kept):,} tokens ({self.used:,} used by the "
-                f"training text, {self.coverage:.2%} of its tokens kept){bank}")
+        bank = (
+            f"; the student's table has {self.table_rows:,} rows, the rest the source its layers' weights are "
+            "generated from"
+            if self.table_rows > len(self.kept)
+            else ""
+        )
+        return (
+            f"vocabulary cut from {self.teacher_size:,} to {len(self.kept):,} tokens ({self.used:,} used by the "
+            f"training text, {self.coverage:.2%} of its tokens kept){bank}"
+        )
 
     def as_dict(self) -> dict:
-        return {"teacher_size": self.teacher_size, "size": len(self.kept), "used": self.used,
-                "coverage": self.coverage, "table_rows": self.table_rows}
+        return {
+            "teacher_size": self.teacher_size,
+            "size": len(self.kept),
+            "used": self.used,
+            "coverage": self.coverage,
+            "table_rows": self.table_rows,
+        }
 
 
 def token_counts(tokenizer, sentences) -> Counter:
     """How often each teacher token id occurs in ``sentences`` (special tokens included, as the model sees them)."""
     counts = Counter()
     for start in range(0, len(sentences), 1000):
-        for ids in tokenizer(list(sentences[start:start + 1000]), truncation=False, verbose=False)["input_ids"]:
+        for ids in tokenizer(list(sentences[start : start + 1000]), truncation=False, verbose=False)["input_ids"]:
             counts.update(ids)
     return counts
 
@@ -60,8 +72,9 @@ def token_counts(tokenizer, sentences) -> Counter:
 def _model(tokenizer) -> dict:
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
     if spec["model"]["type"] not in MODELS:
-        raise ValueError(f"the teacher's tokenizer is a {spec['model']['type']} model; a vocabulary cut handles "
-                         f"{', '.join(MODELS)}")
+        raise ValueError(
+            f"the teacher's tokenizer is a {spec['model']['type']} model; a vocabulary cut handles {', '.join(MODELS)}"
+        )
     return spec
 
 
@@ -75,7 +88,7 @@ def _builders(model: dict) -> dict[str, list[tuple[str, str]]]:
     out: dict[str, list] = {}
     for merge in model.get("merges") or []:
         a, b = _pairs(merge)
-        out.setdefault(a + (b[len(prefix):] if prefix and b.startswith(prefix) else b), []).append((a, b))
+        out.setdefault(a + (b[len(prefix) :] if prefix and b.startswith(prefix) else b), []).append((a, b))
     return out
 
 
@@ -108,8 +121,9 @@ def choose_tokens(tokenizer, counts: Counter, size: int | None = None) -> list[i
     spec = _model(tokenizer)
     kept = _fixed(tokenizer, spec)
     if size is not None and size < len(kept):
-        raise ValueError(f"--vocab-size {size} is below the {len(kept)} special and fallback tokens the teacher's "
-                         "tokenizer needs")
+        raise ValueError(
+            f"--vocab-size {size} is below the {len(kept)} special and fallback tokens the teacher's tokenizer needs"
+        )
     builders = _builders(spec["model"]) if spec["model"]["type"] == "BPE" else {}
     to_id = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
     to_token = {i: t for t, i in to_id.items()}
@@ -139,11 +153,14 @@ def cut_tokenizer(tokenizer, kept: list[int]):
     if spec.get("padding"):
         spec["padding"]["pad_id"] = remap.get(spec["padding"]["pad_id"], 0)
     special = {k: v for k, v in tokenizer.special_tokens_map.items() if k != "additional_special_tokens"}
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
-                                   model_max_length=tokenizer.model_max_length,
-                                   model_input_names=list(tokenizer.model_input_names),
-                                   padding_side=tokenizer.padding_side, truncation_side=tokenizer.truncation_side,
-                                   **special)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        model_max_length=tokenizer.model_max_length,
+        model_input_names=list(tokenizer.model_input_names),
+        padding_side=tokenizer.padding_side,
+        truncation_side=tokenizer.truncation_side,
+        **special,
+    )
 
 
 def _cut_model(model: dict, tokenizer, kept: list[int], remap: dict[int, int]) -> None:
@@ -157,14 +174,15 @@ def _cut_model(model: dict, tokenizer, kept: list[int], remap: dict[int, int]) -
     else:
         model["vocab"] = {tok: new_id[tok] for tok in model["vocab"] if tok in new_id}
     if model["type"] == "BPE":
-        model["merges"] = [m for m in model.get("merges") or []
-                           if all(p in new_id for p in _pairs(m)) and _merged(model, m) in new_id]
+        model["merges"] = [
+            m for m in model.get("merges") or [] if all(p in new_id for p in _pairs(m)) and _merged(model, m) in new_id
+        ]
 
 
 def _merged(model: dict, merge) -> str:
     a, b = _pairs(merge)
     prefix = model.get("continuing_subword_prefix") or ""
-    return a + (b[len(prefix):] if prefix and b.startswith(prefix) else b)
+    return a + (b[len(prefix) :] if prefix and b.startswith(prefix) else b)
 
 
 def _remap_ids(proc, remap: dict) -> None:
@@ -190,8 +208,9 @@ def cut_vocabulary(tokenizer, sentences, size: int | None = None) -> CutVocabula
     return CutVocabulary(cut_tokenizer(tokenizer, kept), tuple(kept), len(tokenizer), coverage, len(counts))
 
 
-def plan_vocabulary(tokenizer, shape: dict, limits: dict, fits, sentences, size: int | None = None,
-                    say=print) -> CutVocabulary | None:
+def plan_vocabulary(
+    tokenizer, shape: dict, limits: dict, fits, sentences, size: int | None = None, say=print
+) -> CutVocabulary | None:
     """The cut a compress run needs, or None: ``size`` forces one (``--vocab-size``); else the teacher's vocabulary
     is cut only when no student with it fits ``limits`` (``fits(shape, limits)`` raises ``ValueError``), to every
     token the text uses, or the most frequent of them that fit. ``sentences()``: the training text (read on need).
@@ -221,8 +240,9 @@ def plan_vocabulary(tokenizer, shape: dict, limits: dict, fits, sentences, size:
 def table_rows(fits, shape: dict, limits: dict, tokens: int) -> int | None:
     """The fewest word-table rows, at least ``tokens`` and at most the teacher's vocabulary, of a student that fits
     (None when none does)."""
-    return next((n for n in _ladder(tokens, max(tokens, int(shape["vocab_size"])))
-                 if _fits(fits, shape, limits, n)), None)
+    return next(
+        (n for n in _ladder(tokens, max(tokens, int(shape["vocab_size"]))) if _fits(fits, shape, limits, n)), None
+    )
 
 
 def _ladder(low: int, high: int, step: float = 1.05) -> list[int]:

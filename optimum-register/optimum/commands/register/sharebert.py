@@ -7,6 +7,7 @@ quantized graph. Other commands (``env``, ``--help``) skip that import (torch an
 It adds no command. Before ``export onnx`` runs, ``sharebert.export.optimum_cli.preflight`` makes the checks
 ``sharebert export`` makes for a sharebert folder (a missing or damaged folder, an artifact, an unknown task,
 a file as output, a task without trained head): one line and exit 2 instead of a traceback."""
+
 import sys
 
 if sys.argv[1:2] in (["export"], ["onnxruntime"]):
