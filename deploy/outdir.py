@@ -243,6 +243,28 @@ class OutLock:
         self.f.close()
 
 
+def _torchrun(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else default
+
+
+def rank() -> int:
+    """This process's rank under torchrun (``RANK``; 0 without torchrun): only rank 0 writes a run's shared files
+    and prints its tables. With :func:`local_rank` and :func:`world_size`, the one place the library reads
+    torchrun's environment."""
+    return _torchrun("RANK", 0)
+
+
+def local_rank() -> int:
+    """This process's rank on its machine under torchrun (``LOCAL_RANK``; 0 without): its GPU's index."""
+    return _torchrun("LOCAL_RANK", 0)
+
+
+def world_size() -> int:
+    """Processes in the run under torchrun (``WORLD_SIZE``; 1 without)."""
+    return _torchrun("WORLD_SIZE", 1)
+
+
 @contextlib.contextmanager
 def run_lock(out: str | Path, command: str):
     """An :class:`OutLock` on ``out`` around a command whose library call checks ``out`` itself (``distill``,
@@ -250,11 +272,7 @@ def run_lock(out: str | Path, command: str):
     created here are removed again if nothing else was written, so a refused run leaves nothing behind. Only
     torchrun's rank 0 locks; a path that is not a folder is left to the command's own check."""
     out = Path(out)
-    if (
-        int(os.environ.get("RANK", "0")) != 0
-        or (os.path.lexists(out) and not out.is_dir())
-        or not _nearest_existing(out.absolute()).is_dir()
-    ):
+    if rank() != 0 or (os.path.lexists(out) and not out.is_dir()) or not _nearest_existing(out.absolute()).is_dir():
         yield
         return
     first_new = next((p for p in reversed((out.absolute(), *out.absolute().parents)) if not os.path.lexists(p)), None)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 from sharebert_runtime import options as opt
+from sharebert_runtime.outdir import rank
 
 from ..training.arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES
 
@@ -253,7 +252,7 @@ def _run_glue(args, dargs) -> int:
         cache_teacher=args.cache_teacher,
         clock=WallClockLimit(args.max_time) if args.max_time else None,
     )
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank() == 0:
         teacher = metrics.pop("teacher")
         rows = [[k, v] for k, v in metrics.items() if not isinstance(v, (dict, list))]
         rows += [[f"teacher {k}", v] for k, v in teacher.items()]

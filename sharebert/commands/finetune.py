@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 from sharebert_runtime import options as opt
+from sharebert_runtime.outdir import rank
 
 
 def add_arguments(p):
@@ -128,7 +127,7 @@ def run(args) -> int:
         keep_checkpoints=args.keep_checkpoints,
         resume=args.resume,
     )
-    if int(os.environ.get("RANK", "0")) == 0:  # one table under torchrun
+    if rank() == 0:  # one table under torchrun
         print(format_table(["metric", "value"], [[k, v] for k, v in metrics.items()]))
         print(f"best model and metrics.json -> {args.out}")
     return 0

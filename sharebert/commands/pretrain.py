@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
 from sharebert_runtime import options as opt
+from sharebert_runtime.outdir import rank
 
 
 def add_arguments(p):
@@ -183,7 +183,7 @@ def run(args) -> int:
             file=sys.stderr,
         )
         return 128 + e.signum
-    if os.environ.get("RANK", "0") != "0":
+    if rank() != 0:
         return 130 if m["status"] == "interrupted" else 0
     if m["status"] == "interrupted":
         name = signal.Signals(m["signal"]).name

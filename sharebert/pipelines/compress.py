@@ -63,34 +63,6 @@ PARTS = (
     MARK,
 )  # what a compress run writes in ``out`` (``--overwrite`` replaces these, nothing else)
 
-# Runs in a fresh process (torch never imported): peak RSS after loading the artifact (VmHWM: ru_maxrss would
-# count the parent's peak, kept across exec), the time to its first answer, then p50 latencies.
-_PROBE = r"""
-import json, sys, time
-import numpy as np
-from sharebert_runtime import Runtime
-def status(key):
-    return [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key)][0]
-imports = status("VmRSS")
-rt = Runtime(sys.argv[1], threads=1)
-rss = status("VmHWM")
-run = rt.embed if rt.task == "feature-extraction" else rt.classify
-run(["one request"])
-first = time.time() - float(sys.argv[3])  # since the parent started this process: interpreter, imports, load, 1 request
-out = {"peak_rss_bytes": rss, "added_rss_bytes": status("VmRSS") - imports, "first_answer_ms": first * 1000}
-for n in (16, 128):
-    words = ("the quick brown fox jumps over the lazy dog " * 40).split()
-    text = " ".join(words[: n - 2])
-    for _ in range(3):
-        run([text])
-    times = []
-    for _ in range(int(sys.argv[2])):
-        t = time.perf_counter(); run([text]); times.append(time.perf_counter() - t)
-    out[f"p50_ms_{n}"] = float(np.median(times) * 1000)
-print(json.dumps(out))
-"""
-
-
 COMMAND = "compress"  # the marker's command (outdir.MARK): a folder is a compress result only when it says so
 ASIDE = ".replaced"  # ``--overwrite``: the earlier result's parts wait here until the new report is written
 
@@ -178,9 +150,9 @@ def is_classifier(config: dict) -> bool:
 
 def probe(artifact: Path, runs: int = 30) -> dict:
     """Peak RSS at load, the time from the process's start to its first answer, and p50 of one sentence at 16 and
-    128 tokens (1 thread), in a fresh torch-free process."""
+    128 tokens (1 thread), in a fresh torch-free process (:mod:`sharebert_runtime.probe`)."""
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(artifact), str(runs), repr(time.time())],
+        [sys.executable, "-m", "sharebert_runtime.probe", str(artifact), str(runs), repr(time.time())],
         capture_output=True,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},

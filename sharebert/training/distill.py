@@ -34,7 +34,16 @@ from transformers import Trainer
 from sharebert_runtime.artifact import sha256
 from sharebert_runtime.errors import first_line
 from ..formats.model_folder import load_config, load_tokenizer
-from sharebert_runtime.outdir import check_out_dir, check_same_run, finite, made_by, mark_out, read_json, write_json
+from sharebert_runtime.outdir import (
+    check_out_dir,
+    check_same_run,
+    finite,
+    local_rank,
+    made_by,
+    mark_out,
+    read_json,
+    write_json,
+)
 from ..formats.paths import data_path
 from .augment import IGNORE_LABEL, augment, check_augment
 from .callbacks import (
@@ -246,8 +255,7 @@ def training_device() -> str:
     CPU. The teacher goes there, beside the student the Trainer places."""
     if not torch.cuda.is_available():
         return "cpu"
-    rank = os.environ.get("LOCAL_RANK", "0")
-    return f"cuda:{rank}" if rank.isdigit() else "cuda"
+    return f"cuda:{local_rank()}"
 
 
 def load_teacher(teacher_dir, head: str = "classifier"):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 from transformers import Trainer
 
 from ..formats.model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
-from sharebert_runtime.outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out
+from sharebert_runtime.outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out, rank
 from ..formats.paths import data_path
 from .callbacks import (
     FitsCheckpoint,
@@ -165,7 +164,7 @@ def finetune(
     )
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before the model loads
         task_file(task_, data_dir, split)
-    rank0 = int(os.environ.get("RANK", "0")) == 0
+    rank0 = rank() == 0
     created = not out.exists()
     if rank0:
         out.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 from ..formats.model_folder import UNFINISHED, is_bert_folder, read_config, save_as_bert
 from ..model.shape import preset_fields
 from ..accounting.curves import write_curves
-from sharebert_runtime.outdir import OutLock, check_out_dir, write_json
+from sharebert_runtime.outdir import OutLock, check_out_dir, rank, world_size, write_json
 from .callbacks import (
     JsonlLogger,
     SignalCheckpoint,
@@ -239,7 +239,7 @@ def _precision(a: PretrainArgs) -> dict:
 
 def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArguments:
     cuda = torch.cuda.is_available()
-    multi = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
+    multi = world_size() > 1  # set by torchrun
     return TrainingArguments(
         output_dir=str(out),
         max_steps=a.max_steps,
@@ -432,7 +432,7 @@ def pretrain(
     ]
     _check_out(out, a, inputs)
     created = not out.exists()
-    rank0 = os.environ.get("RANK", "0") == "0"
+    rank0 = rank() == 0
     with SignalCheckpoint() as stopper:
         run = _Run(
             a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper, callbacks or []
@@ -443,7 +443,7 @@ def pretrain(
             with OutLock(out, "pretrain") if rank0 else contextlib.nullcontext():  # one run at a time per --out
                 return _run(run)
         except (ValueError, FileNotFoundError):
-            if created and not run.training and os.environ.get("RANK", "0") == "0":
+            if created and not run.training and rank() == 0:
                 shutil.rmtree(out, ignore_errors=True)  # failed before training: leave no half-made --out
             raise
 

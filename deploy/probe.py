@@ -1,0 +1,56 @@
+"""What an artifact costs a fresh process: ``python -m sharebert_runtime.probe ARTIFACT RUNS STARTED`` loads it
+(torch never imported, 1 thread), answers one request, then times one sentence of 16 and of 128 tokens ``RUNS``
+times, and prints one JSON line: ``peak_rss_bytes`` (VmHWM after the load: ``ru_maxrss`` would count the parent's
+peak, kept across exec), ``added_rss_bytes`` (RSS after the load and the request, less RSS after the imports),
+``first_answer_ms`` (since ``STARTED``, the parent's ``time.time()`` when it started this process: interpreter,
+imports, load, one request), ``p50_ms_16`` and ``p50_ms_128``. ``compress``'s report reads it for both models."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+TEXT = "the quick brown fox jumps over the lazy dog "
+
+
+def status(key: str) -> int:
+    """Bytes of one ``/proc/self/status`` field (``VmRSS``, ``VmHWM``)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+
+def p50_ms(run, tokens: int, runs: int) -> float:
+    """Median milliseconds of ``run`` on one sentence of ``tokens`` tokens (special tokens included), after 3 warm-ups."""
+    import numpy as np
+
+    text = " ".join((TEXT * 40).split()[: tokens - 2])
+    for _ in range(3):
+        run([text])
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run([text])
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1000)
+
+
+def measure(artifact: str, runs: int, started: float) -> dict:
+    """The figures above, in this process (which must not have loaded anything else)."""
+    from . import Runtime
+
+    imports = status("VmRSS")
+    rt = Runtime(artifact, threads=1)
+    peak = status("VmHWM")
+    run = rt.embed if rt.task == "feature-extraction" else rt.classify
+    run(["one request"])
+    out = {
+        "peak_rss_bytes": peak,
+        "added_rss_bytes": status("VmRSS") - imports,
+        "first_answer_ms": (time.time() - started) * 1000,
+    }
+    return out | {f"p50_ms_{n}": p50_ms(run, n, runs) for n in (16, 128)}
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))))
