@@ -8,6 +8,7 @@ imports, load, one request), ``p50_ms_16`` and ``p50_ms_128``. ``compress``'s re
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 
@@ -52,5 +53,33 @@ def measure(artifact: str, runs: int, started: float) -> dict:
     return out | {f"p50_ms_{n}": p50_ms(run, n, runs) for n in (16, 128)}
 
 
+USAGE = (
+    "usage: python -m sharebert_runtime.probe ARTIFACT RUNS STARTED (RUNS >= 1; STARTED: the time.time() it started)"
+)
+
+
+def _arguments(argv: list[str]) -> tuple[str, int, float]:
+    try:
+        artifact, runs, started = argv[0], int(argv[1]), float(argv[2])
+    except (IndexError, ValueError):
+        runs, started = 0, math.nan
+    if len(argv) != 3 or runs < 1 or not math.isfinite(started):
+        raise ValueError(USAGE)
+    return artifact, runs, started
+
+
+def main(argv: list[str]) -> int:
+    """The command line above: one JSON line and 0, or one line on stderr and 2."""
+    from .errors import first_line
+
+    try:
+        figures = measure(*_arguments(argv))
+    except (OSError, ValueError, RuntimeError) as e:  # the usage, or the runtime's one line for a bad artifact
+        print(f"error: {first_line(e)}", file=sys.stderr)
+        return 2
+    print(json.dumps(figures, allow_nan=False))
+    return 0
+
+
 if __name__ == "__main__":
-    print(json.dumps(measure(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))))
+    sys.exit(main(sys.argv[1:]))

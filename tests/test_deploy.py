@@ -288,3 +288,26 @@ def test_predict_prints_small_probabilities_readably(p, text):
     from sharebert_runtime.cli import _score
 
     assert _score(p) == text
+
+
+def test_probe_measures_an_artifact_in_a_fresh_process_without_torch(classifier, tmp_path):
+    """compress's report figures: finite, positive, from a process where torch cannot be imported; a bad
+    argument or artifact is one line and exit 2."""
+    import math
+    import time
+
+    run_probe = BLOCK_IMPORTS + "import runpy, sys; runpy.run_module('sharebert_runtime.probe', run_name='__main__')"
+
+    def probe(*args):
+        return subprocess.run(
+            [sys.executable, "-c", run_probe, *map(str, args)], capture_output=True, text=True, timeout=300
+        )
+
+    proc = probe(classifier[1], 2, time.time())
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(proc.stdout)
+    assert set(figures) == {"peak_rss_bytes", "added_rss_bytes", "first_answer_ms", "p50_ms_16", "p50_ms_128"}
+    assert all(math.isfinite(v) and v > 0 for v in figures.values()), figures
+    for bad in [(), (classifier[1], 0, 0), (classifier[1], 2, "nan"), (tmp_path / "missing", 2, 0)]:
+        proc = probe(*bad)
+        assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
