@@ -21,48 +21,50 @@ disable_progress_bars()
 # The slow tier: every test here is part of `make test`, and `make test-fast` (`pytest -m "not slow"`) leaves
 # these out. Whole files of end-to-end tests (training runs, ONNX exports, servers, processes that load
 # torch), then single slow tests of otherwise fast files; a test may also carry `@pytest.mark.slow` itself.
-# tests/test_structure.py checks that every name here exists.
+# Paths are relative to tests/, whose folders mirror the source tree; tests/test_structure.py checks that every name
+# here exists.
+TESTS = os.path.dirname(os.path.abspath(__file__))
 SLOW_FILES = {
-    "test_adversarial_export.py",
-    "test_bert_folders.py",
-    "test_compress.py",
-    "test_compress_classifier.py",
-    "test_depth_training.py",
-    "test_distill.py",
-    "test_export.py",
-    "test_finetune.py",
-    "test_generate_cache.py",
-    "test_hf_ecosystem.py",
-    "test_optimum.py",
-    "test_ort_format.py",
-    "test_pairs.py",
-    "test_pretrain.py",
-    "test_ram_int8.py",
-    "test_real_model.py",
-    "test_serve.py",
-    "test_serve_adversarial.py",
-    "test_any_teacher.py",
-    "test_length_grouping.py",  # module fixtures of 30-90 s (teachers, exported artifacts)
+    "export/test_adversarial_export.py",
+    "formats/test_bert_folders.py",
+    "pipelines/test_compress.py",
+    "pipelines/test_compress_classifier.py",
+    "training/test_depth_training.py",
+    "training/test_distill.py",
+    "export/test_export.py",
+    "training/test_finetune.py",
+    "export/test_generate_cache.py",
+    "model/test_hf_ecosystem.py",
+    "export/test_optimum.py",
+    "export/test_ort_format.py",
+    "deploy/test_pairs.py",
+    "training/test_pretrain.py",
+    "export/test_ram_int8.py",
+    "export/test_real_model.py",
+    "deploy/test_serve.py",
+    "deploy/test_serve_adversarial.py",
+    "training/test_any_teacher.py",
+    "deploy/test_length_grouping.py",  # module fixtures of 30-90 s (teachers, exported artifacts)
 }
 SLOW_TESTS = {  # over 10 s each in a fast-tier run on 2 cores at load 7
     "test_docs.py::test_block_runs_as_written",  # every command of the docs, in order
-    "test_shards.py::test_sigterm_during_prepare_saves_progress_and_the_rerun_completes",  # 12 MB tokenized twice
-    "test_shards.py::test_prepared_stream_is_the_in_memory_stream_across_shards",
-    "test_augment.py::test_copies_keep_originals_lengths_and_specials_and_perturb_about_a_fifth_of_words",
-    "test_augment.py::test_distillation_with_copies_caches_teacher_logits_for_all_rows",
-    "test_augment.py::test_resume_on_other_copies_than_the_checkpoint_is_refused",
+    "training/test_shards.py::test_sigterm_during_prepare_saves_progress_and_the_rerun_completes",  # 12 MB tokenized twice
+    "training/test_shards.py::test_prepared_stream_is_the_in_memory_stream_across_shards",
+    "training/test_augment.py::test_copies_keep_originals_lengths_and_specials_and_perturb_about_a_fifth_of_words",
+    "training/test_augment.py::test_distillation_with_copies_caches_teacher_logits_for_all_rows",
+    "training/test_augment.py::test_resume_on_other_copies_than_the_checkpoint_is_refused",
     # each a new process that imports torch and transformers
-    "test_shape.py::test_auto_classes_know_sharebert_after_import",
-    "test_recipe.py::test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes",
-    "test_untrusted.py::test_register_for_auto_class_then_save_pretrained_loads_without_sharebert",
-    "test_untrusted.py::test_every_stopping_signal_removes_the_partial_file",
-    "test_runtime_import.py::test_import_sharebert_lets_auto_classes_load_a_sharebert_folder",
-    "test_shape.py::test_a_broken_transformers_install_leaves_the_runtime_importable",
+    "model/test_shape.py::test_auto_classes_know_sharebert_after_import",
+    "formats/test_recipe.py::test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes",
+    "deploy/test_untrusted.py::test_register_for_auto_class_then_save_pretrained_loads_without_sharebert",
+    "deploy/test_untrusted.py::test_every_stopping_signal_removes_the_partial_file",
+    "deploy/test_runtime_import.py::test_import_sharebert_lets_auto_classes_load_a_sharebert_folder",
+    "model/test_shape.py::test_a_broken_transformers_install_leaves_the_runtime_importable",
     # over 12 s each with two workers at load 9
-    "test_model_conventions.py::test_torch_export_dynamic_batch_and_length_equals_eager",  # torch.export, 14 cases
-    "test_evaluate.py::test_cross_domain_matrix",
-    "test_budget.py::test_budget_cli_and_plot",
-    "test_progress_and_curves.py::test_finetune_logs_plain_lines_and_draws_curves",
+    "model/test_model_conventions.py::test_torch_export_dynamic_batch_and_length_equals_eager",  # torch.export, 14 cases
+    "training/test_evaluate.py::test_cross_domain_matrix",
+    "accounting/test_budget.py::test_budget_cli_and_plot",
+    "training/test_progress_and_curves.py::test_finetune_logs_plain_lines_and_draws_curves",
 }
 
 
@@ -71,7 +73,7 @@ def pytest_collection_modifyitems(items):
     selects them), one marked ``optimum`` skipped, saying why, where the extra is not installed."""
     optimum = _optimum_installed()
     for item in items:
-        file = item.path.name
+        file = os.path.relpath(item.path, TESTS).replace(os.sep, "/")
         if file in SLOW_FILES or f"{file}::{item.originalname}" in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
         if "optimum_onnx" in getattr(item, "fixturenames", ()):

@@ -30,7 +30,7 @@ def test_the_package_ships_its_text_with_its_licence():
     assert packaged_corpus().stat().st_size + packaged_heldout().stat().st_size < 500_000
     readme = (packaged_corpus().parent / "README.md").read_text(encoding="utf-8")
     assert "CC BY-SA 3.0" in readme and "WikiText-2" in readme
-    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert '"text/*.txt"' in pyproject  # shipped as package data
 
 
@@ -42,7 +42,7 @@ def test_the_package_ships_a_search_set_whose_queries_each_name_one_answer():
     assert len(corpus) >= 100 and len(queries) >= 30 and len(set(corpus)) == len(corpus)
     assert len(answers) == len(queries) and all(0 <= a < len(corpus) for a in answers)
     assert not set(queries) & set(corpus)
-    assert '"text/*.tsv"' in (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert '"text/*.tsv"' in (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
 
 
 def test_search_agreement_counts_queries_whose_top1_sentence_is_the_teachers():

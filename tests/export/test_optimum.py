@@ -128,7 +128,7 @@ print(json.dumps({{"logits": mlm(**enc).logits.tolist(), "hidden": fe(**enc).las
         assert diff <= 1e-4, (name, diff)
 
 
-HOOK = Path(__file__).resolve().parents[1] / "optimum-register" / "optimum" / "commands" / "register" / "sharebert.py"
+HOOK = Path(__file__).resolve().parents[2] / "optimum-register" / "optimum" / "commands" / "register" / "sharebert.py"
 
 
 def _damaged(root: Path, model_dir: Path) -> Path:

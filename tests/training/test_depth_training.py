@@ -31,7 +31,7 @@ TINY4 = dict(
     max_position_embeddings=64,
 )
 SET = [x for k, v in TINY4.items() for x in ("--set", f"{k}={v}")]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SST2 = str(data_path("glue", "SST-2"))
 
 

@@ -22,7 +22,7 @@ from sharebert.training import shards
 from sharebert.training.corpus import encode_sources, pack
 from sharebert.training.shards import MANIFEST, PROGRESS, Interrupted, StreamBlocks, TokenStream, prepare, read_manifest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WIKI = data_path("wikitext-2-raw", "wiki.valid.raw")
 ENWIKI = data_path("enwiki-sample")
 

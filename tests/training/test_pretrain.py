@@ -34,7 +34,7 @@ ARGS = dict(
     eval_on_start=True,
     progress=False,
 )
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MAX_TIME_ARGS = [
     "--batch-size",
     "4",
