@@ -26,7 +26,8 @@ if _installed("optimum.exporters.onnx"):  # find_spec raises, not None, when the
 
 # Not on the optimum path only: transformers' own save_pretrained after register_for_auto_class copies the class's
 # module file (custom_object_save) before sharebert.model.portable writes the generated one; from
-# sharebert.model.modeling_sharebert it would copy a file portable then refuses to overwrite (tests/test_untrusted.py).
+# sharebert.model.modeling_sharebert it would copy a file portable then refuses to overwrite
+# (tests/deploy/test_untrusted.py).
 for _cls in AUTO_CLASSES.values():
     _cls.__module__ = __name__
     globals()[_cls.__name__] = _cls

@@ -1,7 +1,7 @@
 """Parameter, FLOP and memory accounting, computed analytically from a config (no model, no torch).
 
 Everything here reads plain config fields (a ``ShareBertConfig``, a ``config.json`` dict or a preset
-dict), so ``sharebert report`` and ``sharebert budget`` never allocate a model. ``tests/test_accounting.py``
+dict), so ``sharebert report`` and ``sharebert budget`` never allocate a model. ``tests/accounting/test_accounting.py``
 checks every count against ``sum(p.numel())`` of the instantiated models and the FLOPs against
 ``torch.utils.flop_counter``.
 

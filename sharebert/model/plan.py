@@ -4,7 +4,7 @@ A source matrix ``M`` of shape ``(E, W)`` lends whole columns to each target wei
 ``(rows, cols)``: ``T`` has ``L = rows * cols`` entries and takes ``G = ceil(L / E)`` columns
 (ShareBERT eq. 3); all targets together may take at most ``W`` columns (eq. 4).
 
-Layout (documented choice, tested in ``tests/test_eps.py``):
+Layout (documented choice, tested in ``tests/model/test_eps.py``):
 
 * Columns are taken from the right end of ``M``. The first target gets the right-most block,
   the next target the block left of it, and so on; inside its block a target's columns are in

@@ -4,7 +4,7 @@ text-classification artifact, and a report whose GLUE dev metric is the artifact
 One session run: a tiny BERT (hidden 256, 2 layers) fine-tuned a few steps on SST-2 with `sharebert finetune`
 (so its task is recorded in metrics.json), compressed with a few steps per phase (one augmented copy of each
 task example). Bad inputs are in
-tests/test_compress.py's table.
+tests/pipelines/test_compress.py's table.
 """
 
 import json
