@@ -48,7 +48,8 @@ SLOW_FILES = {
 }
 SLOW_TESTS = {  # over 10 s each in a fast-tier run on 2 cores at load 7
     "test_docs.py::test_block_runs_as_written",  # every command of the docs, in order
-    "training/test_shards.py::test_sigterm_during_prepare_saves_progress_and_the_rerun_completes",  # 12 MB tokenized twice
+    # the SIGTERM test tokenizes 12 MB twice
+    "training/test_shards.py::test_sigterm_during_prepare_saves_progress_and_the_rerun_completes",
     "training/test_shards.py::test_prepared_stream_is_the_in_memory_stream_across_shards",
     "training/test_augment.py::test_copies_keep_originals_lengths_and_specials_and_perturb_about_a_fifth_of_words",
     "training/test_augment.py::test_distillation_with_copies_caches_teacher_logits_for_all_rows",
@@ -61,7 +62,8 @@ SLOW_TESTS = {  # over 10 s each in a fast-tier run on 2 cores at load 7
     "deploy/test_runtime_import.py::test_import_sharebert_lets_auto_classes_load_a_sharebert_folder",
     "model/test_shape.py::test_a_broken_transformers_install_leaves_the_runtime_importable",
     # over 12 s each with two workers at load 9
-    "model/test_model_conventions.py::test_torch_export_dynamic_batch_and_length_equals_eager",  # torch.export, 14 cases
+    # (the torch.export test: 14 cases)
+    "model/test_model_conventions.py::test_torch_export_dynamic_batch_and_length_equals_eager",
     "training/test_evaluate.py::test_cross_domain_matrix",
     "accounting/test_budget.py::test_budget_cli_and_plot",
     "training/test_progress_and_curves.py::test_finetune_logs_plain_lines_and_draws_curves",

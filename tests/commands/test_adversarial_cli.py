@@ -481,7 +481,8 @@ CASES = [
 ]
 
 # A symbolic link loop given as any file or folder option (or through one, or inside a corpus folder): named as a
-# loop (ELOOP; `os.path.exists` calls it missing), never "not found" or an internal error (sharebert_runtime.options.path).
+# loop (ELOOP; `os.path.exists` calls it missing), never "not found" or an internal error
+# (sharebert_runtime.options.path).
 L = "{root}/loop1"
 LOOP_CASES = [
     ("build-vocab", ["build", "--preset", "sharebert-tiny", "--vocab", L, "--out", "{root}/n"]),

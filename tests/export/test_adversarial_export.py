@@ -2,10 +2,10 @@
 
 Every CLI row runs the real command and asserts: exit status 2, one stderr line naming the problem, no
 traceback, and every file of the user's still there, byte-identical, with nothing new left beside them.
-The export table (and the overwrite) calls ``sharebert_runtime.main.main`` in this process (``_main``: torch loads once; an exception
-escaping it fails the row); rows about the process itself (a file size limit, bytes in argv, stdin) and
-the predict rows run ``python -m sharebert`` in a subprocess. Runtime rows rewrite one manifest field (or file) of a copied artifact and assert
-the refusal names the manifest or the file.
+The export table (and the overwrite) calls ``sharebert_runtime.main.main`` in this process (``_main``: torch loads
+once; an exception escaping it fails the row); rows about the process itself (a file size limit, bytes in argv,
+stdin) and the predict rows run ``python -m sharebert`` in a subprocess. Runtime rows rewrite one manifest field (or
+file) of a copied artifact and assert the refusal names the manifest or the file.
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def test_report_of_a_bert_folder_counts_bert(bert_dirs, capsys):
 
 
 def test_finetune_from_a_bert_folder_starts_from_its_weights(bert_dirs, tmp_path):
-    """One step at learning rate 2e-7: the fine-tuned encoder is the BERT encoder (a random one would differ by ~0.02)."""
+    """One step at learning rate 2e-7: the fine-tuned encoder is the BERT encoder (a random one would differ by
+    ~0.02)."""
     folder, bert = bert_dirs["mlm"]
     args = FinetuneArgs(max_steps=1, max_train_samples=16, max_eval_samples=16, batch_size=8, lr=2e-7, warmup_steps=0)
     finetune(folder, "sst2", tmp_path / "ft", data_path("glue", "SST-2"), args, progress=False)

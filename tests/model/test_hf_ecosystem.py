@@ -1,6 +1,7 @@
 """The Hugging Face stack on ShareBERT as on BERT, each from a fresh process where it matters: ``import sharebert``
-as the one import (Auto classes, pipelines, optimum's export where the ``optimum`` extra is installed), the BERT tokenizer class, multiple choice, and
-``build`` of a causal preset. Real transformers, optimum (where installed) and ONNX Runtime; no hub."""
+as the one import (Auto classes, pipelines, optimum's export where the ``optimum`` extra is installed), the BERT
+tokenizer class, multiple choice, and ``build`` of a causal preset. Real transformers, optimum (where installed) and
+ONNX Runtime; no hub."""
 
 from __future__ import annotations
 
@@ -161,7 +162,8 @@ def test_build_of_a_causal_preset_writes_a_causal_lm(tmp_path, capsys):
 
 
 def _multiple_choice():
-    """``(BertForMultipleChoice, ShareBertForMultipleChoice with its weights, inputs, labels)``: 2 questions, 3 choices."""
+    """``(BertForMultipleChoice, ShareBertForMultipleChoice with its weights, inputs, labels)``: 2 questions,
+    3 choices."""
     from transformers import AutoModelForMultipleChoice, BertConfig, BertForMultipleChoice
 
     from sharebert import ShareBertConfig, ShareBertForMultipleChoice

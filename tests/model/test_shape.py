@@ -155,6 +155,7 @@ def test_import_sharebert_registers_models_and_optimum_configs(optimum_onnx):
     code = (
         "import sharebert, sys; from transformers import AutoConfig; from optimum.exporters.tasks import TasksManager; "
         "print(type(AutoConfig.for_model('sharebert')).__name__, 'sharebert.model.modeling_sharebert' in sys.modules, "
-        "'fill-mask' in TasksManager.get_supported_tasks_for_model_type('sharebert', 'onnx', library_name='transformers'))"
+        "'fill-mask' in TasksManager.get_supported_tasks_for_model_type('sharebert', 'onnx', "
+        "library_name='transformers'))"
     )
     assert _run(code).split() == ["ShareBertConfig", "True", "True"]

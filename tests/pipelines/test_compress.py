@@ -539,7 +539,8 @@ def bad_inputs(minilm_dir, tmp_path_factory):
         (
             ["compress", "{root}/classifier", "--out", "{root}/o3"],
             "is a classifier whose GLUE task is unknown (no "
-            "metrics.json from `sharebert finetune`; its labels [] name no task); name it with --task, e.g. --task sst2",
+            "metrics.json from `sharebert finetune`; its labels [] name no task); name it with --task, "
+            "e.g. --task sst2",
         ),
         (
             ["compress", "{root}/metrics_corrupt", "--out", "{root}/o18"],
@@ -1016,8 +1017,9 @@ def test_a_student_as_wide_as_its_teacher_keeps_its_own_head(minilm_dir, tmp_pat
 
 def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     """`--overwrite` starts without the replaced run's checkpoints, so a later `--resume` continues the new run
-    (before: the older run's newest checkpoint, silently); a `--resume` on other sentences is refused. A folder killed after the teacher's pass and before
-    its first checkpoint is recognised as a distillation's (before: refused as not one, even with --overwrite)."""
+    (before: the older run's newest checkpoint, silently); a `--resume` on other sentences is refused. A folder
+    killed after the teacher's pass and before its first checkpoint is recognised as a distillation's (before:
+    refused as not one, even with --overwrite)."""
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 

@@ -27,7 +27,8 @@ DRIVER = (
 
 
 def _sharebert(*argv, cwd, env=None, device=False):
-    """``(exit status, torch imported, stderr)`` of ``sharebert argv`` in a fresh process (``device``: torch blocked)."""
+    """``(exit status, torch imported, stderr)`` of ``sharebert argv`` in a fresh process (``device``: torch
+    blocked)."""
     proc = subprocess.run(
         [sys.executable, "-c", DRIVER, "device" if device else "workstation", *map(str, argv)],
         capture_output=True,

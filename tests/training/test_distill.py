@@ -1,4 +1,5 @@
-"""Knowledge distillation: exact losses (copy of the teacher -> 0, KL at T=2 by hand), gradients, a short real run, bad input."""
+"""Knowledge distillation: exact losses (copy of the teacher -> 0, KL at T=2 by hand), gradients, a short real run,
+bad input."""
 
 import json
 import shutil

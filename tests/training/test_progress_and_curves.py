@@ -1,4 +1,5 @@
-"""Progress in logs that are not a terminal (plain lines, no bar codes) and training curves (curves.png, `sharebert plot`)."""
+"""Progress in logs that are not a terminal (plain lines, no bar codes) and training curves (curves.png,
+`sharebert plot`)."""
 
 import json
 import re
@@ -88,7 +89,8 @@ def test_plot_bad_input(tmp_path, capsys, setup, message):
 
 def test_a_time_bounded_run_anneals_its_learning_rate_and_counts_progress_by_time(capsys, stepped_clock):
     """`--max-time` without `--max-steps`: the learning rate warms up by steps, then falls linearly to 0 as the
-    clock is spent, the warmup over after 10 steps or 5% of the time (compress and `distill --objective embedding` follow it), and progress lines count time."""
+    clock is spent, the warmup over after 10 steps or 5% of the time (compress and `distill --objective embedding`
+    follow it), and progress lines count time."""
     import io
     from types import SimpleNamespace
 
