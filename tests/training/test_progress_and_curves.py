@@ -43,6 +43,7 @@ def test_finetune_logs_plain_lines_and_draws_curves(run, capfd):
     assert (run / "ft" / "curves.png").read_bytes()[:8] == PNG
 
 
+@pytest.mark.slow  # reads the fine-tune of the test above (slow, in the same file), so runs in its tier
 def test_plot_command_redraws_from_either_log(run, tmp_path, capsys):
     history = json.loads((run / "ft" / "log_history.json").read_text())
     events = read_log(run / "ft")
