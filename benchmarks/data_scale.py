@@ -15,10 +15,10 @@ tokens/s of --data within 5% of --train.
 ``--hostile`` adds the hostile inputs (issue 23), each with its peak RSS and seconds from launch to its result or
 refusal: ``prepare`` of a 60 MB file without one newline (side by side with the same text in lines: both bounded
 by sharebert_runtime.textlines); ``/dev/zero`` given to every reader of user text (``prepare --train``, ``pretrain
---train``, ``distill --objective embedding --train``, ``predict --input``, ``predict --input -`` on stdin, ``export --calibration`` and ``--check-file``) and
-the one-line file to those that take one text per line (predict, from a file and on stdin, and export's sentence
-files): each a one-line refusal, exit 2, in bounded memory, naming the input (and the line). Only those run with
-``--hostile-only``.
+--train``, ``distill --objective embedding --train``, ``predict --input``, ``predict --input -`` on stdin, ``export
+--calibration`` and ``--check-file``) and the one-line file to those that take one text per line (predict, from a file
+and on stdin, and export's sentence files): each a one-line refusal, exit 2, in bounded memory, naming the input (and
+the line). Only those run with ``--hostile-only``.
 
     .venv/bin/python benchmarks/data_scale.py [--sizes-mb 100 1000] [--steps 40] [--out runs/data_scale]
     .venv/bin/python benchmarks/data_scale.py --hostile-only
@@ -250,16 +250,16 @@ def hostile(out: Path) -> None:
                 continue  # a corpus line is read in pieces: prepare trains on it (above); pretrain would too
             r = timed([*CLI, *(a.replace("{src}", src) for a in argv)], refused=True)
             print(
-                f"{what.format(src=Path(src).name)}: refused in {r['seconds']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB: "
-                f"{r['message']}",
+                f"{what.format(src=Path(src).name)}: refused in {r['seconds']:.1f} s, "
+                f"peak RSS {r['peak_rss_mb']:.0f} MB: {r['message']}",
                 flush=True,
             )
     for src in ("/dev/zero", str(one)):
         with open(src, "rb") as stream:
             r = timed([*CLI, "predict", str(artifact), "--input", "-"], stdin=stream, refused=True)
         print(
-            f"predict --input - < {Path(src).name}: refused in {r['seconds']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB: "
-            f"{r['message']}",
+            f"predict --input - < {Path(src).name}: refused in {r['seconds']:.1f} s, "
+            f"peak RSS {r['peak_rss_mb']:.0f} MB: {r['message']}",
             flush=True,
         )
 
@@ -288,7 +288,8 @@ def main() -> None:
             print(
                 f"prepare {mb} MB, {w} worker(s): {p['seconds']:.1f} s = {p['mb_s']:.2f} MB/s "
                 f"({p['mb_s'] / w:.2f} MB/s per worker); {p['tokens']:,} tokens, "
-                f"{p['text_bytes_per_token']:.2f} text bytes/token, {p['disk_bytes_per_token']:.1f} bytes/token on disk",
+                f"{p['text_bytes_per_token']:.2f} text bytes/token, "
+                f"{p['disk_bytes_per_token']:.1f} bytes/token on disk",
                 flush=True,
             )
         r = pretrain(["--data", str(a.out / f"data-{mb}mb")], a.out / f"train-{mb}mb", a.steps)
@@ -299,9 +300,8 @@ def main() -> None:
             flush=True,
         )
     if len(sizes) > 1:
-        print(
-            f"RSS({sizes[-1]} MB) / RSS({sizes[0]} MB) = {rows[sizes[-1]]['peak_rss_mb'] / rows[sizes[0]]['peak_rss_mb']:.3f}"
-        )
+        ratio = rows[sizes[-1]]["peak_rss_mb"] / rows[sizes[0]]["peak_rss_mb"]
+        print(f"RSS({sizes[-1]} MB) / RSS({sizes[0]} MB) = {ratio:.3f}")
     if not a.skip_in_memory:
         mb = sizes[0]
         r = pretrain(

@@ -7,11 +7,11 @@ onnxruntime, tokenizers; one thread) reports:
 * ``file_mb``: the ONNX files (``model.onnx`` and ``ram_int8/``) + ``tokenizer.json``, and ``bound_mb``,
   the goal: 2x those files + 8 MB (``first_x_bound``, ``load_peak_x_bound``: the figures over it);
 * ``imports_mb``: RSS after the imports (the process without the artifact);
-* ``load_mb``: RSS added by ``Runtime(...)``; ``first_mb``: added after load and one request (the figure the
-  bound is about), ``first_anon_mb`` its anonymous part (RssAnon: memory of the process's own, that no page
-  cache holds; the rest is pages of files: libraries' code, ``model.onnx`` mapped); ``load_peak_mb``: peak RSS (VmHWM) above the imports during the load; ``peak_mb``: the
-  same at the end (the 128-token requests included); ``after100_mb``: added after 100 one-sentence requests
-  (no growth: it equals ``first_mb`` within a page or two);
+* ``load_mb``: RSS added by ``Runtime(...)``; ``first_mb``: added after load and one request (the figure the bound is
+  about), ``first_anon_mb`` its anonymous part (RssAnon: memory of the process's own, that no page cache holds; the rest
+  is pages of files: libraries' code, ``model.onnx`` mapped); ``load_peak_mb``: peak RSS (VmHWM) above the imports
+  during the load; ``peak_mb``: the same at the end (the 128-token requests included); ``after100_mb``: added after 100
+  one-sentence requests (no growth: it equals ``first_mb`` within a page or two);
 * ``first_answer_s``: process start to the first answer (interpreter start, imports, load, one request), and
   ``p50_16_ms`` / ``p50_128_ms``: one sentence of 16 and 128 tokens.
 
@@ -38,7 +38,8 @@ CHILD = r"""
 import json, sys, time
 start = time.perf_counter()
 def rss():
-    d = {l.split(":")[0]: int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith(("VmRSS", "VmHWM", "RssAnon"))}
+    d = {l.split(":")[0]: int(l.split()[1]) / 1024
+         for l in open("/proc/self/status") if l.startswith(("VmRSS", "VmHWM", "RssAnon"))}
     return d["VmRSS"], d["VmHWM"], d["RssAnon"]
 import numpy as np, onnxruntime as ort
 from tokenizers import Tokenizer

@@ -81,7 +81,8 @@ for r in range(spec["throughput_repeats"]):
         rt.fill_mask(texts)
         rates[mode].append(len(texts) / (time.perf_counter() - t))
 print("RESULT " + json.dumps({"latency": latency, "peak_load_mb": peak_load, "steady_mb": steady,
-                              "rates": {m: float(np.median(v)) for m, v in rates.items()}, "peak_mb": status()["VmHWM"]}),
+                              "rates": {m: float(np.median(v)) for m, v in rates.items()},
+                              "peak_mb": status()["VmHWM"]}),
       flush=True)
 """
 )
@@ -263,13 +264,15 @@ def main(argv=None) -> int:
             }
             r = results[name, threads] = measure(spec)
             print(
-                f"measured {name} @ {threads} thread(s): cold {r['cold_s']:.2f} s, peak at load {r['peak_load_mb']:.0f} MB",
+                f"measured {name} @ {threads} thread(s): cold {r['cold_s']:.2f} s, "
+                f"peak at load {r['peak_load_mb']:.0f} MB",
                 flush=True,
             )
 
     disk = {name: sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6 for name, path, _ in rows}
     print(
-        "\nMemory and start (peak RSS at load; steady = RSS after the one-sentence runs; ratios vs dense BERT Base fp32)"
+        "\nMemory and start (peak RSS at load; steady = RSS after the one-sentence runs; "
+        "ratios vs dense BERT Base fp32)"
     )
     print(
         f"{'variant':38s} {'thr':>3s} {'disk MB':>8s} {'cold s':>7s} {'peak MB':>8s} {'steady MB':>9s} {'peak x':>7s} "
@@ -278,8 +281,8 @@ def main(argv=None) -> int:
     for (name, threads), r in results.items():
         d = results[base, threads]
         print(
-            f"{name:38s} {threads:3d} {disk[name]:8.1f} {r['cold_s']:7.2f} {r['peak_load_mb']:8.0f} {r['steady_mb']:9.0f} "
-            f"{r['peak_load_mb'] / d['peak_load_mb']:7.2f} {r['steady_mb'] / d['steady_mb']:8.2f}"
+            f"{name:38s} {threads:3d} {disk[name]:8.1f} {r['cold_s']:7.2f} {r['peak_load_mb']:8.0f} "
+            f"{r['steady_mb']:9.0f} {r['peak_load_mb'] / d['peak_load_mb']:7.2f} {r['steady_mb'] / d['steady_mb']:8.2f}"
         )
     print("\nOne sentence, p50 ms (p95) by depth, and p50 ratio vs dense BERT Base fp32 (12 layers)")
     for (name, threads), r in results.items():
@@ -311,8 +314,8 @@ def main(argv=None) -> int:
     for quantize, path in small.items():
         p = ram_parity(path, sst2_masked(64))
         print(
-            f"sharebert-small {quantize:5s}: top-1 at [MASK] {p['top1_mask']:.3f}, top-1 at all tokens {p['top1_all']:.3f}, "
-            f"max |diff| {p['max_abs']:.4f}, min cosine {p['min_cosine']:.5f}"
+            f"sharebert-small {quantize:5s}: top-1 at [MASK] {p['top1_mask']:.3f}, "
+            f"top-1 at all tokens {p['top1_all']:.3f}, max |diff| {p['max_abs']:.4f}, min cosine {p['min_cosine']:.5f}"
         )
     return 0
 

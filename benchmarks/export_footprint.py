@@ -130,14 +130,16 @@ def main() -> None:
         print(
             f"{name:26s} {f['file_bytes'] / 1e6:9.2f} {f['bytes_per_learned_param']:8.3f} {str(f['folded']):>6s} "
             f"{f['session_create_s']:8.2f} {f['peak_rss_load_mb']:8.0f} {f['peak_rss_run_mb']:8.0f} "
-            f"{lat['p50_ms']:8.1f} {lat['p95_ms']:8.1f} {p.get('top1_agreement', float('nan')):6.3f} {p['max_abs_diff']:9.2e}"
+            f"{lat['p50_ms']:8.1f} {lat['p95_ms']:8.1f} {p.get('top1_agreement', float('nan')):6.3f} "
+            f"{p['max_abs_diff']:9.2e}"
         )
     if dense:
         lat = dense["latency"]["1x128"]
         print(
-            f"{'dense BERT (torch.onnx)':26s} {dense['file_bytes'] / 1e6:9.2f} {dense['file_bytes'] / dense['learned_params']:8.3f} "
-            f"{'-':>6s} {dense['session_create_s']:8.2f} {dense['peak_rss_load_mb']:8.0f} {dense['peak_rss_run_mb']:8.0f} "
-            f"{lat['p50_ms']:8.1f} {lat['p95_ms']:8.1f}   ({dense['layers']} layers, {dense['learned_params']:,} params)"
+            f"{'dense BERT (torch.onnx)':26s} {dense['file_bytes'] / 1e6:9.2f} "
+            f"{dense['file_bytes'] / dense['learned_params']:8.3f} {'-':>6s} {dense['session_create_s']:8.2f} "
+            f"{dense['peak_rss_load_mb']:8.0f} {dense['peak_rss_run_mb']:8.0f} {lat['p50_ms']:8.1f} "
+            f"{lat['p95_ms']:8.1f}   ({dense['layers']} layers, {dense['learned_params']:,} params)"
         )
     print(f"{'PyTorch eager':26s} {'':>9s} {'':>8s} {'':>6s} {'':>8s} {'':>8s} {'':>8s} {eager:8.1f}")
 

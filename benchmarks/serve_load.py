@@ -24,7 +24,8 @@ under ``artifacts/serve_bench/`` (reused when present; the figures are about tim
         --duration 20 --threads 1                       # light p95 / unloaded p95 of each mix, in one run
     python benchmarks/serve_load.py --preset sharebert-tiny --quantize none --mixes 80+0,80+20 \
         --duration 20 --threads 1 --variant="" --variant="--workers 3"    # two servers side by side
-    python benchmarks/serve_load.py ... --variant="PYTHONSAFEPATH=1 PYTHONPATH=/tmp/old" --variant=""  # an older version beside
+    python benchmarks/serve_load.py ... --variant="PYTHONSAFEPATH=1 PYTHONPATH=/tmp/old" \
+        --variant=""                                                    # an older version beside
 
 Before each load, one client alone sends ``--unloaded`` requests: their p95 is the unloaded p95 the
 loaded one is compared with (goal: loaded p95 <= 10x unloaded, light requests not starved by heavy
@@ -32,9 +33,9 @@ ones). ``--mixes`` runs several loads (plain + hostile clients) in turn; with ``
 each mix runs on every variant's server in turn (servers started side by side), so the shared machine's
 drift hits them alike; a table of the ratios ends the output. An older version as a variant: its tree made
 importable (``git archive OLD | tar -x -C /tmp/old``, then ``ln -s ../deploy /tmp/old/sharebert/deploy`` and
-``ln -s ../export /tmp/old/sharebert/export``: the installed package maps those folders). ``--dribblers`` connections from 127.0.0.2 each send one header line every 5 s, forever (the
-server's whole-request deadline cuts them off; they reconnect), while a probe from 127.0.0.1 asks
-``GET /health`` twice a second: every probe must get 200.
+``ln -s ../export /tmp/old/sharebert/export``: the installed package maps those folders). ``--dribblers`` connections
+from 127.0.0.2 each send one header line every 5 s, forever (the server's whole-request deadline cuts them off; they
+reconnect), while a probe from 127.0.0.1 asks ``GET /health`` twice a second: every probe must get 200.
 """
 
 from __future__ import annotations
@@ -516,8 +517,8 @@ def main(argv=None) -> int:
         action="append",
         metavar="OPTIONS",
         help='more `sharebert serve` options for a server, e.g. --variant="--workers 3"; NAME=VALUE words set '
-        'its environment (--variant="PYTHONSAFEPATH=1 PYTHONPATH=/old/checkout" runs an older version); given more than once, '
-        "every mix runs on each variant's server in turn (default: one server, no more options)",
+        'its environment (--variant="PYTHONSAFEPATH=1 PYTHONPATH=/old/checkout" runs an older version); '
+        "given more than once, every mix runs on each variant's server in turn (default: one server, no more options)",
     )
     args = ap.parse_args(argv)
     if args.clients < 1 or args.batch < 1 or args.requests < 1 or args.duration <= 0 or args.sentences < 1:
@@ -588,11 +589,13 @@ def main(argv=None) -> int:
             print(f"server {name} {server.stop()}")
     print("\nlight p95 loaded / unloaded (one-sentence requests, unloaded p95 measured just before; goal <= 10):")
     for name, clients, hostile_n, summary in table:
+        heavy = {k: v for k, v in summary["hostile"].items() if k.startswith("heavy")} if hostile_n else None
         print(
-            f"  {clients} clients + {hostile_n} hostile{', ' + name if name else ''}: p95 {summary['latency_ms']['p95']} ms "
+            f"  {clients} clients + {hostile_n} hostile{', ' + name if name else ''}: "
+            f"p95 {summary['latency_ms']['p95']} ms "
             f"/ unloaded {summary['unloaded_p95_ms']} ms = {summary['p95_over_unloaded']}x "
             f"({summary['answered']} answered, correct rate {summary['correct_rate']}"
-            f"{', heavy ' + str({k: v for k, v in summary['hostile'].items() if k.startswith('heavy')}) if hostile_n else ''})"
+            f"{', heavy ' + str(heavy) if hostile_n else ''})"
         )
     return 0 if ok else 1
 
@@ -679,7 +682,8 @@ def report(
         f"latency (ms)    p50 {pct[50]:.1f}  p95 {pct[95]:.1f}  p99 {pct[99]:.1f}  max {summary['latency_ms']['max']}"
     )
     print(
-        f"unloaded p95    {unloaded_p95:.1f} ms (one client alone); loaded p95 / unloaded = {pct[95] / unloaded_p95:.2f}"
+        f"unloaded p95    {unloaded_p95:.1f} ms (one client alone); "
+        f"loaded p95 / unloaded = {pct[95] / unloaded_p95:.2f}"
     )
     print(f"errors          {summary['errors'] or 'none'}")
     print(f"correct (top-1) {summary['correct_rate']}  (largest top-1 score difference {load.max_score_diff:.2e})")
@@ -693,14 +697,15 @@ def report(
     health_bad = args.dribblers and set(dribblers.health) != {"200"}
     if args.dribblers:
         print(
-            f"dribblers       {args.dribblers} (peak {dribblers.peak} connected at once, {dribblers.cut} cut off by the "
-            f"deadline); GET /health from another client: {dict(dribblers.health)}, slowest "
+            f"dribblers       {args.dribblers} (peak {dribblers.peak} connected at once, {dribblers.cut} cut off "
+            f"by the deadline); GET /health from another client: {dict(dribblers.health)}, slowest "
             f"{summary['dribblers']['health_max_ms']} ms"
         )
     over = args.max_memory is not None and not (memory["VmHWM"] or float("inf")) <= args.max_memory
     if args.max_memory is not None:
         print(
-            f"memory bound    peak {memory['VmHWM']} MB {'EXCEEDS' if over else 'within'} --max-memory {args.max_memory:g} MB"
+            f"memory bound    peak {memory['VmHWM']} MB {'EXCEEDS' if over else 'within'} "
+            f"--max-memory {args.max_memory:g} MB"
         )
     for note in load.examples:
         print(f"  e.g. {note}")

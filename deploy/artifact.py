@@ -494,10 +494,11 @@ def quantize_rows(rows, width: int, offset: int, shape: list[int], out=None, chu
 def product_rows(session: ort.InferenceSession, width: int, height: int):
     """``rows(start, end)`` of the RAM-int8 rows graph's product ``(height, width)``, for :func:`quantize_rows`.
 
-    ORT writes into one buffer of at most ``ROWS_PER_CALL + 1`` rows (what one call of ``quantize_rows``
-    asks for), filled as far as it reaches and kept: the next weight's rows, when they lie in it, cost no run (a small student's whole product is made once). Callers must not write into the view
-    returned. A rows graph that takes ``cols.start`` / ``cols.end`` is run ``COLUMNS_PER_CALL`` columns at a
-    time, so its int8 source is dequantized a slice at a time; one written before that, whole rows at a time.
+    ORT writes into one buffer of at most ``ROWS_PER_CALL + 1`` rows (what one call of ``quantize_rows`` asks for),
+    filled as far as it reaches and kept: the next weight's rows, when they lie in it, cost no run (a small student's
+    whole product is made once). Callers must not write into the view returned. A rows graph that takes ``cols.start`` /
+    ``cols.end`` is run ``COLUMNS_PER_CALL`` columns at a time, so its int8 source is dequantized a slice at a time; one
+    written before that, whole rows at a time.
     """
     by_columns = "cols.start" in {i.name for i in session.get_inputs()}
     corner = {

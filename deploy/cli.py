@@ -2,17 +2,17 @@
 
 Input lines are plain text, or JSON objects ``{"text": ..., ...}`` (other keys such as ``id`` are
 copied to the output; ``"text_pair"``, a string, is the second text of a pair for text-classification). Pairs
-are recognised by content and the model (:func:`shaped`), never by the file's name: for a model trained on pairs
-(the manifest's ``pairs``) a plain line ``text<TAB>text_pair`` is a pair. The rule: a line is a JSON record when it parses as a JSON object with a
-``"text"`` key (whose value must then be a string); any other line, ``{`` at its start or not, is the
-text itself. Lines are read and answered in chunks of :data:`CHUNK_LINES` (at least ``--batch-size``),
+are recognised by content and the model (:func:`shaped`), never by the file's name: for a model trained on pairs (the
+manifest's ``pairs``) a plain line ``text<TAB>text_pair`` is a pair. The rule: a line is a JSON record when it parses as
+a JSON object with a ``"text"`` key (whose value must then be a string); any other line, ``{`` at its start or not, is
+the text itself. Lines are read and answered in chunks of :data:`CHUNK_LINES` (at least ``--batch-size``),
 so memory stays bounded for any input size; the runtime orders a chunk by token length into calls of
 ``--batch-size`` texts and answers in input order. A line that cannot be answered (not UTF-8, a
 non-string ``"text"``, a result that is not finite) is reported on stderr with its number and
 skipped; the run goes on and exits with status 1 at the end when any line was skipped (0 when all
-were answered). Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` in input order (strict
-JSON, never NaN; ``line`` and ``result`` are always predict's own (:data:`OWN_FIELDS`): a record's fields of
-those names are not copied, said once on stderr); to ``--output`` through :func:`~sharebert_runtime.outdir.atomic_output`
+were answered). Output: JSON lines ``{"line": n, "text": ..., "result": ...}`` in input order (strict JSON, never NaN;
+``line`` and ``result`` are always predict's own (:data:`OWN_FIELDS`): a record's fields of those names are not copied,
+said once on stderr); to ``--output`` through :func:`~sharebert_runtime.outdir.atomic_output`
 (a hidden temporary file beside it renamed at the end; any failure, a full disk or a stopping signal included, removes
 it and leaves an existing file as it was; a symbolic link is written through), or stdout;
 texts given as arguments print readably. A line over :data:`~sharebert_runtime.textlines.MAX_LINE_BYTES` (1 MiB) ends

@@ -135,7 +135,8 @@ class Runtime:
         self.sep_id = special.get("sep")
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
-        settle()  # the JSON parse's code and freed blocks, before a session's code (the load peaks at the first session)
+        # the JSON parse's code and freed blocks, before a session's code (the load peaks at the first session)
+        settle()
         self._int8_inputs: dict[str, ort.OrtValue] = {}
         self._pair_tokenizer = None  # made on the first pair: truncation longest first
         # a model with one token type (type_vocab_size 1) reads a pair with type 0 throughout, as it was trained

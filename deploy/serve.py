@@ -7,17 +7,18 @@ Endpoints:
   ``/generate``) with ``{"texts": [...]}`` or ``{"text": "..."}`` and optional ``top_k``,
   ``pooling`` and ``normalize`` (embed: override the artifact's recipe), ``text_pair`` (classify: the second
   text of each pair, a string with ``text`` or a list with ``texts``; a model the manifest says was trained on pairs
-  takes ``text<TAB>text_pair`` texts without it, a single-text model refuses it) or ``max_new_tokens``, and ``depth`` (encoder layers to run, 1..N, for artifacts that
-  have a depth input; default ``--depth`` or all) -> ``{"results": [...], "truncated": n}``.
+  takes ``text<TAB>text_pair`` texts without it, a single-text model refuses it) or ``max_new_tokens``, and ``depth``
+  (encoder layers to run, 1..N, for artifacts that have a depth input; default ``--depth`` or all)
+  -> ``{"results": [...], "truncated": n}``.
 
 Bad input of any shape gets a 4xx with ``{"error": message}`` and a valid status line: 400 bad JSON,
-fields, headers or request line (an unsupported HTTP version included), 404/405 wrong path or method,
-408 a request not sent within ``--timeout``, 411 no length, 413 body, texts, tokens or fill-mask
-candidates (``[MASK]`` tokens x ``top_k``) over the limits (an oversize body is refused before it is read). Overload gets 503 with ``Retry-After``:
-more than ``--workers`` + ``--max-queue`` requests admitted, more than ``--workers`` - 1 large ones (over
-``--max-batch-tokens`` tokens: small requests always keep a worker) or a large one while no worker is free, ``--max-connections`` open or
-``--max-client-connections`` from one address (a refused connection's request is read first, so the client reads
-the 503 rather than a reset). ``--timeout`` bounds a whole request (headers and body,
+fields, headers or request line (an unsupported HTTP version included), 404/405 wrong path or method, 408 a request not
+sent within ``--timeout``, 411 no length, 413 body, texts, tokens or fill-mask candidates (``[MASK]`` tokens x
+``top_k``) over the limits (an oversize body is refused before it is read). Overload gets 503 with ``Retry-After``: more
+than ``--workers`` + ``--max-queue`` requests admitted, more than ``--workers`` - 1 large ones (over
+``--max-batch-tokens`` tokens: small requests always keep a worker) or a large one while no worker is free,
+``--max-connections`` open or ``--max-client-connections`` from one address (a refused connection's request is read
+first, so the client reads the 503 rather than a reset). ``--timeout`` bounds a whole request (headers and body,
 however slowly dribbled); at most ``--max-idle`` connections are kept alive between requests. Every
 answer is strict JSON (a non-finite result is a 500 with an error, never ``NaN``); a GET with a body
 closes its connection (the body is never read as the next request).
@@ -182,7 +183,7 @@ def _texts(payload: dict, max_batch: int) -> list[str]:
 
 
 def _checked_field(spec: tuple, value):
-    """``value`` of the optional field ``spec`` (see :func:`params`) when it has the spec's type and range (400 if not)."""
+    """``value`` of the optional field ``spec`` (see :func:`params`) if it has the spec's type and range, else 400."""
     name = spec[0]
     if spec[1] is bool and type(value) is not bool:
         raise BadRequest(400, f'"{name}" must be true or false')

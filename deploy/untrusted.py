@@ -131,7 +131,7 @@ def read_json_object(path: str | Path, what: str = "", limit: int = JSON_BYTES) 
 
 
 def int_field(value, path, key: str, minimum: int | None = 1) -> int:
-    """``value`` when it is an integer (not a bool) of at least ``minimum``; else ``ValueError`` naming file and field."""
+    """``value`` if it is an integer (not a bool) of at least ``minimum``, else ``ValueError`` naming file and field."""
     if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
         raise ValueError(f"{path}: {key} must be an integer{bound}, got {value!r}")

@@ -21,8 +21,8 @@ print(
 )
 for slot in plan.slots:
     print(
-        f"  {slot.name:<8} {slot.shape[0]}x{slot.shape[1]:<5} columns {slot.first_column}..{slot.first_column + slot.num_columns - 1}"
-        f"  (unused tail {slot.unused})"
+        f"  {slot.name:<8} {slot.shape[0]}x{slot.shape[1]:<5} "
+        f"columns {slot.first_column}..{slot.first_column + slot.num_columns - 1}  (unused tail {slot.unused})"
     )
 
 # 2. Attention variants plug into the same encoder; fewer matrices take fewer columns.

@@ -1,11 +1,10 @@
 """Footprint of an exported graph: disk, RAM and time, measured in a fresh process.
 
-``measure(path, ...)`` runs this file as a script (no torch; of sharebert only the torch-free
-``sharebert_runtime``, which never imports torch), so the resident memory it reports is ONNX Runtime's alone: ``rss_baseline_mb`` (after importing onnxruntime),
-``peak_rss_load_mb`` (peak while creating the session: generated weights folded to dense tensors; ``rss_after_load_mb`` is
-the resident size once it is created)
-and ``peak_rss_run_mb`` (peak after the timed runs), the session creation time and p50/p95 latency
-per shape ``BxT``.
+``measure(path, ...)`` runs this file as a script (no torch; of sharebert only the torch-free ``sharebert_runtime``,
+which never imports torch), so the resident memory it reports is ONNX Runtime's alone: ``rss_baseline_mb`` (after
+importing onnxruntime), ``peak_rss_load_mb`` (peak while creating the session: generated weights folded to dense
+tensors; ``rss_after_load_mb`` is the resident size once it is created) and ``peak_rss_run_mb`` (peak after the timed
+runs), the session creation time and p50/p95 latency per shape ``BxT``.
 """
 
 from __future__ import annotations

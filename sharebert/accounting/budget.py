@@ -212,7 +212,8 @@ def pareto_front(cands: list[Candidate]) -> list[Candidate]:
 
 
 def search_candidates(limits: dict, dtype: str = "fp32", seq_len: int = 128, models: dict | None = None) -> dict:
-    """``{"front", "feasible", "total", "presets" (feasible paper presets), "all", "blocking" (why nothing fits), "seq_len"}``.
+    """``{"front", "feasible", "total", "presets", "all", "blocking", "seq_len"}``: ``presets`` the feasible paper
+    presets, ``blocking`` why nothing fits.
 
     ``limits`` maps ``max_params`` / ``max_bytes`` / ``max_ram`` / ``max_gflops`` to a number (or None).
     ``models``: ``{name: config dict}`` of the user's own models (``budget --model``), placed among the candidates.
@@ -399,11 +400,11 @@ def _plot_title(result: dict) -> str:
     shown = {"max_params": "params", "max_bytes": "bytes", "max_gflops": "GFLOPs"}
     words = [f"{LIMITS[k][0]} <= {human(v)}" for k, v in limits.items()]
     drawn = " and ".join(shown[k] for k in limits if k in shown)
+    dashes = f"red dashes: the {drawn} limit{'s' if ' and ' in drawn else ''} (shaded: outside); " if drawn else ""
     return (
         f"sharebert budget: {result['feasible']:,} of {result['total']:,} candidates within "
         f"{', '.join(words) or 'no limits'} ({result.get('dtype', 'fp32')})\n"
-        f"{'red dashes: the ' + drawn + (' limits' if ' and ' in drawn else ' limit') + ' (shaded: outside); ' if drawn else ''}"
-        "stars: ShareBERT Table 2 presets (hollow: outside the limits)"
+        f"{dashes}stars: ShareBERT Table 2 presets (hollow: outside the limits)"
     )
 
 

@@ -28,7 +28,8 @@ _ATTENTION_MATRICES = frozenset(FILL_ORDER) - {"ffn_in", "ffn_out"}
 
 
 def as_shape(config) -> ShapeMixin:
-    """The one shape type: a ``ShareBertConfig`` or ``ModelShape`` as it is, a config dict (``config.json``) as a ``ModelShape``."""
+    """The one shape type: a ``ShareBertConfig`` or ``ModelShape`` as it is, a config dict (``config.json``) as a
+    ``ModelShape``."""
     return config if isinstance(config, ShapeMixin) else ModelShape(validate=False, **config)
 
 

@@ -298,7 +298,8 @@ def _print_result(r: dict) -> None:
         q = f"{r['task']} dev {r['metric']}"
         print(
             f"teacher {t['learned_params']:,} params, {t['artifact_bytes'] / 1e6:.1f} MB {t['quantization']}, {q} "
-            f"{t['glue_dev']:.4f} ({t['quantization']} {t['glue_dev_artifact']:.4f}), p50 16 tok {t['p50_ms_16']:.1f} ms"
+            f"{t['glue_dev']:.4f} ({t['quantization']} {t['glue_dev_artifact']:.4f}), "
+            f"p50 16 tok {t['p50_ms_16']:.1f} ms"
         )
         print(
             f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, {q} {s['glue_dev']:.4f} "

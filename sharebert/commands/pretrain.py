@@ -197,7 +197,7 @@ def run(args) -> int:
         else ""
     )
     print(
-        f"trained {m['global_step']} steps{limit} on {m['train_tokens']:,} tokens: train loss {m['train_loss']:.4f}{ev}; "
-        f"model and metrics.json in {args.out}"
+        f"trained {m['global_step']} steps{limit} on {m['train_tokens']:,} tokens: "
+        f"train loss {m['train_loss']:.4f}{ev}; model and metrics.json in {args.out}"
     )
     return 0

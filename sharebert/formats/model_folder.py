@@ -170,7 +170,7 @@ def is_model_folder(path: Path) -> bool:
 
 
 def bert_state_dict(sd: dict, num_layers: int, prefix: str) -> dict:
-    """A transformers BERT state dict renamed to ShareBERT's (``prefix``: ``"sharebert."`` or ``""`` for the backbone)."""
+    """A transformers BERT state dict renamed to ShareBERT's; ``prefix``: ``"sharebert."``, or ``""`` for a backbone."""
     out = {}
     for key, value in sd.items():
         k = key[len("bert.") :] if key.startswith("bert.") else key

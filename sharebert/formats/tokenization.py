@@ -18,8 +18,8 @@ SPECIAL = {
 
 
 def wordpiece_tokenizer(vocab_file: str | Path, lowercase: bool = True) -> Tokenizer:
-    """A BERT WordPiece ``tokenizers.Tokenizer`` with [CLS] ... [SEP] post-processing. ``vocab_file`` is read as
-    user text (:mod:`sharebert_runtime.textlines`): not a regular file (``/dev/zero``, a folder, a symlink loop) or a line
+    """A BERT WordPiece ``tokenizers.Tokenizer`` with [CLS] ... [SEP] post-processing. ``vocab_file`` is read as user
+    text (:mod:`sharebert_runtime.textlines`): not a regular file (``/dev/zero``, a folder, a symlink loop) or a line
     over ``MAX_LINE_BYTES`` is refused naming it, in bounded memory."""
     vocab_file = check_text_file(vocab_file, "vocabulary file")
     vocab = {}

@@ -109,8 +109,8 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
-        """As ``PretrainedConfig.from_dict``, then validated again: keyword overrides (as in
-        ``from_pretrained(folder, classifier_pooling="mean")``) are set after ``__init__`` checked the folder's values."""
+        """As ``PretrainedConfig.from_dict``, then validated again: keyword overrides
+        (``from_pretrained(folder, classifier_pooling="mean")``) are set after ``__init__`` checked the folder's."""
         result = super().from_dict(config_dict, **kwargs)
         (result[0] if isinstance(result, tuple) else result).validate()
         return result

@@ -24,14 +24,13 @@ for _auto, _cls in AUTO_CLASSES.items():
 
 
 def _save_pretrained(self, save_directory, *args, **kwargs):
-    """transformers' save. After ``register_for_auto_class()`` (the model's or its config's), or for a model loaded
-    from a portable folder (its config has an ``auto_map``: a fine-tuned copy must not point at code it lacks), the
-    folder gets sharebert's
-    portable modeling code and ``auto_map`` (``sharebert.model.portable``), loadable with ``trust_remote_code=True`` where
-    sharebert is not installed, instead of transformers' copy of the module defining the class (which imports
-    sharebert). Package only: a portable copy, itself remote code, is saved by transformers as it is. With
-    ``push_to_hub=True`` the upload follows the portable files (``push_to_hub``, which saves through this method).
-    A save without ``auto_map`` removes the portable files an earlier save left there (``remove_portable``)."""
+    """transformers' save. After ``register_for_auto_class()`` (the model's or its config's), or for a model loaded from
+    a portable folder (its config has an ``auto_map``: a fine-tuned copy must not point at code it lacks), the folder
+    gets sharebert's portable modeling code and ``auto_map`` (``sharebert.model.portable``), loadable with
+    ``trust_remote_code=True`` where sharebert is not installed, instead of transformers' copy of the module defining
+    the class (which imports sharebert). Package only: a portable copy, itself remote code, is saved by transformers as
+    it is. With ``push_to_hub=True`` the upload follows the portable files (``push_to_hub``, which saves through this
+    method). A save without ``auto_map`` removes the portable files an earlier save left there (``remove_portable``)."""
     if self._auto_class is None and self.config._auto_class is None and not getattr(self.config, "auto_map", None):
         result = PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):

@@ -362,7 +362,8 @@ class ShapeMixin:
         need(
             self.hidden_size % self.num_attention_heads == 0,
             f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}; "
-            f"pick heads among the divisors of {self.hidden_size} (e.g. {self.hidden_size // 64 or 1} for 64-dim heads)",
+            f"pick heads among the divisors of {self.hidden_size} "
+            f"(e.g. {self.hidden_size // 64 or 1} for 64-dim heads)",
         )
         need(
             isinstance(self.qk_share_ratio, (int, float)) and 0.0 <= self.qk_share_ratio <= 1.0,

@@ -85,8 +85,8 @@ class TimeBudget:
 
     Before the first step ``plan`` sizes the teacher's pass from what was measured (the teacher's sentences a
     second, one student step) and says the plan in one line: what is left after the fixed costs of the end
-    (:meth:`reserve`: the exports still to come with their parity checks, two probes, the quality measures' sentences through
-    teacher and student) goes at most a third to the teacher's vectors, the rest to training, whose clock
+    (:meth:`reserve`: the exports still to come with their parity checks, two probes, the quality measures' sentences
+    through teacher and student) goes at most a third to the teacher's vectors, the rest to training, whose clock
     (``training_seconds``) is what is left when it starts. A budget smaller than the end's costs is said so."""
 
     EXPORT_SECONDS = 25.0  # one export's fixed part (ONNX trace, quantization, latency runs) besides its parity pass
@@ -110,8 +110,9 @@ class TimeBudget:
         return self.seconds - (time.monotonic() - self.start)
 
     def reserve(self) -> float:
-        """Seconds the steps after training take: ``exports`` exports (each its parity pass of 128 sentences
-        through PyTorch; ``compress`` makes the teacher's before training, so one), two probes, the quality sentences through the teacher (but those cached) and the student (:data:`STUDENT_SHARE` of its cost)."""
+        """Seconds the steps after training take: ``exports`` exports (each its parity pass of 128 sentences through
+        PyTorch; ``compress`` makes the teacher's before training, so one), two probes, the quality sentences through
+        the teacher (but those cached) and the student (:data:`STUDENT_SHARE` of its cost)."""
         rate = self.rate or 50.0
         return (
             self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate)

@@ -397,7 +397,8 @@ def _report(
     from .compress import export_teacher
 
     say(
-        "exporting the student (int8) and the teacher (the first quantization that keeps it), task text-classification ..."
+        "exporting the student (int8) and the teacher (the first quantization that keeps it), "
+        "task text-classification ..."
     )
     student = out / "student"
     art = export_once(student, out / "artifact", "int8", progress, task="text-classification", allow_low_parity=True)

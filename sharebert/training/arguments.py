@@ -20,9 +20,8 @@ class PretrainArgs:
     objective: str = "mlm"  # mlm | clm
     char_level: bool = False
     max_steps: int = 23000
-    max_time: float | None = (
-        None  # seconds of training (the whole run: a --resume goes on from the seconds its checkpoint kept) before stopping
-    )
+    # seconds of training (the whole run: a --resume goes on from the seconds its checkpoint kept) before stopping
+    max_time: float | None = None
     batch_size: int = 32  # per process
     grad_accum: int = 1
     lr: float = 1e-3

@@ -437,10 +437,11 @@ def epochs_steps(trainer) -> int:
 def kept_result(
     trainer, checkpoint: str | Path | None, out: Path, expect=(), published: bool = True, say=print
 ) -> dict | None:
-    """A ``--resume`` of a run that had finished (:func:`finished_run`) and written ``out/metrics.json`` (holding
-    every key of ``expect``) at that checkpoint's step, its model ``published`` there: those metrics, kept as they are (said in one line; the caller returns them instead of
-    training again, which would rewrite its figures and checkpoint); None otherwise. A finished run whose results
-    were never written (stopped while writing them) takes no step (``trainer.finished``) and writes them."""
+    """A ``--resume`` of a run that had finished (:func:`finished_run`) and written ``out/metrics.json`` (holding every
+    key of ``expect``) at that checkpoint's step, its model ``published`` there: those metrics, kept as they are (said
+    in one line; the caller returns them instead of training again, which would rewrite its figures and checkpoint);
+    None otherwise. A finished run whose results were never written (stopped while writing them) takes no step
+    (``trainer.finished``) and writes them."""
     state = {} if checkpoint is None else trainer_state(checkpoint)
     why = None if checkpoint is None else finished_run(trainer, state)
     if why is None:

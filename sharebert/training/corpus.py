@@ -69,8 +69,8 @@ def sniff_text(path: Path) -> None:
 
 
 def iter_lines(source: Path | str) -> Iterator[str]:
-    """The text of one source as lines ending in ``\\n`` (newlines normalised, markup stripped); a line longer
-    than :data:`~sharebert_runtime.textlines.PIECE_CHARS` comes in pieces (:func:`~sharebert_runtime.textlines.text_pieces`),
+    """The text of one source as lines ending in ``\\n`` (newlines normalised, markup stripped); a line longer than
+    :data:`~sharebert_runtime.textlines.PIECE_CHARS` comes in pieces (:func:`~sharebert_runtime.textlines.text_pieces`),
     only the last ending in ``\\n``, so memory stays bounded for a file without newlines."""
     if isinstance(source, str):
         yield from _iter_dataset(source)
@@ -169,7 +169,8 @@ def strip_wiki_markup(text: str) -> str:
 
 # -- tokenizers ---------------------------------------------------------------------------------
 def char_tokenizer(text: str, model_max_length: int = 256):
-    """Character-level ``PreTrainedTokenizerFast``: ``[PAD]`` = 0, ``[UNK]`` = 1, then the sorted characters of ``text``."""
+    """Character-level ``PreTrainedTokenizerFast``: ``[PAD]`` = 0, ``[UNK]`` = 1, then the sorted characters of
+    ``text``."""
     from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast

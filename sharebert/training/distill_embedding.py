@@ -1005,10 +1005,10 @@ class _Collator:
 
 def save_student(model, head, tokenizer, out: Path, teacher_recipe, seq_len: int) -> None:
     """The student as a sentence-transformers folder: backbone and tokenizer, then the teacher's recipe with the
-    student's own output projection (if any) as its one Dense layer (``sharebert.formats.recipe.write_recipe``). Every file
-    says the length the student was trained at, ``seq_len`` (at most its ``max_position_embeddings``): the
-    tokenizer's ``model_max_length`` and the recipe's ``max_seq_length``, so ``truncation=True`` never gives more
-    tokens than the model has positions."""
+    student's own output projection (if any) as its one Dense layer (``sharebert.formats.recipe.write_recipe``). Every
+    file says the length the student was trained at, ``seq_len`` (at most its ``max_position_embeddings``): the
+    tokenizer's ``model_max_length`` and the recipe's ``max_seq_length``, so ``truncation=True`` never gives more tokens
+    than the model has positions."""
     from ..formats.recipe import DenseLayer, EmbeddingRecipe, write_recipe
 
     model.save_pretrained(str(out))

@@ -257,7 +257,10 @@ def _layout(task: GlueTask) -> str:
     cols = [str(c) for c in (*task.text_columns, task.label_column)]
     if task.header:
         return f"a header naming the columns {cols} (tab-separated)"
-    return f"{task.n_fields} tab-separated fields without a header, text in field {task.text_columns[0]}, label in field {task.label_column}"
+    return (
+        f"{task.n_fields} tab-separated fields without a header, text in field {task.text_columns[0]}, "
+        f"label in field {task.label_column}"
+    )
 
 
 def read_tsv(task: GlueTask, path: str | Path) -> GlueSplit:

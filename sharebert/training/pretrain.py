@@ -14,9 +14,9 @@ SHA-256), ``log.jsonl`` (one JSON per logging step and evaluation, with ``eval_r
 raises :class:`NonFiniteLoss` before the optimizer step, so the last checkpoint stays the last good
 one; SIGINT/SIGTERM save a checkpoint of the last complete step and stop (status ``interrupted``),
 also from inside an evaluation; before training starts they raise :class:`StopRequested`.
-``resume=True`` continues from the newest intact checkpoint with the same schedule, data order and masking. ``max_time`` (seconds) ends training at the first optimizer step
-after that much wall-clock time since training began (``stopped_by`` = ``max_time``), saving a
-checkpoint and the model as at a normal end; the schedule still runs to ``max_steps``.
+``resume=True`` continues from the newest intact checkpoint with the same schedule, data order and masking. ``max_time``
+(seconds) ends training at the first optimizer step after that much wall-clock time since training began (``stopped_by``
+= ``max_time``), saving a checkpoint and the model as at a normal end; the schedule still runs to ``max_steps``.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def uses_token_types(tokenizer) -> bool:
 
 
 def student_fields(tokenizer) -> dict:
-    """The student config fields the teacher decides beyond its budget: one token type where its tokenizer gives none."""
+    """The student config fields the teacher decides beyond its budget: one token type if its tokenizer gives none."""
     return {"type_vocab_size": 2 if uses_token_types(tokenizer) else 1}
 
 
