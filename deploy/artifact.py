@@ -211,12 +211,12 @@ def _check_files_entry(manifest: dict, path: Path, bad) -> None:
 def _check_embedding(entry, bad) -> None:
     """A feature-extraction artifact's recipe: ``pooling`` (how ``output``, a graph output, was pooled),
     ``normalize`` (whether the runtime L2-normalises it), ``do_lower_case`` (texts lower-cased first), ``source``."""
-    from .pooling import POOLERS
+    from .pooling import POOLING_MODES
 
     if not isinstance(entry, dict):
         bad("embedding", "must be an object")
-    if not isinstance(entry.get("pooling"), str) or entry["pooling"] not in POOLERS:
-        bad("embedding", f"pooling {entry.get('pooling')!r} is not one of {', '.join(POOLERS)}")
+    if not isinstance(entry.get("pooling"), str) or entry["pooling"] not in POOLING_MODES:
+        bad("embedding", f"pooling {entry.get('pooling')!r} is not one of {', '.join(POOLING_MODES)}")
     if not isinstance(entry.get("normalize"), bool) or entry.get("do_lower_case") not in (None, True, False):
         bad("embedding", "normalize must be true or false, do_lower_case true, false or null")
     if not isinstance(entry.get("output"), str):

@@ -60,11 +60,11 @@ def add_arguments(p):
         'whose weights are stored int8, else fp32 (docs/DEVICE.md "Memory")',
     )
     p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default: 5)")
-    from .pooling import POOLERS
+    from .pooling import POOLING_MODES
 
     p.add_argument(
         "--pooling",
-        choices=tuple(POOLERS),
+        choices=POOLING_MODES,
         default=None,
         help="feature-extraction: pool the token states this way instead of the artifact's recipe (which "
         "the manifest records: the model's sentence-transformers pooling, else cls); the recipe's Dense "

@@ -1,11 +1,13 @@
 """Sentence pooling in numpy: token states ``(B, T, H)`` and the attention mask ``(B, T)`` -> ``(B, H)``.
 
-The modes are sentence-transformers' (``sharebert/formats/recipe.py`` lists them, ``POOLING_MODES``; a test keeps
-the two lists equal): ``cls`` the first real token, ``mean`` the mean over real tokens, ``max`` the
-largest value per feature over real tokens, ``mean_sqrt_len`` the sum over real tokens divided by the
-square root of their count, ``weightedmean`` the mean weighted by position (1, 2, ...), ``lasttoken``
-the last real token. The runtime uses them when a caller overrides an artifact's pooling; the export
-checks the pooling nodes it writes into the graph against them.
+The modes are sentence-transformers': ``cls`` the first real token, ``mean`` the mean over real tokens, ``max`` the
+largest value per feature over real tokens, ``mean_sqrt_len`` the sum over real tokens divided by the square root of
+their count, ``weightedmean`` the mean weighted by position (1, 2, ...), ``lasttoken`` the last real token.
+:data:`POOLING_MODES` is their one list, here in the lowest layer so that every other may read it: the recipe
+(``sharebert.formats.recipe``), the export's pooling graph, the runtime, ``predict --pooling`` and ``serve``; the
+torch ``pool`` of the model (``sharebert.model.modeling_sharebert``) computes a subset. The runtime uses these poolers
+when a caller overrides an artifact's pooling; the export checks the pooling nodes it writes into the graph against
+them.
 """
 
 from __future__ import annotations
@@ -57,13 +59,19 @@ POOLERS = {
     "weightedmean": _weightedmean,
     "lasttoken": _lasttoken,
 }
+POOLING_MODES = tuple(POOLERS)
+
+
+def check_mode(mode) -> str:
+    """``mode`` when it is one of :data:`POOLING_MODES`; else ``ValueError`` saying which are."""
+    if not isinstance(mode, str) or mode not in POOLERS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}, got {mode!r}")
+    return mode
 
 
 def pool(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
     """``(B, H)`` float32 sentence vectors of token states ``hidden (B, T, H)`` under ``mask (B, T)``."""
-    if not isinstance(mode, str) or mode not in POOLERS:
-        raise ValueError(f"pooling must be one of {', '.join(POOLERS)}, got {mode!r}")
-    return np.asarray(POOLERS[mode](hidden.astype(np.float32, copy=False), mask), dtype=np.float32)
+    return np.asarray(POOLERS[check_mode(mode)](hidden.astype(np.float32, copy=False), mask), dtype=np.float32)
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:

@@ -44,7 +44,7 @@ from .artifact import (
     verify_artifact,
 )
 from .memory import give_back, settle
-from .pooling import POOLERS, l2_normalize, pool
+from .pooling import check_mode, l2_normalize, pool
 
 RAM_MODES = ("auto", "fp32", "int8")
 NO_PREPACKING = "session.disable_prepacking"
@@ -518,15 +518,13 @@ class Runtime:
         folder's sentence-transformers pooling, Dense layers and normalisation; artifacts without one pool
         the ``[CLS]`` state, unnormalised).
 
-        ``pooling`` (``cls``, ``mean``, ``max``, ``mean_sqrt_len``, ``weightedmean``, ``lasttoken``): pool the
-        encoder's token states this way instead. The recipe's Dense layers were trained on its own pooling,
-        so a different mode gives the pooled token states (hidden-size vectors) without them; the recipe's
-        own mode is the default. ``normalize``: L2-normalise or not (default: as the recipe says)."""
+        ``pooling`` (one of :data:`~sharebert_runtime.pooling.POOLING_MODES`): pool the encoder's token states this way
+        instead. The recipe's Dense layers were trained on its own pooling, so a different mode gives the pooled token
+        states (hidden-size vectors) without them; the recipe's own mode is the default. ``normalize``: L2-normalise or
+        not (default: as the recipe says)."""
         self._need("feature-extraction")
         recipe = self.manifest.get("embedding") or {"pooling": "cls", "normalize": False}
-        pooling = recipe["pooling"] if pooling is None else pooling
-        if not isinstance(pooling, str) or pooling not in POOLERS:
-            raise ValueError(f"pooling must be one of {', '.join(POOLERS)}, got {pooling!r}")
+        pooling = check_mode(recipe["pooling"] if pooling is None else pooling)
         normalize = recipe["normalize"] if normalize is None else normalize
         if not isinstance(normalize, (bool, np.bool_)):
             raise ValueError(f"normalize must be true or false, got {normalize!r}")

@@ -105,11 +105,11 @@ def add_arguments(p):
 
 def params(task: str, max_top_k: int) -> list[tuple]:
     """The task's optional request fields: ``(name, type, lowest, highest)`` or ``(name, allowed values)``."""
-    from .pooling import POOLERS
+    from .pooling import POOLING_MODES
 
     return {
         "fill-mask": [("top_k", int, 1, max_top_k)],
-        "feature-extraction": [("pooling", tuple(POOLERS)), ("normalize", bool)],
+        "feature-extraction": [("pooling", POOLING_MODES), ("normalize", bool)],
         "causal-lm": [("max_new_tokens", int, 0, MAX_NEW_TOKENS)],
         "text-classification": [],
     }[task]

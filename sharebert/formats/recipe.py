@@ -9,7 +9,8 @@ writes the same files, exactly the layout sentence-transformers 5.x loads with
 ``SentenceTransformer(folder)``. Each malformed file is refused with a one-line ``ValueError`` that
 names it.
 
-Torch-free: stdlib and json; numpy and safetensors only where Dense weights are read or written.
+Torch-free: stdlib, json and ``sharebert_runtime.pooling`` (numpy), whose ``POOLING_MODES`` are the modes a recipe may
+name; safetensors only where Dense weights are read or written.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sharebert_runtime.outdir import write_json
+from sharebert_runtime.pooling import POOLING_MODES as POOLING_MODES  # their one list, re-exported
+from sharebert_runtime.pooling import check_mode
 from sharebert_runtime.untrusted import JSON_BYTES, optional_file, read_json, regular_file
 from sharebert_runtime.untrusted import bool_field as _bool
 from sharebert_runtime.untrusted import int_field as _int
 
-POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
-# sentence-transformers' names for them: its ``pooling_mode`` strings and its legacy boolean keys.
+# sentence-transformers' names for the pooling modes: its ``pooling_mode`` strings and its legacy boolean keys.
 _ST_MODES = {
     "cls": "cls",
     "mean": "mean",
@@ -79,8 +81,7 @@ class EmbeddingRecipe:
     source: str = DEFAULT_SOURCE  # where the recipe came from, for the manifest and the user
 
     def __post_init__(self):
-        if self.pooling not in POOLING_MODES:
-            raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}, got {self.pooling!r}")
+        check_mode(self.pooling)
         for layer in self.dense:
             if layer.activation not in ACTIVATIONS:
                 raise ValueError(

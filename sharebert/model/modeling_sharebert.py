@@ -606,8 +606,14 @@ class ShareBertForCausalLM(_WithLMHead, GenerationMixin):
         return res if return_dict else res.to_tuple()
 
 
+# The modes ``pool`` computes: the three of sentence-transformers' (``sharebert_runtime.pooling.POOLING_MODES``, which
+# this file cannot import: it ships as portable code) that a classifier and embedding distillation's loss read.
+TORCH_POOLING = ("mean", "cls", "max")
+
+
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """Pooled sentence vectors ``(B, H)`` from token states ``(B, T, H)`` and the attention mask ``(B, T)``."""
+    """Pooled sentence vectors ``(B, H)`` from token states ``(B, T, H)`` and the attention mask ``(B, T)``; ``mode``
+    one of :data:`TORCH_POOLING`."""
     if mode == "cls":
         return hidden[:, 0]
     m = mask.to(hidden.dtype).unsqueeze(-1)
@@ -615,7 +621,7 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
         return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
     if mode == "mean":
         return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
-    raise ValueError(f"pooling {mode!r} is not supported (mean, cls, max)")
+    raise ValueError(f"pooling {mode!r} is not supported ({', '.join(TORCH_POOLING)})")
 
 
 def sequence_vector(out, attention_mask, pooling: str) -> torch.Tensor:

@@ -221,6 +221,7 @@ CHOICES = {
     "mlm_logits_in_training": ("masked", "all"),
     "norm_position": ("pre", "post"),
     "pooler_activation": ("tanh", "none"),
+    # a classifier reads [CLS] (through the pooler) or the mean: two of the modes the model's torch ``pool`` computes
     "classifier_pooling": ("cls", "mean"),
 }
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model.modeling_sharebert import pool
+from ..model.modeling_sharebert import TORCH_POOLING, pool
 from ..formats.model_folder import load_config, load_tokenizer
 from sharebert_runtime.outdir import check_out_dir, finite
 from ..formats.paths import data_path
@@ -60,7 +60,6 @@ from .distill import (
 from .depth_table import check_depth_sampling
 from .arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
-POOLING = ("mean", "cls", "max")  # the pooling modes of the training loss (``pool``)
 HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
 # A time-budgeted run's estimate of the teacher's pass (``_teacher_rate``): texts timed (4 batches, ~2 s of MiniLM on
 # 2 cores) and texts whose token lengths size the pass.
@@ -644,9 +643,9 @@ def _read_teacher(teacher_dir) -> _Teacher:
 
     check_encoder(teacher_dir)
     recipe = read_recipe(teacher_dir)
-    if recipe.pooling not in POOLING:
+    if recipe.pooling not in TORCH_POOLING:  # the loss pools the student in torch, as the teacher pools
         raise ValueError(
-            f"the teacher pools by {recipe.pooling!r}; embedding distillation supports {', '.join(POOLING)}"
+            f"the teacher pools by {recipe.pooling!r}; embedding distillation supports {', '.join(TORCH_POOLING)}"
         )
     config = teacher_config(teacher_dir)
     return _Teacher(teacher_dir, recipe, config, teacher_tokenizer(teacher_dir, config))
