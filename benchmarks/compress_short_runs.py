@@ -2,7 +2,7 @@
 (the 5M budget, the teacher's 256 positions) for ``--steps`` steps on the package's corpus, then the student's
 agreement with the teacher: the package's search set (top-1 answer, 35 queries over 105 sentences) and its 600
 held-out sentences (mean cosine, top-1 neighbour). One line of JSON per run, to compare learning rates, warmups,
-batch sizes and losses at equal steps (issue 37 item 3).
+batch sizes and losses at equal steps.
 
     OMP_NUM_THREADS=1 python benchmarks/compress_short_runs.py --steps 100 --lr 1e-3 --warmup 10 [--batch-size 32]
         [--word-strings 1] [--train FILE] [--sts]

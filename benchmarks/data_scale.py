@@ -12,7 +12,7 @@ lines shuffled with a fixed seed and repeated) under ``--out`` (git-ignored ``ru
 Goals: prepare >= 5 MB/s per core; first step <= 10 s; RSS(largest) / RSS(smallest) <= 1.1;
 tokens/s of --data within 5% of --train.
 
-``--hostile`` adds the hostile inputs (issue 23), each with its peak RSS and seconds from launch to its result or
+``--hostile`` adds the hostile inputs, each with its peak RSS and seconds from launch to its result or
 refusal: ``prepare`` of a 60 MB file without one newline (side by side with the same text in lines: both bounded
 by sharebert_runtime.textlines); ``/dev/zero`` given to every reader of user text (``prepare --train``, ``pretrain
 --train``, ``distill --objective embedding --train``, ``predict --input``, ``predict --input -`` on stdin, ``export
@@ -157,7 +157,7 @@ def pretrain(source: list[str], out: Path, steps: int) -> dict:
 
 
 def hostile(out: Path) -> None:
-    """The hostile inputs of issue 23: a 60 MB line and /dev/zero, each in bounded memory."""
+    """The hostile inputs: a 60 MB line and /dev/zero, each refused in bounded memory."""
     lines = build_corpus(out / "corpus-60mb.txt", 60)
     one = out / "corpus-60mb-one-line.txt"
     if not one.is_file():

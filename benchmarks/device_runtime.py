@@ -15,7 +15,7 @@ cold start (spawn to first result), peak RSS at load, steady RSS (after the one-
 of ``fill_mask`` on one SST-2 dev sentence with a ``[MASK]`` at each ``--depths`` (layer-shared
 artifacts), and sentences/s over ``--throughput`` SST-2 dev sentences in three batching modes: grouped
 by length (the runtime's default), calls in input order (no grouping), every input padded to 128.
-The last lines check issue 13's goal: sharebert-small int8 at depth 4 no slower than BERT Base fp32 for
+The last lines check the device goal: sharebert-small int8 at depth 4 no slower than BERT Base fp32 for
 one sentence, at <= 0.25x its peak RSS.
 
     python benchmarks/device_runtime.py [--model runs/small-pretrained] [--out artifacts/device_bench] [--reps 30]

@@ -1,4 +1,4 @@
-"""STS-B dev Spearman, size and speed of sentence-embedding models side by side (docs/RESULTS.md, issue 21).
+"""STS-B dev Spearman, size and speed of sentence-embedding models side by side (docs/RESULTS.md).
 
 Rows: the teacher (PyTorch, fp32), a distilled ShareBERT student (PyTorch, its sentence-transformers
 folder) and its exported artifacts (torch-free runtime), and model2vec distilled from the same teacher

@@ -1,7 +1,7 @@
 """Export footprint, side by side in one run: compact vs materialized vs int8 vs fp16 (and
 int8-dynamic) exports of one ShareBERT model, a dense transformers BERT of the same shape exported
 plainly by ``torch.onnx`` (``sharebert.export.torch_onnx.export_folder``: the graph optimum's ``main_export``
-writes, no optimum needed), and PyTorch eager. Prints the issue's goals as measured ratios.
+writes, no optimum needed), and PyTorch eager. Prints the export's goals as measured ratios.
 
     python benchmarks/export_footprint.py                          # sharebert-small, random weights
     python benchmarks/export_footprint.py --model runs/pretrain    # a trained MLM (agreement figures mean something)

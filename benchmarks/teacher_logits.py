@@ -24,7 +24,8 @@ from sharebert.training.glue import read_split
 
 
 def dataset_order(model, ds, batch_size: int = 64) -> np.ndarray:
-    """Logits ``(N, labels)`` from batches in dataset order (what ``predict_logits`` did before sorting)."""
+    """Logits ``(N, labels)`` from batches in dataset order: the baseline for ``predict_logits``' batches sorted by
+    length."""
     order = np.arange(len(ds))
     with torch.no_grad():
         return torch.cat([model(**b).logits for b in encoded._batches(ds, batch_size, 0, "cpu", order)]).numpy()

@@ -45,8 +45,8 @@ ORT_FORMAT_VERSION = 2
 READABLE_VERSIONS = (FORMAT_VERSION, ORT_FORMAT_VERSION)
 ORT_GENERATOR, ORT_COMPUTE = "model.generator.ort", "model.compute.ort.part"
 REQUIRED_OPERATORS = "required_operators.config"  # for a reduced-operator ONNX Runtime build (--include_ops_by_config)
-# A text-classification manifest's ``pairs``: true when the model was trained on sentence pairs (text, text_pair),
-# false on single texts, null (or absent: older artifacts) when the export could not tell; predict and serve
+# A text-classification manifest's ``pairs``: true when the model was trained on sentence pairs (text, text_pair), false
+# on single texts, null (or absent, in a manifest without the field) when the export could not tell; predict and serve
 # decide by it and by the input's content, and say every mismatch (deploy/cli.py, deploy/serve.py).
 PAIRS = "pairs"
 DEPTH = "depth"  # optional int64 scalar input of a layer-gated graph: encoder layers to run (1..N, default N)

@@ -108,7 +108,7 @@ def gather_before_dequantize(model) -> int:
     """``Gather(DequantizeLinear(q, scale, axis=0), ids)`` -> ``Cast(Gather(q, ids)) * Gather(scale, ids)[..., None]``.
 
     For a table stored int8 per row (``q`` ``(rows, width)``, ``scale`` ``(rows,)``, no zero point) the same
-    numbers, but only the gathered rows are dequantized: ONNX Runtime no longer folds the whole table to
+    numbers, but only the gathered rows are dequantized: ONNX Runtime does not fold the whole table to
     fp32 at load. Returns the number of rewritten Gathers (``model`` changed in place).
     """
     g = model.graph

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 # The axes of transformers' text tensors, named as optimum's exporters name them (ONNX Runtime and the
-# artifacts' readers see the same dimension names as before)
+# artifacts' readers see the same dimension names whichever exporter wrote the graph)
 TEXT_AXES = {0: "batch_size", 1: "sequence_length"}
 
 

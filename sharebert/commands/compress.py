@@ -12,7 +12,7 @@ from ..training.arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES, WORD_STRINGS
 
 # Defaults, torch-free (the --help of every command answers before torch is imported).
 # LR: STS-B dev 0.8211 at 1e-3 vs 0.8183 at 5e-4 (1,500 steps, runs/abA4 vs abA1); TASK_LR: SST-2 dev 0.8406 at
-# 3e-4 vs 0.8268 at 1e-4 (15 minutes from runs/long2's student): docs/RESULTS.md, rounds 4 and 5.
+# 3e-4 vs 0.8268 at 1e-4 (15 minutes from runs/long2's student): the lab notes, docs/lab/rounds.md.
 MAX_PARAMS, MAX_TIME, LR, BATCH, SENTENCES, TASK_LR = "5M", 600.0, 1e-3, 32, 15000, 3e-4
 
 

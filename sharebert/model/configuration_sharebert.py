@@ -64,7 +64,7 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
         **kwargs,
     ):
         kwargs.setdefault("tie_word_embeddings", mlm_head == "tied")
-        # transformers 5's PreTrainedConfig no longer declares these; the models and generate read them
+        # transformers 5's PreTrainedConfig does not declare these; the models and generate read them
         for key, default in _DECODER_FIELDS.items():
             kwargs.setdefault(key, default)
         super().__init__(pad_token_id=pad_token_id, **kwargs)

@@ -1171,7 +1171,7 @@ ROWS = (
 
 def rows(r: dict) -> tuple:
     """The report's rows ``(label, key, format, unit)``: size, memory and speed, then its quality measures, each
-    label saying what it was measured on. ``quality`` is a list (a report from before it was: one dict)."""
+    label saying what it was measured on. ``quality`` is a list (or, in a report of the first layout, one dict)."""
     quality = r["quality"] if isinstance(r["quality"], list) else [r["quality"]]
     return ROWS + tuple((q["label"], q["key"], "{:.4f}", "") for q in quality)
 

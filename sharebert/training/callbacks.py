@@ -512,7 +512,7 @@ class WallClockLimit(TrainerCallback, ExportableState):
         before = saved.get("attributes", {}).get("used_seconds") if isinstance(saved, dict) else None
         before = float(before) if isinstance(before, (int, float)) and math.isfinite(before) and before > 0 else 0.0
         self._start, self._end = time.monotonic() - before, None
-        state.stateful_callbacks[type(self).__name__] = self.state()  # checkpoints from before this key resume too
+        state.stateful_callbacks[type(self).__name__] = self.state()  # a checkpoint without this key resumes too
 
     def on_train_end(self, args, state, control, **kwargs):
         self._end = time.monotonic()

@@ -510,7 +510,7 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
 
             try:
                 self.projections.load_state_dict(load_file(str(path), device=str(self.args.device)))
-            except (RuntimeError, SafetensorError) as e:  # another run's (or an older sharebert's) layout
+            except (RuntimeError, SafetensorError) as e:  # another run's (or another version's) layout
                 why = first_line(" ".join(str(e).split()), 300)
                 raise ValueError(
                     f"{path} does not fit this run's projections ({why}); resume with the --student "
@@ -558,8 +558,8 @@ def _resume_same_data(out: Path, resume: bool, data: dict) -> str | None:
 
 def check_same_data(checkpoint: Path, data: dict) -> None:
     """Refuse to resume a distillation on another training set than its checkpoint's: a task distillation's
-    ``--augment`` and the seed that drew the copies (a checkpoint from before ``DATA_FILE`` was kept trained
-    without copies), an embedding distillation's sentences (count and hash; unchecked before it was kept) and
+    ``--augment`` and the seed that drew the copies (a checkpoint without ``DATA_FILE`` trained without
+    copies), an embedding distillation's sentences (count and hash; unchecked where the file lacks them) and
     student (``--student`` and ``--set``), nor a checkpoint of one kind as the other's."""
     try:
         saved = read_json(checkpoint / DATA_FILE)
@@ -574,7 +574,7 @@ def check_same_data(checkpoint: Path, data: dict) -> None:
             f"--resume: {checkpoint} is an embedding distillation's checkpoint; resume it with "
             "--objective embedding, or start again with --overwrite"
         )
-    if saved.get("student", data.get("student")) != data.get("student"):  # unchecked before it was kept
+    if saved.get("student", data.get("student")) != data.get("student"):  # unchecked where the file lacks it
         raise ValueError(
             f"--resume: {checkpoint} distilled the student {saved['student']}; resume with the same "
             f"--student and --set (now {data['student']}), or start again with --overwrite"
