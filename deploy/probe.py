@@ -22,7 +22,8 @@ def status(key: str) -> int:
 
 
 def p50_ms(run, tokens: int, runs: int) -> float:
-    """Median milliseconds of ``run`` on one sentence of ``tokens`` tokens (special tokens included), after 3 warm-ups."""
+    """Median milliseconds of ``run`` on one sentence of ``tokens`` tokens (special tokens included), after 3
+    warm-ups."""
     import numpy as np
 
     text = " ".join((TEXT * 40).split()[: tokens - 2])
