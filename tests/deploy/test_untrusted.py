@@ -1,6 +1,6 @@
 """Files a model folder or artifact names are untrusted input; output files are written through one atomic writer;
 pairs are recognised by content and the model's task; the service's per-client cap answers a readable 503; options
-that cannot apply are refused; the Hub path as a user writes it. One table per root cause (issue 38)."""
+that cannot apply are refused; the Hub path as a user writes it. One table per root cause."""
 
 from __future__ import annotations
 

@@ -220,8 +220,8 @@ def test_bad_dense_weights_are_refused_naming_the_file(recipe_folder, tmp_path, 
 
 
 def test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes(recipe_folder, tmp_path):
-    """bfloat16 Dense weights (numpy alone cannot read them: `internal error: TypeError: data type 'bfloat16' not
-    understood` before) read as float32, in a fresh process where nothing registered bfloat16 with numpy."""
+    """bfloat16 Dense weights (numpy alone cannot read them: `data type 'bfloat16' not understood`) read as
+    float32, in a fresh process where nothing registered bfloat16 with numpy."""
     import subprocess
     import sys
 

@@ -254,7 +254,7 @@ def test_resume_with_limits_that_pick_another_student_is_refused_before_any_work
     compressed, minilm_dir, tmp_path, capsys
 ):
     """The limits of a resumed run pick another shape than the student in --out: one line naming what differs,
-    before anything loads or is written (it was a late load_state_dict error)."""
+    before anything loads or is written (not a late load_state_dict error)."""
     import shutil
 
     out = tmp_path / "run"
@@ -276,8 +276,8 @@ def test_resume_with_limits_that_pick_another_student_is_refused_before_any_work
 
 
 def test_resume_with_another_teacher_is_refused_naming_it(compressed, minilm_dir, tmp_path, capsys):
-    """`compress OTHER --out R --resume` (issue 38: it re-exported the other teacher with the first one's scores):
-    one line naming the teacher's file that differs, nothing changed."""
+    """`compress OTHER --out R --resume` is refused (resuming would export the other teacher beside the first one's
+    scores): one line naming the teacher's file that differs, nothing changed."""
     import shutil
 
     out, other = tmp_path / "run", tmp_path / "other"
@@ -441,10 +441,10 @@ def test_embedding_distillation_on_prepared_data(minilm_dir, prepared, tmp_path)
 
 
 def test_embedding_distillation_samples_depth_with_token_level_terms(minilm_dir, tmp_path, monkeypatch):
-    """`--depth-sampling` reaches the embedding student (it was silently ignored): the saved config samples
+    """`--depth-sampling` reaches the embedding student: the saved config samples
     depths 2..4 in training, and the hidden-state term pairs only the iterations that ran at each step.
     The teacher runs on each batch for that term, so its vectors are computed only for the sentences the
-    output projection is fitted on (before: a pass over every training sentence, unused)."""
+    output projection is fitted on (a pass over every training sentence would go unused)."""
     import sharebert.training.distill_embedding as de
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
@@ -485,11 +485,11 @@ def bad_inputs(minilm_dir, tmp_path_factory):
     (finetuned / "config.json").write_text((classifier / "config.json").read_text())
     (finetuned / "metrics.json").write_text(json.dumps({"task": "sst2", "accuracy": 0.9}))
     (root / "headless.tsv").write_text("id\ttext\n1\tsome words here\n")  # no GLUE layout
-    unreadable = root / "metrics_corrupt"  # a metrics.json that is not JSON: was reported as missing
+    unreadable = root / "metrics_corrupt"  # a metrics.json that is not JSON: said so, not missing
     unreadable.mkdir()
     (unreadable / "config.json").write_text((classifier / "config.json").read_text())
     (unreadable / "metrics.json").write_text('{"task": "sst2", "acc')
-    listed = root / "labels_as_list"  # id2label a JSON list, not a mapping: was an internal AttributeError
+    listed = root / "labels_as_list"  # id2label a JSON list, not a mapping: one line, no internal error
     listed.mkdir()
     (listed / "config.json").write_text(
         json.dumps({**raw, "architectures": ["BertForSequenceClassification"], "id2label": ["negative", "positive"]})
@@ -684,7 +684,7 @@ def bad_inputs(minilm_dir, tmp_path_factory):
         (
             ["compress", "{minilm}", "--out", "{root}/o23", "--resume"],
             "o23 is a non-empty folder that is not a compress result",
-        ),  # no marker (issue 38)
+        ),  # no marker: not ours to resume
         (
             ["compress", "{minilm}", "--out", "{root}/o24", "--resume"],
             "--resume: {root}/o24 holds no complete checkpoint to continue from; run without --resume to start",
@@ -829,8 +829,8 @@ def test_train_text_over_the_in_memory_limit_is_refused_before_the_teacher_runs(
     minilm_dir, tmp_path, monkeypatch, capsys
 ):
     """--train sentences are held in memory with the teacher's vectors (~2 GB a million): more than IN_MEMORY
-    without --max-train-samples is refused in one line naming both ways out (measured before: a 1 GB text would
-    have been read whole, then the teacher's pass and its vectors would outgrow the machine); nothing is written.
+    without --max-train-samples is refused in one line naming both ways out (unbounded, a 1 GB text would be
+    read whole, then the teacher's pass and its vectors would outgrow the machine); nothing is written.
     --max-train-samples above the limit is the user's call and trains."""
     import sharebert.training.distill_embedding as de
 
@@ -939,8 +939,8 @@ def test_one_run_at_a_time_per_out_and_a_refused_run_leaves_nothing(command, min
 
 def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_dir, tmp_path):
     """The cached sentence vectors are keyed by the teacher's files, not its path: a teacher changed in place
-    gets new vectors (before: the old teacher's, silently). A damaged cache file (truncated, not an array,
-    another width) is recomputed and replaced (before: numpy's message, or an internal RuntimeError)."""
+    gets new vectors, never the old teacher's. A damaged cache file (truncated, not an array, another width) is
+    recomputed and replaced, with no numpy message or internal error."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -1017,9 +1017,9 @@ def test_a_student_as_wide_as_its_teacher_keeps_its_own_head(minilm_dir, tmp_pat
 
 def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     """`--overwrite` starts without the replaced run's checkpoints, so a later `--resume` continues the new run
-    (before: the older run's newest checkpoint, silently); a `--resume` on other sentences is refused. A folder
-    killed after the teacher's pass and before its first checkpoint is recognised as a distillation's (before:
-    refused as not one, even with --overwrite)."""
+    (never the replaced run's newest checkpoint); a `--resume` on other sentences is refused. A folder killed after
+    the teacher's pass and before its first checkpoint is recognised as a distillation's (so --overwrite and
+    --resume take it)."""
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 

@@ -1,6 +1,6 @@
-"""Issue 37: `compress` outside this workspace (the text shipped in the package, `--eval-pairs`, agreement with the
-teacher on held-out text) and a report that reads right (every figure says what it was measured on, the cosine
-calibration, the picture's title, units and values)."""
+"""`compress` outside this workspace (the text shipped in the package, `--eval-pairs`, agreement with the teacher on
+held-out text) and a report that reads right (every figure says what it was measured on, the cosine calibration, the
+picture's title, units and values)."""
 
 import json
 import math
@@ -35,7 +35,7 @@ def test_the_package_ships_its_text_with_its_licence():
 
 
 def test_the_package_ships_a_search_set_whose_queries_each_name_one_answer():
-    """Issue 37 item 3: at least 30 queries over at least 100 sentences, shipped as package data."""
+    """At least 30 queries over at least 100 sentences, shipped as package data."""
     from sharebert.formats.paths import packaged_search
 
     corpus, queries, answers = packaged_search()
@@ -70,8 +70,8 @@ def test_search_agreement_counts_queries_whose_top1_sentence_is_the_teachers():
 
 
 def test_the_student_has_the_positions_of_its_teachers_maximum_length(minilm_dir):
-    """Issue 37 item 4: compress's student reads what its teacher reads (MiniLM's recipe: 256 tokens), its
-    positions counted in the budget; without a length, 128."""
+    """Compress's student reads what its teacher reads (MiniLM's recipe: 256 tokens), its positions counted in the
+    budget; without a length, 128."""
     from sharebert.accounting.budget import student_for
     from sharebert.pipelines.compress import embedding_shape
 

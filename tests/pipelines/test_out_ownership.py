@@ -1,6 +1,6 @@
-"""Issue 38, items 1, 2 and 6: ``--overwrite`` never destroys before it validates and takes only its own folders
-(the marker ``outdir.MARK``, never subfolder names); a ``--resume`` checks it resumes the same run (teacher,
-student shape, data, objective); ``compress`` refuses bad inputs before torch is imported.
+"""``--overwrite`` never destroys before it validates and takes only its own folders (the marker ``outdir.MARK``, never
+subfolder names); a ``--resume`` checks it resumes the same run (teacher, student shape, data, objective); ``compress``
+refuses bad inputs before torch is imported.
 
 One table per root cause. Each command runs in a subprocess; ``device=True`` blocks torch and transformers there (as
 on a device install, where ``import sharebert`` registers nothing), so a refusal that needs torch fails to come.

@@ -139,7 +139,7 @@ def test_the_clock_stops_at_train_end(stepped_clock):
     "saved, spent",
     [
         ({"WallClockLimit": {"args": {"seconds": 100.0}, "attributes": {"used_seconds": 60.0}}}, 0.6),  # a resume
-        ({}, 0.0),  # a checkpoint from before the clock was kept: a fresh clock
+        ({}, 0.0),  # a checkpoint without the clock's state: a fresh clock
         ({"WallClockLimit": {"args": {}, "attributes": {"used_seconds": float("nan")}}}, 0.0),  # nonsense: ignored
         ({"WallClockLimit": {"args": {}, "attributes": {"used_seconds": "abc"}}}, 0.0),
         ({"WallClockLimit": {"args": {}, "attributes": {"used_seconds": {"x": 1}}}}, 0.0),
