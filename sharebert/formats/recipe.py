@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sharebert_runtime.outdir import write_json
-from sharebert_runtime.pooling import POOLING_MODES as POOLING_MODES  # their one list, re-exported
 from sharebert_runtime.pooling import check_mode
 from sharebert_runtime.untrusted import JSON_BYTES, optional_file, read_json, regular_file
 from sharebert_runtime.untrusted import bool_field as _bool
@@ -73,7 +72,7 @@ class DenseLayer:
 class EmbeddingRecipe:
     """Token states [batch, seq, hidden] -> pooling -> each Dense in order -> L2 normalisation if ``normalize``."""
 
-    pooling: str  # one of POOLING_MODES
+    pooling: str  # one of sharebert_runtime.pooling.POOLING_MODES
     normalize: bool
     dense: tuple[DenseLayer, ...] = ()
     max_seq_length: int | None = None  # texts are cut to this many tokens (None: the model's maximum)
