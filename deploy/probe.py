@@ -54,8 +54,10 @@ def measure(artifact: str, runs: int, started: float) -> dict:
     return out | {f"p50_ms_{n}": p50_ms(run, n, runs) for n in (16, 128)}
 
 
+MAX_RUNS = 1000  # timed runs per length: compress asks 30; a billion would never end
 USAGE = (
-    "usage: python -m sharebert_runtime.probe ARTIFACT RUNS STARTED (RUNS >= 1; STARTED: the time.time() it started)"
+    f"usage: python -m sharebert_runtime.probe ARTIFACT RUNS STARTED (1 <= RUNS <= {MAX_RUNS}; "
+    "STARTED: the time.time() it started, not in the future)"
 )
 
 
@@ -64,7 +66,8 @@ def _arguments(argv: list[str]) -> tuple[str, int, float]:
         artifact, runs, started = argv[0], int(argv[1]), float(argv[2])
     except (IndexError, ValueError):
         runs, started = 0, math.nan
-    if len(argv) != 3 or runs < 1 or not math.isfinite(started):
+    # a STARTED before the epoch or after now would make first_answer_ms absurd, negative or inf (not JSON)
+    if len(argv) != 3 or not 1 <= runs <= MAX_RUNS or not 0 < started <= time.time():
         raise ValueError(USAGE)
     return artifact, runs, started
 

@@ -311,3 +311,16 @@ def test_probe_measures_an_artifact_in_a_fresh_process_without_torch(classifier,
     for bad in [(), (classifier[1], 0, 0), (classifier[1], 2, "nan"), (tmp_path / "missing", 2, 0)]:
         proc = probe(*bad)
         assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "runs, started", [("1", "1e308"), ("1", "-1e308"), ("1", "-5"), ("1", "4e9"), ("1000000000", "1")]
+)
+def test_probe_refuses_a_start_time_not_in_the_past_or_endless_runs(runs, started, capsys):
+    """A STARTED after now or before the epoch would make first_answer_ms negative, absurd or inf (a traceback from
+    the strict JSON); a billion RUNS would not end: each is the usage line and exit 2, before any artifact is read."""
+    from sharebert_runtime.probe import main
+
+    assert main(["no-such-artifact", runs, started]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: usage:") and len(err.splitlines()) == 1
