@@ -248,21 +248,22 @@ def _torchrun(name: str, default: int) -> int:
     return int(value) if value.isdigit() else default
 
 
+def world_size() -> int:
+    """Processes in the run under torchrun (``WORLD_SIZE``; 1 without, or where it is not a number >= 1)."""
+    return max(_torchrun("WORLD_SIZE", 1), 1)
+
+
 def rank() -> int:
     """This process's rank under torchrun (``RANK``; 0 without torchrun): only rank 0 writes a run's shared files
     and prints its tables. With :func:`local_rank` and :func:`world_size`, the one place the library reads
-    torchrun's environment."""
-    return _torchrun("RANK", 0)
+    torchrun's environment. In a world of one process it is 0 whatever ``RANK`` says: the Trainer then runs alone
+    and saves, so a stray ``RANK`` must not skip the marker, the lock and the table."""
+    return _torchrun("RANK", 0) if world_size() > 1 else 0
 
 
 def local_rank() -> int:
     """This process's rank on its machine under torchrun (``LOCAL_RANK``; 0 without): its GPU's index."""
-    return _torchrun("LOCAL_RANK", 0)
-
-
-def world_size() -> int:
-    """Processes in the run under torchrun (``WORLD_SIZE``; 1 without)."""
-    return _torchrun("WORLD_SIZE", 1)
+    return _torchrun("LOCAL_RANK", 0) if world_size() > 1 else 0
 
 
 @contextlib.contextmanager
