@@ -78,6 +78,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+MAX_SECONDS = 366 * 86400.0  # a --max-time of more than a year budgets nothing, and its plan prints 300-digit figures
+
+
+def seconds(text: str) -> float:
+    """A ``--max-time``: a finite number of seconds above 0 and at most :data:`MAX_SECONDS`."""
+    value = positive_float(text)
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS:.0f} seconds (a year), got {text}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """A finite ``float`` of at least 0."""
     value = _number(text, float)

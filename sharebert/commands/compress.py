@@ -45,7 +45,7 @@ def add_arguments(p):
     p.add_argument("--max-bytes", help="bytes of the student's int8 file, e.g. 4MB")
     p.add_argument(
         "--max-time",
-        type=opt.positive_float,
+        type=opt.seconds,
         default=MAX_TIME,
         metavar="SECONDS",
         help=f"seconds for the whole command (default {MAX_TIME:g}): the teacher's pass, training, export "

@@ -60,7 +60,7 @@ def add_arguments(p):
     )
     p.add_argument(
         "--max-time",
-        type=opt.positive_float,
+        type=opt.seconds,
         metavar="SECONDS",
         help="--objective embedding or glue: stop training after SECONDS (checkpoint, then the student "
         "is saved); without --max-steps the learning rate falls to 0 as the time is spent, and the run "

@@ -66,7 +66,7 @@ def add_arguments(p):
     p.add_argument("--max-steps", type=opt.positive_int, default=d.max_steps)
     p.add_argument(
         "--max-time",
-        type=opt.positive_float,
+        type=opt.seconds,
         default=None,
         metavar="SECONDS",
         help="stop (with a checkpoint and the final model) so that training and its evaluations, the "
