@@ -18,7 +18,7 @@ import sys
 
 from . import __version__
 from .errors import first_line
-from .outdir import disk_full
+from .outdir import check_torchrun, disk_full
 
 # name: (module, one-line help). The device commands first: a device install (no extras) holds only them.
 COMMANDS = {
@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         module = COMMANDS[args.command][0]
         if not module.startswith(__package__):  # a library command (the device commands load no hub client)
             _quiet_libraries()
+            check_torchrun()
         return int(importlib.import_module(module).run(args) or 0)
     except ModuleNotFoundError as e:
         extra = _missing_extra(e)

@@ -266,6 +266,19 @@ def local_rank() -> int:
     return _torchrun("LOCAL_RANK", 0) if world_size() > 1 else 0
 
 
+def check_torchrun() -> None:
+    """Refuse, in one line naming it, a ``LOCAL_RANK`` that is not a number: the Trainer reads it with ``int()``
+    (where :func:`local_rank` reads garbage as no torchrun), and failed after the data and model had loaded."""
+    value = os.environ.get("LOCAL_RANK")
+    try:
+        int(value or 0)
+    except ValueError:
+        raise ValueError(
+            f"LOCAL_RANK={value!r} in the environment is no rank (torchrun sets a number): unset it, or launch "
+            "with torchrun"
+        ) from None
+
+
 @contextlib.contextmanager
 def run_lock(out: str | Path, command: str):
     """An :class:`OutLock` on ``out`` around a command whose library call checks ``out`` itself (``distill``,

@@ -30,3 +30,16 @@ def test_torchrun_environment_is_read_as_one_process_unless_it_names_a_world_of_
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert (rank(), local_rank(), world_size()) == expected
+
+
+@pytest.mark.parametrize("command", [["finetune", "--model", "m", "--task", "sst2"], ["pretrain"]])
+def test_a_local_rank_that_is_no_number_is_refused_naming_it_before_any_work(command, tmp_path, monkeypatch, capsys):
+    """The Trainer reads LOCAL_RANK with int(): "x" failed after the data and model loaded ("invalid literal for
+    int()", naming nothing), and distill left a folder holding only its marker."""
+    from sharebert_runtime.main import main
+
+    monkeypatch.setenv("LOCAL_RANK", "x")
+    assert main([*command, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "LOCAL_RANK" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
