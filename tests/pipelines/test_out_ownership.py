@@ -2,8 +2,10 @@
 subfolder names); a ``--resume`` checks it resumes the same run (teacher, student shape, data, objective); ``compress``
 refuses bad inputs before torch is imported.
 
-One table per root cause. Each command runs in a subprocess; ``device=True`` blocks torch and transformers there (as
-on a device install, where ``import sharebert`` registers nothing), so a refusal that needs torch fails to come.
+One table per root cause. A refusal that must come before torch is imported runs in a subprocess with torch and
+transformers blocked (``_sharebert(device=True)``, as on a device install, where ``import sharebert`` registers
+nothing), so a refusal that needs torch fails to come; the workstation commands run in this process
+(``_sharebert_here``), through the console script's ``main``.
 """
 
 import json
@@ -39,6 +41,19 @@ def _sharebert(*argv, cwd, env=None, device=False):
     )
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     return last["rc"], last["torch"], proc.stderr
+
+
+def _sharebert_here(*argv, cwd, capfd, monkeypatch):
+    """``(exit status, stderr)`` of ``sharebert argv`` run in this process from ``cwd`` (``sharebert_runtime.main.main``,
+    as the console script calls it). For workstation commands, whose refusals come from the same code in a fresh
+    process (torch is imported there too): a new process would add ~6 s of imports and nothing a test checks."""
+    from sharebert_runtime.main import main
+
+    capfd.readouterr()
+    with monkeypatch.context() as m:
+        m.chdir(cwd)
+        rc = main([str(a) for a in argv])
+    return rc, capfd.readouterr().err
 
 
 def _snapshot(folder: Path) -> dict:
@@ -152,10 +167,14 @@ def _users(folder: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(FINISHED))
-def test_overwrite_with_an_invalid_limit_keeps_a_finished_result_whole(command, minilm_dir, tmp_path):
+def test_overwrite_with_an_invalid_limit_keeps_a_finished_result_whole(
+    command, minilm_dir, tmp_path, capfd, monkeypatch
+):
     out = _finished(tmp_path / "result", command)
     before = _snapshot(out)
-    rc, _, err = _sharebert(*_argv(command, minilm_dir, out, invalid=True), cwd=tmp_path)
+    rc, err = _sharebert_here(
+        *_argv(command, minilm_dir, out, invalid=True), cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch
+    )
     assert rc == 2, err
     assert len(err.strip().splitlines()) == 1, err
     assert _snapshot(out) == before
@@ -163,11 +182,13 @@ def test_overwrite_with_an_invalid_limit_keeps_a_finished_result_whole(command, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(FINISHED))
-def test_overwrite_never_takes_a_users_folder(command, minilm_dir, tmp_path):
+def test_overwrite_never_takes_a_users_folder(command, minilm_dir, tmp_path, capfd, monkeypatch):
     out = _users(tmp_path / "mine")
     before = _snapshot(out)
     for invalid in (True, False):
-        rc, _, err = _sharebert(*_argv(command, minilm_dir, out, invalid), cwd=tmp_path)
+        rc, err = _sharebert_here(
+            *_argv(command, minilm_dir, out, invalid), cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch
+        )
         assert rc == 2, err
         assert _snapshot(out) == before
     assert "not a" in err or "without the sharebert_run.json" in err, err
@@ -229,7 +250,7 @@ def test_a_resume_of_another_run_is_refused_naming_what_differs(tmp_path):
 
 
 @pytest.mark.slow
-def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm_dir, tmp_path):
+def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm_dir, tmp_path, capfd, monkeypatch):
     """A real short embedding distillation, then --resume with another teacher (a copy whose config differs), other
     --train text, another loss: each refused in one line naming it, the run's folder unchanged."""
     import shutil
@@ -269,7 +290,8 @@ def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm
         "--max-eval-samples",
         "8",
     ]
-    rc, _, err = _sharebert(*base, "--teacher", minilm_dir, "--train", text, "--max-steps", "1", cwd=tmp_path)
+    here = {"cwd": tmp_path, "capfd": capfd, "monkeypatch": monkeypatch}
+    rc, err = _sharebert_here(*base, "--teacher", minilm_dir, "--train", text, "--max-steps", "1", **here)
     assert rc == 0, err
     before = _snapshot(out)
     for change, said in (
@@ -277,7 +299,7 @@ def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm
         (["--teacher", minilm_dir, "--train", other_text], "other sentences"),
         (["--teacher", minilm_dir, "--train", text, "--loss", "mse"], "objective"),
     ):
-        rc, _, err = _sharebert(*base, *change, "--max-steps", "2", "--resume", cwd=tmp_path)
+        rc, err = _sharebert_here(*base, *change, "--max-steps", "2", "--resume", **here)
         assert rc == 2 and said in err and len(err.strip().splitlines()) == 1, err
         assert _snapshot(out) == before
 
