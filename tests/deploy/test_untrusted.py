@@ -440,8 +440,10 @@ def artifacts(tmp_path_factory):
 
 
 def _predict(*argv, stdin=None, cwd=None):
+    """``sharebert predict ARGV`` started as the console script starts it (``sharebert_runtime.main:main``: torch
+    never imported; ``-m sharebert`` would import the library and transformers first)."""
     return subprocess.run(
-        [sys.executable, "-m", "sharebert", "predict", *map(str, argv)],
+        [sys.executable, "-m", "sharebert_runtime", "predict", *map(str, argv)],
         input=stdin,
         cwd=cwd,
         capture_output=True,
@@ -522,7 +524,7 @@ def test_predict_stopped_by_a_signal_leaves_no_partial_file(artifacts, tmp_path,
         [
             sys.executable,
             "-m",
-            "sharebert",
+            "sharebert_runtime",  # the console script's module: predict imports no torch
             "predict",
             str(artifacts["mlm"]),
             "--input",

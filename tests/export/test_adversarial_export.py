@@ -45,8 +45,11 @@ def artifact(tmp_path_factory, model_dir):
 
 
 def _cli(*argv, cwd, preexec=None):
+    """``sharebert ARGV`` in a fresh process, started as the installed console script starts it
+    (``sharebert_runtime.main:main``): ``predict`` and ``serve`` never import torch (``-m sharebert`` would import
+    the library and transformers first, ~6 s of CPU a process, for nothing these refusals depend on)."""
     return subprocess.run(
-        [sys.executable, "-m", "sharebert", *map(str, argv)],
+        [sys.executable, "-m", "sharebert_runtime", *map(str, argv)],
         cwd=cwd,
         env=ENV,
         capture_output=True,
@@ -529,7 +532,7 @@ PREDICT_CASES = [
 
 def test_predict_refuses_a_text_argument_that_is_not_utf8(tmp_path, artifact):
     proc = subprocess.run(
-        [sys.executable, "-m", "sharebert", "predict", str(artifact).encode(), b"ok", b"\xff [MASK]"],
+        [sys.executable, "-m", "sharebert_runtime", "predict", str(artifact).encode(), b"ok", b"\xff [MASK]"],
         cwd=tmp_path,
         env=ENV,
         capture_output=True,
@@ -564,7 +567,17 @@ def test_predict_reads_input_lines_in_bounded_memory(tmp_path, artifact, path, s
     (tmp_path / "long.txt").write_bytes(b"a [MASK] .\n" + b"word " * (1 << 18) + b"\n")
     with open(stdin or os.devnull, "rb") as f:
         proc = subprocess.run(
-            [sys.executable, "-m", "sharebert", "predict", str(artifact), "--input", path, "--output", "out.jsonl"],
+            [
+                sys.executable,
+                "-m",
+                "sharebert_runtime",
+                "predict",
+                str(artifact),
+                "--input",
+                path,
+                "--output",
+                "out.jsonl",
+            ],
             cwd=tmp_path,
             env=ENV,
             stdin=f,
@@ -595,7 +608,7 @@ def _full_disk_predict(tmp_path, artifact, lines, limit):
     predict = [
         sys.executable,
         "-m",
-        "sharebert",
+        "sharebert_runtime",  # the console script's module (see _cli)
         "predict",
         str(artifact),
         "--input",
