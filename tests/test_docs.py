@@ -369,7 +369,8 @@ class Scratch:
             os.environ.update(saved_env)
 
     def _serve(self, argv, port, block):
-        server = subprocess.Popen([sys.executable, "-m", "sharebert", *argv], cwd=self.cwd, env=self.env)
+        # started as the console script starts it (sharebert_runtime.main:main): serve imports no torch
+        server = subprocess.Popen([sys.executable, "-m", "sharebert_runtime", *argv], cwd=self.cwd, env=self.env)
         deadline = time.monotonic() + 300  # a hang guard: starting takes long on a loaded machine
         while True:
             assert server.poll() is None, f"{block.id}: `sharebert {' '.join(argv)}` exited {server.returncode}"
