@@ -44,9 +44,10 @@ def _sharebert(*argv, cwd, env=None, device=False):
 
 
 def _sharebert_here(*argv, cwd, capfd, monkeypatch):
-    """``(exit status, stderr)`` of ``sharebert argv`` run in this process from ``cwd`` (``sharebert_runtime.main.main``,
-    as the console script calls it). For workstation commands, whose refusals come from the same code in a fresh
-    process (torch is imported there too): a new process would add ~6 s of imports and nothing a test checks."""
+    """``(exit status, stderr)`` of ``sharebert argv`` run in this process from ``cwd``
+    (``sharebert_runtime.main.main``, as the console script calls it). For workstation commands, whose refusals come
+    from the same code in a fresh process (torch is imported there too): a new process would add ~6 s of imports
+    and nothing a test checks."""
     from sharebert_runtime.main import main
 
     capfd.readouterr()
