@@ -28,16 +28,15 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 # pytest-xdist workers, one a core, each test file on one worker (`--dist loadfile`: a file's module fixtures
-# are built once, and test_docs.py's blocks run in order); OMP_NUM_THREADS=1 keeps each to its core. The fast
-# tier runs on two; `make test` (CI) stays in one process (WORKERS=0) until a whole two-worker run has passed
-# on a quiet machine: `make test WORKERS=2` runs it so.
-WORKERS ?= 0
-XDIST := -n 2 --dist loadfile
+# are built once, and test_docs.py's blocks run in order); OMP_NUM_THREADS=1 keeps each to its core. Both
+# tiers run on two (the CI machine's cores); `make test WORKERS=0` runs the suite in one process.
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadfile
 
 # Everything: the lint, then every test. Each recipe line's exit status is make's: a lint finding stops it
 # before the tests, and pytest's own status (1 failures, 2 interrupted, 5 nothing collected) fails `make test`.
 test: lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadfile --durations=25 tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25 tests
 
 # The fast tier (under 3 minutes on 2 cores): every test not marked `slow`.
 test-fast: lint
