@@ -49,6 +49,18 @@ def _madvise():
 MADVISE = _madvise()
 
 
+def status(key: str) -> int:
+    """Bytes of one ``/proc/self/status`` field (``VmRSS``, ``VmHWM``); off Linux, the peak (``ru_maxrss``), the one
+    figure every system keeps."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+    except (OSError, StopIteration):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def give_back() -> None:
     """Return freed heap memory to the system (``malloc_trim``)."""
     if LIBC:

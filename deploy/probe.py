@@ -15,12 +15,6 @@ import time
 TEXT = "the quick brown fox jumps over the lazy dog "
 
 
-def status(key: str) -> int:
-    """Bytes of one ``/proc/self/status`` field (``VmRSS``, ``VmHWM``)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
-
-
 def p50_ms(run, tokens: int, runs: int) -> float:
     """Median milliseconds of ``run`` on one sentence of ``tokens`` tokens (special tokens included), after 3
     warm-ups."""
@@ -40,6 +34,7 @@ def p50_ms(run, tokens: int, runs: int) -> float:
 def measure(artifact: str, runs: int, started: float) -> dict:
     """The figures above, in this process (which must not have loaded anything else)."""
     from . import Runtime
+    from .memory import status
 
     imports = status("VmRSS")
     rt = Runtime(artifact, threads=1)

@@ -18,16 +18,9 @@ import time
 
 def _peak_rss_mb(field: str = "VmHWM") -> float:
     """Peak (``VmHWM``) or current (``VmRSS``) resident set size of this process, in MiB."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
+    from sharebert_runtime.memory import status
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return status(field) / 2**20
 
 
 def _child(path: str, session_config: dict, shapes: list[str], threads: int, runs: int, vocab: int) -> dict:

@@ -123,6 +123,7 @@ DEPLOY = ("sharebert_runtime", "sharebert_runtime.*")
 EXPORT = ("sharebert.export", "sharebert.export.*")
 DEPLOY_HELPERS = (
     "sharebert_runtime.errors",
+    "sharebert_runtime.memory",
     "sharebert_runtime.options",
     "sharebert_runtime.textlines",
     "sharebert_runtime.outdir",
