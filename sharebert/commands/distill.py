@@ -152,7 +152,7 @@ def _distill_args(args):
     """The recipe (``DistillArgs``) the options give, each numeric option checked to be positive. The token-level
     terms of ``--objective embedding`` are off unless asked for; ``--max-time`` without ``--max-steps`` lets the
     clock end the run (its schedule anneals to 0)."""
-    from ..training.arguments import DistillArgs, DistillWeights, parse_layer_map
+    from ..training.arguments import DistillArgs, DistillWeights, from_options, parse_layer_map
 
     for name in (
         "epochs",
@@ -174,23 +174,7 @@ def _distill_args(args):
     weights = DistillWeights(temperature=args.temperature, layer_map=parse_layer_map(args.layer_map), **terms)
     if args.epochs is None:
         args.epochs = 1000.0 if args.max_time and not args.max_steps else DistillArgs.epochs
-    return DistillArgs(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay,
-        seq_len=args.seq_len,
-        max_steps=args.max_steps,
-        max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples,
-        eval_steps=args.eval_steps,
-        save_minutes=args.save_minutes,
-        seed=args.seed,
-        depth_sampling=args.depth_sampling,
-        weights=weights,
-        augment=args.augment or 0,
-    )
+    return from_options(DistillArgs, args, weights=weights, augment=args.augment or 0)
 
 
 def _check_objective_options(args, weights) -> None:

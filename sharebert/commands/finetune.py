@@ -97,26 +97,11 @@ def run(args) -> int:
     from ..formats.model_folder import check_convert
 
     check_convert(args.model, args.out, args.convert_to_sharebert, args.resume)  # never ignored; before torch
-    from ..training.arguments import FinetuneArgs
+    from ..training.arguments import FinetuneArgs, from_options
     from ..training.finetune import finetune  # torch: only once the options are known to be good (argparse types)
     from .tables import format_table
 
-    fargs = FinetuneArgs(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay,
-        seq_len=args.seq_len,
-        max_steps=args.max_steps,
-        max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples,
-        eval_steps=args.eval_steps,
-        save_minutes=args.save_minutes,
-        seed=args.seed,
-        depth_sampling=args.depth_sampling,
-        convert_to_sharebert=args.convert_to_sharebert,
-    )
+    fargs = from_options(FinetuneArgs, args)
     metrics = finetune(
         args.model,
         args.task,

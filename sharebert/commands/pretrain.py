@@ -125,41 +125,14 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..model.shape import parse_overrides, preset_fields
-    from ..training.arguments import PretrainArgs
+    from ..training.arguments import PretrainArgs, from_options
 
     if args.preset:
         preset_fields(args.preset)  # an unknown preset fails before torch is imported
     from ..formats.model_folder import check_convert
 
     check_convert(args.model, args.out, args.convert_to_sharebert, args.resume)  # never ignored; before torch
-    a = PretrainArgs(
-        objective=args.objective,
-        char_level=args.char_level,
-        max_steps=args.max_steps,
-        max_time=args.max_time,
-        batch_size=args.batch_size,
-        grad_accum=args.grad_accum,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        max_grad_norm=args.max_grad_norm,
-        warmup_ratio=args.warmup_ratio,
-        seq_len=args.seq_len,
-        valid_fraction=args.valid_fraction,
-        max_eval_sequences=args.max_eval_sequences,
-        eval_on_start=args.eval_on_start,
-        save_steps=args.save_steps,
-        save_minutes=args.save_minutes,
-        eval_steps=args.eval_steps,
-        logging_steps=args.logging_steps,
-        keep_checkpoints=args.keep_checkpoints,
-        precision=args.precision,
-        seed=args.seed,
-        depth_sampling=args.depth_sampling,
-        resume=args.resume,
-        convert_to_sharebert=args.convert_to_sharebert,
-        progress=not args.no_progress,
-        overrides=parse_overrides(args.overrides),
-    )
+    a = from_options(PretrainArgs, args, progress=not args.no_progress, overrides=parse_overrides(args.overrides))
     from ..training.callbacks import StopRequested
     from ..training.pretrain import NonFiniteLoss, pretrain
 

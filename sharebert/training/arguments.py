@@ -9,7 +9,7 @@ them). One home for each default: the training modules import these classes from
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -141,3 +141,10 @@ WORDSIM_SETS = {  # name -> (path inside data/wordsim, word1 field, word2 field,
     "scws": ("SCWS/ratings.txt", 1, 3, 7),
 }
 MULTI_TOKEN = ("mean", "first", "skip")  # how a word that WordPiece splits gets a vector
+
+
+def from_options(cls, options, **given):
+    """A ``cls`` (one of the dataclasses above) from a command's parsed ``options``: every field that an option of
+    the same name sets, then ``given``: the fields an option sets through a conversion, or none sets."""
+    named = {f.name: getattr(options, f.name) for f in fields(cls) if hasattr(options, f.name)}
+    return cls(**(named | given))
