@@ -196,7 +196,9 @@ def test_compress_keeps_checkpoints_by_time(compressed):
     assert 0 < found[0][0] < 40
 
 
-def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(compressed, minilm_dir, tmp_path):
+def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(
+    compressed, minilm_dir, tmp_path, monkeypatch
+):
     """--resume of a finished compress with more steps: the student trains on from its last checkpoint and the
     artifact (and so the report) is made again from the new student, not kept from the run it continues."""
     import shutil
@@ -206,6 +208,7 @@ def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(compr
     from sharebert_runtime import Runtime
     from sharebert.formats.recipe import read_recipe
 
+    monkeypatch.setenv("SHAREBERT_CACHE", str(compressed.parent / "cache"))  # the resumed run's, as on a user's machine
     out = tmp_path / "run"
     shutil.copytree(compressed, out)
     exported = (out / "artifact" / "manifest.json").stat().st_mtime_ns
