@@ -40,11 +40,12 @@ SENTENCES = [
 
 
 UNBOUNDED = "86400"  # a --max-time no test run reaches: its --max-steps decide
+SAMPLES = "200"  # the shared run's --max-train-samples (each with a string of words: the teacher's pass over 400)
 
 
 @pytest.fixture(scope="session")
 def compressed(minilm_dir, tmp_path_factory):
-    """A short `sharebert compress` of the real MiniLM: 40 steps on 400 sentences, a checkpoint every 1.2 s of
+    """A short `sharebert compress` of the real MiniLM: 40 steps on 200 sentences, a checkpoint every 1.2 s of
     training, its work folder kept (--keep-work). --max-steps decides, never the clock: --max-time (600 s by
     default) bounds the whole command, and on a loaded machine its plan left the 40 steps 1."""
     out = tmp_path_factory.mktemp("compress") / "run"
@@ -59,7 +60,7 @@ def compressed(minilm_dir, tmp_path_factory):
                 "--max-steps",
                 "40",
                 "--max-train-samples",
-                "400",
+                SAMPLES,
                 "--batch-size",
                 "16",
                 "--lr",
@@ -222,7 +223,7 @@ def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(
                 "--max-steps",
                 "48",
                 "--max-train-samples",
-                "400",
+                SAMPLES,
                 "--batch-size",
                 "16",
                 "--lr",
@@ -300,7 +301,7 @@ def test_resume_with_another_teacher_is_refused_naming_it(compressed, minilm_dir
                 "--max-steps",
                 "48",
                 "--max-train-samples",
-                "400",
+                SAMPLES,
                 "--batch-size",
                 "16",
                 "--max-params",
