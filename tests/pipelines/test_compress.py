@@ -43,6 +43,18 @@ UNBOUNDED = "86400"  # a --max-time no test run reaches: its --max-steps decide
 SAMPLES = "200"  # the shared run's --max-train-samples (each with a string of words: the teacher's pass over 400)
 
 
+TINY_RUN = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)  # a small student, 8 pairs scored
+
+
+def _tiny_args(**fields):
+    """``EmbeddingArgs`` of the short runs below: batches of 4 from 16 sentences, the sentence loss alone."""
+    from sharebert.training.distill import DistillWeights
+    from sharebert.training.distill_embedding import EmbeddingArgs
+
+    weights = DistillWeights(hidden=0, attention=0, embedding=0)
+    return EmbeddingArgs(batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16, weights=weights, **fields)
+
+
 @pytest.fixture(scope="session")
 def compressed(minilm_dir, tmp_path_factory):
     """A short `sharebert compress` of the real MiniLM: 40 steps on 200 sentences, a checkpoint every 1.2 s of
@@ -1024,40 +1036,41 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     (never the replaced run's newest checkpoint); a `--resume` on other sentences is refused. A folder killed after
     the teacher's pass and before its first checkpoint is recognised as a distillation's (so --overwrite and
     --resume take it)."""
-    from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 
     out = tmp_path / "run"
-    kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
-    args = EmbeddingArgs(
-        max_steps=4,
-        batch_size=4,
-        lr=1e-3,
-        warmup_steps=0,
-        max_train_samples=16,
-        weights=DistillWeights(hidden=0, attention=0, embedding=0),
-    )
-    distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
+    args = _tiny_args(max_steps=4)
+    distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **TINY_RUN)
     assert (out / "checkpoints" / "checkpoint-4").is_dir()
     short = EmbeddingArgs(**{**args.__dict__, "max_steps": 2})
-    distill_embedding(minilm_dir, "sharebert-tiny", out, args=short, overwrite=True, **kw)
+    distill_embedding(minilm_dir, "sharebert-tiny", out, args=short, overwrite=True, **TINY_RUN)
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("checkpoint-")) == [
         "checkpoint-2"
     ]
     m = distill_embedding(
-        minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}), resume=True, **kw
+        minilm_dir,
+        "sharebert-tiny",
+        out,
+        args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
+        resume=True,
+        **TINY_RUN,
     )
     assert m["steps"] == 3
     before = {f: (out / f).read_bytes() for f in ("metrics.json", "checkpoints/checkpoint-3/sharebert_complete.json")}
     m = distill_embedding(
-        minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}), resume=True, **kw
+        minilm_dir,
+        "sharebert-tiny",
+        out,
+        args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
+        resume=True,
+        **TINY_RUN,
     )  # a finished run resumed mid-epoch takes no step
     assert m["steps"] == 3 and not (out / "checkpoints" / "checkpoint-4").exists()
     assert m["last_terms"]  # kept, not rewritten as {}; its checkpoint not saved again
     assert {f: (out / f).read_bytes() for f in before} == before
     other = EmbeddingArgs(**{**args.__dict__, "max_steps": 5, "max_train_samples": 12})  # refused, not trained on
     with pytest.raises(ValueError, match="trained on 16 other sentences; resume on the same"):
-        distill_embedding(minilm_dir, "sharebert-tiny", out, args=other, resume=True, **kw)
+        distill_embedding(minilm_dir, "sharebert-tiny", out, args=other, resume=True, **TINY_RUN)
     with pytest.raises(
         ValueError,
         match="distilled the student sharebert-tiny --set embedding_size=32; resume with "
@@ -1069,7 +1082,7 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
             out,
             args=args,
             resume=True,  # nor failed on shapes
-            **{**kw, "overrides": {"embedding_size": 48}},
+            **{**TINY_RUN, "overrides": {"embedding_size": 48}},
         )
 
     killed = tmp_path / "killed"
@@ -1077,8 +1090,8 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     for f in [*out.glob("teacher_targets-*.npy"), out / "sharebert_run.json"]:  # its marker: written before the pass
         (killed / f.name).write_bytes(f.read_bytes())
     with pytest.raises(ValueError, match="no complete checkpoint to continue from; start it again with --overwrite"):
-        distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, resume=True, **kw)
-    m = distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, overwrite=True, **kw)
+        distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, resume=True, **TINY_RUN)
+    m = distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, overwrite=True, **TINY_RUN)
     assert m["steps"] == 2
 
 
@@ -1088,20 +1101,12 @@ def test_a_checkpoint_whose_projections_do_not_fit_is_one_line(minilm_dir, tmp_p
     from safetensors.torch import load_file, save_file
 
     from sharebert.training.callbacks import mark_complete
-    from sharebert.training.distill import PROJECTIONS_FILE, DistillWeights
+    from sharebert.training.distill import PROJECTIONS_FILE
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 
     out = tmp_path / "run"
-    kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
-    args = EmbeddingArgs(
-        max_steps=2,
-        batch_size=4,
-        lr=1e-3,
-        warmup_steps=0,
-        max_train_samples=16,
-        weights=DistillWeights(hidden=0, attention=0, embedding=0),
-    )
-    distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
+    args = _tiny_args(max_steps=2)
+    distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **TINY_RUN)
     ckpt = out / "checkpoints" / "checkpoint-2"
     saved = load_file(str(ckpt / PROJECTIONS_FILE))
     save_file({k: v for k, v in saved.items() if not k.startswith("head.")}, str(ckpt / PROJECTIONS_FILE))
@@ -1113,7 +1118,7 @@ def test_a_checkpoint_whose_projections_do_not_fit_is_one_line(minilm_dir, tmp_p
             out,
             args=EmbeddingArgs(**{**args.__dict__, "max_steps": 3}),
             resume=True,
-            **kw,
+            **TINY_RUN,
         )
 
 
@@ -1121,23 +1126,13 @@ def test_a_finished_run_whose_results_were_lost_writes_its_figures_again(minilm_
     """A run stopped while writing its results (here: metrics.json gone) and resumed takes no step and writes its
     figures from the run's logged losses (transformers divides a resumed call's losses, none, by the
     run's steps: its own train_loss would read 0.0)."""
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.distill_embedding import distill_embedding
 
     out = tmp_path / "run"
-    kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
-    args = EmbeddingArgs(
-        max_steps=3,
-        eval_steps=1,
-        batch_size=4,
-        lr=1e-3,
-        warmup_steps=0,
-        max_train_samples=16,
-        weights=DistillWeights(hidden=0, attention=0, embedding=0),
-    )
-    first = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
+    args = _tiny_args(max_steps=3, eval_steps=1)
+    first = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **TINY_RUN)
     (out / "metrics.json").unlink()
-    again = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True, **kw)
+    again = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True, **TINY_RUN)
     assert again["steps"] == 3 and not (out / "checkpoints" / "checkpoint-4").exists()
     assert abs(again["train_loss"] - first["train_loss"]) <= 1e-3, (again["train_loss"], first["train_loss"])
     assert again["last_terms"].keys() == first["last_terms"].keys() == {"sentence"}
@@ -1147,28 +1142,23 @@ def test_a_finished_run_whose_results_were_lost_writes_its_figures_again(minilm_
 def test_finished_max_time_run_resumed_is_kept(minilm_dir, tmp_path, capsys, stepped_clock):
     """A run its --max-time stopped, resumed with the same limit, takes no step and keeps its results (metrics
     untouched); a larger --max-time trains on from where it stopped."""
-    from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
 
     out = tmp_path / "run"
-    kw = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8)
-    args = EmbeddingArgs(
-        max_time=4,
-        epochs=1000,
-        batch_size=4,
-        lr=1e-3,
-        warmup_steps=0,
-        max_train_samples=16,
-        weights=DistillWeights(hidden=0, attention=0, embedding=0),
-    )
-    first = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **kw)
+    args = _tiny_args(max_time=4, epochs=1000)
+    first = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, **TINY_RUN)
     assert first["stopped_by_time"] and first["steps"] > 0
     saved = (out / "metrics.json").read_bytes()
-    again = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True, **kw)
+    again = distill_embedding(minilm_dir, "sharebert-tiny", out, args=args, resume=True, **TINY_RUN)
     assert again["steps"] == first["steps"] and (out / "metrics.json").read_bytes() == saved
     assert "had finished (at step" in capsys.readouterr().out
     longer = distill_embedding(
-        minilm_dir, "sharebert-tiny", out, args=EmbeddingArgs(**{**args.__dict__, "max_time": 8}), resume=True, **kw
+        minilm_dir,
+        "sharebert-tiny",
+        out,
+        args=EmbeddingArgs(**{**args.__dict__, "max_time": 8}),
+        resume=True,
+        **TINY_RUN,
     )
     assert longer["steps"] > first["steps"] and longer["train_seconds"] > first["train_seconds"]
 
