@@ -77,6 +77,12 @@ SESSION_CONFIG_KEYS = frozenset(
 )
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 MAX_LENGTH_LIMIT = 1 << 16
+# The largest |int8 weight| fed to an int8 matrix product (RAM int8, int8-dynamic, int8-static: 7-bit weights).
+# ONNX Runtime's u8 x s8 kernel on x86 CPUs without VNNI (AVX2, AVX-512F/BW) multiplies with vpmaddubsw, which adds
+# two u8 * s8 products into a saturating int16: 255 * 127 * 2 = 64,770 > 32,767, so the answer depends on the CPU
+# (VNNI's vpdpbusd and ARM's dot products accumulate in int32). With |w| <= 64 the pair is at most 32,640: no CPU
+# saturates, every kernel gives the exact integer sum (docs/DEVICE.md, "int8 on every CPU").
+INT8_WEIGHT_MAX = 64
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -453,14 +459,15 @@ def verify_artifact(artifact_dir: str | Path, manifest_sha256: str | None = None
 
 
 def quantize_per_channel(weight: np.ndarray, layout: str) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per output channel: ``(K, N)`` int8 and ``(N,)`` scales, ``B ~ q * scale``.
+    """Symmetric int8 per output channel in ``[-INT8_WEIGHT_MAX, INT8_WEIGHT_MAX]``: ``(K, N)`` int8 and ``(N,)``
+    scales, ``B ~ q * scale``.
 
     ``weight`` is ``(K, N)`` (``layout="kn"``, a MatMul's B) or ``(N, K)`` (``"nk"``, a Gemm's B with
     transB); it is overwritten (divided by the scales) to keep one fp32 copy in memory.
     """
     if layout == "nk":
         weight = weight.T
-    scale = np.maximum(weight.max(axis=0), -weight.min(axis=0)) / 127.0  # max |w| without a copy of |w|
+    scale = np.maximum(weight.max(axis=0), -weight.min(axis=0)) / INT8_WEIGHT_MAX  # max |w| without a copy of |w|
     if not np.isfinite(scale).all():  # NaN/inf propagate through max and min
         raise ArtifactError("a generated weight is not finite (NaN or inf): the artifact's learned tensors are corrupt")
     scale[scale == 0] = 1.0

@@ -126,8 +126,12 @@ def test_artifact_gates_layers_and_stays_learned_size(mlm):
     assert gating.wrap_layers(flat) == N and gating.wrap_layers(flat) == 0  # wrapping twice changes nothing
 
 
-@pytest.mark.parametrize("ram, tol", [("fp32", 1e-4), ("int8", 0.1)])
-def test_runtime_at_each_depth_matches_pytorch(mlm, ram, tol):
+# fp32: the same products in another order, 1e-4 absolute on logits of |x| < 1. RAM int8, relative to the largest
+# logit: each int8 product rounds its weights to half of max|w|/64 per channel (0.8%) and its activations to half of
+# their range/255 (0.2%), ~1% of the sum it feeds; through N = 3 layers and the head that is a few percent, so 5%.
+# A kernel that saturates its int16 pairs (u8 x s8 with 8-bit weights on a CPU without VNNI) is off by ~60%.
+@pytest.mark.parametrize("ram, tol, relative", [("fp32", 1e-4, False), ("int8", 0.05, True)])
+def test_runtime_at_each_depth_matches_pytorch(mlm, ram, tol, relative):
     model = sharebert.ShareBertForMaskedLM.from_pretrained(mlm[0]).eval()
     runtime = Runtime(mlm[1], ram=ram, threads=1)
     ids, mask = _feeds(runtime, TEXTS)
@@ -135,8 +139,9 @@ def test_runtime_at_each_depth_matches_pytorch(mlm, ram, tol):
     for k in range(1, N + 1):
         view = runtime.at_depth(k)
         outs[k] = view._run(ids, mask)["logits"]
-        diff = np.abs(outs[k] - _torch(model, ids, mask, k)).max()
-        assert diff <= tol, (ram, k, diff)
+        reference = _torch(model, ids, mask, k)
+        diff = np.abs(outs[k] - reference).max()
+        assert diff <= tol * (np.abs(reference).max() if relative else 1.0), (ram, k, diff)  # fails on NaN
         assert view.session is runtime.session  # a view: nothing loaded again
     assert np.array_equal(runtime._run(ids, mask)["logits"], outs[N])
     assert np.array_equal(Runtime(mlm[1], ram=ram, threads=1, depth=1)._run(ids, mask)["logits"], outs[1])
