@@ -465,13 +465,13 @@ def export_teacher(teacher, out: Path, task: str, progress: bool, say=print) -> 
     kept (exported again only if the teacher changed since); else the one an earlier run of this teacher left in the
     cache (:func:`teacher_cache`)."""
     manifest = Path(out) / "manifest.json"
-    chosen = read_json(manifest).get("quantization") if manifest.is_file() else None
+    chosen = _verified_choice(Path(out), say) if manifest.is_file() else None
     if chosen in TEACHER_QUANTIZATIONS:
         export_once(Path(teacher), Path(out), chosen, progress, task=task, allow_low_parity=True)
         if kept_cosine(read_json(manifest)) >= TEACHER_COSINE:
             return Path(out), chosen, {}
     cache = teacher_cache(teacher, task)
-    if (hit := _from_cache(cache, Path(out))) is not None:
+    if (hit := _from_cache(cache, Path(out), say)) is not None:
         say(f"the teacher's {hit[0]} artifact from the cache ({cache}), exported by an earlier run")
         return Path(out), *hit
     mode, refused = _teacher_ladder(teacher, Path(out), task, progress, say)
@@ -538,16 +538,29 @@ def teacher_cache(teacher, task: str) -> Path:
 CACHE_CHOICE = "choice.json"  # beside the cached artifact: the quantization chosen and the ones refused
 
 
-def _from_cache(cache: Path, out: Path) -> tuple[str, dict] | None:
+def _verified_choice(artifact: Path, say) -> str | None:
+    """The quantization of the teacher's artifact in ``artifact`` when it passes its own manifest (every field, the
+    size and sha256 of every file: ``verify_artifact``); else None, said in one line, and it is exported again. A
+    truncated or edited file is never measured (it failed at the end of the run, as an internal error)."""
+    from sharebert_runtime.artifact import ArtifactError, verify_artifact
+
+    try:
+        return verify_artifact(artifact).get("quantization")
+    except (ArtifactError, OSError) as e:
+        say(f"the teacher's artifact in {artifact} fails its manifest's checks ({first_line(e)}): exported again")
+        return None
+
+
+def _from_cache(cache: Path, out: Path, say=print) -> tuple[str, dict] | None:
     """``(quantization, refusals)`` with the cached artifact copied into ``out``; None where there is none (or an
-    unreadable one: exported again)."""
+    unreadable one, or one that fails its manifest's hashes: said, removed and exported again)."""
     try:
         choice = read_json(cache / CACHE_CHOICE)
         mode, refused = choice["quantization"], dict(choice["refused"])
-        if (
-            mode not in TEACHER_QUANTIZATIONS
-            or read_json(cache / "artifact" / "manifest.json").get("quantization") != mode
-        ):
+        if mode not in TEACHER_QUANTIZATIONS:
+            return None
+        if _verified_choice(cache / "artifact", say) != mode:
+            shutil.rmtree(cache, ignore_errors=True)
             return None
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(cache / "artifact", out)

@@ -95,9 +95,7 @@ def test_a_second_run_takes_the_teachers_artifact_from_the_cache(minilm_dir, tmp
     exported = []
 
     def ladder(teacher, out, task, progress, say):  # the real ladder's result, without its minutes of export
-        out.mkdir(parents=True)
-        (out / "manifest.json").write_text(json.dumps({"quantization": "int8"}))
-        (out / "model.onnx").write_bytes(b"graph")
+        _hashed_artifact(out, {"model.onnx": b"graph", "tokenizer.json": b"{}"}, quantization="int8")
         exported.append(teacher)
         return "int8", {"int8-dynamic": "mean cosine 0.9866 to PyTorch < 0.99"}
 
@@ -117,6 +115,53 @@ def test_a_second_run_takes_the_teachers_artifact_from_the_cache(minilm_dir, tmp
     assert t.teacher_cache(teacher, "feature-extraction") != cache
     t.export_teacher(teacher, tmp_path / "d" / "teacher_artifact", "feature-extraction", False, lambda _: None)
     assert len(exported) == 3
+
+
+def _hashed_artifact(out: Path, files: dict, **fields) -> None:
+    """An artifact folder holding ``files`` (name: bytes) and a manifest that lists their sha256 and size, as
+    ``verify_artifact`` checks them (the graphs are not opened: what the cache's check reads)."""
+    import hashlib
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    listed = {n: {"sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)} for n, d in files.items()}
+    manifest = {"format": "sharebert-onnx", "format_version": 1, "task": "feature-extraction", "max_length": 8}
+    (out / "manifest.json").write_text(json.dumps({**manifest, **fields, "files": listed}))
+
+
+@pytest.mark.parametrize("where", ["cache", "resumed"])
+def test_a_teachers_artifact_that_fails_its_manifest_is_exported_again_never_used(minilm_dir, tmp_path, where):
+    """A truncated model.onnx in the cache (or in a resumed run's teacher_artifact) fails its manifest's sha256 and
+    size: said in one line, exported again; the run never measures the damaged file."""
+    import shutil
+
+    from sharebert.pipelines import compress as t
+
+    exported = []
+
+    def ladder(teacher, out, task, progress, say):
+        _hashed_artifact(out, {"model.onnx": b"graph" * 400, "tokenizer.json": b"{}"}, quantization="int8")
+        exported.append(teacher)
+        return "int8", {}
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(minilm_dir, teacher)
+    first = tmp_path / "a" / "teacher_artifact"
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(t, "_teacher_ladder", ladder)
+        t.export_teacher(teacher, first, "feature-extraction", False, lambda _: None)
+        cache = t.teacher_cache(teacher, "feature-extraction") / "artifact"
+        damaged = cache if where == "cache" else first
+        if where == "resumed":
+            shutil.rmtree(cache.parent)  # the resumed run's own artifact is the only one
+        os.truncate(damaged / "model.onnx", 1000)
+        said = []
+        second = tmp_path / "b" / "teacher_artifact" if where == "cache" else first
+        art, mode, _ = t.export_teacher(teacher, second, "feature-extraction", False, said.append)
+    assert len(exported) == 2 and mode == "int8"
+    assert (art / "model.onnx").read_bytes() == b"graph" * 400
+    assert len(said) == 1 and f"{damaged}" in said[0] and "1000 bytes" in said[0] and "exported again" in said[0]
 
 
 def test_defaults_fall_back_to_the_packaged_text_without_a_data_folder(tmp_path, monkeypatch):
