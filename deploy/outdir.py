@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -422,8 +423,11 @@ def atomic_output(path: str | Path, mode: str = "w"):
     gets the content. A regular (or new) file is written to a hidden ``.NAME.XXXX.partial`` beside it, flushed,
     fsynced and renamed over it at the end, keeping an existing file's permissions (a new one gets the umask's);
     anything that stops the block (an error, a full disk, Ctrl-C, SIGTERM, SIGHUP) removes the partial file and
-    leaves the old one as it was. Anything else there (``/dev/null``, ``/dev/full``, a FIFO) is written directly,
-    and a failed write is an error, never success. ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
+    leaves the old one as it was. The writer holds an ``flock`` on its partial file until the rename, so a partial
+    file of the same output that nobody holds is one a killed writer left (``kill -9``, a power cut): removed
+    first (:func:`_remove_stale_partials`); another live writer's is left alone. Anything else there (``/dev/null``,
+    ``/dev/full``, a FIFO) is written directly, and a failed write is an error, never success. ``mode``: ``"w"``
+    (UTF-8 text) or ``"wb"``."""
     target = Path(os.path.realpath(path))  # through every link: the file the user's name leads to
     encoding = None if "b" in mode else "utf-8"
     with _stop_signals_raise():
@@ -437,8 +441,9 @@ def atomic_output(path: str | Path, mode: str = "w"):
                 f.flush()
             return
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
-        tmp = Path(name)
+        _remove_stale_partials(target)
+        fd, tmp = _locked_partial(target)
+        held = os.dup(fd)  # the lock lasts until the rename, after the file object closes fd
         try:
             if st is not None:
                 os.fchmod(fd, stat.S_IMODE(st.st_mode))
@@ -454,6 +459,48 @@ def atomic_output(path: str | Path, mode: str = "w"):
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        finally:
+            os.close(held)
+
+
+def _partial_name(target: Path) -> re.Pattern:
+    """The names :func:`tempfile.mkstemp` gives ``target``'s partial files (8 random characters in between)."""
+    return re.compile(rf"\.{re.escape(target.name)}\.[a-z0-9_]{{8}}\.partial")
+
+
+def _locked_partial(target: Path) -> tuple[int, Path]:
+    """A new partial file for ``target``, open and ``flock``-ed: ``(fd, path)``. Locked only after it was created,
+    so a cleaner may have taken it for stale in between: then it is gone from its name, and another is made."""
+    while True:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(name, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                return fd, Path(name)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _remove_stale_partials(target: Path) -> None:
+    """Remove the partial files of ``target`` that no process holds locked: a writer killed before it could remove
+    its own (``kill -9``) left them. A live writer's lock makes the non-blocking ``flock`` fail: its file stays."""
+    pattern = _partial_name(target)
+    with os.scandir(target.parent) as entries:
+        stale = [Path(e.path) for e in entries if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+    for path in stale:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # gone meanwhile, or not ours to read: left as it is
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:  # not renamed meanwhile
+                path.unlink()
+        except OSError:  # locked by a live writer (or gone): not stale
+            pass
+        finally:
+            os.close(fd)
 
 
 def save_figure(fig, path: str | Path, **kwargs) -> Path:

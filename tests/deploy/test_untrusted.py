@@ -394,6 +394,45 @@ def test_every_stopping_signal_removes_the_partial_file(tmp_path, sig):
     assert proc.returncode != 0 and path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
 
 
+def _writer(path: Path) -> subprocess.Popen:
+    """A process inside ``atomic_output(path)``, its partial file written and held (it has said "writing")."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+    )
+    assert proc.stdout.readline() == "writing\n", proc.stderr.read() if proc.poll() is not None else ""
+    return proc
+
+
+def _partials(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".partial"))
+
+
+def test_a_partial_file_left_by_kill_9_is_removed_by_the_next_write_not_a_live_one(tmp_path):
+    """SIGKILL leaves the partial file (nothing can remove it then); the next writer of the same output removes it,
+    but never the partial file of a writer still running (its flock), nor another output's."""
+    path, other = tmp_path / "out.jsonl", tmp_path / "out.jsonl.x"
+    path.write_text("old")
+    killed = _writer(path)
+    killed.kill()
+    killed.communicate(timeout=30)
+    (left,) = _partials(tmp_path)
+    with atomic_output(other) as f:  # another output's write leaves it
+        f.write("x")
+    assert _partials(tmp_path) == [left]
+    live = _writer(path)  # removes the stale one as it starts, then holds its own
+    try:
+        (own,) = _partials(tmp_path)
+        assert own != left
+        with atomic_output(path) as f:  # a write beside a live writer: its partial file stays
+            f.write("new")
+        assert _partials(tmp_path) == [own] and path.read_text() == "new"
+    finally:
+        live.kill()
+        live.communicate(timeout=30)
+    write_json(path, {"n": 1})  # now stale too: gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "out.jsonl.x"]
+
+
 # -- the artifacts the CLI rows run: a fill-mask model, a pair classifier, a single-text classifier ----------------
 
 
@@ -545,6 +584,24 @@ def test_predict_stopped_by_a_signal_leaves_no_partial_file(artifacts, tmp_path,
     _, err = proc.communicate(timeout=60)
     assert proc.returncode in (128 + sig, -sig), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"], err
+
+
+@pytest.mark.slow
+def test_predict_after_a_kill_9_removes_the_partial_file_it_left(artifacts, tmp_path):
+    (tmp_path / "in.txt").write_text("".join(f"the [MASK] sat on mat {i}\n" for i in range(200000)))
+    (tmp_path / "short.txt").write_text("the [MASK] sat\n")
+    argv = [sys.executable, "-m", "sharebert_runtime", "predict", str(artifacts["mlm"]), "--output", "out.jsonl"]
+    proc = subprocess.Popen([*argv, "--input", "in.txt"], cwd=tmp_path, env=ENV, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300  # a hang guard: starting takes long on a loaded machine
+    while not _partials(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and len(_partials(tmp_path)) == 1
+    again = _predict(artifacts["mlm"], "--input", "short.txt", "--output", "out.jsonl", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.jsonl", "short.txt"]
+    assert json.loads((tmp_path / "out.jsonl").read_text())["line"] == 1
 
 
 class _Finalized:
