@@ -20,7 +20,9 @@ from importlib import metadata
 from pathlib import Path
 
 from sharebert_runtime import artifact
+from sharebert_runtime.cpu import cpu_info, describe
 from sharebert_runtime.errors import first_line
+from sharebert_runtime.reference import KEY as REFERENCE
 from sharebert.formats.model_folder import check_has_tokenizer, read_config
 from sharebert_runtime.outdir import check_out_dir, disk_full, read_json, write_json
 
@@ -60,8 +62,9 @@ class ExportOptions:
     weights computed in-graph from the learned tensors) or ``materialized`` (stored); int8-dynamic
     and int8-static always materialize. ``calibration``: sentences for int8-static.
     ``check_file``/``check_limit``: parity sentences (default: SST-2 dev). ``shapes``/``threads``/``runs``:
-    latency measurement (``"BxT"`` strings). ``format``: ``onnx`` or ``ort`` (ORT-format graphs for
-    ONNX Runtime mobile / minimal builds, ``export/ort_format.py``). ``allow_low_parity``: publish a
+    latency measurement (``"BxT"`` strings). ``format``: ``onnx``, ``ort`` (ORT-format graphs for
+    ONNX Runtime mobile / minimal builds, ``export/ort_format.py``) or ``web`` (transformers.js' layout,
+    ``export/web_format.py``). ``allow_low_parity``: publish a
     quantized export whose parity falls below ``parity.THRESHOLDS`` (recorded in the manifest).
     """
 
@@ -96,8 +99,12 @@ def default_check_file() -> Path:
     return sst2 if sst2.is_file() else packaged_heldout()
 
 
-def infer_task(config: dict) -> str:
-    """Our task from the saved ``architectures`` (``...ForMaskedLM`` -> fill-mask, ...)."""
+def infer_task(config: dict, model_dir=None) -> str:
+    """Our task from the saved ``architectures`` (``...ForMaskedLM`` -> fill-mask, ...); a sentence-transformers
+    folder (``modules.json`` in ``model_dir``) is a sentence encoder whatever its ``architectures`` say: many
+    published ones say ``...ForMaskedLM`` (the class their base was pre-trained as) and hold no masked-LM head."""
+    if model_dir is not None and (Path(model_dir) / "modules.json").is_file():
+        return "feature-extraction"
     for arch in config.get("architectures") or []:
         for suffix, task in _ARCH_TASK.items():
             if arch.endswith(suffix):
@@ -135,7 +142,7 @@ def load_model(model_dir: Path, task: str):
         raise ValueError(
             f"{model_dir} holds no trained weights for {len(missing)} tensors the {task} model needs "
             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they would be random; "
-            f"export the task the folder was trained for (--task {infer_task(model.config.to_dict())})"
+            + _task_hint(model_dir, model.config.to_dict(), task)
         )
     try:  # the training commands' check: a tokenizer that fits the vocabulary, with [MASK] for fill-mask
         tokenizer = load_tokenizer(model_dir, int(model.config.vocab_size), ("mask",) if task == "fill-mask" else ())
@@ -144,6 +151,17 @@ def load_model(model_dir: Path, task: str):
     except Exception as e:  # OSError, or the tokenizers library's own error for a corrupt tokenizer.json
         raise ValueError(f"{model_dir / 'tokenizer.json'} cannot be read: {first_line(e)}") from None
     return model.eval(), tokenizer
+
+
+def _task_hint(model_dir: Path, config: dict, failed: str) -> str:
+    """What to export instead of ``failed``, whose head's weights the folder lacks: the task its files say, else
+    (when they say ``failed`` itself: a head named in ``architectures`` but never saved) the encoder alone."""
+    saved = infer_task(config, model_dir)
+    if saved != failed:
+        return f"export the task the folder was trained for (--task {saved})"
+    if failed != "feature-extraction":
+        return "its encoder's weights export as a sentence encoder (--task feature-extraction)"
+    return "the weights file does not hold the model config.json describes"
 
 
 def _versions() -> dict:
@@ -346,7 +364,7 @@ def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportO
         from sharebert.training.teacher import read_teacher
 
         read_teacher(model_dir)
-    task = o.task or infer_task(config)
+    task = o.task or infer_task(config, model_dir)
     _check_task(model_dir, config, task)
     _check_modes(o, task)
     _check_shapes(o.shapes, config.get("max_position_embeddings"))
@@ -363,7 +381,7 @@ def _check_task(model_dir: Path, config: dict, task: str) -> None:
     """``ValueError`` for a task the artifact format has not, or the other objective of the model's own head."""
     if task not in artifact.TASKS:
         raise ValueError(f"unsupported task {task!r}; choose one of {', '.join(artifact.TASKS)}")
-    saved = infer_task(config)
+    saved = infer_task(config, model_dir)
     if {task, saved} == {"fill-mask", "causal-lm"}:  # the same head's weights, trained for the other objective
         raise ValueError(
             f"{model_dir} holds a {saved} model ({', '.join(config.get('architectures') or [])}), "
@@ -607,7 +625,9 @@ def _build(
     steps.update()
 
     steps.set_postfix_str("parity")
-    parity = _parity(model, tokenizer, path, session_config, o, sentences, labels, max_length, max_depth, recipe)
+    parity, reference = _parity(
+        model, tokenizer, path, session_config, o, sentences, labels, max_length, max_depth, recipe
+    )
     steps.update()
 
     steps.set_postfix_str("tokenizer, config, ram-int8")
@@ -619,7 +639,22 @@ def _build(
     footprint = _footprint(tmp, path, proto, config, o, session_config, learned, folding, folded)
     steps.update()
     steps.close()
-    ort_entry = None
+    ort_entry = web_entry = None
+    if o.format == "web":  # the ONNX graph checked and measured above becomes transformers.js' onnx/ folder
+        from .web_format import to_web_format
+
+        from .sentence_embedding import OUTPUT
+
+        embedding = None if recipe is None else {**recipe[0].as_dict(), "output": OUTPUT}
+        about = {"task": o.task, "max_length": max_length, "embedding": embedding}
+        web_entry = to_web_format(tmp, session_config, o.quantize, tokenizer, sentences, max_length, about)
+        inputs = [i for i in inputs if i != artifact.DEPTH]
+        max_depth, depth_note = None, "transformers.js feeds no depth input"
+        footprint.update(
+            file_bytes=web_entry["model_bytes"],
+            bytes_per_learned_param=web_entry["model_bytes"] / learned,
+            artifact_bytes=_folder_bytes(tmp),
+        )
     if o.format == "ort":  # the ONNX graph checked and measured above becomes the ORT-format graphs
         from .ort_format import to_ort_format
 
@@ -650,11 +685,19 @@ def _build(
         "files": {},
         "versions": _versions(),
         "parity": parity,
+        "cpu": cpu_info(),  # the machine of the parity and footprint figures
         "footprint": footprint,
         "tensor_dtypes": dtypes,
         "optimized": fusions,
     }
     _add_extras(manifest, o.task, pairs, recipe, ram_int8, ort_entry)
+    if web_entry is not None:
+        manifest.update(model_format="web", web=web_entry)
+    if reference is not None:  # the artifact's own check on the device (`sharebert verify`)
+        from .parity import reference_thresholds
+
+        int8_ready = bool((manifest.get("ram_int8") or {}).get("weights"))
+        manifest[REFERENCE] = {**reference, "thresholds": reference_thresholds(o.quantize, int8_ready)}
     _write_manifest(tmp, manifest)
     return manifest
 
@@ -747,8 +790,9 @@ def _parity(
     recipe,
 ) -> dict:
     """The export's parity with PyTorch (:func:`_checked`): at full depth, at depth 1 on the first sentences
-    (the gating works as PyTorch's depth does), and of the sentence embedding."""
-    from .parity import check_parity
+    (the gating works as PyTorch's depth does), and of the sentence embedding; and the manifest's ``reference``
+    (a few of the sentences and PyTorch's outputs on them, :func:`parity.reference_entry`), or None."""
+    from .parity import check_parity, reference_entry
 
     session = _session(path, session_config, threads=o.threads)
     parity = _checked(
@@ -770,13 +814,15 @@ def _parity(
             o,
             full_depth=False,
         )
+    embedding = None
     if recipe is not None:
-        from .sentence_embedding import embedding_parity
+        from .sentence_embedding import OUTPUT, embedding_parity, reference
 
         parity["sentence_embedding"] = _checked(
             embedding_parity(model, tokenizer, session, *recipe, sentences, max_length), o
         )
-    return parity
+        embedding = (OUTPUT, lambda hidden, mask: reference(hidden, mask, *recipe))
+    return parity, reference_entry(model, tokenizer, session, o.task, sentences, max_length, embedding)
 
 
 def _write_model_files(tmp: Path, config, tokenizer, max_length: int, o: ExportOptions):
@@ -885,6 +931,7 @@ def format_report(manifest: dict) -> str:
         )
     if f.get("gflops") is not None:
         lines.append(f"GFLOPs ({f['gflops_shape']})  {f['gflops']:.3f}")
+    lines.append(f"measured on     {describe(manifest.get('cpu'))}")
 
     def figures(parity):
         return ", ".join(
@@ -911,6 +958,13 @@ def format_report(manifest: dict) -> str:
         )
     else:
         lines.append(f"depth           full depth only ({manifest.get('depth_note')})")
+    reference = manifest.get(REFERENCE)
+    if reference:
+        shape = reference["input_ids"]["shape"]
+        lines.append(
+            f"reference       {shape[0]} inputs and PyTorch's outputs stored for `sharebert verify`; here: "
+            + "; ".join(f"{name} {figures(v)}" for name, v in reference["at_export"].items())
+        )
     dtypes = manifest["tensor_dtypes"]
     lines.append(
         "stored tensors  " + ", ".join(f"{k}: {len(v)}" for k, v in dtypes["stored"].items()) + f"; ops {dtypes['ops']}"

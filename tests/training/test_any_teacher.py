@@ -399,3 +399,60 @@ def test_report_counts_a_folder_of_any_architecture_as_transformers_builds_it(te
     assert main(["report", "--model", str(folder), "--set", "hidden_size=64"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--set shapes a ShareBERT or BERT config" in err
+
+
+@pytest.fixture(scope="module")
+def masked_lm_named(tmp_path_factory):
+    """``{model_type: folder}``: sentence-transformers folders of MPNet and BERT whose ``config.json`` names the
+    masked-LM class (as many published ones do: the class their base was pre-trained as) and that hold no head."""
+    root = tmp_path_factory.mktemp("named-mlm")
+    folders = {}
+    for model_type, arch in (("mpnet", "MPNetForMaskedLM"), ("bert", "BertForMaskedLM")):
+        folder = build(root, model_type)["embedding"]
+        config = json.loads((folder / "config.json").read_text())
+        config["architectures"] = [arch]
+        (folder / "config.json").write_text(json.dumps(config))
+        folders[model_type] = folder
+    return folders
+
+
+@pytest.mark.parametrize("model_type", ["mpnet", "bert"])
+def test_a_sentence_transformers_folder_exports_as_a_sentence_encoder_whatever_its_architectures(
+    masked_lm_named, model_type, tmp_path, capsys
+):
+    from sentence_transformers import SentenceTransformer
+    from sharebert_runtime import Runtime
+    from sharebert_runtime.main import main
+
+    from sharebert.export.exporter import infer_task
+
+    folder = masked_lm_named[model_type]
+    config = json.loads((folder / "config.json").read_text())
+    assert infer_task(config) == "fill-mask" and infer_task(config, folder) == "feature-extraction"
+    assert main(["export", "--model", str(folder), "--out", str(tmp_path / "art"), "--check-limit", "8"]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "art" / "manifest.json").read_text())["task"] == "feature-extraction"
+    got = np.stack(Runtime(tmp_path / "art").embed(SENTENCES))
+    assert _cos(got, SentenceTransformer(str(folder)).encode(SENTENCES)).min() > 0.999
+    # asked for the head its architectures name, it is refused with the task that works, which then exports
+    argv = ["export", "--model", str(folder), "--out", str(tmp_path / "mlm"), "--task", "fill-mask"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no trained weights" in err and "(--task feature-extraction)" in err, err
+    assert not (tmp_path / "mlm").exists()
+
+
+def test_a_head_named_but_never_saved_is_refused_naming_the_encoders_task(masked_lm_named, tmp_path, capsys):
+    """Without modules.json the folder's architectures say fill-mask; its weights hold the encoder alone: the hint
+    names --task feature-extraction, never the task that just failed."""
+    from sharebert_runtime.main import main
+
+    folder = tmp_path / "plain"
+    shutil.copytree(masked_lm_named["mpnet"], folder)
+    (folder / "modules.json").unlink()
+    assert main(["export", "--model", str(folder), "--out", str(tmp_path / "art"), "--check-limit", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the fill-mask model needs" in err and "(--task feature-extraction)" in err, err
+    assert "--task fill-mask" not in err
+    argv = ["export", "--model", str(folder), "--out", str(tmp_path / "art"), "--check-limit", "8"]
+    assert main([*argv, "--task", "feature-extraction"]) == 0
