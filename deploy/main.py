@@ -30,6 +30,11 @@ COMMANDS = {
         "sharebert_runtime.serve",
         "serve an exported artifact over local HTTP/JSON (/predict, /health, /metadata) without torch",
     ),
+    "verify": (
+        "sharebert_runtime.verify",
+        "replay an artifact's stored inputs on this CPU: agreement with PyTorch's answers at export, exit 1 below "
+        "its parity thresholds",
+    ),
     "build": ("sharebert.commands.build", "build a model folder (config, safetensors, tokenizer) from a preset"),
     "report": (
         "sharebert.commands.report",
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(
             f"sharebert {chosen}: error: needs the {e.name.split('.')[0]} package, which this install lacks: "
-            f"pip install 'sharebert[{extra}]' (a device install holds only predict and serve)",
+            f"pip install 'sharebert[{extra}]' (a device install holds only predict, serve and verify)",
             file=sys.stderr,
         )
         return 2

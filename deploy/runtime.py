@@ -613,6 +613,16 @@ class Runtime:
         }[self.task]
         return method(texts, **kwargs)
 
+    def verify(self) -> dict:
+        """Replay the inputs the artifact stores (its manifest's ``reference``) and compare with what PyTorch
+        answered at export: per output ``max_abs_diff``, ``cosine_min`` / ``cosine_mean``, ``top1_agreement`` and
+        ``below`` (the figures outside the artifact's parity thresholds for this RAM mode), ``passed``, this CPU
+        and the export's (:mod:`sharebert_runtime.reference`; ``sharebert verify`` prints it). ``ArtifactError`` for an
+        artifact exported before it carried a reference."""
+        from .reference import verify_runtime
+
+        return verify_runtime(self)
+
     def metadata(self) -> dict:
         """What a caller needs to know: task, labels, maximum length, quantization, RAM mode."""
         keys = (

@@ -249,3 +249,48 @@ def _label_ids(labels: list | None, config) -> np.ndarray | None:
         return None
     ids = np.asarray(ids)
     return ids if ids.min() >= 0 and ids.max() < config.num_labels else None
+
+
+def reference_thresholds(quantize: str, ram_int8: bool) -> dict:
+    """The manifest's ``reference.thresholds`` by the runtime's RAM mode (the runtime reads no ``export/``): ``fp32``
+    (the graph as exported) the export's own, ``THRESHOLDS[quantize]`` or ``FP32_TOLERANCE`` on the outputs; ``int8``
+    (an artifact with RAM-int8 graphs: dynamic-int8 products on top of its weights) the looser of those and int8's."""
+    own = dict(THRESHOLDS[quantize]) if quantize in THRESHOLDS else {"max_abs_diff": FP32_TOLERANCE}
+    table = {"fp32": own}
+    if ram_int8:
+        table["int8"] = {k: min(own.get(k, least), least) for k, least in THRESHOLDS["int8"].items()}
+    return table
+
+
+def reference_entry(
+    model, tokenizer, session, task: str, sentences: list[str], max_length: int, embedding=None
+) -> dict | None:
+    """The manifest's ``reference`` (``sharebert_runtime.reference``, without its thresholds): the first check
+    sentences that fit, as token ids and mask, PyTorch's outputs on them, and the exported graph's figures on them
+    here (``at_export``); None when no sentence fits. ``embedding``: ``(graph output, f(token states, mask))``, the
+    sentence embedding a feature-extraction graph computes (before normalisation), stored instead of the states."""
+    import torch
+    from sharebert_runtime import reference as ref
+    from sharebert_runtime.artifact import model_feeds
+
+    lengths = [len(x) for x in tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
+    chosen = ref.choose(lengths, model.config.hidden_size if task == "feature-extraction" else 1)
+    if not chosen:
+        return None
+    enc = encode(tokenizer, [sentences[i] for i in chosen], max_length, mask_middle=task == "fill-mask")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    feeds = model_feeds(session.get_inputs(), ids, mask)  # as the runtime feeds them: token types 0
+    torch_names = [n for n in ("input_ids", "attention_mask", "token_type_ids", "position_ids") if n in feeds]
+    with torch.no_grad():
+        out = model(**{k: torch.from_numpy(feeds[k]) for k in torch_names})
+    first = session.get_outputs()[0].name
+    if task != "feature-extraction":
+        want = {first: out.logits.float().numpy()}
+    elif embedding is None:
+        want = {first: out.last_hidden_state.float().numpy()}
+    else:
+        want = {embedding[0]: embedding[1](out.last_hidden_state.float().numpy(), mask).astype(np.float32)}
+    entry = ref.build(task, want, ids, mask, tokenizer.mask_token_id, embedding and embedding[0])
+    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    entry["at_export"] = ref.figures(entry, got, mask, "the export")
+    return entry

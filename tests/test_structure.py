@@ -128,6 +128,7 @@ DEPLOY_HELPERS = (
     "sharebert_runtime.textlines",
     "sharebert_runtime.outdir",
     "sharebert_runtime.untrusted",
+    "sharebert_runtime.cpu",
 )  # stdlib only; the library uses them too
 DEVICE_INSTALL = frozenset({"numpy", "onnxruntime", "tokenizers", "tqdm"})  # the base install (pyproject.toml)
 TRAINING_STACK = frozenset(
@@ -222,10 +223,10 @@ RULES = [
         forbids=(*_sharebert("pipelines"), *_sharebert("commands")),
     ),
     Rule(
-        "export takes of deploy only its artifact contract and the shared helpers",
+        "export takes of deploy only its artifact contract (with the stored reference's format) and the shared helpers",
         covers=EXPORT,
         forbids=DEPLOY,
-        allowed=("sharebert_runtime.artifact", *DEPLOY_HELPERS),
+        allowed=("sharebert_runtime.artifact", "sharebert_runtime.reference", *DEPLOY_HELPERS),
     ),
     Rule(
         "torch-free modules import no training stack (`report`, `budget`, `--help` answer without torch)",

@@ -78,6 +78,7 @@ FAST = {
     "plot": [["plot", "--help"], ["plot"]],
     "predict": [["predict", "--help"], ["predict"]],
     "serve": [["serve", "--help"], ["serve", "--port", "x"]],
+    "verify": [["verify", "--help"], ["verify"], ["verify", "{tmp}/no-such-artifact"]],
     "demo": [["demo", "--help"], ["demo", "--steps", "x"]],
     "compress": [
         ["compress", "--help"],
@@ -86,7 +87,7 @@ FAST = {
         ["compress", "{tmp}/teacher", "--out", "{tmp}/o", "--task-lr", "0"],
     ],
 }
-DEVICE = ("", "predict", "serve")
+DEVICE = ("", "predict", "serve", "verify")
 PROBE = """
 import json, sys
 if sys.argv[2] == "block":
