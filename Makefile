@@ -6,15 +6,20 @@ STAMP := $(VENV)/.installed
 # optimum's integration needs transformers 4.57 (optimum-onnx 0.1.0): a second environment of its own
 OPTIMUM_VENV := .venv-optimum
 OPTIMUM_STAMP := $(OPTIMUM_VENV)/.installed
+# The exact versions each environment last passed its tests with (`make lock` refreshes them on purpose): a new
+# release of a dependency cannot change what a fresh clone installs. LOCK=constraints.txt installs from the ranges.
+LOCK := constraints.lock
+OPTIMUM_LOCK := constraints-optimum.lock
 
-.PHONY: demo test test-fast test-optimum lint docs-check install install-optimum clean
+.PHONY: demo test test-fast test-optimum test-latest lint docs-check install install-optimum lock clean
 
-# The current stack (transformers 5, sentence-transformers 6, CPU torch from constraints.txt). pip builds the
-# editable install in isolation (setuptools >= 77 reads project.license; an older one beside it does not).
-$(STAMP): pyproject.toml constraints.txt
+# The current stack (transformers 5, sentence-transformers 6, CPU torch), at the lock's versions, pip's own
+# included. pip builds the editable install in isolation (setuptools >= 77 reads project.license; an older one
+# beside it does not). A changed lock reinstalls.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[full,plot,dev]"
+	$(PY) -m pip install -q -c $(LOCK) --upgrade pip
+	$(PY) -m pip install -q -c $(LOCK) -e ".[full,plot,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -45,11 +50,11 @@ test-fast: lint
 # The `optimum` extra in its own venv, with optimum-cli's hook (optimum-register/, docs/EXPORT.md "optimum"),
 # installed non-editably: its module must lie in optimum's own folder. test-optimum runs the tests marked
 # `optimum` (skipped in `make test`, whose transformers 5 optimum-onnx cannot be installed beside).
-$(OPTIMUM_STAMP): pyproject.toml constraints.txt optimum-register/pyproject.toml optimum-register/optimum/commands/register/sharebert.py
+$(OPTIMUM_STAMP): pyproject.toml $(OPTIMUM_LOCK) optimum-register/pyproject.toml optimum-register/optimum/commands/register/sharebert.py
 	test -x $(OPTIMUM_VENV)/bin/python || $(PYTHON) -m venv $(OPTIMUM_VENV)
-	$(OPTIMUM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(OPTIMUM_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[optimum]" "pytest>=8" "pytest-xdist>=3.5"
-	$(OPTIMUM_VENV)/bin/python -m pip install -q -c constraints.txt --no-deps ./optimum-register
+	$(OPTIMUM_VENV)/bin/python -m pip install -q -c $(OPTIMUM_LOCK) --upgrade pip
+	$(OPTIMUM_VENV)/bin/python -m pip install -q -c $(OPTIMUM_LOCK) -e ".[optimum]" "pytest>=8" "pytest-xdist>=3.5"
+	$(OPTIMUM_VENV)/bin/python -m pip install -q -c $(OPTIMUM_LOCK) --no-deps ./optimum-register
 	touch $(OPTIMUM_STAMP)
 
 install-optimum: $(OPTIMUM_STAMP)
@@ -57,9 +62,33 @@ install-optimum: $(OPTIMUM_STAMP)
 test-optimum: $(OPTIMUM_STAMP)
 	OMP_NUM_THREADS=1 $(OPTIMUM_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadfile -m optimum --durations=10 tests
 
+# The locks refreshed on purpose: each environment built afresh in a scratch venv from pyproject.toml's ranges
+# (constraints.txt: the CPU torch), then frozen: every installed distribution but the project's own (editable,
+# or the hook's local folder), the lock's header (its comment lines) kept. Then `make test test-optimum`, commit.
+LOCK_VENV := .venv-lock
+freeze = { grep '^\#' $(2) || true; $(1)/bin/python -m pip freeze --all --exclude-editable | grep -v ' @ '; } > $(2).new && mv $(2).new $(2)
+lock:
+	rm -rf $(LOCK_VENV)
+	$(MAKE) install VENV=$(LOCK_VENV) LOCK=constraints.txt
+	$(call freeze,$(LOCK_VENV),$(LOCK))
+	rm -rf $(LOCK_VENV)
+	$(MAKE) install-optimum OPTIMUM_VENV=$(LOCK_VENV) OPTIMUM_LOCK=constraints.txt
+	$(call freeze,$(LOCK_VENV),$(OPTIMUM_LOCK))
+	rm -rf $(LOCK_VENV)
+
+# Drift seen on purpose, never in `make test`: a fresh venv with the newest versions the ranges allow (no lock;
+# constraints.txt's CPU torch), the versions that differ from the lock (<: locked, >: newest), then the fast
+# tier there. Green: `make lock` may take them. Red: a fix or a capped range, in a commit.
+LATEST_VENV := .venv-latest
+test-latest:
+	rm -rf $(LATEST_VENV)
+	$(MAKE) install VENV=$(LATEST_VENV) LOCK=constraints.txt
+	$(LATEST_VENV)/bin/python -m pip freeze --all --exclude-editable | grep -v ' @ ' | diff $(LOCK) - | grep '^[<>] [^#]' || true
+	OMP_NUM_THREADS=1 $(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=10 -m "not slow" tests
+
 # The shell and Python blocks of README.md and docs/*.md, run in order with budgets capped (also part of `make test`).
 docs-check: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -p no:cacheprovider tests/test_docs.py
 
 clean:
-	rm -rf $(VENV) $(OPTIMUM_VENV) runs artifacts *.egg-info optimum-register/build optimum-register/*.egg-info
+	rm -rf $(VENV) $(OPTIMUM_VENV) $(LOCK_VENV) $(LATEST_VENV) runs artifacts *.egg-info optimum-register/build optimum-register/*.egg-info
