@@ -30,6 +30,10 @@ RAM_INT8_GENERATOR, RAM_INT8_COMPUTE = "ram_int8/generator.onnx", "ram_int8/comp
 # so they are opened from bytes with this session entry set to the artifact folder
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 RAM_INT8_ROWS = "ram_int8/rows.onnx"  # rows [start, end) of the product generated weights are cut from
+# The compute graph's metadata entry holding the manifest's ram_int8 weights as exported (canonical JSON): the graph
+# is hashed, so a weight record edited in the manifest alone (a layout of a square weight, which no shape tells) is
+# refused at load (ram_int8_record, weights_record)
+RAM_INT8_RECORD = "sharebert.ram_int8.weights"
 ROWS_PER_CALL = 32  # rows of that product per call at load: the most fp32 the RAM-int8 mode ever holds
 # Its columns per call, where the rows graph takes them (cols.start, cols.end): the product's int8-stored source
 # (the word embeddings of a VEPS student) is then dequantized that many of its rows at a time, never whole in fp32
@@ -372,6 +376,7 @@ def _ram_int8_files(ram, bad) -> list[str]:
         bad("ram_int8", "rows needs a file name, and width and height as positive integers")
     for w in ram["weights"]:
         _check_ram_int8_weight(w, ram, bad)
+    _check_ram_int8_unique(ram, bad)
     graphs = [w["generator"] for w in ram["weights"] if "offset" not in w and "generator" in w]
     return [ram[k] for k in ("generator", "rows", "compute") if isinstance(ram.get(k), str)] + sorted(set(graphs))
 
@@ -398,6 +403,56 @@ def _check_ram_int8_weight(w, ram: dict, bad) -> None:
             bad("ram_int8", f"weight {w['int8']!r}: offset {w['offset']!r} does not lie in the rows product")
     elif not (isinstance(w.get("output"), str) and isinstance(w.get("generator", ram.get("generator")), str)):
         bad("ram_int8", f"weight {w['int8']!r} names neither a rows offset nor a generator output")
+
+
+def _check_ram_int8_unique(ram: dict, bad) -> None:
+    """One record per compute input and per generated value: no two weights share an ``int8`` or ``scale`` name, a
+    generator output, or rows of the product (the second record would overwrite or reuse the first's values)."""
+    names = [w[k] for w in ram["weights"] for k in ("int8", "scale")]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        bad("ram_int8", f"weights name the compute input {twice[0]!r} twice")
+    outputs = [(w.get("generator", ram.get("generator")), w["output"]) for w in ram["weights"] if "offset" not in w]
+    twice = sorted({o for o in outputs if outputs.count(o) > 1})
+    if twice:
+        bad("ram_int8", f"two weight records take the generator output {twice[0][1]!r}")
+    spans = sorted(
+        (w["offset"], w["offset"] + w["shape"][0] * w["shape"][1], w["int8"]) for w in ram["weights"] if "offset" in w
+    )
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:
+            bad("ram_int8", f"weights {first!r} and {second!r} take overlapping rows of the product")
+
+
+def weights_record(weights: list) -> str:
+    """The ram_int8 weight records as the compute graph's :data:`RAM_INT8_RECORD` holds them (canonical JSON)."""
+    import json
+
+    return json.dumps(weights, sort_keys=True, separators=(",", ":"))
+
+
+def check_ram_int8_record(session: ort.InferenceSession, ram: dict, path: Path) -> None:
+    """The manifest's ram_int8 weights are those recorded in the (hashed) compute graph when it holds a record
+    (exports before the record: the shape checks only); ``ArtifactError`` naming the field otherwise."""
+    recorded = session.get_modelmeta().custom_metadata_map.get(RAM_INT8_RECORD)
+    if recorded is not None and recorded != weights_record(ram["weights"]):
+        raise ArtifactError(
+            f"{path}: ram_int8 weights differ from the record in {ram['compute']} (the manifest was edited: a "
+            "layout, shape, offset or output); export the model again"
+        )
+
+
+def check_generated_shape(w: dict, shape, path: Path) -> None:
+    """A generator output's declared ``shape`` fits weight record ``w``: ``[K, N]`` for layout kn, ``[N, K]`` for
+    nk (a square weight's layout is vouched for by :func:`check_ram_int8_record`)."""
+    expected = w["shape"] if w["layout"] == "kn" else w["shape"][::-1]
+    if shape is None:
+        raise ArtifactError(f"{path}: ram_int8 weight {w['int8']!r}: its generator has no output {w['output']!r}")
+    if any(isinstance(d, int) and d != e for d, e in zip(shape, expected)) or len(shape) != 2:
+        raise ArtifactError(
+            f"{path}: ram_int8 weight {w['int8']!r}: layout {w['layout']} with shape {w['shape']} does not match "
+            f"its generator output {w['output']!r} of shape {shape}"
+        )
 
 
 def _check_file(root: Path, name: str, meta: dict, path: Path) -> None:

@@ -33,6 +33,8 @@ from .artifact import (
     TOKENIZER,
     ArtifactError,
     check_fits_model,
+    check_generated_shape,
+    check_ram_int8_record,
     depth_limit,
     model_config,
     model_feeds,
@@ -166,7 +168,7 @@ class Runtime:
             width = 1 if self.manifest.get("problem_type") == "regression" else len(self.labels or [])
             fits = len(shape) == 2 and (not isinstance(shape[1], int) or shape[1] == width)
         else:
-            fits = len(shape) == 3
+            fits = len(shape) == 3 and _width_fits(self.task, shape[-1], model_config(self.path), self.mask_id)
         if not fits:
             raise ArtifactError(
                 f"{self.path / 'manifest.json'}: task {self.task!r} (labels {self.labels}) does not fit "
@@ -228,6 +230,7 @@ class Runtime:
             raise ArtifactError(
                 f"{self.path / 'manifest.json'}: ram_int8 does not match its graphs ({first_line(e)})"
             ) from None
+        check_ram_int8_record(compute, ram, self.path / "manifest.json")
         declared = {i.name: i.shape for i in compute.get_inputs()}
         for name, value in self._int8_inputs.items():
             if declared.get(name) != list(value.shape()):
@@ -271,6 +274,9 @@ class Runtime:
             graphs.setdefault(w.get("generator", ram.get("generator")), []).append(w)
         for name, weights in graphs.items():
             session = graph(name)
+            declared = {o.name: o.shape for o in session.get_outputs()}
+            for w in weights:
+                check_generated_shape(w, declared.get(w["output"]), self.path / "manifest.json")
             generated = session.run([w["output"] for w in weights], {})  # ONNX Runtime runs every node of a graph
             del session
             for w in weights:
@@ -659,6 +665,20 @@ def _open_session(
         return ort.InferenceSession(path.read_bytes(), options, providers=providers)
     except Exception as e:  # ORT's own error classes (InvalidProtobuf, Fail, ...) derive from Exception only
         raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime: {first_line(e)}") from None
+
+
+def _width_fits(task: str, width, config: dict, mask_id) -> bool:
+    """Whether a per-token output of ``width`` serves ``task``: a fill-mask's (or causal LM's) scores one per token of
+    the vocabulary (``config.json``'s ``vocab_size``, past the mask id), a feature-extraction's states
+    ``hidden_size`` wide. A task edited in the manifest then is refused, not answered with nonsense."""
+    if not isinstance(width, int):
+        return True
+    vocab, hidden = config.get("vocab_size"), config.get("hidden_size")
+    if task == "feature-extraction":
+        return not isinstance(hidden, int) or width == hidden
+    if task == "fill-mask" and isinstance(mask_id, int) and width <= mask_id:
+        return False
+    return not isinstance(vocab, int) or width == vocab
 
 
 def _load_tokenizer(path: Path) -> Tokenizer:

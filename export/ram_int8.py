@@ -28,11 +28,13 @@ from sharebert_runtime.artifact import (
     MODEL,
     RAM_INT8_COMPUTE as COMPUTE,
     RAM_INT8_GENERATOR as GENERATOR,
+    RAM_INT8_RECORD,
     RAM_INT8_ROWS as ROWS,
     product_rows,
     quantize_per_channel,
     quantize_rows,
     session_options,
+    weights_record,
 )
 
 from .depth import inline_layers, is_wrapped, wrap_layers
@@ -432,4 +434,6 @@ def _compute_of(source, keys: dict, chosen: dict, weights: list[dict], gated: bo
         wrap_layers(compute)
     if not any(o.domain == "com.microsoft" for o in compute.opset_import):
         compute.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    record = compute.metadata_props.add()  # the manifest's weight records, in a hashed file (checked at load)
+    record.key, record.value = RAM_INT8_RECORD, weights_record(weights)
     return compute

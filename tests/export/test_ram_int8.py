@@ -276,3 +276,66 @@ def test_releasing_library_code_pages_keeps_every_answer(artifact, monkeypatch):
     assert rt.fill_mask(text) == before
     monkeypatch.setattr(memory, "MADVISE", None)
     assert memory.release_code() == 0 and rt.fill_mask(text) == before
+
+
+# -- the manifest's fields the runtime acts on, cross-checked against the graphs (an edited manifest is refused) ------
+
+
+def _edited(artifact: Path, folder: Path, edit) -> Path:
+    """A copy of ``artifact`` whose manifest ``edit(manifest)`` changed (its files, hashed, untouched)."""
+    import shutil
+
+    shutil.copytree(artifact, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    edit(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def _generated(manifest: dict) -> dict:
+    return next(w for w in manifest["ram_int8"]["weights"] if "offset" not in w)
+
+
+def _square_layout(manifest: dict) -> None:
+    w = next(w for w in manifest["ram_int8"]["weights"] if w["shape"][0] == w["shape"][1])
+    w["layout"] = "nk"
+
+
+def _second_record(manifest: dict) -> None:
+    twin = dict(_generated(manifest), int8="twin.int8", scale="twin.scale")
+    manifest["ram_int8"]["weights"].append(twin)
+
+
+def _same_rows(manifest: dict) -> None:
+    cut = [w for w in manifest["ram_int8"]["weights"] if "offset" in w]
+    cut[1]["offset"] = cut[0]["offset"]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: _generated(m).update(layout="nk"), "weight .* layout nk with shape .* does not match its generator"),
+        (_square_layout, "weights differ from the record in ram_int8/compute.onnx"),
+        (_second_record, "two weight records take the generator output"),
+        (_same_rows, "weights .* take overlapping rows of the product"),
+    ],
+    ids=["layout", "square-layout", "two-records", "same-rows"],
+)
+def test_an_edited_ram_int8_record_is_refused_naming_the_field(artifact, tmp_path, edit, message):
+    """The manifest is not hashed (without --pin): a weight record edited by hand is refused at load, before any
+    answer (it gave answers at cosine 0.77-0.98 to the true ones)."""
+    with pytest.raises(contract.ArtifactError, match=f"manifest.json: ram_int8 {message}"):
+        Runtime(_edited(artifact, tmp_path / "edited", edit), ram="int8", threads=1)
+    assert Runtime(artifact, ram="int8", threads=1).metadata()["int8_generated_weights"] > 0  # the original loads
+
+
+def test_a_task_the_outputs_cannot_serve_is_refused(artifact, tmp_path):
+    """task edited between fill-mask and feature-extraction: the graph's per-token width (vocabulary or hidden size,
+    from config.json) says which it serves; either edit is refused in one line naming the task."""
+    features = tmp_path / "features"
+    export_model(artifact.parent / "model", features, task="feature-extraction", check_limit=8, runs=1, progress=False)
+    for source, task in ((features, "fill-mask"), (artifact, "feature-extraction")):
+        edited = _edited(source, tmp_path / task, lambda m, task=task: m.update(task=task))
+        with pytest.raises(contract.ArtifactError, match=f"task '{task}' .* does not fit the model's output"):
+            Runtime(edited, ram="fp32", threads=1)
+    assert len(Runtime(features, threads=1).embed("a text")[0]) == TINY["hidden_size"]
