@@ -1143,8 +1143,11 @@ def calibration_sentence(c: dict) -> str:
 
 
 def write_report(out: Path, report: dict, summary: str) -> dict:
-    """``report.json`` (``report`` with ``summary``), ``report.md`` (the table, then ``summary``), ``report.png``."""
-    report = finite({**report, "summary": summary})
+    """``report.json`` (``report`` with ``summary`` and the ``cpu`` its figures came from), ``report.md`` (the table,
+    then ``summary``), ``report.png``."""
+    from sharebert_runtime.cpu import cpu_info
+
+    report = finite({**report, "cpu": cpu_info(), "summary": summary})
     write_json(out / REPORT, report)
     with atomic_output(out / "report.md") as f:
         f.write(report_markdown(report))
@@ -1203,6 +1206,8 @@ def _sides(r: dict) -> tuple[dict, dict]:
 
 def report_markdown(r: dict) -> str:
     """The report as a Markdown table, teacher beside student, with the ratio; then the cosine calibration."""
+    from sharebert_runtime.cpu import describe
+
     t, s = _sides(r)
     name = t.get("name") or Path(t["folder"]).name
     lines = [
@@ -1210,6 +1215,7 @@ def report_markdown(r: dict) -> str:
         "",
         f"teacher {name} (`{t['folder']}`) -> student {s['shape']} (`{s['folder']}`)",
         "",
+        *([f"measured on {describe(r['cpu'])}", ""] if r.get("cpu") else []),
         f"| | teacher ({t.get('quantization', 'int8-dynamic')} artifact; quality rows in PyTorch fp32) "
         "| student (int8 artifact) "
         "| student / teacher |",

@@ -294,6 +294,18 @@ def test_report_rows_say_what_they_measured_and_the_calibration(tmp_path):
     assert "600 held-out" in md and "| unrelated pairs | 0.050 | 0.200 |" in md
 
 
+def test_report_names_the_cpu_its_figures_came_from(tmp_path):
+    from sharebert_runtime.cpu import cpu_info, describe
+
+    from sharebert.pipelines.compress import write_report
+
+    report = _report(tmp_path)
+    written = write_report(tmp_path, {k: v for k, v in report.items() if k != "summary"}, "done.")
+    assert written["cpu"] == cpu_info() == json.loads((tmp_path / "report.json").read_text())["cpu"]
+    assert f"measured on {describe(cpu_info())}" in (tmp_path / "report.md").read_text()
+    assert describe(cpu_info()) not in report_markdown(report)  # a report written before the field: no line
+
+
 def test_report_picture_is_titled_with_units_and_values(tmp_path, monkeypatch):
     import matplotlib
 
