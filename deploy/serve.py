@@ -13,13 +13,16 @@ Endpoints:
 
 Bad input of any shape gets a 4xx with ``{"error": message}`` and a valid status line: 400 bad JSON,
 fields, headers or request line (an unsupported HTTP version included), 404/405 wrong path or method, 408 a request not
-sent within ``--timeout``, 411 no length, 413 body, texts, tokens or fill-mask candidates (``[MASK]`` tokens x
+sent within ``--header-timeout``, 411 no length, 413 body, texts, tokens or fill-mask candidates (``[MASK]`` tokens x
 ``top_k``) over the limits (an oversize body is refused before it is read). Overload gets 503 with ``Retry-After``: more
 than ``--workers`` + ``--max-queue`` requests admitted, more than ``--workers`` - 1 large ones (over
 ``--max-batch-tokens`` tokens: small requests always keep a worker) or a large one while no worker is free,
 ``--max-connections`` open or ``--max-client-connections`` from one address (a refused connection's request is read
-first, so the client reads the 503 rather than a reset). ``--timeout`` bounds a whole request (headers and body,
-however slowly dribbled); at most ``--max-idle`` connections are kept alive between requests. Every
+first, so the client reads the 503 rather than a reset; a ``GET /health`` is answered 200 even then). One thread reads
+every connection's request (a slow client holds no thread); ``--header-timeout`` bounds a whole request (headers and
+body, however slowly dribbled), counted from the connection (or, kept alive, from its next request's first byte);
+at most ``--max-idle`` connections are kept alive between requests, each for ``--timeout`` seconds, and the oldest
+idle one is closed first when the server is full. Every
 answer is strict JSON (a non-finite result is a 500 with an error, never ``NaN``); a GET with a body
 closes its connection (the body is never read as the next request).
 
@@ -31,15 +34,18 @@ call of at most ``--max-batch-tokens`` padded tokens at a time (see docs/DEVICE.
 
 from __future__ import annotations
 
+import http.client
 import inspect
+import io
 import json
 import re
+import selectors
 import socket
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -57,6 +63,9 @@ RETRY_AFTER_S = 1  # what a 503 asks the client to wait
 DRAIN_BYTES = 1 << 16  # after refusing a body, read at most this much of it so the client sees the answer
 REFUSERS = 64  # connections over a cap answered at once, each by a short-lived thread reading its request first
 REFUSE_READ_S = 2  # seconds such a thread waits for the refused request (and then for the client to close)
+MAX_LINE = 65536  # the stdlib handler's longest request line (414 beyond)
+HEAD_BYTES = 1 << 16  # most bytes of a request's head read before it is refused (431)
+READ_BYTES = 1 << 16  # one receive of the reading thread
 DIGITS = re.compile(r"[0-9]{1,18}")
 LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
     "max_batch": (64, "texts per request"),
@@ -67,10 +76,11 @@ LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
     "max_batch_tokens": (1024, "padded tokens per ONNX Runtime call (bounds each call's memory)"),
     "workers": (2, "requests computed at once"),
     "max_queue": (16, "admitted requests waiting for a worker; more get 503 + Retry-After"),
-    "max_connections": (128, "open connections (one thread each); more get 503 + Retry-After"),
+    "max_connections": (256, "open connections (idle kept-alive ones closed first); more get 503 + Retry-After"),
     "max_client_connections": (32, "open connections from one client address; more get 503 + Retry-After"),
     "max_idle": (32, "idle keep-alive connections; beyond, an answer closes its connection"),
-    "timeout": (30, "seconds a connection may take to send a whole request (headers and body), or sit idle"),
+    "header_timeout": (5, "seconds a connection may take to send a whole request (headers and body); then closed"),
+    "timeout": (30, "seconds a kept-alive connection may sit idle, or an answer wait for a client that does not read"),
 }
 
 
@@ -266,109 +276,330 @@ class Admission:
                 self.heavy -= heavy
 
 
-class _DeadlineReader:
-    """A connection's buffered reader whose every read waits only until the request's deadline (:meth:`start`), so
-    a client dribbling a header line (or a byte) every few seconds is cut off after ``timeout`` seconds in all
-    (``TimeoutError``)."""
+def declared_length(headers, max_body_bytes: int) -> int:
+    """The body length a request's headers declare, or :class:`BadRequest`: a chunked body (never read), no
+    ``Content-Length``, one that is not a single number of at most 18 digits, or one over ``max_body_bytes``."""
+    lengths = headers.get_all("Content-Length") or []
+    if headers.get("Transfer-Encoding") is not None:
+        raise BadRequest(411 if not lengths else 400, "Transfer-Encoding is not supported: send a Content-Length")
+    if not lengths:
+        raise BadRequest(411, "Content-Length is required")
+    if len(lengths) > 1 or not DIGITS.fullmatch(lengths[0].strip()):
+        raise BadRequest(400, "Content-Length must be one non-negative integer of at most 18 digits")
+    length = int(lengths[0])
+    if length > max_body_bytes:
+        raise BadRequest(413, f"body of {length} bytes exceeds the limit of {max_body_bytes}")
+    return length
 
-    def __init__(self, inner, sock, seconds: float):
-        self._inner, self._sock, self._seconds = inner, sock, seconds
-        self.deadline = time.monotonic() + seconds
 
-    def start(self) -> None:
-        self.deadline = time.monotonic() + self._seconds
+@dataclass
+class _Framing:
+    """Where the first request in a connection's bytes ends: ``end`` bytes are the request to answer (its head,
+    and its body when the body is to be read); ``body`` of them are body; ``expect``: the client waits for
+    ``100 Continue`` before sending the body."""
 
-    def _arm(self) -> None:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("request deadline passed")
-        self._sock.settimeout(left)
+    end: int
+    body: int = 0
+    expect: bool = False
 
-    def readline(self, limit: int = -1) -> bytes:
-        """One line (at most ``limit`` bytes), each receive armed anew: a line sent a byte at a time ends at the
-        deadline too (the socket's timeout bounds one receive, not the line)."""
-        line = bytearray()
-        while limit is None or limit < 0 or len(line) < limit:
-            self._arm()
-            buffered = self._inner.peek(1)  # what is buffered, or one receive: b"" at the end of the stream
-            if not buffered:
-                break
-            want = len(buffered) if limit is None or limit < 0 else min(len(buffered), limit - len(line))
-            end = buffered.find(b"\n", 0, want)
-            line += self._inner.read(want if end < 0 else end + 1)  # from the buffer, no wait
-            if end >= 0:
-                break
-        return bytes(line)
 
-    def read(self, *args):
-        self._arm()
-        return self._inner.read(*args)
+def frame(data: bytes, max_body_bytes: int) -> _Framing | None:
+    """How much of ``data`` the first request takes (:class:`_Framing`), or None while its head is incomplete.
+    A request line that is not ``METHOD PATH VERSION``, an over-long one, a header the stdlib parser refuses
+    or a body that will not be read (:func:`declared_length` refuses it, or none is declared) end the request
+    with its head: the handler answers them at once. :class:`BadRequest` 431 for a head over :data:`HEAD_BYTES`."""
+    line_end = data.find(b"\n", 0, MAX_LINE + 1)
+    if line_end < 0:
+        return _Framing(len(data)) if len(data) > MAX_LINE else None  # 414 from the handler
+    words = data[:line_end].split()
+    if len(words) != 3:
+        return _Framing(line_end + 1)  # 400 from the handler, at once
+    ends = [i for i in (data.find(b"\n\r\n", line_end), data.find(b"\n\n", line_end)) if i >= 0]
+    if not ends:
+        if len(data) > HEAD_BYTES:
+            raise BadRequest(431, f"request head over {HEAD_BYTES} bytes")
+        return None
+    head_end = min(ends) + (3 if min(ends) == data.find(b"\n\r\n", line_end) else 2)
+    try:
+        headers = http.client.parse_headers(io.BytesIO(data[line_end + 1 : head_end]))
+        length = declared_length(headers, max_body_bytes)
+    except (http.client.HTTPException, BadRequest):
+        return _Framing(head_end)  # refused or bodiless: the handler answers from the head alone
+    expect = headers.get("Expect", "").lower() == "100-continue" and words[2] >= b"HTTP/1.1"
+    return _Framing(head_end + length, length, expect and length > 0)
 
-    def read1(self, *args):
-        self._arm()
-        return self._inner.read1(*args)
 
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+@dataclass(eq=False)
+class _Conn:
+    """An open connection: its socket, what it sent that is not yet answered, and when its time is up."""
+
+    sock: socket.socket
+    address: tuple
+    deadline: float
+    data: bytearray = field(default_factory=bytearray)
+    framing: _Framing | None = None  # the current request's, once its head is in
+    continued: bool = False  # 100 Continue sent for the current request
+    idle: bool = False  # kept alive between requests (counted in Server.idle)
+    closed: bool = False
 
 
 class Server(ThreadingHTTPServer):
-    """One thread per connection, at most ``max_connections`` in all and ``max_client_connections`` per client
-    address; at most ``max_idle`` kept alive between requests. A larger listen backlog than the stdlib's 5."""
+    """One thread reads every connection's requests (a selector: a slow client costs a socket and its buffered
+    bytes, never a thread); a request read whole is answered on a thread of its own. Connections that have not sent
+    a whole request (headers and body) ``header_timeout`` seconds after they opened (or after their first byte
+    following an idle wait) are closed, with a 408 if they had sent part of one; kept-alive connections idle for
+    ``timeout`` seconds are closed. At most ``max_connections`` open and ``max_client_connections`` per client
+    address; when full, the oldest idle kept-alive connection is closed to make room, and only then is a new one
+    refused (503, read first; a ``GET /health`` is answered 200 even then). At most ``max_idle`` kept alive."""
 
     daemon_threads = True
     request_queue_size = 1024
     quiet = False
 
-    def __init__(self, address, handler, max_connections: int, max_client_connections: int, max_idle: int):
-        self.connections = threading.BoundedSemaphore(max_connections)
+    def __init__(self, address, handler, limits: dict):
+        self.limits = limits
+        self.max_connections, self.max_client_connections = limits["max_connections"], limits["max_client_connections"]
+        self.max_idle = limits["max_idle"]
         self.refusers = threading.BoundedSemaphore(REFUSERS)
-        self.max_client_connections, self.max_idle = max_client_connections, max_idle
         self.per_client: dict[str, int] = {}
-        self.idle = 0
+        self.open = self.idle = 0
         self.count_lock = threading.Lock()
+        self._reading: dict[socket.socket, _Conn] = {}  # connections the reading thread waits on (its own)
+        self._idle_conns: dict[_Conn, None] = {}  # the idle ones among them, oldest first (evicted first)
+        self._parked: list[_Conn] = []  # kept alive by an answering thread, for the reading thread to take
+        self._park_lock = threading.Lock()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._stop, self._stopped = threading.Event(), threading.Event()
+        self._stopped.set()
+        self._next_expiry = float("inf")
+        self._selector = None
         super().__init__(address, handler)
+        self.socket.setblocking(False)
 
-    def process_request(self, request, client_address):
-        host = client_address[0]
+    # -- the reading thread ---------------------------------------------------------------------------------------
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        self._stopped.clear()
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self.socket, selectors.EVENT_READ, None)
+                selector.register(self._wake_r, selectors.EVENT_READ, self._wake_r)
+                with self._park_lock:
+                    self._selector = selector
+                try:
+                    self._loop(poll_interval)
+                finally:
+                    with self._park_lock:
+                        self._selector = None  # answering threads now close what they would keep alive
+                    for conn in list(self._reading.values()):
+                        self._drop(conn, selector)
+                        self._release(conn)
+        finally:
+            self._stop.clear()
+            self._stopped.set()
+
+    def _loop(self, poll_interval: float) -> None:
+        while not self._stop.is_set():
+            wait = min(poll_interval, max(0.0, self._next_expiry - time.monotonic()))
+            for key, _ in self._selector.select(wait):
+                if key.data is None:
+                    self._accept()
+                elif key.data is self._wake_r:
+                    self._take_parked()
+                elif self._reading.get(key.fileobj) is key.data:  # not closed earlier in this batch
+                    self._receive(key.data)
+            self._expire()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake()
+        self._stopped.wait()
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._park_lock:
+            parked, self._parked = self._parked, []
+        for conn in parked:
+            self._release(conn)
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:  # closed, or a wake-up already pending fills its buffer
+            pass
+
+    def _accept(self) -> None:
+        for _ in range(64):  # a burst at a time, then the connections' turn
+            try:
+                sock, address = self.socket.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:  # out of file descriptors, say: the next loop tries again
+                if not self.quiet:
+                    sys.stderr.write(f"accept failed: {e}\n")
+                return
+            self._admit(sock, address)
+
+    def _admit(self, sock, address) -> None:
+        """Count the new connection and start reading it; or close an idle one for it; or refuse it."""
+        host = address[0]
+        if self.open >= self.max_connections and self._idle_conns:  # idle keep-alive connections go first
+            oldest = next(iter(self._idle_conns))
+            self._drop(oldest)
+            self._release(oldest)
         with self.count_lock:
             mine = self.per_client.get(host, 0) < self.max_client_connections
-            if mine:
+            room = mine and self.open < self.max_connections
+            if room:
                 self.per_client[host] = self.per_client.get(host, 0) + 1
-        if mine and self.connections.acquire(blocking=False):
-            super().process_request(request, client_address)
+                self.open += 1
+        if not room:
+            why = (
+                "too many open connections"
+                if mine
+                else f"more than {self.max_client_connections} connections from {host}"
+            )
+            self._refuse_connection(sock, _raw_response(503, {"error": f"busy: {why}; retry later"}))
             return
-        if mine:
-            self._forget(host)
-        why = (
-            "too many open connections" if mine else f"more than {self.max_client_connections} connections from {host}"
-        )
-        answer = _raw_response(503, {"error": f"busy: {why}; retry later"})
-        if self.refusers.acquire(blocking=False):  # over a cap: a readable 503 from a short-lived thread of its own
-            threading.Thread(target=self._refuse, args=(request, answer), daemon=True).start()
-        else:  # too many refusals at once: the accepting thread must not wait on any client
-            _refuse(request, answer, read_s=0)
-            self.shutdown_request(request)
+        self._watch(_Conn(sock, address, time.monotonic() + self.limits["header_timeout"]))
 
-    def _refuse(self, request, answer: bytes) -> None:
-        try:
-            _refuse(request, answer)
-        finally:
-            self.shutdown_request(request)
-            self.refusers.release()
+    def _watch(self, conn: _Conn) -> None:
+        conn.sock.setblocking(False)
+        self._reading[conn.sock] = conn
+        self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        self._next_expiry = min(self._next_expiry, conn.deadline)
 
-    def _forget(self, host: str) -> None:
+    def _drop(self, conn: _Conn, selector=None) -> None:
+        """Stop watching ``conn`` (reading thread only)."""
+        if self._reading.pop(conn.sock, None) is not None:
+            (selector or self._selector).unregister(conn.sock)
+        self._idle_conns.pop(conn, None)
+
+    def _release(self, conn: _Conn) -> None:
+        """Close ``conn`` and uncount it (any thread; it must no longer be watched)."""
+        self.shutdown_request(conn.sock)
         with self.count_lock:
-            self.per_client[host] -= 1
-            if not self.per_client[host]:
-                del self.per_client[host]
+            if conn.closed:
+                return
+            conn.closed = True
+            self.open -= 1
+            self.per_client[conn.address[0]] -= 1
+            if not self.per_client[conn.address[0]]:
+                del self.per_client[conn.address[0]]
+            if conn.idle:
+                conn.idle = False
+                self.idle -= 1
 
-    def process_request_thread(self, request, client_address):
+    def _receive(self, conn: _Conn) -> None:
         try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._forget(client_address[0])
-            self.connections.release()
+            chunk = conn.sock.recv(READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # the client closed (or reset) its side
+            self._drop(conn)
+            self._release(conn)
+            return
+        if conn.idle:  # a next request begins: it has header_timeout seconds from now
+            self._idle_conns.pop(conn, None)
+            self._leave_idle(conn)
+            conn.deadline = time.monotonic() + self.limits["header_timeout"]
+            self._next_expiry = min(self._next_expiry, conn.deadline)
+        conn.data += chunk
+        self._advance(conn)
+
+    def _advance(self, conn: _Conn) -> None:
+        """Hand ``conn``'s request to an answering thread once it is whole (sending ``100 Continue`` if asked)."""
+        try:
+            conn.framing = conn.framing or frame(conn.data, self.limits["max_body_bytes"])
+        except BadRequest as e:
+            self._answer_and_close(conn, e.status, str(e))
+            return
+        framing = conn.framing
+        if framing is None:
+            return
+        if len(conn.data) < framing.end:
+            if framing.expect and not conn.continued:
+                conn.continued = True
+                _send_now(conn.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
+            return
+        request = bytes(conn.data[: framing.end])
+        del conn.data[: framing.end]
+        conn.framing, conn.continued = None, False
+        self._drop(conn)
+        conn.sock.setblocking(True)
+        threading.Thread(target=self._answer, args=(conn, request), daemon=True).start()
+
+    def _expire(self) -> None:
+        """Close the connections whose time is up: a 408 to one that sent part of a request, nothing to others."""
+        now = time.monotonic()
+        if now < self._next_expiry:
+            return
+        self._next_expiry = float("inf")
+        for conn in list(self._reading.values()):
+            if conn.deadline > now:
+                self._next_expiry = min(self._next_expiry, conn.deadline)
+            elif conn.data and not conn.idle:
+                self._answer_and_close(conn, 408, self._late(conn))
+            else:
+                self._drop(conn)
+                self._release(conn)
+
+    def _late(self, conn: _Conn) -> str:
+        seconds, framing = self.limits["header_timeout"], conn.framing
+        if framing is None:
+            return f"request headers not received within {seconds} s (--header-timeout)"
+        got = len(conn.data) - (framing.end - framing.body)
+        return f"body not received within {seconds} s ({got} of {framing.body} bytes; --header-timeout)"
+
+    def _answer_and_close(self, conn: _Conn, status: int, message: str) -> None:
+        _send_now(conn.sock, _raw_response(status, {"error": message}, retry=False))
+        self._drop(conn)
+        self._release(conn)
+
+    def _take_parked(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+        with self._park_lock:
+            parked, self._parked = self._parked, []
+        for conn in parked:
+            pipelined = bool(conn.data)
+            if pipelined:  # the next request is already here: not idle
+                self._leave_idle(conn)
+            seconds = self.limits["header_timeout"] if pipelined else self.limits["timeout"]
+            conn.deadline = time.monotonic() + seconds
+            self._watch(conn)
+            if conn.idle:
+                self._idle_conns[conn] = None
+            if pipelined:
+                self._advance(conn)
+
+    # -- answering threads ----------------------------------------------------------------------------------------
+
+    def _answer(self, conn: _Conn, request: bytes) -> None:
+        keep = False
+        try:
+            keep = not self.RequestHandlerClass(conn, request, self).close_connection
+        except Exception:
+            self.handle_error(conn.sock, conn.address)
+        if not keep:
+            self._release(conn)
+            return
+        with self._park_lock:
+            if self._selector is not None:
+                self._parked.append(conn)
+                conn = None
+        if conn is not None:  # the server stopped meanwhile
+            self._release(conn)
+        else:
+            self._wake()
 
     def enter_idle(self) -> bool:
         """Count one more connection kept alive for a next request; False (close it) when ``max_idle`` are."""
@@ -378,9 +609,28 @@ class Server(ThreadingHTTPServer):
             self.idle += 1
             return True
 
-    def leave_idle(self) -> None:
+    def _leave_idle(self, conn: _Conn) -> None:
         with self.count_lock:
-            self.idle -= 1
+            if conn.idle:
+                conn.idle = False
+                self.idle -= 1
+
+    # -- connections over a cap -----------------------------------------------------------------------------------
+
+    def _refuse_connection(self, sock, answer: bytes) -> None:
+        sock.setblocking(True)
+        if self.refusers.acquire(blocking=False):  # a readable 503 from a short-lived thread of its own
+            threading.Thread(target=self._refuse, args=(sock, answer), daemon=True).start()
+        else:  # too many refusals at once: the reading thread must not wait on any client
+            _refuse(sock, answer, read_s=0)
+            self.shutdown_request(sock)
+
+    def _refuse(self, request, answer: bytes) -> None:
+        try:
+            _refuse(request, answer)
+        finally:
+            self.shutdown_request(request)
+            self.refusers.release()
 
     def handle_error(self, request, client_address):
         """One line on stderr (a client that went away, say), never a traceback."""
@@ -389,17 +639,33 @@ class Server(ThreadingHTTPServer):
             sys.stderr.write(f"{client_address[0]} - connection error: {type(error).__name__}: {error}\n")
 
 
+def _send_now(sock, data: bytes) -> None:
+    """Send a short answer without waiting (the reading thread never blocks on a client): what the socket's buffer
+    takes now, best effort; a client that does not read is closed all the same."""
+    try:
+        sock.send(data)
+    except OSError:
+        pass
+
+
+HEALTH = re.compile(rb"GET /health HTTP/1\.[01]\r?")  # a request line (the whole first line of a refused request)
+
+
 def _refuse(sock, answer: bytes, read_s: float = REFUSE_READ_S) -> None:
     """Send ``answer`` (a 503 with ``Connection: close``) on a connection over a cap so the client can read it: its
     request is read first (headers and at most :data:`DRAIN_BYTES` of body, within ``read_s`` seconds), and what it
     sends after the answer is drained until it closes (within ``read_s``). Closing with unread bytes would make the
-    kernel reset the connection, which the client sees as a dropped connection (BrokenPipe), not as the 503."""
+    kernel reset the connection, which the client sees as a dropped connection (BrokenPipe), not as the 503.
+    A ``GET /health`` gets 200 instead: the process is healthy, however many connections are open."""
     try:
         sock.settimeout(read_s or 0.001)
+        head = b""
         try:
-            _read_request(sock, read_s)
+            head = _read_request(sock, read_s)
         except TimeoutError:  # a client that sends nothing (or slowly) is answered all the same
             pass
+        if HEALTH.fullmatch(head.split(b"\n", 1)[0]):
+            answer = _raw_response(200, {"status": "ok"}, retry=False)
         sock.settimeout(1)
         sock.sendall(answer)
         sock.shutdown(socket.SHUT_WR)  # the answer is complete: the client reads it, then end of stream
@@ -410,13 +676,14 @@ def _refuse(sock, answer: bytes, read_s: float = REFUSE_READ_S) -> None:
         pass
 
 
-def _read_request(sock, read_s: float) -> None:
-    """Read a request's head and up to :data:`DRAIN_BYTES` of its body (or whatever arrives within ``read_s``)."""
+def _read_request(sock, read_s: float) -> bytes:
+    """Read a request's head and up to :data:`DRAIN_BYTES` of its body (or whatever arrives within ``read_s``);
+    the bytes of its head read."""
     data, deadline = b"", time.monotonic() + read_s
     while b"\r\n\r\n" not in data and len(data) < DRAIN_BYTES and time.monotonic() < deadline:
         chunk = sock.recv(DRAIN_BYTES)
         if not chunk:
-            return
+            return data
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     length = re.search(rb"(?im)^content-length:\s*([0-9]{1,18})\s*$", head)
@@ -424,15 +691,17 @@ def _read_request(sock, read_s: float) -> None:
     while left > 0 and time.monotonic() < deadline:
         chunk = sock.recv(min(left, DRAIN_BYTES))
         if not chunk:
-            return
+            break
         left -= len(chunk)
+    return head
 
 
-def _raw_response(status: int, payload: dict) -> bytes:
+def _raw_response(status: int, payload: dict, retry: bool = True) -> bytes:
     body = json.dumps(payload, allow_nan=False).encode("utf-8")
+    after = f"Retry-After: {RETRY_AFTER_S}\r\n" if retry else ""
     return (
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n"
+        f"Content-Length: {len(body)}\r\n{after}Connection: close\r\n\r\n"
     ).encode() + body
 
 
@@ -454,9 +723,7 @@ def make_server(runtime, host: str = "127.0.0.1", port: int = 8000, quiet: bool 
         inspect.signature(runtime.fill_mask).parameters["top_k"].default,
         quiet,
     )
-    server = Server(
-        (host, port), Handler, limits["max_connections"], limits["max_client_connections"], limits["max_idle"]
-    )
+    server = Server((host, port), Handler, limits)
     server.quiet, server.admission, server.service = quiet, service.admission, service
     return server
 
@@ -495,28 +762,24 @@ class Handler(BaseHTTPRequestHandler):
     # until the client's delayed ACK of the head (40 ms on Linux: one-sentence answers took 48 ms instead of 8)
     default_request_version = "HTTP/1.0"  # refusals of unreadable request lines still get a status line
 
+    def __init__(self, conn: _Conn, request: bytes, server: Server):
+        self.conn, self.raw = conn, request
+        super().__init__(conn.sock, conn.address, server)
+
     @property
     def service(self) -> _Service:
         return self.server.service
 
     def setup(self):
-        self.timeout = self.service.limits["timeout"]  # seconds a connection may sit idle or half-sent
-        self.idle = False
+        self.timeout = self.service.limits["timeout"]  # an answer waits at most this long for a client to read it
         super().setup()
-        self.rfile = _DeadlineReader(self.rfile, self.connection, self.timeout)
+        self.rfile.close()
+        self.rfile = io.BytesIO(self.raw)  # the whole request, read by the server's reading thread
 
-    def handle_one_request(self):
-        self.rfile.start()  # the whole request (after any idle wait) within `timeout` seconds
-        super().handle_one_request()
-
-    def finish(self):
-        self._not_idle()
-        super().finish()
-
-    def _not_idle(self) -> None:
-        if self.idle:
-            self.idle = False
-            self.server.leave_idle()
+    def handle(self):
+        """One request: a kept-alive connection goes back to the reading thread for the next one."""
+        self.close_connection = True
+        self.handle_one_request()
 
     def _send(self, status: int, payload: dict) -> None:
         try:  # strict JSON: a non-finite number is never written as NaN
@@ -531,9 +794,9 @@ class Handler(BaseHTTPRequestHandler):
                     }
                 ).encode(),
             )
-        if not self.close_connection and not self.idle:
-            self.idle = self.server.enter_idle()  # over max_idle: this answer closes the connection
-            self.close_connection = not self.idle
+        if not self.close_connection and not self.conn.idle:
+            self.conn.idle = self.server.enter_idle()  # over max_idle: this answer closes the connection
+            self.close_connection = not self.conn.idle
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -554,7 +817,6 @@ class Handler(BaseHTTPRequestHandler):
         self._send(int(code), {"error": message or explain or HTTPStatus(code).phrase})
 
     def parse_request(self):
-        self._not_idle()  # a request arrived on a kept-alive connection
         words = self.raw_requestline.split()
         if len(words) != 3:  # blank, HTTP/0.9 (no version: no status line either) or garbage
             self.command, self.request_version = None, self.default_request_version
@@ -564,59 +826,32 @@ class Handler(BaseHTTPRequestHandler):
         return super().parse_request()
 
     def handle_expect_100(self):
-        """``100 Continue`` only for a body that will be read; a refused one is answered at once."""
-        try:
-            self._length()
-        except BadRequest:
-            return True  # do_POST sends the refusal; the client never sends the body
-        return super().handle_expect_100()
+        """Nothing to send: the reading thread sent ``100 Continue`` for a body it was to read (:func:`frame`), and
+        a refused one is answered at once (do_POST), the client never sending the body."""
+        return True
 
     def _length(self) -> int:
-        """The declared body length; raises :class:`BadRequest` (and marks the connection for closing)."""
-        lengths = self.headers.get_all("Content-Length") or []
-        if self.headers.get("Transfer-Encoding") is not None:
-            self.close_connection = True  # a chunked body must never be parsed as the next request
-            raise BadRequest(411 if not lengths else 400, "Transfer-Encoding is not supported: send a Content-Length")
-        if not lengths:
-            self.close_connection = True
-            raise BadRequest(411, "Content-Length is required")
-        if len(lengths) > 1 or not DIGITS.fullmatch(lengths[0].strip()):
-            self.close_connection = True
-            raise BadRequest(400, "Content-Length must be one non-negative integer of at most 18 digits")
-        length = int(lengths[0])
-        most = self.service.limits["max_body_bytes"]
-        if length > most:
-            self.close_connection = True
-            raise BadRequest(413, f"body of {length} bytes exceeds the limit of {most}")
-        return length
-
-    def _read_body(self, length: int) -> bytes:
-        """The body, read by the request's deadline (a slow sender gets 408, not a thread forever)."""
-        chunks, left = [], length
+        """The declared body length; raises :class:`BadRequest` (and marks the connection for closing: a body not
+        read must never be parsed as the next request)."""
         try:
-            while left > 0:
-                chunk = self.rfile.read1(min(left, 1 << 16))
-                if not chunk:
-                    raise BadRequest(400, f"body ended after {length - left} of {length} bytes")
-                chunks.append(chunk)
-                left -= len(chunk)
-        except TimeoutError:
-            self.close_connection = True
-            raise BadRequest(
-                408, f"body not received within {self.timeout} s ({length - left} of {length} bytes)"
-            ) from None
+            return declared_length(self.headers, self.service.limits["max_body_bytes"])
         except BadRequest:
             self.close_connection = True
             raise
-        finally:
-            self.connection.settimeout(self.timeout)
-        return b"".join(chunks)
+
+    def _read_body(self, length: int) -> bytes:
+        """The body, read whole by the reading thread before this request was handed over (a slow sender got 408)."""
+        body = self.rfile.read(length)
+        if len(body) < length:
+            self.close_connection = True
+            raise BadRequest(400, f"body ended after {len(body)} of {length} bytes")
+        return body
 
     def _drain(self) -> None:
         """After a refusal sent before the body: read a little of it so the client sees the answer, not a reset."""
         try:
             self.connection.settimeout(1)
-            self.rfile._inner.read1(DRAIN_BYTES)  # at most 1 s, whatever is left of the deadline
+            self.connection.recv(DRAIN_BYTES)  # at most 1 s
         except OSError:
             pass
 

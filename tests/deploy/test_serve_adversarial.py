@@ -28,6 +28,7 @@ LIMITS = dict(
     max_tokens=200,
     max_top_k=5,
     timeout=2,
+    header_timeout=2,
     workers=1,
     max_queue=1,
     max_connections=16,
@@ -244,8 +245,9 @@ def test_connections_over_the_cap_get_503(serve):
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
     try:
         _until(lambda: server.per_client.get("127.0.0.1") == 3, "3 connections counted")
-        status, body, head = exchange(port, b"GET /health HTTP/1.1\r\n\r\n")
+        status, body, head = exchange(port, b"GET /metadata HTTP/1.1\r\n\r\n")
         assert status == 503 and "Retry-After" in head and "connections" in body["error"]
+        assert exchange(port, b"GET /health HTTP/1.1\r\n\r\n")[:2] == (200, {"status": "ok"})  # healthy, though full
     finally:
         for s in idle:
             s.close()
@@ -307,7 +309,7 @@ def test_connections_per_client_address_are_capped(serve):
         extra = socket.socket()
         extra.bind(("127.0.0.2", 0))
         extra.connect(("127.0.0.1", port))
-        extra.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+        extra.sendall(b"GET /metadata HTTP/1.1\r\n\r\n")
         extra.settimeout(5)
         reply = b"".join(iter(lambda: extra.recv(65536), b""))
         extra.close()
@@ -499,3 +501,120 @@ def test_startup_errors_are_one_line_exit_2(artifact, tmp_path, case, extra, mes
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+# -- slow clients: a header deadline, idle connections first to go, /health always ---------------------------------
+
+STALLED_HEAD = b"POST /fill-mask HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n"
+
+
+def _connect_from(address: str, port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind((address, 0))  # 127.0.0.2, .3, ...: all loopback on Linux, each a client address of its own
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def _until_closed(s: socket.socket, bound: float = 60) -> bytes | None:
+    """What the server sent before it closed ``s`` (EOF or reset), or None if it never did (``bound`` s: a hang
+    guard only)."""
+    reply, t0 = b"", time.monotonic()
+    s.settimeout(0.2)
+    while time.monotonic() - t0 < bound:
+        try:
+            chunk = s.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:  # reset
+            return reply
+        if not chunk:
+            return reply
+        reply += chunk
+    return None
+
+
+@pytest.mark.parametrize(
+    "sent, answer",
+    [
+        (b"", b""),  # connected, sent nothing: closed without a word
+        (b"GET /health HTTP/1.1\r\nHost: t\r\n", b"HTTP/1.1 408"),  # headers never ended
+        (STALLED_HEAD + b"{", b"HTTP/1.1 408"),  # whole headers and one body byte, then nothing
+    ],
+    ids=["nothing", "headers-unfinished", "headers-and-one-body-byte"],
+)
+def test_a_stalled_connection_is_closed_at_the_header_deadline_not_the_timeout(serve, sent, answer):
+    server, _ = serve(**{**LIMITS, "header_timeout": 1, "timeout": 600})
+    with socket.create_connection(("127.0.0.1", server.server_address[1])) as s:
+        s.sendall(sent)
+        reply = _until_closed(s)
+    assert reply is not None and reply.startswith(answer), reply
+    assert b"--header-timeout" in reply or not answer
+
+
+def test_a_dribbling_client_is_closed_at_the_header_deadline(serve):
+    server, _ = serve(**{**LIMITS, "header_timeout": 1, "timeout": 600})
+    assert _dribble(server.server_address[1], 60.0, [b"GET /health HTTP/1.1\r\n"])  # a header line every 0.3 s
+
+
+def _stall(addresses: list[str], per_address: int, port: int) -> list[socket.socket]:
+    """``per_address`` stalled connections from each address, half with unfinished headers, half with whole
+    headers and one body byte."""
+    held = []
+    for address in addresses:
+        for i in range(per_address):
+            s = _connect_from(address, port)
+            s.sendall(b"GET /health HTTP/1.1\r\nX-Slow: 1\r\n" if i % 2 else STALLED_HEAD + b"{")
+            held.append(s)
+    return held
+
+
+@pytest.mark.parametrize("addresses, per_address", [(4, 32), (4, 50), (100, 2)], ids=["4x32", "4x50", "100x2"])
+def test_health_and_requests_are_answered_while_connections_stall(serve, addresses, per_address):
+    """128-200 stalled connections (the issue's load) from several loopback addresses: /health stays 200 and a
+    well-behaved client's request is answered as the runtime answers it, with the default connection caps."""
+    limits = {k: v for k, v in LIMITS.items() if k not in ("max_connections", "max_queue")}
+    server, runtime = serve(**{**limits, "header_timeout": 600})  # they stay stalled for the whole test
+    port = server.server_address[1]
+    want = json.loads(json.dumps(list(runtime.fill_mask(["a [MASK] film"], top_k=2))))
+    held = _stall([f"127.0.0.{2 + i}" for i in range(addresses)], per_address, port)
+    try:
+        counted = min(per_address, server.max_client_connections) * addresses
+        _until(lambda: server.open == counted, f"{counted} stalled connections open")
+        for _ in range(3):
+            assert exchange(port, b"GET /health HTTP/1.1\r\n\r\n")[:2] == (200, {"status": "ok"})
+            status, body, _ = exchange(port, post(b'{"text": "a [MASK] film", "top_k": 2}'))
+            assert (status, body["results"]) == (200, want)
+        _until(lambda: server.open == counted, "the stalled ones still open")  # answered beside them
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_idle_keep_alive_connections_are_the_first_to_go_when_full(serve):
+    """4 connections at most: 2 idle after a request and 2 stalled. A new client is answered (the oldest idle
+    connection is closed for it); with no idle one left, a request gets 503, and /health still 200."""
+    server, _ = serve(**{**LIMITS, "max_connections": 4, "max_idle": 4, "timeout": 600, "header_timeout": 600})
+    port = server.server_address[1]
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    stalled = _stall(["127.0.0.2"], 2, port)
+    try:
+        for s in idle:
+            s.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+            assert b"Connection: close" not in _response(s)  # kept alive
+        _until(lambda: server.open == 4 and server.idle == 2, "2 idle and 2 stalled connections")
+        with socket.create_connection(("127.0.0.1", port)) as new:  # a 5th: the oldest idle one makes room
+            new.sendall(b"GET /metadata HTTP/1.1\r\nConnection: close\r\n\r\n")
+            assert _response(new).startswith(b"HTTP/1.1 200")
+        assert _until_closed(idle[0]) == b""  # closed for it, without a word
+        idle[1].sendall(b"GET /metadata HTTP/1.1\r\n\r\n")  # the younger idle one still serves
+        assert _response(idle[1]).startswith(b"HTTP/1.1 200")
+        idle[1].close()
+        _until(lambda: server.open == 2 and server.idle == 0, "only the stalled ones left")
+        stalled += [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        _until(lambda: server.open == 4, "full of stalled connections, none idle")
+        status, body, head = exchange(port, b"GET /metadata HTTP/1.1\r\n\r\n")
+        assert status == 503 and "too many open connections" in body["error"] and "Retry-After: 1" in head
+        assert exchange(port, b"GET /health HTTP/1.1\r\n\r\n")[:2] == (200, {"status": "ok"})
+    finally:
+        for s in idle + stalled:
+            s.close()
