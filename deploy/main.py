@@ -3,8 +3,10 @@
 :data:`COMMANDS` is the one list of commands: each name's module and one-line help. Only the chosen
 command's module is imported: the device commands (``predict``, ``serve``) live in this package and
 never import torch; a library command's module lives in ``sharebert.commands``, and importing it runs
-``import sharebert``, which on a workstation registers with transformers (torch loads). The overview
-(``sharebert --help``), ``--version`` and every usage error before a command is chosen stay torch-free.
+``import sharebert``, which on a workstation registers with transformers (torch loads), except in this
+program's own process (:data:`PROGRAM`): there the registration comes just before a command runs, and not
+at all for the :data:`ARITHMETIC` ones. So ``sharebert --help``, ``--version``, every command's ``--help``
+and usage errors, ``report`` and ``budget`` import no torch.
 
 A command module defines ``add_arguments(parser)`` and ``run(args) -> int``.
 """
@@ -80,6 +82,14 @@ COMMANDS = {
     ),
 }
 
+# Arithmetic on a config (counts, bytes, FLOPs, budgets): no model built, so no registration with transformers.
+ARITHMETIC = ("report", "budget")
+
+# Set by main when it runs as the program (console script, python -m sharebert_runtime: no argv given), read by
+# sharebert/__init__.py: `import sharebert` then leaves the registration to main. main(argv) called from Python
+# (tests, a user's script) changes nothing: there `import sharebert` registers as everywhere else.
+PROGRAM = False
+
 # Packages of the extras that a device install (`pip install sharebert`, runtime only) lacks.
 EXTRAS = {
     "full": ("torch", "transformers", "onnx", "safetensors", "accelerate", "scipy", "tensorboard"),
@@ -126,7 +136,10 @@ def _parse(argv: list[str], chosen: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    global PROGRAM
+    if argv is None:
+        PROGRAM = True
+        argv = sys.argv[1:]
     chosen = next((a for a in argv if not a.startswith("-")), None)
     args = None
     try:
@@ -136,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         module = COMMANDS[args.command][0]
         if not module.startswith(__package__):  # a library command (the device commands load no hub client)
+            if PROGRAM and args.command not in ARITHMETIC:  # what `import sharebert` left to this program
+                importlib.import_module("sharebert")._register()
             _quiet_libraries()
             check_torchrun()
         return int(importlib.import_module(module).run(args) or 0)

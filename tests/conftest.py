@@ -60,6 +60,7 @@ SLOW_TESTS = {  # over 10 s each in a fast-tier run on 2 cores at load 7
     "deploy/test_untrusted.py::test_register_for_auto_class_then_save_pretrained_loads_without_sharebert",
     "deploy/test_untrusted.py::test_every_stopping_signal_removes_the_partial_file",
     "deploy/test_runtime_import.py::test_import_sharebert_lets_auto_classes_load_a_sharebert_folder",
+    "deploy/test_runtime_import.py::test_the_sharebert_command_registers_before_a_model_command_runs",
     "model/test_shape.py::test_a_broken_transformers_install_leaves_the_runtime_importable",
     # over 12 s each with two workers at load 9
     # (the torch.export test: 14 cases)
