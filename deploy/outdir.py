@@ -62,11 +62,14 @@ def check_out_dir(
     overwrite: bool = False,
     inputs: Iterable[str | Path] = (),
     legacy: Callable[[Path], bool] | None = None,
+    stopped: Callable[[Path], str | None] | None = None,
 ) -> Path:
     """Validate ``out`` for a command writing ``kind`` (e.g. "model folder"); return it as an absolute path.
 
     Returns normally when ``out`` does not exist yet, is an empty folder, or is a folder ``owned``
     recognises and ``overwrite`` is set. Raises ``ValueError`` otherwise; messages name the paths as given.
+    ``stopped(out)``: for a command that resumes, what a run stopped before its end left to resume (e.g. "a
+    checkpoint at step 40"; None when nothing): the refusal then names ``--resume`` first.
     """
     given = out
     out = Path(out).expanduser().absolute()
@@ -94,11 +97,15 @@ def check_out_dir(
         raise ValueError(f"--out {given} is a file, not a folder")
     if any(p.name != OutLock.NAME for p in out.iterdir()):  # a folder holding only a run's lock file is empty
         if not owned(out) and legacy is not None and legacy(out):
+            marker = (  # a marker there, but one that does not match the folder (vouched): copied, edited, by hand
+                f"whose {MARK} does not match what it holds"
+                if os.path.lexists(out / MARK)
+                else f"without the {MARK} that sharebert writes in its own output folders"
+            )
             raise ValueError(
-                f"--out {given} holds a {kind} without the {MARK} that sharebert writes in its own output "
-                "folders (one written by hand, another tool, or a sharebert older than the marker): it is "
-                "neither replaced nor resumed; move it away (or delete it) and run again, or choose another "
-                "--out"
+                f"--out {given} holds a {kind} {marker} (one written by hand, another tool, or a sharebert older "
+                "than the marker): it is neither replaced nor resumed; move it away (or delete it) and run again, "
+                "or choose another --out"
             )
         if not owned(out):
             raise ValueError(
@@ -106,6 +113,12 @@ def check_out_dir(
                 "(choose a new or empty folder)"
             )
         if not overwrite:
+            left = stopped(out) if stopped is not None else None
+            if left:
+                raise ValueError(
+                    f"{given} holds a {kind} that stopped before its end ({left}): pass --resume to continue "
+                    "it, or --overwrite to start again"
+                )
             raise ValueError(f"{given} already holds a {kind}; pass --overwrite to replace it")
     _check_writable(out, given)
     return out
@@ -132,8 +145,72 @@ def made_by(command: str) -> Callable[[Path], bool]:
 
 
 def mark_out(out: str | Path, command: str, fingerprint: dict | None = None) -> None:
-    """Mark ``out`` as ``command``'s output (atomic), with the run's ``fingerprint`` for ``check_same_run``."""
-    write_json(Path(out) / MARK, {"command": command, "fingerprint": fingerprint or {}})
+    """Mark ``out`` as ``command``'s output (atomic), with the run's ``fingerprint`` for ``check_same_run`` and the
+    folder's identity (device and inode: a marker written in or copied from another folder is not vouched for)."""
+    write_json(Path(out) / MARK, {"command": command, "fingerprint": fingerprint or {}, "folder": _identity(out)})
+
+
+def _run_files(out: Path) -> dict[str, Path]:
+    """Every regular file under ``out`` by its relative path, but the marker, the lock and compress's set-aside
+    earlier result (links are not followed: a link the run did not write is the user's)."""
+    found = {}
+    for root, dirs, files in os.walk(out):
+        dirs[:] = [d for d in dirs if not (Path(root) == out and d == ".replaced")]
+        for name in files:
+            path = Path(root) / name
+            rel = path.relative_to(out).as_posix()
+            if rel not in (MARK, OutLock.NAME) and path.is_file() and not path.is_symlink():
+                found[rel] = path
+    return found
+
+
+def seal_out(out: str | Path) -> None:
+    """At the end of a finished run: the marker lists every file the run left in ``out`` with its fingerprint
+    (:func:`file_fingerprint`), what :func:`vouched` compares and ``--overwrite`` may replace (:func:`unlisted`)."""
+    out = Path(out)
+    mark = read_mark(out)
+    if mark is None:
+        return
+    files = {rel: file_fingerprint(path) for rel, path in sorted(_run_files(out).items())}
+    write_json(out / MARK, {**mark, "files": files})
+
+
+def vouched(out: str | Path, mark: dict) -> str | None:
+    """None when ``mark`` (the marker of ``out``) matches what is there, else why not: a finished run's listed files
+    unchanged (a missing one is no one's loss), an unfinished run's marker written in this very folder."""
+    out = Path(out)
+    files = mark.get("files")
+    if isinstance(files, dict):
+        for rel, digest in files.items():
+            path = out / rel
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                return f"its {MARK} lists a file outside it ({rel})"
+            if os.path.lexists(path) and (not path.is_file() or file_fingerprint(path) != digest):
+                return f"{rel} is not the file the run wrote"
+        return None
+    if mark.get("folder") != _identity(out):
+        return f"its {MARK} was not written there by sharebert"
+    return None
+
+
+def unlisted(out: str | Path) -> list[str]:
+    """The files under ``out`` a finished run's marker does not list (the user's own, added since): ``--overwrite``
+    keeps them, so the command refuses, naming them. An unfinished run's marker lists none: [] (nothing to tell)."""
+    mark = read_mark(out) or {}
+    files = mark.get("files")
+    if not isinstance(files, dict):
+        return []
+    return sorted(set(_run_files(Path(out))) - set(files))
+
+
+def check_unlisted(out: str | Path, given, kind: str) -> None:
+    """``--overwrite`` of a finished result refused, naming them, while ``out`` holds files its run did not write."""
+    extra = unlisted(out)
+    if extra:
+        raise ValueError(
+            f"--out {given} holds files the earlier {kind} did not write ({', '.join(extra[:3])}"
+            f"{' ...' if len(extra) > 3 else ''}): --overwrite would lose them; move them out of it and run again"
+        )
 
 
 FINGERPRINT = {

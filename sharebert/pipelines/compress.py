@@ -39,11 +39,13 @@ from sharebert_runtime.outdir import (
     atomic_output,
     check_out_dir,
     check_same_run,
+    check_unlisted,
     finite,
     made_by,
     mark_out,
     read_json,
     save_figure,
+    seal_out,
     write_json,
 )
 
@@ -616,7 +618,7 @@ def export_once(
 def check_out(out, teacher, train, overwrite: bool, resume: bool, data=None) -> Path:
     """``out`` checked, nothing changed: a new or empty folder, or a compress result (its marker) with
     ``overwrite``/``resume``; one written before the marker existed is refused (``outdir.check_out_dir``)."""
-    return check_out_dir(
+    path = check_out_dir(
         out,
         "compress result",
         made_by(COMMAND),
@@ -624,6 +626,9 @@ def check_out(out, teacher, train, overwrite: bool, resume: bool, data=None) -> 
         legacy=_legacy,
         inputs=(teacher, *([data] if data is not None else []), *(train or [])),
     )
+    if overwrite and not resume:
+        check_unlisted(path, out, "compress run")
+    return path
 
 
 def check_train(train) -> None:
@@ -768,6 +773,7 @@ def publish_over(out: Path, fp: dict, overwrite: bool, resume: bool, run) -> dic
         raise
     if not report.get("stopped"):
         finish_out(out)
+        seal_out(out)  # the marker lists what this run wrote: the next --overwrite replaces only those
     return report
 
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from sharebert_runtime.outdir import MARK, check_same_run, mark_out, read_mark
 
 DRIVER = (
@@ -389,3 +390,68 @@ def test_a_teacher_file_that_is_not_a_regular_file_is_refused_by_the_fingerprint
     odd.unlink() if kind != "folder" else odd.rmdir()
     odd.write_text("{}")
     assert [p.split(":")[0] for p in teacher_fingerprint(teacher)] == ["config.json", "tokenizer.json"]
+
+
+def _sealed(folder: Path) -> Path:
+    """A finished compress result as a run leaves it: its files, then the marker listing them (``seal_out``)."""
+    from sharebert_runtime.outdir import seal_out
+
+    _finished(folder, "compress")
+    seal_out(folder)
+    return folder
+
+
+def _precheck_out(out: Path, minilm_dir, overwrite=True, resume=False):
+    from sharebert.pipelines.compress import check_out
+
+    return check_out(out, minilm_dir, None, overwrite, resume)
+
+
+def test_a_hand_written_marker_makes_no_folder_a_compress_result(minilm_dir, tmp_path):
+    """The issue's case: a one-key marker beside the user's notes and a model file; and a real marker copied from
+    another result, or one whose listed report changed: neither taken by --overwrite, refused before any work."""
+    import shutil
+
+    mine = tmp_path / "P"
+    (mine / "student").mkdir(parents=True)
+    (mine / "report.md").write_text("notes\n")
+    (mine / "student" / "model.safetensors").write_text("w\n")
+    (mine / MARK).write_text(json.dumps({"command": "compress"}))
+    copied = tmp_path / "copied"
+    shutil.copytree(_finished(tmp_path / "unfinished", "compress"), copied)  # its marker names another folder
+    edited = _sealed(tmp_path / "edited")
+    (edited / "report.md").write_text("the user's own report\n")
+    for out in (mine, copied, edited):
+        before = _snapshot(out)
+        with pytest.raises(ValueError, match="not a compress result|whose sharebert_run.json does not match"):
+            _precheck_out(out, minilm_dir)
+        assert _snapshot(out) == before
+    _precheck_out(_sealed(tmp_path / "sealed"), minilm_dir)  # a run's own, as it left it: taken
+    _precheck_out(_finished(tmp_path / "stopped", "compress"), minilm_dir)  # a stopped run's, in its own folder
+
+
+def test_overwrite_refuses_while_a_result_holds_files_its_run_did_not_write(minilm_dir, tmp_path):
+    out = _sealed(tmp_path / "result")
+    (out / "student" / "my_extra.bin").write_bytes(b"mine")
+    before = _snapshot(out)
+    with pytest.raises(ValueError, match=r"the earlier compress run did not write \(student/my_extra.bin\)"):
+        _precheck_out(out, minilm_dir)
+    assert _snapshot(out) == before
+    _precheck_out(out, minilm_dir, overwrite=False, resume=True)  # a resume replaces nothing: no refusal
+    (out / "student" / "my_extra.bin").unlink()
+    _precheck_out(out, minilm_dir)
+
+
+def test_seal_lists_what_the_run_wrote_and_a_listed_file_outside_is_not_vouched(tmp_path):
+    from sharebert_runtime.outdir import file_fingerprint, made_by, seal_out, unlisted, vouched
+
+    out = _sealed(tmp_path / "r")
+    mark = read_mark(out)
+    assert set(mark["files"]) == set(FINISHED["compress"]) and vouched(out, mark) is None
+    assert mark["files"]["report.md"] == file_fingerprint(out / "report.md") and unlisted(out) == []
+    (out / "report.md").unlink()  # a listed file gone: no one's loss, still the run's folder
+    assert made_by("compress")(out) and not made_by("distill")(out)
+    (out / MARK).write_text(json.dumps({**mark, "files": {"../outside": "0" * 16}}))
+    assert "outside" in vouched(out, read_mark(out)) and not made_by("compress")(out)
+    seal_out(tmp_path / "no-marker-here")  # nothing to seal: nothing written
+    assert not (tmp_path / "no-marker-here").exists()
