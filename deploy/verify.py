@@ -28,6 +28,12 @@ def add_arguments(p):
         help="the mode to check, as predict and serve load it (default: auto, the mode they use by default)",
     )
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: ORT's choice)")
+    p.add_argument(
+        "--pin",
+        metavar="SHA256",
+        help="refuse the artifact unless manifest.json has this sha256 (the manifest, whose checksums vouch for every "
+        "other file, holds the reference too)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -36,6 +42,6 @@ def run(args) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be a positive integer, got {args.threads}")
-    result = Runtime(args.artifact, threads=args.threads, ram=args.ram).verify()
+    result = Runtime(args.artifact, threads=args.threads, ram=args.ram, manifest_sha256=args.pin).verify()
     print(json.dumps(finite(result), allow_nan=False) if args.json else report(result))
     return 0 if result["passed"] else 1

@@ -4,12 +4,14 @@ compare with PyTorch's answers at export; a damaged reference or damaged weights
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import platform
 import shutil
 
 import numpy as np
 import pytest
+
 from sharebert_runtime import ArtifactError, Runtime, artifact
 from sharebert_runtime import reference as ref
 from sharebert_runtime.cpu import cpu_info, describe
@@ -137,6 +139,10 @@ def test_edited_reference_outputs_fail_naming_the_output(fp32, tmp_path, capsys)
     assert 0.0099 < result["outputs"]["logits"]["max_abs_diff"] < 0.0101
     code, out, _ = _verify_cli(bad, capsys, "--ram", "fp32")
     assert code == 1 and "FAIL" in out and "logits: max_abs_diff" in out
+    pin = hashlib.sha256((fp32 / artifact.MANIFEST).read_bytes()).hexdigest()
+    assert _verify_cli(fp32, capsys, "--pin", pin)[0] == 0
+    code, out, err = _verify_cli(bad, capsys, "--pin", pin)  # pinned, the edited manifest is refused outright
+    assert code == 2 and out == "" and "does not match the pinned sha256" in err
 
     logits["values"] = _edited(logits["values"], lambda x: -x)  # other classes: fails the int8 thresholds too
     _write_manifest(bad, manifest)

@@ -255,7 +255,10 @@ def _classifier_and_features(tmp_path, clf_dir, mlm_dir):
 
 
 def test_classifier_and_features_export(tmp_path, clf_dir, mlm_dir):
-    _classifier_and_features(tmp_path, clf_dir, mlm_dir)
+    from sharebert_runtime import Runtime
+
+    for folder in _classifier_and_features(tmp_path, clf_dir, mlm_dir).values():
+        assert Runtime(folder, threads=1).verify()["passed"]  # each carries its own check (`sharebert verify`)
 
 
 def test_classifier_and_features_load_in_ortmodel(tmp_path, clf_dir, mlm_dir, optimum_onnx):
@@ -346,6 +349,10 @@ def test_causal_lm_export(tmp_path, tokenizer):
         *(f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")),
     ]
     assert manifest["parity"]["top1_agreement"] == 1.0 and manifest["parity"]["max_abs_diff"] <= 1e-3
+    from sharebert_runtime import Runtime
+
+    result = Runtime(tmp_path / "out", threads=1).verify()  # next-token logits at every stored position
+    assert result["passed"] and result["outputs"]["logits"]["top1_agreement"] == 1.0, result
 
 
 def test_bad_input_writes_nothing(tmp_path, mlm_dir, monkeypatch):
