@@ -62,11 +62,14 @@ def check_out_dir(
     overwrite: bool = False,
     inputs: Iterable[str | Path] = (),
     legacy: Callable[[Path], bool] | None = None,
+    stopped: Callable[[Path], str | None] | None = None,
 ) -> Path:
     """Validate ``out`` for a command writing ``kind`` (e.g. "model folder"); return it as an absolute path.
 
     Returns normally when ``out`` does not exist yet, is an empty folder, or is a folder ``owned``
     recognises and ``overwrite`` is set. Raises ``ValueError`` otherwise; messages name the paths as given.
+    ``stopped(out)``: for a command that resumes, what a run stopped before its end left to resume (e.g. "a
+    checkpoint at step 40"; None when nothing): the refusal then names ``--resume`` first.
     """
     given = out
     out = Path(out).expanduser().absolute()
@@ -110,6 +113,12 @@ def check_out_dir(
                 "(choose a new or empty folder)"
             )
         if not overwrite:
+            left = stopped(out) if stopped is not None else None
+            if left:
+                raise ValueError(
+                    f"{given} holds a {kind} that stopped before its end ({left}): pass --resume to continue "
+                    "it, or --overwrite to start again"
+                )
             raise ValueError(f"{given} already holds a {kind}; pass --overwrite to replace it")
     _check_writable(out, given)
     return out

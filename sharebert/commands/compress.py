@@ -305,6 +305,7 @@ def _print_result(r: dict) -> None:
             f"student {s['learned_params']:,} params, {s['file_bytes'] / 1e6:.1f} MB int8, {q} {s['glue_dev']:.4f} "
             f"(fp32 {s['glue_dev_fp32']:.4f}), p50 16 tok {s['p50_ms_16']:.1f} ms"
         )
+        _print_verdict(r)
         return
     for who, d in (("teacher", t), ("student", s)):
         size = (
@@ -318,3 +319,10 @@ def _print_result(r: dict) -> None:
         )
     for q in r["quality"]:
         print(f"  {q['label']}: teacher {t[q['key']]:.4f}, student {s[q['key']]:.4f}")
+    _print_verdict(r)
+
+
+def _print_verdict(r: dict) -> None:
+    """The report's verdict lines, last, where the eye lands."""
+    for line in (r.get("verdict") or {}).get("lines") or ():
+        print(line)

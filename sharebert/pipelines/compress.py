@@ -105,6 +105,7 @@ class TimeBudget:
         self.rate = None
         self.exports = 2  # the student's and the teacher's; 1 once the teacher's is made before training
         self.cached_sentences = 0  # of after_sentences, those whose teacher vectors an earlier run left in the cache
+        self.planned_steps = None  # the plan's steps (:meth:`plan`), for the report's verdict
 
     def left(self) -> float:
         import time
@@ -128,6 +129,7 @@ class TimeBudget:
         reserve, spend = self.reserve(), self.left() - self.reserve()
         n = int(min(available, max(4 * batch, rate * max(spend, 0.0) / 3)))
         train = max(spend - n / rate, 1.0)
+        self.planned_steps = int(train / step)
         self.say(
             f"plan for --max-time {self.seconds:.0f} s ({self.left():.0f} s left): the teacher's vectors for "
             f"{n:,} of {available:,} sentences (~{n / rate:.0f} s at {rate:.0f} sentences/s), then about "
@@ -144,6 +146,17 @@ class TimeBudget:
     def training_seconds(self) -> float:
         """The training clock, set when training starts: what is left less the end's :meth:`reserve`."""
         return max(1.0, self.left() - self.reserve())
+
+
+# The verdict (:func:`search_verdict`). A student is usable for search when it gives the teacher's top-1 answer on
+# at least 9 of 10 of the package's search queries (32 of 35): a user who swaps teacher for student then sees the
+# same first result for nine searches in ten. The 5-minute demo's students reach 30-34 of 35 and a 30-step student
+# 17 (docs/RESULTS.md, issue 46): the line parts a trained student from an untrained one.
+USABLE_SEARCH = 0.9
+# Steps of a batch after which all-MiniLM-L6-v2's 4M student passed USABLE_SEARCH: 2,185 steps of 32 gave 34 of 35,
+# 1,164 gave 30 (docs/RESULTS.md). Measured for that teacher only: the suggested budget says so.
+USEFUL_STEPS, USEFUL_BATCH = 2_200, 32
+UNTRAINED_SHARE = 0.5  # a run that took fewer than this share of its planned steps has an untrained student
 
 
 def is_classifier(config: dict) -> bool:
@@ -625,10 +638,29 @@ def check_out(out, teacher, train, overwrite: bool, resume: bool, data=None) -> 
         overwrite or resume,
         legacy=_legacy,
         inputs=(teacher, *([data] if data is not None else []), *(train or [])),
+        stopped=stopped_run,
     )
     if overwrite and not resume:
         check_unlisted(path, out, "compress run")
     return path
+
+
+def stopped_run(out: Path) -> str | None:
+    """What a compress run stopped before its report (Ctrl-C, SIGTERM, a kill after a periodic save) left for
+    ``--resume``, in words: its newest checkpoint (the distillation's, or a classifier's phase's); None for a
+    finished run or one stopped before its first checkpoint. Torch-free: names only (``--resume`` checks the rest)."""
+    if (out / REPORT).is_file():
+        return None
+    found = [
+        (int(p.name.removeprefix("checkpoint-")), p)
+        for phase in (f"{WORK}/student", "general", "student")
+        for p in (out / phase / "checkpoints").glob("checkpoint-*")
+        if p.name.removeprefix("checkpoint-").isdigit() and p.is_dir()
+    ]
+    if not found:
+        return None
+    step, path = max(found)
+    return f"a checkpoint at step {step}, {path.relative_to(out)}"
 
 
 def check_train(train) -> None:
@@ -966,6 +998,7 @@ def _compress(
 ) -> dict:
     from ..training.distill_embedding import distill_embedding
 
+    started = budget.start if budget is not None else time.monotonic()
     # The teacher's artifact does not depend on the student: made first, its real cost (a refused quantization
     # is a whole export: ~50 s for MiniLM on a loaded 2-core machine) is spent before the plan, not guessed.
     say("exporting the teacher (the first quantization that keeps it) ...")
@@ -990,6 +1023,12 @@ def _compress(
     )
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}
+    planned = _planned_steps(budget, args)
+    if planned is not None and m["steps"] < UNTRAINED_SHARE * planned:
+        say(
+            f"training took {m['steps']:,} of the {planned:,} planned steps (they ran slower than the plan measured): "
+            "the student may be untrained; the report's verdict says whether it is usable, and what budget would be"
+        )
     student_dir = publish_student(student_dir, out / "student", portable)
     say("exporting the student (int8) ...")
     art = export_once(student_dir, out / "artifact", "int8", progress)
@@ -1044,7 +1083,98 @@ def _compress(
         + calibration_sentence(q["calibration"])
         + (f" The student's {vocab.describe()}." if vocab is not None else "")
     )
+    from ..formats.paths import packaged_search
+
+    report["verdict"] = search_verdict(
+        report,
+        args.batch_size,
+        planned,
+        _available_sentences(train, args) if data is None else None,
+        time.monotonic() - started,
+        len(packaged_search()[1]),
+    )
     return write_report(out, report, summary)
+
+
+def _planned_steps(budget, args) -> int | None:
+    """The steps the run set out to take: ``--max-steps``, the budget's plan (the lesser of the two), or None (a
+    resumed run under a budget, whose plan was made by the run it continues)."""
+    known = [n for n in (args.max_steps, budget.planned_steps if budget is not None else None) if n is not None]
+    return min(known) if known else None
+
+
+def _available_sentences(train, args) -> int:
+    """The sentences the training text offers (as the distillation reads them, at most ``--max-train-samples``)."""
+    from ..training.distill_embedding import IN_MEMORY, default_corpus, read_sentences
+
+    return len(read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY))
+
+
+def search_verdict(
+    report: dict, batch: int, planned: int | None, available: int | None, elapsed: float, queries: int
+) -> dict:
+    """The report's first lines (``lines``) and their figures: whether the student is usable for search (its top-1
+    agreement with the teacher on the ``queries`` search queries against :data:`USABLE_SEARCH`), how many steps
+    (of ``planned``) and of the ``available`` training sentences it saw, and, when it is not usable, the
+    ``--max-time`` the measured seconds a step suggest for :data:`USEFUL_STEPS` (``elapsed``: the run's seconds so
+    far, what is not training counted again as is)."""
+    import math
+
+    s, tr = report["student"], report["training"]
+    search, cosine, steps = s.get("search_top1"), s.get("agreement_cosine"), int(tr["steps"])
+    usable = search is not None and search >= USABLE_SEARCH
+    used = tr["train_sentences"] - tr.get("train_word_strings", 0)
+    per_step = tr["train_seconds"] / steps if steps else None
+    untrained = not usable and planned is not None and steps < UNTRAINED_SHARE * planned
+    first = (
+        f"Verdict: {'usable' if usable else 'NOT usable'} for search: the student gives the teacher's top-1 answer on "
+        f"{round((search or 0) * queries)} of {queries} search queries (usable from {USABLE_SEARCH:.2f}, the "
+        f"teacher's first result for 9 searches in 10); mean cosine to the teacher's vectors {cosine:.3f}."
+    )
+    of_planned = f" of the {planned:,} planned" if planned is not None else ""
+    rate = f" ({per_step:.2f} s a step, measured)" if per_step else ""
+    seen = f"{used:,} of the {available:,} sentences of its training text ({used / max(available, 1):.0%})"
+    second = (
+        f"It trained {steps:,}{of_planned} steps of {batch} sentences{rate} on "
+        + (seen if available else f"{used:,} training rows")
+        + f": {steps * batch / max(used, 1):.1f} passes over them."
+        + (
+            " Far fewer steps than planned (they ran slower than the plan measured): it is untrained."
+            if untrained
+            else ""
+        )
+    )
+    needed = math.ceil(USEFUL_STEPS * USEFUL_BATCH / batch)
+    suggested = None
+    if usable:
+        third = "This budget was enough."
+    elif per_step and steps < needed:
+        suggested = 60 * math.ceil((max(elapsed - tr["train_seconds"], 0.0) + needed * per_step) / 60)
+        third = (
+            f"Suggested budget: --max-time {suggested}: {needed:,} steps of {batch} at the measured {per_step:.2f} s "
+            f"a step, plus the {max(elapsed - tr['train_seconds'], 0.0):.0f} s this run spent outside training. "
+            f"An estimate from all-MiniLM-L6-v2's student, usable after about {USEFUL_STEPS:,} steps of "
+            f"{USEFUL_BATCH} (docs/RESULTS.md): another teacher may need more steps, a cached teacher less time."
+        )
+    else:
+        third = (
+            f"It trained the ~{needed:,} steps all-MiniLM-L6-v2's student needed (docs/RESULTS.md): this teacher "
+            "needs more; give a larger --max-time, or more training text."
+        )
+    return {
+        "usable_for_search": usable,
+        "threshold": USABLE_SEARCH,
+        "search_top1": search,
+        "mean_cosine": cosine,
+        "steps": steps,
+        "planned_steps": planned,
+        "untrained": untrained,
+        "sentences": used,
+        "available_sentences": available,
+        "seconds_per_step": per_step,
+        "suggested_max_time": suggested,
+        "lines": [first, second, third],
+    }
 
 
 def _texts(training: dict) -> str:
@@ -1216,9 +1346,11 @@ def report_markdown(r: dict) -> str:
 
     t, s = _sides(r)
     name = t.get("name") or Path(t["folder"]).name
+    verdict = (r.get("verdict") or {}).get("lines") or []
     lines = [
         "# Compression report",
         "",
+        *[line for v in verdict for line in (v, "")],
         f"teacher {name} (`{t['folder']}`) -> student {s['shape']} (`{s['folder']}`)",
         "",
         *([f"measured on {describe(r['cpu'])}", ""] if r.get("cpu") else []),

@@ -137,6 +137,40 @@ def artifact_glue_metrics(artifact: Path, task, data_dir: Path, limit: int | Non
     return task_metrics(task.metrics, preds, np.asarray(split.labels))
 
 
+def majority_baseline(task, data_dir: Path, limit: int | None = None) -> dict | None:
+    """The majority-label baseline on the dev examples teacher and student are scored on (the first ``limit`` of the
+    task's main dev split): the task's metrics of always answering the label most frequent there (the best constant
+    answer by accuracy), with that label and the count; None for a regression task (a constant has no correlation)."""
+    import numpy as np
+
+    from ..training.glue import read_split
+    from ..training.metrics import task_metrics
+
+    if task.is_regression:
+        return None
+    labels = np.asarray(read_split(task, data_dir, task.dev_splits[0]).head(limit).labels, dtype=np.int64)
+    label = int(np.bincount(labels).argmax())
+    scores = task_metrics(task.metrics, np.full_like(labels, label), labels)
+    return {"label": task.label_names[label], "examples": int(labels.size), **scores}
+
+
+def classifier_verdict(teacher: float, student: float, baseline: dict | None, metric: str, where: str) -> list[str]:
+    """The report's first line: teacher and student beside the majority-label baseline on the same dev examples,
+    and the share of the teacher's gain over that baseline the student keeps (a ratio of the raw scores says 0.997
+    of the teacher when both only ever answer the one label)."""
+    scores = f"{where}: teacher {teacher:.4f}, student {student:.4f}"
+    if baseline is None:
+        return [f"Verdict: {scores} (a regression task: no majority-label baseline)."]
+    base = baseline[metric]
+    said = f"{scores}, always answering {baseline['label']!r} (the most frequent label there) {base:.4f}"
+    if teacher <= base:
+        return [f"Verdict: {said}: the teacher is no better than that baseline, so the student's score says nothing."]
+    if student <= base:
+        return [f"Verdict: NOT usable: {said}: the student is no better than that baseline."]
+    kept = (student - base) / (teacher - base)
+    return [f"Verdict: {said}: the student keeps {kept:.0%} of the teacher's gain over that baseline."]
+
+
 def _budget(b: dict) -> str:
     return " and ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in b.items() if v) or "no budget"
 
@@ -454,6 +488,13 @@ def _report(
         },
         "limits": {k: v for k, v in limits.items() if v is not None},
         "quality": [{"label": f"{task_.folder} dev {metric} ({t['eval_samples']} examples)", "key": "glue_dev"}],
+        "baseline": majority_baseline(task_, data_dir, limit),
+    }
+    where = report["quality"][0]["label"]
+    report["verdict"] = {
+        "lines": classifier_verdict(
+            report["teacher"]["glue_dev"], report["student"]["glue_dev"], report["baseline"], metric, where
+        )
     }
     s = report["student"]
     summary = (

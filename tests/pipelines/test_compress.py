@@ -173,6 +173,17 @@ def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
     assert s["learned_params"] <= 2.5e6 and t["learned_params"] == 22_713_216
     assert s["file_bytes"] < t["artifact_bytes"] / 4
     assert (compressed / "report.md").is_file() and (compressed / "report.png").stat().st_size > 1000
+    # the verdict, first in report.md: 40 steps are far from usable (search agreement 0.9), all 200 sentences taken
+    v = r["verdict"]
+    assert v["usable_for_search"] is (s["search_top1"] >= 0.9) and v["search_top1"] == s["search_top1"]
+    assert (v["steps"], v["planned_steps"], v["sentences"], v["available_sentences"]) == (40, 40, 200, 200)
+    assert v["seconds_per_step"] == pytest.approx(r["training"]["train_seconds"] / 40) and not v["untrained"]
+    md = (compressed / "report.md").read_text().splitlines()
+    assert md[2] == v["lines"][0] and md[2].startswith("Verdict: ") and "of 35 search queries" in md[2]
+    assert md[4] == v["lines"][1] and "It trained 40 of the 40 planned steps of 16 sentences" in md[4]
+    assert "on 200 of the 200 sentences of its training text (100%): 3.2 passes over them." in md[4]
+    if not v["usable_for_search"]:  # 40 steps x 16 of the 2,200 x 32 a useful student needed: the budget for 4,400
+        assert f"Suggested budget: --max-time {v['suggested_max_time']}: 4,400 steps of 16" in md[6]
 
 
 def test_a_compress_leaves_the_teachers_artifact_and_quality_vectors_in_the_cache(compressed, minilm_dir, monkeypatch):
@@ -264,6 +275,31 @@ def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(
         normalize=True,
     )
     assert _cos(np.stack(Runtime(out / "artifact").embed(SENTENCES)), ours).min() >= 0.98
+
+
+def test_a_stopped_run_run_again_is_told_to_resume(compressed, minilm_dir, tmp_path, capsys):
+    """The same command again after Ctrl-C or a kill (a checkpoint, no report yet) names --resume first, with the
+    checkpoint it would continue; a finished run's folder names --overwrite alone. Nothing changes either way."""
+    import shutil
+
+    from sharebert.training.callbacks import latest_checkpoint
+
+    out = tmp_path / "run"
+    shutil.copytree(compressed, out)
+    (out / "report.json").unlink()  # what a stop leaves: the run's marker and checkpoints, no report
+    step = int(latest_checkpoint(out / "work" / "student" / "checkpoints").name.removeprefix("checkpoint-"))
+    capsys.readouterr()
+    argv = ["compress", str(minilm_dir), "--out", str(out), "--max-steps", "40", "--max-params", "2.5M"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"stopped before its end (a checkpoint at step {step}, work/student/checkpoints/checkpoint-{step})" in err
+    assert "pass --resume to continue it, or --overwrite to start again" in err
+    assert main(["compress", str(minilm_dir), "--out", str(compressed), "--max-params", "2.5M"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "already holds a compress result; pass --overwrite to replace it" in err and "--resume" not in err
+    shutil.rmtree(out / "work")  # stopped before its first checkpoint: nothing to resume, so --overwrite alone
+    assert main(argv) == 2 and "--resume" not in capsys.readouterr().err
 
 
 def test_resume_with_limits_that_pick_another_student_is_refused_before_any_work(

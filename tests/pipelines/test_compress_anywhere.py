@@ -213,6 +213,34 @@ def test_neighbour_agreement_counts_equal_nearest_neighbours():
     assert neighbour_agreement(scrambled, teacher) < 0.3
 
 
+def test_the_verdict_weighs_search_agreement_against_its_threshold_and_suggests_a_budget(tmp_path):
+    """Issue 46's first run: 30 of 441 planned steps, 430 of 7,336 sentences, 17 of 35 queries: not usable, said
+    untrained, and the budget is the run's time outside training plus USEFUL_STEPS at the measured 2 s a step."""
+    from sharebert.pipelines.compress import USABLE_SEARCH, USEFUL_BATCH, USEFUL_STEPS, search_verdict
+
+    training = {"steps": 30, "train_seconds": 60.0, "train_sentences": 860, "train_word_strings": 430}
+    r = {"student": {"search_top1": 17 / 35, "agreement_cosine": 0.13}, "training": training}
+    v = search_verdict(r, USEFUL_BATCH, planned=441, available=7336, elapsed=420.0, queries=35)
+    assert not v["usable_for_search"] and v["untrained"] and v["threshold"] == USABLE_SEARCH == 0.9
+    assert (v["sentences"], v["available_sentences"], v["seconds_per_step"]) == (430, 7336, 2.0)
+    assert v["suggested_max_time"] == 60 * -(-(420 - 60 + USEFUL_STEPS * 2.0) // 60) == 4800
+    first, seen, budget = v["lines"]
+    assert first.startswith("Verdict: NOT usable for search") and "17 of 35 search queries (usable from 0.90" in first
+    assert "mean cosine to the teacher's vectors 0.130" in first
+    assert "30 of the 441 planned steps of 32 sentences (2.00 s a step, measured)" in seen
+    assert "on 430 of the 7,336 sentences of its training text (6%): 2.2 passes" in seen and "untrained" in seen
+    assert "--max-time 4800" in budget and "360 s this run spent outside training" in budget
+    # half the batch: twice the steps for the same sentences drawn
+    assert search_verdict(r, 16, 441, 7336, 420.0, 35)["suggested_max_time"] == 60 * -(-(360 + 4400 * 2.0) // 60)
+    usable = search_verdict(
+        {**r, "student": {"search_top1": 34 / 35, "agreement_cosine": 0.63}}, 32, 441, 7336, 420.0, 35
+    )
+    assert usable["usable_for_search"] and not usable["untrained"] and usable["suggested_max_time"] is None
+    assert usable["lines"][0].startswith("Verdict: usable for search") and "34 of 35" in usable["lines"][0]
+    md = report_markdown({**_report(tmp_path), "verdict": v}).splitlines()
+    assert md[:4] == ["# Compression report", "", first, ""]  # the report's first lines
+
+
 @pytest.mark.slow
 def test_agreement_and_calibration_of_a_perturbed_teacher(minilm_dir, tmp_path, monkeypatch):
     """The teacher as its own student is in full agreement; the same with noise agrees less, each row named by

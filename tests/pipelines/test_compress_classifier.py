@@ -125,6 +125,36 @@ def test_report_has_both_phases_and_the_budgeted_student(classifier_run):
     )
     assert (out / "report.png").stat().st_size > 1000
     assert not (out / "general" / "checkpoints").exists() and not (out / "student" / "checkpoints").exists()
+    # the majority-label baseline on the same EVAL dev examples, counted here; the verdict first in report.md
+    from sharebert.formats.paths import data_path
+    from sharebert.training.glue import read_split
+
+    labels = np.array(read_split("sst2", data_path("glue", "SST-2"), "dev").head(EVAL).labels)
+    majority = int(labels.mean() > 0.5)
+    assert r["baseline"] == {
+        "label": ["negative", "positive"][majority],
+        "examples": EVAL,
+        "accuracy": float((labels == majority).mean()),
+    }
+    first = md.splitlines()[2]
+    assert first == r["verdict"]["lines"][0] and first.startswith("Verdict: ")
+    assert f"always answering '{r['baseline']['label']}' (the most frequent label there) " in first
+    assert f"{r['baseline']['accuracy']:.4f}" in first and f"student {r['student']['glue_dev']:.4f}" in first
+
+
+def test_the_verdict_weighs_teacher_and_student_against_the_majority_baseline():
+    """Teacher and student both at the always-one-label score: said to mean nothing (not "0.997 of the teacher");
+    a student at the baseline is not usable; otherwise the share of the teacher's gain over it."""
+    from sharebert.pipelines.compress_classifier import classifier_verdict
+
+    base = {"label": "positive", "examples": 872, "accuracy": 0.509}
+    (both,) = classifier_verdict(0.509, 0.509, base, "accuracy", "SST-2 dev accuracy (872 examples)")
+    assert "teacher 0.5090, student 0.5090, always answering 'positive'" in both and "says nothing" in both
+    (none,) = classifier_verdict(0.9, 0.5, base, "accuracy", "x")
+    assert none.startswith("Verdict: NOT usable") and "no better than that baseline" in none
+    (some,) = classifier_verdict(0.9, 0.8, base, "accuracy", "x")
+    assert f"keeps {(0.8 - 0.509) / (0.9 - 0.509):.0%} of the teacher's gain" in some
+    assert "no majority-label baseline" in classifier_verdict(0.8, 0.7, None, "pearson", "x")[0]
 
 
 def test_the_artifact_classifies_and_its_metric_is_the_reported_one(classifier_run):
