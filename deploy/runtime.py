@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import os
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,8 @@ from .memory import give_back, settle
 from .pooling import check_mode, l2_normalize, pool
 
 RAM_MODES = ("auto", "fp32", "int8")
+# ONNX Runtime's intra-op threads: more than a machine has cores only slows it; 10**9 was a std::bad_alloc at load
+MAX_THREADS = 1024
 NO_PREPACKING = "session.disable_prepacking"
 
 
@@ -105,8 +108,13 @@ class Runtime:
     ):
         if ram not in RAM_MODES:
             raise ValueError(f"ram must be one of {', '.join(RAM_MODES)}, got {ram!r}")
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS
+        ):
+            raise ValueError(
+                f"threads must be an integer in 1..{MAX_THREADS} (this machine has {os.cpu_count()} CPUs), "
+                f"got {threads!r}"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.path = Path(artifact_dir)
@@ -450,9 +458,11 @@ class Runtime:
         if isinstance(texts, str):
             texts = [texts]
         texts = list(texts)
-        for t in texts:
+        for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TypeError(f"texts must be strings, got {type(t).__name__}")
+            if not t.isascii():
+                _check_encodable(t, i)
         size = size or self.batch_size
         for start in range(0, len(texts), size):
             yield texts[start : start + size]
@@ -665,6 +675,15 @@ def _open_session(
         return ort.InferenceSession(path.read_bytes(), options, providers=providers)
     except Exception as e:  # ORT's own error classes (InvalidProtobuf, Fail, ...) derive from Exception only
         raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime: {first_line(e)}") from None
+
+
+def _check_encodable(text: str, i: int) -> None:
+    """``ValueError`` for a text the tokenizer cannot take (a lone surrogate, as ``"\\ud800"`` from a JSON escape),
+    in the words predict and serve use; the tokenizers library raised its own TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"text {i} is not valid Unicode (a lone surrogate such as \\ud800), not a character") from None
 
 
 def _width_fits(task: str, width, config: dict, mask_id) -> bool:

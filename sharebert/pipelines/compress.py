@@ -208,10 +208,14 @@ def read_eval_pairs(path) -> tuple[list[str], list[str], list[float]]:
         if value is None:
             if number == 1 and len(fields) == 3:  # a header
                 continue
+            if len(fields) == 3:
+                raise ValueError(
+                    f"--eval-pairs {path}, line {number}: the gold value {fields[-1][:20]!r} (the third field) is "
+                    f"neither a number nor one of the labels {', '.join(SAME)}"
+                )
             raise ValueError(
                 f"--eval-pairs {path}, line {number}: expected 3 tab-separated fields (sentence1, "
                 f"sentence2, a score or same/different), got {len(fields)} field(s)"
-                + (f" ending in {fields[-1][:20]!r}" if len(fields) == 3 else "")
             )
         a.append(fields[0])
         b.append(fields[1])

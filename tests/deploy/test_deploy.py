@@ -158,6 +158,19 @@ def test_truncation_is_counted_and_keeps_sep(mlm):
     assert len(preds) == 4 and len(preds[0]) == 1 and preds[1] == []  # the [MASK] past 128 tokens was cut
 
 
+def test_the_python_api_refuses_a_lone_surrogate_and_absurd_threads_as_the_cli_does(mlm):
+    """``Runtime(...).fill_mask(["\\ud800"])``: one ValueError naming the text and the cause (the tokenizers
+    library raised a bare TypeError); ``threads=10**9``: refused before loading (ORT's std::bad_alloc named a graph)."""
+    _, artifact = mlm
+    rt = Runtime(artifact, threads=1)
+    with pytest.raises(ValueError, match=r"text 1 is not valid Unicode \(a lone surrogate"):
+        rt.fill_mask(["fine [MASK]", "a \ud800 [MASK]"])
+    assert len(rt.fill_mask(["caf\u00e9 [MASK] \U0001f600"])[0]) == 1  # any real character is taken
+    for threads in (10**9, 0, True, 2.0):
+        with pytest.raises(ValueError, match=r"threads must be an integer in 1\.\.1024"):
+            Runtime(artifact, threads=threads)
+
+
 def test_padding_does_not_change_answers(mlm):
     _, artifact = mlm
     rt = Runtime(artifact, threads=1, batch_size=2)

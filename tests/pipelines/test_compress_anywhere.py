@@ -182,6 +182,8 @@ def test_defaults_fall_back_to_the_packaged_text_without_a_data_folder(tmp_path,
     [
         ("a\tb\n", "expected 3 tab-separated fields"),
         ("a\tb\tsame\nc\td\tmaybe\n", "line 2"),
+        # a label that is no label: named as such, never "expected 3 fields, got 3"
+        ("a\tb\tsame\nc\td\thigh\n", "line 2: the gold value 'high' .* is neither a number nor one of the labels"),
         ("a\tb\tsame\nc\td\tsame\n", "different gold values"),
         ("a\tb\t1\nc\td\tnan\n", "line 2"),
         ("", "different gold values"),
