@@ -230,12 +230,14 @@ def _thresholds(entry: dict, ram: str, where) -> dict:
     return limits
 
 
-def verify_runtime(runtime) -> dict:
-    """:meth:`Runtime.verify`'s result: ``passed``, per output its figures, ``below`` (the figures outside the
-    thresholds) and ``at_export`` (the export's figures on the same inputs), the thresholds, this CPU and the
-    export's."""
-    manifest, where = runtime.manifest, runtime.path / MANIFEST
-    entry = manifest.get(KEY)
+AT_EXPORT = {"fp32": "at_export", "int8": "at_export_ram_int8"}  # the export's own figures, per RAM mode
+
+
+def replay(runtime) -> tuple[dict, int]:
+    """``({output: figures}, inputs)``: the stored inputs run through ``runtime`` (at full depth: the reference is
+    PyTorch's) against the reference; :class:`ArtifactError` for an artifact without one or with a broken one."""
+    where = runtime.path / MANIFEST
+    entry = runtime.manifest.get(KEY)
     if entry is None:
         raise ArtifactError(f"{runtime.path} {NO_REFERENCE}")
     ids, mask = inputs(entry, where)
@@ -244,17 +246,26 @@ def verify_runtime(runtime) -> dict:
         raise ArtifactError(
             f"{where}: {KEY} input_ids must be at most {runtime.max_length} tokens of ids below {vocab}"
         )
-    limits = _thresholds(entry, runtime.ram, where)
-    outputs = runtime.at_depth(None)._run(ids, mask)  # the reference is PyTorch's at full depth
-    measured = figures(entry, outputs, mask, where)
-    at_export = entry.get("at_export") if isinstance(entry.get("at_export"), dict) else {}
+    return figures(entry, runtime.at_depth(None)._run(ids, mask), mask, where), int(len(ids))
+
+
+def verify_runtime(runtime) -> dict:
+    """:meth:`Runtime.verify`'s result: ``passed``, per output its figures, ``below`` (the figures outside the
+    thresholds) and ``at_export`` (the export's figures on the same inputs in the same RAM mode, where recorded),
+    the thresholds, this CPU and the export's."""
+    measured, n = replay(runtime)
+    manifest = runtime.manifest
+    entry = manifest[KEY]
+    limits = _thresholds(entry, runtime.ram, runtime.path / MANIFEST)
+    at_export = entry.get(AT_EXPORT.get(runtime.ram, ""))
+    at_export = at_export if isinstance(at_export, dict) else {}
     result = {name: {**f, "below": below(f, limits), "at_export": at_export.get(name)} for name, f in measured.items()}
     return {
         "artifact": str(runtime.path),
         "task": runtime.task,
         "quantization": manifest.get("quantization"),
         "ram": runtime.ram,
-        "inputs": int(len(ids)),
+        "inputs": n,
         "passed": not any(f["below"] for f in result.values()),
         "outputs": result,
         "thresholds": limits,
@@ -291,7 +302,7 @@ def report(result: dict) -> str:
     for name, f in result["outputs"].items():
         verdict = "ok" if not f["below"] else "BELOW: " + "; ".join(f["below"])
         lines.append(f"{name} ({f['rows']} rows): {_figures_text(f)}  {verdict}")
-        lines.append(f"  at export: {_figures_text(f['at_export'])}")
+        lines.append(f"  at export ({result['ram']}, on the export CPU): {_figures_text(f['at_export'])}")
     failed = [f"{name}: {'; '.join(f['below'])}" for name, f in result["outputs"].items() if f["below"]]
     if failed:
         lines.append(f"FAIL: below the artifact's parity thresholds on this CPU: {' | '.join(failed)}")

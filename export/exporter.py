@@ -699,6 +699,11 @@ def _build(
         int8_ready = bool((manifest.get("ram_int8") or {}).get("weights"))
         manifest[REFERENCE] = {**reference, "thresholds": reference_thresholds(o.quantize, int8_ready)}
     _write_manifest(tmp, manifest)
+    if "int8" in (manifest.get(REFERENCE) or {}).get("thresholds", {}):  # RAM int8 here, as the device loads it
+        from .parity import reference_ram_int8
+
+        manifest[REFERENCE]["at_export_ram_int8"] = reference_ram_int8(tmp)
+        (tmp / artifact.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
 
 

@@ -93,6 +93,7 @@ def test_a_good_artifact_passes_in_both_ram_modes_and_the_manifest_stays_small(f
         assert logits["rows"] == result["inputs"] == ref.SENTENCES and logits["below"] == []
         assert logits["cosine_mean"] >= entry["thresholds"][ram].get("cosine", 0.999)
         assert logits["top1_agreement"] == 1.0
+        assert logits["at_export"] == entry[ref.AT_EXPORT[ram]]["logits"]  # the same mode's figures at export
         assert result["cpu"]["machine"] == platform.machine() and result["export_cpu"] == manifest["cpu"]
     fp32_result = Runtime(fp32, threads=1, ram="fp32").verify()["outputs"]["logits"]
     assert fp32_result["max_abs_diff"] <= 1e-3  # ONNX Runtime's fp32 against PyTorch: the export's own tolerance
