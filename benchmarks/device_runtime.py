@@ -108,13 +108,13 @@ def dense_bert_artifacts(out: Path) -> dict[str, Path]:
     """BERT Base (random weights) exported plainly by ``torch.onnx`` (fp32), and the same graph through the
     exporter's int8-dynamic quantizer; each with a sharebert manifest so the same runtime runs it."""
     import torch
-    from sharebert_runtime.artifact import sha256
     from transformers import BertConfig, BertForMaskedLM
 
     from sharebert.export.quantize import dynamic_int8
     from sharebert.export.torch_onnx import export_folder
     from sharebert.formats.paths import default_vocab
     from sharebert.formats.tokenization import hf_tokenizer
+    from sharebert_runtime.artifact import sha256
 
     src, arts = (
         out / "bert-base-model",
@@ -205,6 +205,7 @@ def measure(spec: dict) -> dict:
 def ram_parity(path: Path, sentences: list[str]) -> dict:
     """``ram="int8"`` vs ``ram="fp32"`` logits at the real tokens of ``sentences``: agreement and error."""
     import numpy as np
+
     from sharebert_runtime import Runtime
 
     fp32, int8 = Runtime(path), Runtime(path, ram="int8")

@@ -28,7 +28,6 @@ def main() -> None:
     ap.add_argument("--depths", default="", help="also score each depth-gated artifact at these depths, e.g. 2,3")
     a = ap.parse_args()
 
-    from sharebert_runtime import Runtime
     from transformers import AutoTokenizer
 
     from sharebert.formats.paths import data_path
@@ -37,6 +36,7 @@ def main() -> None:
     from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
     from sharebert.training.glue import read_split
     from sharebert.training.metrics import cosine_spearman
+    from sharebert_runtime import Runtime
 
     split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(a.limit)
     rows = []

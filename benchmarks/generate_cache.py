@@ -30,7 +30,6 @@ def best_rate(fn, tokens: int, repeats: int) -> float:
 
 
 def main() -> None:
-    from sharebert_runtime import Runtime
     from transformers import AutoTokenizer
 
     from sharebert import ShareBertForCausalLM
@@ -38,6 +37,7 @@ def main() -> None:
     from sharebert.formats.build import build_model
     from sharebert.formats.paths import data_path
     from sharebert.training.corpus import char_tokenizer
+    from sharebert_runtime import Runtime
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--new-tokens", type=int, default=256)

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sharebert_runtime import Runtime
 
 from sharebert.formats.paths import data_path
+from sharebert_runtime import Runtime
 
 BENCH_DIR = Path("runs/grouping")
 MODES = ("pad-128", "per-call", "grouped")

@@ -13,6 +13,7 @@ import json
 import time
 
 import numpy as np
+
 from sharebert_runtime import Runtime
 
 

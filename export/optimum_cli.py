@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from sharebert_runtime.errors import first_line
 from sharebert.formats.model_folder import read_config
+from sharebert_runtime.errors import first_line
 from sharebert_runtime.untrusted import read_json
 
 

@@ -55,6 +55,7 @@ def search(result: Path) -> float:
     the teacher's int8 artifacts of a compress ``result``; the first :data:`SHOWN` answers printed, then how many of
     the queries get the teacher's answer from the student. Returns that share."""
     import numpy as np
+
     from sharebert_runtime import Runtime
 
     from ..formats.paths import packaged_search

@@ -240,8 +240,9 @@ def _counted_gflops(auto, config, seq_len: int, batch: int) -> dict:
     import contextlib
 
     import torch
-    from sharebert_runtime.errors import first_line
     from torch.utils.flop_counter import FlopCounterMode
+
+    from sharebert_runtime.errors import first_line
 
     try:
         from transformers.initialization import no_init_weights

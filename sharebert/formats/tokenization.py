@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sharebert_runtime.textlines import check_text_file, numbered_lines
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
+
+from sharebert_runtime.textlines import check_text_file, numbered_lines
 
 SPECIAL = {
     "pad_token": "[PAD]",

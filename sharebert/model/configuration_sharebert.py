@@ -99,7 +99,7 @@ class ShareBertConfig(ShapeMixin, PretrainedConfig):
 
     # -- presets -------------------------------------------------------------------------------
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> "ShareBertConfig":
+    def from_preset(cls, name: str, **overrides) -> ShareBertConfig:
         """Build a preset (see ``PRESETS``) with keyword overrides, e.g. ``attention='symmetric'``."""
         kwargs = preset_fields(name, **overrides)
         kwargs.setdefault("name_or_path", name)

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import numbers
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPoolingAndCrossAttentions,
     CausalLMOutputWithPast,
@@ -42,7 +40,6 @@ except ImportError:  # transformers 4 (the optimum extra's environment) initiali
 from .attention import SelfAttention
 from .configuration_sharebert import ShareBertConfig
 from .eps import _SourceCache, generate_from_source, generate_virtual, tracing
-
 
 # The key/value cache's keyword and output field: transformers 5.2x renamed ``past_key_values`` to ``cache`` (the old
 # name still accepted, with a warning); the models take either and answer under the installed library's name.
@@ -144,11 +141,11 @@ class ShareBertLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: ShareBertConfig):
         super().__init__()
-        V, I = config.hidden_size, config.intermediate_size
+        V = config.hidden_size
         self.names = [n for n, _ in config.layer_matrices()]
         self.attention = SelfAttention(config)
         self.attention_norm = nn.LayerNorm(V, eps=config.layer_norm_eps)
-        self.ffn_in_bias = nn.Parameter(torch.zeros(I))
+        self.ffn_in_bias = nn.Parameter(torch.zeros(config.intermediate_size))
         self.ffn_out_bias = nn.Parameter(torch.zeros(V))
         self.ffn_norm = nn.LayerNorm(V, eps=config.layer_norm_eps)
         self.act = ACT2FN[config.hidden_act]
@@ -280,7 +277,7 @@ class ShareBertModel(ShareBertPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    def _depth(self, depth: Optional[int]) -> int:
+    def _depth(self, depth: int | None) -> int:
         """Layers to run: ``depth`` (checked), a sampled depth in training, else all."""
         N = self.config.num_hidden_layers
         if depth is None:
@@ -328,19 +325,19 @@ class ShareBertModel(ShareBertPreTrainedModel):
 
     def forward(
         self,
-        input_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        token_type_ids: Optional[torch.Tensor] = None,
-        inputs_embeds: Optional[torch.Tensor] = None,
-        output_attentions: Optional[bool] = None,
-        output_hidden_states: Optional[bool] = None,
-        return_dict: Optional[bool] = None,
-        position_ids: Optional[torch.Tensor] = None,
-        past_key_values: Optional[Cache] = None,
-        use_cache: Optional[bool] = None,
-        head_mask: Optional[torch.Tensor] = None,
-        depth: Optional[int] = None,
-        cache: Optional[Cache] = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        head_mask: torch.Tensor | None = None,
+        depth: int | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ):
         """``cache`` (or ``past_key_values``, its name before transformers 5.2x) and ``use_cache``: a transformers
@@ -379,7 +376,7 @@ class ShareBertModel(ShareBertPreTrainedModel):
         )
         return out if return_dict else out.to_tuple()
 
-    def _cache(self, use_cache: Optional[bool], cache):
+    def _cache(self, use_cache: bool | None, cache):
         """The cache this forward reads and extends (a new ``DynamicCache`` when none is given), or None when it
         keeps none: a causal model's, by default only where it helps (generating, not training or exporting)."""
         if use_cache is None:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import read_json, write_json
+
 from .compress import (
     check_same_student,
     export_once,
@@ -122,6 +123,7 @@ def artifact_glue_metrics(artifact: Path, task, data_dir: Path, limit: int | Non
     import numpy as np
 
     from sharebert_runtime import Runtime
+
     from ..training.glue import read_split
     from ..training.metrics import task_metrics
 
@@ -210,13 +212,14 @@ def compress_classifier(
     ``vocab_size``: cut the teacher's vocabulary to this many tokens (``training.vocab``, over the --train text and
     the task's training text; without it, cut only when the teacher's does not fit ``limits``); both phases then
     train the student on its own tokens."""
-    from ..accounting.budget import student_for
     from sharebert_runtime.outdir import check_same_run
-    from ..training.teacher import student_fields, teacher_config, teacher_shape, teacher_tokenizer
+
+    from ..accounting.budget import student_for
     from ..formats.paths import data_path
     from ..training.callbacks import resume_from
     from ..training.distill import check_cut_task, check_teacher_labels
     from ..training.glue import task_file
+    from ..training.teacher import student_fields, teacher_config, teacher_shape, teacher_tokenizer
 
     out, raw = precheck(teacher, out, limits, train, None, overwrite, resume)  # nothing loaded or changed before
     task_ = classifier_task(teacher, raw, task)

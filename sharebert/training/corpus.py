@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..formats.bars import bar as progress_bar
 from sharebert_runtime.textlines import text_pieces
+
+from ..formats.bars import bar as progress_bar
 
 CHAR_SPECIALS = ("[PAD]", "[UNK]")
 
@@ -291,7 +292,7 @@ class PackedDataset(torch.utils.data.Dataset):
     @classmethod
     def for_objective(
         cls, blocks, tokenizer, objective: str, probability: float = 0.15, seed: int = 0, fixed: bool = False
-    ) -> "PackedDataset":
+    ) -> PackedDataset:
         mlm = None
         if objective == "mlm":
             mlm = {

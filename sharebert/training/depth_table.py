@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from sharebert_runtime.outdir import save_figure
+
 from ..formats.paths import data_path
 from .glue import get_task, read_split
 from .metrics import task_metrics
@@ -118,6 +119,7 @@ def depth_table(
     depth for an artifact exported without depth support, raise ``ValueError`` before the data is read.
     """
     from sharebert_runtime.artifact import MANIFEST, depth_limit, is_artifact
+
     from ..formats.model_folder import read_config
 
     task_ = get_task(task)

@@ -33,7 +33,6 @@ from transformers import Trainer
 
 from sharebert_runtime.artifact import sha256
 from sharebert_runtime.errors import first_line
-from ..formats.model_folder import load_config, load_tokenizer
 from sharebert_runtime.outdir import (
     check_out_dir,
     check_same_run,
@@ -44,7 +43,10 @@ from sharebert_runtime.outdir import (
     read_json,
     write_json,
 )
+
+from ..formats.model_folder import load_config, load_tokenizer
 from ..formats.paths import data_path
+from .arguments import DistillArgs, DistillWeights
 from .augment import IGNORE_LABEL, augment, check_augment
 from .callbacks import (
     MarkCheckpoints,
@@ -58,9 +60,8 @@ from .callbacks import (
 from .depth_table import check_depth_sampling
 from .encoded import encoded_task, evaluate_dev
 from .finetune import load_classifier, metrics_for, task_training_args
-from .glue import GlueTask, get_task, task_file
 from .fingerprint import data_files, run_fingerprint, teacher_fingerprint  # noqa: F401  (distill's names)
-from .arguments import DistillArgs, DistillWeights
+from .glue import GlueTask, get_task, task_file
 from .log_lines import no_bars, show_progress
 
 PROJECTIONS_FILE = "distill_projections.safetensors"
@@ -264,8 +265,9 @@ def load_teacher(teacher_dir, head: str = "classifier"):
 
     On a CUDA device with bf16 support it is loaded in bf16 (the student's losses are computed in fp32).
     """
-    import sharebert.model.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
     from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    import sharebert.model.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
 
     cls = {"classifier": AutoModelForSequenceClassification, "mlm": AutoModelForMaskedLM, "encoder": AutoModel}[head]
     cuda = torch.cuda.is_available()
@@ -523,8 +525,10 @@ is_distill_out = made_by(COMMAND)
 
 
 def _is_distill_out(path: Path) -> bool:
-    """A distillation's folder written before the marker existed (its result, its checkpoints, or the teacher's
-    vectors): ``check_out_dir``'s ``legacy``, refused, never replaced."""
+    """A folder that looks like a distillation's (its result, its checkpoints, or the teacher's vectors), with or
+    without this command's marker: ``check_out_dir``'s ``legacy``, which it asks only of a folder the marker does not
+    vouch for (written by hand, by another tool, or copied): refused naming the marker, never replaced. No older
+    format is served: sharebert 0.1.0, the first release, writes the marker."""
     return (
         (path / "metrics.json").is_file() or (path / "checkpoints").is_dir() or any(path.glob(f"{TARGETS_FILE}-*.npy"))
     )
@@ -909,6 +913,7 @@ def _mlm_student(student: str, t_tok, seed: int):
 def _text_blocks(train, t_tok, seq_len: int, max_train_samples, progress: bool):
     """``--train`` text tokenized by the teacher and packed into ``seq_len``-token blocks, as ``pretrain`` does."""
     from sharebert_runtime.textlines import resolve_sources
+
     from .corpus import encode_sources, pack
 
     ids = encode_sources(resolve_sources(train), t_tok, progress=progress)

@@ -29,36 +29,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model.modeling_sharebert import TORCH_POOLING, pool
-from ..formats.model_folder import load_config, load_tokenizer
 from sharebert_runtime.outdir import check_out_dir, finite
+
+from ..formats.model_folder import load_config, load_tokenizer
 from ..formats.paths import data_path
+from ..model.modeling_sharebert import TORCH_POOLING, pool
+from .arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
+from .depth_table import check_depth_sampling
 from .distill import (
+    TARGETS_FILE,
     DistillArgs,
+    DistillTrainer,
     Projections,
     WithTeacherLogits,
+    _is_distill_out,
+    _maps,
+    _resume_from,
     check_encoder,
     check_same_data,
     check_tokenizers,
+    data_files,
     distill_losses,
+    is_distill_out,
     pairs_that_ran,
+    run_fingerprint,
+    start_run,
+    stream_training_args,
     teacher_blocks,
     teacher_data,
     teacher_fingerprint,
     training_device,
-    _is_distill_out,
-    is_distill_out,
-    data_files,
-    run_fingerprint,
-    start_run,
-    TARGETS_FILE,
-    DistillTrainer,
-    _maps,
-    _resume_from,
-    stream_training_args,
 )
-from .depth_table import check_depth_sampling
-from .arguments import EMBEDDING_LOSS, EMBEDDING_LOSSES, STUDENT_DROPOUT
 
 HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
 # A time-budgeted run's estimate of the teacher's pass (``_teacher_rate``): texts timed (4 batches, ~2 s of MiniLM on
@@ -142,9 +143,9 @@ def load_encoder(model_dir):
     """The backbone of any BERT-family or sharebert folder (``AutoModel``), eval mode, no gradients, eager
     attention (attention maps for the token-level terms), on the CPU (``distill_embedding`` moves it to the
     GPU, where there is one, once the student is initialised from it)."""
-    import sharebert.model.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
     from transformers import AutoModel
 
+    import sharebert.model.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
     from sharebert_runtime.errors import first_line
 
     try:
@@ -192,6 +193,7 @@ def read_sentences(sources, limit: int | None = None) -> list[str]:
     headerless layout: ``glue.text_fields``), in order, duplicates dropped, at most ``limit``. A ``.tsv``
     that fits no GLUE layout is a ``ValueError`` naming it."""
     from sharebert_runtime.textlines import resolve_sources
+
     from .corpus import iter_lines
     from .glue import text_fields
 
@@ -971,8 +973,9 @@ def _budgeted_count(
     line)."""
 
     if start_from is not None:
-        from .distill import DATA_FILE
         from sharebert_runtime.outdir import read_json
+
+        from .distill import DATA_FILE
 
         try:
             saved = read_json(Path(start_from) / DATA_FILE).get("sentences")

@@ -23,13 +23,12 @@ import numpy as np
 import torch
 from scipy import stats
 
+from ..formats.bars import bar
 from ..formats.model_folder import load_config, load_model, load_tokenizer
 from ..formats.paths import data_path
-from .encoded import encode, evaluate_split, label_map, mean_embedding_norm
-from ..formats.bars import bar
-from .glue import TASKS, GlueTask, get_task, read_split
 from .arguments import MULTI_TOKEN, NOISE_LEVELS, WORDSIM_SETS
-
+from .encoded import encode, evaluate_split, label_map, mean_embedding_norm
+from .glue import TASKS, GlueTask, get_task, read_split
 
 # ---------------------------------------------------------------- classification
 

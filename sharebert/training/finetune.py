@@ -18,9 +18,11 @@ from pathlib import Path
 import torch
 from transformers import Trainer
 
-from ..formats.model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from sharebert_runtime.outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out, rank
+
+from ..formats.model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from ..formats.paths import data_path
+from .arguments import FinetuneArgs
 from .callbacks import (
     FitsCheckpoint,
     MarkCheckpoints,
@@ -34,9 +36,8 @@ from .depth_table import check_depth_sampling
 from .encoded import encoded_task, evaluate_dev
 from .fingerprint import run_fingerprint
 from .glue import GlueTask, get_task, task_file
-from .metrics import predictions_from_logits, task_metrics
-from .arguments import FinetuneArgs
 from .log_lines import no_bars, show_progress
+from .metrics import predictions_from_logits, task_metrics
 
 
 class FinetuneTrainer(FitsCheckpoint, StopsAtMaxSteps, Trainer):
@@ -63,7 +64,9 @@ _is_finetune_out = made_by(COMMAND)
 
 
 def _legacy(path: Path) -> bool:
-    """A fine-tuning result written before the marker existed: ``check_out_dir``'s ``legacy``, never replaced."""
+    """A folder that looks like a fine-tuning result (its metrics or checkpoints) without this command's marker:
+    written by hand, by another tool, or copied. ``check_out_dir``'s ``legacy``: refused naming the marker, never
+    replaced. No older format is served: sharebert 0.1.0, the first release, writes the marker."""
     return (path / "metrics.json").is_file() or (path / "checkpoints").is_dir()
 
 

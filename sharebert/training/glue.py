@@ -199,7 +199,7 @@ class GlueSplit:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def head(self, n: int | None) -> "GlueSplit":
+    def head(self, n: int | None) -> GlueSplit:
         """The first ``n`` examples (all when ``n`` is None)."""
         if n is None or n >= len(self):
             return self

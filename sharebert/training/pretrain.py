@@ -34,10 +34,13 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
+from sharebert_runtime.outdir import OutLock, check_out_dir, rank, world_size, write_json
+from sharebert_runtime.textlines import resolve_sources
+
+from ..accounting.curves import write_curves
 from ..formats.model_folder import UNFINISHED, is_bert_folder, read_config, save_as_bert
 from ..model.shape import preset_fields
-from ..accounting.curves import write_curves
-from sharebert_runtime.outdir import OutLock, check_out_dir, rank, world_size, write_json
+from .arguments import PretrainArgs
 from .callbacks import (
     JsonlLogger,
     SignalCheckpoint,
@@ -56,10 +59,8 @@ from .callbacks import (
     rotate,
     save_checkpoint,
 )
-from sharebert_runtime.textlines import resolve_sources
 from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
 from .depth_table import check_depth_sampling
-from .arguments import PretrainArgs
 from .log_lines import no_bars, show_progress
 from .shards import StreamBlocks, TokenStream, read_manifest, vocab_sha256
 

@@ -34,8 +34,9 @@ import numpy as np
 
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import OutLock, check_out_dir, read_json, write_json
-from ..formats.bars import bar as progress_bar
 from sharebert_runtime.textlines import resolve_sources
+
+from ..formats.bars import bar as progress_bar
 from .corpus import encode_lines, iter_lines, sniff_text
 
 FORMAT = "sharebert-tokens"
@@ -64,8 +65,8 @@ def resolve_tokenizer(spec: str | Path):
     from transformers import AutoTokenizer
 
     from ..formats.paths import default_vocab
-    from ..model.shape import PRESETS
     from ..formats.tokenization import hf_tokenizer
+    from ..model.shape import PRESETS
 
     path = Path(spec)
     if path.is_dir():
@@ -413,7 +414,7 @@ def read_manifest(data_dir: str | Path) -> dict:
     if dtype not in ("uint16", "uint32"):
         raise ValueError(f"{path}: dtype {dtype!r} is not uint16 or uint32")
     itemsize = np.dtype(dtype).itemsize
-    for split, file, tokens, _ in shards:
+    for _split, file, tokens, _ in shards:
         f = (data_dir / file).resolve()
         if data_dir.resolve() not in f.parents:
             raise ValueError(f"{path}: shard {file} lies outside {data_dir}")

@@ -4,12 +4,12 @@ import json
 
 import pytest
 import torch
-from sharebert_runtime.main import main
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_flop_count
 
 from sharebert.accounting.counts import count_bytes, count_flops, count_params, paper_figures, published
 from sharebert.model.configuration_sharebert import PRESETS, ShareBertConfig
 from sharebert.model.modeling_sharebert import ShareBertForMaskedLM, ShareBertForSequenceClassification, ShareBertModel
+from sharebert_runtime.main import main
 
 TABLE2 = published()["table2"]["rows"]
 MODELS = {"none": ShareBertModel, "mlm": ShareBertForMaskedLM, "classifier": ShareBertForSequenceClassification}

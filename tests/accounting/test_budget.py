@@ -1,10 +1,10 @@
 """Budget planner: size parsing, feasibility, the Pareto front, the no-fit explanation, the CLI and plot."""
 
 import pytest
-from sharebert_runtime.main import main
 
 from sharebert.accounting.budget import parse_size, search_candidates
 from sharebert.accounting.counts import count_params
+from sharebert_runtime.main import main
 
 
 def test_parse_size():

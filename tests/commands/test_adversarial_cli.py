@@ -13,9 +13,9 @@ import subprocess
 import sys
 
 import pytest
-from sharebert_runtime.main import main
 
 from sharebert.formats.build import build_model
+from sharebert_runtime.main import main
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 

@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+
 from sharebert_runtime.artifact import INT8_WEIGHT_MAX, quantize_per_channel
 
 M, K, N = 4, 256, 32

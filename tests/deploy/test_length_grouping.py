@@ -9,12 +9,12 @@ import shutil
 
 import numpy as np
 import pytest
-from sharebert_runtime import Runtime
 
 from sharebert import ShareBertForSequenceClassification
 from sharebert.export.exporter import export_model
 from sharebert.formats.build import build_model
 from sharebert.formats.paths import data_path
+from sharebert_runtime import Runtime
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 QUICK = dict(check_limit=8, runs=1, progress=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sharebert_runtime.main import main
 
 

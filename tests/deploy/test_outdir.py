@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sharebert_runtime.outdir import local_rank, rank, world_size
 
 TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE")

@@ -9,10 +9,10 @@ import threading
 import numpy as np
 import pytest
 import torch
-from sharebert_runtime import Runtime
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
 from sharebert.formats.paths import data_path, default_vocab
+from sharebert_runtime import Runtime
 
 SHAPE = dict(
     hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=64

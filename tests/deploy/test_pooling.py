@@ -7,6 +7,7 @@ import argparse
 
 import numpy as np
 import pytest
+
 from sharebert_runtime.pooling import POOLING_MODES, check_mode, pool
 
 NOT_MODES = ["median", "MEAN", "", None, ["mean"]]

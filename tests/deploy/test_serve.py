@@ -10,11 +10,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from sharebert_runtime import Runtime
-from sharebert_runtime.serve import make_server
 
 from sharebert.export.exporter import export_model
 from sharebert.formats.build import build_model
+from sharebert_runtime import Runtime
+from sharebert_runtime.serve import make_server
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 QUICK = dict(check_limit=16, runs=3, progress=False)  # a short parity check and footprint timing

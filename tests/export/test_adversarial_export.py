@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sharebert_runtime import ArtifactError, Runtime
 
 from sharebert.export.exporter import ParityError, export_model
 from sharebert.formats.build import build_model
+from sharebert_runtime import ArtifactError, Runtime
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 QUICK = dict(check_limit=8, runs=2, progress=False)

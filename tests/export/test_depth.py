@@ -13,13 +13,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from sharebert_runtime import Runtime
-from sharebert_runtime.serve import make_server
 
 import sharebert
 from sharebert.export import depth as gating
 from sharebert.export.exporter import export_model
 from sharebert.formats.build import build_model
+from sharebert_runtime import Runtime
+from sharebert_runtime.serve import make_server
 
 N = 3
 TINY = dict(hidden_size=64, num_hidden_layers=N, intermediate_size=128, num_attention_heads=2, embedding_size=16)

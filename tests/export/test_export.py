@@ -11,19 +11,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import numpy_helper
 import pytest
 import torch
+from onnx import numpy_helper
 
 import sharebert
 from sharebert.accounting.counts import count_flops
-from sharebert_runtime.artifact import INT8_WEIGHT_MAX
-from sharebert_runtime.main import main
 from sharebert.export import graph
-from sharebert.export.parity import THRESHOLDS
 from sharebert.export.exporter import ParityError, check_folding, export_model, session_options
+from sharebert.export.parity import THRESHOLDS
 from sharebert.formats.paths import data_path, default_vocab
 from sharebert.formats.tokenization import hf_tokenizer
+from sharebert_runtime.artifact import INT8_WEIGHT_MAX
+from sharebert_runtime.main import main
 
 SST2_DEV = data_path("glue", "SST-2", "dev.tsv")
 SST2_TRAIN = data_path("glue", "SST-2", "train.tsv")

@@ -4,7 +4,6 @@
 import numpy as np
 import pytest
 import torch
-from sharebert_runtime import Runtime
 from transformers import AutoTokenizer
 
 from sharebert import ShareBertForCausalLM
@@ -12,6 +11,7 @@ from sharebert.export.exporter import export_model
 from sharebert.formats.build import build_model
 from sharebert.formats.paths import data_path
 from sharebert.training.corpus import char_tokenizer
+from sharebert_runtime import Runtime
 
 SHAPE = dict(
     hidden_size=64,

@@ -15,11 +15,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from sharebert_runtime import Runtime, verify_artifact
-from sharebert_runtime.artifact import MODEL, RAM_INT8_COMPUTE, RAM_INT8_GENERATOR
 
 from sharebert.export.exporter import export_model
 from sharebert.formats.build import build_model
+from sharebert_runtime import Runtime, verify_artifact
+from sharebert_runtime.artifact import MODEL, RAM_INT8_COMPUTE, RAM_INT8_GENERATOR
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 OPTIMUM_CLI = str(Path(sys.executable).parent / "optimum-cli")

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from sharebert_runtime import Runtime
 
 from sharebert.formats.paths import data_path
+from sharebert_runtime import Runtime
 
 STSB_PAIRS = 500  # the first pairs of STS-B dev (the benchmark scores all 1,500)
 QUANTIZATIONS = ("none", "int8", "int8-dynamic")

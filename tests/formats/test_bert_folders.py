@@ -4,13 +4,13 @@ import json
 
 import pytest
 import torch
-from sharebert_runtime.main import main
 from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel, BertTokenizerFast
 
 from sharebert import ShareBertForMaskedLM, ShareBertForSequenceClassification, ShareBertModel
 from sharebert.formats.model_folder import load_config, load_model
 from sharebert.formats.paths import data_path, default_vocab
 from sharebert.training.finetune import FinetuneArgs, finetune
+from sharebert_runtime.main import main
 
 SHAPE = dict(
     hidden_size=64,
@@ -142,9 +142,8 @@ def test_finetune_converts_a_bert_folder_to_sharebert_when_asked(bert_dirs, tmp_
 def test_export_of_a_bert_folder_runs_at_full_depth_and_says_why(bert_dirs, tmp_path, capsys):
     """A transformers BERT has no forward(depth=) to check a gated graph against: its artifact has no depth
     input, the manifest says why, and asking for a depth is refused in one line quoting that reason."""
-    from sharebert_runtime import Runtime
-
     from sharebert.export.exporter import export_model
+    from sharebert_runtime import Runtime
 
     manifest = export_model(
         bert_dirs["mlm"][0], tmp_path / "art", check_limit=8, runs=2, progress=False, shapes=("1x64",)

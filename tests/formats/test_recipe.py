@@ -6,7 +6,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from sharebert_runtime.pooling import POOLING_MODES
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
 from sharebert.formats.paths import default_vocab
@@ -18,6 +17,7 @@ from sharebert.formats.recipe import (
     read_recipe,
     write_recipe,
 )
+from sharebert_runtime.pooling import POOLING_MODES
 
 TANH, IDENTITY = "torch.nn.modules.activation.Tanh", "torch.nn.modules.linear.Identity"
 TEXTS = ["a short one", "a rather longer sentence with quite a few more words in it", "mid length text here"]
@@ -260,9 +260,9 @@ def test_exported_recipe_embeds_as_sentence_transformers(bert_folder, tmp_path, 
     SentenceTransformer(folder).encode gives; overrides pool the token states as deploy.pooling says."""
     from sentence_transformers import SentenceTransformer
 
+    from sharebert.export.exporter import export_model
     from sharebert_runtime import Runtime
     from sharebert_runtime.pooling import l2_normalize, pool
-    from sharebert.export.exporter import export_model
 
     folder = _copy(bert_folder[0], tmp_path / "st")
     rng = np.random.default_rng(2)

@@ -3,11 +3,11 @@
 import json
 
 import pytest
-from sharebert_runtime.main import main
 
 from sharebert import PRESETS, ShareBertConfig, ShareBertForMaskedLM
 from sharebert.formats.build import config_for_vocab
 from sharebert.model.shape import parse_overrides
+from sharebert_runtime.main import main
 
 
 @pytest.mark.parametrize(

@@ -234,7 +234,7 @@ IDS = [[101, 2023, 2003, 1037, 3231, 102, 0], [101, 7592, 2088, 999, 2204, 2154,
 
 
 EMBED_TEXTS = ["a good film", "the capital of france is paris .", "short"]
-REMOTE_SCRIPT = """
+REMOTE_SCRIPT = f"""
 import json, sys, torch, transformers
 try:
     import sharebert
@@ -243,7 +243,7 @@ except ImportError:
     pass
 from sentence_transformers import SentenceTransformer
 folders, texts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-ids = torch.tensor({ids!r})
+ids = torch.tensor({IDS!r})
 out = {{}}
 for name, auto in (("portable", "AutoModelForMaskedLM"), ("hub", "AutoModelForSequenceClassification"),
                    ("resaved", "AutoModelForSequenceClassification")):
@@ -255,7 +255,7 @@ model = SentenceTransformer(folders["embedder"], device="cpu", trust_remote_code
 out["embedder"] = model.encode(texts, convert_to_numpy=True).tolist()
 out["loaded"] = sorted(m for m in sys.modules if m.split(".")[0] == "sharebert")
 print(json.dumps(out))
-""".format(ids=IDS)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -266,9 +266,9 @@ def remote(tmp_path_factory):
     in ONE process where ``import sharebert`` fails (one interpreter start instead of three); ``outputs``: what
     it saw (``loaded``: the sharebert modules it imported, after all three loads)."""
     from sharebert import ShareBertConfig, ShareBertForSequenceClassification, ShareBertModel
+    from sharebert.formats.recipe import DenseLayer, EmbeddingRecipe, write_recipe
     from sharebert.model.modeling_sharebert import AUTO_CLASSES
     from sharebert.model.portable import make_portable
-    from sharebert.formats.recipe import DenseLayer, EmbeddingRecipe, write_recipe
 
     root = tmp_path_factory.mktemp("remote")
     folders = {name: root / name for name in ("portable", "hub", "embedder", "resaved")}
@@ -387,6 +387,7 @@ def test_push_to_hub_of_a_portable_model_uploads_its_code(remote, tmp_path, monk
     its ``auto_map`` names (written before transformers uploads the folder). The Hub is out of reach
     in tests: huggingface_hub's repo creation and commit, as transformers calls them, record what they are given."""
     import transformers.utils.hub as hub
+
     from sharebert import ShareBertForSequenceClassification
     from sharebert.model.portable import FILES, portable_source
 
@@ -411,8 +412,8 @@ def test_push_to_hub_of_a_portable_model_uploads_its_code(remote, tmp_path, monk
 def test_export_of_a_portable_folder_leaves_its_auto_map_behind(remote, tmp_path):
     """The artifact of a portable folder carries no ``auto_map`` (it has no .py files to name) and
     runs in the device runtime."""
-    from sharebert_runtime.main import main
     from sharebert_runtime import Runtime
+    from sharebert_runtime.main import main
 
     assert (
         main(
@@ -563,9 +564,9 @@ def test_lora_adapts_the_generated_weights_trains_only_adapters_merges_and_expor
     ],
 )
 def test_lora_config_refusals_name_the_problem(config, said):
-    import sharebert
     from transformers import BertConfig
 
+    import sharebert
     from sharebert import ShareBertConfig
 
     cfg = BertConfig() if config == "bert" else ShareBertConfig.from_preset("sharebert-tiny", **TINY | config)
@@ -580,8 +581,8 @@ def test_sentence_transformers_loads_a_sharebert_embedding_folder_as_the_artifac
     (the ``remote`` fixture's)."""
     from sentence_transformers import SentenceTransformer
 
-    from sharebert_runtime import Runtime
     from sharebert.export.exporter import export_model
+    from sharebert_runtime import Runtime
 
     folder, texts = remote["embedder"], EMBED_TEXTS
     local = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
@@ -606,8 +607,8 @@ def test_export_optimize_fuses_keeps_depth_and_equals_the_plain_artifact(mlm_dir
     import onnx
     import onnxruntime as ort
 
-    from sharebert_runtime.artifact import MODEL
     from sharebert.export.exporter import export_model
+    from sharebert_runtime.artifact import MODEL
 
     plain = json.loads((artifact_of("fp32 fill-mask") / "manifest.json").read_text())
     fused = export_model(mlm_dir, tmp_path / "fused", optimize=True, task="fill-mask", **QUICK_EXPORT)
@@ -673,8 +674,8 @@ def test_ort_transformer_optimizer_writes_a_valid_model_with_the_artifacts_outpu
     import onnx
     import onnxruntime as ort
 
-    from sharebert_runtime.artifact import DEPTH, MODEL
     from sharebert.export import session_options
+    from sharebert_runtime.artifact import DEPTH, MODEL
 
     folder = artifact_of(kind)
     optimized = _ort_optimize(str(folder / MODEL), call)

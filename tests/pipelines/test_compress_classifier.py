@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+
 from sharebert_runtime.main import main
 
 EVAL, STEPS, SENTENCES, MAX_PARAMS = 120, 6, 200, 2_500_000
@@ -88,10 +89,9 @@ def classifier_run(tmp_path_factory):
 
 def _artifact_accuracy(artifact, rows):
     """Accuracy of an artifact on the first ``rows`` SST-2 dev examples, counted here from its answers."""
-    from sharebert_runtime import Runtime
-
     from sharebert.formats.paths import data_path
     from sharebert.training.glue import read_split
+    from sharebert_runtime import Runtime
 
     split = read_split("sst2", data_path("glue", "SST-2"), "dev").head(rows)
     answers = Runtime(artifact).classify(split.text_a)

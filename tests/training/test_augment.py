@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_distill import STUDENT, teacher_dir  # noqa: F401  (the fixture)
 from transformers import BertTokenizerFast
 
 from sharebert.formats.build import build_model
@@ -15,8 +16,6 @@ from sharebert.training.augment import IGNORE_LABEL, augment, nearest_words, wor
 from sharebert.training.distill import DistillArgs, DistillWeights, distill_glue, hard_loss
 from sharebert.training.encoded import encode
 from sharebert.training.glue import get_task, read_split
-
-from test_distill import STUDENT, teacher_dir  # noqa: F401  (the fixture)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from sharebert.formats.model_folder import load_tokenizer
 from sharebert.formats.paths import data_path, default_vocab
 from sharebert.formats.tokenization import hf_tokenizer
 from sharebert.training.corpus import (
@@ -17,7 +18,6 @@ from sharebert.training.corpus import (
     read_text,
     strip_wiki_markup,
 )
-from sharebert.formats.model_folder import load_tokenizer
 from sharebert_runtime.textlines import PIECE_CHARS, resolve_sources
 
 ENWIKI = data_path("enwiki-sample")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from sharebert_runtime.main import main
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
 from sharebert.formats.build import build_model
@@ -21,6 +20,7 @@ from sharebert.training.distill import DistillArgs, distill_glue, layer_map, pai
 from sharebert.training.evaluate import evaluate_glue
 from sharebert.training.finetune import load_classifier
 from sharebert.training.glue import get_task
+from sharebert_runtime.main import main
 
 TINY4 = dict(
     hidden_size=64,

@@ -2,8 +2,8 @@
 bad input."""
 
 import json
-import shutil
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -11,10 +11,9 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
 from sharebert.formats.build import build_model, config_for_vocab
-from sharebert_runtime.main import main
 from sharebert.formats.model_folder import load_model
+from sharebert.formats.paths import data_path, default_vocab
 from sharebert.model.modeling_sharebert import ShareBertForSequenceClassification
-from sharebert.formats.paths import default_vocab
 from sharebert.training.distill import (
     PROJECTIONS_FILE,
     DistillArgs,
@@ -29,7 +28,7 @@ from sharebert.training.distill import (
 )
 from sharebert.training.encoded import encode, predict_logits
 from sharebert.training.glue import get_task, read_split
-from sharebert.formats.paths import data_path
+from sharebert_runtime.main import main
 
 SHAPE = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64

@@ -9,8 +9,8 @@ import torch
 from scipy import stats
 
 from sharebert.formats.build import build_model
-from sharebert_runtime.main import main
 from sharebert.formats.paths import data_path, default_vocab
+from sharebert.model.configuration_sharebert import ShareBertConfig
 from sharebert.training import metrics as M
 from sharebert.training.encoded import encode, label_map, mean_embedding_norm, predict_logits
 from sharebert.training.evaluate import (
@@ -24,9 +24,9 @@ from sharebert.training.evaluate import (
     word_analogy,
     word_similarity,
 )
-from sharebert.model.configuration_sharebert import ShareBertConfig
 from sharebert.training.finetune import load_classifier
 from sharebert.training.glue import get_task, read_split
+from sharebert_runtime.main import main
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 VOCAB = [t for t in default_vocab().read_text(encoding="utf-8").split("\n") if t]

@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pytest
 from scipy import stats
-from sharebert_runtime.main import main
 
 from sharebert.formats.build import build_model
 from sharebert.formats.paths import data_path
@@ -18,6 +17,7 @@ from sharebert.training.encoded import encode, predict_logits
 from sharebert.training.evaluate import evaluate_glue, load_finetuned
 from sharebert.training.finetune import FinetuneArgs, finetune
 from sharebert.training.glue import read_split
+from sharebert_runtime.main import main
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from sharebert_runtime.main import main
 from transformers import TrainerCallback
 
 from sharebert.formats.build import build_model
 from sharebert.formats.paths import data_path
 from sharebert.training.callbacks import MARKER, checkpoints, is_complete, latest_checkpoint
 from sharebert.training.pretrain import NonFiniteLoss, PretrainArgs, param_digest, pretrain
+from sharebert_runtime.main import main
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 ARGS = dict(

@@ -5,12 +5,12 @@ import json
 import re
 
 import pytest
-from sharebert_runtime.main import main
 
 from sharebert.accounting.curves import _series, read_log
 from sharebert.formats.build import build_model
 from sharebert.formats.paths import data_path
 from sharebert.training.finetune import FinetuneArgs, finetune
+from sharebert_runtime.main import main
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 PNG = b"\x89PNG\r\n\x1a\n"

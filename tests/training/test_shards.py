@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from sharebert_runtime.main import main
-from sharebert_runtime.outdir import OutLock
 from sharebert.formats.paths import data_path, default_vocab
 from sharebert.formats.tokenization import hf_tokenizer
 from sharebert.training import shards
 from sharebert.training.corpus import encode_sources, pack
 from sharebert.training.shards import MANIFEST, PROGRESS, Interrupted, StreamBlocks, TokenStream, prepare, read_manifest
+from sharebert_runtime.main import main
+from sharebert_runtime.outdir import OutLock
 
 REPO = Path(__file__).resolve().parents[2]
 WIKI = data_path("wikitext-2-raw", "wiki.valid.raw")
