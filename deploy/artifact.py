@@ -44,7 +44,10 @@ PAST, PRESENT = "past_key_values.", "present."  # a causal LM's cache inputs and
 # (no inputs; outputs the learned tensors and the generated weights, computed once at load) and the ORT-format
 # compute graph stored without the bytes of those tensors (ORT format has no external data): the runtime writes
 # the generator's outputs into the listed holes (`ort.holes`: offset, bytes, output) and opens the result.
-MODEL_FORMATS = ("onnx", "ort")
+# Web artifacts (`sharebert export --format web`, export/web_format.py): transformers.js' layout, the graph in
+# onnx/ (the manifest's `web.model`), no depth input; format_version 1 (the runtime opens it as it opens model.onnx).
+MODEL_FORMATS = ("onnx", "ort", "web")
+WEB_DIR = "onnx"
 ORT_FORMAT_VERSION = 2
 READABLE_VERSIONS = (FORMAT_VERSION, ORT_FORMAT_VERSION)
 ORT_GENERATOR, ORT_COMPUTE = "model.generator.ort", "model.compute.ort.part"
@@ -245,6 +248,12 @@ def model_files(manifest: dict, path: Path = Path(MANIFEST)) -> list[str]:
         bad("model_format", f"{kind!r} is not one of {', '.join(MODEL_FORMATS)}")
     if kind == "onnx":
         return [MODEL]
+    if kind == "web":
+        entry = manifest.get("web")
+        model = entry.get("model") if isinstance(entry, dict) else None
+        if not (isinstance(model, str) and model.startswith(WEB_DIR + "/") and model.count("/") == 1):
+            bad("web", f"must name its graph as {WEB_DIR}/<file>")
+        return [model]
     if manifest.get("format_version") != ORT_FORMAT_VERSION:
         bad(
             "format_version",

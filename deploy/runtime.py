@@ -39,6 +39,7 @@ from .artifact import (
     depth_limit,
     model_config,
     model_feeds,
+    model_files,
     open_ort_format,
     product_rows,
     quantize_per_channel,
@@ -156,7 +157,7 @@ class Runtime:
         elif ram == "int8":
             self.session = self._load_int8()
         else:
-            self.session = _open_session(self.path / MODEL, self._options(), self.providers)
+            self.session = _open_session(self.path / model_files(self.manifest)[0], self._options(), self.providers)
         self.inputs = [i for i in self.session.get_inputs() if i.name not in self._int8_inputs]
         self.input_names = [i.name for i in self.inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]

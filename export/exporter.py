@@ -408,6 +408,11 @@ def _check_modes(o: ExportOptions, task: str) -> None:
             f"convert model.onnx with python -m onnxruntime.tools.convert_onnx_models_to_ort"
         )
     if o.optimize and (quantize != "none" or o.format != "onnx" or task == "causal-lm"):
+    if o.format == "web" and (quantize not in ("none", "int8") or task == "causal-lm"):
+        raise ValueError(
+            f"--format web is checked with onnxruntime-web for encoders at --quantize none or int8 (weight-only, "
+            f"onnx/model_quantized.onnx); got --quantize {quantize}, --task {task}"
+        )
         raise ValueError(
             f"--optimize applies ONNX Runtime's fp32 encoder fusions: it needs --quantize none, --format onnx "
             f"and an encoder task (got --quantize {quantize}, --format {o.format}, --task {task})"

@@ -40,9 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--format",
         default="onnx",
-        metavar="onnx|ort",
+        metavar="onnx|ort|web",
         help="onnx (default): model.onnx; ort: ORT-format graphs for ONNX Runtime mobile / minimal builds "
-        "(weight generation kept in the graph) and their required_operators.config (docs/DEVICE.md)",
+        "(weight generation kept in the graph) and their required_operators.config (docs/DEVICE.md); "
+        "web: a folder transformers.js loads as a Hub model (onnx/model_quantized.onnx for int8; docs/DEVICE.md)",
     )
     p.add_argument(
         "--optimize",

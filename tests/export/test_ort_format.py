@@ -204,7 +204,7 @@ def test_ram_int8_is_refused_clearly(mlm):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["--format", "ORT"], "--format must be one of onnx, ort, got 'ORT'"),
+        (["--format", "ORT"], "--format must be one of onnx, ort, web, got 'ORT'"),
         (["--format", "ort "], "--format must be one of"),
         (["--format", "ort-format"], "--format must be one of"),
         (["--format", ""], "--format must be one of"),

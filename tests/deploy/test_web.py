@@ -1,0 +1,254 @@
+"""`sharebert export --format web` in JavaScript: transformers.js in Node (examples/web/node.mjs, onnxruntime-node)
+gives the Python runtime's embeddings, labels and token ids on the same folder.
+
+The `web` tier (`make test-web`: `npm ci` in examples/web from its lock, then `pytest -m web`); skipped, in one line,
+where node or examples/web/node_modules is missing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from sharebert.export.exporter import export_model
+from sharebert.formats.build import build_model
+from sharebert.formats.paths import data_path
+from sharebert_runtime import Runtime
+from sharebert_runtime.artifact import MANIFEST
+
+pytestmark = [pytest.mark.web, pytest.mark.slow]
+
+WEB = Path(__file__).resolve().parents[2] / "examples" / "web"
+NODE_TIMEOUT_S = 300  # a hung process fails the test instead of hanging the suite
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=2,
+    embedding_size=16,
+    max_position_embeddings=64,
+)
+QUICK = dict(check_limit=16, runs=3, progress=False, shapes=("1x16",))
+SENTENCES = 50
+HOSTILE = [
+    "",
+    "x" * 10_000,
+    "a good film . " * 770,  # 10,010 characters, far past the maximum length
+    "😀 🎬👍🏽 👨‍👩‍👧‍👦 great !!",
+    "mixed 中文 العربية русский ελληνικά עברית हिन्दी ไทย 日本語のテキスト",
+    "ctrl\x00\x01\x07\x1b[31m red \x7f end",
+    "tabs\tand\nnewlines\r\nand\x0bvertical\x0cfeed",
+    "zero\u200bwidth\u200cjoiner\u200d and \ufeffbom",
+    "nbsp\u00a0and\u2028line\u2029para",
+    "café naïve résumé Ångström",
+    "combining e\u0301 a\u0308 o\u0302",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝓶𝓪𝓽𝓱 𝟙𝟚𝟛",
+    "[CLS] [SEP] [MASK] [PAD] [UNK]",
+    "<script>alert('x')</script> & &amp; \"quoted\"",
+    "   ",
+    "ALL CAPS SHOUTING AND MiXeD CaSe",
+    "numbers 3.14159 1,000,000 -42 1e10 0x1f",
+    "url https://example.com/a?b=c&d=e#f and mail a.b@c.de",
+    "İstanbul ı ß ﬁ ﬀ Ⅻ ①",
+    "supercalifragilisticexpialidocious" * 5,
+]
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the web tier needs Node 20 and `npm ci` in examples/web")
+    if not (WEB / "node_modules" / "@huggingface" / "transformers").is_dir():
+        pytest.skip("examples/web/node_modules is missing: run `make test-web` (npm ci from examples/web's lock)")
+    return node
+
+
+def _sentence_model(folder: Path) -> None:
+    """A tiny ShareBERT sentence model: mean pooling, a Dense layer with tanh, normalisation, lower-casing."""
+    from sharebert import ShareBertModel
+    from sharebert.formats.recipe import DenseLayer, EmbeddingRecipe, write_recipe
+
+    build_model("sharebert-tiny", folder, TINY, seed=0)
+    ShareBertModel.from_pretrained(folder).save_pretrained(folder)
+    rng = np.random.default_rng(0)
+    w, b = rng.normal(size=(24, 64)).astype(np.float32) * 0.2, rng.normal(size=24).astype(np.float32)
+    tanh = DenseLayer("", 64, 24, True, "torch.nn.modules.activation.Tanh")
+    write_recipe(folder, EmbeddingRecipe("mean", True, (tanh,), 48, True), [(w, b)])
+
+
+def _classifier(folder: Path, sentences: list[str]) -> None:
+    """A tiny ShareBERT classifier (random head) whose bias puts the widest gap between the middle half of the
+    sentences' margins at zero: both labels occur, no sentence on the fence."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from sharebert import ShareBertForSequenceClassification
+
+    build_model("sharebert-tiny", folder, TINY, seed=1)
+    labels = {0: "negative", 1: "positive"}
+    model = ShareBertForSequenceClassification.from_pretrained(
+        folder, num_labels=2, id2label=labels, label2id={v: k for k, v in labels.items()}
+    ).eval()
+    enc = AutoTokenizer.from_pretrained(folder)(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**enc).logits
+    margins = np.sort((logits[:, 1] - logits[:, 0]).numpy())
+    middle = margins[len(margins) // 4 : 3 * len(margins) // 4]
+    gap = int(np.argmax(np.diff(middle)))
+    with torch.no_grad():
+        model.classifier.bias[1] -= float(middle[gap] + middle[gap + 1]) / 2
+    model.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def texts() -> dict:
+    lines = data_path("glue", "SST-2", "dev.tsv").read_text(encoding="utf-8").splitlines()[1 : SENTENCES + 1]
+    return {"sentences": [line.split("\t")[0].strip() for line in lines], "hostile": HOSTILE}
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory, texts, minilm_dir):
+    """The web folders under one models root (the student and the all-MiniLM-L6-v2 teacher, int8, the student's int8
+    artifact beside; the classifier, fp32) and ``run(name) -> node.mjs's report``."""
+    node = _node()
+    root = tmp_path_factory.mktemp("web")
+    models = root / "models"
+    _sentence_model(root / "student")
+    _classifier(root / "classifier", texts["sentences"])
+    export_model(root / "student", root / "student_int8", quantize="int8", **QUICK)
+    for name, source in (("student", root / "student"), ("teacher", minilm_dir)):
+        export_model(source, models / name, quantize="int8", format="web", **QUICK)
+    # fp32 (onnx/model.onnx): the random head's margins are within int8's rounding of PyTorch's
+    export_model(root / "classifier", models / "classifier", format="web", **QUICK)
+    (root / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
+    reports = {}
+
+    def run(name: str) -> dict:
+        if name not in reports:
+            out = root / f"{name}.json"
+            done = subprocess.run(
+                [node, "node.mjs", "--models", str(models), "--model", name, "--texts", str(root / "texts.json")]
+                + ["--out", str(out)],
+                cwd=WEB,
+                capture_output=True,
+                text=True,
+                timeout=NODE_TIMEOUT_S,
+            )
+            assert done.returncode == 0, done.stderr[-2000:]
+            reports[name] = json.loads(out.read_text(encoding="utf-8"))
+        return reports[name]
+
+    return {"root": root, "models": models, "run": run, "node": node}
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def test_the_folder_is_transformers_js_layout_within_a_tenth_of_the_int8_artifact(web):
+    folder = web["models"] / "student"
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
+        "config.json",
+        MANIFEST,
+        "onnx/model_quantized.onnx",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["model_type"], config["sharebert_model_type"]) == ("bert", "sharebert")
+    assert config["transformers.js_config"] == {"dtype": "q8"}
+    assert config["sharebert"]["embedding"]["normalize"] is True
+    graph = onnx.load(str(folder / "onnx" / "model_quantized.onnx")).graph
+    assert [i.name for i in graph.input] == ["input_ids", "attention_mask", "token_type_ids"]  # no depth
+    assert {n.op_type for n in graph.node}.isdisjoint({"If", "DequantizeLinear"})
+    assert _folder_bytes(folder) <= 1.1 * _folder_bytes(web["root"] / "student_int8")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["web"]["parity_vs_onnx"]["max_abs_diff"] <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["student", "teacher"])
+def test_node_embeddings_and_token_ids_are_the_python_runtimes(web, texts, name):
+    report = web["run"](name)
+    runtime = Runtime(web["models"] / name)
+    want = np.array(runtime.embed(texts["sentences"]), dtype=np.float64)
+    got = np.array(report["embeddings"], dtype=np.float64)
+    assert got.shape == want.shape and np.isfinite(got).all()
+    cosine = (want * got).sum(1) / np.linalg.norm(want, axis=1) / np.linalg.norm(got, axis=1)
+    assert cosine.min() >= 0.999, cosine.min()
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # the recipe's Normalize, in the graph
+    lower = runtime.manifest["embedding"]["do_lower_case"]  # embed() lower-cases before the tokenizer, as node.mjs
+    ids, _ = runtime._tokenized([t.lower() if lower else t for t in texts["sentences"] + texts["hostile"]])
+    assert report["token_ids"] + report["hostile_token_ids"] == ids
+    if name == "teacher":  # mean pooling and Normalize only: the pipeline's own options reproduce the recipe
+        pipeline = np.array(report["pipeline_embeddings"], dtype=np.float64)
+        assert np.isfinite(pipeline).all()
+        assert ((want * pipeline).sum(1) / np.linalg.norm(pipeline, axis=1)).min() >= 0.999
+
+
+def test_node_classifier_labels_are_the_python_runtimes(web, texts):
+    report = web["run"]("classifier")
+    want = [p["label"] for p in Runtime(web["models"] / "classifier").classify(texts["sentences"])]
+    assert report["labels"] == want
+    assert report["pipeline_labels"] == want
+    assert len(set(want)) == 2  # both labels occur: equal labels are not a constant answer
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "absent"], "is not a folder"),
+        (["--model", "student", "--texts", "/nonexistent.json"], "/nonexistent.json"),
+        (["--model"], "usage: node node.mjs"),
+    ],
+)
+def test_node_bad_input_is_one_line_and_exit_2(web, args, message):
+    base = {"--models": str(web["models"]), "--texts": str(web["root"] / "texts.json"), "--out": "/dev/null"}
+    given = dict(zip(args[::2], args[1::2]))
+    argv = [x for k, v in {**base, **given}.items() for x in (k, v)] if len(args) % 2 == 0 else args
+    done = subprocess.run(
+        [web["node"], "node.mjs", *argv], cwd=WEB, capture_output=True, text=True, timeout=NODE_TIMEOUT_S
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and message in done.stderr and done.stderr.startswith("node.mjs: error:")
+
+
+def test_a_folder_that_is_no_web_export_is_refused_in_one_line(web):
+    models = web["root"] / "plain"
+    models.mkdir(exist_ok=True)
+    if not (models / "student_int8").exists():
+        (models / "student_int8").symlink_to(web["root"] / "student_int8")
+    done = subprocess.run(
+        [web["node"], "node.mjs", "--models", str(models), "--model", "student_int8"]
+        + ["--texts", str(web["root"] / "texts.json"), "--out", "/dev/null"],
+        cwd=WEB,
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT_S,
+    )
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and 'has no "sharebert" entry' in done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--quantize", "int8-dynamic"], "--format web is checked with onnxruntime-web"),
+        (["--quantize", "fp16"], "got --quantize fp16"),
+        (["--optimize"], "--optimize applies ONNX Runtime's fp32 encoder fusions"),
+    ],
+)
+def test_web_export_of_what_was_not_checked_is_one_line_exit_2(tmp_path, capsys, argv, fragment):
+    from sharebert_runtime.main import main
+
+    _sentence_model(tmp_path / "model")
+    code = main(
+        ["export", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "web"), "--format", "web", *argv]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and err.count("\n") == 1, err
+    assert not (tmp_path / "web").exists()
