@@ -49,6 +49,7 @@ from .artifact import (
 )
 from .memory import give_back, settle
 from .pooling import check_mode, l2_normalize, pool
+from .untrusted import TOKENIZER_BYTES, check_size
 
 RAM_MODES = ("auto", "fp32", "int8")
 # ONNX Runtime's intra-op threads: more than a machine has cores only slows it; 10**9 was a std::bad_alloc at load
@@ -702,6 +703,10 @@ def _width_fits(task: str, width, config: dict, mask_id) -> bool:
 
 
 def _load_tokenizer(path: Path) -> Tokenizer:
+    try:  # by its size first: the tokenizers library holds ~5x a file's bytes while it parses it
+        check_size(path, path.stat().st_size, TOKENIZER_BYTES)
+    except ValueError as e:
+        raise ArtifactError(str(e)) from None
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the tokenizers library raises its own base Exception

@@ -24,7 +24,9 @@ from pathlib import Path
 from .options import symlink_loop
 
 JSON_BYTES = 16 << 20  # a config, recipe, tokenizer settings or metrics file; a manifest with its checksums
-TOKENIZER_BYTES = 512 << 20  # tokenizer.json, vocab.txt, merges: a 250k-token multilingual vocabulary is ~20 MB
+# tokenizer.json, vocab.txt, merges: a 250k-token multilingual vocabulary is ~20 MB, Gemma's 256k tokens 34 MB. The
+# tokenizers library holds about 5x a tokenizer.json's bytes while it parses one: a 400 MB file reached 2.1 GB
+TOKENIZER_BYTES = 64 << 20
 RESULT_JSON_BYTES = 256 << 20  # the JSON files our runs write (trainer state, logs, reports)
 
 _KINDS = (
@@ -72,13 +74,25 @@ def optional_file(path: str | Path, what: str = "") -> Path | None:
     return Path(path)
 
 
+def size_text(size: int) -> str:
+    """A file size in words: bytes below 1 MB, else MB (as a user reads ``ls -lh``)."""
+    return f"{size} bytes" if size < 1 << 20 else f"{size / (1 << 20):,.1f} MB"
+
+
+def check_size(path: str | Path, size: int, limit: int, what: str = "") -> None:
+    """``ValueError`` "<file> has N MB, more than the M MB such a file may hold" when ``size`` exceeds ``limit``: the
+    one wording of every cap, said before anything is read."""
+    if size > limit:
+        raise ValueError(
+            f"{_label(Path(path), what)} has {size_text(size)}, more than the {size_text(limit)} such a file may hold"
+        )
+
+
 def read_bytes(path: str | Path, what: str = "", limit: int = JSON_BYTES) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them (a larger file is refused by its size,
     unread). Opened non-blocking and checked again after opening: a FIFO never blocks."""
     path = Path(path)
-    size = regular_file(path, what)
-    if size > limit:
-        raise ValueError(f"{_label(path, what)} has {size} bytes, more than the {limit} such a file may hold")
+    check_size(path, regular_file(path, what), limit, what)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:

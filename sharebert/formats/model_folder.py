@@ -20,6 +20,7 @@ from sharebert_runtime.untrusted import (
     JSON_BYTES,
     TOKENIZER_BYTES,
     bool_field,
+    check_size,
     int_field,
     number_field,
     optional_file,
@@ -404,11 +405,7 @@ def _check_tokenizer_files(model_dir: Path) -> None:
 
     present = {name for name in TOKENIZER_FILES if optional_file(model_dir / name, "a tokenizer file") is not None}
     for name in present - {"tokenizer_config.json", "tokenizer.json"}:
-        size = regular_file(model_dir / name, "a tokenizer file")
-        if size > TOKENIZER_BYTES:
-            raise ValueError(
-                f"{model_dir / name} has {size} bytes, more than the {TOKENIZER_BYTES} a tokenizer file may hold"
-            )
+        check_size(model_dir / name, regular_file(model_dir / name, "a tokenizer file"), TOKENIZER_BYTES)
     settings = model_dir / "tokenizer_config.json"
     if "tokenizer_config.json" in present:
         read_json(settings, limit=JSON_BYTES)  # refused as "<path> is not valid JSON", as config.json is

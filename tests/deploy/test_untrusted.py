@@ -69,7 +69,7 @@ NOT_FILES = {  # what stands under a listed name -> the words of its refusal
     "dev-urandom": (lambda p: p.symlink_to("/dev/urandom"), "character device"),
     "folder": (lambda p: p.mkdir(), "a folder"),
     "dangling-link": (lambda p: p.symlink_to(p.parent / "nowhere"), "link to a missing file"),
-    "huge": (_huge, "bytes, more than"),
+    "huge": (_huge, "more than"),
 }
 BAD_JSON = {
     "syntax": (b'{"a": 1,', "not valid JSON"),
@@ -220,6 +220,19 @@ def test_a_manifest_that_is_not_a_regular_file_of_json_is_refused_naming_it(tmp_
     error = _bounded(lambda: verify_artifact(tmp_path))  # a link to a device also leads outside the artifact
     assert isinstance(error, ArtifactError) and str(path) in str(error), error
     assert words in str(error) or (kind.startswith("dev-") and "leads outside" in str(error)), error
+
+
+def test_a_large_tokenizer_json_is_refused_by_its_size_before_it_is_read(tokenizer_folder, tmp_path):
+    """A valid tokenizer.json padded to 400 MB was read whole (2.1 GB while the tokenizers library parsed it) and
+    then called damaged: MemoryError. Refused by its size, unread (a sparse file: no disk, no time)."""
+    from sharebert_runtime.untrusted import TOKENIZER_BYTES
+
+    folder = _copy(tokenizer_folder, tmp_path / "m")
+    with open(folder / "tokenizer.json", "r+b") as f:
+        f.truncate(400 << 20)
+    with pytest.raises(ValueError, match=r"tokenizer.json \(the tokenizer\) has 400.0 MB, more than the 64.0 MB"):
+        _check_tokenizer_files(folder)
+    assert 20 << 20 < TOKENIZER_BYTES < 400 << 20  # a 250k-token vocabulary (~20 MB) fits
 
 
 def test_json_files_have_a_cap_and_it_is_named():
