@@ -56,6 +56,12 @@ def add_arguments(p):
         "--max-steps", type=opt.positive_int, help="stop after N optimizer steps (default: --max-time decides)"
     )
     p.add_argument(
+        "--allow-untrained",
+        action="store_true",
+        help="run even when the plan leaves --max-time too few steps for a trained student (refused otherwise, "
+        "naming the smallest --max-time that would do; an encoder teacher)",
+    )
+    p.add_argument(
         "--train",
         type=opt.path,
         nargs="+",
@@ -170,7 +176,7 @@ def run(args) -> int:
 
     from sharebert_runtime.outdir import run_lock
 
-    from ..pipelines.compress import TimeBudget, compress
+    from ..pipelines.compress import compress
     from ..pipelines.compress_classifier import compress_classifier
     from ..training.callbacks import SignalCheckpoint, StopRequested
 
@@ -203,7 +209,7 @@ def run(args) -> int:
                     overwrite=args.overwrite,
                     resume=args.resume,
                     eval_pairs=args.eval_pairs,
-                    budget=TimeBudget(args.max_time, start=started) if args.max_time else None,
+                    budget=_budget(args, started),
                     portable=args.portable,
                     keep_work=args.keep_work,
                     stopper=stopper,
@@ -220,6 +226,19 @@ def run(args) -> int:
     _print_result(r)
     print(f"report.md, report.json, report.png -> {args.out}")
     return 0
+
+
+def _budget(args, started: float):
+    """The whole command's ``TimeBudget`` (None without --max-time): its plan refuses fewer steps than a trained
+    student takes, unless --allow-untrained or --max-steps (the user's own count) says otherwise."""
+    from ..pipelines.compress import TimeBudget, trained_steps
+
+    if not args.max_time:
+        return None
+    budget = TimeBudget(args.max_time, start=started)
+    if not (args.allow_untrained or args.max_steps):
+        budget.min_steps = trained_steps(args.batch_size)
+    return budget
 
 
 def _limits(args) -> dict:

@@ -36,6 +36,7 @@ from pathlib import Path
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import (
     MARK,
+    OutLock,
     atomic_output,
     check_out_dir,
     check_same_run,
@@ -106,6 +107,9 @@ class TimeBudget:
         self.exports = 2  # the student's and the teacher's; 1 once the teacher's is made before training
         self.cached_sentences = 0  # of after_sentences, those whose teacher vectors an earlier run left in the cache
         self.planned_steps = None  # the plan's steps (:meth:`plan`), for the report's verdict
+        self.min_steps = (
+            None  # fewer planned steps are refused (:class:`BudgetTooSmall`); None: any (--allow-untrained)
+        )
 
     def left(self) -> float:
         import time
@@ -130,6 +134,8 @@ class TimeBudget:
         n = int(min(available, max(4 * batch, rate * max(spend, 0.0) / 3)))
         train = max(spend - n / rate, 1.0)
         self.planned_steps = int(train / step)
+        if self.min_steps is not None and self.planned_steps < self.min_steps:
+            raise BudgetTooSmall(self._too_small(available, rate, step, batch, train))
         self.say(
             f"plan for --max-time {self.seconds:.0f} s ({self.left():.0f} s left): the teacher's vectors for "
             f"{n:,} of {available:,} sentences (~{n / rate:.0f} s at {rate:.0f} sentences/s), then about "
@@ -147,6 +153,31 @@ class TimeBudget:
         """The training clock, set when training starts: what is left less the end's :meth:`reserve`."""
         return max(1.0, self.left() - self.reserve())
 
+    def smallest(self, available: int, rate: float, step: float, batch: int) -> int:
+        """The least ``--max-time`` (whole 10 s) whose plan gives :attr:`min_steps` steps, from what was measured:
+        the seconds spent so far, the end's :meth:`reserve`, and the teacher's pass that such a plan makes
+        (a third of what the end leaves, at least ``4 * batch`` sentences, at most ``available``)."""
+        import math
+
+        spend = self.min_steps * step
+        for _ in range(60):  # spend = training + the pass it sizes; the pass grows a third as fast: converges
+            spend = self.min_steps * step + min(available, max(4 * batch, rate * spend / 3)) / rate
+        return 10 * math.ceil((self.seconds - self.left() + self.reserve() + spend) / 10)
+
+    def _too_small(self, available: int, rate: float, step: float, batch: int, train: float) -> str:
+        return (
+            f"--max-time {self.seconds:.0f} s leaves ~{train:.0f} s of training here, {self.planned_steps:,} steps of "
+            f"{batch} at the {step:.2f} s a step measured, fewer than the {self.min_steps:,} a trained student "
+            f"needs: give --max-time {self.smallest(available, rate, step, batch)} or more (measured here: "
+            f"{self.seconds - self.left():.0f} s spent so far, ~{self.reserve():.0f} s of export and measures to "
+            f"come, the teacher at {rate:.0f} sentences/s), or --max-steps N, or --allow-untrained to run anyway"
+        )
+
+
+class BudgetTooSmall(ValueError):
+    """A ``--max-time`` whose plan leaves fewer steps than :attr:`TimeBudget.min_steps`: refused before the teacher's
+    pass and training, naming the smallest budget that would do (:meth:`TimeBudget.smallest`)."""
+
 
 # The verdict (:func:`search_verdict`). A student is usable for search when it gives the teacher's top-1 answer on
 # at least 9 of 10 of the package's search queries (32 of 35): a user who swaps teacher for student then sees the
@@ -156,6 +187,9 @@ USABLE_SEARCH = 0.9
 # Steps of a batch after which all-MiniLM-L6-v2's 4M student passed USABLE_SEARCH: 2,185 steps of 32 gave 34 of 35,
 # 1,164 gave 30 (docs/RESULTS.md). Measured for that teacher only: the suggested budget says so.
 USEFUL_STEPS, USEFUL_BATCH = 2_200, 32
+# The fewest steps of USEFUL_BATCH a --max-time run must plan unless --allow-untrained (or --max-steps): 400 steps gave
+# that student 0.80-0.97 of the search answers, 30 steps 0.49 (docs/RESULTS.md): below it the student is untrained.
+TRAINED_STEPS = 400
 UNTRAINED_SHARE = 0.5  # a run that took fewer than this share of its planned steps has an untrained student
 
 
@@ -924,35 +958,58 @@ def compress(
     if budget is not None:
         budget.after_sentences = quality_sentences(eval_pairs, eval_limit)
         budget.cached_sentences = cached_quality_sentences(teacher, eval_pairs, eval_limit)
-    report = publish_over(
+    fresh = not out.is_dir() or all(p.name == OutLock.NAME for p in out.iterdir())
+    report = _refused_leaves_nothing(
         out,
-        fp,
-        overwrite,
-        resume,
-        lambda: _compress(
-            teacher,
+        fresh,
+        lambda: publish_over(
             out,
-            student_dir,
-            cand,
-            overrides,
-            limits,
-            args,
-            train,
-            data,
+            fp,
+            overwrite,
             resume,
-            progress,
-            eval_pairs,
-            stopper,
-            say,
-            eval_limit,
-            budget,
-            portable,
-            vocab,
+            lambda: _compress(
+                teacher,
+                out,
+                student_dir,
+                cand,
+                overrides,
+                limits,
+                args,
+                train,
+                data,
+                resume,
+                progress,
+                eval_pairs,
+                stopper,
+                say,
+                eval_limit,
+                budget,
+                portable,
+                vocab,
+            ),
         ),
     )
     if not report.get("stopped") and not keep_work:
         shutil.rmtree(out / WORK, ignore_errors=True)
     return report
+
+
+def _refused_leaves_nothing(out: Path, fresh: bool, run) -> dict:
+    """``run()``; a budget refused at the plan (:class:`BudgetTooSmall`) leaves a folder that held nothing before as
+    empty as it was (the teacher's artifact stays in the cache), so the command run again needs no --overwrite."""
+    try:
+        return run()
+    except BudgetTooSmall:
+        if fresh:
+            _remove_parts(out)
+        raise
+
+
+def trained_steps(batch: int) -> int:
+    """:data:`TRAINED_STEPS` of :data:`USEFUL_BATCH` sentences, in steps of ``batch``."""
+    import math
+
+    return math.ceil(TRAINED_STEPS * USEFUL_BATCH / batch)
 
 
 def publish_student(work: Path, out: Path, portable: bool) -> Path:

@@ -164,6 +164,43 @@ def test_a_teachers_artifact_that_fails_its_manifest_is_exported_again_never_use
     assert len(said) == 1 and f"{damaged}" in said[0] and "1000 bytes" in said[0] and "exported again" in said[0]
 
 
+@pytest.mark.slow
+def test_compress_takes_a_folder_named_masked_lm_and_refuses_a_budget_too_small(
+    minilm_dir, tmp_path, monkeypatch, capsys
+):
+    """all-MiniLM-L6-v2 whose config.json says BertForMaskedLM (no head saved, as many published folders): compress
+    takes it as the sentence encoder it is (its teacher artifact asked for feature-extraction); a --max-time of 5 s,
+    far from the 1,600 steps of 8 a trained student takes, is refused at the plan, before the teacher's pass, naming
+    the smallest budget and --allow-untrained, and the new folder is left as empty as it was (no --overwrite
+    needed to run again)."""
+    import shutil
+
+    from sharebert.pipelines import compress as t
+    from sharebert_runtime.main import main
+
+    asked = []
+
+    def ladder(teacher, out, task, progress, say):  # the real ladder's result, without its minutes of export
+        _hashed_artifact(out, {"model.onnx": b"graph", "tokenizer.json": b"{}"}, quantization="int8")
+        asked.append(task)
+        return "int8", {}
+
+    monkeypatch.setattr(t, "_teacher_ladder", ladder)
+    teacher = tmp_path / "teacher"
+    shutil.copytree(minilm_dir, teacher)
+    config = json.loads((teacher / "config.json").read_text())
+    (teacher / "config.json").write_text(json.dumps({**config, "architectures": ["BertForMaskedLM"]}))
+    out = tmp_path / "out"
+    argv = ["compress", str(teacher), "--out", str(out), "--max-time", "5", "--max-params", "2.5M"]
+    assert main([*argv, "--max-train-samples", "64", "--batch-size", "8"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "fewer than the 1,600 a trained student needs: give --max-time" in err, err
+    assert "or --allow-untrained to run anyway" in err and asked == ["feature-extraction"]
+    assert "exporting the teacher" in captured.out and "teacher's vectors for" not in captured.out
+    assert not out.exists() or {p.name for p in out.iterdir()} <= {".lock"}
+
+
 def test_defaults_fall_back_to_the_packaged_text_without_a_data_folder(tmp_path, monkeypatch):
     from export.exporter import default_check_file
     from sharebert.training.distill_embedding import default_corpus, sts_available
@@ -444,6 +481,40 @@ def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget(monk
     assert small.plan(15000, rate=50.0, step=0.2, batch=32) == 4 * 32
     assert "will overrun it" in said[-1]
     assert TimeBudget(600, start=now).plan(100, rate=50.0, step=0.2, batch=32) == 100  # never more than there is
+
+
+def test_a_budget_too_small_for_a_trained_student_is_refused_naming_the_smallest_that_would_do(monkeypatch):
+    """The plan's steps below min_steps: BudgetTooSmall naming --max-time N, the least whole 10 s whose plan (same
+    measured rate, step and time spent) gives min_steps; N - 10 does not; without min_steps the plan runs."""
+    from sharebert.pipelines.compress import TRAINED_STEPS, USEFUL_BATCH, BudgetTooSmall, TimeBudget, trained_steps
+
+    now = __import__("time").monotonic()
+    monkeypatch.setattr("time.monotonic", lambda: now)  # the clock stands still: the figures follow from the math
+    assert trained_steps(USEFUL_BATCH) == TRAINED_STEPS and trained_steps(16) == 2 * TRAINED_STEPS
+
+    def budget(seconds):
+        b = TimeBudget(seconds, after_sentences=3600, say=lambda _: None, start=now - 100)  # 100 s spent already
+        b.min_steps, b.exports = TRAINED_STEPS, 1
+        return b
+
+    measured = dict(available=15000, rate=50.0, step=0.5, batch=32)
+    with pytest.raises(BudgetTooSmall) as refused:
+        budget(300).plan(**measured)
+    smallest = budget(300).smallest(**measured)
+    message = str(refused.value)
+    assert f"fewer than the {TRAINED_STEPS:,} a trained student needs: give --max-time {smallest} or more" in message
+    assert "100 s spent so far" in message and "--allow-untrained" in message and smallest % 10 == 0
+    # 400 steps of 0.5 s and the pass they size (a third of the spend, 50 sentences a second) after the reserve
+    assert smallest == 10 * -(-(100 + budget(300).reserve() + 1.5 * TRAINED_STEPS * 0.5) // 10)
+    enough = budget(smallest)
+    enough.plan(**measured)
+    assert enough.planned_steps >= TRAINED_STEPS
+    with pytest.raises(BudgetTooSmall):
+        budget(smallest - 10).plan(**measured)
+    untrained = budget(300)
+    untrained.min_steps = None  # --allow-untrained
+    untrained.plan(**measured)
+    assert 0 < untrained.planned_steps < TRAINED_STEPS
 
 
 @pytest.mark.slow
