@@ -70,10 +70,12 @@ def unpack(entry, what: str, where) -> np.ndarray:
 
 
 def choose(lengths: list[int], width: int) -> list[int]:
-    """Which sentences (by index) to store: the first ones of 3 to :data:`MAX_TOKENS` tokens, as many as
-    :data:`SENTENCES` and, for outputs ``width`` numbers wide per sentence, :data:`VECTOR_VALUES` allow."""
+    """Which sentences (by index) to store: the first ones of 3 to :data:`MAX_TOKENS` tokens, then (a file of long
+    sentences) longer ones, which the export cuts to :data:`MAX_TOKENS`; as many as :data:`SENTENCES` and, for
+    outputs ``width`` numbers wide per sentence, :data:`VECTOR_VALUES` allow."""
     keep = min(SENTENCES, max(4, VECTOR_VALUES // max(width, 1)))
-    return [i for i, n in enumerate(lengths) if 3 <= n <= MAX_TOKENS][:keep]
+    short = [i for i, n in enumerate(lengths) if 3 <= n <= MAX_TOKENS]
+    return (short + [i for i, n in enumerate(lengths) if n > MAX_TOKENS])[:keep]
 
 
 def _rows(task: str, input_ids: np.ndarray, mask: np.ndarray, mask_id) -> np.ndarray:

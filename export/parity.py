@@ -277,7 +277,9 @@ def reference_entry(
     chosen = ref.choose(lengths, model.config.hidden_size if task == "feature-extraction" else 1)
     if not chosen:
         return None
-    enc = encode(tokenizer, [sentences[i] for i in chosen], max_length, mask_middle=task == "fill-mask")
+    enc = encode(
+        tokenizer, [sentences[i] for i in chosen], min(max_length, ref.MAX_TOKENS), mask_middle=task == "fill-mask"
+    )
     ids, mask = enc["input_ids"], enc["attention_mask"]
     feeds = model_feeds(session.get_inputs(), ids, mask)  # as the runtime feeds them: token types 0
     torch_names = [n for n in ("input_ids", "attention_mask", "token_type_ids", "position_ids") if n in feeds]

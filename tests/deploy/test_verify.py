@@ -98,6 +98,9 @@ def test_a_good_artifact_passes_in_both_ram_modes_and_the_manifest_stays_small(f
     fp32_result = Runtime(fp32, threads=1, ram="fp32").verify()["outputs"]["logits"]
     assert fp32_result["max_abs_diff"] <= 1e-3  # ONNX Runtime's fp32 against PyTorch: the export's own tolerance
     assert fp32_result["at_export"]["max_abs_diff"] <= 1e-3
+    from sharebert.export.exporter import format_report
+
+    assert f"measured on     {describe(manifest['cpu'])}" in format_report(manifest)  # export's printed footprint
     code, out, err = _verify_cli(fp32, capsys, "--ram", "int8")
     assert code == 0 and err == "", err
     assert "PASS" in out and f"this CPU    {describe(cpu_info())}" in out and "logits (16 rows)" in out
@@ -261,3 +264,10 @@ def test_cpu_info_reads_the_int8_features(machine, text, features, missing, tmp_
     assert (info["int8_missing"] if missing is None else len(info["int8_missing"])) == missing
     line = describe(info)
     assert line.startswith(machine) and ("int8 features unknown" if text is None else f"int8: {features[0]}") in line
+
+
+def test_the_stored_sentences_are_the_first_short_ones_then_long_ones_cut():
+    assert ref.choose([2, 5, 50, 7, 100, 3], 1) == [1, 3, 5, 2, 4]  # 2 tokens: no word; 50 and 100: cut to 40, last
+    assert ref.choose([10] * 40, 1) == list(range(ref.SENTENCES))
+    assert ref.choose([10] * 40, 384) == list(range(ref.VECTOR_VALUES // 384))  # all-MiniLM-L6-v2's vectors: 5
+    assert ref.choose([10] * 40, 4096) == list(range(4))  # at least 4, however wide
