@@ -157,7 +157,9 @@ def _identity(out: str | Path) -> str:
 
 def mark_out(out: str | Path, command: str, fingerprint: dict | None = None) -> None:
     """Mark ``out`` as ``command``'s output (atomic), with the run's ``fingerprint`` for ``check_same_run`` and the
-    folder's identity (device and inode: a marker written in or copied from another folder is not vouched for)."""
+    folder's identity (device and inode: a marker written in or copied from another folder is not vouched for).
+    ``out`` is made first where it is not yet there (a distillation marks its folder before its first other write)."""
+    Path(out).mkdir(parents=True, exist_ok=True)
     write_json(Path(out) / MARK, {"command": command, "fingerprint": fingerprint or {}, "folder": _identity(out)})
 
 
