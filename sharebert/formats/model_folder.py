@@ -10,6 +10,7 @@ The config functions are torch-free (``sharebert report`` uses them); model load
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -113,7 +114,46 @@ def read_config(model_dir: str | Path, unfinished_ok: bool = False, model_types:
             f"{path}: model_type {kind!r} is not supported (sharebert reads {', '.join(MODEL_TYPES)} model folders)"
         )
     check_field_types(raw, path)
+    check_vocab_rows(model_dir, raw)
     return raw
+
+
+def _word_embedding_rows(weights: Path) -> tuple[str, int] | None:
+    """``(tensor name, rows)`` of the word-embedding table in a safetensors file's header (its first 8 bytes give
+    the header's length; the header is JSON, read bounded), or None when there is none or it cannot be read (the
+    weights' own checks name a damaged file)."""
+    import struct
+
+    try:
+        with open(weights, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > JSON_BYTES:
+                return None
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, struct.error):
+        return None
+    for name, entry in header.items() if isinstance(header, dict) else ():
+        if name.endswith("word_embeddings.weight") and isinstance(entry, dict):
+            shape = entry.get("shape")
+            if isinstance(shape, list) and len(shape) == 2 and isinstance(shape[0], int):
+                return name, shape[0]
+    return None
+
+
+def check_vocab_rows(model_dir: Path, raw: dict) -> None:
+    """``config.json``'s ``vocab_size`` is the rows of the weights' word embeddings (``model.safetensors``): a
+    mismatch is refused naming both numbers, torch-free and before any work (transformers refused it only when the
+    model loaded, with advice about ignore_mismatched_sizes, after compress had begun its exports)."""
+    vocab, weights = raw.get("vocab_size"), model_dir / "model.safetensors"
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not weights.is_file():
+        return
+    found = _word_embedding_rows(weights)
+    if found is not None and found[1] != vocab:
+        raise ValueError(
+            f"{model_dir / 'config.json'}: vocab_size {vocab:,}, but the word embeddings in {weights} "
+            f"({found[0]}) have {found[1]:,} rows: the config and the weights do not belong together (set vocab_size "
+            f"to {found[1]}, or use the config.json that came with these weights)"
+        )
 
 
 def check_field_types(raw: dict, path) -> None:

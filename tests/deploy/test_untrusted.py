@@ -235,6 +235,24 @@ def test_a_large_tokenizer_json_is_refused_by_its_size_before_it_is_read(tokeniz
     assert 20 << 20 < TOKENIZER_BYTES < 400 << 20  # a 250k-token vocabulary (~20 MB) fits
 
 
+def test_a_config_whose_vocab_size_is_not_the_weights_rows_is_refused_naming_both(tmp_path):
+    """config.json's vocab_size 40000 beside 30,522-row weights: refused by read_config (torch-free, before any
+    work), naming both numbers; it was "no quantization keeps the teacher ... ignore_mismatched_sizes"."""
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    save_file({"bert.embeddings.word_embeddings.weight": np.zeros((30, 4), np.float32)}, folder / "model.safetensors")
+    config = {"model_type": "bert", "vocab_size": 40, "hidden_size": 4, "num_hidden_layers": 1}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"vocab_size 40, but the word embeddings in .*model.safetensors .* 30 rows"):
+        read_config(folder, model_types=None)
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 30}))
+    assert read_config(folder, model_types=None)["vocab_size"] == 30
+    (folder / "model.safetensors").write_bytes(b"\xff" * 16)  # no readable header: the weights' own checks say so
+    assert read_config(folder, model_types=None)["vocab_size"] == 30
+
+
 def test_json_files_have_a_cap_and_it_is_named():
     import sharebert_runtime.untrusted as u
 
