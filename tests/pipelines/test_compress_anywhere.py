@@ -637,3 +637,23 @@ def test_padded_tokens_of_a_length_sorted_pass():
     assert padded_tokens(lengths, batch=1) == sum(lengths)  # no padding at all
     assert padded_tokens(lengths, batch=128) == 128 * 128  # one batch: everything padded to the longest
     assert sum(lengths) < padded_tokens(lengths, batch=64) == 64 * 64 + 64 * 128 < 128 * 128
+
+
+def test_a_training_text_of_a_handful_of_tokens_is_said_and_a_vocab_size_above_the_teachers_refused(minilm_dir):
+    """2,000 lines of emoji are all the unknown token for MiniLM's WordPiece: the cut says so in its line (the log
+    and report.md's summary both carry ``describe()``), with what to do; real text of 100 lines is not warned about.
+    ``--vocab-size`` above the teacher's 30,522 tokens is refused naming both (10**12 was cut to 527 tokens)."""
+    from transformers import AutoTokenizer
+
+    from sharebert.training.vocab import cut_vocabulary, plan_vocabulary
+
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    emoji = ["".join(chr(0x1F600 + (i * 7 + j) % 80) for j in range(8)) for i in range(2000)]
+    line = cut_vocabulary(tok, emoji, 5000).describe()
+    assert "WARNING: the training text uses only 1 distinct tokens of the teacher's 30,522" in line
+    assert "100% of its tokens the unknown token" in line and "--train FILE of thousands of sentences" in line
+    text = packaged_corpus().read_text(encoding="utf-8").splitlines()[:100]
+    assert "WARNING" not in cut_vocabulary(tok, text, 5000).describe()
+    shape = {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "max_length": 256}
+    with pytest.raises(ValueError, match=r"--vocab-size 1,000,000,000,000 is more than the teacher's 30,522 tokens"):
+        plan_vocabulary(tok, shape, {}, lambda *_: None, lambda: text, 10**12, print)
