@@ -86,6 +86,14 @@ test-latest:
 	$(LATEST_VENV)/bin/python -m pip freeze --all --exclude-editable | grep -v ' @ ' | diff $(LOCK) - | grep '^[<>] [^#]' || true
 	OMP_NUM_THREADS=1 $(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=10 -m "not slow" tests
 
+# The web tier (docs/DEVICE.md "In a web page or in Node"): examples/web's npm modules from its lock (no install
+# scripts: .npmrc), then the tests marked `web`: Node always, headless Chromium where it is installed
+# (/usr/bin/chromium or $CHROMIUM; `apt-get install chromium`). Each is skipped, in one line, without them.
+.PHONY: test-web
+test-web: $(STAMP)
+	cd examples/web && npm ci --no-audit --no-fund
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -p no:cacheprovider -m web --durations=10 tests/deploy/test_web.py
+
 # The shell and Python blocks of README.md and docs/*.md, run in order with budgets capped (also part of `make test`).
 docs-check: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -p no:cacheprovider tests/test_docs.py

@@ -6,13 +6,15 @@ in ``onnx/`` named by transformers.js' dtype suffixes (``model.onnx`` fp32, ``mo
 ``from_pretrained`` picks it without a ``dtype`` option. ``manifest.json`` stays, so ``sharebert_runtime``
 opens the same folder (``model_format: web``).
 
-The graph is the checked ONNX artifact's, with three changes, each for onnxruntime-web:
+The graph is the checked ONNX artifact's, with four changes, each for onnxruntime-web:
 
 * no ``depth`` input (``depth.inline_layers``): transformers.js feeds only the inputs it knows;
 * int8 weights dequantized by ``Cast`` and ``Mul`` instead of ``DequantizeLinear`` (the same numbers, bit for
   bit): ONNX Runtime's constant folding skips ``DequantizeLinear`` unless the session sets
   ``session.disable_quant_qdq``, which transformers.js does not, so a compact graph would recompute its
   generated weights on every call; ``Cast`` and ``Mul`` of constants fold at load under any options;
+* float64 constants and casts become float32 (:func:`doubles_as_floats`: the WASM build lacks some float64
+  kernels);
 * a sharebert model is declared ``model_type: bert`` in ``config.json`` (transformers.js knows no ``sharebert``;
   the graph is opaque to it and takes BERT's inputs), the original kept as ``sharebert_model_type``.
 
@@ -67,6 +69,34 @@ def dequantize_by_cast(model) -> int:
     del g.node[:]
     g.node.extend(nodes)
     return done
+
+
+def doubles_as_floats(model) -> int:
+    """Compute in float32 what the graph computes in float64, in place; returns how many tensors and casts changed.
+    onnxruntime-web's WASM build has no float64 kernel for some ops (``Sqrt(13)``: the exporter's attention scale,
+    ``sqrt(head_dim)`` of a constant); those are small constants whose float32 value the parity check confirms."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    changed = 0
+
+    def as_float(tensor) -> None:
+        nonlocal changed
+        if tensor.data_type == TensorProto.DOUBLE:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name))
+            changed += 1
+
+    g = model.graph
+    for t in g.initializer:
+        as_float(t)
+    for n in g.node:
+        for a in n.attribute:
+            if n.op_type == "Constant" and a.name == "value":
+                as_float(a.t)
+            elif n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.DOUBLE:
+                a.i = TensorProto.FLOAT
+                changed += 1
+    return changed
 
 
 def normalize_output(model, output: str) -> None:
@@ -129,6 +159,7 @@ def to_web_format(
     proto = onnx.load(str(out_dir / MODEL))
     inline_layers(proto)
     dequantized = dequantize_by_cast(proto)
+    doubles = doubles_as_floats(proto)
     embedding = sharebert.get("embedding")
     if embedding and embedding["normalize"]:
         normalize_output(proto, embedding["output"])
@@ -166,5 +197,6 @@ def to_web_format(
         "dtype": DTYPES[quantize],
         "model_bytes": (out_dir / name).stat().st_size,
         "dequantize_by_cast": dequantized,
+        "float64_as_float32": doubles,
         "parity_vs_onnx": {"sentences": count, "max_abs_diff": worst},
     }

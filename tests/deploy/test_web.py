@@ -1,14 +1,19 @@
 """`sharebert export --format web` in JavaScript: transformers.js in Node (examples/web/node.mjs, onnxruntime-node)
-gives the Python runtime's embeddings, labels and token ids on the same folder.
+and in headless Chromium (examples/web/index.html served from 127.0.0.1, onnxruntime-web's WASM backend, driven by
+browser.mjs with puppeteer-core) gives the Python runtime's embeddings, labels and token ids on the same folder.
 
 The `web` tier (`make test-web`: `npm ci` in examples/web from its lock, then `pytest -m web`); skipped, in one line,
-where node or examples/web/node_modules is missing."""
+where node, examples/web/node_modules or (for the browser tests) Chromium is missing."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +30,10 @@ pytestmark = [pytest.mark.web, pytest.mark.slow]
 
 WEB = Path(__file__).resolve().parents[2] / "examples" / "web"
 NODE_TIMEOUT_S = 300  # a hung process fails the test instead of hanging the suite
+BROWSER_TIMEOUT_S = 600  # browser.mjs bounds each of its own waits (SHAREBERT_WEB_WAIT_MS, 120 s) and its whole run
+PAGE_FILES = ("index.html", "app.mjs", "sharebert.mjs", "sentences.json")
+QUERY = "a charming and funny film"
+SCREENSHOT_TO = "SHAREBERT_WEB_SCREENSHOT"  # where the search page's screenshot is copied (docs/web_search.png)
 TINY = dict(
     hidden_size=64,
     num_hidden_layers=2,
@@ -143,7 +152,57 @@ def web(tmp_path_factory, texts, minilm_dir):
             reports[name] = json.loads(out.read_text(encoding="utf-8"))
         return reports[name]
 
-    return {"root": root, "models": models, "run": run, "node": node}
+    return {"root": root, "models": models, "run": run, "node": node, "texts": root / "texts.json"}
+
+
+class _QuietFiles(SimpleHTTPRequestHandler):
+    extensions_map = {**SimpleHTTPRequestHandler.extensions_map, ".mjs": "text/javascript", ".wasm": "application/wasm"}
+
+    def log_message(self, *args):  # the test's output is the browser's, not one line per file served
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser(web):
+    """``run(query) -> browser.mjs's completed process``: the page (examples/web, the models and node_modules beside
+    it, as on a static host) served from 127.0.0.1 by http.server in this process; and ``check(name) -> report``."""
+    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    if not Path(chromium).is_file():
+        pytest.skip(f"no Chromium at {chromium}: apt-get install chromium (or set CHROMIUM) for the browser tests")
+    if not (WEB / "node_modules" / "puppeteer-core").is_dir():
+        pytest.skip("examples/web/node_modules has no puppeteer-core: run `make test-web`")
+    site = web["root"] / "site"
+    site.mkdir()
+    for name in PAGE_FILES:
+        (site / name).symlink_to(WEB / name)
+    (site / "node_modules").symlink_to(WEB / "node_modules")
+    (site / "models").symlink_to(web["models"])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietFiles, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
+    reports = {}
+
+    def run(query: str, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [web["node"], "browser.mjs", "--url", f"{url}?{query}", "--texts", str(web["texts"]), *argv],
+            cwd=WEB,
+            capture_output=True,
+            text=True,
+            timeout=BROWSER_TIMEOUT_S,
+            env={**os.environ, "CHROMIUM": chromium},
+        )
+
+    def check(name: str) -> dict:
+        if name not in reports:
+            out = web["root"] / f"{name}.browser.json"
+            done = run(f"model={name}&check", "--out", str(out))
+            assert done.returncode == 0, done.stderr[-2000:]
+            reports[name] = json.loads(out.read_text(encoding="utf-8"))
+        return reports[name]
+
+    yield {"run": run, "check": check}
+    server.shutdown()
+    server.server_close()
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -173,8 +232,42 @@ def test_the_folder_is_transformers_js_layout_within_a_tenth_of_the_int8_artifac
 
 @pytest.mark.parametrize("name", ["student", "teacher"])
 def test_node_embeddings_and_token_ids_are_the_python_runtimes(web, texts, name):
-    report = web["run"](name)
-    runtime = Runtime(web["models"] / name)
+    _assert_embeddings_and_ids(web["run"](name), web["models"] / name, texts, name)
+
+
+@pytest.mark.parametrize("name", ["student", "teacher"])
+def test_chromium_embeddings_and_token_ids_are_the_python_runtimes(web, browser, texts, name):
+    report = browser["check"](name)
+    assert "onnxruntime-web wasm" in report["runtime"]
+    _assert_embeddings_and_ids(report, web["models"] / name, texts, name)
+
+
+def test_chromium_classifier_labels_are_the_python_runtimes(web, browser, texts):
+    report = browser["check"]("classifier")
+    want = [p["label"] for p in Runtime(web["models"] / "classifier").classify(texts["sentences"])]
+    assert report["labels"] == want and report["pipeline_labels"] == want
+
+
+def test_the_search_page_ranks_the_sentences_and_its_screenshot_is_a_small_png(web, browser, tmp_path):
+    shot = tmp_path / "search.png"
+    done = browser["run"](
+        "model=teacher", "--out", str(tmp_path / "r.json"), "--query", QUERY, "--screenshot", str(shot)
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 300_000
+    if os.environ.get(SCREENSHOT_TO):  # `make web-screenshot`: the picture docs/DEVICE.md shows
+        shutil.copyfile(shot, os.environ[SCREENSHOT_TO])
+
+
+def test_a_page_whose_model_is_missing_is_one_line_exit_1_not_a_hang(web, browser, tmp_path):
+    done = browser["run"]("model=absent", "--out", str(tmp_path / "r.json"))
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and "the page could not load its model" in done.stderr
+
+
+def _assert_embeddings_and_ids(report: dict, folder: Path, texts: dict, name: str) -> None:
+    runtime = Runtime(folder)
     want = np.array(runtime.embed(texts["sentences"]), dtype=np.float64)
     got = np.array(report["embeddings"], dtype=np.float64)
     assert got.shape == want.shape and np.isfinite(got).all()
