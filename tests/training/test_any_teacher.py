@@ -83,11 +83,12 @@ def test_export_of_any_architecture_runs_torch_free_as_pytorch(teachers, model_t
 
     folder = teachers[model_type]["embedding"]
     export_model(folder, tmp_path / "emb", check_limit=16, runs=1, progress=False)
+    assert Runtime(tmp_path / "emb").verify()["passed"]  # its own check, replayed (`sharebert verify`)
     got = np.stack(Runtime(tmp_path / "emb").embed(SENTENCES))
     assert _cos(got, SentenceTransformer(str(folder)).encode(SENTENCES)).min() > 0.999
     folder = teachers[model_type]["classifier"]
     manifest = export_model(folder, tmp_path / "clf", check_limit=16, runs=1, progress=False)
-    assert manifest["labels"] == ["negative", "positive"]
+    assert manifest["labels"] == ["negative", "positive"] and Runtime(tmp_path / "clf").verify()["passed"]
     answers = Runtime(tmp_path / "clf").classify(SENTENCES, text_pair=SENTENCES[::-1])
     tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForSequenceClassification.from_pretrained(folder)
     with torch.no_grad():
