@@ -2,7 +2,7 @@
 
 At export (``export/parity.py``, :func:`build`) a few of the parity sentences are stored as token ids and attention
 mask (so no tokenizer can differ), with PyTorch's outputs on them in compact form; ``sharebert verify`` and
-``Runtime.verify()`` (``verify.py``) run those ids through the artifact on the device and compare (:func:`figures`).
+``Runtime.verify()`` run those ids through the artifact on the device and compare (:func:`figures`).
 Both sides cut the outputs down with the same functions here, so what is compared is the same thing:
 
 * feature-extraction: the graph's sentence embedding (before normalisation) where the export's recipe put one in,
