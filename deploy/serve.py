@@ -61,8 +61,8 @@ TASK_PATHS = {
 MAX_NEW_TOKENS = 256
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait
 DRAIN_BYTES = 1 << 16  # after refusing a body, read at most this much of it so the client sees the answer
-REFUSERS = 64  # connections over a cap answered at once, each by a short-lived thread reading its request first
-REFUSE_READ_S = 2  # seconds such a thread waits for the refused request (and then for the client to close)
+REFUSING = 256  # connections over a cap held at once to read their request before the 503 (beyond: 503 at once)
+REFUSE_READ_S = 2  # seconds a refused connection has to send its request (and then to close after the answer)
 MAX_LINE = 65536  # the stdlib handler's longest request line (414 beyond)
 HEAD_BYTES = 1 << 16  # most bytes of a request's head read before it is refused (431)
 READ_BYTES = 1 << 16  # one receive of the reading thread
@@ -341,6 +341,8 @@ class _Conn:
     continued: bool = False  # 100 Continue sent for the current request
     idle: bool = False  # kept alive between requests (counted in Server.idle)
     closed: bool = False
+    refusal: bytes | None = None  # over a cap: the answer it gets once its request is read (not counted as open)
+    answered: bool = False  # the refusal was sent: what it sends now is drained until it closes
 
 
 class Server(ThreadingHTTPServer):
@@ -360,7 +362,7 @@ class Server(ThreadingHTTPServer):
         self.limits = limits
         self.max_connections, self.max_client_connections = limits["max_connections"], limits["max_client_connections"]
         self.max_idle = limits["max_idle"]
-        self.refusers = threading.BoundedSemaphore(REFUSERS)
+        self.refusing = 0  # connections over a cap being read before their answer (reading thread only)
         self.per_client: dict[str, int] = {}
         self.open = self.idle = 0
         self.count_lock = threading.Lock()
@@ -394,7 +396,7 @@ class Server(ThreadingHTTPServer):
                         self._selector = None  # answering threads now close what they would keep alive
                     for conn in list(self._reading.values()):
                         self._drop(conn, selector)
-                        self._release(conn)
+                        self._release(conn) if conn.refusal is None else self.shutdown_request(conn.sock)
         finally:
             self._stop.clear()
             self._stopped.set()
@@ -462,7 +464,7 @@ class Server(ThreadingHTTPServer):
                 if mine
                 else f"more than {self.max_client_connections} connections from {host}"
             )
-            self._refuse_connection(sock, _raw_response(503, {"error": f"busy: {why}; retry later"}))
+            self._refuse(sock, address, _raw_response(503, {"error": f"busy: {why}; retry later"}))
             return
         self._watch(_Conn(sock, address, time.monotonic() + self.limits["header_timeout"]))
 
@@ -501,8 +503,10 @@ class Server(ThreadingHTTPServer):
         except OSError:
             chunk = b""
         if not chunk:  # the client closed (or reset) its side
-            self._drop(conn)
-            self._release(conn)
+            self._close(conn)
+            return
+        if conn.refusal is not None:
+            self._refused_bytes(conn, chunk)
             return
         if conn.idle:  # a next request begins: it has header_timeout seconds from now
             self._idle_conns.pop(conn, None)
@@ -543,11 +547,12 @@ class Server(ThreadingHTTPServer):
         for conn in list(self._reading.values()):
             if conn.deadline > now:
                 self._next_expiry = min(self._next_expiry, conn.deadline)
-            elif conn.data and not conn.idle:
+            elif conn.refusal is not None and not conn.answered:  # its request never came whole: answered anyway
+                self._send_refusal(conn)
+            elif conn.data and not conn.idle and conn.refusal is None:
                 self._answer_and_close(conn, 408, self._late(conn))
             else:
-                self._drop(conn)
-                self._release(conn)
+                self._close(conn)
 
     def _late(self, conn: _Conn) -> str:
         seconds, framing = self.limits["header_timeout"], conn.framing
@@ -558,8 +563,16 @@ class Server(ThreadingHTTPServer):
 
     def _answer_and_close(self, conn: _Conn, status: int, message: str) -> None:
         _send_now(conn.sock, _raw_response(status, {"error": message}, retry=False))
+        self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        """Stop watching ``conn`` and close it (reading thread only)."""
         self._drop(conn)
-        self._release(conn)
+        if conn.refusal is None:
+            self._release(conn)
+        else:
+            self.shutdown_request(conn.sock)
+            self.refusing -= 1
 
     def _take_parked(self) -> None:
         try:
@@ -617,20 +630,37 @@ class Server(ThreadingHTTPServer):
 
     # -- connections over a cap -----------------------------------------------------------------------------------
 
-    def _refuse_connection(self, sock, answer: bytes) -> None:
-        sock.setblocking(True)
-        if self.refusers.acquire(blocking=False):  # a readable 503 from a short-lived thread of its own
-            threading.Thread(target=self._refuse, args=(sock, answer), daemon=True).start()
-        else:  # too many refusals at once: the reading thread must not wait on any client
-            _refuse(sock, answer, read_s=0)
+    def _refuse(self, sock, address, answer: bytes) -> None:
+        """A connection over a cap gets ``answer`` (a 503 with ``Connection: close``) once its request is read (or
+        :data:`REFUSE_READ_S` passed), then what it sends is drained until it closes: closing with unread bytes would
+        make the kernel reset it, which the client sees as a dropped connection, not as the 503. Read by the
+        reading thread like any other, so a client reconnecting at once costs no thread and waits its turn."""
+        if self.refusing >= REFUSING:  # too many at once: answered now, unread
+            _send_now(sock, answer)
             self.shutdown_request(sock)
+            return
+        self.refusing += 1
+        conn = _Conn(sock, address, time.monotonic() + REFUSE_READ_S, refusal=answer)
+        self._watch(conn)
 
-    def _refuse(self, request, answer: bytes) -> None:
+    def _refused_bytes(self, conn: _Conn, chunk: bytes) -> None:
+        if conn.answered:
+            return  # drained
+        conn.data += chunk
+        if _request_read(conn.data):
+            self._send_refusal(conn)
+
+    def _send_refusal(self, conn: _Conn) -> None:
+        """The refusal, or 200 to a ``GET /health`` (the process is healthy, however many connections are open)."""
+        healthy = HEALTH.fullmatch(bytes(conn.data[: conn.data.find(b"\n")]))
+        _send_now(conn.sock, _raw_response(200, {"status": "ok"}, retry=False) if healthy else conn.refusal)
         try:
-            _refuse(request, answer)
-        finally:
-            self.shutdown_request(request)
-            self.refusers.release()
+            conn.sock.shutdown(socket.SHUT_WR)  # the answer is complete: the client reads it, then end of stream
+        except OSError:
+            pass
+        conn.answered, conn.data = True, bytearray()
+        conn.deadline = time.monotonic() + REFUSE_READ_S  # for the client to close its side
+        self._next_expiry = min(self._next_expiry, conn.deadline)
 
     def handle_error(self, request, client_address):
         """One line on stderr (a client that went away, say), never a traceback."""
@@ -651,49 +681,13 @@ def _send_now(sock, data: bytes) -> None:
 HEALTH = re.compile(rb"GET /health HTTP/1\.[01]\r?")  # a request line (the whole first line of a refused request)
 
 
-def _refuse(sock, answer: bytes, read_s: float = REFUSE_READ_S) -> None:
-    """Send ``answer`` (a 503 with ``Connection: close``) on a connection over a cap so the client can read it: its
-    request is read first (headers and at most :data:`DRAIN_BYTES` of body, within ``read_s`` seconds), and what it
-    sends after the answer is drained until it closes (within ``read_s``). Closing with unread bytes would make the
-    kernel reset the connection, which the client sees as a dropped connection (BrokenPipe), not as the 503.
-    A ``GET /health`` gets 200 instead: the process is healthy, however many connections are open."""
-    try:
-        sock.settimeout(read_s or 0.001)
-        head = b""
-        try:
-            head = _read_request(sock, read_s)
-        except TimeoutError:  # a client that sends nothing (or slowly) is answered all the same
-            pass
-        if HEALTH.fullmatch(head.split(b"\n", 1)[0]):
-            answer = _raw_response(200, {"status": "ok"}, retry=False)
-        sock.settimeout(1)
-        sock.sendall(answer)
-        sock.shutdown(socket.SHUT_WR)  # the answer is complete: the client reads it, then end of stream
-        deadline = time.monotonic() + read_s
-        while time.monotonic() < deadline and sock.recv(DRAIN_BYTES):  # until the client closes its side
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
-    except OSError:  # the client went away, or took too long: nothing more is owed to it
-        pass
-
-
-def _read_request(sock, read_s: float) -> bytes:
-    """Read a request's head and up to :data:`DRAIN_BYTES` of its body (or whatever arrives within ``read_s``);
-    the bytes of its head read."""
-    data, deadline = b"", time.monotonic() + read_s
-    while b"\r\n\r\n" not in data and len(data) < DRAIN_BYTES and time.monotonic() < deadline:
-        chunk = sock.recv(DRAIN_BYTES)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
+def _request_read(data: bytes) -> bool:
+    """Whether ``data`` holds a request's head and its body (at most :data:`DRAIN_BYTES` of it are waited for)."""
+    head, blank, body = bytes(data).partition(b"\r\n\r\n")
+    if not blank:
+        return len(data) >= DRAIN_BYTES
     length = re.search(rb"(?im)^content-length:\s*([0-9]{1,18})\s*$", head)
-    left = min(int(length.group(1)) if length else 0, DRAIN_BYTES) - len(body)
-    while left > 0 and time.monotonic() < deadline:
-        chunk = sock.recv(min(left, DRAIN_BYTES))
-        if not chunk:
-            break
-        left -= len(chunk)
-    return head
+    return len(body) >= min(int(length.group(1)) if length else 0, DRAIN_BYTES)
 
 
 def _raw_response(status: int, payload: dict, retry: bool = True) -> bytes:
