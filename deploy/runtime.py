@@ -58,17 +58,21 @@ NO_PREPACKING = "session.disable_prepacking"
 
 
 def resolved_ram(manifest: dict, ram: str = "auto") -> str:
-    """``ram``, with ``"auto"`` made ``"int8"`` for an artifact whose weights are stored int8 and that has RAM-int8
-    graphs (a compact ``--quantize int8`` export, as ``compress`` writes), else ``"fp32"``. Such an artifact's
-    weights already carry int8 precision: holding the generated ones as int8 costs a little more rounding
-    (dynamic-int8 activations, within the artifact's parity thresholds) and saves most of the RAM that ORT's
-    fp32 folding spends (docs/DEVICE.md "Memory")."""
+    """``ram``, with ``"auto"`` made ``"int8"`` for an artifact whose weights are stored int8, that has RAM-int8
+    graphs (a compact ``--quantize int8`` export, as ``compress`` writes) and whose RAM-int8 parity, measured at
+    export, holds the int8 thresholds; else ``"fp32"``. Such an artifact's weights already carry int8 precision:
+    holding the generated ones as int8 adds the rounding of dynamic-int8 activations and saves most of the RAM that
+    ORT's fp32 folding spends (docs/DEVICE.md "Memory"); where that rounding costs more than the thresholds allow
+    (a 6-layer BERT teacher), or was never measured, the default keeps fp32 answers."""
     if ram != "auto":
         return ram
+    entry = manifest.get("ram_int8") or {}
+    measured = (entry.get("parity") or {}).get("below_thresholds")
     int8_ready = (
         manifest.get("quantization") == "int8"
-        and (manifest.get("ram_int8") or {}).get("weights")
+        and entry.get("weights")
         and manifest.get("model_format") != "ort"
+        and measured == []
     )
     return "int8" if int8_ready else "fp32"
 

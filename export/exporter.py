@@ -29,6 +29,7 @@ from sharebert_runtime.outdir import check_out_dir, disk_full, read_json, write_
 WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
 CALIBRATION_SENTENCES = 128
+RAM_INT8_CHECK_SENTENCES = 256  # parity of the RAM-int8 mode, which ram="auto" reads (ram_int8.ram_int8_parity)
 DEPTH_CHECK_SENTENCES = 32  # parity at depth 1 (the gated layers' else-branches) on this many sentences
 _AUTO = {
     "fill-mask": "AutoModelForMaskedLM",
@@ -407,12 +408,12 @@ def _check_modes(o: ExportOptions, task: str) -> None:
             f"none, int8 or fp16 (got --weights {weights}, --quantize {quantize}); for stored weights, "
             f"convert model.onnx with python -m onnxruntime.tools.convert_onnx_models_to_ort"
         )
-    if o.optimize and (quantize != "none" or o.format != "onnx" or task == "causal-lm"):
     if o.format == "web" and (quantize not in ("none", "int8") or task == "causal-lm"):
         raise ValueError(
             f"--format web is checked with onnxruntime-web for encoders at --quantize none or int8 (weight-only, "
             f"onnx/model_quantized.onnx); got --quantize {quantize}, --task {task}"
         )
+    if o.optimize and (quantize != "none" or o.format != "onnx" or task == "causal-lm"):
         raise ValueError(
             f"--optimize applies ONNX Runtime's fp32 encoder fusions: it needs --quantize none, --format onnx "
             f"and an encoder task (got --quantize {quantize}, --format {o.format}, --task {task})"
@@ -708,6 +709,13 @@ def _build(
         from .parity import reference_ram_int8
 
         manifest[REFERENCE]["at_export_ram_int8"] = reference_ram_int8(tmp)
+        (tmp / artifact.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    if manifest.get("ram_int8", {}).get("weights"):  # measured on the finished folder, as the device loads it
+        from .ram_int8 import ram_int8_parity
+
+        manifest["ram_int8"]["parity"] = ram_int8_parity(
+            tmp, model, tokenizer, o.task, sentences[:RAM_INT8_CHECK_SENTENCES], labels, max_length, recipe
+        )
         (tmp / artifact.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
 

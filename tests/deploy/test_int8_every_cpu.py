@@ -132,3 +132,20 @@ def test_qlinear_matmul_is_exact_at_the_weight_limit():
     y = _session(node, inputs, TensorProto.UINT8).run(None, feeds)[0].astype(np.int64)
     expected = np.clip(np.rint(exact / out_scale) + 128, 0, 255)
     assert np.abs(y - expected).max() <= 1  # the kernel's own fp32 requantization may round a tie the other way
+
+
+def test_auto_holds_weights_int8_only_where_the_export_measured_that_it_keeps_parity():
+    """``ram="auto"``: int8 for an int8-stored compact artifact whose RAM-int8 parity, measured at export, holds
+    the int8 thresholds; fp32 where it falls below them (a 6-layer BERT teacher's activations round to ~1% cosine)
+    or was never measured."""
+    from sharebert_runtime.runtime import resolved_ram
+
+    def manifest(parity):
+        entry = {"weights": [{"int8": "w"}], **({} if parity is None else {"parity": parity})}
+        return {"quantization": "int8", "ram_int8": entry}
+
+    assert resolved_ram(manifest({"cosine_mean": 0.9999, "below_thresholds": []})) == "int8"
+    assert resolved_ram(manifest({"cosine_mean": 0.986, "below_thresholds": ["cosine_mean 0.986 < 0.99"]})) == "fp32"
+    assert resolved_ram(manifest(None)) == "fp32"
+    assert resolved_ram({**manifest({"below_thresholds": []}), "quantization": "none"}) == "fp32"
+    assert resolved_ram(manifest(None), "int8") == "int8"  # asked for: the user's choice

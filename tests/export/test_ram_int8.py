@@ -213,6 +213,8 @@ def test_every_memory_setting_answers_within_the_artifacts_parity_tolerance(tmp_
         runs=2,
         progress=False,
     )
+    measured = json.loads((tmp_path / "art" / "manifest.json").read_text())["ram_int8"]["parity"]
+    assert measured["below_thresholds"] == [] and measured["cosine_mean"] >= THRESHOLDS["int8"]["cosine"]
     vectors = {}
     for ram in runtime_module.RAM_MODES:
         rt = Runtime(tmp_path / "art", ram=ram, threads=1)
