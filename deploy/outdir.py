@@ -164,11 +164,12 @@ def mark_out(out: str | Path, command: str, fingerprint: dict | None = None) -> 
 
 
 def _run_files(out: Path) -> dict[str, Path]:
-    """Every regular file under ``out`` by its relative path, but the marker, the lock and compress's set-aside
-    earlier result (links are not followed: a link the run did not write is the user's)."""
+    """Every regular file under ``out`` by its relative path, but the marker, the lock, compress's set-aside earlier
+    result and a training run's own ``checkpoints/`` (rotated and mostly removed at its end, each with its own
+    completion marker: hashing them would read gigabytes for nothing). Links are not followed."""
     found = {}
     for root, dirs, files in os.walk(out):
-        dirs[:] = [d for d in dirs if not (Path(root) == out and d == ".replaced")]
+        dirs[:] = [d for d in dirs if not (Path(root) == out and d in (".replaced", "checkpoints"))]
         for name in files:
             path = Path(root) / name
             rel = path.relative_to(out).as_posix()

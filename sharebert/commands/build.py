@@ -40,7 +40,7 @@ def run(args) -> int:
     import os
     import shutil
 
-    from sharebert_runtime.outdir import check_out_dir, made_by, mark_out
+    from sharebert_runtime.outdir import check_out_dir, check_unlisted, made_by, mark_out, seal_out
 
     from ..accounting.counts import count_params
     from ..formats.model_folder import is_model_folder
@@ -56,6 +56,8 @@ def run(args) -> int:
         legacy=is_model_folder,
         inputs=[args.vocab] if args.vocab else (),
     )
+    if args.overwrite:  # the folder is replaced whole: a file the earlier build did not write would be lost
+        check_unlisted(out, args.out, "build")
     from ..formats.build import build_model  # torch and transformers: only once the input is known to be good
 
     # --overwrite replaces the folder whole (no file of the old model stays, e.g. its modules.json): built
@@ -80,6 +82,7 @@ def run(args) -> int:
         shutil.rmtree(target)
         os.replace(out, target)
         out = target
+    seal_out(out)  # the marker lists what was built: the next --overwrite replaces only those
     c = model.config
     n = count_params(c)
     print(f"built {args.preset} -> {out}")

@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import ExportableState
 
-from sharebert_runtime.outdir import read_json, write_json
+from sharebert_runtime.outdir import read_json, seal_out, write_json
 
 MARKER = "sharebert_complete.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -468,12 +468,14 @@ def kept_result(
 
 def write_results(trainer, out: Path, metrics: dict) -> None:
     """A finished run's ``log_history.json``, its curves and, last, ``metrics.json`` (which :func:`kept_result`
-    reads back on a ``--resume``)."""
+    reads back on a ``--resume``); then the marker lists every file the run wrote (``outdir.seal_out``: what makes
+    the folder this command's)."""
     from ..accounting.curves import write_curves
 
     write_json(out / "log_history.json", trainer.state.log_history)
     write_curves(out)
     write_json(out / "metrics.json", metrics)
+    seal_out(out)
 
 
 def trainer_state(checkpoint: str | Path) -> dict:

@@ -655,6 +655,25 @@ def test_build_overwrite_replaces_the_folder_whole(world):
     assert not (world / ".replaced.partial").exists()
 
 
+def test_build_overwrite_refuses_while_the_folder_holds_a_file_it_did_not_build(world, capsys):
+    """A finished build's marker lists what it wrote (outdir.seal_out): --overwrite, which replaces the folder whole,
+    refuses in one line naming a file added since, and leaves everything as it was; a marker edited by hand (a listed
+    file changed) makes the folder no build's."""
+    folder = world / "sealed"
+    assert main(["build", "--preset", "sharebert-tiny", "--out", str(folder)]) == 0
+    (folder / "my_notes.txt").write_text("mine\n")
+    before = _snapshot(folder)
+    capsys.readouterr()
+    assert main(["build", "--preset", "sharebert-tiny", "--out", str(folder), "--overwrite"]) == 2
+    assert "files the earlier build did not write (my_notes.txt)" in capsys.readouterr().err
+    assert _snapshot(folder) == before
+    (folder / "my_notes.txt").unlink()
+    (folder / "config.json").write_text("{}\n")  # the user's own config now: not the file the build wrote
+    assert main(["build", "--preset", "sharebert-tiny", "--out", str(folder), "--overwrite"]) == 2
+    assert "is a non-empty folder that is not a model folder" in capsys.readouterr().err
+    assert (folder / "config.json").read_text() == "{}\n"
+
+
 def test_device_install_names_the_extra_to_install(world):
     """Without torch (a `pip install sharebert` device install), a workstation command says what to install."""
     code = (
