@@ -330,6 +330,8 @@ def vocabulary_words(tokenizer, min_chars: int = 3) -> list[str]:
         word = tokenizer.convert_tokens_to_string([token]).strip() if i not in special and token else ""
         if len(word) >= min_chars and word.isalpha():
             candidates.setdefault(word, i)
+    if not candidates:  # a vocabulary cut to text without words (emoji: its special tokens only); transformers'
+        return []  # tokenizer raised IndexError on an empty batch
     lead = tokenizer("a", add_special_tokens=False)["input_ids"]
     after = tokenizer([f"a {w}" for w in candidates], add_special_tokens=False)["input_ids"]
     return [w for (w, i), ids in zip(candidates.items(), after) if ids == [*lead, i]]

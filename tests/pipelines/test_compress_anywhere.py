@@ -267,7 +267,8 @@ def test_the_verdict_weighs_search_agreement_against_its_threshold_and_suggests_
     assert first.startswith("Verdict: NOT usable for search") and "17 of 35 search queries (usable from 0.90" in first
     assert "mean cosine to the teacher's vectors 0.130" in first
     assert "30 of the 441 planned steps of 32 sentences (2.00 s a step, measured)" in seen
-    assert "on 430 of the 7,336 sentences of its training text (6%): 2.2 passes" in seen and "untrained" in seen
+    assert "on 430 of the 7,336 sentences of its training text (6%): 1.1 passes over them and their" in seen
+    assert "untrained" in seen
     assert "--max-time 4800" in budget and "360 s this run spent outside training" in budget
     # half the batch: twice the steps for the same sentences drawn
     assert search_verdict(r, 16, 441, 7336, 420.0, 35)["suggested_max_time"] == 60 * -(-(360 + 4400 * 2.0) // 60)
@@ -641,15 +642,19 @@ def test_padded_tokens_of_a_length_sorted_pass():
 
 def test_a_training_text_of_a_handful_of_tokens_is_said_and_a_vocab_size_above_the_teachers_refused(minilm_dir):
     """2,000 lines of emoji are all the unknown token for MiniLM's WordPiece: the cut says so in its line (the log
-    and report.md's summary both carry ``describe()``), with what to do; real text of 100 lines is not warned about.
+    and report.md's summary both carry ``describe()``), with what to do, and has no word to add strings of (compress
+    ended in an internal IndexError); real text of 100 lines is not warned about.
     ``--vocab-size`` above the teacher's 30,522 tokens is refused naming both (10**12 was cut to 527 tokens)."""
     from transformers import AutoTokenizer
 
+    from sharebert.training.corpus import vocabulary_words
     from sharebert.training.vocab import cut_vocabulary, plan_vocabulary
 
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     emoji = ["".join(chr(0x1F600 + (i * 7 + j) % 80) for j in range(8)) for i in range(2000)]
-    line = cut_vocabulary(tok, emoji, 5000).describe()
+    cut = cut_vocabulary(tok, emoji, 5000)
+    line = cut.describe()
+    assert vocabulary_words(cut.tokenizer) == []  # no whole word to add strings of: an IndexError inside transformers
     assert "WARNING: the training text uses only 1 distinct tokens of the teacher's 30,522" in line
     assert "100% of its tokens the unknown token" in line and "--train FILE of thousands of sentences" in line
     text = packaged_corpus().read_text(encoding="utf-8").splitlines()[:100]
