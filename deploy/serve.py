@@ -395,8 +395,7 @@ class Server(ThreadingHTTPServer):
                     with self._park_lock:
                         self._selector = None  # answering threads now close what they would keep alive
                     for conn in list(self._reading.values()):
-                        self._drop(conn, selector)
-                        self._release(conn) if conn.refusal is None else self.shutdown_request(conn.sock)
+                        self._close(conn, selector)
         finally:
             self._stop.clear()
             self._stopped.set()
@@ -565,9 +564,9 @@ class Server(ThreadingHTTPServer):
         _send_now(conn.sock, _raw_response(status, {"error": message}, retry=False))
         self._close(conn)
 
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: _Conn, selector=None) -> None:
         """Stop watching ``conn`` and close it (reading thread only)."""
-        self._drop(conn)
+        self._drop(conn, selector)
         if conn.refusal is None:
             self._release(conn)
         else:
