@@ -1198,7 +1198,8 @@ def search_verdict(
     second = (
         f"It trained {steps:,}{of_planned} steps of {batch} sentences{rate} on "
         + (seen if available else f"{used:,} training rows")
-        + f": {steps * batch / max(used, 1):.1f} passes over them."
+        + f": {steps * batch / max(tr['train_sentences'], 1):.1f} passes over them"
+        + (" and their strings of vocabulary words." if tr.get("train_word_strings") else ".")
         + (
             " Far fewer steps than planned (they ran slower than the plan measured): it is untrained."
             if untrained

@@ -181,7 +181,8 @@ def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
     md = (compressed / "report.md").read_text().splitlines()
     assert md[2] == v["lines"][0] and md[2].startswith("Verdict: ") and "of 35 search queries" in md[2]
     assert md[4] == v["lines"][1] and "It trained 40 of the 40 planned steps of 16 sentences" in md[4]
-    assert "on 200 of the 200 sentences of its training text (100%): 3.2 passes over them." in md[4]
+    # 40 steps of 16 over the 200 sentences and their 200 strings of words
+    assert "on 200 of the 200 sentences of its training text (100%): 1.6 passes over them and their" in md[4]
     if not v["usable_for_search"]:  # 40 steps x 16 of the 2,200 x 32 a useful student needed: the budget for 4,400
         assert f"Suggested budget: --max-time {v['suggested_max_time']}: 4,400 steps of 16" in md[6]
 
