@@ -1122,9 +1122,12 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
             **{**TINY_RUN, "overrides": {"embedding_size": 48}},
         )
 
+    from sharebert_runtime.outdir import mark_out, read_mark
+
     killed = tmp_path / "killed"
-    killed.mkdir()
-    for f in [*out.glob("teacher_targets-*.npy"), out / "sharebert_run.json"]:  # its marker: written before the pass
+    mark = read_mark(out)
+    mark_out(killed, mark["command"], mark["fingerprint"])  # the marker a run writes in its folder before the pass
+    for f in out.glob("teacher_targets-*.npy"):
         (killed / f.name).write_bytes(f.read_bytes())
     with pytest.raises(ValueError, match="no complete checkpoint to continue from; start it again with --overwrite"):
         distill_embedding(minilm_dir, "sharebert-tiny", killed, args=short, resume=True, **TINY_RUN)
