@@ -86,6 +86,13 @@ test-latest:
 	$(LATEST_VENV)/bin/python -m pip freeze --all --exclude-editable | grep -v ' @ ' | diff $(LOCK) - | grep '^[<>] [^#]' || true
 	OMP_NUM_THREADS=1 $(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=10 -m "not slow" tests
 
+# The torch-free runtime on aarch64 under qemu's user-mode emulation (docs/DEVICE.md "aarch64 (emulated)"): the
+# qemu, the arm64 Python and the wheels are built once into .aarch64/, then `sharebert verify`, the agreement with
+# x86-64 and tests/deploy/ run there, on artifacts this venv exports.
+.PHONY: test-aarch64
+test-aarch64: $(STAMP)
+	PY=$(PY) bash .ci/aarch64
+
 # The web tier (docs/DEVICE.md "In a web page or in Node"): examples/web's npm modules from its lock (no install
 # scripts: .npmrc), then the tests marked `web`: Node always, headless Chromium where it is installed
 # (/usr/bin/chromium or $CHROMIUM; `apt-get install chromium`). Each is skipped, in one line, without them.
