@@ -38,10 +38,11 @@ lint: $(STAMP)
 WORKERS ?= 2
 XDIST := -n $(WORKERS) --dist loadfile
 
-# Everything: the lint, then every test. Each recipe line's exit status is make's: a lint finding stops it
-# before the tests, and pytest's own status (1 failures, 2 interrupted, 5 nothing collected) fails `make test`.
+# Everything but the web tier (`make test-web`, which needs npm's modules): the lint, then every test. Each recipe
+# line's exit status is make's: a lint finding stops it before the tests, and pytest's own status (1 failures,
+# 2 interrupted, 5 nothing collected) fails `make test`.
 test: lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25 tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25 -m "not web" tests
 
 # The fast tier (under 3 minutes on 2 cores): every test not marked `slow`.
 test-fast: lint
