@@ -189,15 +189,36 @@ def print_result(r: dict) -> None:
         print(f"{r['artifact']} ram {r['ram']}: BELOW its thresholds {r.get('thresholds')}: {'; '.join(r['below'])}")
 
 
+def verify(root: Path) -> int:
+    """``sharebert verify`` (:meth:`Runtime.verify`, printed as the command prints it) on every recorded artifact
+    and RAM mode. A mode below its thresholds fails unless its figures at export, on x86-64, were below them too
+    (the artifact's own parity, not this CPU: an untrained fill-mask's near-ties in RAM int8)."""
+    from sharebert_runtime import Runtime
+    from sharebert_runtime.reference import below, report
+
+    failed = []
+    for run in json.loads((root / "x86" / "index.json").read_text(encoding="utf-8"))["runs"]:
+        result = Runtime(root / "artifacts" / run["artifact"], ram=run["ram"], threads=1).verify()
+        print(report(result))
+        if result["passed"]:
+            continue
+        at_export = [below(f["at_export"] or {}, result["thresholds"]) for f in result["outputs"].values()]
+        if all(at_export):
+            print(f"(not counted: {run['artifact']} ram {run['ram']} was below its thresholds at export on x86-64 too)")
+        else:
+            failed.append(f"{run['artifact']} ram {run['ram']}")
+    print(f"sharebert verify on {platform.machine()}: " + (f"FAIL ({', '.join(failed)})" if failed else "PASS"))
+    return 1 if failed else 0
+
+
+COMMANDS = {"record": record, "compare": compare, "verify": verify}
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("record", "compare"):
-        print("usage: aarch64_check.py {record,compare} ROOT", file=sys.stderr)
+    if len(argv) != 2 or argv[0] not in COMMANDS:
+        print(f"usage: aarch64_check.py {{{','.join(COMMANDS)}}} ROOT", file=sys.stderr)
         return 2
-    root = Path(argv[1])
-    if argv[0] == "record":
-        record(root)
-        return 0
-    return compare(root)
+    return COMMANDS[argv[0]](Path(argv[1])) or 0
 
 
 if __name__ == "__main__":
