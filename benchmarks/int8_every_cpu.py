@@ -84,12 +84,12 @@ def main() -> None:
         quantize_dynamic,
         quantize_static,
     )
-    from sharebert_runtime import Runtime
-    from sharebert_runtime import artifact as contract
     from transformers import AutoTokenizer
 
     from sharebert.export import export_model, graph
     from sharebert.formats.paths import data_path
+    from sharebert_runtime import Runtime
+    from sharebert_runtime import artifact as contract
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", nargs="?", type=Path)

@@ -27,8 +27,8 @@ import os
 import re
 import shutil
 import signal
-import sys
 import stat
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable

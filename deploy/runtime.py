@@ -23,7 +23,6 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from .errors import first_line
 from .artifact import (
     DEPTH,
     EXTERNAL_DATA_FOLDER,
@@ -47,6 +46,7 @@ from .artifact import (
     session_options,
     verify_artifact,
 )
+from .errors import first_line
 from .memory import give_back, settle
 from .pooling import check_mode, l2_normalize, pool
 from .untrusted import TOKENIZER_BYTES, check_size

@@ -51,7 +51,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .memory import give_back, limit_arenas
 
-
 TASK_PATHS = {
     "fill-mask": "/fill-mask",
     "text-classification": "/classify",

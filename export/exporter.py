@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
+from sharebert.formats.model_folder import check_has_tokenizer, read_config
 from sharebert_runtime import artifact
 from sharebert_runtime.cpu import cpu_info, describe
 from sharebert_runtime.errors import first_line
-from sharebert_runtime.reference import KEY as REFERENCE
-from sharebert.formats.model_folder import check_has_tokenizer, read_config
 from sharebert_runtime.outdir import check_out_dir, disk_full, read_json, write_json
+from sharebert_runtime.reference import KEY as REFERENCE
 
 WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
@@ -300,9 +300,9 @@ def export_decoder(model, path: Path, opset: int) -> tuple[list[str], list[str]]
     ``present.{i}.key|value`` ``(B, heads, P + T, d)`` out, and ``logits`` ``(B, T, vocab)``."""
     import torch
 
-    from .torch_onnx import TEXT_AXES, export_onnx, text_inputs
-
     from sharebert.model.modeling_sharebert import CACHE
+
+    from .torch_onnx import TEXT_AXES, export_onnx, text_inputs
 
     c = model.config
     layers, heads, past = int(c.num_hidden_layers), int(c.num_attention_heads), 16
@@ -647,9 +647,8 @@ def _build(
     steps.close()
     ort_entry = web_entry = None
     if o.format == "web":  # the ONNX graph checked and measured above becomes transformers.js' onnx/ folder
-        from .web_format import to_web_format
-
         from .sentence_embedding import OUTPUT
+        from .web_format import to_web_format
 
         embedding = None if recipe is None else {**recipe[0].as_dict(), "output": OUTPUT}
         about = {"task": o.task, "max_length": max_length, "embedding": embedding}
@@ -763,7 +762,8 @@ def _store_weights(proto, path: Path, o: ExportOptions, tokenizer, max_length: i
     after a quantizer that works on files) and what materialization folded (None: compact weights)."""
     import onnx
 
-    from . import graph, quantize as q
+    from . import graph
+    from . import quantize as q
 
     folded = graph.materialize(proto, views=o.quantize.startswith("int8-")) if o.weights == "materialized" else None
     if o.quantize in ("int8", "fp16"):

@@ -17,6 +17,7 @@ import csv
 from pathlib import Path
 
 import numpy as np
+
 from sharebert.formats.bars import bar
 from sharebert_runtime.textlines import check_text_file, numbered_lines
 
@@ -270,6 +271,7 @@ def reference_entry(
     here (``at_export``); None when no sentence fits. ``embedding``: ``(graph output, f(token states, mask))``, the
     sentence embedding a feature-extraction graph computes (before normalisation), stored instead of the states."""
     import torch
+
     from sharebert_runtime import reference as ref
     from sharebert_runtime.artifact import model_feeds
 

@@ -24,17 +24,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from sharebert_runtime.artifact import (
     MODEL,
-    RAM_INT8_COMPUTE as COMPUTE,
-    RAM_INT8_GENERATOR as GENERATOR,
     RAM_INT8_RECORD,
-    RAM_INT8_ROWS as ROWS,
     product_rows,
     quantize_per_channel,
     quantize_rows,
     session_options,
     weights_record,
+)
+from sharebert_runtime.artifact import (
+    RAM_INT8_COMPUTE as COMPUTE,
+)
+from sharebert_runtime.artifact import (
+    RAM_INT8_GENERATOR as GENERATOR,
+)
+from sharebert_runtime.artifact import (
+    RAM_INT8_ROWS as ROWS,
 )
 
 from .depth import inline_layers, is_wrapped, wrap_layers

@@ -6,10 +6,9 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sharebert.export.quantize import HELP as QUANTIZE_HELP
     from sharebert_runtime import options as opt
     from sharebert_runtime.artifact import TASKS
-
-    from sharebert.export.quantize import HELP as QUANTIZE_HELP
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = "quantization modes:\n" + "\n".join(f"  {k:13s} {v}" for k, v in QUANTIZE_HELP.items())

@@ -570,10 +570,9 @@ def teacher_cache(teacher, task: str) -> Path:
     it the int8-dynamic export the bar refuses)."""
     import hashlib
 
+    from .. import export
     from ..formats.paths import cache_dir
     from ..training.fingerprint import teacher_fingerprint
-
-    from .. import export
 
     sources = sorted(Path(export.__file__).parent.glob("*.py"))
     key = json.dumps(
@@ -705,6 +704,7 @@ def check_train(train) -> None:
     """``--train`` files refused in one line before any model loads (torch-free): missing, not a regular file (a
     FIFO, a device), empty, binary, or a ``.tsv`` whose first line is no GLUE header."""
     from sharebert_runtime.textlines import resolve_sources
+
     from ..training.glue import text_fields
 
     for src in resolve_sources(train) if train else ():

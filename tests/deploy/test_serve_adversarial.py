@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from sharebert_runtime import Runtime
-from sharebert_runtime.runtime import shortest_floats, top_k_softmax
-from sharebert_runtime.serve import make_server
 
 from sharebert.export.exporter import export_model
 from sharebert.formats.build import build_model
+from sharebert_runtime import Runtime
+from sharebert_runtime.runtime import shortest_floats, top_k_softmax
+from sharebert_runtime.serve import make_server
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 LIMITS = dict(

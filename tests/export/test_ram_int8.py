@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sharebert_runtime import Runtime
-from sharebert_runtime import artifact as contract
-from sharebert_runtime import runtime as runtime_module
 
 from sharebert.export.exporter import export_model
 from sharebert.formats.build import build_model
+from sharebert_runtime import Runtime
+from sharebert_runtime import artifact as contract
+from sharebert_runtime import runtime as runtime_module
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from sharebert_runtime.main import main
 from sharebert.training.distill_embedding import (
     HEAD_FIT,
     EmbeddingProjections,
@@ -26,6 +25,7 @@ from sharebert.training.distill_embedding import (
     read_sentences,
     recipe_head,
 )
+from sharebert_runtime.main import main
 
 SENTENCES = [
     "A man is playing a guitar.",
@@ -230,8 +230,8 @@ def test_resume_with_a_larger_budget_trains_on_and_exports_the_new_student(
 
     from transformers import AutoTokenizer
 
-    from sharebert_runtime import Runtime
     from sharebert.formats.recipe import read_recipe
+    from sharebert_runtime import Runtime
 
     monkeypatch.setenv("SHAREBERT_CACHE", str(compressed.parent / "cache"))  # the resumed run's, as on a user's machine
     out = tmp_path / "run"
@@ -368,8 +368,8 @@ def test_resume_with_another_teacher_is_refused_naming_it(compressed, minilm_dir
 def test_student_is_a_sentence_transformers_folder_and_its_artifact_gives_its_embeddings(compressed):
     from sentence_transformers import SentenceTransformer
 
-    from sharebert_runtime import Runtime
     from sharebert.formats.recipe import read_recipe
+    from sharebert_runtime import Runtime
 
     student = compressed / "student"
     recipe = read_recipe(student)
@@ -419,9 +419,9 @@ def test_a_student_folder_distilled_further_keeps_its_own_head(compressed, minil
 def test_fp32_artifact_equals_the_pytorch_student(compressed, tmp_path):
     from transformers import AutoTokenizer
 
-    from sharebert_runtime import Runtime
     from sharebert.export import export_model
     from sharebert.formats.recipe import read_recipe
+    from sharebert_runtime import Runtime
 
     student = compressed / "student"
     export_model(student, tmp_path / "fp32", task="feature-extraction", check_limit=16, runs=2, progress=False)
@@ -997,9 +997,9 @@ def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_di
     import shutil
 
     from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
 
     from sharebert.training.distill_embedding import _teacher_targets
-    from transformers import AutoTokenizer
 
     teacher_dir = tmp_path / "teacher"
     shutil.copytree(minilm_dir, teacher_dir)

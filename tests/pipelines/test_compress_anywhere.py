@@ -363,9 +363,8 @@ def test_report_rows_say_what_they_measured_and_the_calibration(tmp_path):
 
 
 def test_report_names_the_cpu_its_figures_came_from(tmp_path):
-    from sharebert_runtime.cpu import cpu_info, describe
-
     from sharebert.pipelines.compress import write_report
+    from sharebert_runtime.cpu import cpu_info, describe
 
     report = _report(tmp_path)
     written = write_report(tmp_path, {k: v for k, v in report.items() if k != "summary"}, "done.")
@@ -523,7 +522,6 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
     """`--out/student` from a distillation's folder: no checkpoint, teacher vectors, metrics or marker; its
     tokenizer's model_max_length and the recipe's max_seq_length are the length it was trained at; AutoModel and
     SentenceTransformer load it with trust_remote_code=True in a process where sharebert cannot be imported."""
-    from sharebert_runtime.outdir import mark_out
     from transformers import AutoTokenizer
 
     from sharebert.formats.recipe import read_recipe
@@ -531,6 +529,7 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
     from sharebert.model.modeling_sharebert import ShareBertModel
     from sharebert.pipelines.compress import publish_student
     from sharebert.training.distill_embedding import save_student
+    from sharebert_runtime.outdir import mark_out
 
     work = tmp_path / "work" / "student"
     tok = AutoTokenizer.from_pretrained(minilm_dir)
