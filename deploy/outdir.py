@@ -97,15 +97,17 @@ def check_out_dir(
         raise ValueError(f"--out {given} is a file, not a folder")
     if any(p.name != OutLock.NAME for p in out.iterdir()):  # a folder holding only a run's lock file is empty
         if not owned(out) and legacy is not None and legacy(out):
-            marker = (  # a marker there, but one that does not match the folder (vouched): copied, edited, by hand
-                f"whose {MARK} does not match what it holds"
-                if os.path.lexists(out / MARK)
-                else f"without the {MARK} that sharebert writes in its own output folders"
-            )
+            if os.path.lexists(out / MARK):  # a marker there that does not match the folder: edited, copied, by hand
+                why = vouched(out, read_mark(out) or {}) or f"its {MARK} names another command"
+                marker = f"whose {MARK} does not match what it holds ({why})"
+            else:
+                marker = (
+                    f"without the {MARK} that sharebert writes in its own output folders (one written by hand, "
+                    "another tool, or a sharebert older than the marker)"
+                )
             raise ValueError(
-                f"--out {given} holds a {kind} {marker} (one written by hand, another tool, or a sharebert older "
-                "than the marker): it is neither replaced nor resumed; move it away (or delete it) and run again, "
-                "or choose another --out"
+                f"--out {given} holds a {kind} {marker}: it is neither replaced nor resumed; move it away (or delete "
+                "it) and run again, or choose another --out"
             )
         if not owned(out):
             raise ValueError(

@@ -205,7 +205,7 @@ class Runtime:
             raise ValueError(f"depth must be an integer in 1..{limit} (the model's layers), got {depth!r}")
         return int(depth)
 
-    def at_depth(self, depth: int | None) -> "Runtime":
+    def at_depth(self, depth: int | None) -> Runtime:
         """This runtime running only the first ``depth`` encoder layers (None: all): a view sharing the
         loaded sessions and weights, so it costs no memory. Layer-shared models run every layer on the same
         generated weights, so a shallower depth needs nothing new; see ``sharebert evaluate glue --depths``

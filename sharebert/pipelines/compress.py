@@ -1446,7 +1446,7 @@ def plot_report(r: dict, path: Path) -> None:
     t, s = _sides(r)
     shown = [row for row in rows(r) if t.get(row[1]) is not None and s.get(row[1]) is not None]
     fig, axes = plt.subplots(1, len(shown), figsize=(2.9 * len(shown), 3.6), squeeze=False)
-    for ax, (label, key, fmt, unit) in zip(axes[0], shown):
+    for ax, (label, key, _fmt, unit) in zip(axes[0], shown):
         scale = 1e6 if unit in ("MB", "count") and max(t[key], s[key]) >= 1e6 else 1.0
         values = [t[key] / scale, s[key] / scale]
         bars = ax.bar(["teacher", "student"], values, color=["tab:gray", "tab:blue"])

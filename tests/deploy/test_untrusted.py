@@ -18,14 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sharebert_runtime.artifact import ArtifactError, verify_artifact
-from sharebert_runtime.outdir import atomic_output, write_json
-from sharebert_runtime.serve import BadRequest, parse_request
-from sharebert_runtime.untrusted import JSON_BYTES
 
 from sharebert.formats.model_folder import _check_tokenizer_files, check_convert, read_config
 from sharebert.formats.paths import default_vocab
 from sharebert.formats.recipe import DenseLayer, EmbeddingRecipe, read_recipe, write_recipe
+from sharebert_runtime.artifact import ArtifactError, verify_artifact
+from sharebert_runtime.outdir import atomic_output, write_json
+from sharebert_runtime.serve import BadRequest, parse_request
+from sharebert_runtime.untrusted import JSON_BYTES
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, embedding_size=16)
 QUICK = dict(check_limit=8, runs=1, shapes=("1x8",), progress=False)
@@ -702,9 +702,8 @@ def test_a_stop_signal_inside_a_finalizer_is_sent_again_not_lost(sig, raised, wh
     ],
 )
 def test_export_refuses_an_unreadable_recipe_file(tmp_path, name, kind, capsys):
-    from sharebert_runtime.main import main
-
     from sharebert.formats.build import build_model
+    from sharebert_runtime.main import main
 
     model = tmp_path / "model"
     build_model("sharebert-tiny", model, TINY, seed=0)

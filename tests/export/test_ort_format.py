@@ -8,8 +8,9 @@ import shutil
 import numpy as np
 import pytest
 
+from sharebert.export.exporter import export_model
+from sharebert.export.ort_format import parse_required_operators
 from sharebert.formats.build import build_model
-from sharebert_runtime.main import main
 from sharebert_runtime import ArtifactError, Runtime
 from sharebert_runtime.artifact import (
     MANIFEST,
@@ -20,8 +21,7 @@ from sharebert_runtime.artifact import (
     assemble_ort,
     verify_artifact,
 )
-from sharebert.export.exporter import export_model
-from sharebert.export.ort_format import parse_required_operators
+from sharebert_runtime.main import main
 
 QUICK = dict(check_limit=16, runs=3, progress=False)
 SENTENCES = [

@@ -254,30 +254,24 @@ def test_resume_of_a_finished_run_with_a_larger_budget_is_refused_not_ignored(cl
 def test_resume_with_a_damaged_record_is_one_line_naming_the_file(
     classifier_run, tmp_path, part, text, message, capsys
 ):
+    """A file the finished run wrote, changed since: the marker no longer vouches for the folder, so it is neither
+    resumed nor replaced (the refusal names the file); a record damaged before the run sealed it (the marker
+    vouching for it) is refused by its reader, naming it."""
     import shutil
+
+    from sharebert_runtime.outdir import seal_out
 
     out = tmp_path / "out"
     shutil.copytree(classifier_run / "out", out)
     (out / part).write_text(text)
+    argv = ["compress", str(classifier_run / "teacher"), "--out", str(out), "--max-steps", str(STEPS)]
+    argv += ["--max-params", str(MAX_PARAMS), "--augment", "1", "--resume"]
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "compress",
-                str(classifier_run / "teacher"),
-                "--out",
-                str(out),
-                "--max-steps",
-                str(STEPS),
-                "--max-params",
-                str(MAX_PARAMS),
-                "--augment",
-                "1",
-                "--resume",
-            ]
-        )
-        == 2
-    )
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{part} is not the file the run wrote" in err and "move it away" in err
+    seal_out(out)
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and "--overwrite" in err, err
 

@@ -76,10 +76,10 @@ def test_an_export_reads_no_position_past_the_learned_ones(teachers, model_type,
 @pytest.mark.parametrize("model_type", list(ARCHITECTURES))
 def test_export_of_any_architecture_runs_torch_free_as_pytorch(teachers, model_type, tmp_path):
     from sentence_transformers import SentenceTransformer
-    from sharebert_runtime import Runtime
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from sharebert.export import export_model
+    from sharebert_runtime import Runtime
 
     folder = teachers[model_type]["embedding"]
     export_model(folder, tmp_path / "emb", check_limit=16, runs=1, progress=False)
@@ -228,6 +228,7 @@ def test_short_distillation_of_any_teacher_improves_the_students_cosine(teachers
 )
 def test_folders_that_are_no_encoder_teacher_get_one_line_errors(teachers, tmp_path, kind, message, capsys):
     import transformers
+
     from sharebert_runtime.main import main
 
     folder = tmp_path / kind
@@ -254,9 +255,8 @@ def test_folders_that_are_no_encoder_teacher_get_one_line_errors(teachers, tmp_p
 
 @pytest.mark.slow
 def test_the_teachers_artifact_takes_the_first_quantization_that_keeps_it(teachers, tmp_path, monkeypatch):
-    from sharebert_runtime.outdir import read_json
-
     from sharebert.pipelines import compress as t
+    from sharebert_runtime.outdir import read_json
 
     folder, said = teachers["mpnet"]["embedding"], []
     art, mode, refused = t.export_teacher(folder, tmp_path / "a", "feature-extraction", False, said.append)
@@ -285,14 +285,14 @@ def test_compress_of_a_classifier_cuts_its_vocabulary_maps_ids_exactly_and_learn
     """A classifier teacher's vocabulary cut (--vocab-size): the statement of what was kept, the student's and the
     device runtime's tokenizer giving the teacher's very tokens on covered text, and a short task distillation
     agreeing with the teacher's labels more than the student it started from."""
-    from sharebert_runtime import Runtime
-    from sharebert_runtime.main import main
     from tiny_teachers import trained_classifier
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from sharebert.formats.paths import data_path
     from sharebert.training.distill import load_student
     from sharebert.training.glue import get_task, read_split
+    from sharebert_runtime import Runtime
+    from sharebert_runtime.main import main
 
     teacher, out = trained_classifier(tmp_path, model_type), tmp_path / "out"
     assert (
@@ -349,9 +349,10 @@ def test_compress_of_a_classifier_cuts_its_vocabulary_maps_ids_exactly_and_learn
 def test_mlm_distillation_takes_a_masked_lm_teacher_of_any_architecture(model_type, tmp_path, capsys):
     """`distill --objective mlm` from each architecture's masked-LM head: soft targets over the teacher's own
     vocabulary, a student that keeps that tokenizer."""
-    from sharebert_runtime.main import main
     from tiny_teachers import masked_lm
     from transformers import AutoTokenizer
+
+    from sharebert_runtime.main import main
 
     teacher, text, out = masked_lm(tmp_path, model_type), tmp_path / "train.txt", tmp_path / "student"
     text.write_text("\n".join(training_text(1200)[1000:1200]))
@@ -388,8 +389,9 @@ def test_mlm_distillation_takes_a_masked_lm_teacher_of_any_architecture(model_ty
 def test_report_counts_a_folder_of_any_architecture_as_transformers_builds_it(teachers, model_type, capsys):
     """`report --model` of another architecture: the parameters transformers' model has, by component, and the
     FLOPs of its forward; --set (a ShareBERT shape) refused in one line."""
-    from sharebert_runtime.main import main
     from transformers import AutoModelForSequenceClassification
+
+    from sharebert_runtime.main import main
 
     folder = teachers[model_type]["classifier"]
     assert main(["report", "--model", str(folder), "--head", "classifier", "--format", "json"]) == 0
@@ -422,10 +424,10 @@ def test_a_sentence_transformers_folder_exports_as_a_sentence_encoder_whatever_i
     masked_lm_named, model_type, tmp_path, capsys
 ):
     from sentence_transformers import SentenceTransformer
-    from sharebert_runtime import Runtime
-    from sharebert_runtime.main import main
 
     from sharebert.export.exporter import infer_task
+    from sharebert_runtime import Runtime
+    from sharebert_runtime.main import main
 
     folder = masked_lm_named[model_type]
     config = json.loads((folder / "config.json").read_text())

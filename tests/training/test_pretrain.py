@@ -354,7 +354,8 @@ def test_tokenizer_config_mismatch_is_refused_before_training(tmp_path, model_di
     config = json.loads((bad / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
     rc = main(["pretrain", "--model", str(bad), "--train", str(corpus), "--out", str(tmp_path / "o")])
-    assert rc == 2 and "config.vocab_size is 1000" in capsys.readouterr().err
+    # the config's vocab_size against the weights' rows comes first (the tokenizer's check: test_corpus)
+    assert rc == 2 and "vocab_size 1,000, but the word embeddings" in capsys.readouterr().err
     assert not (tmp_path / "o" / "log.jsonl").exists()
 
 
