@@ -182,7 +182,7 @@ class BudgetTooSmall(ValueError):
 # The verdict (:func:`search_verdict`). A student is usable for search when it gives the teacher's top-1 answer on
 # at least 9 of 10 of the package's search queries (32 of 35): a user who swaps teacher for student then sees the
 # same first result for nine searches in ten. The 5-minute demo's students reach 30-34 of 35 and a 30-step student
-# 17 (docs/RESULTS.md, issue 46): the line parts a trained student from an untrained one.
+# 17 (docs/RESULTS.md): the line parts a trained student from an untrained one.
 USABLE_SEARCH = 0.9
 # Steps of a batch after which all-MiniLM-L6-v2's 4M student passed USABLE_SEARCH: 2,185 steps of 32 gave 34 of 35,
 # 1,164 gave 30 (docs/RESULTS.md). Measured for that teacher only: the suggested budget says so.
