@@ -29,7 +29,7 @@ from sharebert_runtime.reference import KEY as REFERENCE
 WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
 CALIBRATION_SENTENCES = 128
-RAM_INT8_CHECK_SENTENCES = 256  # parity of the RAM-int8 mode, which ram="auto" reads (ram_int8.ram_int8_parity)
+RAM_INT8_CHECK_SENTENCES = 256  # parity of the RAM-int8 mode, which ram="auto" reads (ram_int8.measure_ram_int8)
 DEPTH_CHECK_SENTENCES = 32  # parity at depth 1 (the gated layers' else-branches) on this many sentences
 _AUTO = {
     "fill-mask": "AutoModelForMaskedLM",
@@ -704,17 +704,15 @@ def _build(
         int8_ready = bool((manifest.get("ram_int8") or {}).get("weights"))
         manifest[REFERENCE] = {**reference, "thresholds": reference_thresholds(o.quantize, int8_ready)}
     _write_manifest(tmp, manifest)
-    if "int8" in (manifest.get(REFERENCE) or {}).get("thresholds", {}):  # RAM int8 here, as the device loads it
-        from .parity import reference_ram_int8
+    if (manifest.get("ram_int8") or {}).get("weights"):  # RAM int8 on the finished folder, as the device loads it
+        from .ram_int8 import measure_ram_int8
 
-        manifest[REFERENCE]["at_export_ram_int8"] = reference_ram_int8(tmp)
-        (tmp / artifact.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    if manifest.get("ram_int8", {}).get("weights"):  # measured on the finished folder, as the device loads it
-        from .ram_int8 import ram_int8_parity
-
-        manifest["ram_int8"]["parity"] = ram_int8_parity(
+        parity, at_export = measure_ram_int8(
             tmp, model, tokenizer, o.task, sentences[:RAM_INT8_CHECK_SENTENCES], labels, max_length, recipe
         )
+        manifest["ram_int8"]["parity"] = parity
+        if at_export is not None:
+            manifest[REFERENCE]["at_export_ram_int8"] = at_export
         (tmp / artifact.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
 

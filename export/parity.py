@@ -298,13 +298,3 @@ def reference_entry(
     got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     entry["at_export"] = ref.figures(entry, got, mask, "the export")
     return entry
-
-
-def reference_ram_int8(folder) -> dict:
-    """The RAM-int8 mode's figures on the stored inputs (``reference.at_export_ram_int8``), measured on the finished
-    artifact ``folder`` as a device loads it, so that ``sharebert verify --ram int8`` elsewhere has this CPU's to
-    compare with."""
-    from sharebert_runtime import Runtime
-    from sharebert_runtime.reference import replay
-
-    return replay(Runtime(folder, ram="int8", threads=1))[0]

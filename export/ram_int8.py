@@ -468,16 +468,20 @@ class _Int8Session:
         return [o.numpy() for o in self.runtime.session.run_with_ort_values(names, values)]
 
 
-def ram_int8_parity(folder: Path, model, tokenizer, task: str, sentences, labels, max_length: int, recipe) -> dict:
-    """Parity of the artifact at ``folder`` run as ``Runtime(folder, ram="int8")`` (weights quantized at load,
-    dynamic-int8 activations) with PyTorch, on the export's check sentences, and the figures below the ``int8``
-    thresholds. ``ram="auto"`` holds the weights as int8 only where none is (``resolved_ram``): the activations'
-    rounding, one scale for a whole batch, costs a small model nothing measurable and a 6-layer BERT ~1% cosine."""
+def measure_ram_int8(folder: Path, model, tokenizer, task: str, sentences, labels, max_length: int, recipe):
+    """The finished artifact at ``folder`` loaded once as ``Runtime(folder, ram="int8")`` (weights quantized at load,
+    dynamic-int8 activations), as a device loads it: ``(parity, at_export)``. ``parity``: against PyTorch on the
+    export's check sentences, with the figures below the ``int8`` thresholds; ``ram="auto"`` holds the weights as
+    int8 only where none is (``resolved_ram``): the activations' rounding, one scale for a whole batch, costs a small
+    model nothing measurable and a 6-layer BERT ~1% cosine. ``at_export``: the figures on the manifest's stored
+    reference inputs (``sharebert verify --ram int8`` compares with them), None without a reference."""
     from sharebert_runtime import Runtime
+    from sharebert_runtime.reference import KEY, replay
 
     from .parity import below_thresholds, check_parity
 
-    session = _Int8Session(Runtime(folder, ram="int8", threads=1))
+    runtime = Runtime(folder, ram="int8", threads=1)
+    session = _Int8Session(runtime)
     parity = check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=False)
     below = below_thresholds(parity, "int8")
     if recipe is not None:
@@ -489,4 +493,5 @@ def ram_int8_parity(folder: Path, model, tokenizer, task: str, sentences, labels
     figures = {k: v for k, v in parity.items() if k in keep}
     if "sentence_embedding" in parity:
         figures["sentence_embedding"] = {k: v for k, v in parity["sentence_embedding"].items() if k in keep}
-    return {**figures, "below_thresholds": below}
+    at_export = replay(runtime)[0] if KEY in runtime.manifest else None
+    return {**figures, "below_thresholds": below}, at_export

@@ -251,13 +251,10 @@ EXCEPTIONS = {
         "sharebert_runtime.pooling",
     ): "the exported pooling graph and the runtime's pooling share deploy/pooling.py's one list of modes",
     (
-        "sharebert.export.parity",
-        "sharebert_runtime",
-    ): "the artifact's reference records RAM int8's figures on the finished folder, loaded as a device loads it",
-    (
         "sharebert.export.ram_int8",
         "sharebert_runtime",
-    ): "RAM int8's parity, which ram='auto' reads, is measured on the finished folder as the device's runtime runs it",
+    ): "RAM int8's parity (ram='auto' reads it) and its figures on the stored reference, measured on the finished "
+    "folder as the device's runtime runs it",
 }
 
 
