@@ -543,7 +543,8 @@ class Runtime:
         ``pooling`` (one of :data:`~sharebert_runtime.pooling.POOLING_MODES`): pool the encoder's token states this way
         instead. The recipe's Dense layers were trained on its own pooling, so a different mode gives the pooled token
         states (hidden-size vectors) without them; the recipe's own mode is the default. ``normalize``: L2-normalise or
-        not (default: as the recipe says)."""
+        not (default: as the recipe says); ``False`` gives the recipe's vector unnormalised in a web folder too, whose
+        graph normalises (:meth:`_unnormalized`)."""
         self._need("feature-extraction")
         recipe = self.manifest.get("embedding") or {"pooling": "cls", "normalize": False}
         pooling = check_mode(recipe["pooling"] if pooling is None else pooling)
@@ -551,6 +552,8 @@ class Runtime:
         if not isinstance(normalize, (bool, np.bool_)):
             raise ValueError(f"normalize must be true or false, got {normalize!r}")
         in_graph = recipe.get("output") if pooling == recipe["pooling"] else None
+        if in_graph and recipe["normalize"] and not normalize:
+            in_graph = self._unnormalized(in_graph)
         if recipe.get("do_lower_case"):
             texts = [t.lower() if isinstance(t, str) else t for t in ([texts] if isinstance(texts, str) else texts)]
 
@@ -563,6 +566,21 @@ class Runtime:
             return list(np.array(vectors, dtype=np.float32))  # copies: the (B, T, H) states are freed
 
         return self._answered(texts, answer)
+
+    def _unnormalized(self, output: str) -> str:
+        """The graph output holding ``output`` before the recipe's Normalize: ``output`` itself, except in a web
+        folder, whose graph normalises it (``manifest["web"]["unnormalized_output"]`` keeps the vector before);
+        a web folder without that output refuses ``normalize=False`` in one line rather than give normalised
+        vectors."""
+        if self.manifest.get("model_format") != "web":
+            return output
+        raw = (self.manifest.get("web") or {}).get("unnormalized_output")
+        if raw not in self.output_names:
+            raise ValueError(
+                f"{self.path}'s graph normalises {output} and keeps no vector before it: normalize=False needs "
+                "the folder exported again (sharebert export --format web), or an artifact of --format onnx"
+            )
+        return raw
 
     def generate(self, prompts, max_new_tokens: int = 20, use_cache: bool = True) -> Predictions:
         """Greedy continuation of each prompt (a causal-LM artifact): the generated text only.

@@ -20,7 +20,9 @@ The graph is the checked ONNX artifact's, with four changes, each for onnxruntim
 
 A feature-extraction graph keeps its ``sentence_embedding`` output (the recipe's pooling and Dense layers as
 nodes), and a recipe's Normalize, which ``sharebert_runtime`` applies in numpy, becomes nodes too: that output is
-the recipe's embedding whatever the pipeline's pooling options (``model(inputs).sentence_embedding``).
+the recipe's embedding whatever the pipeline's pooling options (``model(inputs).sentence_embedding``). The vector
+before that Normalize stays an output as well (``sentence_embedding_unnormalized``, named by the manifest's
+``web.unnormalized_output``): what ``Runtime.embed(normalize=False)`` returns.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ DTYPES = {"none": "fp32", "int8": "q8"}
 FILES = {"fp32": "model.onnx", "q8": "model_quantized.onnx"}
 PARITY_SENTENCES = 16
 PARITY_TOLERANCE = 1e-5
+UNNORMALIZED = "_unnormalized"  # the recipe's vector before the in-graph Normalize: <output>_unnormalized
 
 
 def web_model_name(quantize: str) -> str:
@@ -99,14 +102,16 @@ def doubles_as_floats(model) -> int:
     return changed
 
 
-def normalize_output(model, output: str) -> None:
+def normalize_output(model, output: str) -> str:
     """Divide the graph output ``output`` (``(B, D)``) by its L2 norm, at least 1e-12 (``pooling.l2_normalize``, torch's
-    ``F.normalize``), in place: the recipe's Normalize, which sharebert_runtime applies in numpy, in the graph."""
+    ``F.normalize``), in place: the recipe's Normalize, which sharebert_runtime applies in numpy, in the graph. The
+    vector before it stays a graph output too (returned: its name), so ``Runtime.embed(normalize=False)`` can still
+    give the recipe's pooled and projected vector unnormalised."""
     import numpy as np
     from onnx import helper, numpy_helper
 
     g = model.graph
-    raw = output + "_unnormalized"
+    raw = output + UNNORMALIZED
     for n in g.node:
         n.output[:] = [raw if o == output else o for o in n.output]
     axes, eps = output + "_axes", output + "_eps"
@@ -125,6 +130,10 @@ def normalize_output(model, output: str) -> None:
     for op, inputs, name, attrs in steps:
         g.node.append(helper.make_node(op, inputs, [f"{output}_{name}"], name=f"{output}_{name}", **attrs))
     g.node.append(helper.make_node("Div", [raw, output + "_norm_eps"], [output], name=output + "_normalize"))
+    kept = g.output.add()
+    kept.name = raw
+    kept.type.CopyFrom(next(o for o in g.output if o.name == output).type)
+    return raw
 
 
 def web_config(config: dict, quantize: str, sharebert: dict) -> dict:
@@ -161,8 +170,8 @@ def to_web_format(
     dequantized = dequantize_by_cast(proto)
     doubles = doubles_as_floats(proto)
     embedding = sharebert.get("embedding")
-    if embedding and embedding["normalize"]:
-        normalize_output(proto, embedding["output"])
+    normalized = embedding["output"] if embedding and embedding["normalize"] else None
+    raw = normalize_output(proto, normalized) if normalized else None
     name = web_model_name(quantize)
     (out_dir / WEB_DIR).mkdir()
     onnx.save(proto, str(out_dir / name))
@@ -172,16 +181,19 @@ def to_web_format(
     )
     web = ort.InferenceSession(str(out_dir / name), session_options(), providers=["CPUExecutionProvider"])
     reference_names = [o.name for o in reference.get_outputs()]
-    if reference_names != [o.name for o in web.get_outputs()]:
+    if [*reference_names, *([raw] if raw else [])] != [o.name for o in web.get_outputs()]:
         raise ArtifactError(f"the web graph's outputs differ from model.onnx's ({reference_names})")
+    # each web output beside the model.onnx output it must equal (the unnormalised one: the recipe's output as is)
+    pairs = [(n, n) for n in reference_names] + ([(normalized, raw)] if raw else [])
     worst, count = 0.0, min(len(sentences), PARITY_SENTENCES)
     for start in range(0, count, 4):
         batch = encode(tokenizer, sentences[start : min(start + 4, count)], max_length)
         ids, mask = batch["input_ids"], batch["attention_mask"]
-        want = reference.run(None, model_feeds(reference.get_inputs(), ids, mask))
-        got = web.run(None, model_feeds(web.get_inputs(), ids, mask))
-        for name_, a, b in zip(reference_names, want, got):
-            if embedding and embedding["normalize"] and name_ == embedding["output"]:
+        want = dict(zip(reference_names, reference.run(None, model_feeds(reference.get_inputs(), ids, mask))))
+        got = dict(zip([o.name for o in web.get_outputs()], web.run(None, model_feeds(web.get_inputs(), ids, mask))))
+        for source, name_ in pairs:
+            a, b = want[source], got[name_]
+            if name_ == normalized:
                 a = a / np.maximum(np.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
             diff = float(np.max(np.abs(a - b))) if a.size else 0.0
             if not (np.isfinite(b).all() and diff <= PARITY_TOLERANCE):
@@ -198,5 +210,6 @@ def to_web_format(
         "model_bytes": (out_dir / name).stat().st_size,
         "dequantize_by_cast": dequantized,
         "float64_as_float32": doubles,
+        **({"unnormalized_output": raw} if raw else {}),
         "parity_vs_onnx": {"sentences": count, "max_abs_diff": worst},
     }

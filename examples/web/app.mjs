@@ -35,6 +35,7 @@ function cosine(a, b) {
   return dot / Math.sqrt(Math.max(aa * bb, 1e-24));
 }
 
+// The first results of `ranked` and the query's time (`ms`; null for an empty box: no results, no time).
 function show(ranked, ms) {
   $("results").replaceChildren(
     ...ranked.slice(0, 8).map(({ text, score }) => {
@@ -46,8 +47,8 @@ function show(ranked, ms) {
       return li;
     }),
   );
-  $("stats").dataset.query = `${ms.toFixed(1)} ms`;
-  $("stats").textContent = `${$("stats").dataset.base} · this query ${ms.toFixed(1)} ms`;
+  $("stats").dataset.query = ms === null ? "" : `${ms.toFixed(1)} ms`;
+  $("stats").textContent = $("stats").dataset.base + (ms === null ? "" : ` · this query ${ms.toFixed(1)} ms`);
 }
 
 async function main() {
@@ -61,15 +62,23 @@ async function main() {
   let pending = Promise.resolve();
   $("query").addEventListener("input", () => {
     const text = $("query").value;
-    pending = pending.then(async () => {
-      if (text !== $("query").value) return; // a newer keystroke: answer that one
-      const t0 = performance.now();
-      const [q] = await model.embed([text]);
-      const ranked = corpus
-        .map((v, i) => ({ text: sentences[i], score: cosine(v, q) }))
-        .sort((a, b) => b.score - a.score);
-      show(ranked, performance.now() - t0);
-    });
+    pending = pending
+      .then(async () => {
+        if (text !== $("query").value) return; // a newer keystroke: answer that one
+        $("error").textContent = "";
+        if (!text.trim()) return show([], null); // nothing typed: no ranking (the runtime would embed it as [CLS] [SEP])
+        const t0 = performance.now();
+        const [q] = await model.embed([text]);
+        const ranked = corpus
+          .map((v, i) => ({ text: sentences[i], score: cosine(v, q) }))
+          .sort((a, b) => b.score - a.score);
+        show(ranked, performance.now() - t0);
+      })
+      .catch((e) => {
+        // said on the page; the chain goes on, so the next keystroke is answered (a rejected chain would hang it)
+        $("error").textContent = `could not answer: ${e?.message ?? e}`;
+        $("stats").dataset.query = "error";
+      });
   });
   $("query").disabled = false;
   $("query").focus();

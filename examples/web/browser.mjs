@@ -1,7 +1,8 @@
 // node browser.mjs --url URL --texts TEXTS.json --out OUT.json [--query TEXT --screenshot PNG]
 // Opens URL (index.html served from 127.0.0.1) in headless Chromium (puppeteer-core; $CHROMIUM or /usr/bin/chromium),
 // waits for the page's model, writes the page's check() of TEXTS.json (as node.mjs does, on onnxruntime-web's WASM)
-// to OUT.json; with --query, types it into the search box and saves a screenshot once the results show.
+// to OUT.json; with --query, types it into the search box, saves a screenshot once the results show, then empties the
+// box (the report's "search").
 // Every wait has a limit: a page that never answers is an error, never a hang.
 import { readFileSync, writeFileSync, existsSync } from "node:fs";
 import puppeteer from "puppeteer-core";
@@ -36,6 +37,24 @@ function within(promise, what) {
   return Promise.race([promise, limit]).finally(() => clearTimeout(timer));
 }
 
+// Types the query, saves the screenshot once the results show, then empties the box: the ranking goes, the page
+// answers on. Returns the results shown for the query and how many stay for the empty box.
+async function search(page, args) {
+  const shown = "document.querySelectorAll('#results li').length";
+  await page.type("#query", args.query);
+  await page.waitForFunction("document.getElementById('stats').dataset.query !== undefined");
+  await page.waitForFunction(`${shown} > 0`);
+  await page.screenshot({ path: args.screenshot, type: "png" });
+  const results = await page.$$eval("#results li", (items) => items.map((li) => li.textContent));
+  await page.$eval("#query", (box) => {
+    box.value = "";
+    box.dispatchEvent(new Event("input"));
+  });
+  await page.waitForFunction(`document.getElementById('stats').dataset.query === "" && ${shown} === 0`);
+  const error = await page.$eval("#error", (e) => e.textContent);
+  return { query: args.query, results, empty_query_results: await page.evaluate(shown), error };
+}
+
 async function run(args, texts) {
   const browser = await puppeteer.launch({
     executablePath: CHROMIUM,
@@ -55,13 +74,8 @@ async function run(args, texts) {
     if (error) throw new Error(`the page could not load its model: ${error}`);
     const report = await within(page.evaluate((t) => window.sharebertCheck(t), texts), "the page's check");
     report.runtime = `${await browser.version()}, onnxruntime-web wasm`;
+    if (args.query) report.search = await search(page, args);
     writeFileSync(args.out, JSON.stringify(report));
-    if (args.query) {
-      await page.type("#query", args.query);
-      await page.waitForFunction("document.getElementById('stats').dataset.query !== undefined");
-      await page.waitForFunction("document.querySelectorAll('#results li').length > 0");
-      await page.screenshot({ path: args.screenshot, type: "png" });
-    }
     if (errors.length) throw new Error(`the page threw: ${errors[0]}`);
   } finally {
     await browser.close();

@@ -29,7 +29,11 @@ export class ShareBert {
     if (!about) throw new Error(`${name}/config.json has no "sharebert" entry: not a sharebert --format web folder`);
     const Model = about.task === "text-classification" ? tf.AutoModelForSequenceClassification : tf.AutoModel;
     const options = device ? { config, device } : { config };
-    const [tokenizer, model] = await Promise.all([tf.AutoTokenizer.from_pretrained(name), Model.from_pretrained(name, options)]);
+    const graph = Model.from_pretrained(name, options).catch((e) => {
+      // ONNX Runtime's own words (a damaged or cut-short file: "protobuf parsing failed"), with the folder's name
+      throw new Error(`${name}: its graph could not be loaded (a damaged or partial copy? export it again): ${e?.message ?? e}`);
+    });
+    const [tokenizer, model] = await Promise.all([tf.AutoTokenizer.from_pretrained(name), graph]);
     return new ShareBert(tf, name, config, about, tokenizer, model, performance.now() - start);
   }
 
@@ -87,7 +91,8 @@ export class ShareBert {
 }
 
 /** What the tests and benchmarks compare: per text its ids; embeddings or labels of `sentences`, and the time
- * each sentence took (ms) after the first, which is "time to first answer" from the start of the load. */
+ * each sentence took (ms) after the first, which is "time to first answer" from the start of the load; then, untimed,
+ * the embeddings or labels of `hostile` (the empty string, 10,000 characters, control characters, ...). */
 export async function check(tf, name, sentences, hostile, options = {}) {
   checkTexts(sentences, "sentences");
   checkTexts(hostile, "hostile");
@@ -112,7 +117,9 @@ export async function check(tf, name, sentences, hostile, options = {}) {
     token_ids: model.tokenize(sentences),
     hostile_token_ids: model.tokenize(hostile),
   };
-  report[model.about.task === "text-classification" ? "labels" : "embeddings"] = results;
+  const key = model.about.task === "text-classification" ? "labels" : "embeddings";
+  report[key] = results;
+  report[`hostile_${key}`] = await answer(hostile);
   if (model.about.task === "text-classification") {
     const classifier = await tf.pipeline("text-classification", name, options);
     report.pipeline_labels = [];

@@ -44,28 +44,8 @@ TINY = dict(
 )
 QUICK = dict(check_limit=16, runs=3, progress=False, shapes=("1x16",))
 SENTENCES = 50
-HOSTILE = [
-    "",
-    "x" * 10_000,
-    "a good film . " * 770,  # 10,010 characters, far past the maximum length
-    "😀 🎬👍🏽 👨‍👩‍👧‍👦 great !!",
-    "mixed 中文 العربية русский ελληνικά עברית हिन्दी ไทย 日本語のテキスト",
-    "ctrl\x00\x01\x07\x1b[31m red \x7f end",
-    "tabs\tand\nnewlines\r\nand\x0bvertical\x0cfeed",
-    "zero\u200bwidth\u200cjoiner\u200d and \ufeffbom",
-    "nbsp\u00a0and\u2028line\u2029para",
-    "café naïve résumé Ångström",
-    "combining e\u0301 a\u0308 o\u0302",
-    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝓶𝓪𝓽𝓱 𝟙𝟚𝟛",
-    "[CLS] [SEP] [MASK] [PAD] [UNK]",
-    "<script>alert('x')</script> & &amp; \"quoted\"",
-    "   ",
-    "ALL CAPS SHOUTING AND MiXeD CaSe",
-    "numbers 3.14159 1,000,000 -42 1e10 0x1f",
-    "url https://example.com/a?b=c&d=e#f and mail a.b@c.de",
-    "İstanbul ı ß ﬁ ﬀ Ⅻ ①",
-    "supercalifragilisticexpialidocious" * 5,
-]
+# the empty string, 10,000 characters, emoji, mixed scripts, control characters, ... (the benchmark's too)
+HOSTILE = json.loads((WEB / "hostile.json").read_text(encoding="utf-8"))
 
 
 def _node() -> str:
@@ -230,6 +210,25 @@ def test_the_folder_is_transformers_js_layout_within_a_tenth_of_the_int8_artifac
     assert manifest["web"]["parity_vs_onnx"]["max_abs_diff"] <= 1e-5
 
 
+def test_runtime_embed_normalize_false_on_a_web_folder_is_the_onnx_artifacts_raw_vector(web, texts, tmp_path):
+    sentences = texts["sentences"][:8]
+    folder, artifact = Runtime(web["models"] / "student"), Runtime(web["root"] / "student_int8", ram="fp32")
+    for normalize in (None, False):  # the same graph: the web one normalises inside, keeping the vector before
+        got = np.array(folder.embed(sentences, normalize=normalize))
+        want = np.array(artifact.embed(sentences, normalize=normalize))
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    raw = np.linalg.norm(np.array(folder.embed(sentences, normalize=False)), axis=1)
+    assert np.isfinite(raw).all() and np.abs(raw - 1).min() > 0.01  # not unit vectors: the raw ones
+    older = tmp_path / "older"  # a web folder whose graph keeps no vector before its Normalize
+    shutil.copytree(web["models"] / "student", older)
+    manifest = json.loads((older / MANIFEST).read_text())
+    del manifest["web"]["unnormalized_output"]
+    (older / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="normalize=False needs the folder exported again"):
+        Runtime(older).embed(sentences, normalize=False)
+
+
 @pytest.mark.parametrize("name", ["student", "teacher"])
 def test_node_embeddings_and_token_ids_are_the_python_runtimes(web, texts, name):
     _assert_embeddings_and_ids(web["run"](name), web["models"] / name, texts, name)
@@ -244,8 +243,10 @@ def test_chromium_embeddings_and_token_ids_are_the_python_runtimes(web, browser,
 
 def test_chromium_classifier_labels_are_the_python_runtimes(web, browser, texts):
     report = browser["check"]("classifier")
-    want = [p["label"] for p in Runtime(web["models"] / "classifier").classify(texts["sentences"])]
+    runtime = Runtime(web["models"] / "classifier")
+    want = [p["label"] for p in runtime.classify(texts["sentences"])]
     assert report["labels"] == want and report["pipeline_labels"] == want
+    assert report["hostile_labels"] == [p["label"] for p in runtime.classify(texts["hostile"])]
 
 
 def test_the_search_page_ranks_the_sentences_and_its_screenshot_is_a_small_png(web, browser, tmp_path):
@@ -256,23 +257,61 @@ def test_the_search_page_ranks_the_sentences_and_its_screenshot_is_a_small_png(w
     assert done.returncode == 0, done.stderr[-2000:]
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 300_000
+    search = json.loads((tmp_path / "r.json").read_text())["search"]
+    assert len(search["results"]) == 8 and search["error"] == ""
+    assert search["empty_query_results"] == 0  # the emptied box: no ranking, and the page still answers
     if os.environ.get(SCREENSHOT_TO):  # `make web-screenshot`: the picture docs/DEVICE.md shows
         shutil.copyfile(shot, os.environ[SCREENSHOT_TO])
 
 
-def test_a_page_whose_model_is_missing_is_one_line_exit_1_not_a_hang(web, browser, tmp_path):
-    done = browser["run"]("model=absent", "--out", str(tmp_path / "r.json"))
+def _corrupt(web) -> str:
+    """A copy of the student's web folder whose graph is cut to its first 1,000 bytes, beside the others."""
+    folder = web["models"] / "corrupt"
+    if not folder.is_dir():
+        shutil.copytree(web["models"] / "student", folder)
+        graph = folder / "onnx" / "model_quantized.onnx"
+        graph.write_bytes(graph.read_bytes()[:1000])
+    return folder.name
+
+
+@pytest.mark.parametrize("model, fragment", [("absent", ""), ("corrupt", "protobuf parsing failed")])
+def test_a_page_whose_model_is_missing_or_damaged_says_so_in_one_line(web, browser, tmp_path, model, fragment):
+    if model == "corrupt":
+        _corrupt(web)
+    done = browser["run"](f"model={model}", "--out", str(tmp_path / "r.json"))
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and "the page could not load its model" in done.stderr
+    assert fragment in done.stderr
+
+
+def test_node_on_a_damaged_graph_is_one_line_exit_1(web):
+    done = subprocess.run(
+        [web["node"], "node.mjs", "--models", str(web["models"]), "--model", _corrupt(web)]
+        + ["--texts", str(web["texts"]), "--out", "/dev/null"],
+        cwd=WEB,
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT_S,
+    )
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "corrupt: its graph could not be loaded" in done.stderr
+    assert "Protobuf parsing failed" in done.stderr
+
+
+def _cosines(want, got) -> np.ndarray:
+    want, got = np.array(want, dtype=np.float64), np.array(got, dtype=np.float64)
+    assert got.shape == want.shape and np.isfinite(got).all()
+    return (want * got).sum(1) / np.linalg.norm(want, axis=1) / np.linalg.norm(got, axis=1)
 
 
 def _assert_embeddings_and_ids(report: dict, folder: Path, texts: dict, name: str) -> None:
     runtime = Runtime(folder)
     want = np.array(runtime.embed(texts["sentences"]), dtype=np.float64)
-    got = np.array(report["embeddings"], dtype=np.float64)
-    assert got.shape == want.shape and np.isfinite(got).all()
-    cosine = (want * got).sum(1) / np.linalg.norm(want, axis=1) / np.linalg.norm(got, axis=1)
+    cosine = _cosines(want, report["embeddings"])
     assert cosine.min() >= 0.999, cosine.min()
+    hostile = _cosines(runtime.embed(texts["hostile"]), report["hostile_embeddings"])  # "", 10,000 characters, ...
+    assert hostile.min() >= 0.999, (hostile.min(), texts["hostile"][int(hostile.argmin())][:40])
+    got = np.array(report["embeddings"], dtype=np.float64)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # the recipe's Normalize, in the graph
     lower = runtime.manifest["embedding"]["do_lower_case"]  # embed() lower-cases before the tokenizer, as node.mjs
     ids, _ = runtime._tokenized([t.lower() if lower else t for t in texts["sentences"] + texts["hostile"]])
@@ -285,8 +324,10 @@ def _assert_embeddings_and_ids(report: dict, folder: Path, texts: dict, name: st
 
 def test_node_classifier_labels_are_the_python_runtimes(web, texts):
     report = web["run"]("classifier")
-    want = [p["label"] for p in Runtime(web["models"] / "classifier").classify(texts["sentences"])]
+    runtime = Runtime(web["models"] / "classifier")
+    want = [p["label"] for p in runtime.classify(texts["sentences"])]
     assert report["labels"] == want
+    assert report["hostile_labels"] == [p["label"] for p in runtime.classify(texts["hostile"])]
     assert report["pipeline_labels"] == want
     assert len(set(want)) == 2  # both labels occur: equal labels are not a constant answer
 
