@@ -7,8 +7,10 @@ that is not the command's own kind of output. ``--overwrite`` lets a command rep
 kind of folder (``owned(path)`` says which), never anything else. A command's own folder is told by the marker
 file :data:`MARK` it writes there first thing after its checks (``mark_out``; ``made_by(command)`` is its
 ``owned``), never by the names of what the folder holds: a user's folder with a ``student/`` or a
-``metrics.json`` is not ours. A folder written before the marker existed (``legacy`` recognises one) is refused
-in one line (move it away, or choose another ``--out``), neither replaced nor resumed. The marker also holds the
+``metrics.json`` is not ours. A folder that looks like the command's output without its marker (``legacy``
+recognises one: written by hand, by another tool, or copied; no older format is served, since sharebert 0.1.0, the
+first release, writes the marker) is refused in one line (move it away, or choose another ``--out``), neither
+replaced nor resumed. The marker also holds the
 run's fingerprint (teacher files, student shape, data, objective): ``check_same_run`` refuses a ``--resume`` of
 another run. Nothing is created here: a
 command that fails its validation leaves no empty ``--out`` behind. ``write_json`` / ``read_json``
@@ -103,7 +105,7 @@ def check_out_dir(
             else:
                 marker = (
                     f"without the {MARK} that sharebert writes in its own output folders (one written by hand, "
-                    "another tool, or a sharebert older than the marker)"
+                    "by another tool, or copied)"
                 )
             raise ValueError(
                 f"--out {given} holds a {kind} {marker}: it is neither replaced nor resumed; move it away (or delete "
@@ -165,13 +167,19 @@ def mark_out(out: str | Path, command: str, fingerprint: dict | None = None) -> 
     write_json(Path(out) / MARK, {"command": command, "fingerprint": fingerprint or {}, "folder": _identity(out)})
 
 
+# A training run's own checkpoint folders at the top of its --out (pretrain's checkpoint-N and those set aside;
+# the others' checkpoints/): rotated and mostly removed at the run's end, each vouched for by its own completion marker
+CHECKPOINT_DIRS = re.compile(r"checkpoints|((incomplete|corrupt)-)?checkpoint-[0-9]+")
+
+
 def _run_files(out: Path) -> dict[str, Path]:
     """Every regular file under ``out`` by its relative path, but the marker, the lock, compress's set-aside earlier
-    result and a training run's own ``checkpoints/`` (rotated and mostly removed at its end, each with its own
-    completion marker: hashing them would read gigabytes for nothing). Links are not followed."""
+    result and a training run's own checkpoints (:data:`CHECKPOINT_DIRS`: hashing them would read gigabytes for
+    nothing). Links are not followed."""
     found = {}
     for root, dirs, files in os.walk(out):
-        dirs[:] = [d for d in dirs if not (Path(root) == out and d in (".replaced", "checkpoints"))]
+        if Path(root) == out:
+            dirs[:] = [d for d in dirs if d != ".replaced" and not CHECKPOINT_DIRS.fullmatch(d)]
         for name in files:
             path = Path(root) / name
             rel = path.relative_to(out).as_posix()
@@ -204,9 +212,55 @@ def vouched(out: str | Path, mark: dict) -> str | None:
             if os.path.lexists(path) and (not path.is_file() or file_fingerprint(path) != digest):
                 return f"{rel} is not the file the run wrote"
         return None
-    if mark.get("folder") != _identity(out):
-        return f"its {MARK} was not written there by sharebert"
+    if mark.get("folder") != _identity(out) and _intact_checkpoint(out) is None:
+        return (
+            f"its {MARK} was written in another folder and no complete checkpoint here vouches for it: a copy of a "
+            "run stopped before its first checkpoint holds nothing to resume"
+        )
     return None
+
+
+CHECKPOINT_MARK = "sharebert_complete.json"  # a complete checkpoint's marker: {"step", "files": {name: {size, sha256}}}
+
+
+def _intact_checkpoint(out: Path) -> Path | None:
+    """A checkpoint of a stopped run in ``out`` (a ``checkpoint-N`` folder at most four levels down, links not
+    followed) whose every file its completion marker lists is there with that size and sha256; None without one.
+    What vouches for an unfinished run's marker in a folder it was not written in: a copy (``cp -r``) of the run's
+    folder, the user's own data, resumes as the folder it copies would; a marker alone copied beside other files,
+    or written by hand, does not make them a run's."""
+    found = []
+    for root, dirs, _ in os.walk(out):
+        depth = len(Path(root).relative_to(out).parts)
+        dirs[:] = [] if depth >= 4 else [d for d in dirs if not Path(root, d).is_symlink()]
+        found += [Path(root, d) for d in dirs if re.fullmatch(r"checkpoint-[0-9]+", d)]
+    for folder in sorted(found, key=lambda p: -int(p.name.removeprefix("checkpoint-"))):  # newest first
+        if _checkpoint_intact(folder):
+            return folder
+    return None
+
+
+def _checkpoint_intact(folder: Path) -> bool:
+    try:
+        files = read_json(folder / CHECKPOINT_MARK)["files"]
+        for name, record in files.items():
+            path = folder / name
+            if Path(name).name != name or not path.is_file() or path.stat().st_size != record["size"]:
+                return False
+            if file_sha256(path) != record["sha256"]:
+                return False
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return bool(files)
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 (hex) of a file's bytes, read streaming (a checkpoint's completion marker records these)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
 
 
 def unlisted(out: str | Path) -> list[str]:
@@ -248,9 +302,10 @@ def _differs(key: str, old, new) -> str:
     return what
 
 
-def check_same_run(out: str | Path, fingerprint: dict) -> None:
+def check_same_run(out: str | Path, fingerprint: dict, restart: str = "start again with --overwrite") -> None:
     """Refuse, in one line naming what differs, a ``--resume`` into ``out`` of another run than the one its marker
-    records (another teacher, student shape, data or objective). A folder without a marker has nothing to compare."""
+    records (another teacher, student shape, data or objective); ``restart``: how the command starts afresh instead.
+    A folder without a marker has nothing to compare."""
     mark = read_mark(out)
     if mark is None:
         return
@@ -258,8 +313,7 @@ def check_same_run(out: str | Path, fingerprint: dict) -> None:
     differ = [_differs(k, saved.get(k), v) for k, v in fingerprint.items() if saved.get(k) != v]
     if differ:
         raise ValueError(
-            f"--resume: {out} holds a run of another {'; '.join(differ)}; resume with that run's "
-            "options, or start again with --overwrite"
+            f"--resume: {out} holds a run of another {'; '.join(differ)}; resume with that run's options, or {restart}"
         )
 
 

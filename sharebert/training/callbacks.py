@@ -8,7 +8,6 @@ checkpoints are listed) and SHA-256 (checked by :func:`resume_checkpoint` before
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -24,9 +23,9 @@ from transformers import TrainerCallback
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import ExportableState
 
-from sharebert_runtime.outdir import read_json, seal_out, write_json
+from sharebert_runtime.outdir import CHECKPOINT_MARK, file_sha256, read_json, seal_out, write_json
 
-MARKER = "sharebert_complete.json"
+MARKER = CHECKPOINT_MARK  # outdir vouches for a copied stopped run by it
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -57,14 +56,6 @@ def mark_complete(folder: str | Path, step: int) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, folder / MARKER)
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _recorded(folder: Path) -> dict | None:

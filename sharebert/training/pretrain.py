@@ -34,7 +34,19 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from sharebert_runtime.outdir import OutLock, check_out_dir, rank, world_size, write_json
+from sharebert_runtime.outdir import (
+    MARK,
+    OutLock,
+    check_out_dir,
+    check_same_run,
+    file_fingerprint,
+    made_by,
+    mark_out,
+    rank,
+    seal_out,
+    world_size,
+    write_json,
+)
 from sharebert_runtime.textlines import resolve_sources
 
 from ..accounting.curves import write_curves
@@ -62,11 +74,12 @@ from .callbacks import (
 from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
 from .depth_table import check_depth_sampling
 from .log_lines import no_bars, show_progress
-from .shards import StreamBlocks, TokenStream, read_manifest, vocab_sha256
+from .shards import MANIFEST, StreamBlocks, TokenStream, read_manifest, vocab_sha256
 
 LOSSES = "sharebert_losses.json"  # in each checkpoint: the run's loss sum so far, for metrics after a resume
 EVAL_BATCH = 8  # evaluation scores every position: (B, T, V) fp32 logits, ~125 MB per sequence-batch of 8 at V=30528
-RUN_FILES = ("log.jsonl", "metrics.json", "config.json")  # an --out holding one of these is a pretrain run
+RUN_FILES = ("log.jsonl", "metrics.json", "config.json")  # what a pretrain run's --out holds, by name
+COMMAND = "pretrain"  # the marker's command (``outdir.MARK``): a folder is a pretrain run only when it says so
 
 
 class NonFiniteLoss(RuntimeError):
@@ -280,22 +293,49 @@ def _training_args(a: PretrainArgs, out: Path, has_eval: bool) -> TrainingArgume
     )
 
 
-def _is_run(folder: Path) -> bool:
-    return any((folder / name).exists() for name in (*RUN_FILES, OutLock.NAME)) or bool(checkpoints(folder))
+def _looks_like_run(folder: Path) -> bool:
+    """A folder holding what a pretrain run writes (its log, metrics, model or checkpoints), by name:
+    ``check_out_dir``'s ``legacy``, asked only where no marker of this command vouches for the folder (written by
+    hand, by another tool, or copied): refused naming the marker, never resumed into."""
+    return any((folder / name).exists() for name in RUN_FILES) or bool(checkpoints(folder))
 
 
 def _check_out(out: Path, a: PretrainArgs, inputs) -> None:
-    """One-line errors for an unusable ``--out``, before any work; run once, before any rank writes."""
-    check_out_dir(out, "pretrain run", _is_run, overwrite=True, inputs=inputs)  # our own run: --resume decides
-    if a.resume:
+    """One-line errors for an unusable ``--out``, before any work; run once, before any rank writes. The folder is
+    a pretrain run's only by its marker (``outdir.made_by``), never by the names of what it holds."""
+    check_out_dir(out, "pretrain run", made_by(COMMAND), overwrite=True, inputs=inputs, legacy=_looks_like_run)
+    if a.resume:  # our own run (or an empty folder): --resume decides
         return
     done = checkpoints(out)
     if done:
         raise ValueError(f"{out} already holds checkpoints ({done[-1][1].name}); pass --resume or choose another --out")
     if (out / "config.json").is_file():
         raise ValueError(f"{out} already holds a model; pass --resume to continue it or choose another --out")
-    if out.is_dir() and any(p.name not in (OutLock.NAME, UNFINISHED) for p in out.iterdir()):
+    if out.is_dir() and any(p.name not in (OutLock.NAME, UNFINISHED, MARK) for p in out.iterdir()):
         raise ValueError(f"{out} already holds a pretrain run; pass --resume to continue it or choose another --out")
+
+
+def _fingerprint(r: _Run) -> dict:
+    """What a ``--resume`` must find unchanged (``outdir.check_same_run``): the model started from (its files, or
+    the preset and its overrides), the training files and the objective."""
+    from .fingerprint import teacher_fingerprint
+
+    if r.model_dir is not None:
+        model = teacher_fingerprint(r.model_dir)
+    else:
+        model = f"{r.preset} {json.dumps(r.a.overrides, sort_keys=True)}"
+    files = [Path(r.data) / MANIFEST] if r.data is not None else r.train_sources
+    data = [f"{Path(f).name}:{file_fingerprint(f)}" for f in files if isinstance(f, Path) and f.is_file()]
+    return {"model": model, "data": data, "objective": f"{r.a.objective}{' char-level' if r.a.char_level else ''}"}
+
+
+def _mark(r: _Run) -> None:
+    """Rank 0, once every rank checked ``--out`` and before the run's first write there: a ``--resume`` of
+    another run refused (its fingerprint), then ``out`` marked this command's (sealed when the run finishes)."""
+    fp = _fingerprint(r)
+    if r.a.resume:
+        check_same_run(r.out, fp, restart="choose another --out")  # pretrain has no --overwrite
+    mark_out(r.out, COMMAND, fp)
 
 
 def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, train_sources, data) -> Path:
@@ -441,8 +481,11 @@ def pretrain(
         try:
             if rank0:
                 out.mkdir(parents=True, exist_ok=True)
-            with OutLock(out, "pretrain") if rank0 else contextlib.nullcontext():  # one run at a time per --out
-                return _run(run)
+            with OutLock(out, COMMAND) if rank0 else contextlib.nullcontext():  # one run at a time per --out
+                metrics = _run(run)
+                if rank0 and metrics["status"] == "completed":
+                    seal_out(out)  # the marker lists what the run wrote: the folder is ours while they are unchanged
+                return metrics
         except (ValueError, FileNotFoundError):
             if created and not run.training and rank() == 0:
                 shutil.rmtree(out, ignore_errors=True)  # failed before training: leave no half-made --out
@@ -541,6 +584,8 @@ def _prepare(r: _Run):
         torch.distributed.barrier()  # every rank checked --out before rank 0 builds into it
     resume_from = None
     with probe.main_process_first(desc="prepare the model folder"):
+        if probe.should_save:
+            _mark(r)
         if r.a.resume:
             if probe.should_save:
                 remove_incomplete(r.out)

@@ -309,7 +309,7 @@ def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm
 def test_compress_overwrite_keeps_the_earlier_result_aside_until_the_new_one_is_written(tmp_path):
     """`start_out` moves the earlier result's parts aside (a user's own file in the folder stays put); a failed run
     puts them back exactly (`restore_out`), a finished one removes them (`finish_out`)."""
-    from sharebert.pipelines.compress import ASIDE, finish_out, restore_out, start_out
+    from sharebert.pipelines.out_folder import ASIDE, finish_out, restore_out, start_out
 
     out = _finished(tmp_path / "result", "compress")
     (out / "notes.txt").write_text("the user's own\n")
@@ -330,7 +330,7 @@ def test_compress_overwrite_keeps_the_earlier_result_aside_until_the_new_one_is_
 def test_publish_over_restores_on_failure_keeps_a_stopped_run_and_clears_aside_when_done(tmp_path):
     """The one wrapper both compress paths run in: a failing run leaves the earlier result exactly as it was, a
     stopped one keeps its new parts (to --resume) and the earlier result aside, a finished one drops the aside."""
-    from sharebert.pipelines.compress import ASIDE, publish_over
+    from sharebert.pipelines.out_folder import ASIDE, publish_over
     from sharebert.training.callbacks import StopRequested
 
     out = _finished(tmp_path / "result", "compress")
@@ -402,7 +402,7 @@ def _sealed(folder: Path) -> Path:
 
 
 def _precheck_out(out: Path, minilm_dir, overwrite=True, resume=False):
-    from sharebert.pipelines.compress import check_out
+    from sharebert.pipelines.out_folder import check_out
 
     return check_out(out, minilm_dir, None, overwrite, resume)
 
@@ -455,3 +455,108 @@ def test_seal_lists_what_the_run_wrote_and_a_listed_file_outside_is_not_vouched(
     assert "outside" in vouched(out, read_mark(out)) and not made_by("compress")(out)
     seal_out(tmp_path / "no-marker-here")  # nothing to seal: nothing written
     assert not (tmp_path / "no-marker-here").exists()
+
+
+def _checkpointed(folder: Path, command: str) -> Path:
+    """A run stopped after its first checkpoint, as it leaves its folder: the marker written there (``mark_out``),
+    a complete ``checkpoint-2`` (files and the completion marker the Trainer's callbacks write), no result."""
+    from sharebert.training.callbacks import mark_complete
+
+    mark_out(folder, command, {"objective": "mlm"})
+    ckpt = folder / "checkpoints" / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"weights" * 100)
+    (ckpt / "trainer_state.json").write_text('{"global_step": 2}')
+    mark_complete(ckpt, 2)
+    return folder
+
+
+def test_a_copy_of_a_stopped_run_is_vouched_for_by_its_intact_checkpoint(tmp_path):
+    """`cp -r` of a stopped run (its marker written in the folder it copies, so its folder identity differs) is the
+    run's folder where a complete checkpoint's hashes hold: it resumes. A marker copied alone beside the user's
+    files, or beside a checkpoint changed since it completed, vouches for nothing, and says why."""
+    import shutil
+
+    from sharebert_runtime.outdir import made_by, vouched
+
+    run = _checkpointed(tmp_path / "run", "distill")
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    assert made_by("distill")(run) and made_by("distill")(copy) and not made_by("compress")(copy)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(run / MARK, alone / MARK)
+    (alone / "metrics.json").write_text("the user's own\n")
+    assert "no complete checkpoint here vouches for it" in vouched(alone, read_mark(alone))
+    weights = copy / "checkpoints" / "checkpoint-2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes().replace(b"weights", b"WEIGHTS", 1))  # same size, other bytes
+    assert not made_by("distill")(copy) and made_by("distill")(run)
+
+
+@pytest.mark.parametrize("marker", [None, {"command": "pretrain"}])
+def test_pretrain_takes_no_folder_on_the_word_of_its_names(marker, tmp_path, capsys):
+    """The issue's case for pretrain: a user's folder holding a metrics.json and a log.jsonl (and a hand-written
+    marker) was taken for a run by those names, and `--resume` replaced the metrics and appended to the log; now it
+    is refused in one line naming the marker, before any work, nothing changed."""
+    from sharebert_runtime.main import main
+
+    mine = tmp_path / "P"
+    mine.mkdir()
+    (mine / "metrics.json").write_text("my notes\n")
+    (mine / "log.jsonl").write_text("mine\n")
+    if marker is not None:
+        (mine / MARK).write_text(json.dumps(marker))
+    (tmp_path / "c.txt").write_text("a few words of text to train on.\n" * 20)
+    before = _snapshot(mine)
+    argv = ["pretrain", "--preset", "sharebert-tiny", "--train", tmp_path / "c.txt", "--out", mine, "--max-steps", "1"]
+    for resume in ([], ["--resume"]):
+        capsys.readouterr()
+        assert main([*map(str, argv), *resume]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "holds a pretrain run" in err and MARK in err, err
+        assert _snapshot(mine) == before
+
+
+@pytest.mark.slow
+def test_pretrain_marks_its_run_seals_it_and_a_copy_of_a_stopped_one_resumes(tmp_path):
+    """A real tiny pretrain stopped by SIGTERM after step 1: its folder is the run's by its marker; a `cp -r` copy
+    resumes to the end (the copy's marker then names the copy and lists its files); a resume with another objective
+    is refused naming it; the finished run's metrics.json edited by hand makes the folder no longer the run's."""
+    import shutil
+
+    from transformers import TrainerCallback
+
+    from sharebert.formats.paths import data_path
+    from sharebert.training.pretrain import PretrainArgs, pretrain
+    from sharebert_runtime.outdir import file_fingerprint, made_by
+
+    class StopAfterFirstStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    corpus = tmp_path / "c.txt"
+    with open(data_path("wikitext-2-raw", "wiki.valid.raw"), encoding="utf-8") as f:
+        corpus.write_text("".join(next(f) for _ in range(100)))
+    tiny = dict(hidden_size=64, num_hidden_layers=1, intermediate_size=64, num_attention_heads=2, embedding_size=16)
+    args = dict(max_steps=2, batch_size=2, seq_len=32, save_steps=1, eval_steps=100, logging_steps=1, progress=False)
+    args = PretrainArgs(**args, max_eval_sequences=4, overrides=tiny)
+    run = tmp_path / "run"
+    stopped = pretrain([corpus], run, preset="sharebert-tiny", args=args, callbacks=[StopAfterFirstStep()])
+    assert stopped["status"] == "interrupted" and made_by("pretrain")(run) and "files" not in read_mark(run)
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    with pytest.raises(ValueError, match="another objective: mlm -> clm; resume with that run's options, or choose"):
+        pretrain(
+            [corpus],
+            copy,
+            preset="sharebert-tiny",
+            args=PretrainArgs(**{**vars(args), "objective": "clm", "resume": True}),
+        )
+    resumed = pretrain([corpus], copy, preset="sharebert-tiny", args=PretrainArgs(**{**vars(args), "resume": True}))
+    assert resumed["status"] == "completed" and resumed["global_step"] == 2
+    mark = read_mark(copy)
+    assert mark["files"]["metrics.json"] == file_fingerprint(copy / "metrics.json")
+    assert not any(name.startswith("checkpoint-") for name in mark["files"])  # vouched for by their own markers
+    (copy / "metrics.json").write_text("edited\n")
+    assert not made_by("pretrain")(copy)
