@@ -17,8 +17,10 @@ sent within ``--header-timeout``, 411 no length, 413 body, texts, tokens or fill
 ``top_k``) over the limits (an oversize body is refused before it is read). Overload gets 503 with ``Retry-After``: more
 than ``--workers`` + ``--max-queue`` requests admitted, more than ``--workers`` - 1 large ones (over
 ``--max-batch-tokens`` tokens: small requests always keep a worker) or a large one while no worker is free,
-``--max-connections`` open or ``--max-client-connections`` from one address (a refused connection's request is read
-first, so the client reads the 503 rather than a reset; a ``GET /health`` is answered 200 even then). One thread reads
+``--max-connections`` open or ``--max-client-connections`` from one address, or more than ``--max-buffered-bytes`` of
+requests held for all connections together (a body counted whole once its head declares it; a refused connection's
+request is read first, so the client reads the 503 rather than a reset; a ``GET /health`` is answered 200 even
+then). One thread reads
 every connection's request (a slow client holds no thread); ``--header-timeout`` bounds a whole request (headers and
 body, however slowly dribbled), counted from the connection (or, kept alive, from its next request's first byte);
 at most ``--max-idle`` connections are kept alive between requests, each for ``--timeout`` seconds, and the oldest
@@ -72,6 +74,11 @@ LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
     "max_top_k": (20, "fill-mask: largest top_k"),
     "max_candidates": (4096, "fill-mask: [MASK] tokens x top_k per request (the candidates answered)"),
     "max_body_bytes": (1 << 20, "request body bytes"),
+    "max_buffered_bytes": (
+        64 << 20,
+        "request bytes held for all connections together, from their first byte until answered (a body counted "
+        "whole once its head declares it); more get 503 + Retry-After",
+    ),
     "max_batch_tokens": (1024, "padded tokens per ONNX Runtime call (bounds each call's memory)"),
     "workers": (2, "requests computed at once"),
     "max_queue": (16, "admitted requests waiting for a worker; more get 503 + Retry-After"),
@@ -339,6 +346,7 @@ class _Conn:
     framing: _Framing | None = None  # the current request's, once its head is in
     continued: bool = False  # 100 Continue sent for the current request
     idle: bool = False  # kept alive between requests (counted in Server.idle)
+    held: int = 0  # request bytes counted in Server.buffered for it (--max-buffered-bytes)
     closed: bool = False
     refusal: bytes | None = None  # over a cap: the answer it gets once its request is read (not counted as open)
     answered: bool = False  # the refusal was sent: what it sends now is drained until it closes
@@ -351,7 +359,9 @@ class Server(ThreadingHTTPServer):
     following an idle wait) are closed, with a 408 if they had sent part of one; kept-alive connections idle for
     ``timeout`` seconds are closed. At most ``max_connections`` open and ``max_client_connections`` per client
     address; when full, the oldest idle kept-alive connection is closed to make room, and only then is a new one
-    refused (503, read first; a ``GET /health`` is answered 200 even then). At most ``max_idle`` kept alive."""
+    refused (503, read first; a ``GET /health`` is answered 200 even then). At most ``max_idle`` kept alive.
+    The bytes of requests being read or answered are counted together (``buffered``): a request that would take
+    them over ``max_buffered_bytes`` is shed with a 503."""
 
     daemon_threads = True
     request_queue_size = 1024
@@ -361,6 +371,7 @@ class Server(ThreadingHTTPServer):
         self.limits = limits
         self.max_connections, self.max_client_connections = limits["max_connections"], limits["max_client_connections"]
         self.max_idle = limits["max_idle"]
+        self.buffered = 0  # request bytes held for every connection together (count_lock; _hold)
         self.refusing = 0  # connections over a cap being read before their answer (reading thread only)
         self.per_client: dict[str, int] = {}
         self.open = self.idle = 0
@@ -481,10 +492,15 @@ class Server(ThreadingHTTPServer):
     def _release(self, conn: _Conn) -> None:
         """Close ``conn`` and uncount it (any thread; it must no longer be watched)."""
         self.shutdown_request(conn.sock)
+        self._uncount(conn)
+
+    def _uncount(self, conn: _Conn) -> None:
         with self.count_lock:
             if conn.closed:
                 return
             conn.closed = True
+            self.buffered -= conn.held
+            conn.held = 0
             self.open -= 1
             self.per_client[conn.address[0]] -= 1
             if not self.per_client[conn.address[0]]:
@@ -515,13 +531,18 @@ class Server(ThreadingHTTPServer):
         self._advance(conn)
 
     def _advance(self, conn: _Conn) -> None:
-        """Hand ``conn``'s request to an answering thread once it is whole (sending ``100 Continue`` if asked)."""
+        """Hand ``conn``'s request to an answering thread once it is whole (sending ``100 Continue`` if asked); shed
+        it with a 503 when its bytes (a body counted whole once its head declares it) would take the server over
+        ``--max-buffered-bytes``."""
         try:
             conn.framing = conn.framing or frame(conn.data, self.limits["max_body_bytes"])
         except BadRequest as e:
             self._answer_and_close(conn, e.status, str(e))
             return
         framing = conn.framing
+        if not self._hold(conn, max(len(conn.data), framing.end if framing else 0)):
+            self._shed(conn)
+            return
         if framing is None:
             return
         if len(conn.data) < framing.end:
@@ -535,6 +556,31 @@ class Server(ThreadingHTTPServer):
         self._drop(conn)
         conn.sock.setblocking(True)
         threading.Thread(target=self._answer, args=(conn, request), daemon=True).start()
+
+    def _hold(self, conn: _Conn, held: int) -> bool:
+        """Count ``held`` request bytes for ``conn`` (any thread that owns it); False, changing nothing, when that
+        takes every connection's together over ``--max-buffered-bytes``."""
+        with self.count_lock:
+            more = held - conn.held
+            if more > 0 and self.buffered + more > self.limits["max_buffered_bytes"]:
+                return False
+            self.buffered += more
+            conn.held = held
+            return True
+
+    def _shed(self, conn: _Conn) -> None:
+        """``conn``'s request would take the server over ``--max-buffered-bytes``: uncounted, answered 503 (a
+        ``GET /health`` 200) and drained until it closes, as a connection over a cap is."""
+        self._drop(conn)
+        self._uncount(conn)
+        limit = self.limits["max_buffered_bytes"]
+        answer = _raw_response(
+            503, {"error": f"busy: {limit} bytes of requests held already (--max-buffered-bytes); retry later"}
+        )
+        refused = self._refuse(conn.sock, conn.address, answer)
+        if refused is not None:
+            refused.data = conn.data[: conn.data.find(b"\n") + 1]  # its request line: /health is answered 200
+            self._send_refusal(refused)
 
     def _expire(self) -> None:
         """Close the connections whose time is up: a 408 to one that sent part of a request, nothing to others."""
@@ -603,6 +649,7 @@ class Server(ThreadingHTTPServer):
         if not keep:
             self._release(conn)
             return
+        self._hold(conn, len(conn.data))  # the answered request's bytes are free; a pipelined next one's stay counted
         with self._park_lock:
             if self._selector is not None:
                 self._parked.append(conn)
@@ -628,18 +675,20 @@ class Server(ThreadingHTTPServer):
 
     # -- connections over a cap -----------------------------------------------------------------------------------
 
-    def _refuse(self, sock, address, answer: bytes) -> None:
+    def _refuse(self, sock, address, answer: bytes) -> _Conn | None:
         """A connection over a cap gets ``answer`` (a 503 with ``Connection: close``) once its request is read (or
         :data:`REFUSE_READ_S` passed), then what it sends is drained until it closes: closing with unread bytes would
         make the kernel reset it, which the client sees as a dropped connection, not as the 503. Read by the
-        reading thread like any other, so a client reconnecting at once costs no thread and waits its turn."""
+        reading thread like any other, so a client reconnecting at once costs no thread and waits its turn. Returns
+        the refused connection being read (None: answered at once)."""
         if self.refusing >= REFUSING:  # too many at once: answered now, unread
             _send_now(sock, answer)
             self.shutdown_request(sock)
-            return
+            return None
         self.refusing += 1
         conn = _Conn(sock, address, time.monotonic() + REFUSE_READ_S, refusal=answer)
         self._watch(conn)
+        return conn
 
     def _refused_bytes(self, conn: _Conn, chunk: bytes) -> None:
         if conn.answered:
@@ -729,7 +778,18 @@ def _checked_limits(limits: dict) -> dict:
     for name, value in limits.items():
         if type(value) is not int or value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    _check_buffered(limits)
     return limits
+
+
+def _check_buffered(limits: dict) -> None:
+    """``--max-buffered-bytes`` holds at least one request of the largest size taken (a body and a whole head)."""
+    least = limits["max_body_bytes"] + HEAD_BYTES
+    if limits["max_buffered_bytes"] < least:
+        raise ValueError(
+            f"--max-buffered-bytes {limits['max_buffered_bytes']} holds no request of --max-body-bytes "
+            f"{limits['max_body_bytes']} and its head ({HEAD_BYTES} bytes): give at least {least}"
+        )
 
 
 @dataclass(frozen=True)
@@ -926,6 +986,7 @@ def run(args) -> int:
     for name, value in limits.items():  # before loading the model: a typo costs no wait
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    _check_buffered(limits)
     limit_arenas(2)  # before any thread: one malloc arena per connection thread would keep each one's freed memory
     runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, manifest_sha256=args.pin, depth=args.depth)
     try:

@@ -621,3 +621,43 @@ def test_idle_keep_alive_connections_are_the_first_to_go_when_full(serve):
     finally:
         for s in idle + stalled:
             s.close()
+
+
+def test_bytes_buffered_for_all_connections_together_are_capped(serve):
+    """--max-buffered-bytes: each stalled connection declaring a 12,000-byte body holds its head and that body
+    (counted whole once the head declares it); with room for 6 and a small request, a 7th large one is shed with
+    503 + Retry-After, /health and a small request are still answered, and once the stalled ones go the count is
+    back to 0 and the large request is answered."""
+    from sharebert_runtime.serve import HEAD_BYTES
+
+    head = b"POST /fill-mask HTTP/1.1\r\nHost: t\r\nContent-Length: 12000\r\n\r\n"
+    cap = LIMITS["max_body_bytes"] + HEAD_BYTES  # the least allowed: one whole request of the largest size
+    stalled_each = len(head) + 12000
+    server, _ = serve(**{**LIMITS, "max_buffered_bytes": cap, "header_timeout": 600})
+    port = server.server_address[1]
+    fits = cap // stalled_each  # 6 stalled connections' requests fit, a 7th does not
+    stalled = _stall(["127.0.0.2"], 0, port)
+    try:
+        for _ in range(fits):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(head + b"{")
+            stalled.append(s)
+        _until(lambda: server.buffered == fits * stalled_each, f"{fits} stalled requests counted whole")
+        large = post(json.dumps({"text": "a [MASK] film " + "x" * (12000 - 40)}).encode())
+        status, body, reply_head = exchange(port, large)
+        assert status == 503 and "--max-buffered-bytes" in body["error"] and "Retry-After: 1" in reply_head
+        assert exchange(port, b"GET /health HTTP/1.1\r\n\r\n")[:2] == (200, {"status": "ok"})
+        assert exchange(port, post(b'{"text": "a [MASK] film"}'))[0] == 200  # a small one fits beside them
+    finally:
+        for s in stalled:
+            s.close()
+    _until(lambda: server.buffered == 0 and server.open == 0, "every byte uncounted once they closed")
+    assert exchange(port, large)[0] == 200
+
+
+@pytest.mark.parametrize("body_bytes, buffered", [(12000, 12000), (1000, 66535)])
+def test_a_buffered_cap_that_holds_no_whole_request_is_refused(body_bytes, buffered):
+    from sharebert_runtime.serve import _checked_limits
+
+    with pytest.raises(ValueError, match=r"--max-buffered-bytes \d+ holds no request of --max-body-bytes"):
+        _checked_limits({"max_body_bytes": body_bytes, "max_buffered_bytes": buffered})
