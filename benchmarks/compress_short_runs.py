@@ -19,7 +19,7 @@ import time
 def student_overrides(teacher) -> dict:
     """compress's student for ``teacher`` under 5M learned parameters, as ``--set`` overrides."""
     from sharebert.accounting.budget import student_for
-    from sharebert.pipelines.compress import STUDENT_FIELDS, embedding_shape
+    from sharebert.pipelines.plan import STUDENT_FIELDS, embedding_shape
     from sharebert.training.teacher import student_fields, teacher_tokenizer
 
     cand, _ = student_for(embedding_shape(teacher), {"max_params": 5e6})
@@ -31,7 +31,7 @@ def agreement(teacher, student) -> dict:
     from sentence_transformers import SentenceTransformer
 
     from sharebert.formats.paths import packaged_heldout, packaged_search
-    from sharebert.pipelines.compress import _cos, neighbour_agreement, search_answers
+    from sharebert.pipelines.quality import _cos, neighbour_agreement, search_answers
 
     t, s = (SentenceTransformer(str(m), device="cpu", trust_remote_code=True) for m in (teacher, student))
     corpus, queries, _ = packaged_search()

@@ -32,7 +32,7 @@ def main() -> None:
 
     from sharebert.formats.paths import data_path
     from sharebert.formats.recipe import read_recipe
-    from sharebert.pipelines.compress import safetensor_params
+    from sharebert.pipelines.report import safetensor_params
     from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
     from sharebert.training.glue import read_split
     from sharebert.training.metrics import cosine_spearman

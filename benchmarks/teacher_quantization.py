@@ -20,7 +20,7 @@ MODES = ("none", "int8-dynamic", "int8-static", "int8", "fp16")
 def main() -> None:
     from sharebert.export import export_model
     from sharebert.formats.paths import data_path
-    from sharebert.pipelines.compress import kept_cosine
+    from sharebert.pipelines.teacher_pass import kept_cosine
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folders", nargs="+", type=Path)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 def main() -> None:
     from sharebert.accounting.budget import parse_size, student_for
-    from sharebert.pipelines.compress import student_overrides, student_vocabulary
+    from sharebert.pipelines.plan import student_overrides, student_vocabulary
     from sharebert.training.distill import DistillWeights
     from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
     from sharebert.training.teacher import (

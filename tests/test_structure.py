@@ -158,7 +158,16 @@ TORCH_FREE = (
     "sharebert.training.arguments",
     "sharebert.training.glue",
     "sharebert_runtime.main",
-    "sharebert.pipelines.compress",
+    "sharebert.pipelines.compress",  # compress's modules: --help and its checks before any model loads
+    "sharebert.pipelines.compress_classifier",
+    "sharebert.pipelines.plan",
+    "sharebert.pipelines.out_folder",
+    "sharebert.pipelines.teacher_pass",
+    "sharebert.pipelines.quality",
+    "sharebert.pipelines.report",
+    "sharebert.pipelines.report_rows",
+    "sharebert.pipelines.picture",
+    "sharebert.pipelines.classifier_report",
     "sharebert.training.fingerprint",  # compress checks its inputs torch-free
     *DEPLOY_HELPERS,
 )

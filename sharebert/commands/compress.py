@@ -165,7 +165,7 @@ def run(args) -> int:
     started = time.monotonic()  # --max-time bounds the whole command (an encoder teacher), from here
     limits = _limits(args)
 
-    from ..pipelines.compress import is_classifier, precheck
+    from ..pipelines.plan import is_classifier, precheck
 
     # every check that needs no model comes first, torch not imported yet (a bad --train or --out: < 2 s)
     _, raw = precheck(
@@ -231,7 +231,7 @@ def run(args) -> int:
 def _budget(args, started: float):
     """The whole command's ``TimeBudget`` (None without --max-time): its plan refuses fewer steps than a trained
     student takes, unless --allow-untrained or --max-steps (the user's own count) says otherwise."""
-    from ..pipelines.compress import TimeBudget, trained_steps
+    from ..pipelines.plan import TimeBudget, trained_steps
 
     if not args.max_time:
         return None

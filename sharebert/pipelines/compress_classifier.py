@@ -1,5 +1,6 @@
 """``sharebert compress`` for a classifier teacher (``...ForSequenceClassification``): general distillation, then
-task distillation, then the int8 artifact and the report (``compress``'s probe, exports and table).
+task distillation, then the int8 artifact and the report (:mod:`classifier_report`, with the embedding path's
+probe, exports and table).
 
 0. The GLUE task (:func:`classifier_task`): ``--task``, else the task the teacher's ``metrics.json`` records
    (``sharebert finetune`` writes it), else the one task whose label names are the teacher's ``id2label``.
@@ -14,7 +15,7 @@ task distillation, then the int8 artifact and the report (``compress``'s probe, 
    label its teacher contradicts would teach it to disagree), the teacher's logits computed once
    (``out/teacher_logits``); the best student by the dev metric is kept.
 3. Export int8, task text-classification -> ``out/artifact``; the teacher at the first quantization that keeps it
-   (``compress.export_teacher``) -> ``out/teacher_artifact``.
+   (``teacher_pass.export_teacher``) -> ``out/teacher_artifact``.
    Report: size, memory and speed rows, and the task's dev metric of teacher (PyTorch fp32; its artifact in the
    JSON) and student (its int8 artifact through the torch-free runtime; PyTorch fp32 in the JSON).
 
@@ -24,7 +25,6 @@ from its checkpoints, a recorded one is not run again.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -32,20 +32,9 @@ from pathlib import Path
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import read_json, write_json
 
-from .compress import (
-    check_same_student,
-    export_once,
-    fingerprint,
-    precheck,
-    probe,
-    publish_over,
-    safetensor_params,
-    student_overrides,
-    student_vocabulary,
-    teacher_name,
-    weight_bytes,
-    write_report,
-)
+from .classifier_report import classifier_report
+from .out_folder import check_same_student, fingerprint, publish_over
+from .plan import precheck, student_overrides, student_vocabulary
 
 PHASES = "phases.json"
 TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
@@ -114,63 +103,6 @@ def classifier_task(teacher, config: dict, task: str | None):
         f"{teacher} is a classifier whose GLUE task is unknown ({why}; its labels {list(names)} "
         f"{fits}); name it with --task, e.g. --task sst2"
     )
-
-
-def artifact_glue_metrics(artifact: Path, task, data_dir: Path, limit: int | None = None) -> dict:
-    """The task's dev metrics (first ``limit`` examples of its main dev split) of a text-classification artifact,
-    through the torch-free ``Runtime.classify``; its classes are the task's by label name (generic ``LABEL_i``:
-    in the task's order)."""
-    import numpy as np
-
-    from sharebert_runtime import Runtime
-
-    from ..training.glue import read_split
-    from ..training.metrics import task_metrics
-
-    split = read_split(task, data_dir, task.dev_splits[0]).head(limit)
-    rt = Runtime(artifact)
-    answers = rt.classify(split.text_a, text_pair=split.text_b)
-    if task.is_regression:
-        preds = np.array([a["score"] for a in answers])
-    else:
-        names = list(answers[0]["scores"])
-        to_task = [task.label_names.index(n) if n in task.label_names else i for i, n in enumerate(names)]
-        preds = np.array([to_task[names.index(a["label"])] for a in answers])
-    return task_metrics(task.metrics, preds, np.asarray(split.labels))
-
-
-def majority_baseline(task, data_dir: Path, limit: int | None = None) -> dict | None:
-    """The majority-label baseline on the dev examples teacher and student are scored on (the first ``limit`` of the
-    task's main dev split): the task's metrics of always answering the label most frequent there (the best constant
-    answer by accuracy), with that label and the count; None for a regression task (a constant has no correlation)."""
-    import numpy as np
-
-    from ..training.glue import read_split
-    from ..training.metrics import task_metrics
-
-    if task.is_regression:
-        return None
-    labels = np.asarray(read_split(task, data_dir, task.dev_splits[0]).head(limit).labels, dtype=np.int64)
-    label = int(np.bincount(labels).argmax())
-    scores = task_metrics(task.metrics, np.full_like(labels, label), labels)
-    return {"label": task.label_names[label], "examples": int(labels.size), **scores}
-
-
-def classifier_verdict(teacher: float, student: float, baseline: dict | None, metric: str, where: str) -> list[str]:
-    """The report's first line: teacher and student beside the majority-label baseline on the same dev examples,
-    and the share of the teacher's gain over that baseline the student keeps (a ratio of the raw scores says 0.997
-    of the teacher when both only ever answer the one label)."""
-    scores = f"{where}: teacher {teacher:.4f}, student {student:.4f}"
-    if baseline is None:
-        return [f"Verdict: {scores} (a regression task: no majority-label baseline)."]
-    base = baseline[metric]
-    said = f"{scores}, always answering {baseline['label']!r} (the most frequent label there) {base:.4f}"
-    if teacher <= base:
-        return [f"Verdict: {said}: the teacher is no better than that baseline, so the student's score says nothing."]
-    if student <= base:
-        return [f"Verdict: NOT usable: {said}: the student is no better than that baseline."]
-    kept = (student - base) / (teacher - base)
-    return [f"Verdict: {said}: the student keeps {kept:.0%} of the teacher's gain over that baseline."]
 
 
 def _budget(b: dict) -> str:
@@ -401,7 +333,7 @@ def _phases_then_report(
         phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached), "budget": budget}
         write_json(out / PHASES, phases)
         shutil.rmtree(student / "checkpoints", ignore_errors=True)
-    return _report(
+    return classifier_report(
         out,
         Path(teacher),
         task_,
@@ -415,99 +347,3 @@ def _phases_then_report(
         say,
         vocab,
     )
-
-
-def _report(
-    out: Path,
-    teacher: Path,
-    task_,
-    data_dir: Path,
-    cand,
-    overrides: dict,
-    phases: dict,
-    limits: dict,
-    limit: int | None,
-    progress: bool,
-    say,
-    vocab=None,
-) -> dict:
-    from .compress import export_teacher
-
-    say(
-        "exporting the student (int8) and the teacher (the first quantization that keeps it), "
-        "task text-classification ..."
-    )
-    student = out / "student"
-    art = export_once(student, out / "artifact", "int8", progress, task="text-classification", allow_low_parity=True)
-    t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "text-classification", progress, say)
-    metric, g, t = task_.main_metric, phases["general"], phases["task"]
-    say(f"measuring memory, speed and {task_.name} dev {metric} ...")
-    s_probe, t_probe = probe(art), probe(t_art)
-    s_scores = artifact_glue_metrics(art, task_, data_dir, limit)
-    t_scores = artifact_glue_metrics(t_art, task_, data_dir, limit)
-    parity = json.loads((art / "manifest.json").read_text())["parity"]
-    report = {
-        "teacher": {
-            "folder": str(teacher),
-            "name": teacher_name(teacher),
-            "learned_params": safetensor_params(teacher),
-            "file_bytes": weight_bytes(teacher),
-            "artifact_bytes": weight_bytes(t_art),
-            "glue_dev": t["teacher"][metric],
-            "quantization": t_quant,
-            "quantization_refused": t_refused,
-            "glue_dev_artifact": t_scores[metric],
-            **t_probe,
-        },
-        "student": {
-            "folder": str(student),
-            "shape": cand.describe(),
-            "config": overrides,
-            "learned_params": safetensor_params(student),
-            "file_bytes": weight_bytes(art),
-            "glue_dev_fp32": t[metric],
-            "glue_dev": s_scores[metric],
-            "artifact_metrics": s_scores,
-            "quantization": "int8",
-            "int8_agreement": parity.get("agreement"),
-            **s_probe,
-            **({"vocabulary": vocab.as_dict()} if vocab is not None else {}),
-        },
-        "task": task_.name,
-        "metric": metric,
-        "dev_examples": t["eval_samples"],
-        "general": g,
-        "training": {
-            k: t[k]
-            for k in (
-                "steps",
-                "best_step",
-                "train_seconds",
-                "train_samples",
-                "stopped_by_time",
-                "losses",
-                "temperature",
-            )
-        },
-        "limits": {k: v for k, v in limits.items() if v is not None},
-        "quality": [{"label": f"{task_.folder} dev {metric} ({t['eval_samples']} examples)", "key": "glue_dev"}],
-        "baseline": majority_baseline(task_, data_dir, limit),
-    }
-    where = report["quality"][0]["label"]
-    report["verdict"] = {
-        "lines": classifier_verdict(
-            report["teacher"]["glue_dev"], report["student"]["glue_dev"], report["baseline"], metric, where
-        )
-    }
-    s = report["student"]
-    summary = (
-        f"General distillation: {g['steps']} steps ({g['train_seconds']:.0f} s) on {g['train_sentences']:,} "
-        f"unlabelled sentences ({g['pooling']} state, {g['loss']} loss). Task distillation on {task_.name}: "
-        f"{t['steps']} steps ({t['train_seconds']:.0f} s) on {t['train_samples']:,} training examples, best "
-        f"dev at step {t['best_step']}. {task_.folder} dev {metric} ({t['eval_samples']} examples): teacher "
-        f"{report['teacher']['glue_dev']:.4f} in PyTorch fp32, {t_scores[metric]:.4f} from its {t_quant} "
-        f"artifact; student {s['glue_dev_fp32']:.4f} in PyTorch fp32, {s['glue_dev']:.4f} from its int8 "
-        f"artifact (int8 and fp32 agree on {s['int8_agreement']:.0%} of {parity.get('sentences')} check "
-        "sentences)." + (f" The student's {vocab.describe()}." if vocab is not None else "")
-    )
-    return write_report(out, report, summary)

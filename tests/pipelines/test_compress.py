@@ -189,7 +189,8 @@ def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
 
 def test_a_compress_leaves_the_teachers_artifact_and_quality_vectors_in_the_cache(compressed, minilm_dir, monkeypatch):
     """What the next compress of this teacher skips: its export ladder and its side of every quality row."""
-    from sharebert.pipelines.compress import cached_quality_sentences, quality_sentences, teacher_cache
+    from sharebert.pipelines.quality import cached_quality_sentences, quality_sentences
+    from sharebert.pipelines.teacher_pass import teacher_cache
 
     monkeypatch.setenv("SHAREBERT_CACHE", str(compressed.parent / "cache"))
     assert cached_quality_sentences(minilm_dir) == quality_sentences() > 3000  # STS-B's 3,000 included

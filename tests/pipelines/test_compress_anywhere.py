@@ -13,13 +13,10 @@ import numpy as np
 import pytest
 
 from sharebert.formats.paths import packaged_corpus, packaged_heldout
-from sharebert.pipelines.compress import (
-    neighbour_agreement,
-    plot_report,
-    read_eval_pairs,
-    report_markdown,
-    teacher_name,
-)
+from sharebert.pipelines.picture import plot_report
+from sharebert.pipelines.quality import neighbour_agreement, read_eval_pairs
+from sharebert.pipelines.report import report_markdown
+from sharebert.pipelines.teacher_pass import teacher_name
 
 
 def test_the_package_ships_its_text_with_its_licence():
@@ -47,7 +44,7 @@ def test_the_package_ships_a_search_set_whose_queries_each_name_one_answer():
 
 def test_search_agreement_counts_queries_whose_top1_sentence_is_the_teachers():
     from sharebert.formats.paths import packaged_search
-    from sharebert.pipelines.compress import search_agreement
+    from sharebert.pipelines.quality import search_agreement
 
     corpus, queries, answers = packaged_search()
     rng = np.random.default_rng(0)
@@ -73,7 +70,7 @@ def test_the_student_has_the_positions_of_its_teachers_maximum_length(minilm_dir
     """Compress's student reads what its teacher reads (MiniLM's recipe: 256 tokens), its positions counted in the
     budget; without a length, 128."""
     from sharebert.accounting.budget import student_for
-    from sharebert.pipelines.compress import embedding_shape
+    from sharebert.pipelines.plan import embedding_shape
 
     shape = embedding_shape(minilm_dir)
     assert shape["max_length"] == 256
@@ -89,7 +86,7 @@ def test_a_second_run_takes_the_teachers_artifact_from_the_cache(minilm_dir, tmp
     teacher exports nothing; another teacher (a changed file) or a damaged cache exports again."""
     import shutil
 
-    from sharebert.pipelines import compress as t
+    from sharebert.pipelines import teacher_pass as t
 
     monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
     exported = []
@@ -136,7 +133,7 @@ def test_a_teachers_artifact_that_fails_its_manifest_is_exported_again_never_use
     size: said in one line, exported again; the run never measures the damaged file."""
     import shutil
 
-    from sharebert.pipelines import compress as t
+    from sharebert.pipelines import teacher_pass as t
 
     exported = []
 
@@ -175,7 +172,7 @@ def test_compress_takes_a_folder_named_masked_lm_and_refuses_a_budget_too_small(
     needed to run again)."""
     import shutil
 
-    from sharebert.pipelines import compress as t
+    from sharebert.pipelines import teacher_pass as t
     from sharebert_runtime.main import main
 
     asked = []
@@ -255,7 +252,7 @@ def test_neighbour_agreement_counts_equal_nearest_neighbours():
 def test_the_verdict_weighs_search_agreement_against_its_threshold_and_suggests_a_budget(tmp_path):
     """Issue 46's first run: 30 of 441 planned steps, 430 of 7,336 sentences, 17 of 35 queries: not usable, said
     untrained, and the budget is the run's time outside training plus USEFUL_STEPS at the measured 2 s a step."""
-    from sharebert.pipelines.compress import USABLE_SEARCH, USEFUL_BATCH, USEFUL_STEPS, search_verdict
+    from sharebert.pipelines.quality import USABLE_SEARCH, USEFUL_BATCH, USEFUL_STEPS, search_verdict
 
     training = {"steps": 30, "train_seconds": 60.0, "train_sentences": 860, "train_word_strings": 430}
     r = {"student": {"search_top1": 17 / 35, "agreement_cosine": 0.13}, "training": training}
@@ -288,7 +285,7 @@ def test_agreement_and_calibration_of_a_perturbed_teacher(minilm_dir, tmp_path, 
     from transformers import AutoTokenizer
 
     from sharebert.formats.recipe import read_recipe
-    from sharebert.pipelines.compress import embedding_quality
+    from sharebert.pipelines.quality import embedding_quality
     from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
 
     monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path / "empty"))
@@ -363,7 +360,7 @@ def test_report_rows_say_what_they_measured_and_the_calibration(tmp_path):
 
 
 def test_report_names_the_cpu_its_figures_came_from(tmp_path):
-    from sharebert.pipelines.compress import write_report
+    from sharebert.pipelines.report import write_report
     from sharebert_runtime.cpu import cpu_info, describe
 
     report = _report(tmp_path)
@@ -458,7 +455,7 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_dir
 def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget(monkeypatch):
     """The plan: what the end needs is kept back, the teacher's pass takes at most a third of the rest, training
     the remainder; a budget below the end's costs is said so (all from measured rates, no clock in the test)."""
-    from sharebert.pipelines.compress import TimeBudget
+    from sharebert.pipelines.plan import TimeBudget
 
     said = []
     now = __import__("time").monotonic()
@@ -486,7 +483,8 @@ def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget(monk
 def test_a_budget_too_small_for_a_trained_student_is_refused_naming_the_smallest_that_would_do(monkeypatch):
     """The plan's steps below min_steps: BudgetTooSmall naming --max-time N, the least whole 10 s whose plan (same
     measured rate, step and time spent) gives min_steps; N - 10 does not; without min_steps the plan runs."""
-    from sharebert.pipelines.compress import TRAINED_STEPS, USEFUL_BATCH, BudgetTooSmall, TimeBudget, trained_steps
+    from sharebert.pipelines.plan import TRAINED_STEPS, BudgetTooSmall, TimeBudget, trained_steps
+    from sharebert.pipelines.quality import USEFUL_BATCH
 
     now = __import__("time").monotonic()
     monkeypatch.setattr("time.monotonic", lambda: now)  # the clock stands still: the figures follow from the math
@@ -527,7 +525,7 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
     from sharebert.formats.recipe import read_recipe
     from sharebert.model.configuration_sharebert import ShareBertConfig
     from sharebert.model.modeling_sharebert import ShareBertModel
-    from sharebert.pipelines.compress import publish_student
+    from sharebert.pipelines.out_folder import publish_student
     from sharebert.training.distill_embedding import save_student
     from sharebert_runtime.outdir import mark_out
 
@@ -594,7 +592,8 @@ def test_pca_basis_gives_the_top_principal_directions_in_order():
 def test_the_teachers_quality_vectors_are_computed_once_per_teacher(tmp_path, monkeypatch):
     """The teacher's side of the report's measures is kept in the cache by the teacher's key and the texts; a damaged
     file is computed again; the plan counts what is cached (its reserve shrinks by those teacher passes)."""
-    from sharebert.pipelines import compress as t
+    from sharebert.pipelines import plan, quality
+    from sharebert.pipelines import teacher_pass as t
 
     monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path / "empty"))  # no STS-B: held-out and search sets only
@@ -611,16 +610,16 @@ def test_the_teachers_quality_vectors_are_computed_once_per_teacher(tmp_path, mo
     t.cached_teacher_vectors("k2", texts, lambda: compute(texts))  # another teacher
     t.cached_teacher_vectors("k1", texts[:1], lambda: compute(texts[:1]))  # other texts
     assert calls == [2, 2, 1]
-    t._vectors_path("k1", texts).write_bytes(b"not an array")
+    t.vectors_path("k1", texts).write_bytes(b"not an array")
     assert np.array_equal(t.cached_teacher_vectors("k1", texts, lambda: compute(texts)), first) and calls[-1] == 2
 
-    monkeypatch.setattr(t, "teacher_vectors_key", lambda teacher: "kq")
-    sets = t.quality_texts()
-    assert [len(s) for s in sets] == [600, 35, 105] and t.quality_sentences() == 740
-    assert t.cached_quality_sentences("any") == 0
+    monkeypatch.setattr(quality, "teacher_vectors_key", lambda teacher: "kq")
+    sets = quality.quality_texts()
+    assert [len(s) for s in sets] == [600, 35, 105] and quality.quality_sentences() == 740
+    assert quality.cached_quality_sentences("any") == 0
     t.cached_teacher_vectors("kq", sets[1], lambda: compute(sets[1]))
-    assert t.cached_quality_sentences("any") == 35
-    budget = t.TimeBudget(300, after_sentences=740, say=lambda _: None)
+    assert quality.cached_quality_sentences("any") == 35
+    budget = plan.TimeBudget(300, after_sentences=740, say=lambda _: None)
     budget.rate = 10.0
     before = budget.reserve()
     budget.cached_sentences = 35

@@ -145,7 +145,7 @@ def test_report_has_both_phases_and_the_budgeted_student(classifier_run):
 def test_the_verdict_weighs_teacher_and_student_against_the_majority_baseline():
     """Teacher and student both at the always-one-label score: said to mean nothing (not "0.997 of the teacher");
     a student at the baseline is not usable; otherwise the share of the teacher's gain over it."""
-    from sharebert.pipelines.compress_classifier import classifier_verdict
+    from sharebert.pipelines.classifier_report import classifier_verdict
 
     base = {"label": "positive", "examples": 872, "accuracy": 0.509}
     (both,) = classifier_verdict(0.509, 0.509, base, "accuracy", "SST-2 dev accuracy (872 examples)")

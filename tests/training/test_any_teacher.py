@@ -255,7 +255,7 @@ def test_folders_that_are_no_encoder_teacher_get_one_line_errors(teachers, tmp_p
 
 @pytest.mark.slow
 def test_the_teachers_artifact_takes_the_first_quantization_that_keeps_it(teachers, tmp_path, monkeypatch):
-    from sharebert.pipelines import compress as t
+    from sharebert.pipelines import teacher_pass as t
     from sharebert_runtime.outdir import read_json
 
     folder, said = teachers["mpnet"]["embedding"], []

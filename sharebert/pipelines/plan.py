@@ -1,0 +1,273 @@
+"""A compress run planned before any model loads: every torch-free check (:func:`precheck`), the student's shape
+under the limits and its vocabulary (:func:`student_vocabulary`), and ``--max-time``'s plan (:class:`TimeBudget`,
+refused in one line by :class:`BudgetTooSmall` when it leaves the student untrained)."""
+
+from __future__ import annotations
+
+from .out_folder import check_out
+from .quality import USEFUL_BATCH, read_eval_pairs
+from .teacher_pass import max_length
+
+
+class TimeBudget:
+    """``--max-time T`` for the whole ``compress`` command (an embedding teacher), counted from the command's
+    start: the teacher's pass, training, export, the speed probes and the quality measures within about T.
+
+    Before the first step ``plan`` sizes the teacher's pass from what was measured (the teacher's sentences a
+    second, one student step) and says the plan in one line: what is left after the fixed costs of the end
+    (:meth:`reserve`: the exports still to come with their parity checks, two probes, the quality measures' sentences
+    through teacher and student) goes at most a third to the teacher's vectors, the rest to training, whose clock
+    (``training_seconds``) is what is left when it starts. A budget smaller than the end's costs is said so."""
+
+    EXPORT_SECONDS = 25.0  # one export's fixed part (ONNX trace, quantization, latency runs) besides its parity pass
+    PROBE_SECONDS = 8.0  # one probe: a fresh torch-free process, 2 x 30 timed sentences
+    # A quality sentence through the student's int8 artifact, in teacher sentences (PyTorch fp32): the measures of a
+    # run whose teacher vectors were cached (3,740 sentences) took ~50 s where the teacher ran 9 a second (load 9).
+    STUDENT_SHARE = 0.15
+
+    def __init__(self, seconds: float, after_sentences: int = 0, say=print, start: float | None = None):
+        import time
+
+        self.seconds, self.after_sentences, self.say = seconds, after_sentences, say
+        self.start = time.monotonic() if start is None else start
+        self.rate = None
+        self.exports = 2  # the student's and the teacher's; 1 once the teacher's is made before training
+        self.cached_sentences = 0  # of after_sentences, those whose teacher vectors an earlier run left in the cache
+        self.planned_steps = None  # the plan's steps (:meth:`plan`), for the report's verdict
+        self.min_steps = (
+            None  # fewer planned steps are refused (:class:`BudgetTooSmall`); None: any (--allow-untrained)
+        )
+
+    def left(self) -> float:
+        import time
+
+        return self.seconds - (time.monotonic() - self.start)
+
+    def reserve(self) -> float:
+        """Seconds the steps after training take: ``exports`` exports (each its parity pass of 128 sentences through
+        PyTorch; ``compress`` makes the teacher's before training, so one), two probes, the quality sentences through
+        the teacher (but those cached) and the student (:data:`STUDENT_SHARE` of its cost)."""
+        rate = self.rate or 50.0
+        return (
+            self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate)
+            + 2 * self.PROBE_SECONDS
+            + ((1 + self.STUDENT_SHARE) * self.after_sentences - self.cached_sentences) / rate
+        )
+
+    def plan(self, available: int, rate: float, step: float, batch: int) -> int:
+        """How many of ``available`` sentences the teacher encodes (at ``rate`` a second), said with the plan."""
+        self.rate = rate
+        reserve, spend = self.reserve(), self.left() - self.reserve()
+        n = int(min(available, max(4 * batch, rate * max(spend, 0.0) / 3)))
+        train = max(spend - n / rate, 1.0)
+        self.planned_steps = int(train / step)
+        if self.min_steps is not None and self.planned_steps < self.min_steps:
+            raise BudgetTooSmall(self._too_small(available, rate, step, batch, train))
+        self.say(
+            f"plan for --max-time {self.seconds:.0f} s ({self.left():.0f} s left): the teacher's vectors for "
+            f"{n:,} of {available:,} sentences (~{n / rate:.0f} s at {rate:.0f} sentences/s), then about "
+            f"{train / step:,.0f} steps of {batch} in ~{train:.0f} s of training (~{step:.2f} s a step), then "
+            f"export, speed and quality (~{reserve:.0f} s)"
+        )
+        if spend <= n / rate:
+            self.say(
+                f"--max-time {self.seconds:.0f} s is less than exporting and measuring take here (~{reserve:.0f} s "
+                "after a short training): the run will overrun it; give more time, or --max-steps"
+            )
+        return n
+
+    def training_seconds(self) -> float:
+        """The training clock, set when training starts: what is left less the end's :meth:`reserve`."""
+        return max(1.0, self.left() - self.reserve())
+
+    def smallest(self, available: int, rate: float, step: float, batch: int) -> int:
+        """The least ``--max-time`` (whole 10 s) whose plan gives :attr:`min_steps` steps, from what was measured:
+        the seconds spent so far, the end's :meth:`reserve`, and the teacher's pass that such a plan makes
+        (a third of what the end leaves, at least ``4 * batch`` sentences, at most ``available``)."""
+        import math
+
+        spend = self.min_steps * step
+        for _ in range(60):  # spend = training + the pass it sizes; the pass grows a third as fast: converges
+            spend = self.min_steps * step + min(available, max(4 * batch, rate * spend / 3)) / rate
+        return 10 * math.ceil((self.seconds - self.left() + self.reserve() + spend) / 10)
+
+    def _too_small(self, available: int, rate: float, step: float, batch: int, train: float) -> str:
+        return (
+            f"--max-time {self.seconds:.0f} s leaves ~{train:.0f} s of training here, {self.planned_steps:,} steps of "
+            f"{batch} at the {step:.2f} s a step measured, fewer than the {self.min_steps:,} a trained student "
+            f"needs: give --max-time {self.smallest(available, rate, step, batch)} or more (measured here: "
+            f"{self.seconds - self.left():.0f} s spent so far, ~{self.reserve():.0f} s of export and measures to "
+            f"come, the teacher at {rate:.0f} sentences/s), or --max-steps N, or --allow-untrained to run anyway"
+        )
+
+
+class BudgetTooSmall(ValueError):
+    """A ``--max-time`` whose plan leaves fewer steps than :attr:`TimeBudget.min_steps`: refused before the teacher's
+    pass and training, naming the smallest budget that would do (:meth:`TimeBudget.smallest`)."""
+
+
+# The fewest steps of USEFUL_BATCH a --max-time run must plan unless --allow-untrained (or --max-steps): 400 steps gave
+# that student 0.80-0.97 of the search answers, 30 steps 0.49 (docs/RESULTS.md): below it the student is untrained.
+TRAINED_STEPS = 400
+
+
+def trained_steps(batch: int) -> int:
+    """:data:`TRAINED_STEPS` of :data:`USEFUL_BATCH` sentences, in steps of ``batch``."""
+    import math
+
+    return math.ceil(TRAINED_STEPS * USEFUL_BATCH / batch)
+
+
+def is_classifier(config: dict) -> bool:
+    """Whether a model folder's config dict names a sequence classifier (``...ForSequenceClassification``)."""
+    return any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or [])
+
+
+def check_train(train) -> None:
+    """``--train`` files refused in one line before any model loads (torch-free): missing, not a regular file (a
+    FIFO, a device), empty, binary, or a ``.tsv`` whose first line is no GLUE header."""
+    from sharebert_runtime.textlines import resolve_sources
+
+    from ..training.glue import text_fields
+
+    for src in resolve_sources(train) if train else ():
+        if isinstance(src, str):  # hf: names are read when training starts
+            continue
+        if src.stat().st_size == 0:
+            raise ValueError(f"--train {src} is empty: give a file of text, one paragraph or sentence per line")
+        if src.suffix in (".gz", ".bz2"):  # compressed: the reader sniffs the text inside
+            continue
+        with open(src, "rb") as f:
+            head = f.read(1 << 16)
+        if b"\0" in head:
+            raise ValueError(f"--train {src} is binary, not UTF-8 text")
+        if (
+            src.suffix == ".tsv"
+            and text_fields(head.split(b"\n", 1)[0].decode("utf-8", "replace").rstrip("\r").split("\t")) is None
+        ):
+            raise ValueError(
+                f"--train {src}: a .tsv needs a GLUE header naming its text column (e.g. 'sentence', "
+                "'sentence1'); a plain text file: give it another suffix, e.g. .txt"
+            )
+
+
+def precheck(
+    teacher, out, limits: dict, train=None, data=None, overwrite: bool = False, resume: bool = False, eval_pairs=None
+):
+    """Every check that needs no model, torch-free and in well under 2 s, before anything is loaded or changed:
+    the teacher's config, a student under ``limits``, ``--out``, the ``--train`` and ``--eval-pairs`` files.
+    Returns ``(out, the teacher's config dict)``."""
+    from ..accounting.budget import student_for
+    from ..formats.model_folder import MODEL_TYPES, read_config, shape_fields
+
+    raw = read_config(teacher, model_types=None)
+    if raw.get("model_type") in MODEL_TYPES:  # torch-free; another architecture: training.teacher (its budget later,
+        labels = raw.get("id2label") if isinstance(raw.get("id2label"), dict) else {}  # a large vocabulary cut first)
+        shape = {**shape_fields(teacher), **({} if is_classifier(raw) else {"max_length": max_length(teacher)})}
+        num_labels = max(1, len(labels)) if is_classifier(raw) else None
+        try:
+            student_for(shape, limits, num_labels=num_labels)
+        except ValueError:
+            if not _cut_may_fit(shape, limits, num_labels):
+                raise
+    else:
+        from ..training.teacher import read_teacher
+
+        read_teacher(teacher)
+    out = check_out(out, teacher, train, overwrite, resume, data)
+    check_train(train)
+    if eval_pairs is not None:
+        read_eval_pairs(eval_pairs)
+    return out, raw
+
+
+def _cut_may_fit(shape: dict, limits: dict, num_labels: int | None = None) -> bool:
+    """Whether a vocabulary cut (``training.vocab``) could make a student fit ``limits`` (``num_labels``: a
+    classifier's, whose head counts too)."""
+    from ..training.vocab import _fits, _ladder
+
+    return any(_fits(budget_fit(num_labels), shape, limits, n) for n in _ladder(1000, int(shape["vocab_size"]), 1.5))
+
+
+def budget_fit(num_labels: int | None = None):
+    """``fits(shape, limits)`` for ``training.vocab.plan_vocabulary``: ``budget.student_for`` with a classifier's
+    ``num_labels`` (None: an embedding student's output projection)."""
+    from ..accounting.budget import student_for
+
+    return lambda shape, limits: student_for(shape, limits, num_labels=num_labels)
+
+
+STUDENT_FIELDS = (
+    "embedding_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "attention",
+    "max_position_embeddings",
+    "pooler",
+)  # a budget candidate's shape, as --set overrides
+
+
+def student_overrides(cand) -> dict:
+    """A budget candidate's shape as ``--set`` overrides (:data:`STUDENT_FIELDS`); a preset that names no attention
+    has the standard one (``budget.student_for`` picks only those), said here so the preset it shapes keeps none."""
+    return {"attention": "standard", **{k: cand.config[k] for k in STUDENT_FIELDS if k in cand.config}}
+
+
+def student_vocabulary(
+    teacher,
+    t_tok,
+    limits: dict,
+    args,
+    train,
+    data,
+    vocab_size: int | None,
+    say,
+    num_labels: int | None = None,
+    more_text=None,
+):
+    """The teacher's vocabulary cut for the student (``training.vocab.plan_vocabulary``), or None to keep it whole.
+    The cut keeps the tokens of the --train text (default corpus) and of ``more_text()`` (a classifier: its task's
+    training text); ``num_labels``: a classifier's, whose head the budget counts."""
+    from ..training.distill_embedding import IN_MEMORY, default_corpus, read_sentences
+    from ..training.vocab import plan_vocabulary
+
+    if data is not None:
+        if vocab_size is not None:
+            raise ValueError(
+                "--vocab-size cuts the vocabulary to the tokens of --train text; a --data folder holds the "
+                "teacher's token ids: give --train"
+            )
+        return None
+
+    def text():
+        sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)
+        return [*sentences, *(more_text() if more_text is not None else ())]
+
+    from ..training.teacher import teacher_shape
+
+    shape = teacher_shape(teacher) if num_labels is not None else embedding_shape(teacher)  # an encoder: its positions
+    return plan_vocabulary(t_tok, shape, limits, budget_fit(num_labels), text, vocab_size, say)
+
+
+def embedding_shape(teacher) -> dict:
+    """What ``budget.student_for`` reads of an encoder teacher (``teacher.teacher_shape``) and its maximum length
+    (:func:`max_length`): the student gets as many positions, so it reads what its teacher reads."""
+    from ..training.teacher import teacher_shape
+
+    return {**teacher_shape(teacher), "max_length": max_length(teacher)}
+
+
+def planned_steps(budget, args) -> int | None:
+    """The steps the run set out to take: ``--max-steps``, the budget's plan (the lesser of the two), or None (a
+    resumed run under a budget, whose plan was made by the run it continues)."""
+    known = [n for n in (args.max_steps, budget.planned_steps if budget is not None else None) if n is not None]
+    return min(known) if known else None
+
+
+def available_sentences(train, args) -> int:
+    """The sentences the training text offers (as the distillation reads them, at most ``--max-train-samples``)."""
+    from ..training.distill_embedding import IN_MEMORY, default_corpus, read_sentences
+
+    return len(read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY))

@@ -1,0 +1,321 @@
+"""How good an embedding student is, beside its teacher: ``--eval-pairs`` (:func:`read_eval_pairs`, torch-free),
+agreement on held-out sentences and search queries, STS-B, the cosine calibration (:func:`embedding_quality`), and
+the report's verdict (:func:`search_verdict`: usable for search or not, and the budget that would be)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .teacher_pass import cached_teacher_vectors, max_length, teacher_vectors_key, vectors_path
+
+# The verdict (:func:`search_verdict`). A student is usable for search when it gives the teacher's top-1 answer on
+# at least 9 of 10 of the package's search queries (32 of 35): a user who swaps teacher for student then sees the
+# same first result for nine searches in ten. The 5-minute demo's students reach 30-34 of 35 and a 30-step student
+# 17 (docs/RESULTS.md): the line parts a trained student from an untrained one.
+USABLE_SEARCH = 0.9
+
+
+# Steps of a batch after which all-MiniLM-L6-v2's 4M student passed USABLE_SEARCH: 2,185 steps of 32 gave 34 of 35,
+# 1,164 gave 30 (docs/RESULTS.md). Measured for that teacher only: the suggested budget says so.
+USEFUL_STEPS, USEFUL_BATCH = 2_200, 32
+
+
+UNTRAINED_SHARE = 0.5  # a run that took fewer than this share of its planned steps has an untrained student
+
+
+SAME = {"same": 1.0, "different": 0.0, "yes": 1.0, "no": 0.0, "true": 1.0, "false": 0.0}  # --eval-pairs labels
+
+
+MAX_EVAL_PAIRS, MAX_EVAL_BYTES = 100_000, 64 << 20  # --eval-pairs: read whole, so bounded
+
+
+def read_eval_pairs(path) -> tuple[list[str], list[str], list[float]]:
+    """``--eval-pairs FILE``: tab-separated ``sentence1, sentence2, gold`` per line, gold a score (any scale) or a
+    label (``same``/``different``, ``yes``/``no``, ``1``/``0``); a first line whose gold is neither is a header.
+    ``ValueError`` naming the file and line for anything else (torch-free: checked before any model loads)."""
+    from sharebert_runtime.textlines import check_text_file
+
+    path = check_text_file(path, "--eval-pairs")
+    if path.stat().st_size > MAX_EVAL_BYTES:
+        raise ValueError(
+            f"--eval-pairs {path} is {path.stat().st_size / 1e6:.0f} MB; give at most "
+            f"{MAX_EVAL_BYTES / 1e6:.0f} MB of pairs (a sample)"
+        )
+    a, b, gold = [], [], []
+    with open(path, encoding="utf-8", errors="strict") as f:
+        try:
+            lines = list(f)
+        except UnicodeDecodeError:
+            raise ValueError(f"--eval-pairs {path} is not UTF-8 text") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        fields = line.rstrip("\r\n").split("\t")
+        value = _gold(fields[-1]) if len(fields) == 3 else None
+        if value is None:
+            if number == 1 and len(fields) == 3:  # a header
+                continue
+            if len(fields) == 3:
+                raise ValueError(
+                    f"--eval-pairs {path}, line {number}: the gold value {fields[-1][:20]!r} (the third field) is "
+                    f"neither a number nor one of the labels {', '.join(SAME)}"
+                )
+            raise ValueError(
+                f"--eval-pairs {path}, line {number}: expected 3 tab-separated fields (sentence1, "
+                f"sentence2, a score or same/different), got {len(fields)} field(s)"
+            )
+        a.append(fields[0])
+        b.append(fields[1])
+        gold.append(value)
+        if len(gold) > MAX_EVAL_PAIRS:
+            raise ValueError(f"--eval-pairs {path} holds over {MAX_EVAL_PAIRS:,} pairs; give a sample")
+    if len(set(gold)) < 2:
+        raise ValueError(
+            f"--eval-pairs {path}: needs at least 2 pairs with different gold values (has {len(gold)} "
+            "pair(s)); a correlation needs both"
+        )
+    return a, b, gold
+
+
+def _gold(text: str) -> float | None:
+    text = text.strip().lower()
+    if text in SAME:
+        return SAME[text]
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def neighbour_agreement(student, teacher) -> float:
+    """Fraction of sentences whose nearest other sentence (cosine) is the same for the student's vectors as for the
+    teacher's: the retrieval answer a user sees, ``(N, H_s)`` and ``(N, H_t)`` rows."""
+    import numpy as np
+
+    def nearest(v):
+        v = np.asarray(v, dtype=np.float64)
+        v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+        sim = v @ v.T
+        np.fill_diagonal(sim, -np.inf)
+        return sim.argmax(1)
+
+    return float((nearest(student) == nearest(teacher)).mean())
+
+
+def search_answers(queries, corpus):
+    """Each query's top-1 sentence of ``corpus`` by cosine (rows of vectors)."""
+    import numpy as np
+
+    q, c = (np.asarray(v, dtype=np.float64) for v in (queries, corpus))
+    q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    c = c / np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)
+    return (q @ c.T).argmax(1)
+
+
+def search_agreement(t_vec, s_vec, say=print) -> dict:
+    """The report's search row: the fraction of the package's search queries (``paths.packaged_search``) whose
+    top-1 sentence is the same for the student as for the teacher (``t_vec``, ``s_vec``: texts -> vectors)."""
+    from ..formats.paths import packaged_search
+
+    corpus, queries, _ = packaged_search()
+    say(f"measuring the student's search answers on {len(queries)} queries over {len(corpus)} sentences ...")
+    t, s = search_answers(t_vec(queries), t_vec(corpus)), search_answers(s_vec(queries), s_vec(corpus))
+    return {
+        "label": f"top-1 search answer agreement with the teacher ({len(queries)} queries over {len(corpus)} "
+        "sentences)",
+        "teacher": 1.0,
+        "student": float((t == s).mean()),
+    }
+
+
+def _cos(a, b):
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+
+
+def quality_texts(eval_pairs=None, limit: int | None = None) -> list[list[str]]:
+    """The lists of texts :func:`embedding_quality` encodes, each through teacher and student, in its order: the
+    held-out sentences, the search queries and corpus, ``--eval-pairs``' two sides, STS-B dev's two sides."""
+    from ..formats.paths import packaged_heldout, packaged_search
+    from ..training.distill_embedding import sts_available, sts_dev
+
+    held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts = [held[: max(limit, 3)] if limit else held, *packaged_search()[1::-1]]
+    if eval_pairs is not None:
+        texts += list(read_eval_pairs(eval_pairs)[:2])
+    if sts_available():
+        split = sts_dev(limit)
+        texts += [list(split.text_a), list(split.text_b)]
+    return texts
+
+
+def quality_sentences(eval_pairs=None, limit: int | None = None) -> int:
+    """Sentences :func:`embedding_quality` encodes (each through teacher and student), for :class:`TimeBudget`."""
+    return sum(map(len, quality_texts(eval_pairs, limit)))
+
+
+def cached_quality_sentences(teacher, eval_pairs=None, limit: int | None = None) -> int:
+    """How many of :func:`quality_sentences` have the teacher's vectors in the cache already (for the plan)."""
+    key = teacher_vectors_key(teacher)
+    return sum(len(texts) for texts in quality_texts(eval_pairs, limit) if vectors_path(key, texts).is_file())
+
+
+def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit: int | None = None) -> dict:
+    """The embedding measures of the report, each named by what it was measured on (``{key: {"label", "teacher",
+    "student"}}``; the student is ``student_embed`` (texts -> vectors: its int8 artifact's ``Runtime.embed``), the
+    teacher its PyTorch fp32 model and recipe):
+
+    - ``agreement_cosine`` / ``agreement_top1``: the student's mean cosine to the teacher's vector of the same
+      sentence, and its top-1 neighbour agreement, on the held-out sentences shipped in the package
+      (``paths.packaged_heldout``; never trained on by default);
+    - ``eval_pairs_spearman``: Spearman of cosine with the gold of ``--eval-pairs`` (all its pairs);
+    - ``sts_spearman``: STS-B dev Spearman on all 1,500 pairs, where the data folder holds STS-B;
+    - ``calibration``: mean cosine of related pairs (the gold's top quarter, of ``--eval-pairs`` or STS-B) and of
+      unrelated ones (held-out sentences paired with others), for both: a threshold tuned on the teacher moves.
+
+    ``limit`` (tests and the docs check only; the command has none): the first ``limit`` STS-B pairs and held-out
+    sentences, said in the labels."""
+    import numpy as np
+
+    from ..formats.paths import packaged_heldout
+    from ..formats.recipe import read_recipe
+    from ..training.distill_embedding import encode, load_encoder, recipe_head, sts_available, sts_dev
+    from ..training.metrics import cosine_spearman
+    from ..training.teacher import teacher_tokenizer
+
+    recipe = read_recipe(teacher)
+    t_model, t_head = load_encoder(teacher), recipe_head(teacher, recipe)
+    t_tok = teacher_tokenizer(teacher)  # any encoder architecture
+    seq_len = max_length(teacher)
+    cache_key = teacher_vectors_key(teacher)  # not "key": the loop below names each measure so
+    t_vec = lambda texts: cached_teacher_vectors(  # noqa: E731
+        cache_key, texts, lambda: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len)
+    )
+    s_vec = lambda texts: np.stack(student_embed(list(texts)))  # noqa: E731
+    held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
+    held = held[: max(limit, 3)] if limit else held
+    say(f"measuring the student's agreement with the teacher on {len(held)} held-out sentences ...")
+    t_held, s_held = t_vec(held), s_vec(held)
+    where = f"{len(held)} held-out WikiText-2 sentences"
+    rows = {
+        "agreement_cosine": {
+            "label": f"mean cosine to the teacher's vector ({where})",
+            "teacher": 1.0,
+            "student": float(_cos(s_held, t_held).mean()) if s_held.shape == t_held.shape else None,
+        },
+        "agreement_top1": {
+            "label": f"top-1 neighbour agreement with the teacher ({where})",
+            "teacher": 1.0,
+            "student": neighbour_agreement(s_held, t_held),
+        },
+    }
+    rows["search_top1"] = search_agreement(t_vec, s_vec, say)
+    shift = np.roll(np.arange(len(held)), len(held) // 2)  # each sentence with one far from it: unrelated
+    calibration = {
+        "unrelated": {
+            "teacher": float(_cos(t_held, t_held[shift]).mean()),
+            "student": float(_cos(s_held, s_held[shift]).mean()),
+            "measured_on": f"{len(held)} pairs of unrelated held-out sentences",
+        }
+    }
+    pair_sets = []
+    if eval_pairs is not None:
+        a, b, gold = read_eval_pairs(eval_pairs)
+        pair_sets.append(
+            (
+                "eval_pairs_spearman",
+                f"Spearman of cosine with the gold of {Path(eval_pairs).name} ({len(gold)} pairs)",
+                a,
+                b,
+                gold,
+            )
+        )
+    if sts_available():
+        split, every = sts_dev(limit), len(sts_dev().labels)
+        which = f"all {every}" if len(split.labels) == every else f"the first {len(split.labels)} of {every}"
+        pair_sets.append(
+            ("sts_spearman", f"STS-B dev Spearman ({which} pairs)", split.text_a, split.text_b, split.labels)
+        )
+    for key, label, a, b, gold in pair_sets:
+        say(f"measuring {label} ...")
+        (ta, tb), (sa, sb) = (t_vec(a), t_vec(b)), (s_vec(a), s_vec(b))
+        rows[key] = {"label": label, "teacher": cosine_spearman(ta, tb, gold), "student": cosine_spearman(sa, sb, gold)}
+        top = np.asarray(gold, dtype=np.float64) >= np.quantile(gold, 0.75)
+        if "related" not in calibration and top.any():
+            calibration["related"] = {
+                "teacher": float(_cos(ta[top], tb[top]).mean()),
+                "student": float(_cos(sa[top], sb[top]).mean()),
+                "measured_on": f"the {int(top.sum())} pairs of the gold's top quarter, {label}",
+            }
+    return {"measures": rows, "calibration": calibration}
+
+
+def search_verdict(
+    report: dict, batch: int, planned: int | None, available: int | None, elapsed: float, queries: int
+) -> dict:
+    """The report's first lines (``lines``) and their figures: whether the student is usable for search (its top-1
+    agreement with the teacher on the ``queries`` search queries against :data:`USABLE_SEARCH`), how many steps
+    (of ``planned``) and of the ``available`` training sentences it saw, and, when it is not usable, the
+    ``--max-time`` the measured seconds a step suggest for :data:`USEFUL_STEPS` (``elapsed``: the run's seconds so
+    far, what is not training counted again as is)."""
+    import math
+
+    s, tr = report["student"], report["training"]
+    search, cosine, steps = s.get("search_top1"), s.get("agreement_cosine"), int(tr["steps"])
+    usable = search is not None and search >= USABLE_SEARCH
+    used = tr["train_sentences"] - tr.get("train_word_strings", 0)
+    per_step = tr["train_seconds"] / steps if steps else None
+    untrained = not usable and planned is not None and steps < UNTRAINED_SHARE * planned
+    first = (
+        f"Verdict: {'usable' if usable else 'NOT usable'} for search: the student gives the teacher's top-1 answer on "
+        f"{round((search or 0) * queries)} of {queries} search queries (usable from {USABLE_SEARCH:.2f}, the "
+        f"teacher's first result for 9 searches in 10); mean cosine to the teacher's vectors {cosine:.3f}."
+    )
+    of_planned = f" of the {planned:,} planned" if planned is not None else ""
+    rate = f" ({per_step:.2f} s a step, measured)" if per_step else ""
+    seen = f"{used:,} of the {available:,} sentences of its training text ({used / max(available, 1):.0%})"
+    second = (
+        f"It trained {steps:,}{of_planned} steps of {batch} sentences{rate} on "
+        + (seen if available else f"{used:,} training rows")
+        + f": {steps * batch / max(tr['train_sentences'], 1):.1f} passes over them"
+        + (" and their strings of vocabulary words." if tr.get("train_word_strings") else ".")
+        + (
+            " Far fewer steps than planned (they ran slower than the plan measured): it is untrained."
+            if untrained
+            else ""
+        )
+    )
+    needed = math.ceil(USEFUL_STEPS * USEFUL_BATCH / batch)
+    suggested = None
+    if usable:
+        third = "This budget was enough."
+    elif per_step and steps < needed:
+        suggested = 60 * math.ceil((max(elapsed - tr["train_seconds"], 0.0) + needed * per_step) / 60)
+        third = (
+            f"Suggested budget: --max-time {suggested}: {needed:,} steps of {batch} at the measured {per_step:.2f} s "
+            f"a step, plus the {max(elapsed - tr['train_seconds'], 0.0):.0f} s this run spent outside training. "
+            f"An estimate from all-MiniLM-L6-v2's student, usable after about {USEFUL_STEPS:,} steps of "
+            f"{USEFUL_BATCH} (docs/RESULTS.md): another teacher may need more steps, a cached teacher less time."
+        )
+    else:
+        third = (
+            f"It trained the ~{needed:,} steps all-MiniLM-L6-v2's student needed (docs/RESULTS.md): this teacher "
+            "needs more; give a larger --max-time, or more training text."
+        )
+    return {
+        "usable_for_search": usable,
+        "threshold": USABLE_SEARCH,
+        "search_top1": search,
+        "mean_cosine": cosine,
+        "steps": steps,
+        "planned_steps": planned,
+        "untrained": untrained,
+        "sentences": used,
+        "available_sentences": available,
+        "seconds_per_step": per_step,
+        "suggested_max_time": suggested,
+        "lines": [first, second, third],
+    }

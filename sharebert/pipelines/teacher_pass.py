@@ -1,0 +1,263 @@
+"""The teacher's side of a compress run: its artifact at the first quantization that keeps it
+(:func:`export_teacher`, cached per teacher: :func:`teacher_cache`), any export done once (:func:`export_once`),
+its sentence vectors of the quality measures kept in the cache (:func:`cached_teacher_vectors`), the tokens it reads
+(:func:`max_length`) and its name for titles."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from sharebert_runtime.errors import first_line
+from sharebert_runtime.outdir import read_json, write_json
+
+# The teacher's artifact in a compress report: the first of these whose outputs keep the teacher (TEACHER_COSINE).
+# Measured (docs/RESULTS.md): all-MiniLM-L6-v2's sentence embeddings at int8-dynamic 0.9866 mean cosine to fp32
+# (refused), int8 weight-only 0.9987, fp16 0.99999994; ORT's dynamic int8 compute is what loses them.
+TEACHER_QUANTIZATIONS = ("int8-dynamic", "int8", "fp16", "none")
+
+
+TEACHER_COSINE = 0.99
+
+
+# The teacher's parity sentences at each rung: its PyTorch and ONNX passes are a third of an export (MiniLM, 1 thread:
+# 29 of 79 s at 128 sentences); 64 still tell 0.9866 from 0.99 (the spread of a sentence's cosine is ~0.005).
+TEACHER_CHECK = 64
+
+
+def kept_cosine(manifest: dict) -> float:
+    """How well an artifact keeps its model: the mean cosine of its sentence embeddings (else of its outputs) to
+    PyTorch's on the export's check sentences; a classifier's class agreement counts too (the lower of the two)."""
+    parity = manifest["parity"]
+    cosine = parity.get("sentence_embedding", parity)["cosine_mean"]
+    return min(cosine, parity.get("agreement", 1.0))
+
+
+def export_teacher(teacher, out: Path, task: str, progress: bool, say=print) -> tuple[Path, str, dict]:
+    """The teacher's artifact in ``out`` at the first of :data:`TEACHER_QUANTIZATIONS` that keeps it within
+    :data:`TEACHER_COSINE`: ``(artifact, quantization, {refused mode: why})``. The artifact a resumed run chose is
+    kept (exported again only if the teacher changed since); else the one an earlier run of this teacher left in the
+    cache (:func:`teacher_cache`)."""
+    manifest = Path(out) / "manifest.json"
+    chosen = _verified_choice(Path(out), say) if manifest.is_file() else None
+    if chosen in TEACHER_QUANTIZATIONS:
+        export_once(Path(teacher), Path(out), chosen, progress, task=task, allow_low_parity=True)
+        if kept_cosine(read_json(manifest)) >= TEACHER_COSINE:
+            return Path(out), chosen, {}
+    cache = teacher_cache(teacher, task)
+    if (hit := _from_cache(cache, Path(out), say)) is not None:
+        say(f"the teacher's {hit[0]} artifact from the cache ({cache}), exported by an earlier run")
+        return Path(out), *hit
+    mode, refused = _teacher_ladder(teacher, Path(out), task, progress, say)
+    _to_cache(cache, Path(out), mode, refused, say)
+    return Path(out), mode, refused
+
+
+def _teacher_ladder(teacher, out: Path, task: str, progress: bool, say) -> tuple[str, dict]:
+    """The first of :data:`TEACHER_QUANTIZATIONS` that keeps the teacher, exported into ``out``, and the refusals."""
+    from ..export import export_model
+
+    manifest, refused = out / "manifest.json", {}
+    for mode in TEACHER_QUANTIZATIONS:
+        try:
+            export_model(
+                teacher,
+                out,
+                task=task,
+                quantize=mode,
+                overwrite=True,
+                progress=progress,
+                check_limit=TEACHER_CHECK,
+                runs=5,
+                allow_low_parity=True,
+            )
+        except ValueError as e:  # ParityError: outputs not finite
+            refused[mode] = first_line(e)
+            continue
+        cosine = kept_cosine(read_json(manifest))
+        if cosine >= TEACHER_COSINE:
+            return mode, refused
+        refused[mode] = f"mean cosine {cosine:.4f} to PyTorch < {TEACHER_COSINE}"
+        say(f"the teacher at --quantize {mode} does not keep it ({refused[mode]}); the next mode instead")
+    raise ValueError(
+        f"no quantization keeps the teacher {teacher}: {'; '.join(f'{k}: {v}' for k, v in refused.items())}"
+    )
+
+
+def teacher_cache(teacher, task: str) -> Path:
+    """The cache folder of a teacher's artifact (``paths.cache_dir``): keyed by the teacher's files
+    (``fingerprint.teacher_fingerprint``), the task, the quantization ladder and its bar, and the exporter's code,
+    so a second ``compress`` of the same teacher skips its exports (on all-MiniLM-L6-v2, 2 cores: ~100 s, half of
+    it the int8-dynamic export the bar refuses)."""
+    import hashlib
+
+    from .. import export
+    from ..formats.paths import cache_dir
+    from ..training.fingerprint import teacher_fingerprint
+
+    sources = sorted(Path(export.__file__).parent.glob("*.py"))
+    key = json.dumps(
+        [
+            teacher_fingerprint(teacher),
+            task,
+            TEACHER_QUANTIZATIONS,
+            TEACHER_COSINE,
+            [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources],
+        ]
+    )
+    return cache_dir() / "teacher-artifacts" / hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+CACHE_CHOICE = "choice.json"  # beside the cached artifact: the quantization chosen and the ones refused
+
+
+def _verified_choice(artifact: Path, say) -> str | None:
+    """The quantization of the teacher's artifact in ``artifact`` when it passes its own manifest (every field, the
+    size and sha256 of every file: ``verify_artifact``); else None, said in one line, and it is exported again. A
+    truncated or edited file is never measured (it failed at the end of the run, as an internal error)."""
+    from sharebert_runtime.artifact import ArtifactError, verify_artifact
+
+    try:
+        return verify_artifact(artifact).get("quantization")
+    except (ArtifactError, OSError) as e:
+        say(f"the teacher's artifact in {artifact} fails its manifest's checks ({first_line(e)}): exported again")
+        return None
+
+
+def _from_cache(cache: Path, out: Path, say=print) -> tuple[str, dict] | None:
+    """``(quantization, refusals)`` with the cached artifact copied into ``out``; None where there is none (or an
+    unreadable one, or one that fails its manifest's hashes: said, removed and exported again)."""
+    try:
+        choice = read_json(cache / CACHE_CHOICE)
+        mode, refused = choice["quantization"], dict(choice["refused"])
+        if mode not in TEACHER_QUANTIZATIONS:
+            return None
+        if _verified_choice(cache / "artifact", say) != mode:
+            shutil.rmtree(cache, ignore_errors=True)
+            return None
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(cache / "artifact", out)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return mode, refused
+
+
+def _to_cache(cache: Path, out: Path, mode: str, refused: dict, say) -> None:
+    """The teacher's artifact and choice kept in ``cache`` for the next run; a cache that cannot be written is said
+    and skipped (the run goes on)."""
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.partial")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(out, tmp / "artifact")
+        write_json(tmp / CACHE_CHOICE, {"quantization": mode, "refused": refused})
+        shutil.rmtree(cache, ignore_errors=True)
+        os.replace(tmp, cache)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        say(f"the teacher's artifact is not cached ({first_line(e)}); set SHAREBERT_CACHE to a writable folder")
+
+
+def export_once(
+    model_dir: Path,
+    out: Path,
+    quantize: str,
+    progress: bool,
+    task: str = "feature-extraction",
+    allow_low_parity: bool = False,
+) -> Path:
+    """``model_dir`` exported to ``out``, unless ``out`` holds an artifact made after ``model_dir``'s weights
+    were written: a run resumed after its export is not exported twice, one that trained on is."""
+    from sharebert.export import export_model
+
+    manifest = out / "manifest.json"
+    weights = [f.stat().st_mtime for f in Path(model_dir).iterdir() if f.suffix in (".safetensors", ".bin")]
+    if not manifest.is_file() or manifest.stat().st_mtime < max(weights, default=0.0):
+        export_model(
+            model_dir,
+            out,
+            task=task,
+            quantize=quantize,
+            overwrite=True,
+            progress=progress,
+            check_limit=128,
+            runs=5,
+            allow_low_parity=allow_low_parity,
+        )
+    return out
+
+
+def teacher_vectors_key(teacher) -> str:
+    """What the teacher's vectors of the quality measures depend on: its files (``fingerprint.teacher_fingerprint``:
+    weights, config, tokenizer, recipe and Dense modules) and the length it reads."""
+    import hashlib
+
+    from ..training.fingerprint import teacher_fingerprint
+
+    return hashlib.sha256(json.dumps([teacher_fingerprint(teacher), max_length(teacher)]).encode()).hexdigest()
+
+
+def vectors_path(key: str, texts) -> Path:
+    import hashlib
+
+    from ..formats.paths import cache_dir
+
+    digest = hashlib.sha256(json.dumps([key, list(texts)]).encode()).hexdigest()[:24]
+    return cache_dir() / "teacher-vectors" / f"{digest}.npy"
+
+
+def cached_teacher_vectors(key: str, texts, compute):
+    """The teacher's vectors of ``texts`` (``compute()``), kept in the cache (``paths.cache_dir``) under ``key``
+    (:func:`teacher_vectors_key`) and the texts: the teacher's side of a report's measures (held-out sentences,
+    search set, STS-B: 3,740 sentences, ~3 minutes of a 5-minute compress on 2 loaded cores) is computed once
+    per teacher. A damaged file is computed again; a cache that cannot be written is skipped."""
+    import numpy as np
+
+    path = vectors_path(key, texts)
+    try:
+        cached = np.load(path, allow_pickle=False)
+        if (
+            cached.ndim == 2
+            and cached.shape[0] == len(texts)
+            and cached.dtype.kind == "f"
+            and np.isfinite(cached).all()
+        ):
+            return cached
+    except (OSError, ValueError, EOFError):
+        pass
+    vectors = compute()
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.npy")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(tmp, vectors)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    return vectors
+
+
+def max_length(model_dir) -> int:
+    """The tokens a model folder reads: its recipe's ``max_seq_length``, else its position embeddings; never more
+    than its position embeddings."""
+    from ..formats.model_folder import read_config
+    from ..formats.recipe import read_recipe
+
+    positions = int(read_config(model_dir, model_types=None).get("max_position_embeddings", 512))
+    return min(read_recipe(model_dir).max_seq_length or positions, positions)
+
+
+def teacher_name(teacher) -> str:
+    """The teacher's name for titles: its model card's first heading (``README.md``'s ``# all-MiniLM-L6-v2``, as
+    the Hub writes them; config.json's ``_name_or_path`` names the base model a fine-tuned one came from), else
+    the folder's name, with its parent's when that alone says little (``model``, ``snapshot``)."""
+    folder = Path(teacher).absolute()
+    card = folder / "README.md"
+    if card.is_file():
+        with open(card, encoding="utf-8", errors="replace") as f:
+            head = f.read(1 << 16)
+        title = next((line[2:].strip() for line in head.splitlines() if line.startswith("# ")), "")
+        if 0 < len(title) <= 80:
+            return title
+    generic = ("model", "student", "snapshot", "")
+    return folder.name if folder.name not in generic else f"{folder.parent.name}/{folder.name}"
