@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml $(LOCK)
 
 install: $(STAMP)
 
+# No OMP_NUM_THREADS: compress measures its student's step at each thread count the CPU gives and trains at the
+# fastest, measured again when the load moves (sharebert/training/threads.py); a fixed 2 collapsed beside a busy process.
 demo: $(STAMP)
-	OMP_NUM_THREADS=2 $(VENV)/bin/sharebert demo
+	$(VENV)/bin/sharebert demo
 
 # The linter and the formatter (pyproject.toml [tool.ruff]): a finding or an unformatted file stops `make test`.
 lint: $(STAMP)

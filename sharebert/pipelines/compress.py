@@ -43,11 +43,13 @@ from .out_folder import (
     remove_parts,
 )
 from .plan import (
+    BUDGET_RECORD,
     BudgetTooSmall,
     TimeBudget,
     available_sentences,
     embedding_shape,
     is_classifier,
+    measure_before_export,
     planned_steps,
     precheck,
     student_overrides,
@@ -128,6 +130,17 @@ def compress(
     if budget is not None:
         budget.after_sentences = quality_sentences(eval_pairs, eval_limit)
         budget.cached_sentences = cached_quality_sentences(teacher, eval_pairs, eval_limit)
+        budget.record = out / WORK / BUDGET_RECORD
+        if resume and (checkpoint := latest_checkpoint(student_dir / "checkpoints")) is not None:
+            budget.carry(budget.record, checkpoint)  # the run it continues spent part of --max-time
+    from .teacher_pass import CACHE_CHOICE, teacher_cache
+
+    exported = (resume and (out / "teacher_artifact" / "manifest.json").is_file()) or (
+        teacher_cache(teacher, "feature-extraction") / CACHE_CHOICE
+    ).is_file()
+    threads = measure_before_export(  # before any export or pass: a budget too small is refused here
+        teacher, t_tok, overrides, shape["vocab_size"], train, args, budget if data is None else None, exported, say
+    )
     fresh = not out.is_dir() or all(p.name == OutLock.NAME for p in out.iterdir())
     report = _refused_leaves_nothing(
         out,
@@ -156,6 +169,7 @@ def compress(
                 budget,
                 portable,
                 vocab,
+                threads=threads,
             ),
         ),
     )
@@ -194,6 +208,7 @@ def _compress(
     budget=None,
     portable: bool = True,
     vocab=None,
+    threads=None,
 ) -> dict:
     from ..training.distill_embedding import distill_embedding
 
@@ -217,7 +232,7 @@ def _compress(
         data=data,
         score_sts=False,  # measured once, below, from the artifact
         budget=budget if data is None else None,
-        callbacks=(stopper,) if stopper is not None else (),
+        callbacks=tuple(c for c in (stopper, threads) if c is not None),  # threads: training.threads.FitThreads
         vocab=vocab,
     )
     if stopper is not None and stopper.received:

@@ -37,6 +37,9 @@ class TimeBudget:
         self.min_steps = (
             None  # fewer planned steps are refused (:class:`BudgetTooSmall`); None: any (--allow-untrained)
         )
+        self.teacher_export = 0.0  # seconds the teacher's export is estimated to take, while it is still to come
+        self.trained_before = 0.0  # a resumed run: the training seconds its checkpoint already used (:meth:`carry`)
+        self.record = None  # where :meth:`training_seconds` records the seconds spent before training (out/work)
 
     def left(self) -> float:
         import time
@@ -49,7 +52,8 @@ class TimeBudget:
         the teacher (but those cached) and the student (:data:`STUDENT_SHARE` of its cost)."""
         rate = self.rate or 50.0
         return (
-            self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate)
+            self.teacher_export
+            + self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate)
             + 2 * self.PROBE_SECONDS
             + ((1 + self.STUDENT_SHARE) * self.after_sentences - self.cached_sentences) / rate
         )
@@ -58,11 +62,7 @@ class TimeBudget:
         """How many of ``available`` sentences the teacher encodes (at ``rate`` a second), said with the plan."""
         self.rate = rate
         reserve, spend = self.reserve(), self.left() - self.reserve()
-        n = int(min(available, max(4 * batch, rate * max(spend, 0.0) / 3)))
-        train = max(spend - n / rate, 1.0)
-        self.planned_steps = int(train / step)
-        if self.min_steps is not None and self.planned_steps < self.min_steps:
-            raise BudgetTooSmall(self._too_small(available, rate, step, batch, train))
+        n, train = self._sized(available, rate, step, batch)
         self.say(
             f"plan for --max-time {self.seconds:.0f} s ({self.left():.0f} s left): the teacher's vectors for "
             f"{n:,} of {available:,} sentences (~{n / rate:.0f} s at {rate:.0f} sentences/s), then about "
@@ -76,9 +76,78 @@ class TimeBudget:
             )
         return n
 
+    def _sized(self, available: int, rate: float, step: float, batch: int) -> tuple[int, float]:
+        """``(sentences the teacher encodes, seconds of training)`` at these rates: what the end's :meth:`reserve`
+        leaves, at most a third to the teacher's pass; sets :attr:`planned_steps`, refuses fewer than
+        :attr:`min_steps` (:class:`BudgetTooSmall`)."""
+        self.rate = rate
+        spend = self.left() - self.reserve()
+        n = int(min(available, max(4 * batch, rate * max(spend, 0.0) / 3)))
+        train = max(spend - n / rate, 1.0)
+        self.planned_steps = int(train / step)
+        if self.min_steps is not None and self.planned_steps < self.min_steps:
+            raise BudgetTooSmall(self._too_small(available, rate, step, batch, train))
+        return n, train
+
+    def before_export(self, available: int, rate: float, step: float, batch: int, export: float) -> None:
+        """The plan made before the teacher's export, when no earlier run left it in the cache: ``export`` its
+        estimated seconds (:func:`measure_before_export`). A budget too small is refused here as :meth:`plan` refuses,
+        before any export or pass, naming the smallest that would do; else said in one line. :meth:`plan` sizes the
+        run again after the export, from the seconds it took."""
+        self.teacher_export = export
+        try:
+            self._sized(available, rate, step, batch)
+        finally:
+            self.teacher_export = 0.0
+        self.say(
+            f"the teacher's artifact is not cached: its export is estimated at ~{export:.0f} s (the teacher at "
+            f"~{rate:.0f} sentences/s, a student step {step:.2f} s, measured now), which leaves about "
+            f"{self.planned_steps:,} steps of {batch} in --max-time {self.seconds:.0f} s"
+        )
+
     def training_seconds(self) -> float:
-        """The training clock, set when training starts: what is left less the end's :meth:`reserve`."""
-        return max(1.0, self.left() - self.reserve())
+        """The training clock, set when training starts: what is left less the end's :meth:`reserve`, plus the training
+        seconds a resumed run's checkpoint already used (its clock, ``WallClockLimit``, goes on from those: the run
+        stops at ``--max-time`` in all). The seconds spent before training are recorded in :attr:`record`, so that
+        a ``--resume`` of this run carries them over (:meth:`carry`)."""
+        seconds = self.trained_before + max(1.0, self.left() - self.reserve())
+        if self.record is not None:
+            from sharebert_runtime.outdir import write_json
+
+            spent = self.seconds - self.left() - self.trained_before
+            write_json(self.record, {"before_training": spent, "rate": self.rate, "planned_steps": self.planned_steps})
+        return seconds
+
+    def carry(self, record, checkpoint) -> None:
+        """A ``--resume`` under this budget: the seconds the run it continues spent count (the time between the two
+        runs does not): those before its training (``record``, :meth:`training_seconds`) and the training seconds
+        its ``checkpoint`` keeps (``WallClockLimit``'s); its plan's teacher rate and steps kept for the end's reserve
+        and the verdict. Said in one line."""
+        from pathlib import Path
+
+        from sharebert_runtime.outdir import read_json
+
+        from ..training.callbacks import WallClockLimit, trainer_state
+
+        try:
+            saved = read_json(Path(record))
+        except (OSError, ValueError):
+            saved = None
+        saved = saved if isinstance(saved, dict) else {}
+        clock = (trainer_state(checkpoint).get("stateful_callbacks") or {}).get(WallClockLimit.__name__)
+        used = ((clock or {}).get("attributes") or {}).get("used_seconds") if isinstance(clock, dict) else None
+        trained, before = _seconds(used), _seconds(saved.get("before_training"))
+        self.start -= before + trained
+        self.trained_before = trained
+        rate, steps = saved.get("rate"), saved.get("planned_steps")
+        self.rate = rate if _seconds(rate) > 0 else None
+        self.planned_steps = steps if isinstance(steps, int) and steps > 0 else None
+        known = "" if saved else " (it left no record of its time before training: only its training counted)"
+        self.say(
+            f"--resume: {before + trained:.0f} s of --max-time {self.seconds:.0f} s were spent by the run it "
+            f"continues ({before:.0f} s before its training, {trained:.0f} s of training){known}; "
+            f"{self.left():.0f} s are left"
+        )
 
     def smallest(self, available: int, rate: float, step: float, batch: int) -> int:
         """The least ``--max-time`` (whole 10 s) whose plan gives :attr:`min_steps` steps, from what was measured:
@@ -97,8 +166,21 @@ class TimeBudget:
             f"{batch} at the {step:.2f} s a step measured, fewer than the {self.min_steps:,} a trained student "
             f"needs: give --max-time {self.smallest(available, rate, step, batch)} or more (measured here: "
             f"{self.seconds - self.left():.0f} s spent so far, ~{self.reserve():.0f} s of export and measures to "
-            f"come, the teacher at {rate:.0f} sentences/s), or --max-steps N, or --allow-untrained to run anyway"
+            f"come{self._estimated()}, the teacher at {rate:.0f} sentences/s), or --max-steps N, or "
+            "--allow-untrained to run anyway"
         )
+
+    def _estimated(self) -> str:
+        if not self.teacher_export:
+            return ""
+        return f" (the teacher's export ~{self.teacher_export:.0f} s of it, estimated: not cached)"
+
+
+def _seconds(value) -> float:
+    """A recorded count of seconds, or 0 for one that is missing, negative or not a finite number."""
+    import math
+
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else 0.0
 
 
 class BudgetTooSmall(ValueError):
@@ -271,3 +353,59 @@ def available_sentences(train, args) -> int:
     from ..training.distill_embedding import IN_MEMORY, default_corpus, read_sentences
 
     return len(read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY))
+
+
+BUDGET_RECORD = "budget.json"  # in out/work: the seconds a run spent before its training (TimeBudget.training_seconds)
+# A first run's teacher export (its artifact not cached), in sentences through the teacher at the rate measured before
+# it: each rung's parity passes (TEACHER_CHECK sentences through PyTorch and ONNX Runtime), RAM int8's parity (256
+# through ONNX Runtime), the stored reference inputs and latency runs. all-MiniLM-L6-v2's int8-dynamic rung took 111 s
+# where its teacher ran 2.45 sentences/s (2 threads, load 13): EXPORT_SECONDS and ~210 sentences' worth.
+EXPORT_SENTENCES = 250
+TEACHER_RUNGS = 2  # a first export is planned for two rungs: int8-dynamic is refused for MiniLM and MPNet, int8 kept
+TIMED_SENTENCES = 16  # the teacher's sentences timed before its export, after 4 untimed (~7 s at the issue's worst)
+
+
+def measure_before_export(teacher, t_tok, overrides: dict, rows: int, train, args, budget, exported: bool, say):
+    """Before the teacher's export or pass: torch's thread count fitted to the machine on the student's step
+    (``training.threads``; kept where OMP_NUM_THREADS names one) and, under a ``budget`` that refuses too few steps
+    whose teacher is not exported yet (``exported``: cached by an earlier run, or a resumed run's own), the plan made
+    from estimates (:meth:`TimeBudget.before_export`), refused there when too small: the teacher's sentences a
+    second from a timed PyTorch pass over :data:`TIMED_SENTENCES` of the training text, a student step at the chosen
+    count (``rows``: its vocabulary's), and the export: :data:`TEACHER_RUNGS` rungs of ``EXPORT_SECONDS`` and
+    :data:`EXPORT_SENTENCES` at that rate, plus the plan's own measure of the teacher (``RATE_SAMPLE`` sentences).
+    Returns the training's threads callback (``training.threads.FitThreads``; None: nothing fitted)."""
+    import time
+
+    import torch
+
+    from ..training.distill_embedding import (
+        IN_MEMORY,
+        RATE_SAMPLE,
+        build_student,
+        default_corpus,
+        encode,
+        load_encoder,
+        read_sentences,
+    )
+    from ..training.threads import fit_threads, step_seconds, training_batch, user_threads
+
+    estimate = budget is not None and budget.min_steps is not None and not exported  # else no refusal can come
+    if not estimate and user_threads() is not None:
+        return None
+    sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)
+    model = build_student("sharebert-tiny", overrides, rows)
+    batch = training_batch(t_tok, sentences, args.batch_size, args.seq_len, rows)
+    fit = fit_threads(model, batch, say)
+    if not estimate:
+        return fit
+    step = fit.reference if fit is not None else step_seconds(model, batch, torch.get_num_threads())
+    del model
+    encoder = load_encoder(teacher)
+    sample = sentences[:: max(1, len(sentences) // TIMED_SENTENCES)][:TIMED_SENTENCES]
+    encode(encoder, t_tok, sample[:4], "mean", None, args.seq_len)  # the first pass's one-time costs are no rate
+    start = time.monotonic()
+    encode(encoder, t_tok, sample, "mean", None, args.seq_len)
+    rate = len(sample) / max(time.monotonic() - start, 1e-6)
+    export = TEACHER_RUNGS * (budget.EXPORT_SECONDS + EXPORT_SENTENCES / rate) + RATE_SAMPLE / rate
+    budget.before_export(int(len(sentences) * (1 + args.words)), rate, step, args.batch_size, export)
+    return fit

@@ -883,7 +883,7 @@ def _embedding_trainer(
     grouped = {} if packed else {"train_sampling_strategy": "group_by_length"}
     targs = stream_training_args(out, args, progress, remove_unused_columns=False, **grouped)
     clock = WallClockLimit(args.max_time) if args.max_time else None
-    if budget is not None and start_from is None:  # training gets what the command's budget leaves
+    if budget is not None:  # training gets what the command's budget leaves (resumed: its checkpoint's seconds too)
         clock = WallClockLimit(budget.training_seconds())
     trainer = EmbeddingTrainer(
         model=model,

@@ -166,10 +166,10 @@ def test_compress_takes_a_folder_named_masked_lm_and_refuses_a_budget_too_small(
     minilm_dir, tmp_path, monkeypatch, capsys
 ):
     """all-MiniLM-L6-v2 whose config.json says BertForMaskedLM (no head saved, as many published folders): compress
-    takes it as the sentence encoder it is (its teacher artifact asked for feature-extraction); a --max-time of 5 s,
-    far from the 1,600 steps of 8 a trained student takes, is refused at the plan, before the teacher's pass, naming
-    the smallest budget and --allow-untrained, and the new folder is left as empty as it was (no --overwrite
-    needed to run again)."""
+    takes it as the sentence encoder it is (it plans an encoder's student); a --max-time of 5 s, far from the 1,600
+    steps of 8 a trained student takes, is refused at the plan made before the teacher's export (this test's cache is
+    empty: the export estimated) and pass, naming the smallest budget and --allow-untrained, and the new folder is
+    left as empty as it was (no --overwrite needed to run again)."""
     import shutil
 
     from sharebert.pipelines import teacher_pass as t
@@ -193,8 +193,8 @@ def test_compress_takes_a_folder_named_masked_lm_and_refuses_a_budget_too_small(
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and "fewer than the 1,600 a trained student needs: give --max-time" in err, err
-    assert "or --allow-untrained to run anyway" in err and asked == ["feature-extraction"]
-    assert "exporting the teacher" in captured.out and "teacher's vectors for" not in captured.out
+    assert "or --allow-untrained to run anyway" in err and "estimated: not cached" in err and asked == []
+    assert "exporting the teacher" not in captured.out and "teacher's vectors for" not in captured.out
     assert not out.exists() or {p.name for p in out.iterdir()} <= {".lock"}
 
 

@@ -1,0 +1,112 @@
+"""--max-time's plan (sharebert.pipelines.plan): a budget too small is refused before the teacher's export, naming the
+smallest that would do with the export estimated; a --resume carries the seconds its run already spent. The clock
+stands still (the figures follow from the math). The refusal before the export end to end, on the real teacher:
+tests/pipelines/test_compress_anywhere.py (a folder named masked-LM, a --max-time of 5 s)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from sharebert.pipelines.plan import (
+    EXPORT_SENTENCES,
+    TEACHER_RUNGS,
+    TRAINED_STEPS,
+    BudgetTooSmall,
+    TimeBudget,
+)
+
+MEASURED = dict(available=15000, rate=50.0, step=0.5, batch=32)  # the teacher's sentences/s, a student step
+
+
+@pytest.fixture
+def now(monkeypatch):
+    """The clock stands still: no stall of a loaded machine counts."""
+    t = time.monotonic()
+    monkeypatch.setattr("time.monotonic", lambda: t)
+    return t
+
+
+def _budget(seconds, now, said, spent=20.0):
+    b = TimeBudget(seconds, after_sentences=3600, say=said.append, start=now - spent)
+    b.min_steps, b.exports = TRAINED_STEPS, 1
+    return b
+
+
+def test_a_budget_too_small_is_refused_before_the_export_naming_the_smallest_with_the_export_in_it(now):
+    """Before the export: the estimated export counts in the reserve; the refusal names --max-time N, the least whole
+    10 s whose plan gives TRAINED_STEPS with that export to come; N passes and says the estimate, N - 10 does not.
+    The estimate is dropped after the plan (the real plan, after the export, counts the seconds it took)."""
+    from sharebert.training.distill_embedding import RATE_SAMPLE
+
+    said = []
+    export = TEACHER_RUNGS * (TimeBudget.EXPORT_SECONDS + EXPORT_SENTENCES / 50.0) + RATE_SAMPLE / 50.0
+    with pytest.raises(BudgetTooSmall) as refused:
+        _budget(300, now, said).before_export(**MEASURED, export=export)
+    probe = _budget(300, now, said)
+    probe.teacher_export = export
+    smallest = probe.smallest(**MEASURED)
+    assert smallest == 10 * -(-(20 + probe.reserve() + 1.5 * TRAINED_STEPS * 0.5) // 10)  # the pass: a third more
+    message = str(refused.value)
+    assert f"give --max-time {smallest} or more" in message and "\n" not in message
+    assert f"the teacher's export ~{export:.0f} s of it, estimated: not cached" in message
+    enough = _budget(smallest, now, said)
+    enough.before_export(**MEASURED, export=export)
+    assert enough.planned_steps >= TRAINED_STEPS and enough.teacher_export == 0.0
+    assert enough.reserve() == _budget(smallest, now, []).reserve()
+    assert said == [
+        f"the teacher's artifact is not cached: its export is estimated at ~{export:.0f} s (the teacher at ~50 "
+        f"sentences/s, a student step 0.50 s, measured now), which leaves about {enough.planned_steps:,} steps of 32 "
+        f"in --max-time {smallest} s"
+    ]
+    with pytest.raises(BudgetTooSmall):
+        _budget(smallest - 10, now, said).before_export(**MEASURED, export=export)
+    untrained = _budget(300, now, said)
+    untrained.min_steps = None  # --allow-untrained: the estimate is said, the run goes on
+    untrained.before_export(**MEASURED, export=export)
+    assert 0 < untrained.planned_steps < TRAINED_STEPS and "not cached" in said[-1]
+
+
+def _checkpoint(folder, used):
+    folder.mkdir(parents=True)
+    clock = {"args": {"seconds": 150.0}, "attributes": {"used_seconds": used, "reached": False}}
+    (folder / "trainer_state.json").write_text(
+        json.dumps({"global_step": 40, "stateful_callbacks": {"WallClockLimit": clock}})
+    )
+    return folder
+
+
+def test_a_resume_carries_the_seconds_its_run_spent_and_stops_at_the_budget_in_all(now, tmp_path):
+    """The run it continues spent 70 s before training and 50 s of training (its checkpoint's WallClockLimit): 180 s of
+    300 are left; the training clock is the checkpoint's 50 s plus what is left less the end's reserve, so the
+    resumed run stops at 300 s in all, not 300 more; the record keeps 70 s for a second resume."""
+    from sharebert_runtime.outdir import read_json
+
+    checkpoint = _checkpoint(tmp_path / "checkpoint-40", used=50.0)
+    record = tmp_path / "budget.json"
+    record.write_text(json.dumps({"before_training": 70.0, "rate": 40.0, "planned_steps": 500}))
+    said = []
+    b = TimeBudget(300, after_sentences=100, say=said.append, start=now)
+    b.carry(record, checkpoint)
+    assert b.left() == 180 and b.trained_before == 50 and b.rate == 40 and b.planned_steps == 500
+    assert said == [
+        "--resume: 120 s of --max-time 300 s were spent by the run it continues (70 s before its training, 50 s of "
+        "training); 180 s are left"
+    ]
+    b.record = record
+    assert b.training_seconds() == pytest.approx(50 + 180 - b.reserve())
+    assert read_json(record)["before_training"] == pytest.approx(70)
+    lost = TimeBudget(300, say=said.append, start=now)  # no record (a run stopped by an older sharebert): said
+    lost.carry(tmp_path / "missing.json", checkpoint)
+    assert lost.left() == 250 and lost.rate is None and "left no record of its time before training" in said[-1]
+
+
+def test_a_fresh_run_records_the_seconds_it_spent_before_training(now, tmp_path):
+    from sharebert_runtime.outdir import read_json
+
+    b = TimeBudget(300, start=now - 40)
+    b.rate, b.planned_steps, b.record = 25.0, 700, tmp_path / "budget.json"
+    assert b.training_seconds() == pytest.approx(260 - b.reserve())
+    assert read_json(b.record) == {"before_training": 40.0, "rate": 25.0, "planned_steps": 700}
