@@ -11,8 +11,6 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from sharebert_runtime.outdir import save_figure
-
 from .counts import DTYPE_BYTES, as_shape, count_flops, count_params
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
@@ -278,27 +276,23 @@ def plot(result: dict, path: str) -> None:
     """Candidates by learned parameters and GFLOPs: inside the limits in colour, outside faded, the limits
     drawn, the front highlighted, paper presets starred; ShareBERT Table 1 methods as lettered lines with
     their key beside the plot (methods of about one size share a line, so no label covers another)."""
-    try:
-        import matplotlib
+    from .picture import figure, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise ValueError("--plot needs matplotlib: pip install 'sharebert[plot]'") from e
-
-    fig, ax = plt.subplots(figsize=(12, 6.5))
-    fig.subplots_adjust(left=0.07, right=0.72, top=0.9, bottom=0.09)
-    _plot_candidates(ax, result)
-    _plot_limits(ax, result.get("limits", {}), DTYPE_BYTES[result.get("dtype", "fp32")])
-    _plot_methods(fig, ax)
-    ax.set_xlabel("learned parameters (M, backbone)")
-    ax.set_ylabel(f"GFLOPs per forward (batch 1, seq {result.get('seq_len', 128)}, weights materialised)")
-    ax.set_title(_plot_title(result), fontsize=8, pad=16)
-    ax.legend(
-        loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=7, frameon=False
-    )  # beside the axes: never over a point
-    save_figure(fig, path, dpi=120)
-    plt.close(fig)
+    with figure(7.2, layout=None) as (fig, [[ax]]):
+        fig.subplots_adjust(left=0.075, right=0.66, top=0.86, bottom=0.09)  # the right third: the key and legend
+        _plot_candidates(ax, result)
+        _plot_limits(ax, result.get("limits", {}), DTYPE_BYTES[result.get("dtype", "fp32")])
+        _plot_methods(fig, ax)
+        ax.set_xlabel("learned parameters (millions, backbone)")
+        ax.set_ylabel(f"GFLOPs per forward (batch 1, seq {result.get('seq_len', 128)})")
+        headline, key = _plot_title(result)
+        ax.set_title(key, pad=18)
+        # beside the axes: never over a point; markers larger than the grid's dots, so each colour is seen
+        legend = ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False, markerscale=2)
+        for handle in legend.legend_handles:  # the faded dots' key stays visible
+            handle.set_alpha(max(handle.get_alpha() or 1.0, 0.3))
+        fig.suptitle(headline, x=0.075, ha="left")
+        save(fig, path)
 
 
 def _plot_candidates(ax, result: dict) -> None:
@@ -376,7 +370,6 @@ def _plot_methods(fig, ax) -> None:
             transform=ax.get_xaxis_transform(),
             ha="center",
             va="bottom",
-            fontsize=8,
             color="tab:green",
             fontweight="bold",
         )
@@ -384,18 +377,19 @@ def _plot_methods(fig, ax) -> None:
             f"{letter}  " + "; ".join(f"{r['label']} {r['params'] / 1e6:.3g}M ({r['relative_perf']}%)" for r in group)
         )
     fig.text(
-        0.735,
-        0.9,
+        0.675,
+        0.86,
         "ShareBERT Table 1 methods (green lines;\nrelative GLUE score vs BERT Base):\n\n"
-        + "\n".join(_wrap(k, 48) for k in key),
-        fontsize=7,
+        + "\n".join(_wrap(k, 44) for k in key),
+        fontsize=9,
         va="top",
         family="monospace",
     )
 
 
-def _plot_title(result: dict) -> str:
-    """How many candidates fit which limits, and what the lines and stars are."""
+def _plot_title(result: dict) -> tuple[str, str]:
+    """``(headline, key)``: how many candidates fit which limits; what was counted, and what the lines and stars
+    are."""
     limits = result.get("limits", {})
     shown = {"max_params": "params", "max_bytes": "bytes", "max_gflops": "GFLOPs"}
     words = [f"{LIMITS[k][0]} <= {human(v)}" for k, v in limits.items()]
@@ -403,12 +397,13 @@ def _plot_title(result: dict) -> str:
     dashes = f"red dashes: the {drawn} limit{'s' if ' and ' in drawn else ''} (shaded: outside); " if drawn else ""
     return (
         f"sharebert budget: {result['feasible']:,} of {result['total']:,} candidates within "
-        f"{', '.join(words) or 'no limits'} ({result.get('dtype', 'fp32')})\n"
-        f"{dashes}stars: ShareBERT Table 2 presets (hollow: outside the limits)"
+        f"{', '.join(words) or 'no limits'} ({result.get('dtype', 'fp32')})",
+        "counted from each candidate's config (GFLOPs with the weights materialised; no model run)\n"
+        f"{dashes}stars: ShareBERT Table 2 presets (hollow: outside the limits)",
     )
 
 
-def _label_without_overlap(ax, points: list[tuple[str, float, float]], fontsize: int = 7) -> None:
+def _label_without_overlap(ax, points: list[tuple[str, float, float]], fontsize: int = 10) -> None:
     """Annotate each ``(text, x, y)`` at the first offset around it whose box meets no earlier label's box."""
     dpi = ax.figure.dpi
     char, line = fontsize * 0.62 * dpi / 72, fontsize * 1.3 * dpi / 72  # pixels per character and per line
@@ -430,6 +425,7 @@ def _label_without_overlap(ax, points: list[tuple[str, float, float]], fontsize:
             textcoords="offset points",
             xytext=(dx, dy),
             ha="right" if dx < 0 else "left",
+            bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},  # read over the dots
         )
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sharebert_runtime.outdir import read_json, save_figure
+from sharebert_runtime.outdir import read_json
 from sharebert_runtime.untrusted import RESULT_JSON_BYTES, parse_json, read_bytes
+
+from .picture import SECOND, THIRD, figure, save
 
 LOGS = ("log.jsonl", "log_history.json")
 
@@ -45,7 +47,7 @@ def _series(events: list[dict], key: str) -> tuple[list, list]:
 def _line(ax, xy, label, **kw):
     """A line with markers when it has few points (a 20-step run logs a handful: a bare line would not show)."""
     if xy[0]:
-        ax.plot(*xy, marker="o" if len(xy[0]) <= 50 else None, ms=3.5, lw=1.2, label=label, **kw)
+        ax.plot(*xy, marker="o" if len(xy[0]) <= 50 else None, ms=5, lw=1.8, label=label, **kw)
 
 
 def plot_curves(events: list[dict], path: str | Path, title: str = "") -> Path:
@@ -56,68 +58,49 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> Path:
     validation loss: there the first panel shows the gold-label term (``loss_hard``, last batch of each
     logging step) against the validation loss, and the summed objective gets a panel of its own.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        raise ValueError("drawing curves needs matplotlib: pip install 'sharebert[plot]'") from None
     distill = any(k.startswith("loss_") for e in events for k in e)
     train = _series(events, "loss_hard" if distill else "loss")
     valid, lr, objective = _series(events, "eval_loss"), _series(events, "learning_rate"), _series(events, "loss")
     if not (train[0] or valid[0] or objective[0]):
         raise ValueError("the log holds no loss yet: nothing to draw")
-    rows = [("loss", 3)] + ([("objective", 2)] if distill else []) + [("lr", 1)]
-    fig, axes = plt.subplots(
-        len(rows), 1, figsize=(8, 2.2 + 1.4 * len(rows)), sharex=True, height_ratios=[h for _, h in rows]
-    )
-    panels = dict(zip((name for name, _ in rows), axes))
-    top = panels["loss"]
-    _line(top, train, "train: gold-label term (last batch)" if distill else "train loss")
-    _line(top, valid, "validation loss", color="tab:orange")
-    top.set_ylabel("loss")
+    rows = [("loss", 3)] + ([("objective", 2)] if distill else []) + [("lr", 1.4)]
+    heights = [h for _, h in rows]
+    with figure(1.6 + 1.3 * sum(heights), nrows=len(rows), sharex=True, height_ratios=heights) as (fig, axes):
+        panels = dict(zip((name for name, _ in rows), axes[:, 0]))
+        _loss_panel(panels["loss"], train, valid, distill)
+        if distill:
+            _line(panels["objective"], objective, None, color="tab:purple")
+            panels["objective"].set_title("Train: distillation objective (weighted sum of its terms)")
+            panels["objective"].set_ylabel("objective")
+        _line(panels["lr"], lr, None, color=THIRD)
+        if not lr[0]:
+            _note(panels["lr"], "not logged (the run was shorter than its logging interval)", 0.5)
+        panels["lr"].set_title("Learning rate (per optimizer step)")
+        panels["lr"].set_ylabel("learning rate")
+        panels["lr"].set_xlabel("optimizer step")
+        from matplotlib.ticker import MaxNLocator  # matplotlib is there: figure imported it
+
+        panels["lr"].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        fig.suptitle(f"Training curves: {title}" if title else "Training curves")
+        return save(fig, path)
+
+
+def _loss_panel(ax, train, valid, distill: bool) -> None:
+    """Train and validation values of the same loss, the legend outside the lines' way."""
+    _line(ax, train, "train: gold-label term (last batch of each logging step)" if distill else "train loss")
+    _line(ax, valid, "validation loss (the run's held-out set)", color=SECOND)
+    ax.set_title("Loss by optimizer step (lower is better)")
+    ax.set_ylabel("loss")
     if not (train[0] or valid[0]):
-        top.text(0.5, 0.5, "no train or validation loss logged", transform=top.transAxes, ha="center")
-    else:
-        if not train[0]:
-            top.text(
-                0.5,
-                0.9,
-                "train loss not logged (the run was shorter than its logging interval)",
-                transform=top.transAxes,
-                ha="center",
-                fontsize=8,
-            )
-        top.legend(loc="lower right" if not train[0] else "best")
-    top.set_title(title, fontsize=9)
-    if distill:
-        _line(
-            panels["objective"], objective, "train: distillation objective (weighted sum of terms)", color="tab:purple"
-        )
-        panels["objective"].set_ylabel("objective")
-        panels["objective"].legend(fontsize=8)
-    _line(panels["lr"], lr, None, color="tab:green")
-    if not lr[0]:
-        panels["lr"].text(
-            0.5,
-            0.5,
-            "not logged (the run was shorter than its logging interval)",
-            transform=panels["lr"].transAxes,
-            ha="center",
-            va="center",
-            fontsize=8,
-        )
-    panels["lr"].set_ylabel("learning rate")
-    panels["lr"].set_xlabel("optimizer step")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+        _note(ax, "no train or validation loss logged", 0.5)
+        return
+    if not train[0]:
+        _note(ax, "train loss not logged (the run was shorter than its logging interval)", 0.9)
+    ax.legend(loc="best", frameon=False)  # where it covers the fewest points
+
+
+def _note(ax, text: str, y: float) -> None:
+    ax.text(0.5, y, text, transform=ax.transAxes, ha="center", va="center", color="0.35")
 
 
 def write_curves(run_dir: str | Path) -> Path | None:

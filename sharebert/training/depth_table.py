@@ -15,8 +15,6 @@ import statistics
 import time
 from pathlib import Path
 
-from sharebert_runtime.outdir import save_figure
-
 from ..formats.paths import data_path
 from .glue import get_task, read_split
 from .metrics import task_metrics
@@ -114,11 +112,12 @@ def depth_table(
     first ``latency_samples`` dev sentences) at each depth of ``depths`` and at the full depth N.
 
     ``model``: a fine-tuned model folder or a text-classification artifact folder. Returns ``{"task", "metric",
-    "backend", "layers", "eval_samples", "latency_samples", "threads", "rows": [{"depth", <metric>, "p50_ms",
+    "backend", "layers", "eval_samples", "latency_samples", "threads", "cpu", "rows": [{"depth", <metric>, "p50_ms",
     "metric_vs_full" (difference), "latency_vs_full" (ratio)}]}``, rows by depth. Depths outside 1..N, or any
     depth for an artifact exported without depth support, raise ``ValueError`` before the data is read.
     """
     from sharebert_runtime.artifact import MANIFEST, depth_limit, is_artifact
+    from sharebert_runtime.cpu import cpu_info
 
     from ..formats.model_folder import read_config
 
@@ -162,36 +161,42 @@ def depth_table(
         "eval_samples": len(split),
         "latency_samples": n,
         "threads": threads,
+        "cpu": cpu_info(),  # the latencies are this CPU's
         "rows": rows,
     }
 
 
 def plot_depths(result: dict, path: str | Path) -> Path:
-    """The dev metric (left axis) and p50 latency (right axis) against depth, from :func:`depth_table`, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """The dev metric and the p50 latency against depth, from :func:`depth_table`, as two panels side by side
+    (one axis each: a twin axis makes the reader match colours to scales), each titled with its unit and what it
+    was measured on."""
+    from ..accounting.picture import SECOND, STUDENT, figure, save
 
     rows, metric = result["rows"], result["metric"]
     depths = [r["depth"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 3.8), dpi=110)
-    values = [r[metric] for r in rows]
-    ax.plot(depths, values, "o-", color="tab:blue", label=metric)
-    ax.set_xlabel("depth (encoder layers run)")
-    ax.set_ylabel(f"dev {metric} (axis from {min(0, min(values)):g})", color="tab:blue")
-    ax.set_ylim(min(0, min(values)), max(1, max(values)) if max(values) <= 1 else None)  # never a truncated axis
-    ax.set_xticks(depths)
-    ax.grid(alpha=0.3)
-    lat = ax.twinx()
-    lat.plot(depths, [r["p50_ms"] for r in rows], "s--", color="tab:orange", label="p50 latency")
-    lat.set_ylabel(
-        f"p50 latency, ms (batch 1, {result['threads']} thread{'s' * (result['threads'] > 1)})", color="tab:orange"
-    )
-    lat.set_ylim(bottom=0)
-    ax.set_title(f"{result['task']}: {result['backend']}, {result['eval_samples']} dev examples")
-    fig.legend(loc="lower center", ncol=2, frameon=False)  # below the axes: never over a point
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    path = save_figure(fig, path)
-    plt.close(fig)
-    return path
+    values, ms = [r[metric] for r in rows], [r["p50_ms"] for r in rows]
+    threads = f"{result['threads']} thread{'s' * (result['threads'] > 1)}"
+    with figure(4.8, ncols=2) as (fig, [[quality, latency]]):
+        quality.plot(depths, values, "o-", color=STUDENT, lw=2, ms=7)
+        quality.set_ylim(min(0, min(values)), max(1, max(values)) if max(values) <= 1 else None)  # never truncated
+        quality.set_ylabel(f"dev {metric}")
+        quality.set_title(f"{result['task']} dev {metric} ({result['eval_samples']} dev examples)")
+        latency.plot(depths, ms, "s-", color=SECOND, lw=2, ms=7)
+        latency.set_ylim(bottom=0, top=max(ms) * 1.15)
+        latency.set_ylabel("p50 latency, ms")
+        latency.set_title(f"p50 ms per sentence (batch 1, {threads}, median of {result['latency_samples']})")
+        for ax, ys, fmt in ((quality, values, "{:.3f}"), (latency, ms, "{:.1f}")):
+            for x, y in zip(depths, ys):
+                ax.annotate(fmt.format(y), (x, y), textcoords="offset points", xytext=(0, 8), ha="center")
+            ax.set_xticks(depths)
+            ax.margins(x=0.08)  # the end points' values clear of the frame
+            ax.set_xlabel(f"depth (encoder layers run, of {result['layers']})")
+        backend = {"pytorch": "the PyTorch model", "onnxruntime": "the ONNX Runtime artifact"}[result["backend"]]
+        fig.suptitle(f"Quality and latency by depth: {backend} on {_machine(result)}")
+        return save(fig, path)
+
+
+def _machine(result: dict) -> str:
+    """The CPU the latencies came from, in a few words (a table from before the field: not recorded)."""
+    cpu = result.get("cpu") or {}
+    return " ".join(str(cpu[k]) for k in ("model", "machine") if cpu.get(k)) or "CPU not recorded"
