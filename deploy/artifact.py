@@ -441,9 +441,22 @@ def weights_record(weights: list) -> str:
 
 
 def check_ram_int8_record(session: ort.InferenceSession, ram: dict, path: Path) -> None:
-    """The manifest's ram_int8 weights are those recorded in the (hashed) compute graph when it holds a record
-    (exports before the record: the shape checks only); ``ArtifactError`` naming the field otherwise."""
+    """The manifest's ram_int8 weights are those recorded in the (hashed) compute graph; ``ArtifactError`` naming the
+    field otherwise. A compute graph without the record (exported before it existed) is read on the shape checks
+    alone, which tell every layout but a square generated weight's: with one of those it is refused, naming the
+    re-export (``ram='fp32'`` reads it meanwhile). A check of its answers against the stored reference would catch a
+    wrong orientation too, but only after a whole load and a run, and a user who asked for int8 would get an
+    artifact refused or not depending on how far that orientation moves its answers."""
     recorded = session.get_modelmeta().custom_metadata_map.get(RAM_INT8_RECORD)
+    if recorded is None:
+        square = next((w for w in ram["weights"] if "offset" not in w and w["shape"][0] == w["shape"][1]), None)
+        if square is not None:
+            raise ArtifactError(
+                f"{path}: ram_int8 weight {square['int8']!r} is square ({square['shape'][0]} x {square['shape'][1]}) "
+                f"and {ram['compute']} holds no record of its layout (exported before sharebert recorded it), so "
+                "which way it is stored cannot be checked: export the model again, or use ram='fp32'"
+            )
+        return
     if recorded is not None and recorded != weights_record(ram["weights"]):
         raise ArtifactError(
             f"{path}: ram_int8 weights differ from the record in {ram['compute']} (the manifest was edited: a "

@@ -331,6 +331,49 @@ def test_an_edited_ram_int8_record_is_refused_naming_the_field(artifact, tmp_pat
     assert Runtime(artifact, ram="int8", threads=1).metadata()["int8_generated_weights"] > 0  # the original loads
 
 
+@pytest.mark.slow
+def test_a_square_generated_weight_without_the_layout_record_is_refused_for_ram_int8(tmp_path):
+    """A dense teacher's artifact (its 64 x 64 weights made whole by generator graphs) as exported before the
+    compute graph recorded its weights (the record taken out, its hash in the manifest made right): the shapes tell
+    no square weight's layout, so RAM int8 refuses it naming the re-export; fp32, which never reads the layouts,
+    answers as the original does."""
+    import hashlib
+    import shutil
+
+    import onnx
+    import torch
+    import transformers
+    from tiny_teachers import make_config, make_tokenizer
+
+    tokenizer, clf = make_tokenizer("wordpiece", "bert", True), tmp_path / "bert"
+    torch.manual_seed(0)
+    transformers.AutoModelForSequenceClassification.from_config(
+        make_config("bert", tokenizer, hidden_size=64, intermediate_size=128, num_labels=2)
+    ).save_pretrained(clf)
+    tokenizer.save_pretrained(clf)
+    artifact = tmp_path / "artifact"
+    export_model(clf, artifact, task="text-classification", quantize="int8", check_limit=8, runs=1, progress=False)
+    old = tmp_path / "old"
+    shutil.copytree(artifact, old)
+    compute = old / contract.RAM_INT8_COMPUTE
+    graph = onnx.load(compute, load_external_data=False)  # its external data stays where it is (model.onnx)
+    kept = [p for p in graph.metadata_props if p.key != contract.RAM_INT8_RECORD]
+    assert len(kept) < len(graph.metadata_props)
+    del graph.metadata_props[:]
+    graph.metadata_props.extend(kept)
+    onnx.save(graph, compute)
+    manifest = json.loads((old / "manifest.json").read_text())
+    data = compute.read_bytes()
+    manifest["files"][contract.RAM_INT8_COMPUTE] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    square = next(w for w in manifest["ram_int8"]["weights"] if "offset" not in w and w["shape"][0] == w["shape"][1])
+    with pytest.raises(contract.ArtifactError, match="holds no record of its layout") as e:
+        Runtime(old, ram="int8", threads=1)
+    assert f"weight {square['int8']!r} is square (64 x 64)" in str(e.value) and "export the model again" in str(e.value)
+    answers = [Runtime(a, ram="fp32", threads=1).classify(SENTENCES) for a in (old, artifact)]
+    assert answers[0] == answers[1]
+
+
 def test_a_task_the_outputs_cannot_serve_is_refused(artifact, tmp_path):
     """task edited between fill-mask and feature-extraction: the graph's per-token width (vocabulary or hidden size,
     from config.json) says which it serves; either edit is refused in one line naming the task."""
