@@ -155,6 +155,12 @@ def add_arguments(p):
         help="an encoder teacher: keep --out/work (the distillation's checkpoints and the teacher's "
         "vectors), which a finished run removes",
     )
+    p.add_argument(
+        "--web",
+        action="store_true",
+        help="also write --out/web: the student as a folder transformers.js loads in a web page or Node, as "
+        "`sharebert export --format web --quantize int8` writes it (docs/DEVICE.md)",
+    )
     p.add_argument("--resume", action="store_true", help="continue a stopped run in --out")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier compress result in --out")
 
@@ -197,6 +203,7 @@ def run(args) -> int:
                     resume=args.resume,
                     stopper=stopper,
                     vocab_size=args.vocab_size,
+                    web=args.web,
                 )
             else:
                 r = compress(
@@ -215,6 +222,7 @@ def run(args) -> int:
                     stopper=stopper,
                     task=args.task,
                     vocab_size=args.vocab_size,
+                    web=args.web,
                 )
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)

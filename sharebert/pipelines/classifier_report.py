@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .report import probe, safetensor_params, weight_bytes, write_report
+from .out_folder import publish_web
+from .report import probe, safetensor_params, web_sentence, weight_bytes, write_report
 from .teacher_pass import export_once, export_teacher, teacher_name
 
 
@@ -80,6 +81,7 @@ def classifier_report(
     progress: bool,
     say,
     vocab=None,
+    web: bool = False,
 ) -> dict:
     say(
         "exporting the student (int8) and the teacher (the first quantization that keeps it), "
@@ -87,6 +89,9 @@ def classifier_report(
     )
     student = out / "student"
     art = export_once(student, out / "artifact", "int8", progress, task="text-classification", allow_low_parity=True)
+    if web:  # the same int8 graph, at the artifact's gate (a classifier's int8 is judged by its task metric, below)
+        say("exporting the student for the web (--format web, int8) ...")
+        web_entry = publish_web(student, out, art, progress, "text-classification", allow_low_parity=True)
     t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "text-classification", progress, say)
     metric, g, t = task_.main_metric, phases["general"], phases["task"]
     say(f"measuring memory, speed and {task_.name} dev {metric} ...")
@@ -148,6 +153,8 @@ def classifier_report(
         )
     }
     s = report["student"]
+    if web:
+        s["web"] = web_entry
     summary = (
         f"General distillation: {g['steps']} steps ({g['train_seconds']:.0f} s) on {g['train_sentences']:,} "
         f"unlabelled sentences ({g['pooling']} state, {g['loss']} loss). Task distillation on {task_.name}: "
@@ -156,6 +163,8 @@ def classifier_report(
         f"{report['teacher']['glue_dev']:.4f} in PyTorch fp32, {t_scores[metric]:.4f} from its {t_quant} "
         f"artifact; student {s['glue_dev_fp32']:.4f} in PyTorch fp32, {s['glue_dev']:.4f} from its int8 "
         f"artifact (int8 and fp32 agree on {s['int8_agreement']:.0%} of {parity.get('sentences')} check "
-        "sentences)." + (f" The student's {vocab.describe()}." if vocab is not None else "")
+        "sentences)."
+        + (f" The student's {vocab.describe()}." if vocab is not None else "")
+        + (web_sentence(web_entry) if web else "")
     )
     return write_report(out, report, summary)

@@ -18,6 +18,7 @@ Steps, each in its own subfolder of ``out`` so a stopped run resumes where it wa
    the whole command) or ``max_steps`` steps, then publish the model alone, portable, in ``out/student``
    (:func:`publish_student`: a sentence-transformers folder);
 3. export it int8 (``export.export_model``) -> ``out/artifact`` (pooling, projection and Normalize in the artifact);
+   with ``web``, also ``--format web`` -> ``out/web`` (``out_folder.publish_web``: what transformers.js loads);
 4. measure teacher and student side by side -> ``report.json``, ``report.md``, ``report.png``: learned
    parameters, file bytes, peak RSS at load and p50 of one sentence at 16 and 128 tokens (1 thread, in a
    fresh torch-free process each), then :func:`embedding_quality`: agreement with the teacher on held-out
@@ -40,6 +41,7 @@ from .out_folder import (
     fingerprint,
     publish_over,
     publish_student,
+    publish_web,
     remove_parts,
 )
 from .plan import (
@@ -56,7 +58,7 @@ from .plan import (
     student_vocabulary,
 )
 from .quality import UNTRAINED_SHARE, cached_quality_sentences, embedding_quality, quality_sentences, search_verdict
-from .report import probe, safetensor_params, weight_bytes, write_report
+from .report import probe, safetensor_params, web_sentence, weight_bytes, write_report
 from .teacher_pass import export_once, export_teacher, max_length, teacher_name
 
 
@@ -79,6 +81,7 @@ def compress(
     keep_work: bool = False,
     task: str | None = None,
     vocab_size: int | None = None,
+    web: bool = False,
 ) -> dict:
     """Run the steps of the module docstring for a sentence-embedding teacher (a classifier teacher:
     ``compress_classifier``; ``task`` is refused here); returns the report (also written to ``out/report.json``).
@@ -90,7 +93,8 @@ def compress(
     training's alone). The distillation runs in ``out/work`` (checkpoints, the teacher's vectors; removed when the
     run finishes unless ``keep_work``); ``out/student`` receives the model alone (:func:`publish_student`),
     ``portable`` (``portable.make_portable``) unless told otherwise. ``vocab_size``: cut the teacher's vocabulary to
-    this many tokens (``training.vocab``; without it, cut only when the teacher's does not fit ``limits``)."""
+    this many tokens (``training.vocab``; without it, cut only when the teacher's does not fit ``limits``). ``web``:
+    also ``out/web``, the student as transformers.js loads it (``--web``)."""
     from ..accounting.budget import student_for
     from ..training.callbacks import latest_checkpoint, resume_from
     from ..training.distill import check_encoder
@@ -169,6 +173,7 @@ def compress(
                 budget,
                 portable,
                 vocab,
+                web=web,
                 threads=threads,
             ),
         ),
@@ -209,6 +214,7 @@ def _compress(
     portable: bool = True,
     vocab=None,
     threads=None,
+    web: bool = False,
 ) -> dict:
     from ..training.distill_embedding import distill_embedding
 
@@ -218,7 +224,7 @@ def _compress(
     say("exporting the teacher (the first quantization that keeps it) ...")
     t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "feature-extraction", progress, say)
     if budget is not None:
-        budget.exports = 1
+        budget.exports = 1 + web  # the student's artifact, and its web folder
     m = distill_embedding(
         teacher,
         "sharebert-tiny",
@@ -246,6 +252,9 @@ def _compress(
     student_dir = publish_student(student_dir, out / "student", portable)
     say("exporting the student (int8) ...")
     art = export_once(student_dir, out / "artifact", "int8", progress)
+    if web:
+        say("exporting the student for the web (--format web, int8) ...")
+        web_entry = publish_web(student_dir, out, art, progress, "feature-extraction", allow_low_parity=False)
     say("measuring memory and speed ...")
     s_probe, t_probe = probe(art), probe(t_art)
     from sharebert_runtime import Runtime
@@ -287,6 +296,8 @@ def _compress(
         "calibration": q["calibration"],
     }
     report["student"].update(portable=portable, max_seq_length=m["seq_len"])
+    if web:
+        report["student"]["web"] = web_entry
     report["teacher"]["max_seq_length"] = max_length(teacher)
     tr = report["training"]
     summary = (
@@ -296,6 +307,7 @@ def _compress(
         "fp32; student figures: its int8 artifact through the torch-free runtime. "
         + calibration_sentence(q["calibration"])
         + (f" The student's {vocab.describe()}." if vocab is not None else "")
+        + (web_sentence(web_entry) if web else "")
     )
     from ..formats.paths import packaged_search
 

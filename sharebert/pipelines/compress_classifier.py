@@ -137,13 +137,15 @@ def compress_classifier(
     stopper=None,
     say=print,
     vocab_size: int | None = None,
+    web: bool = False,
 ) -> dict:
     """The steps of the module docstring; returns the report (``out/report.json``), or ``{"stopped": True,
     "phase", "steps"}`` after SIGINT/SIGTERM. ``args``: ``EmbeddingArgs`` (phase 1; its ``max_time`` bounds each
     phase); ``task_args``: ``DistillArgs`` (phase 2; ``max_eval_samples`` also bounds the report's dev rows).
     ``vocab_size``: cut the teacher's vocabulary to this many tokens (``training.vocab``, over the --train text and
     the task's training text; without it, cut only when the teacher's does not fit ``limits``); both phases then
-    train the student on its own tokens."""
+    train the student on its own tokens. ``web``: also ``out/web``, the student as transformers.js loads it
+    (``--web``)."""
     from sharebert_runtime.outdir import check_same_run
 
     from ..accounting.budget import student_for
@@ -236,6 +238,7 @@ def compress_classifier(
             stopper,
             say,
             vocab,
+            web,
         ),
     )
 
@@ -263,6 +266,7 @@ def _phases_then_report(
     stopper,
     say,
     vocab=None,
+    web: bool = False,
 ) -> dict:
     from ..training.callbacks import WallClockLimit
     from ..training.distill import distill_glue
@@ -346,4 +350,5 @@ def _phases_then_report(
         progress,
         say,
         vocab,
+        web,
     )

@@ -25,6 +25,7 @@ REPORT = "report.json"
 
 
 WORK = "work"  # an embedding teacher's distillation (checkpoints, the teacher's vectors): kept with --keep-work
+WEB = "web"  # --web: the student as a folder transformers.js loads (export --format web), beside its int8 artifact
 
 
 PARTS = (
@@ -33,6 +34,7 @@ PARTS = (
     WORK,
     "artifact",
     "teacher_artifact",
+    WEB,
     "teacher_logits",
     "phases.json",
     REPORT,
@@ -215,3 +217,22 @@ def publish_student(work: Path, out: Path, portable: bool) -> Path:
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
+
+
+def publish_web(student: Path, out: Path, artifact: Path, progress: bool, task: str, allow_low_parity: bool) -> dict:
+    """``--web``: the published ``student`` exported as ``out/web`` (``export --format web --quantize int8``, checked
+    as its int8 ``artifact`` was, at the same parity gate); the report's entry: its folder, its bytes and the
+    artifact's (the same graph without the RAM-int8 ones: a little smaller). Sealed with the run's other files."""
+    from .teacher_pass import export_once
+
+    web = export_once(student, out / WEB, "int8", progress, task=task, allow_low_parity=allow_low_parity, format=WEB)
+
+    def size(folder: Path) -> int:
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+    return {
+        "folder": WEB,
+        "bytes": size(web),
+        "artifact_bytes": size(artifact),
+        "model": read_json(web / "manifest.json")["web"]["model"],
+    }

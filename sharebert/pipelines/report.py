@@ -94,6 +94,15 @@ def report_markdown(r: dict) -> str:
     return "\n".join(lines + ["", r["summary"], ""])
 
 
+def web_sentence(entry: dict) -> str:
+    """The summary's words on ``--web``'s folder (``out_folder.publish_web``'s entry): where, its size beside the int8
+    artifact's."""
+    return (
+        f" The student's web folder ({entry['folder']}/, {entry['model']} for transformers.js): "
+        f"{entry['bytes'] / 1e6:.2f} MB, {entry['bytes'] / entry['artifact_bytes']:.3f}x its int8 artifact."
+    )
+
+
 def write_report(out: Path, report: dict, summary: str) -> dict:
     """``report.json`` (``report`` with ``summary`` and the ``cpu`` its figures came from), ``report.md`` (the table,
     then ``summary``), ``report.png``."""

@@ -166,9 +166,11 @@ def export_once(
     progress: bool,
     task: str = "feature-extraction",
     allow_low_parity: bool = False,
+    format: str = "onnx",
 ) -> Path:
-    """``model_dir`` exported to ``out``, unless ``out`` holds an artifact made after ``model_dir``'s weights
-    were written: a run resumed after its export is not exported twice, one that trained on is."""
+    """``model_dir`` exported to ``out`` (``export --format format``), unless ``out`` holds an artifact made after
+    ``model_dir``'s weights were written: a run resumed after its export is not exported twice, one that trained on
+    is."""
     from sharebert.export import export_model
 
     manifest = out / "manifest.json"
@@ -184,6 +186,7 @@ def export_once(
             check_limit=128,
             runs=5,
             allow_low_parity=allow_low_parity,
+            format=format,
         )
     return out
 

@@ -304,6 +304,16 @@ def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm
         rc, err = _sharebert_here(*base, *change, "--max-steps", "2", "--resume", **here)
         assert rc == 2 and said in err and len(err.strip().splitlines()) == 1, err
         assert _snapshot(out) == before
+    # stopped after its checkpoint (its marker as a stop leaves it: written in its folder, no files listed), then
+    # copied with cp -r: the copy resumes there, the run's teacher and data checked as in the folder it copies
+    mark_out(out, "distill", read_mark(out)["fingerprint"])
+    (out / "metrics.json").unlink()
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    copied = [a if a != out else copy for a in base]
+    rc, err = _sharebert_here(*copied, "--teacher", minilm_dir, "--train", text, "--max-steps", "2", "--resume", **here)
+    assert rc == 0, err
+    assert json.loads((copy / "metrics.json").read_text())["steps"] == 2 and "files" in read_mark(copy)
 
 
 def test_compress_overwrite_keeps_the_earlier_result_aside_until_the_new_one_is_written(tmp_path):
