@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from sharebert.formats.paths import packaged_corpus, packaged_heldout
-from sharebert.pipelines.picture import plot_report
 from sharebert.pipelines.quality import neighbour_agreement, read_eval_pairs
 from sharebert.pipelines.report import report_markdown
 from sharebert.pipelines.teacher_pass import teacher_name
@@ -368,30 +367,6 @@ def test_report_names_the_cpu_its_figures_came_from(tmp_path):
     assert written["cpu"] == cpu_info() == json.loads((tmp_path / "report.json").read_text())["cpu"]
     assert f"measured on {describe(cpu_info())}" in (tmp_path / "report.md").read_text()
     assert describe(cpu_info()) not in report_markdown(report)  # a report written before the field: no line
-
-
-def test_report_picture_is_titled_with_units_and_values(tmp_path, monkeypatch):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    seen = {}
-    real_savefig = plt.Figure.savefig
-
-    def keep(fig, path, *a, **kw):
-        seen["title"] = fig._suptitle.get_text()
-        seen["axes"] = [(ax.get_ylabel(), [t.get_text() for t in ax.texts], ax.get_ylim()) for ax in fig.axes]
-        return real_savefig(fig, path, *a, **kw)
-
-    monkeypatch.setattr(plt.Figure, "savefig", keep)
-    plot_report(_report(tmp_path), tmp_path / "report.png")
-    assert (tmp_path / "report.png").stat().st_size > 1000
-    assert seen["title"].startswith("all-MiniLM-L6-v2 -> ShareBERT")
-    assert all(label for label, _, _ in seen["axes"])  # every axis has its unit
-    assert all(len(values) == 2 for _, values, _ in seen["axes"])  # both bars carry their value
-    sts_low, sts_high = seen["axes"][-1][2]
-    assert sts_low > 0.5 and sts_high < 1.0  # the quality axis spans the two values: the gap shows
 
 
 def test_teacher_name_reads_the_model_card_heading(minilm_dir, tmp_path):
