@@ -9,7 +9,9 @@ size, time to first answer and p50 per sentence, measured side by side in one ru
 Node runs examples/web/node.mjs (transformers.js on onnxruntime-node); Chromium runs the page through
 examples/web/browser.mjs (onnxruntime-web's WASM backend, one thread), served from 127.0.0.1. Each embeds the same
 50 SST-2 dev sentences one at a time; the two models alternate, ``--rounds`` times, so a busy machine slows both
-alike; the figures are the medians over rounds. Time to first answer: from the start of loading (files read or
+alike; the figures are the medians over rounds. Each first round's answers are compared with the Python runtime's on
+the same folder (``agreement``: the least cosine over the sentences and over examples/web/hostile.json's 20 strings,
+and how many of each got the runtime's token ids). Time to first answer: from the start of loading (files read or
 fetched, sessions made) to the first sentence's embedding. The download is what a page fetches for the model:
 the graph, config.json and the tokenizer files (transformers.js and the WASM binary are the same for both,
 given once).
@@ -25,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -77,6 +80,34 @@ def run_browser(url: str, name: str, texts: Path, out: Path) -> dict:
     return json.loads(report.read_text())
 
 
+def agreement(folder: Path, texts: dict, report: dict) -> dict:
+    """How a JavaScript report matches the Python runtime on the same folder: the least cosine of the 50 sentences'
+    embeddings and of the hostile strings', and how many texts of each got the runtime's token ids."""
+    import numpy as np
+
+    from sharebert_runtime import Runtime
+
+    runtime = Runtime(folder)
+
+    def least_cosine(texts_, got) -> float:
+        want, got = np.array(runtime.embed(texts_), np.float64), np.array(got, np.float64)
+        if want.shape != got.shape or not np.isfinite(got).all():
+            return float("nan")
+        return float(((want * got).sum(1) / np.linalg.norm(want, axis=1) / np.linalg.norm(got, axis=1)).min())
+
+    def same_ids(texts_, got) -> int:
+        lower = runtime.manifest["embedding"].get("do_lower_case")
+        return sum(a == b for a, b in zip(runtime._tokenized([t.lower() if lower else t for t in texts_])[0], got))
+
+    return {
+        "min_cosine_sentences": least_cosine(texts["sentences"], report["embeddings"]),
+        "min_cosine_hostile": least_cosine(texts["hostile"], report["hostile_embeddings"]),
+        "same_token_ids_sentences": same_ids(texts["sentences"], report["token_ids"]),
+        "same_token_ids_hostile": same_ids(texts["hostile"], report["hostile_token_ids"]),
+        "texts": [len(texts["sentences"]), len(texts["hostile"])],
+    }
+
+
 def figures(reports: list[dict]) -> dict:
     return {
         "first_answer_ms": statistics.median(r["first_answer_ms"] for r in reports),
@@ -105,8 +136,10 @@ def main() -> None:
     from sharebert.formats.paths import data_path
 
     lines = data_path("glue", "SST-2", "dev.tsv").read_text(encoding="utf-8").splitlines()[1 : args.sentences + 1]
+    hostile = json.loads((WEB / "hostile.json").read_text(encoding="utf-8"))  # tests/deploy/test_web.py's too
+    given = {"sentences": [x.split("\t")[0].strip() for x in lines], "hostile": hostile}
     texts = out / "texts.json"
-    texts.write_text(json.dumps({"sentences": [x.split("\t")[0].strip() for x in lines], "hostile": []}))
+    texts.write_text(json.dumps(given))
 
     site = out / "site"
     shutil.rmtree(site, ignore_errors=True)
@@ -119,6 +152,7 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
     runs = {(m, w): [] for m in ("student", "teacher") for w in ("node", "chromium")}
+    load = [os.getloadavg()[0]]
     try:
         for _ in range(args.rounds):
             for name in ("student", "teacher"):
@@ -127,15 +161,19 @@ def main() -> None:
     finally:
         server.shutdown()
         server.server_close()
+    load.append(os.getloadavg()[0])
     report = {
         "download_bytes": {m: download_bytes(models / m) for m in ("student", "teacher")},
         "student_int8_artifact_bytes": sum(f.stat().st_size for f in (out / "student_int8").rglob("*") if f.is_file()),
         "student_web_folder_bytes": sum(f.stat().st_size for f in (models / "student").rglob("*") if f.is_file()),
         "runtime_download_bytes": sum((WEB / f).stat().st_size for f in RUNTIME_FILES),
         "figures": {f"{m} {w}": figures(r) for (m, w), r in runs.items()},
+        "agreement": {f"{m} {w}": agreement(models / m, given, r[0]) for (m, w), r in runs.items()},
         "node": runs["student", "node"][0]["runtime"],
         "chromium": runs["student", "chromium"][0]["runtime"],
         "cpu": os.cpu_count(),
+        "load_average_1min": {"start": load[0], "end": load[1]},
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
     print(json.dumps(report, indent=2))
 
