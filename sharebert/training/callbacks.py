@@ -230,6 +230,15 @@ class MarkCheckpoints(TimedSaves):
         super().__init__(minutes)
         self.keep = keep
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A resumed state names its best checkpoint by the folder it was saved in: in a copy of the run (``cp -r``)
+        the original's, or none where that is gone. The run's own checkpoint of that step is its best (kept by the
+        rotation, loaded at the end)."""
+        super().on_train_begin(args, state, control, **kwargs)
+        own = Path(args.output_dir) / f"checkpoint-{state.best_global_step}" if state.best_global_step else None
+        if own is not None and own.is_dir():
+            state.best_model_checkpoint = str(own)
+
     def on_save(self, args, state, control, **kwargs):
         super().on_save(args, state, control, **kwargs)
         if state.is_world_process_zero:

@@ -570,3 +570,24 @@ def test_pretrain_marks_its_run_seals_it_and_a_copy_of_a_stopped_one_resumes(tmp
     assert not any(name.startswith("checkpoint-") for name in mark["files"])  # vouched for by their own markers
     (copy / "metrics.json").write_text("edited\n")
     assert not made_by("pretrain")(copy)
+
+
+def test_a_resumed_copy_takes_its_own_checkpoint_as_the_best(tmp_path):
+    """The Trainer's state names the best checkpoint by the folder it was saved in (the original's, in a copy; the
+    Trainer drops it where that is gone): fine-tuning and distillation (MarkCheckpoints) take the run's own
+    checkpoint of that step, so the copy's rotation keeps it and the end loads it."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from sharebert.training.callbacks import MarkCheckpoints
+
+    (tmp_path / "copy" / "checkpoint-4").mkdir(parents=True)
+    args = SimpleNamespace(output_dir=str(tmp_path / "copy"))
+    for recorded in (str(tmp_path / "run" / "checkpoint-4"), None):
+        state = TrainerState(best_global_step=4, best_model_checkpoint=recorded)
+        MarkCheckpoints().on_train_begin(args, state, TrainerControl())
+        assert state.best_model_checkpoint == str(tmp_path / "copy" / "checkpoint-4")
+    state = TrainerState(best_global_step=6, best_model_checkpoint=None)  # none of that step here: nothing to take
+    MarkCheckpoints().on_train_begin(args, state, TrainerControl())
+    assert state.best_model_checkpoint is None
