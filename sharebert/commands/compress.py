@@ -166,9 +166,9 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    import time
+    from ..pipelines.plan import process_start
 
-    started = time.monotonic()  # --max-time bounds the whole command (an encoder teacher), from here
+    started = process_start()  # --max-time bounds the whole command (an encoder teacher), from the process's start
     limits = _limits(args)
 
     from ..pipelines.plan import is_classifier, precheck

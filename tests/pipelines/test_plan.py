@@ -110,3 +110,30 @@ def test_a_fresh_run_records_the_seconds_it_spent_before_training(now, tmp_path)
     b.rate, b.planned_steps, b.record = 25.0, 700, tmp_path / "budget.json"
     assert b.training_seconds() == pytest.approx(260 - b.reserve())
     assert read_json(b.record) == {"before_training": 40.0, "rate": 25.0, "planned_steps": 700}
+
+
+@pytest.mark.parametrize(
+    "stat, uptime, age",
+    [
+        ("4242 (python) R " + " ".join(["0"] * 18) + " 100000 12 34", "1012.50 33.0", 12.5),  # 100,000 ticks = 1,000 s
+        ("4242 (a) b (c) R " + " ".join(["0"] * 18) + " 100000 12 34", "1012.50 33.0", 12.5),  # a name with ") "
+        ("4242 (python) R " + " ".join(["0"] * 18) + " 100000", "900.0 1.0", 0.0),  # started after "now": disagree
+        ("garbage", "1.0 1.0", 0.0),
+    ],
+)
+def test_the_budget_counts_from_the_process_start(monkeypatch, now, stat, uptime, age):
+    """--max-time counts the interpreter's start and the imports: process_start is now less the process's age (the
+    uptime less its start in clock ticks since boot, 100 a second here); where /proc says nothing sensible, now."""
+    import builtins
+    import io
+    import os
+
+    from sharebert.pipelines import plan
+
+    real_open = builtins.open
+    files = {"/proc/self/stat": stat, "/proc/uptime": uptime}
+    monkeypatch.setattr(
+        builtins, "open", lambda p, *a, **k: io.StringIO(files[p]) if p in files else real_open(p, *a, **k)
+    )
+    monkeypatch.setattr(os, "sysconf", lambda name: 100)
+    assert plan.process_start() == pytest.approx(now - age)

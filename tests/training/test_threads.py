@@ -122,3 +122,30 @@ def test_a_steady_step_is_only_timed_and_a_moved_load_remeasures(set_threads):
     fit.on_step_end(None, _State(), None, model=object())
     assert timed == [(2, True), (2, True), (1, False)] and fit.threads == 2 and fit.changes == [] and set_threads == [2]
     assert said[0].startswith("threads at step 40 (the load moved to 1.0): 2 threads")
+
+
+def test_a_count_whose_first_step_takes_twice_the_best_is_given_up_after_it():
+    """Counts are measured fewest first; each gets the give-up of twice the best so far (a collapsed count costs one
+    step, not three); counts measured already are not measured again."""
+    asked = []
+
+    def timer(model, batch, n, warm=False, give_up=math.inf):
+        asked.append((n, give_up))
+        return {1: 0.2, 2: 1.0, 4: 0.3}[n]
+
+    assert th.measure(None, {}, (1, 2, 4), timer=timer) == {1: 0.2, 2: 1.0, 4: 0.3}
+    assert asked == [(1, math.inf), (2, 0.4), (4, 0.4)]
+    assert th.measure(None, {}, (1, 2), known={1: 0.5}, timer=timer) == {1: 0.5, 2: 1.0} and asked[-1] == (2, 1.0)
+
+
+def test_a_real_step_is_timed_and_leaves_no_gradient_nor_a_used_random_state(set_threads):
+    """The student's step on a batch: finite seconds at the count asked; the model's gradients cleared and torch's
+    random state as it was (a run's draws do not depend on when it measured)."""
+    from sharebert.training.distill_embedding import build_student
+
+    model = build_student("sharebert-tiny", {"embedding_size": 32}, 3000)
+    batch = {"input_ids": torch.randint(0, 3000, (4, 12)), "attention_mask": torch.ones(4, 12, dtype=torch.long)}
+    rng = torch.get_rng_state()
+    seconds = th.step_seconds(model, batch, 1)
+    assert math.isfinite(seconds) and seconds > 0 and set_threads == [1]
+    assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
