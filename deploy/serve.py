@@ -694,7 +694,7 @@ class Server(ThreadingHTTPServer):
         if conn.answered:
             return  # drained
         conn.data += chunk
-        if _request_read(conn.data):
+        if _request_read(conn.data) or len(conn.data) >= DRAIN_BYTES:  # what it holds: under DRAIN_BYTES + a receive
             self._send_refusal(conn)
 
     def _send_refusal(self, conn: _Conn) -> None:
