@@ -276,16 +276,19 @@ def plot(result: dict, path: str) -> None:
     """Candidates by learned parameters and GFLOPs: inside the limits in colour, outside faded, the limits
     drawn, the front highlighted, paper presets starred; ShareBERT Table 1 methods as lettered lines with
     their key beside the plot (methods of about one size share a line, so no label covers another)."""
-    from .picture import figure, save
+    from .picture import figure, save, wrap
 
-    with figure(7.2, layout=None) as (fig, [[ax]]):
-        fig.subplots_adjust(left=0.075, right=0.66, top=0.86, bottom=0.09)  # the right third: the key and legend
+    headline, key = _plot_title(result)
+    headline = wrap(headline, 85)  # 14-pt bold: about 85 characters to the picture's edge
+    extra = 0.3 * headline.count("\n")  # inches for each further line of the headline
+    with figure(7.2 + extra, layout=None) as (fig, [[ax]]):
+        top = 1 - (1.0 + extra) / fig.get_figheight()  # an inch above the axes: the headline and the key's two lines
+        fig.subplots_adjust(left=0.075, right=0.66, top=top, bottom=0.09)  # the right third: the key and legend
         _plot_candidates(ax, result)
         _plot_limits(ax, result.get("limits", {}), DTYPE_BYTES[result.get("dtype", "fp32")])
         _plot_methods(fig, ax)
         ax.set_xlabel("learned parameters (millions, backbone)")
         ax.set_ylabel(f"GFLOPs per forward (batch 1, seq {result.get('seq_len', 128)})")
-        headline, key = _plot_title(result)
         ax.set_title(key, pad=18)
         # beside the axes: never over a point; markers larger than the grid's dots, so each colour is seen
         legend = ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False, markerscale=2)
@@ -378,7 +381,7 @@ def _plot_methods(fig, ax) -> None:
         )
     fig.text(
         0.675,
-        0.86,
+        ax.get_position().y1,  # level with the axes' top
         "ShareBERT Table 1 methods (green lines;\nrelative GLUE score vs BERT Base):\n\n"
         + "\n".join(_wrap(k, 44) for k in key),
         fontsize=9,

