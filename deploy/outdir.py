@@ -98,7 +98,8 @@ def check_out_dir(
     if not out.is_dir():
         raise ValueError(f"--out {given} is a file, not a folder")
     if any(p.name != OutLock.NAME for p in out.iterdir()):  # a folder holding only a run's lock file is empty
-        if not owned(out) and legacy is not None and legacy(out):
+        mine = owned(out)  # once: for a copied run it hashes a checkpoint
+        if not mine and legacy is not None and legacy(out):
             if os.path.lexists(out / MARK):  # a marker there that does not match the folder: edited, copied, by hand
                 why = vouched(out, read_mark(out) or {}) or f"its {MARK} names another command"
                 marker = f"whose {MARK} does not match what it holds ({why})"
@@ -111,7 +112,7 @@ def check_out_dir(
                 f"--out {given} holds a {kind} {marker}: it is neither replaced nor resumed; move it away (or delete "
                 "it) and run again, or choose another --out"
             )
-        if not owned(out):
+        if not mine:
             raise ValueError(
                 f"--out {given} is a non-empty folder that is not a {kind}; refusing to write into it "
                 "(choose a new or empty folder)"
