@@ -1001,15 +1001,15 @@ def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_di
     from transformers import AutoTokenizer
 
     from sharebert.training.distill_embedding import _teacher_targets
+    from sharebert.training.teacher_vectors import TeacherPass
 
     teacher_dir = tmp_path / "teacher"
     shutil.copytree(minilm_dir, teacher_dir)
     tok, out = AutoTokenizer.from_pretrained(teacher_dir), tmp_path / "out"
 
     def vectors():
-        return _teacher_targets(
-            load_encoder(teacher_dir), teacher_dir, None, tok, SENTENCES[:4], "mean", 32, 384, out, progress=False
-        )
+        teacher = TeacherPass(load_encoder(teacher_dir), None, tok, "mean", 32)
+        return _teacher_targets(teacher, teacher_dir, SENTENCES[:4], 384, out, progress=False)
 
     first = vectors()
     (cached,) = out.glob("teacher_targets-*.npy")
