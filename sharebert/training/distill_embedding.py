@@ -60,6 +60,7 @@ from .distill import (
     teacher_fingerprint,
     training_device,
 )
+from .sentence_vectors import encode, encode_blocks
 
 HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
 # A time-budgeted run's estimate of the teacher's pass (``_teacher_rate``): texts timed (4 batches, ~2 s of MiniLM on
@@ -244,19 +245,6 @@ class BlockDataset(torch.utils.data.Dataset):
         return {"input_ids": ids, "attention_mask": [1] * len(ids)}
 
 
-@torch.no_grad()
-def encode_blocks(model, blocks, count: int, pooling: str, head=None, batch_size: int = 64) -> np.ndarray:
-    """Sentence vectors ``(count, H)`` of a backbone (+ ``head``) over the first ``count`` blocks ``(T,)``."""
-    out = []
-    model.eval()
-    for i in range(0, count, batch_size):
-        ids = torch.stack([blocks[j] for j in range(i, min(count, i + batch_size))]).to(model.device)
-        mask = torch.ones_like(ids)
-        v = pool(model(input_ids=ids, attention_mask=mask).last_hidden_state, mask, pooling)
-        out.append((v if head is None else head(v)).float().cpu().numpy())
-    return np.concatenate(out)
-
-
 class SentenceDataset(torch.utils.data.Dataset):
     """Tokenized sentences (teacher's tokenizer, truncated to ``seq_len``)."""
 
@@ -269,41 +257,6 @@ class SentenceDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return self.items[i]
-
-
-@torch.no_grad()
-def encode(
-    model,
-    tokenizer,
-    sentences: list[str],
-    pooling: str,
-    head=None,
-    seq_len: int = 128,
-    batch_size: int = 64,
-    normalize: bool = False,
-    desc: str | None = None,
-) -> np.ndarray:
-    """Sentence vectors ``(N, H)`` of a backbone (+ ``head``), batches sorted by length, in input order;
-    ``desc``: show progress under that name (long passes: the teacher over the training sentences)."""
-    from ..formats.bars import bar
-
-    order = np.argsort([len(s) for s in sentences])
-    out = [None] * len(sentences)
-    model.eval()
-    for i in bar(range(0, len(order), batch_size), desc is not None, desc=desc, unit="batch"):
-        idx = order[i : i + batch_size]
-        enc = tokenizer(
-            [sentences[j] for j in idx], truncation=True, max_length=seq_len, padding=True, return_tensors="pt"
-        )
-        enc = {k: v.to(model.device) for k, v in enc.items()}
-        v = pool(model(**enc).last_hidden_state, enc["attention_mask"], pooling)
-        if head is not None:
-            v = head(v)
-        if normalize:
-            v = F.normalize(v, dim=-1)
-        for j, row in zip(idx, v.float().cpu().numpy()):
-            out[j] = row
-    return np.stack(out)
 
 
 def sts_dev(limit: int | None = None):
@@ -394,11 +347,11 @@ class EmbeddingTrainer(DistillTrainer):
         return (total, out) if return_outputs else total
 
 
-def _teacher_targets(
-    teacher, teacher_dir, head, tokenizer, sentences, pooling, seq_len, width: int, out: Path, progress: bool
-) -> np.ndarray:
-    """The teacher's sentence vectors ``(N, width)``, kept in ``out`` under a key of the teacher's files
-    (:func:`~.distill.teacher_fingerprint`), ``seq_len``, pooling and the sentences; a damaged file is recomputed."""
+def _teacher_targets(vectors, teacher_dir, sentences, width: int, out: Path, progress: bool) -> np.ndarray:
+    """The teacher's sentence vectors ``(N, width)`` (``vectors``: a ``teacher_vectors.TeacherPass``), kept in ``out``
+    under a key of the teacher's files (:func:`~.distill.teacher_fingerprint`), the pass's length, pooling and the
+    sentences; a damaged file is recomputed."""
+    seq_len, pooling = vectors.seq_len, vectors.pooling
     key = hashlib.sha256("\n".join([*teacher_fingerprint(teacher_dir), str(seq_len), pooling, *sentences]).encode())
     path = out / f"{TARGETS_FILE}-{key.hexdigest()[:12]}.npy"
     if path.is_file():
@@ -413,15 +366,7 @@ def _teacher_targets(
             and np.isfinite(cached).all()
         ):
             return cached
-    t = encode(
-        teacher,
-        tokenizer,
-        sentences,
-        pooling,
-        head,
-        seq_len=seq_len,
-        desc=f"teacher over {len(sentences):,} training sentences" if progress else None,
-    )
+    t = vectors(sentences, desc=f"teacher over {len(sentences):,} training sentences" if progress else None)
     out.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, t)
@@ -491,6 +436,8 @@ class _Teacher:
     tokenizer: object
     model: nn.Module | None = None
     head: nn.Module | None = None
+    artifact: Path | None = None  # its ONNX artifact (compress exports one), for the pass over the training sentences
+    vectors: object = None  # its pass (``teacher_vectors.TeacherPass``), once the run's length is known
 
     @property
     def width(self) -> int:
@@ -514,6 +461,7 @@ def distill_embedding(
     score_sts: bool = True,
     budget=None,
     vocab=None,
+    teacher_artifact=None,
 ) -> dict:
     """Distil ``teacher_dir``'s sentence embeddings into ``student`` (a preset shaped by ``overrides``, or a
     model folder) on ``train`` text (default: :func:`default_corpus`) or a prepared ``data`` folder.
@@ -523,6 +471,8 @@ def distill_embedding(
     at step 0 and at the end, unless ``score_sts`` is False: a classifier's general distillation; steps;
     seconds) and ``log_history.json``. Returns the metrics. ``vocab``: a ``vocab.CutVocabulary`` of the teacher's
     tokenizer, which the student then speaks (its table one row per kept token, started from the teacher's rows).
+    ``teacher_artifact``: the teacher's ONNX artifact, which its pass over the training sentences runs on where it
+    keeps the teacher and no GPU is present (``teacher_vectors.TeacherPass``).
     """
     from .callbacks import kept_result, start_checkpoints
 
@@ -541,6 +491,7 @@ def distill_embedding(
     )
     start_from = _resume_from(out, resume)  # nothing to resume: said now, before any work
     t = _read_teacher(teacher_dir)
+    t.artifact = teacher_artifact
     manifest = check_data(data, train, t.tokenizer, teacher_dir)
     s_tok = t.tokenizer if vocab is None else check_cut(vocab, manifest, args.weights, student_folder)
     model = _new_student(student, overrides, args, t, vocab)
@@ -560,6 +511,9 @@ def distill_embedding(
         usable_length(t.model, t.tokenizer),
         t.recipe.max_seq_length or args.seq_len,
     )
+    from .teacher_vectors import TeacherPass
+
+    t.vectors = TeacherPass(t.model, t.head, t.tokenizer, t.recipe.pooling, seq_len, t.artifact)
     if manifest is not None:
         sentences, train_ds = (
             None,
@@ -590,6 +544,7 @@ def distill_embedding(
     train_ds = _teacher_vectors(
         projections.head if fit else None, model, t, s_tok, sentences, train_ds, args.weights, seq_len, out, progress
     )
+    t.vectors.close()  # the artifact's session, if the pass loaded one: its memory back before training
     metrics["start_sts_spearman"] = score(model, projections.head, "student at step 0")
     trainer = _embedding_trainer(
         model,
@@ -706,19 +661,7 @@ def _training_sentences(
         sentences = with_word_strings(sentences, vocabulary_words(s_tok), args.words, args.seed)
     if budget is not None:  # the teacher's pass sized to the time (a resume: to the checkpoint's sentences)
         sentences = sentences[
-            : _budgeted_count(
-                budget,
-                start_from,
-                t.model,
-                model,
-                t.tokenizer,
-                t.head,
-                sentences,
-                pooling=t.recipe.pooling,
-                seq_len=seq_len,
-                batch=args.batch_size,
-                student_tok=s_tok,
-            )
+            : _budgeted_count(budget, start_from, t.vectors, model, sentences, args.batch_size, s_tok)
         ]
     return sentences, (sum(x not in real for x in sentences) if args.words else 0)
 
@@ -841,16 +784,7 @@ def _fit_head_on_sentences(
     pooling = t.recipe.pooling
     if head is not None or not live:  # with live terms the vectors are only for the fit
         targets = _teacher_targets(
-            t.model,
-            t.dir,
-            t.head,
-            t.tokenizer,
-            sentences[:HEAD_FIT] if live else sentences,
-            pooling,
-            seq_len,
-            t.width,
-            out,
-            progress,
+            t.vectors, t.dir, sentences[:HEAD_FIT] if live else sentences, t.width, out, progress
         )
     if head is not None:
         fit_head(head, encode(model, s_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len), targets[:HEAD_FIT])
@@ -918,7 +852,7 @@ def _save_result(trainer, model, head, s_tok, out: Path, recipe, seq_len: int, m
 
 def padded_tokens(lengths, batch: int = 64) -> int:
     """Tokens, padding included, of a pass over texts of these token ``lengths`` sorted by length in batches of
-    ``batch`` (as :func:`encode` runs): each batch costs its longest text times its size."""
+    ``batch`` (as :func:`encode` and the runtime run): each batch costs its longest text times its size."""
     ordered = np.sort(np.asarray(lengths, dtype=np.int64))
     return int(
         sum(
@@ -928,22 +862,23 @@ def padded_tokens(lengths, batch: int = 64) -> int:
     )
 
 
-def _teacher_rate(teacher, tok, sentences, pooling: str, head, seq_len: int) -> float:
-    """Texts a second of the teacher's pass over ``sentences``: its time per padded token, measured on
-    ``RATE_SAMPLE`` texts spread over the list, times the padded tokens of the whole pass (from the token lengths
-    of ``LENGTH_SAMPLE`` texts). The pass sorts every text by length, so its batches carry little padding where a
-    sample's few batches carry much (one batch of the first 64 texts read a 600 s compress's pass 3x slow)."""
+def _teacher_rate(vectors, sentences) -> float:
+    """Texts a second of the teacher's pass (``vectors``: a ``teacher_vectors.TeacherPass``, the path that will run
+    it) over ``sentences``: its time per padded token, measured on ``RATE_SAMPLE`` texts spread over the list, times
+    the padded tokens of the whole pass (from the token lengths of ``LENGTH_SAMPLE`` texts). The pass sorts every
+    text by length, so its batches carry little padding where a sample's few batches carry much (one batch of the
+    first 64 texts read a 600 s compress's pass 3x slow)."""
     import time
 
     spread = sentences[:: max(1, len(sentences) // LENGTH_SAMPLE)][:LENGTH_SAMPLE]
-    lengths = [len(ids) for ids in tok(spread, truncation=True, max_length=seq_len)["input_ids"]]
+    lengths = [len(ids) for ids in vectors.tokenizer(spread, truncation=True, max_length=vectors.seq_len)["input_ids"]]
     every = slice(None, None, max(1, len(spread) // RATE_SAMPLE))
     sample, sample_lengths = spread[every][:RATE_SAMPLE], lengths[every][:RATE_SAMPLE]
-    encode(teacher, tok, sample[:8], pooling, head, seq_len)  # the first pass's one-time costs are no rate
+    vectors(sample[:8])  # the first pass's one-time costs (the artifact's session) are no rate
     start = time.monotonic()
-    encode(teacher, tok, sample, pooling, head, seq_len)
-    per_token = max(time.monotonic() - start, 1e-6) / padded_tokens(sample_lengths)
-    return len(spread) / (per_token * padded_tokens(lengths))
+    vectors(sample)
+    per_token = max(time.monotonic() - start, 1e-6) / padded_tokens(sample_lengths, vectors.batch)
+    return len(spread) / (per_token * padded_tokens(lengths, vectors.batch))
 
 
 def _step_seconds(model, batch: dict, timed: int = 3) -> float:
@@ -964,13 +899,11 @@ def _step_seconds(model, batch: dict, timed: int = 3) -> float:
     return (time.monotonic() - start) / timed * 1.3
 
 
-def _budgeted_count(
-    budget, start_from, teacher, model, tok, head, sentences, pooling: str, seq_len: int, batch: int, student_tok=None
-) -> int:
-    """How many of ``sentences`` a run under ``budget`` (``compress.TimeBudget``) takes: a resumed run, its
+def _budgeted_count(budget, start_from, vectors, model, sentences, batch: int, student_tok) -> int:
+    """How many of ``sentences`` a run under ``budget`` (``plan.TimeBudget``) takes: a resumed run, its
     checkpoint's count (its sentences must be the same); otherwise measured first, the teacher's rate on
-    ``RATE_SAMPLE`` sentences and a student step (:func:`_step_seconds`), then ``budget.plan`` (which prints the plan
-    line)."""
+    ``RATE_SAMPLE`` sentences through its pass (``vectors``) and a student step (``student_tok``'s tokens:
+    :func:`_step_seconds`), then ``budget.plan`` (which prints the plan line)."""
 
     if start_from is not None:
         from sharebert_runtime.outdir import read_json
@@ -982,9 +915,9 @@ def _budgeted_count(
         except (OSError, ValueError, AttributeError):
             saved = None
         return saved if isinstance(saved, int) and saved > 0 else len(sentences)
-    rate = _teacher_rate(teacher, tok, sentences, pooling, head, seq_len)
+    rate = _teacher_rate(vectors, sentences)
     spread = sentences[:: max(1, len(sentences) // batch)][:batch]  # lengths as a training batch draws them
-    enc = (student_tok or tok)(spread, truncation=True, max_length=seq_len, padding=True, return_tensors="pt")
+    enc = student_tok(spread, truncation=True, max_length=vectors.seq_len, padding=True, return_tensors="pt")
     step = _step_seconds(model, {k: v.to(model.device) for k, v in enc.items()})
     return budget.plan(len(sentences), rate, step, batch)
 
