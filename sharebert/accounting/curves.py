@@ -50,13 +50,53 @@ def _line(ax, xy, label, **kw):
         ax.plot(*xy, marker="o" if len(xy[0]) <= 50 else None, ms=5, lw=1.8, label=label, **kw)
 
 
-def plot_curves(events: list[dict], path: str | Path, title: str = "") -> Path:
+def measured_on(metrics: dict | None) -> str:
+    """What a run's losses were measured on, from its metrics (``metrics.json``): the task, the training examples
+    (or sequences) and the validation ones; ``""`` when the metrics do not say."""
+    m = metrics if isinstance(metrics, dict) else {}
+    tokens = f" of {m['seq_len']} tokens" if _count(m, "seq_len") else ""
+    parts = [
+        f"{n:,} {what}"
+        for n, what in (
+            (_count(m, "train_samples"), "training examples"),
+            (_count(m, "train_sequences"), f"training sequences{tokens}"),
+        )
+        if n
+    ] + [
+        f"validation on {n:,} {what}"
+        for n, what in (
+            (_count(m, "eval_samples"), "dev examples"),
+            (_count(m, "valid_sequences"), "held-out sequences"),
+        )
+        if n
+    ]
+    task = m.get("task") if isinstance(m.get("task"), str) else ""
+    said = ", ".join(parts)
+    return f"{task}: {said}" if task and said else task or said
+
+
+def _count(m: dict, key: str) -> int | None:
+    value = m.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def run_metrics(run_dir: str | Path) -> dict:
+    """A run folder's ``metrics.json`` ({} where it is missing or unreadable: only a picture's title needs it)."""
+    try:
+        metrics = read_json(Path(run_dir) / "metrics.json")
+    except (OSError, ValueError):
+        return {}
+    return metrics if isinstance(metrics, dict) else {}
+
+
+def plot_curves(events: list[dict], path: str | Path, title: str = "", on: str = "") -> Path:
     """Loss (train, validation) and learning rate by step into ``path`` (PNG); ``ValueError`` if nothing to draw.
 
     One panel compares train and validation values of the SAME loss. A distillation run (its events hold the
     terms, ``loss_hard``, ``loss_kl``, ...) logs as ``loss`` the weighted sum of its terms, which is not the
     validation loss: there the first panel shows the gold-label term (``loss_hard``, last batch of each
-    logging step) against the validation loss, and the summed objective gets a panel of its own.
+    logging step) against the validation loss, and the summed objective gets a panel of its own. ``on``: what the
+    losses were measured on (:func:`measured_on`), in the loss panel's title.
     """
     distill = any(k.startswith("loss_") for e in events for k in e)
     train = _series(events, "loss_hard" if distill else "loss")
@@ -67,7 +107,7 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> Path:
     heights = [h for _, h in rows]
     with figure(1.6 + 1.3 * sum(heights), nrows=len(rows), sharex=True, height_ratios=heights) as (fig, axes):
         panels = dict(zip((name for name, _ in rows), axes[:, 0]))
-        _loss_panel(panels["loss"], train, valid, distill)
+        _loss_panel(panels["loss"], train, valid, distill, on)
         if distill:
             _line(panels["objective"], objective, None, color="tab:purple")
             panels["objective"].set_title("Train: distillation objective (weighted sum of its terms)")
@@ -85,11 +125,11 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> Path:
         return save(fig, path)
 
 
-def _loss_panel(ax, train, valid, distill: bool) -> None:
+def _loss_panel(ax, train, valid, distill: bool, on: str) -> None:
     """Train and validation values of the same loss, the legend outside the lines' way."""
     _line(ax, train, "train: gold-label term (last batch of each logging step)" if distill else "train loss")
     _line(ax, valid, "validation loss (the run's held-out set)", color=SECOND)
-    ax.set_title("Loss by optimizer step (lower is better)")
+    ax.set_title("Loss by optimizer step (lower is better)" + (f", on {on}" if on else ""))
     ax.set_ylabel("loss")
     if not (train[0] or valid[0]):
         _note(ax, "no train or validation loss logged", 0.5)
@@ -103,10 +143,12 @@ def _note(ax, text: str, y: float) -> None:
     ax.text(0.5, y, text, transform=ax.transAxes, ha="center", va="center", color="0.35")
 
 
-def write_curves(run_dir: str | Path) -> Path | None:
-    """``run_dir/curves.png`` from its log at the end of a run; None (with nothing written) when matplotlib
-    is missing or the log has no loss, since a run must not fail over its picture."""
+def write_curves(run_dir: str | Path, metrics: dict | None = None) -> Path | None:
+    """``run_dir/curves.png`` from its log at the end of a run (``metrics``: the run's, saying what it was measured
+    on); None (with nothing written) when matplotlib is missing or the log has no loss, since a run must not fail
+    over its picture."""
     try:
-        return plot_curves(read_log(run_dir), Path(run_dir) / "curves.png", title=str(run_dir))
+        path = Path(run_dir) / "curves.png"
+        return plot_curves(read_log(run_dir), path, title=str(run_dir), on=measured_on(metrics))
     except (OSError, ValueError):
         return None

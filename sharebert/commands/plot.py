@@ -15,11 +15,11 @@ def add_arguments(p):
 def run(args) -> int:
     from pathlib import Path
 
-    from ..accounting.curves import plot_curves, read_log
+    from ..accounting.curves import measured_on, plot_curves, read_log, run_metrics
 
     out = Path(args.out) if args.out else Path(args.run) / "curves.png"
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give an image file name")
-    plot_curves(read_log(args.run), out, title=str(args.run))
+    plot_curves(read_log(args.run), out, title=str(args.run), on=measured_on(run_metrics(args.run)))
     print(f"curves -> {out}")
     return 0

@@ -473,7 +473,7 @@ def write_results(trainer, out: Path, metrics: dict) -> None:
     from ..accounting.curves import write_curves
 
     write_json(out / "log_history.json", trainer.state.log_history)
-    write_curves(out)
+    write_curves(out, metrics)
     write_json(out / "metrics.json", metrics)
     seal_out(out)
 

@@ -571,7 +571,7 @@ def _run(r: _Run) -> dict:
     ckpt = latest_checkpoint(out)
     metrics["checkpoint"] = str(ckpt) if ckpt else None
     if targs.should_save:
-        write_curves(out)
+        write_curves(out, metrics)
         write_json(out / "metrics.json", metrics)
     return metrics
 

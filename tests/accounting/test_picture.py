@@ -7,7 +7,7 @@ import pytest
 from pictures import assert_readable_png
 
 from sharebert.accounting.budget import pareto_front, plot, score
-from sharebert.accounting.curves import plot_curves
+from sharebert.accounting.curves import measured_on, plot_curves
 from sharebert.accounting.picture import figure, pyplot, save
 from sharebert.model.shape import PRESETS
 
@@ -71,3 +71,12 @@ def test_without_matplotlib_the_error_names_the_extra(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match=r"needs matplotlib: pip install 'sharebert\[plot\]'"):
         plot_curves(EVENTS, tmp_path / "curves.png")
     assert not (tmp_path / "curves.png").exists()
+
+
+def test_curves_say_what_the_losses_were_measured_on():
+    finetune = {"task": "sst2", "train_samples": 2000, "eval_samples": 200, "accuracy": 0.5}
+    assert measured_on(finetune) == "sst2: 2,000 training examples, validation on 200 dev examples"
+    pretrain = {"train_sequences": 5120, "valid_sequences": 64, "seq_len": 128, "global_step": 10}
+    assert measured_on(pretrain) == "5,120 training sequences of 128 tokens, validation on 64 held-out sequences"
+    assert measured_on({"task": "cola", "eval_samples": True}) == "cola"  # a flag is not a count
+    assert measured_on(None) == measured_on({}) == measured_on([1]) == ""
