@@ -50,37 +50,36 @@ def curves(out: Path) -> list[dict]:
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> bool:
-    try:
-        import matplotlib
+def plot(rows: list[dict], path: Path, what: str) -> bool:
+    """Train and validation loss by step, one line per ratio, in the toolkit's picture style (1,200 pixels wide)."""
+    from sharebert.accounting.picture import figure, pyplot, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    try:
+        pyplot()
+    except ValueError:
         print("matplotlib is not installed (pip install sharebert[plot]); skipping the PNG")
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)  # own y ranges: the valid curves differ by little
     styles = [("-", "o"), ("--", "s"), ("-.", "^"), (":", "D")]  # distinct even where the curves coincide
-    for ax, split in zip(axes, ("train", "valid")):
-        for i, p in enumerate(sorted({r["p"] for r in rows})):
-            pts = [(r["step"], r["loss"]) for r in rows if r["p"] == p and r["split"] == split]
-            if not pts:
-                continue
-            ls, marker = styles[i % len(styles)]
-            ax.plot(
-                *zip(*pts),
-                ls=ls,
-                marker=marker,
-                ms=4,
-                markevery=max(1, len(pts) // 12),
-                lw=1.3,
-                label=f"p = {p:g} (last {pts[-1][1]:.3f})",
-            )
-        ax.set(title=f"{split} loss", xlabel="step", ylabel="cross-entropy (nats/char)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(5, ncols=2, sharex=True) as (fig, axes):  # own y ranges: the valid curves differ by little
+        for ax, split, name in zip(axes[0], ("train", "valid"), ("train", "validation")):
+            for i, p in enumerate(sorted({r["p"] for r in rows})):
+                pts = [(r["step"], r["loss"]) for r in rows if r["p"] == p and r["split"] == split]
+                if not pts:
+                    continue
+                ls, marker = styles[i % len(styles)]
+                ax.plot(
+                    *zip(*pts),
+                    ls=ls,
+                    marker=marker,
+                    ms=5,
+                    markevery=max(1, len(pts) // 12),
+                    lw=1.8,
+                    label=f"p = {p:g} (last {pts[-1][1]:.3f})",
+                )
+            ax.set(title=f"{name} loss, nats per character", xlabel="optimizer step", ylabel="cross-entropy")
+            ax.legend(frameon=False)
+        fig.suptitle(f"Partial Q-K sharing: loss by shared fraction p ({what})")
+        save(fig, path)
     return True
 
 
@@ -118,7 +117,7 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=["p", "step", "split", "loss"])
         w.writeheader()
         w.writerows(rows)
-    plotted = plot(rows, out / "curves.png")
+    plotted = plot(rows, out / "curves.png", f"{preset}, Tiny Shakespeare, {setup['max_steps']} steps")
     print(f"wrote {out / 'curves.csv'}" + (f" and {out / 'curves.png'}" if plotted else ""))
     print("p     valid loss   seconds")
     for p, loss, secs in finals:
