@@ -137,3 +137,39 @@ def test_the_budget_counts_from_the_process_start(monkeypatch, now, stat, uptime
     )
     monkeypatch.setattr(os, "sysconf", lambda name: 100)
     assert plan.process_start() == pytest.approx(now - age)
+
+
+@pytest.mark.slow
+def test_a_resumed_distillation_under_a_budget_continues_its_run_clock(tmp_path, stepped_clock):
+    """End to end on real checkpoints of a tiny BERT teacher's distillation (each training step 0.5 s on the stepped
+    clock): a budgeted run of 4 steps
+    records its seconds before training; a second budget carrying them from checkpoint-4 counts its 2 s of training,
+    and the resumed training's clock is that budget's (the 2 s and what is left less the end's reserve: at most the
+    budget less the first run's time before training), continuing from 2 s to 3 s at step 6."""
+    from tiny_teachers import build
+
+    from sharebert.training.callbacks import latest_checkpoint, trainer_state
+    from sharebert.training.distill import DistillWeights
+    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert_runtime.outdir import read_json
+
+    weights = DistillWeights(hidden=0, attention=0, embedding=0)
+    args = EmbeddingArgs(batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16, weights=weights, max_steps=4)
+    out, record, said = tmp_path / "run", tmp_path / "budget.json", []
+    shape = {"embedding_size": 16, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+    run = dict(overrides=shape, progress=False, score_sts=False)
+    teacher = build(tmp_path / "teachers", "bert")["embedding"]
+    first = TimeBudget(10_000, say=said.append, start=time.monotonic() - 100)
+    first.record = record
+    distill_embedding(teacher, "sharebert-tiny", out, args=args, budget=first, **run)
+    before = read_json(record)["before_training"]
+    assert before >= 100 and first.planned_steps > 0
+    second = TimeBudget(10_000, say=said.append)
+    second.carry(record, latest_checkpoint(out / "checkpoints"))
+    assert second.trained_before == 2.0 and second.planned_steps == first.planned_steps
+    assert said[-1].startswith(f"--resume: {before + 2:.0f} s of --max-time 10000 s were spent by the run it")
+    longer = EmbeddingArgs(**{**args.__dict__, "max_steps": 6})
+    distill_embedding(teacher, "sharebert-tiny", out, args=longer, resume=True, budget=second, **run)
+    clock = trainer_state(out / "checkpoints" / "checkpoint-6")["stateful_callbacks"]["WallClockLimit"]
+    assert clock["attributes"]["used_seconds"] == 3.0
+    assert 2.0 < clock["args"]["seconds"] <= 10_000 - before
