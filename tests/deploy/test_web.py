@@ -62,7 +62,8 @@ def _sentence_model(folder: Path) -> None:
     from sharebert import ShareBertModel
     from sharebert.formats.recipe import DenseLayer, EmbeddingRecipe, write_recipe
 
-    build_model("sharebert-tiny", folder, TINY, seed=0)
+    # 128 positions: compress's exports (export_once) time sequences of 128 tokens, as a real student reads
+    build_model("sharebert-tiny", folder, {**TINY, "max_position_embeddings": 128}, seed=0)
     ShareBertModel.from_pretrained(folder).save_pretrained(folder)
     rng = np.random.default_rng(0)
     w, b = rng.normal(size=(24, 64)).astype(np.float32) * 0.2, rng.normal(size=24).astype(np.float32)
@@ -210,7 +211,7 @@ def test_the_folder_is_transformers_js_layout_within_a_tenth_of_the_int8_artifac
     assert manifest["web"]["parity_vs_onnx"]["max_abs_diff"] <= 1e-5
 
 
-def test_runtime_embed_normalize_false_on_a_web_folder_is_the_onnx_artifacts_raw_vector(web, texts, tmp_path):
+def test_runtime_embed_normalize_false_and_verify_on_a_web_folder_use_the_raw_vector(web, texts, tmp_path):
     sentences = texts["sentences"][:8]
     folder, artifact = Runtime(web["models"] / "student"), Runtime(web["root"] / "student_int8", ram="fp32")
     for normalize in (None, False):  # the same graph: the web one normalises inside, keeping the vector before
@@ -220,6 +221,10 @@ def test_runtime_embed_normalize_false_on_a_web_folder_is_the_onnx_artifacts_raw
         np.testing.assert_allclose(got, want, atol=1e-5)
     raw = np.linalg.norm(np.array(folder.embed(sentences, normalize=False)), axis=1)
     assert np.isfinite(raw).all() and np.abs(raw - 1).min() > 0.01  # not unit vectors: the raw ones
+    checked = folder.verify()  # the stored reference is PyTorch's raw vector: compared with the raw output
+    figures = checked["outputs"]["sentence_embedding"]
+    assert checked["passed"]
+    assert figures["max_abs_diff"] == pytest.approx(figures["at_export"]["max_abs_diff"], abs=1e-5)
     older = tmp_path / "older"  # a web folder whose graph keeps no vector before its Normalize
     shutil.copytree(web["models"] / "student", older)
     manifest = json.loads((older / MANIFEST).read_text())
@@ -227,6 +232,32 @@ def test_runtime_embed_normalize_false_on_a_web_folder_is_the_onnx_artifacts_raw
     (older / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="normalize=False needs the folder exported again"):
         Runtime(older).embed(sentences, normalize=False)
+
+
+def test_compress_web_publishes_the_folder_beside_the_artifact_sealed_and_exported_once(web, texts, tmp_path):
+    """`compress --web`'s step (out_folder.publish_web) on a compress-like --out: the folder is one of the run's parts
+    (--overwrite sets it aside with the others), the sealed marker lists its files and vouches for them, it is within
+    a tenth of the int8 artifact and gives its embeddings, and a resumed run finding it newer than the student does
+    not export it again."""
+    from sharebert.pipelines.out_folder import COMMAND, PARTS, WEB, publish_web
+    from sharebert_runtime.outdir import mark_out, read_mark, seal_out, unlisted, vouched
+
+    out = tmp_path / "run"
+    mark_out(out, COMMAND, {"run": "test"})
+    shutil.copytree(web["root"] / "student_int8", out / "artifact")
+    entry = publish_web(web["root"] / "student", out, out / "artifact", False, "feature-extraction", False)
+    seal_out(out)
+    assert WEB in PARTS and entry["folder"] == WEB and entry["model"] == "onnx/model_quantized.onnx"
+    assert entry["bytes"] == _folder_bytes(out / WEB) <= 1.1 * entry["artifact_bytes"]
+    mark = read_mark(out)
+    assert {f"{WEB}/onnx/model_quantized.onnx", f"{WEB}/{MANIFEST}"} <= set(mark["files"])
+    assert vouched(out, mark) is None and unlisted(out) == []
+    sentences = texts["sentences"][:8]
+    got, want = Runtime(out / WEB).embed(sentences), Runtime(out / "artifact", ram="fp32").embed(sentences)
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-5)
+    written = (out / WEB / MANIFEST).stat().st_mtime_ns
+    publish_web(web["root"] / "student", out, out / "artifact", False, "feature-extraction", False)
+    assert (out / WEB / MANIFEST).stat().st_mtime_ns == written
 
 
 @pytest.mark.parametrize("name", ["student", "teacher"])
