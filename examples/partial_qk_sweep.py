@@ -52,7 +52,7 @@ def curves(out: Path) -> list[dict]:
 
 def plot(rows: list[dict], path: Path, what: str) -> bool:
     """Train and validation loss by step, one line per ratio, in the toolkit's picture style (1,200 pixels wide)."""
-    from sharebert.accounting.picture import figure, pyplot, save
+    from sharebert.accounting.picture import figure, headline, pyplot, save
 
     try:
         pyplot()
@@ -78,7 +78,7 @@ def plot(rows: list[dict], path: Path, what: str) -> bool:
                 )
             ax.set(title=f"{name} loss, nats per character", xlabel="optimizer step", ylabel="cross-entropy")
             ax.legend(frameon=False)
-        fig.suptitle(f"Partial Q-K sharing: loss by shared fraction p ({what})")
+        headline(fig, f"Partial Q-K sharing: loss by shared fraction p ({what})")
         save(fig, path)
     return True
 

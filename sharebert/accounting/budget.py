@@ -277,6 +277,7 @@ def plot(result: dict, path: str) -> None:
     drawn, the front highlighted, paper presets starred; ShareBERT Table 1 methods as lettered lines with
     their key beside the plot (methods of about one size share a line, so no label covers another)."""
     from .picture import figure, save, wrap
+    from .picture import headline as headline_at
 
     headline, key = _plot_title(result)
     headline = wrap(headline, 85)  # 14-pt bold: about 85 characters to the picture's edge
@@ -294,7 +295,7 @@ def plot(result: dict, path: str) -> None:
         legend = ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False, markerscale=2)
         for handle in legend.legend_handles:  # the faded dots' key stays visible
             handle.set_alpha(max(handle.get_alpha() or 1.0, 0.3))
-        fig.suptitle(headline, x=0.075, ha="left")
+        headline_at(fig, headline, x=0.075)  # over the axes' left edge
         save(fig, path)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from sharebert_runtime.outdir import read_json
 from sharebert_runtime.untrusted import RESULT_JSON_BYTES, parse_json, read_bytes
 
-from .picture import SECOND, THIRD, figure, save
+from .picture import SECOND, THIRD, figure, headline, save
 
 LOGS = ("log.jsonl", "log_history.json")
 
@@ -121,7 +121,7 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "", on: str =
         from matplotlib.ticker import MaxNLocator  # matplotlib is there: figure imported it
 
         panels["lr"].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-        fig.suptitle(f"Training curves: {title}" if title else "Training curves")
+        headline(fig, f"Training curves: {title}" if title else "Training curves")
         return save(fig, path)
 
 

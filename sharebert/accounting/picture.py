@@ -59,6 +59,11 @@ def figure(height: float, nrows: int = 1, ncols: int = 1, layout: str | None = "
             plt.close(fig)
 
 
+def headline(fig, text: str, x: float = 0.01) -> None:
+    """The picture's bold headline, flush left like the panels' titles (a reader starts at the left edge)."""
+    fig.suptitle(text, x=x, ha="left")
+
+
 def save(fig, path: str | Path) -> Path:
     """The figure into ``path`` at ``DPI`` (1,200 pixels wide), written atomically (``outdir``). A PNG is stored
     with a palette of 256 colours: flat fills, lines and text on white lose nothing to the eye, and the file is

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..accounting.picture import STUDENT, TEACHER, figure, pyplot, save, wrap
+from ..accounting.picture import STUDENT, STYLE, TEACHER, figure, pyplot, save, wrap
 from .report_rows import ROWS, rows, sides
 
 LABEL_WIDTH = 44  # characters a row's label wraps at: the labels take the left third of the picture
@@ -60,8 +60,8 @@ def _header(fig, r: dict, t: dict, s: dict) -> None:
         1 - 0.12 / height,
         f"{t.get('name') or Path(t['folder']).name} -> {shape}",
         va="top",
-        fontsize="x-large",
-        fontweight="bold",
+        fontsize=STYLE["figure.titlesize"],  # as every picture's headline (picture.headline)
+        fontweight=STYLE["figure.titleweight"],
     )
     if verdict:
         fig.text(0.01, 1 - 0.45 / height, verdict, va="top")

@@ -170,7 +170,7 @@ def plot_depths(result: dict, path: str | Path) -> Path:
     """The dev metric and the p50 latency against depth, from :func:`depth_table`, as two panels side by side
     (one axis each: a twin axis makes the reader match colours to scales), each titled with its unit and what it
     was measured on."""
-    from ..accounting.picture import SECOND, STUDENT, figure, save
+    from ..accounting.picture import SECOND, STUDENT, figure, headline, save
 
     rows, metric = result["rows"], result["metric"]
     depths = [r["depth"] for r in rows]
@@ -192,7 +192,7 @@ def plot_depths(result: dict, path: str | Path) -> Path:
             ax.margins(x=0.08)  # the end points' values clear of the frame
             ax.set_xlabel(f"depth (encoder layers run, of {result['layers']})")
         backend = {"pytorch": "the PyTorch model", "onnxruntime": "the ONNX Runtime artifact"}[result["backend"]]
-        fig.suptitle(f"Quality and latency by depth: {backend} on {_machine(result)}")
+        headline(fig, f"Quality and latency by depth: {backend} on {_machine(result)}")
         return save(fig, path)
 
 
