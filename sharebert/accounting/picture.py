@@ -13,7 +13,7 @@ from pathlib import Path
 from sharebert_runtime.outdir import atomic_output, save_figure
 
 WIDTH_IN, DPI = 12.0, 100  # 12 inches at 100 dots each: the 1,200 pixels a picture is read at, drawn 1:1
-TEACHER, STUDENT, SECOND, THIRD, LIMIT = "tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red"
+TEACHER, STUDENT, SECOND, THIRD = "tab:gray", "tab:blue", "tab:orange", "tab:green"  # one colour per role
 STYLE = {
     "font.size": 11,  # 11 pt at 100 dpi: 15 pixels, the size of a web page's body text
     "axes.titlesize": 12,
