@@ -6,8 +6,9 @@ leaves a core idle. So the count is measured where it matters, on the student's 
 batch of the shape training draws): at 1 thread and at each doubling up to the CPUs this process may run on
 (``os.sched_getaffinity``), the fastest taken (:func:`choose`). The load changes while a run trains, so
 :class:`FitThreads` times the current count on that batch every :data:`PERIOD` seconds of training and measures every
-count again when its step got :data:`SHIFT` times slower or faster, or the load average moved by :data:`LOAD_SHIFT`
-since the choice (a busy process came or went).
+count again when its step got :data:`SHIFT` times slower or faster (two steps in a row: one step's time moves by half
+on a loaded machine), or the cores the load average leaves free moved by :data:`LOAD_SHIFT` since the choice (a busy
+process came or went; a load of 14 or 13 on 2 cores leaves none either way).
 
 ``OMP_NUM_THREADS`` set (the tests set 1): the user's count, kept; nothing is measured. On a GPU nothing is measured.
 """
@@ -26,7 +27,7 @@ TIE = 0.9
 SHIFT = 1.5  # the current count's step this many times slower (or faster) than when chosen: measure every count again
 PERIOD = 30.0  # seconds of training between two checks of the current count (a check: one step on the fixed batch)
 CHECKS = 20  # and at least this many of its steps: a check costs at most 1/20 of training on a slow machine
-LOAD_SHIFT = 1.0  # the 1-minute load average moved by a core since the choice: measure every count again
+LOAD_SHIFT = 1.0  # the cores the load leaves free (1-minute average) moved by one since the choice: measure again
 
 
 def user_threads() -> int | None:
@@ -161,32 +162,46 @@ class FitThreads(TrainerCallback):
     """Keeps torch's thread count fitting the machine while training runs (module docstring): every :data:`PERIOD`
     seconds (and :data:`CHECKS` steps' time) it times one step of the current count on the fixed ``batch``; when that
     moved by :data:`SHIFT` either way or the load average by :data:`LOAD_SHIFT` since the last choice, it measures
-    every count again and sets the fastest, said in one line. ``changes``: ``(step, count)`` for each change of
+    every count again and sets the fastest, said in one line (a step outside :data:`SHIFT` is timed once more, and
+    both must be). ``changes``: ``(step, count)`` for each change of
     count. ``clock``, ``load`` and ``timer`` (:func:`step_seconds`'s signature) are the tests' seams."""
 
     def __init__(self, batch, counts, seconds, chosen, say=print, clock=time.monotonic, load=_load, timer=None):
         self.batch, self.counts, self.say = batch, tuple(counts), say
+        self.cpus = max(self.counts)
         self.clock, self.load, self.timer = clock, load, timer or step_seconds
         self.changes = []
         self._chose(seconds, chosen)
 
     def _chose(self, seconds: dict, chosen: int) -> None:
         self.threads, self.reference = chosen, seconds[chosen]
-        self.load_at_choice, self.checked = self.load(), self.clock()
+        self.spare_at_choice, self.checked = self._spare(), self.clock()
+
+    def _spare(self) -> float:
+        """The cores the load average leaves free, of :attr:`cpus` (training's own threads count in the load)."""
+        return min(float(self.cpus), max(0.0, self.cpus - self.load()))
+
+    def _moved(self, now: float) -> bool:
+        return now > SHIFT * self.reference or now * SHIFT < self.reference
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if model is None or self.clock() - self.checked < max(PERIOD, CHECKS * self.reference):
             return
         self.checked = self.clock()
         now = self.timer(model, self.batch, self.threads, warm=True)
-        moved = abs(self.load() - self.load_at_choice) >= LOAD_SHIFT
-        if not (now > SHIFT * self.reference or now * SHIFT < self.reference or moved):
+        shifted = self._moved(now)
+        if shifted:  # one step's time is noisy on a loaded machine: a second one must agree
+            again = self.timer(model, self.batch, self.threads, warm=True)
+            shifted = self._moved(again) and (again > self.reference) == (now > self.reference)
+            now = (now + again) / 2
+        moved = abs(self._spare() - self.spare_at_choice) >= LOAD_SHIFT
+        if not (shifted or moved):
             return
         import torch
 
         seconds = measure(model, self.batch, self.counts, {self.threads: now}, self.timer)
         chosen = choose(seconds)
-        why = f"the load moved to {self.load():.1f}" if moved else f"a step took {now / self.reference:.1f}x as long"
+        why = f"the load moved to {self.load():.1f}" if moved else f"steps took {now / self.reference:.1f}x as long"
         if chosen != self.threads:
             self.changes.append((state.global_step, chosen))
         self.say(f"threads at step {state.global_step} ({why}): {describe(seconds, chosen)}")
