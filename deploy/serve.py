@@ -372,6 +372,10 @@ class Server(ThreadingHTTPServer):
         self.max_connections, self.max_client_connections = limits["max_connections"], limits["max_client_connections"]
         self.max_idle = limits["max_idle"]
         self.buffered = 0  # request bytes held for every connection together (count_lock; _hold)
+        # kept for small requests (HEAD_BYTES at most): they fit however many large ones stall (_hold)
+        self.small_reserve = max(
+            0, min(self.max_connections * HEAD_BYTES, limits["max_buffered_bytes"] - _largest_request(limits))
+        )
         self.refusing = 0  # connections over a cap being read before their answer (reading thread only)
         self.per_client: dict[str, int] = {}
         self.open = self.idle = 0
@@ -559,10 +563,13 @@ class Server(ThreadingHTTPServer):
 
     def _hold(self, conn: _Conn, held: int) -> bool:
         """Count ``held`` request bytes for ``conn`` (any thread that owns it); False, changing nothing, when that
-        takes every connection's together over ``--max-buffered-bytes``."""
+        takes every connection's together over ``--max-buffered-bytes``, or, for a request over :data:`HEAD_BYTES`,
+        into :attr:`small_reserve`: small requests, at most that much on all connections together, then always fit,
+        where stalled large ones once took the whole buffer and every client's request got 503."""
+        limit = self.limits["max_buffered_bytes"] - (self.small_reserve if held > HEAD_BYTES else 0)
         with self.count_lock:
             more = held - conn.held
-            if more > 0 and self.buffered + more > self.limits["max_buffered_bytes"]:
+            if more > 0 and self.buffered + more > limit:
                 return False
             self.buffered += more
             conn.held = held
@@ -782,9 +789,14 @@ def _checked_limits(limits: dict) -> dict:
     return limits
 
 
+def _largest_request(limits: dict) -> int:
+    """The most bytes one request taken may hold: a body of ``--max-body-bytes`` and a whole head."""
+    return limits["max_body_bytes"] + HEAD_BYTES
+
+
 def _check_buffered(limits: dict) -> None:
     """``--max-buffered-bytes`` holds at least one request of the largest size taken (a body and a whole head)."""
-    least = limits["max_body_bytes"] + HEAD_BYTES
+    least = _largest_request(limits)
     if limits["max_buffered_bytes"] < least:
         raise ValueError(
             f"--max-buffered-bytes {limits['max_buffered_bytes']} holds no request of --max-body-bytes "

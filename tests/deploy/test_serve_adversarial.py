@@ -661,3 +661,43 @@ def test_a_buffered_cap_that_holds_no_whole_request_is_refused(body_bytes, buffe
 
     with pytest.raises(ValueError, match=r"--max-buffered-bytes \d+ holds no request of --max-body-bytes"):
         _checked_limits({"max_body_bytes": body_bytes, "max_buffered_bytes": buffered})
+
+
+def test_stalled_large_bodies_leave_room_for_small_requests(serve):
+    """Connections that declare large bodies and stall (a hostile client's way to fill --max-buffered-bytes) take at
+    most the buffer less a reserve of --max-connections x 64 KiB, so every connection's small request (64 KiB at
+    most in all) still fits: here 5 stalled 200,000-byte requests are held (1 MiB of a 2 MiB buffer), the next is
+    shed, and after small stalled requests on every connection left but one, a well-behaved request is answered.
+    Before, the stalled ones took the whole buffer and every client's request got 503."""
+    from sharebert_runtime.serve import HEAD_BYTES
+
+    cap, body = 2 << 20, 200_000
+    server, _ = serve(**{**LIMITS, "max_body_bytes": body, "max_buffered_bytes": cap, "header_timeout": 600})
+    port = server.server_address[1]
+    reserve = LIMITS["max_connections"] * HEAD_BYTES
+    held, shed = [], 0
+
+    def stall(size: int) -> bool:
+        """A connection declaring a ``size``-byte body and sending one byte of it: held (True) or shed (False)."""
+        before = server.buffered
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"POST /fill-mask HTTP/1.1\r\nContent-Length: %d\r\n\r\n{" % size)
+        _until(lambda: server.buffered > before or select.select([s], [], [], 0)[0], "the request held or shed")
+        if server.buffered > before:
+            held.append(s)
+            return True
+        s.close()
+        return False
+
+    try:
+        while len(held) + shed < LIMITS["max_connections"] - 1 and shed == 0:
+            shed += not stall(body)
+        head = len(b"POST /fill-mask HTTP/1.1\r\nContent-Length: 200000\r\n\r\n")
+        assert (len(held), shed) == ((cap - reserve) // (head + body), 1)
+        while len(held) < LIMITS["max_connections"] - 1 and cap - server.buffered > 200:  # small ones fill what is left
+            assert stall(min(cap - server.buffered - 200, HEAD_BYTES - 100))
+        assert exchange(port, post(b'{"text": "a [MASK] film"}'))[0] == 200
+        assert exchange(port, b"GET /health HTTP/1.1\r\n\r\n")[:2] == (200, {"status": "ok"})
+    finally:
+        for s in held:
+            s.close()
