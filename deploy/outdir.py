@@ -174,13 +174,14 @@ CHECKPOINT_DIRS = re.compile(r"checkpoints|((incomplete|corrupt)-)?checkpoint-[0
 
 
 def _run_files(out: Path) -> dict[str, Path]:
-    """Every regular file under ``out`` by its relative path, but the marker, the lock, compress's set-aside earlier
-    result and a training run's own checkpoints (:data:`CHECKPOINT_DIRS`: hashing them would read gigabytes for
-    nothing). Links are not followed."""
+    """Every regular file under ``out`` by its relative path, but the marker, the lock and a training run's own
+    checkpoints (:data:`CHECKPOINT_DIRS`: hashing them would read gigabytes for nothing). Links are not followed.
+    Compress's set-aside earlier result (``.replaced``) is counted: a run removes it before it seals its marker, so
+    one in a sealed folder is the user's, which ``--overwrite`` took for its own aside and deleted."""
     found = {}
     for root, dirs, files in os.walk(out):
         if Path(root) == out:
-            dirs[:] = [d for d in dirs if d != ".replaced" and not CHECKPOINT_DIRS.fullmatch(d)]
+            dirs[:] = [d for d in dirs if not CHECKPOINT_DIRS.fullmatch(d)]
         for name in files:
             path = Path(root) / name
             rel = path.relative_to(out).as_posix()

@@ -467,6 +467,20 @@ def test_seal_lists_what_the_run_wrote_and_a_listed_file_outside_is_not_vouched(
     assert not (tmp_path / "no-marker-here").exists()
 
 
+def test_overwrite_refuses_a_users_folder_named_like_the_aside_of_a_finished_result(minilm_dir, tmp_path):
+    """A finished result has no ``.replaced`` (its run removed it before sealing): one there is the user's. It was
+    left out of what the marker's files are compared with, so --overwrite took it for an earlier --overwrite's
+    aside: the finished result's parts were deleted (not kept aside) and the user's files in it went with the
+    aside at the run's end. Now refused before any work, naming them, nothing changed."""
+    out = _sealed(tmp_path / "result")
+    (out / ".replaced").mkdir()
+    (out / ".replaced" / "notes.txt").write_text("the user's own\n")
+    before = _snapshot(out)
+    with pytest.raises(ValueError, match=r"did not write \(\.replaced/notes\.txt\)"):
+        _precheck_out(out, minilm_dir)
+    assert _snapshot(out) == before
+
+
 def _checkpointed(folder: Path, command: str) -> Path:
     """A run stopped after its first checkpoint, as it leaves its folder: the marker written there (``mark_out``),
     a complete ``checkpoint-2`` (files and the completion marker the Trainer's callbacks write), no result."""
