@@ -11,7 +11,8 @@ from ..accounting.picture import STUDENT, STYLE, TEACHER, figure, pyplot, save, 
 from .report_rows import ROWS, rows, sides
 
 LABEL_WIDTH = 44  # characters a row's label wraps at: the labels take the left third of the picture
-TITLE_WIDTH, VERDICT_WIDTH = 90, 160  # characters a panel's title and the verdict wrap at, 1,200 pixels wide
+# characters that fit: 14-pt bold and 11-pt text the full width, 12-pt panel titles right of the row labels
+HEADLINE_WIDTH, VERDICT_WIDTH, TITLE_WIDTH = 95, 130, 85
 
 
 def plot_report(r: dict, path: Path) -> Path | None:
@@ -51,20 +52,22 @@ def _header(fig, r: dict, t: dict, s: dict) -> None:
     """The teacher's name and the student's shape in bold, the verdict's first sentence under them; the panels
     are laid out below the room they take."""
     shape = s["shape"] if str(s["shape"]).startswith("ShareBERT") else f"ShareBERT {s['shape']}"
+    title = wrap(f"{t.get('name') or Path(t['folder']).name} -> {shape}", HEADLINE_WIDTH)
     verdict = wrap(((r.get("verdict") or {}).get("lines") or [""])[0], VERDICT_WIDTH)
     height = fig.get_figheight()
-    room = (0.45 + 0.22 * (verdict.count("\n") + 1 if verdict else 0)) / height  # inches of header, as a fraction
+    below = 0.45 + 0.3 * title.count("\n")  # inches from the top to the verdict
+    room = (below + 0.22 * (verdict.count("\n") + 1 if verdict else 0)) / height  # the header, as a fraction
     fig.get_layout_engine().set(rect=(0, 0, 1, 1 - room))
     fig.text(
         0.01,
         1 - 0.12 / height,
-        f"{t.get('name') or Path(t['folder']).name} -> {shape}",
+        title,
         va="top",
         fontsize=STYLE["figure.titlesize"],  # as every picture's headline (picture.headline)
         fontweight=STYLE["figure.titleweight"],
     )
     if verdict:
-        fig.text(0.01, 1 - 0.45 / height, verdict, va="top")
+        fig.text(0.01, 1 - below / height, verdict, va="top")
 
 
 def _known(side: dict, key: str) -> bool:
