@@ -13,7 +13,7 @@ from pathlib import Path
 from sharebert_runtime.outdir import read_json
 from sharebert_runtime.untrusted import RESULT_JSON_BYTES, parse_json, read_bytes
 
-from .picture import SECOND, THIRD, figure, headline, save
+from .picture import SECOND, THIRD, figure, headline, save, wrap
 
 LOGS = ("log.jsonl", "log_history.json")
 
@@ -129,7 +129,7 @@ def _loss_panel(ax, train, valid, distill: bool, on: str) -> None:
     """Train and validation values of the same loss, the legend outside the lines' way."""
     _line(ax, train, "train: gold-label term (last batch of each logging step)" if distill else "train loss")
     _line(ax, valid, "validation loss (the run's held-out set)", color=SECOND)
-    ax.set_title("Loss by optimizer step (lower is better)" + (f", on {on}" if on else ""))
+    ax.set_title(wrap("Loss by optimizer step (lower is better)" + (f", on {on}" if on else ""), 110))  # 12-pt
     ax.set_ylabel("loss")
     if not (train[0] or valid[0]):
         _note(ax, "no train or validation loss logged", 0.5)

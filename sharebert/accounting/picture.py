@@ -59,9 +59,13 @@ def figure(height: float, nrows: int = 1, ncols: int = 1, layout: str | None = "
             plt.close(fig)
 
 
+HEADLINE_WIDTH = 95  # characters of 14-pt bold that fit across 1,200 pixels
+
+
 def headline(fig, text: str, x: float = 0.01) -> None:
-    """The picture's bold headline, flush left like the panels' titles (a reader starts at the left edge)."""
-    fig.suptitle(text, x=x, ha="left")
+    """The picture's bold headline, flush left like the panels' titles (a reader starts at the left edge), wrapped
+    where it would run past the right edge."""
+    fig.suptitle(wrap(text, HEADLINE_WIDTH), x=x, ha="left")
 
 
 def save(fig, path: str | Path) -> Path:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..accounting.picture import STUDENT, STYLE, TEACHER, figure, pyplot, save, wrap
+from ..accounting.picture import HEADLINE_WIDTH, STUDENT, STYLE, TEACHER, figure, pyplot, save, wrap
 from .report_rows import ROWS, rows, sides
 
 LABEL_WIDTH = 44  # characters a row's label wraps at: the labels take the left third of the picture
-# characters that fit: 14-pt bold and 11-pt text the full width, 12-pt panel titles right of the row labels
-HEADLINE_WIDTH, VERDICT_WIDTH, TITLE_WIDTH = 95, 130, 85
+VERDICT_WIDTH, TITLE_WIDTH = 130, 85  # characters that fit: 11-pt text the full width, 12-pt right of the labels
 
 
 def plot_report(r: dict, path: Path) -> Path | None:

@@ -170,7 +170,7 @@ def plot_depths(result: dict, path: str | Path) -> Path:
     """The dev metric and the p50 latency against depth, from :func:`depth_table`, as two panels side by side
     (one axis each: a twin axis makes the reader match colours to scales), each titled with its unit and what it
     was measured on."""
-    from ..accounting.picture import SECOND, STUDENT, figure, headline, save
+    from ..accounting.picture import SECOND, STUDENT, figure, headline, save, wrap
 
     rows, metric = result["rows"], result["metric"]
     depths = [r["depth"] for r in rows]
@@ -178,13 +178,14 @@ def plot_depths(result: dict, path: str | Path) -> Path:
     threads = f"{result['threads']} thread{'s' * (result['threads'] > 1)}"
     with figure(4.8, ncols=2) as (fig, [[quality, latency]]):
         quality.plot(depths, values, "o-", color=STUDENT, lw=2, ms=7)
-        quality.set_ylim(min(0, min(values)), max(1, max(values)) if max(values) <= 1 else None)  # never truncated
+        low = 0 if min(values) >= 0 else min(values) - 0.05  # never truncated; a negative score clear of the frame
+        quality.set_ylim(low, max(1, max(values)) if max(values) <= 1 else None)
         quality.set_ylabel(f"dev {metric}")
-        quality.set_title(f"{result['task']} dev {metric} ({result['eval_samples']} dev examples)")
+        quality.set_title(wrap(f"{result['task']} dev {metric} ({result['eval_samples']} dev examples)", 55))
         latency.plot(depths, ms, "s-", color=SECOND, lw=2, ms=7)
         latency.set_ylim(bottom=0, top=max(ms) * 1.15)
         latency.set_ylabel("p50 latency, ms")
-        latency.set_title(f"p50 ms per sentence (batch 1, {threads}, median of {result['latency_samples']})")
+        latency.set_title(wrap(f"p50 ms per sentence (batch 1, {threads}, median of {result['latency_samples']})", 55))
         for ax, ys, fmt in ((quality, values, "{:.3f}"), (latency, ms, "{:.1f}")):
             for x, y in zip(depths, ys):
                 ax.annotate(fmt.format(y), (x, y), textcoords="offset points", xytext=(0, 8), ha="center")
