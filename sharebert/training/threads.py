@@ -184,6 +184,9 @@ class FitThreads(TrainerCallback):
     def _moved(self, now: float) -> bool:
         return now > SHIFT * self.reference or now * SHIFT < self.reference
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.checked = self.clock()  # the count was chosen before the teacher's export and pass: a period from now
+
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if model is None or self.clock() - self.checked < max(PERIOD, CHECKS * self.reference):
             return

@@ -170,3 +170,18 @@ def test_one_slow_step_or_a_load_far_above_the_cores_moving_measures_nothing_aga
     load[0], clock.now = 12.0, 2 * th.PERIOD
     fit.on_step_end(None, _State(), None, model=object())
     assert timed == [(2, True), (2, True), (2, True)] and said == [] and set_threads == [] and fit.threads == 2
+
+
+def test_the_first_check_comes_a_period_after_training_begins(set_threads):
+    """The count is chosen before the teacher's export and pass: its first check is PERIOD after training begins,
+    not after the choice."""
+    clock, said = _Clock(), []
+    fit, timed = _fit({1: 0.3, 2: 0.2}, [1.0], clock, said)
+    clock.now = 100.0
+    fit.on_train_begin(None, _State(), None)
+    clock.now = 100.0 + th.PERIOD - 1
+    fit.on_step_end(None, _State(), None, model=object())
+    assert timed == []
+    clock.now = 100.0 + th.PERIOD
+    fit.on_step_end(None, _State(), None, model=object())
+    assert timed == [(2, True)] and said == []
