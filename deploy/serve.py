@@ -67,6 +67,8 @@ REFUSE_READ_S = 2  # seconds a refused connection has to send its request (and t
 MAX_LINE = 65536  # the stdlib handler's longest request line (414 beyond)
 HEAD_BYTES = 1 << 16  # most bytes of a request's head read before it is refused (431)
 READ_BYTES = 1 << 16  # one receive of the reading thread
+SPARE_FILES = 64  # file descriptors beside the connections: the listening socket, the wake-up pair, stdio, the model
+ACCEPT_PAUSE_S = 0.1  # out of file descriptors: how long the listening socket rests before the next accept
 DIGITS = re.compile(r"[0-9]{1,18}")
 LIMITS = {  # option -> (default, what it bounds); all shown in GET /metadata
     "max_batch": (64, "texts per request"),
@@ -389,6 +391,7 @@ class Server(ThreadingHTTPServer):
         self._stop, self._stopped = threading.Event(), threading.Event()
         self._stopped.set()
         self._next_expiry = float("inf")
+        self._accept_paused: float | None = None  # when accepting resumes, while out of file descriptors (_accept)
         self._selector = None
         super().__init__(address, handler)
         self.socket.setblocking(False)
@@ -416,7 +419,11 @@ class Server(ThreadingHTTPServer):
 
     def _loop(self, poll_interval: float) -> None:
         while not self._stop.is_set():
-            wait = min(poll_interval, max(0.0, self._next_expiry - time.monotonic()))
+            if self._accept_paused is not None and time.monotonic() >= self._accept_paused:
+                self._accept_paused = None
+                self._selector.register(self.socket, selectors.EVENT_READ, None)
+            due = min(self._next_expiry, self._accept_paused or float("inf"))
+            wait = min(poll_interval, max(0.0, due - time.monotonic()))
             for key, _ in self._selector.select(wait):
                 if key.data is None:
                     self._accept()
@@ -452,9 +459,11 @@ class Server(ThreadingHTTPServer):
                 sock, address = self.socket.accept()
             except BlockingIOError:
                 return
-            except OSError as e:  # out of file descriptors, say: the next loop tries again
-                if not self.quiet:
-                    sys.stderr.write(f"accept failed: {e}\n")
+            except OSError as e:  # out of file descriptors, say: the socket rests, else every loop fails again at once
+                if not self.quiet:  # (a busy loop writing this line 20,000 times a second)
+                    sys.stderr.write(f"accept failed: {e}; accepting again in {ACCEPT_PAUSE_S} s\n")
+                self._selector.unregister(self.socket)
+                self._accept_paused = time.monotonic() + ACCEPT_PAUSE_S
                 return
             self._admit(sock, address)
 
@@ -804,6 +813,25 @@ def _check_buffered(limits: dict) -> None:
         )
 
 
+def _check_open_files(max_connections: int) -> None:
+    """The process may open a file descriptor for every connection it keeps (``--max-connections``, and the
+    :data:`REFUSING` ones read before their 503) and :data:`SPARE_FILES` more: its soft limit is raised as far as
+    the hard one allows; below that, refused in one line (out of descriptors, every accept failed, over and over)."""
+    import resource
+
+    need = max_connections + REFUSING + SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        soft = need if hard == resource.RLIM_INFINITY else min(hard, need)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raise ValueError(
+            f"--max-connections {max_connections} needs {need} open files ({REFUSING} connections being refused and "
+            f"{SPARE_FILES} more beside them); this process may open {soft} (ulimit -n): lower --max-connections to "
+            f"{max(1, soft - REFUSING - SPARE_FILES)} or raise ulimit -n"
+        )
+
+
 @dataclass(frozen=True)
 class _Service:
     """What a :class:`Handler` answers with (``server.service``): the runtime, the limits and what follows."""
@@ -999,6 +1027,7 @@ def run(args) -> int:
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     _check_buffered(limits)
+    _check_open_files(limits["max_connections"])
     limit_arenas(2)  # before any thread: one malloc arena per connection thread would keep each one's freed memory
     runtime = Runtime(args.artifact, threads=args.threads, ram=args.ram, manifest_sha256=args.pin, depth=args.depth)
     try:

@@ -701,3 +701,62 @@ def test_stalled_large_bodies_leave_room_for_small_requests(serve):
     finally:
         for s in held:
             s.close()
+
+
+def _open_files(limit: int):
+    """For a child process: at most ``limit`` open file descriptors (soft and hard: none to raise it to)."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+def test_max_connections_beyond_the_open_files_limit_is_refused_at_startup(artifact):
+    """256 connections, and the 256 read before their 503, need 576 file descriptors: under `ulimit -n 400` serve
+    refuses at startup in one line naming both, where it used to start and fail every accept once they were open."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sharebert_runtime", "serve", str(artifact), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_open_files(400),
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "--max-connections 256 needs 576 open files" in lines[0] and "may open 400 (ulimit -n)" in lines[0]
+
+
+@pytest.mark.slow
+def test_out_of_file_descriptors_the_listening_socket_rests(artifact):
+    """A server out of file descriptors (started from Python, without serve's startup check) leaves its listening
+    socket alone for ACCEPT_PAUSE_S after a failed accept: one failure line per pause, where every loop failed again
+    at once (150,000 lines in 8 s); once the stalled connections are closed at the header deadline, a waiting
+    /health is answered 200."""
+    from sharebert_runtime.serve import ACCEPT_PAUSE_S
+
+    script = (
+        "import sys, threading, time\n"
+        "from sharebert_runtime import Runtime\n"
+        "from sharebert_runtime.serve import make_server\n"
+        f"server = make_server(Runtime({str(artifact)!r}, threads=1), port=0, quiet=False, header_timeout=3)\n"
+        "print(server.server_address[1], flush=True)\n"
+        "server.serve_forever()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_open_files(64)
+    )
+    try:
+        port = int(child.stdout.readline())
+        started = time.monotonic()
+        stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(80)]  # more than it can open
+        for s in stalled:
+            s.sendall(b"GET /health HTTP/1.1\r\n")
+        status, body, _ = exchange(port, b"GET /health HTTP/1.1\r\n\r\n", timeout=60)
+        elapsed = time.monotonic() - started
+    finally:
+        child.kill()
+        _, err = child.communicate(timeout=60)
+        for s in stalled:
+            s.close()
+    failures = err.decode().count("accept failed")
+    assert (status, body) == (200, {"status": "ok"})
+    assert 1 <= failures <= elapsed / ACCEPT_PAUSE_S + 2, (failures, elapsed)
