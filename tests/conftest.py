@@ -103,6 +103,76 @@ def minilm_dir():
     return Path(gt.MODEL_DIR)
 
 
+def made_once(tmp_path_factory, name: str, build):
+    """A folder ``build(folder)`` fills once per test session, whichever pytest-xdist worker asks first (the others
+    wait on a file lock, then read it): workers are separate processes, so a session fixture alone would make it
+    once per worker. It lies beside the workers' own temporary folders (the run's), or in this process's without
+    xdist; a build that failed is made again by the next to ask."""
+    import shutil
+    from pathlib import Path
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    folder = Path(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / f"once-{name}"
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".made").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".made").touch()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def minilm_user_run(minilm_dir, tmp_path_factory):
+    """A user's first `sharebert compress` of all-MiniLM-L6-v2, made once per session (:func:`made_once`): a fresh
+    process (as the console script runs), ``SHAREBERT_DATA`` an empty folder, the working folder outside the
+    checkout, no --train, an empty cache of its own; 2 steps of 8 on 64 sentences. ``folder / "work" / "R"`` is its
+    --out, ``folder / "cache"`` what it left in its cache (the teacher's artifact and its vectors of the held-out and
+    search sentences: :func:`seed_minilm_cache` gives them to another run), ``folder / "proc.json"`` its exit status,
+    stdout and stderr."""
+
+    def build(folder):
+        for name in ("empty", "work", "cache"):
+            (folder / name).mkdir()
+        argv = ["compress", str(minilm_dir), "--out", "R", "--max-steps", "2", "--max-train-samples", "64"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "sharebert", *argv, "--batch-size", "8", "--max-params", "2.5M"],
+            cwd=folder / "work",
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            env={
+                **os.environ,
+                "SHAREBERT_DATA": str(folder / "empty"),
+                "SHAREBERT_CACHE": str(folder / "cache"),
+                "OMP_NUM_THREADS": "1",
+            },
+        )
+        fields = {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+        (folder / "proc.json").write_text(json.dumps(fields))
+
+    return made_once(tmp_path_factory, "minilm-user-run", build)
+
+
+@pytest.fixture(scope="session")
+def seed_minilm_cache(minilm_user_run):
+    """``seed(cache)``: ``cache`` (a ``SHAREBERT_CACHE`` folder) given what :func:`minilm_user_run` left in its own,
+    so a later compress of all-MiniLM-L6-v2 there skips the teacher's export ladder (~30 s of CPU: an int8-dynamic
+    export its bar refuses, then int8) and the teacher's pass over the 740 held-out and search sentences, as on a
+    user's machine after a first run. What is measured on the student, and every row the first run did not hold
+    (STS-B's), still runs."""
+    import shutil
+    from pathlib import Path
+
+    def seed(cache) -> None:
+        for part in ("teacher-artifacts", "teacher-vectors"):
+            shutil.copytree(minilm_user_run / "cache" / part, Path(cache) / part, dirs_exist_ok=True)
+
+    return seed
+
+
 @pytest.fixture(scope="session")
 def plain_transformers():
     """``load(folder, auto_class, feeds) -> (class name, logits)``: a model folder loaded by plain transformers in a

@@ -56,12 +56,19 @@ def _tiny_args(**fields):
 
 
 @pytest.fixture(scope="session")
-def compressed(minilm_dir, tmp_path_factory):
+def compressed(minilm_dir, seed_minilm_cache, tmp_path_factory):
     """A short `sharebert compress` of the real MiniLM: 40 steps on 200 sentences, a checkpoint every 1.2 s of
     training, its work folder kept (--keep-work). --max-steps decides, never the clock: --max-time (600 s by
-    default) bounds the whole command, and on a loaded machine its plan left the 40 steps 1."""
+    default) bounds the whole command, and on a loaded machine its plan left the 40 steps 1. Its cache is a user's
+    after a first compress of this teacher (conftest's minilm_user_run); what it printed is in ``said.txt`` beside
+    it."""
+    import contextlib
+    import io
+
     out = tmp_path_factory.mktemp("compress") / "run"
-    with pytest.MonkeyPatch.context() as env:  # its own cache, beside it (each test has another: conftest)
+    seed_minilm_cache(out.parent / "cache")
+    said = io.StringIO()
+    with pytest.MonkeyPatch.context() as env, contextlib.redirect_stdout(said):  # its own cache, beside it
         env.setenv("SHAREBERT_CACHE", str(out.parent / "cache"))
         rc = main(
             [
@@ -86,7 +93,8 @@ def compressed(minilm_dir, tmp_path_factory):
                 UNBOUNDED,
             ]
         )
-    assert rc == 0
+    (out.parent / "said.txt").write_text(said.getvalue())
+    assert rc == 0, said.getvalue()[-2000:]
     return out
 
 
@@ -188,13 +196,17 @@ def test_short_compress_reports_its_agreement_with_the_teacher(compressed):
 
 
 def test_a_compress_leaves_the_teachers_artifact_and_quality_vectors_in_the_cache(compressed, minilm_dir, monkeypatch):
-    """What the next compress of this teacher skips: its export ladder and its side of every quality row."""
+    """What the next compress of this teacher skips: its export ladder and its side of every quality row. The
+    fixture's run started from a first run's cache (conftest's minilm_user_run, whose test checks what that run
+    left): it took the teacher's artifact from there, without a ladder, and added its STS-B vectors."""
     from sharebert.pipelines.quality import cached_quality_sentences, quality_sentences
     from sharebert.pipelines.teacher_pass import teacher_cache
 
     monkeypatch.setenv("SHAREBERT_CACHE", str(compressed.parent / "cache"))
     assert cached_quality_sentences(minilm_dir) == quality_sentences() > 3000  # STS-B's 3,000 included
     assert (teacher_cache(minilm_dir, "feature-extraction") / "artifact" / "manifest.json").is_file()
+    said = (compressed.parent / "said.txt").read_text()
+    assert "the teacher's int8 artifact from the cache" in said and "does not keep it" not in said
 
 
 def test_the_demos_search_answers_with_both_artifacts_and_counts_agreement(compressed, capsys):
