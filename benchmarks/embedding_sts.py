@@ -33,9 +33,10 @@ def main() -> None:
     from sharebert.formats.paths import data_path
     from sharebert.formats.recipe import read_recipe
     from sharebert.pipelines.report import safetensor_params
-    from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
+    from sharebert.training.distill_embedding_model import load_encoder, recipe_head
     from sharebert.training.glue import read_split
     from sharebert.training.metrics import cosine_spearman
+    from sharebert.training.sentence_vectors import encode
     from sharebert_runtime import Runtime
 
     split = read_split("stsb", data_path("glue", "STS-B"), "dev").head(a.limit)

@@ -29,8 +29,9 @@ def one_run(teacher, overrides: dict, setting: str, seconds: float, sentences: i
     import torch
 
     from sharebert.formats.paths import packaged_corpus
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding, read_sentences
+    from sharebert.training.arguments import DistillWeights, EmbeddingArgs
+    from sharebert.training.distill_embedding import distill_embedding
+    from sharebert.training.distill_sentences import read_sentences
     from sharebert.training.teacher import teacher_tokenizer
     from sharebert.training.threads import fit_student_threads
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from sharebert.formats.model_folder import load_config, load_tokenizer
 from sharebert.formats.paths import data_path
-from sharebert.training.distill import load_teacher
+from sharebert.training.distill_teacher import load_teacher
 from sharebert.training.encoded import encode, predict_logits
 from sharebert.training.finetune import load_classifier
 from sharebert.training.glue import get_task, read_split

@@ -20,8 +20,8 @@ from pathlib import Path
 def main() -> None:
     from sharebert.accounting.budget import parse_size, student_for
     from sharebert.pipelines.plan import student_overrides, student_vocabulary
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.arguments import DistillWeights, EmbeddingArgs
+    from sharebert.training.distill_embedding import distill_embedding
     from sharebert.training.teacher import (
         student_fields,
         teacher_shape,

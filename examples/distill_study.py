@@ -23,7 +23,8 @@ import statistics  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from sharebert.formats.build import build_model  # noqa: E402
-from sharebert.training.distill import DistillArgs, distill_glue  # noqa: E402
+from sharebert.training.arguments import DistillArgs  # noqa: E402
+from sharebert.training.distill import distill_glue  # noqa: E402
 from sharebert.training.finetune import FinetuneArgs, finetune  # noqa: E402
 from sharebert.training.glue import get_task  # noqa: E402
 

@@ -86,9 +86,9 @@ BUDGETED = {
     "sharebert.training.pretrain:pretrain": {"args": "sharebert.training.arguments:PretrainArgs"},
     "sharebert.training.finetune:finetune": {"args": "sharebert.training.arguments:FinetuneArgs"},
     "sharebert.training.distill:distill_glue": {"args": "sharebert.training.arguments:DistillArgs"},
-    "sharebert.training.distill:distill_mlm": {"args": "sharebert.training.arguments:DistillArgs"},
+    "sharebert.training.distill_mlm:distill_mlm": {"args": "sharebert.training.arguments:DistillArgs"},
     "sharebert.training.distill_embedding:distill_embedding": {
-        "args": "sharebert.training.distill_embedding:EmbeddingArgs",
+        "args": "sharebert.training.arguments:EmbeddingArgs",
         "eval_limit": "max_eval_samples",
     },
     "sharebert.pipelines.compress:compress": {"eval_limit": "max_eval_samples"},  # the artifact's STS-B too

@@ -291,8 +291,7 @@ def _check_teacher_options(args, classifier: bool) -> None:
 
 def _recipes(args, classifier: bool):
     """The embedding distillation's recipe and a classifier's task distillation's, sharing the step options."""
-    from ..training.distill import DistillArgs, DistillWeights
-    from ..training.distill_embedding import EmbeddingArgs
+    from ..training.arguments import DistillArgs, DistillWeights, EmbeddingArgs
 
     steps = dict(
         epochs=1000.0,

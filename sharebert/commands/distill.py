@@ -197,7 +197,7 @@ def _check_objective_options(args, weights) -> None:
 def _run_mlm(args, dargs) -> int:
     if args.task:
         raise ValueError("--task is for --objective glue; --objective mlm reads --train text or --data")
-    from ..training.distill import distill_mlm  # torch: once the options are known to be good
+    from ..training.distill_mlm import distill_mlm  # torch: once the options are known to be good
 
     m = distill_mlm(
         args.teacher,
@@ -249,7 +249,8 @@ def _run_embedding(args, dargs) -> int:
     from dataclasses import asdict
 
     from ..model.shape import parse_overrides
-    from ..training.distill_embedding import EmbeddingArgs, distill_embedding
+    from ..training.arguments import EmbeddingArgs
+    from ..training.distill_embedding import distill_embedding
 
     if args.task:
         raise ValueError("--task is for --objective glue; --objective embedding reads --train text or --data")

@@ -97,7 +97,7 @@ def compress(
     also ``out/web``, the student as transformers.js loads it (``--web``)."""
     from ..accounting.budget import student_for
     from ..training.callbacks import latest_checkpoint, resume_from
-    from ..training.distill import check_encoder
+    from ..training.distill_teacher import check_encoder
     from ..training.teacher import student_fields, teacher_tokenizer
 
     out, _ = precheck(teacher, out, limits, train, data, overwrite, resume, eval_pairs)  # nothing loaded or changed
@@ -112,7 +112,7 @@ def compress(
         )
     t_tok = teacher_tokenizer(teacher)
     if data is not None:  # refused before anything is written
-        from ..training.distill_embedding import check_data
+        from ..training.distill_embedding_setup import check_data
 
         check_data(data, train, t_tok, teacher)
     vocab = student_vocabulary(teacher, t_tok, limits, args, train, data, vocab_size, say)

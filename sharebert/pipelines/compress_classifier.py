@@ -151,7 +151,8 @@ def compress_classifier(
     from ..accounting.budget import student_for
     from ..formats.paths import data_path
     from ..training.callbacks import resume_from
-    from ..training.distill import check_cut_task, check_teacher_labels
+    from ..training.distill import check_cut_task
+    from ..training.distill_teacher import check_teacher_labels
     from ..training.glue import task_file
     from ..training.teacher import student_fields, teacher_config, teacher_shape, teacher_tokenizer
 

@@ -102,7 +102,7 @@ def fingerprint(teacher, student: dict, train, data, objective: str) -> dict:
     """What a ``--resume`` must find unchanged (``fingerprint.run_fingerprint``): the teacher's files, the
     student's shape, the training data (``--train`` files, the ``--data`` manifest, or the default corpus's files)
     and the objective."""
-    from ..training.distill_embedding import default_corpus
+    from ..training.distill_sentences import default_corpus
     from ..training.fingerprint import data_files, run_fingerprint
 
     return run_fingerprint(
@@ -201,7 +201,7 @@ def publish_student(work: Path, out: Path, portable: bool) -> Path:
     where sharebert is not installed) unless ``portable`` is False."""
     from ..model.modeling_sharebert import AUTO_CLASSES
     from ..model.portable import make_portable
-    from ..training.distill import TARGETS_FILE
+    from ..training.distill_run import TARGETS_FILE
 
     run_files = {"checkpoints", "metrics.json", "log_history.json", "curves.png", MARK, ".lock"}
     tmp = out.with_name(f".{out.name}.partial")

@@ -331,7 +331,8 @@ def student_vocabulary(
     """The teacher's vocabulary cut for the student (``training.vocab.plan_vocabulary``), or None to keep it whole.
     The cut keeps the tokens of the --train text (default corpus) and of ``more_text()`` (a classifier: its task's
     training text); ``num_labels``: a classifier's, whose head the budget counts."""
-    from ..training.distill_embedding import IN_MEMORY, default_corpus, read_sentences
+    from ..training.distill_embedding import IN_MEMORY
+    from ..training.distill_sentences import default_corpus, read_sentences
     from ..training.vocab import plan_vocabulary
 
     if data is not None:
@@ -369,7 +370,8 @@ def planned_steps(budget, args) -> int | None:
 
 def available_sentences(train, args) -> int:
     """The sentences the training text offers (as the distillation reads them, at most ``--max-train-samples``)."""
-    from ..training.distill_embedding import IN_MEMORY, default_corpus, read_sentences
+    from ..training.distill_embedding import IN_MEMORY
+    from ..training.distill_sentences import default_corpus, read_sentences
 
     return len(read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY))
 
@@ -397,15 +399,12 @@ def measure_before_export(teacher, t_tok, overrides: dict, rows: int, train, arg
 
     import torch
 
-    from ..training.distill_embedding import (
-        IN_MEMORY,
-        RATE_SAMPLE,
-        build_student,
-        default_corpus,
-        encode,
-        load_encoder,
-        read_sentences,
-    )
+    from ..training.distill_embedding import IN_MEMORY
+    from ..training.distill_embedding_budget import RATE_SAMPLE
+    from ..training.distill_embedding_model import load_encoder
+    from ..training.distill_embedding_setup import build_student
+    from ..training.distill_sentences import default_corpus, read_sentences
+    from ..training.sentence_vectors import encode
     from ..training.threads import fit_threads, step_seconds, training_batch, user_threads
 
     estimate = budget is not None and budget.min_steps is not None and not exported  # else no refusal can come

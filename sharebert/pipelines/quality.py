@@ -140,7 +140,7 @@ def quality_texts(eval_pairs=None, limit: int | None = None) -> list[list[str]]:
     """The lists of texts :func:`embedding_quality` encodes, each through teacher and student, in its order: the
     held-out sentences, the search queries and corpus, ``--eval-pairs``' two sides, STS-B dev's two sides."""
     from ..formats.paths import packaged_heldout, packaged_search
-    from ..training.distill_embedding import sts_available, sts_dev
+    from ..training.distill_sentences import sts_available, sts_dev
 
     held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
     texts = [held[: max(limit, 3)] if limit else held, *packaged_search()[1::-1]]
@@ -182,8 +182,10 @@ def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit:
 
     from ..formats.paths import packaged_heldout
     from ..formats.recipe import read_recipe
-    from ..training.distill_embedding import encode, load_encoder, recipe_head, sts_available, sts_dev
+    from ..training.distill_embedding_model import load_encoder, recipe_head
+    from ..training.distill_sentences import sts_available, sts_dev
     from ..training.metrics import cosine_spearman
+    from ..training.sentence_vectors import encode
     from ..training.teacher import teacher_tokenizer
 
     recipe = read_recipe(teacher)

@@ -130,6 +130,18 @@ EMBEDDING_LOSSES = ("cosine", "mse")  # the sentence-vector losses of embedding 
 # search top-1 agreement 0.971 vs 0.800 without, held-out cosine 0.558 vs 0.540 (400 steps, docs/RESULTS.md).
 WORD_STRINGS = 1.0
 EMBEDDING_LOSS = "cosine"  # its default: STS-B dev 0.8025 vs mse 0.7784, same run otherwise (docs/DISTILLATION.md)
+
+
+@dataclass(frozen=True)
+class EmbeddingArgs(DistillArgs):
+    """The distillation recipe plus the embedding loss; token-level terms are off unless asked for."""
+
+    loss: str = EMBEDDING_LOSS
+    init: str = "teacher"  # or "random"
+    words: float = 0.0  # strings of the student's vocabulary words per training sentence (``corpus.with_word_strings``)
+    max_time: float | None = None  # seconds of training (a checkpoint, then the student is saved)
+
+
 # A student built from a preset for embedding distillation trains without dropout (``--set`` overrides it):
 # STS-B dev 0.8183 vs 0.8025 with the presets' 0.1, the same 1,500-step run otherwise (docs/RESULTS.md).
 STUDENT_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}

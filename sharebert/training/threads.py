@@ -145,7 +145,7 @@ def fit_student_threads(
     what the trained one's will) and a :func:`training_batch`; None, building nothing, where the user named a count."""
     if user_threads() is not None:
         return None
-    from .distill_embedding import build_student
+    from .distill_embedding_setup import build_student
 
     model = build_student("sharebert-tiny", overrides, vocab_size)
     return fit_threads(model, training_batch(tok, sentences, batch, seq_len, vocab_size), say)

@@ -90,7 +90,7 @@ def test_the_torch_pool_computes_a_stated_subset_as_the_runtime_and_refuses_the_
     from sharebert.model.modeling_sharebert import TORCH_POOLING
     from sharebert.model.modeling_sharebert import pool as torch_pool
     from sharebert.model.shape import CHOICES
-    from sharebert.training import distill_embedding
+    from sharebert.training import distill_embedding_setup
 
     assert set(TORCH_POOLING) < set(POOLING_MODES)
     assert set(CHOICES["classifier_pooling"]) <= set(TORCH_POOLING)  # a classifier reads [CLS] or the mean
@@ -102,7 +102,7 @@ def test_the_torch_pool_computes_a_stated_subset_as_the_runtime_and_refuses_the_
         with pytest.raises(ValueError) as e:
             torch_pool(torch.from_numpy(hidden), torch.from_numpy(mask), mode)
         assert str(e.value) == f"pooling {mode!r} is not supported ({', '.join(TORCH_POOLING)})"
-    assert distill_embedding.TORCH_POOLING is TORCH_POOLING  # the loss pools the student with this pool
+    assert distill_embedding_setup.TORCH_POOLING is TORCH_POOLING  # the teacher is refused by this list
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def teacher_folder(tmp_path_factory):
 def test_embedding_distillation_takes_a_teacher_exactly_when_the_torch_pool_computes_its_mode(teacher_folder, mode):
     from sharebert.formats.recipe import EmbeddingRecipe, write_recipe
     from sharebert.model.modeling_sharebert import TORCH_POOLING
-    from sharebert.training.distill_embedding import _read_teacher
+    from sharebert.training.distill_embedding_setup import _read_teacher
 
     write_recipe(teacher_folder, EmbeddingRecipe(mode, False), [])
     if mode in TORCH_POOLING:

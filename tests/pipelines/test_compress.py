@@ -13,18 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from sharebert.training.distill_embedding import (
-    HEAD_FIT,
+from sharebert.training.distill_embedding import HEAD_FIT
+from sharebert.training.distill_embedding_model import (
     EmbeddingProjections,
-    build_student,
-    default_corpus,
     embedding_loss,
-    encode,
     fit_head,
     load_encoder,
-    read_sentences,
     recipe_head,
 )
+from sharebert.training.distill_embedding_setup import build_student
+from sharebert.training.distill_sentences import default_corpus, read_sentences
+from sharebert.training.sentence_vectors import encode
 from sharebert_runtime.main import main
 
 SENTENCES = [
@@ -48,8 +47,7 @@ TINY_RUN = dict(overrides={"embedding_size": 32}, progress=False, eval_limit=8) 
 
 def _tiny_args(**fields):
     """``EmbeddingArgs`` of the short runs below: batches of 4 from 16 sentences, the sentence loss alone."""
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs
+    from sharebert.training.arguments import DistillWeights, EmbeddingArgs
 
     weights = DistillWeights(hidden=0, attention=0, embedding=0)
     return EmbeddingArgs(batch_size=4, lr=1e-3, warmup_steps=0, max_train_samples=16, weights=weights, **fields)
@@ -150,7 +148,7 @@ def test_fit_head_recovers_a_linear_map():
 
 
 def test_a_preset_student_trains_without_dropout_unless_set():
-    from sharebert.training.distill_embedding import build_student
+    from sharebert.training.distill_embedding_setup import build_student
 
     plain = build_student("sharebert-tiny", {"embedding_size": 16}, 30522).config
     assert (plain.hidden_dropout_prob, plain.attention_probs_dropout_prob, plain.vocab_size) == (0.0, 0.0, 30522)
@@ -405,8 +403,9 @@ def test_a_student_folder_distilled_further_keeps_its_own_head(compressed, minil
     from transformers import AutoTokenizer
 
     from sharebert.formats.recipe import read_dense_weights, read_recipe
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding, sts_spearman
+    from sharebert.training.arguments import DistillWeights, EmbeddingArgs
+    from sharebert.training.distill_embedding import distill_embedding
+    from sharebert.training.distill_sentences import sts_spearman
 
     student = compressed / "student"
     recipe = read_recipe(student)
@@ -472,8 +471,8 @@ def prepared(minilm_dir, tmp_path_factory):
 def test_embedding_distillation_on_prepared_data(minilm_dir, prepared, tmp_path):
     """``--data``: each packed block of the teacher's tokens is one training sentence, the teacher runs per batch
     (no teacher_targets file), the student is saved as a sentence-transformers folder."""
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.arguments import DistillWeights, EmbeddingArgs
+    from sharebert.training.distill_embedding import distill_embedding
 
     args = EmbeddingArgs(
         max_steps=3,
@@ -512,8 +511,8 @@ def test_embedding_distillation_samples_depth_with_token_level_terms(minilm_dir,
     The teacher runs on each batch for that term, so its vectors are computed only for the sentences the
     output projection is fitted on (a pass over every training sentence would go unused)."""
     import sharebert.training.distill_embedding as de
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.arguments import DistillWeights, EmbeddingArgs
+    from sharebert.training.distill_embedding import distill_embedding
 
     monkeypatch.setattr(de, "HEAD_FIT", 4)
 
@@ -1049,8 +1048,8 @@ def test_a_student_as_wide_as_its_teacher_keeps_its_own_head(minilm_dir, tmp_pat
     from dataclasses import replace
 
     from sharebert.formats.recipe import DenseLayer, read_dense_weights, read_recipe, write_recipe
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.arguments import DistillWeights, EmbeddingArgs
+    from sharebert.training.distill_embedding import distill_embedding
 
     args = EmbeddingArgs(
         max_steps=1,
@@ -1086,7 +1085,8 @@ def test_overwrite_then_resume_continues_the_new_run(minilm_dir, tmp_path):
     (never the replaced run's newest checkpoint); a `--resume` on other sentences is refused. A folder killed after
     the teacher's pass and before its first checkpoint is recognised as a distillation's (so --overwrite and
     --resume take it)."""
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.arguments import EmbeddingArgs
+    from sharebert.training.distill_embedding import distill_embedding
 
     out = tmp_path / "run"
     args = _tiny_args(max_steps=4)
@@ -1153,9 +1153,10 @@ def test_a_checkpoint_whose_projections_do_not_fit_is_one_line(minilm_dir, tmp_p
     student's own Dense head) is refused in one line naming the file."""
     from safetensors.torch import load_file, save_file
 
+    from sharebert.training.arguments import EmbeddingArgs
     from sharebert.training.callbacks import mark_complete
-    from sharebert.training.distill import PROJECTIONS_FILE
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.distill_embedding import distill_embedding
+    from sharebert.training.distill_run import PROJECTIONS_FILE
 
     out = tmp_path / "run"
     args = _tiny_args(max_steps=2)
@@ -1195,7 +1196,8 @@ def test_a_finished_run_whose_results_were_lost_writes_its_figures_again(minilm_
 def test_finished_max_time_run_resumed_is_kept(minilm_dir, tmp_path, capsys, stepped_clock):
     """A run its --max-time stopped, resumed with the same limit, takes no step and keeps its results (metrics
     untouched); a larger --max-time trains on from where it stopped."""
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.arguments import EmbeddingArgs
+    from sharebert.training.distill_embedding import distill_embedding
 
     out = tmp_path / "run"
     args = _tiny_args(max_time=4, epochs=1000)
@@ -1246,7 +1248,7 @@ def test_distill_embedding_cli_scores_max_eval_samples_pairs(minilm_dir, tmp_pat
         == 0
     )
     assert json.loads((out / "metrics.json").read_text())["sts_dev_pairs"] == 20
-    from sharebert.training.distill_embedding import sts_dev
+    from sharebert.training.distill_sentences import sts_dev
 
     assert len(sts_dev(10**6).labels) == len(sts_dev().labels) == 1500  # the count scored, not the limit asked
 
@@ -1285,7 +1287,8 @@ def test_teacher_fingerprint_covers_shards_and_named_modules(tmp_path):
     """Sharded weights (and their index) and a Dense module that modules.json names at any depth are part of the
     caches' key (were not: a changed sharded or nested-module teacher reused stale vectors); an unrelated deep
     file is not read. An embedding checkpoint is not resumed as a task distillation's."""
-    from sharebert.training.distill import check_same_data, teacher_fingerprint
+    from sharebert.training.distill_run import check_same_data
+    from sharebert.training.fingerprint import teacher_fingerprint
 
     t = tmp_path / "t"
     (t / "modules" / "2_Dense").mkdir(parents=True)

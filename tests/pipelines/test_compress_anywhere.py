@@ -199,7 +199,7 @@ def test_compress_takes_a_folder_named_masked_lm_and_refuses_a_budget_too_small(
 
 def test_defaults_fall_back_to_the_packaged_text_without_a_data_folder(tmp_path, monkeypatch):
     from export.exporter import default_check_file
-    from sharebert.training.distill_embedding import default_corpus, sts_available
+    from sharebert.training.distill_sentences import default_corpus, sts_available
 
     monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path))
     assert default_corpus() == [packaged_corpus()]
@@ -285,7 +285,8 @@ def test_agreement_and_calibration_of_a_perturbed_teacher(minilm_dir, tmp_path, 
 
     from sharebert.formats.recipe import read_recipe
     from sharebert.pipelines.quality import embedding_quality
-    from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
+    from sharebert.training.distill_embedding_model import load_encoder, recipe_head
+    from sharebert.training.sentence_vectors import encode
 
     monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path / "empty"))
     recipe, model, tok = read_recipe(minilm_dir), load_encoder(minilm_dir), AutoTokenizer.from_pretrained(minilm_dir)
@@ -476,7 +477,7 @@ def test_the_published_student_is_the_model_alone_portable_and_reads_what_its_po
     from sharebert.model.configuration_sharebert import ShareBertConfig
     from sharebert.model.modeling_sharebert import ShareBertModel
     from sharebert.pipelines.out_folder import publish_student
-    from sharebert.training.distill_embedding import save_student
+    from sharebert.training.distill_embedding_model import save_student
     from sharebert_runtime.outdir import mark_out
 
     work = tmp_path / "work" / "student"
@@ -578,7 +579,7 @@ def test_the_teachers_quality_vectors_are_computed_once_per_teacher(tmp_path, mo
 
 def test_padded_tokens_of_a_length_sorted_pass():
     """The teacher's pass sorts its texts by length: each batch costs its longest text times its size."""
-    from sharebert.training.distill_embedding import padded_tokens
+    from sharebert.training.distill_embedding_budget import padded_tokens
 
     assert padded_tokens([5, 1, 3, 2], batch=2) == 2 * 2 + 2 * 5  # batches (1, 2) and (3, 5)
     assert padded_tokens([7, 7, 7], batch=2) == 21 and padded_tokens([4], batch=64) == 4

@@ -39,7 +39,7 @@ def test_a_budget_too_small_is_refused_before_the_export_naming_the_smallest_wit
     """Before the export: the estimated export counts in the reserve; the refusal names --max-time N, the least whole
     10 s whose plan gives TRAINED_STEPS with that export to come; N passes and says the estimate, N - 10 does not.
     The estimate is dropped after the plan (the real plan, after the export, counts the seconds it took)."""
-    from sharebert.training.distill_embedding import RATE_SAMPLE
+    from sharebert.training.distill_embedding_budget import RATE_SAMPLE
 
     said = []
     export = TEACHER_RUNGS * (TimeBudget.EXPORT_SECONDS + EXPORT_SENTENCES / 50.0) + RATE_SAMPLE / 50.0
@@ -148,9 +148,9 @@ def test_a_resumed_distillation_under_a_budget_continues_its_run_clock(tmp_path,
     budget less the first run's time before training), continuing from 2 s to 3 s at step 6."""
     from tiny_teachers import build
 
+    from sharebert.training.arguments import DistillWeights, EmbeddingArgs
     from sharebert.training.callbacks import latest_checkpoint, trainer_state
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.distill_embedding import distill_embedding
     from sharebert_runtime.outdir import read_json
 
     weights = DistillWeights(hidden=0, attention=0, embedding=0)

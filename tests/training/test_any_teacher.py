@@ -169,8 +169,8 @@ def _student_cosine(student_dir, teacher_dir, sentences) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", list(ARCHITECTURES))
 def test_short_distillation_of_any_teacher_improves_the_students_cosine(teachers, model_type, tmp_path):
-    from sharebert.training.distill import DistillWeights
-    from sharebert.training.distill_embedding import EmbeddingArgs, distill_embedding
+    from sharebert.training.arguments import DistillWeights, EmbeddingArgs
+    from sharebert.training.distill_embedding import distill_embedding
     from sharebert.training.teacher import student_fields, teacher_tokenizer
     from sharebert.training.vocab import cut_vocabulary
 

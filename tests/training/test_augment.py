@@ -12,8 +12,10 @@ from transformers import BertTokenizerFast
 
 from sharebert.formats.build import build_model
 from sharebert.formats.paths import data_path, default_vocab
+from sharebert.training.arguments import DistillArgs, DistillWeights
 from sharebert.training.augment import IGNORE_LABEL, augment, nearest_words, word_ids
-from sharebert.training.distill import DistillArgs, DistillWeights, distill_glue, hard_loss
+from sharebert.training.distill import distill_glue
+from sharebert.training.distill_losses import hard_loss
 from sharebert.training.encoded import encode
 from sharebert.training.glue import get_task, read_split
 
@@ -86,7 +88,7 @@ def test_hard_loss_skips_copies_and_is_zero_for_a_batch_of_copies_only(labels, r
 
 def test_agreed_labels_keep_a_gold_label_only_where_the_teacher_gives_it():
     """compress's task distillation: a row the teacher labels wrong teaches by the teacher's logits alone."""
-    from sharebert.training.distill import WithTeacherLogits
+    from sharebert.training.distill_teacher import WithTeacherLogits
     from sharebert.training.encoded import EncodedSplit
 
     ds = EncodedSplit({"input_ids": [[2, 5, 3]] * 4, "attention_mask": [[1, 1, 1]] * 4}, [1, 0, 1, IGNORE_LABEL])

@@ -16,7 +16,9 @@ from sharebert.formats.build import build_model
 from sharebert.formats.model_folder import load_tokenizer
 from sharebert.formats.paths import data_path, default_vocab
 from sharebert.model.modeling_sharebert import ShareBertModel
-from sharebert.training.distill import DistillArgs, distill_glue, layer_map, pairs_that_ran
+from sharebert.training.arguments import DistillArgs
+from sharebert.training.distill import distill_glue
+from sharebert.training.distill_losses import layer_map, pairs_that_ran
 from sharebert.training.evaluate import evaluate_glue
 from sharebert.training.finetune import load_classifier
 from sharebert.training.glue import get_task

@@ -14,18 +14,11 @@ from sharebert.formats.build import build_model, config_for_vocab
 from sharebert.formats.model_folder import load_model
 from sharebert.formats.paths import data_path, default_vocab
 from sharebert.model.modeling_sharebert import ShareBertForSequenceClassification
-from sharebert.training.distill import (
-    PROJECTIONS_FILE,
-    DistillArgs,
-    DistillWeights,
-    Projections,
-    distill_glue,
-    distill_losses,
-    head_groups,
-    layer_map,
-    load_teacher,
-    soft_kl,
-)
+from sharebert.training.arguments import DistillArgs, DistillWeights
+from sharebert.training.distill import distill_glue
+from sharebert.training.distill_losses import Projections, distill_losses, head_groups, layer_map, soft_kl
+from sharebert.training.distill_run import PROJECTIONS_FILE
+from sharebert.training.distill_teacher import load_teacher
 from sharebert.training.encoded import encode, predict_logits
 from sharebert.training.glue import get_task, read_split
 from sharebert_runtime.main import main

@@ -171,7 +171,7 @@ def test_missing_files_and_tasks(tmp_path):
 def test_unlabelled_sentences_of_every_layout_come_from_the_text_fields():
     """``read_sentences`` (distillation's ``--train``) takes a .tsv's text by GLUE header names, or by CoLA's
     headerless layout: CoLA's first row is a sentence, not a header, and field 0 (its source code) is no text."""
-    from sharebert.training.distill_embedding import read_sentences
+    from sharebert.training.distill_sentences import read_sentences
     from sharebert.training.glue import text_fields
 
     assert text_fields(["\ufeffsentence1", "x", "sentence2"]) == ([0, 2], True)

@@ -8,7 +8,8 @@ import pytest
 from tiny_teachers import build, training_text
 
 from sharebert.formats.recipe import read_recipe
-from sharebert.training.distill_embedding import encode, load_encoder, recipe_head
+from sharebert.training.distill_embedding_model import load_encoder, recipe_head
+from sharebert.training.sentence_vectors import encode
 from sharebert.training.teacher import teacher_tokenizer
 from sharebert.training.teacher_vectors import TeacherPass, artifact_keeps
 

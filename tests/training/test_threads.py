@@ -143,7 +143,7 @@ def test_a_count_whose_first_step_takes_twice_the_best_is_given_up_after_it():
 def test_a_real_step_is_timed_and_leaves_no_gradient_nor_a_used_random_state(set_threads):
     """The student's step on a batch: finite seconds at the count asked; the model's gradients cleared and torch's
     random state as it was (a run's draws do not depend on when it measured)."""
-    from sharebert.training.distill_embedding import build_student
+    from sharebert.training.distill_embedding_setup import build_student
 
     model = build_student("sharebert-tiny", {"embedding_size": 32}, 3000)
     batch = {"input_ids": torch.randint(0, 3000, (4, 12)), "attention_mask": torch.ones(4, 12, dtype=torch.long)}
