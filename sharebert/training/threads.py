@@ -26,6 +26,8 @@ from transformers import TrainerCallback
 TIE = 0.9
 SHIFT = 1.5  # the current count's step this many times slower (or faster) than when chosen: measure every count again
 PERIOD = 30.0  # seconds of training between two checks of the current count (a check: one step on the fixed batch)
+# doubled after each re-measure that kept the count: on the loaded box the step moved 0.6-1.7x every minute with the
+# machine's speed, and each re-measure costs a step at the other counts (one at 2 threads took 5-8 s there)
 CHECKS = 20  # and at least this many of its steps: a check costs at most 1/20 of training on a slow machine
 LOAD_SHIFT = 1.0  # the cores the load leaves free (1-minute average) moved by one since the choice: measure again
 
@@ -168,7 +170,7 @@ class FitThreads(TrainerCallback):
 
     def __init__(self, batch, counts, seconds, chosen, say=print, clock=time.monotonic, load=_load, timer=None):
         self.batch, self.counts, self.say = batch, tuple(counts), say
-        self.cpus = max(self.counts)
+        self.cpus, self.period = max(self.counts), PERIOD
         self.clock, self.load, self.timer = clock, load, timer or step_seconds
         self.changes = []
         self._chose(seconds, chosen)
@@ -188,7 +190,7 @@ class FitThreads(TrainerCallback):
         self.checked = self.clock()  # the count was chosen before the teacher's export and pass: a period from now
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if model is None or self.clock() - self.checked < max(PERIOD, CHECKS * self.reference):
+        if model is None or self.clock() - self.checked < max(self.period, CHECKS * self.reference):
             return
         self.checked = self.clock()
         now = self.timer(model, self.batch, self.threads, warm=True)
@@ -207,6 +209,7 @@ class FitThreads(TrainerCallback):
         why = f"the load moved to {self.load():.1f}" if moved else f"steps took {now / self.reference:.1f}x as long"
         if chosen != self.threads:
             self.changes.append((state.global_step, chosen))
+        self.period = PERIOD if chosen != self.threads else 2 * self.period
         self.say(f"threads at step {state.global_step} ({why}): {describe(seconds, chosen)}")
         torch.set_num_threads(chosen)
         self._chose(seconds, chosen)

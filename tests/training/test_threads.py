@@ -185,3 +185,20 @@ def test_the_first_check_comes_a_period_after_training_begins(set_threads):
     clock.now = 100.0 + th.PERIOD
     fit.on_step_end(None, _State(), None, model=object())
     assert timed == [(2, True)] and said == []
+
+
+def test_a_remeasure_that_keeps_the_count_doubles_the_period_and_a_change_resets_it(set_threads):
+    """The machine's speed moving every minute (a step 0.6-1.7x) re-measured every period: each re-measure that
+    keeps the count doubles the period, so their cost falls; a change of count starts again from PERIOD."""
+    clock, said, step = _Clock(), [], {1: 0.5, 2: 0.4}
+    fit, timed = _fit(step, [1.0], clock, said)
+    clock.now = th.PERIOD
+    fit.on_step_end(None, _State(), None, model=object())  # 2x slower, 2 threads still the faster: kept
+    assert fit.threads == 2 and fit.period == 2 * th.PERIOD
+    step[2] = 0.9
+    clock.now = th.PERIOD + 2 * th.PERIOD - 1
+    fit.on_step_end(None, _State(), None, model=object())
+    assert fit.threads == 2 and len(said) == 1
+    clock.now = th.PERIOD + 2 * th.PERIOD
+    fit.on_step_end(None, _State(), None, model=object())
+    assert fit.threads == 1 and fit.period == th.PERIOD and len(said) == 2
