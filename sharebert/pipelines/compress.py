@@ -240,6 +240,7 @@ def _compress(
         budget=budget if data is None else None,
         callbacks=tuple(c for c in (stopper, threads) if c is not None),  # threads: training.threads.FitThreads
         vocab=vocab,
+        teacher_artifact=t_art,  # the teacher's pass runs there where it keeps the teacher
     )
     if stopper is not None and stopper.received:
         return {"stopped": True, "steps": m["steps"]}

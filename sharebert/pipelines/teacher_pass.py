@@ -17,6 +17,12 @@ from sharebert_runtime.outdir import read_json, write_json
 # Measured (docs/RESULTS.md): all-MiniLM-L6-v2's sentence embeddings at int8-dynamic 0.9866 mean cosine to fp32
 # (refused), int8 weight-only 0.9987, fp16 0.99999994; ORT's dynamic int8 compute is what loses them.
 TEACHER_QUANTIZATIONS = ("int8-dynamic", "int8", "fp16", "none")
+# A teacher this large starts at weight-only int8, the cheapest rung sure to keep it (its weights alone rounded, fp32
+# compute): int8-dynamic's per-call activation scales lost every real sentence encoder measured (all-MiniLM-L6-v2
+# 0.985, a 109M MPNet -0.10, both < TEACHER_COSINE), and a refused rung is a whole export (MiniLM on 2 loaded cores:
+# 75 of the ladder's 150 s). Bytes of its weight files: 10M fp32 parameters; the tests' tiny teachers (~0.5 MB) keep
+# the whole ladder.
+LARGE_TEACHER = 40_000_000
 
 
 TEACHER_COSINE = 0.99
@@ -56,11 +62,12 @@ def export_teacher(teacher, out: Path, task: str, progress: bool, say=print) -> 
 
 
 def _teacher_ladder(teacher, out: Path, task: str, progress: bool, say) -> tuple[str, dict]:
-    """The first of :data:`TEACHER_QUANTIZATIONS` that keeps the teacher, exported into ``out``, and the refusals."""
+    """The first rung of the teacher's ladder (:func:`teacher_ladder`) that keeps it, exported into ``out``, and the
+    refusals."""
     from ..export import export_model
 
     manifest, refused = out / "manifest.json", {}
-    for mode in TEACHER_QUANTIZATIONS:
+    for mode in teacher_ladder(teacher):
         try:
             export_model(
                 teacher,
@@ -86,6 +93,13 @@ def _teacher_ladder(teacher, out: Path, task: str, progress: bool, say) -> tuple
     )
 
 
+def teacher_ladder(folder) -> tuple[str, ...]:
+    """The quantizations tried for the teacher in ``folder``, in order: :data:`TEACHER_QUANTIZATIONS`, from int8 on
+    for a teacher whose weight files hold more than :data:`LARGE_TEACHER` bytes."""
+    weights = sum(f.stat().st_size for f in Path(folder).iterdir() if f.suffix in (".safetensors", ".bin"))
+    return TEACHER_QUANTIZATIONS[1:] if weights > LARGE_TEACHER else TEACHER_QUANTIZATIONS
+
+
 def teacher_cache(teacher, task: str) -> Path:
     """The cache folder of a teacher's artifact (``paths.cache_dir``): keyed by the teacher's files
     (``fingerprint.teacher_fingerprint``), the task, the quantization ladder and its bar, and the exporter's code,
@@ -102,7 +116,7 @@ def teacher_cache(teacher, task: str) -> Path:
         [
             teacher_fingerprint(teacher),
             task,
-            TEACHER_QUANTIZATIONS,
+            teacher_ladder(teacher),
             TEACHER_COSINE,
             [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources],
         ]

@@ -82,7 +82,8 @@ def _teacher_targets(vectors, teacher_dir, sentences, width: int, out: Path, pro
             and np.isfinite(cached).all()
         ):
             return cached
-    t = vectors(sentences, desc=f"teacher over {len(sentences):,} training sentences" if progress else None)
+    desc = f"teacher over {len(sentences):,} training sentences ({vectors.describe()})"
+    t = vectors(sentences, desc=desc if progress else None)
     out.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, t)
