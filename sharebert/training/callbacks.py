@@ -59,9 +59,13 @@ def mark_complete(folder: str | Path, step: int) -> None:
 
 
 def _recorded(folder: Path) -> dict | None:
-    """``{name: {"size", "sha256"}}`` from the marker, or None without a readable marker."""
+    """``{name: {"size", "sha256"}}`` from the marker, or None without a readable marker: one that is no regular
+    file of bounded size (a FIFO was waited on forever, a link to /dev/zero read without end), or that lists a file
+    by any other name than a plain one in the checkpoint (``../`` led outside it)."""
     try:
-        files = json.loads((folder / MARKER).read_text())["files"]
+        files = read_json(folder / MARKER)["files"]
+        if any(Path(n).name != n for n in files):
+            return None
         return {n: r if isinstance(r, dict) else {"size": r} for n, r in files.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

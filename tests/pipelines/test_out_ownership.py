@@ -10,6 +10,7 @@ nothing), so a refusal that needs torch fails to come; the workstation commands 
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -493,6 +494,28 @@ def _checkpointed(folder: Path, command: str) -> Path:
     (ckpt / "trainer_state.json").write_text('{"global_step": 2}')
     mark_complete(ckpt, 2)
     return folder
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "outside-name"])
+def test_a_checkpoint_marker_that_is_no_file_of_ours_completes_nothing(tmp_path, kind):
+    """A checkpoint's completion marker made a FIFO (reading it waited forever for a writer), a link to /dev/zero
+    (read whole: without end), or listing a file outside the checkpoint (taken as one of its files, hashed where it
+    lies): the checkpoint is not complete, so --resume sets it aside and takes the one before it."""
+    from sharebert.training.callbacks import MARKER, checkpoints, resume_checkpoint
+
+    out = _checkpointed(tmp_path / "run", "distill") / "checkpoints"
+    bad = out / "checkpoint-4"
+    shutil.copytree(out / "checkpoint-2", bad)
+    if kind == "outside-name":
+        (tmp_path / "outside.bin").write_bytes(b"weights" * 100)
+        record = json.loads((bad / MARKER).read_text())
+        record["files"]["../../../outside.bin"] = record["files"].pop("model.safetensors")
+        (bad / MARKER).write_text(json.dumps(record))
+    else:
+        (bad / MARKER).unlink()
+        os.mkfifo(bad / MARKER) if kind == "fifo" else (bad / MARKER).symlink_to("/dev/zero")
+    assert [(step, ok) for step, _, ok in checkpoints(out)] == [(2, True), (4, False)]
+    assert resume_checkpoint(out, say=lambda line: None) == out / "checkpoint-2"
 
 
 def test_a_copy_of_a_stopped_run_is_vouched_for_by_its_intact_checkpoint(tmp_path):
