@@ -92,11 +92,11 @@ def check_out_dir(
     existing = _nearest_existing(out)
     if existing != out:  # out does not exist: its nearest existing ancestor must be a writable folder
         if not existing.is_dir():
-            raise ValueError(f"--out {given}: {existing} is a file, not a folder")
+            raise ValueError(f"--out {given}: {existing} {_no_folder(existing)}")
         _check_writable(existing, given)
         return out
     if not out.is_dir():
-        raise ValueError(f"--out {given} is a file, not a folder")
+        raise ValueError(f"--out {given} {_no_folder(out)}")
     if any(p.name != OutLock.NAME for p in out.iterdir()):  # a folder holding only a run's lock file is empty
         mine = owned(out)  # once: for a copied run it hashes a checkpoint
         if not mine and legacy is not None and legacy(out):
@@ -127,6 +127,15 @@ def check_out_dir(
             raise ValueError(f"{given} already holds a {kind}; pass --overwrite to replace it")
     _check_writable(out, given)
     return out
+
+
+def _no_folder(path: Path) -> str:
+    """What ``path``, there but no folder, is: a file, or a link that leads nowhere (once called a file)."""
+    if not path.is_symlink():
+        return "is a file, not a folder"
+    if symlink_loop(path):
+        return "is a symbolic link loop, not a folder"
+    return f"is a symbolic link to {os.readlink(path)}, which {'is no folder' if path.exists() else 'does not exist'}"
 
 
 MARK = "sharebert_run.json"  # {"command", "fingerprint"}: the folder is that command's output (module docstring)

@@ -44,3 +44,25 @@ def test_a_local_rank_that_is_no_number_is_refused_naming_it_before_any_work(com
     err = capsys.readouterr().err
     assert "LOCAL_RANK" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_an_out_that_is_a_link_leading_nowhere_is_refused_naming_the_link(tmp_path):
+    """A link to nothing (or a folder under one) was called "a file, not a folder": the refusal now names the link
+    and where it leads; a link to a file says so too, and a real file is still a file."""
+    from sharebert_runtime.outdir import check_out_dir, made_by
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "to-file").symlink_to(tmp_path / "file")
+    cases = {
+        "dangling": f"--out {tmp_path}/dangling is a symbolic link to {tmp_path}/gone, which does not exist",
+        "dangling/run": f"--out {tmp_path}/dangling/run: {tmp_path}/dangling is a symbolic link to {tmp_path}/gone, "
+        "which does not exist",
+        "to-file": f"--out {tmp_path}/to-file is a symbolic link to {tmp_path}/file, which is no folder",
+        "file": f"--out {tmp_path}/file is a file, not a folder",
+    }
+    for name, message in cases.items():
+        with pytest.raises(ValueError) as refused:
+            check_out_dir(tmp_path / name, "compress result", made_by("compress"))
+        assert str(refused.value) == message
+    assert not (tmp_path / "gone").exists()
