@@ -305,7 +305,8 @@ FINGERPRINT = {
 
 def _differs(key: str, old, new) -> str:
     what = FINGERPRINT.get(key, key)
-    if isinstance(old, list) and isinstance(new, list):  # "name:digest" entries: name the files that differ
+    # "name:digest" entries: name the files that differ (a marker edited by hand to hold other types: what only)
+    if all(isinstance(e, list) and all(isinstance(x, str) for x in e) for e in (old, new)):
         names = sorted({e.split(":", 1)[0] for e in set(old) ^ set(new)})
         return f"{what}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
     if isinstance(old, (str, int, float)) and isinstance(new, (str, int, float)) and len(f"{old}{new}") < 120:

@@ -252,6 +252,16 @@ def test_a_resume_of_another_run_is_refused_naming_what_differs(tmp_path):
     assert (tmp_path / MARK).is_file()
 
 
+@pytest.mark.parametrize("saved", [[1, 2], [["train.txt", "cc"]], [{"train.txt": "cc"}], [None]])
+def test_a_hand_edited_fingerprint_of_other_types_is_refused_naming_what_differs(tmp_path, saved):
+    """A marker edited by hand, valid JSON of other types where the run wrote "name:digest" strings: --resume was an
+    internal error (numbers have no split, lists and objects no hash); now the one-line refusal naming the data."""
+    mark_out(tmp_path, "compress", {"data": saved})
+    with pytest.raises(ValueError, match="--resume") as e:
+        check_same_run(tmp_path, {"data": ["train.txt:cc"]})
+    assert "training data" in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.slow
 def test_distill_resume_with_another_teacher_data_or_objective_is_refused(minilm_dir, tmp_path, capfd, monkeypatch):
     """A real short embedding distillation, then --resume with another teacher (a copy whose config differs), other
