@@ -142,10 +142,11 @@ MARK = "sharebert_run.json"  # {"command", "fingerprint"}: the folder is that co
 
 
 def read_mark(out: str | Path) -> dict | None:
-    """The marker :data:`MARK` of ``out`` (a dict naming its command), or None where there is none readable."""
+    """The marker :data:`MARK` of ``out`` (a dict naming its command), or None where there is none readable. A link
+    is none: a copy made of links (``cp -rs``) is no run of its own, and a run there would write through them."""
     path = Path(out) / MARK
     try:
-        if not path.is_file() or path.stat().st_size > 1 << 20:  # ours are a few kB: a huge one is no marker
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:  # ours are a few kB
             return None
         mark = read_json(path)
     except (OSError, ValueError):

@@ -550,6 +550,23 @@ def test_a_copy_of_a_stopped_run_is_vouched_for_by_its_intact_checkpoint(tmp_pat
     assert not made_by("distill")(copy) and made_by("distill")(run)
 
 
+def test_a_copy_made_of_links_is_no_run_of_its_own(tmp_path):
+    """`cp -rs` of a stopped run (real folders, every file a link to the run's): its checkpoint's hashes held through
+    the links, so the copy was vouched for and a --resume there wrote its model through them, over the original
+    run's files. A marker that is a link is no marker: the copy is refused as any folder without one is."""
+    from sharebert_runtime.outdir import made_by
+
+    run = _checkpointed(tmp_path / "run", "distill")
+    (run / "model.safetensors").write_bytes(b"the run's own")
+    copy = tmp_path / "copy"
+    for path in sorted(run.rglob("*")):
+        if path.is_dir():
+            (copy / path.relative_to(run)).mkdir(parents=True)
+        else:
+            (copy / path.relative_to(run)).symlink_to(path)
+    assert made_by("distill")(run) and not made_by("distill")(copy) and read_mark(copy) is None
+
+
 @pytest.mark.parametrize("marker", [None, {"command": "pretrain"}])
 def test_pretrain_takes_no_folder_on_the_word_of_its_names(marker, tmp_path, capsys):
     """The issue's case for pretrain: a user's folder holding a metrics.json and a log.jsonl (and a hand-written
