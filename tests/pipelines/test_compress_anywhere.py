@@ -399,8 +399,11 @@ def test_compress_runs_with_an_empty_data_folder_outside_the_checkout(minilm_use
         in (work / "R" / "report.md").read_text()
     )
     assert not list(empty.iterdir())
-    assert proc.stdout.index("plan for --max-time") < proc.stdout.index("exporting the student")
+    assert proc["stdout"].index("plan for --max-time") < proc["stdout"].index("exporting the student")
     assert not (work / "R" / "work").exists() and not (work / "R" / "student" / "checkpoints").exists()
+    # what the next compress of this teacher skips: its export ladder, its side of the held-out and search rows
+    assert len(list(cache.glob("teacher-artifacts/*/artifact/manifest.json"))) == 1
+    assert len(list(cache.glob("teacher-vectors/*.npy"))) == 3  # held-out sentences, search queries, search corpus
 
 
 def test_time_budget_plans_the_teachers_pass_and_training_within_the_budget(monkeypatch):
