@@ -382,7 +382,7 @@ class OutLock:
         self.path, self.command = Path(out) / self.NAME, command
 
     def __enter__(self):
-        self.f = open(self.path, "a+")
+        self.f = self._open()
         try:
             fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -402,6 +402,21 @@ class OutLock:
     def __exit__(self, *exc):
         fcntl.flock(self.f, fcntl.LOCK_UN)
         self.f.close()
+
+    def _open(self):
+        """The lock file, opened without following a link: one there (or a FIFO, a device) is refused, where it was
+        opened through and truncated to the PID, emptying whatever file the link led to."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise ValueError(f"{self.path} is a symbolic link, not the run's lock file: remove it") from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise ValueError(f"{self.path} is {untrusted.file_kind(mode)}, not the run's lock file: remove it")
+        return open(fd, "a+")
 
 
 def _torchrun(name: str, default: int) -> int:
@@ -452,7 +467,7 @@ def run_lock(out: str | Path, command: str):
         return
     first_new = next((p for p in reversed((out.absolute(), *out.absolute().parents)) if not os.path.lexists(p)), None)
     lock_file = out / OutLock.NAME
-    had_lock = lock_file.exists()
+    had_lock = os.path.lexists(lock_file)  # a link there is the user's, left as it is
     out.mkdir(parents=True, exist_ok=True)
     try:
         with OutLock(out, command):

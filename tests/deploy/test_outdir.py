@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sharebert_runtime.outdir import local_rank, rank, world_size
@@ -66,3 +68,20 @@ def test_an_out_that_is_a_link_leading_nowhere_is_refused_naming_the_link(tmp_pa
             check_out_dir(tmp_path / name, "compress result", made_by("compress"))
         assert str(refused.value) == message
     assert not (tmp_path / "gone").exists()
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_lock_file_that_is_no_regular_file_is_refused_and_left_alone(tmp_path, kind):
+    """The run's lock file was opened through a link and truncated to the PID: a `.lock` leading to a file outside
+    the folder emptied that file. A link or a FIFO there is refused in one line naming it, nothing written."""
+    from sharebert_runtime.outdir import OutLock
+
+    outside = tmp_path / "important.txt"
+    outside.write_text("the user's own\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").symlink_to(outside) if kind == "link" else os.mkfifo(out / ".lock")
+    with pytest.raises(ValueError, match=r"out/\.lock is (a symbolic link|a FIFO)[^\n]*remove it") as refused:
+        with OutLock(out, "compress"):
+            pass
+    assert "\n" not in str(refused.value) and outside.read_text() == "the user's own\n"
