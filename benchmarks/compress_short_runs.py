@@ -20,10 +20,12 @@ def student_overrides(teacher) -> dict:
     """compress's student for ``teacher`` under 5M learned parameters, as ``--set`` overrides."""
     from sharebert.accounting.budget import student_for
     from sharebert.pipelines.plan import STUDENT_FIELDS, embedding_shape
-    from sharebert.training.teacher import student_fields, teacher_tokenizer
+    from sharebert.pipelines.run import Teacher
+    from sharebert.training.teacher import student_fields
 
+    teacher = Teacher.read(teacher)
     cand, _ = student_for(embedding_shape(teacher), {"max_params": 5e6})
-    return {**{k: cand.config[k] for k in STUDENT_FIELDS}, **student_fields(teacher_tokenizer(teacher))}
+    return {**{k: cand.config[k] for k in STUDENT_FIELDS}, **student_fields(teacher.tokenizer)}
 
 
 def agreement(teacher, student) -> dict:

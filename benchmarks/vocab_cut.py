@@ -20,6 +20,7 @@ from pathlib import Path
 def main() -> None:
     from sharebert.accounting.budget import parse_size, student_for
     from sharebert.pipelines.plan import student_overrides, student_vocabulary
+    from sharebert.pipelines.run import CompressOptions, CompressRun, Teacher
     from sharebert.training.arguments import DistillWeights, EmbeddingArgs
     from sharebert.training.distill_embedding import distill_embedding
     from sharebert.training.teacher import (
@@ -53,9 +54,8 @@ def main() -> None:
     )
     for name in a.vocabularies:
         start = time.time()
-        vocab = (
-            None if name == "full" else student_vocabulary(a.teacher, tok, limits, args, None, None, int(name), print)
-        )
+        options = CompressOptions(a.teacher, a.out, limits, args, vocab_size=int(name) if name != "full" else None)
+        vocab = None if name == "full" else student_vocabulary(CompressRun(options, Teacher.read(a.teacher), a.out))
         shape = {**teacher_shape(a.teacher), **({"vocab_size": vocab.table_rows} if vocab else {})}
         cand, head = student_for(shape, limits)
         overrides = {**student_overrides(cand), **student_fields(tok)}

@@ -91,7 +91,7 @@ BUDGETED = {
         "args": "sharebert.training.arguments:EmbeddingArgs",
         "eval_limit": "max_eval_samples",
     },
-    "sharebert.pipelines.compress:compress": {"eval_limit": "max_eval_samples"},  # the artifact's STS-B too
+    "sharebert.pipelines.plan:precheck": {"options": "sharebert.pipelines.run:CompressOptions"},  # compress's STS-B
     "sharebert.training.evaluate:_dev_sets": {"max_eval_samples": "max_eval_samples"},
     "sharebert.training.evaluate:word_analogy": {"max_questions": "max_questions"},
     "sharebert.training.depth_table:depth_table": {

@@ -168,6 +168,7 @@ TORCH_FREE = (
     "sharebert.pipelines.report_rows",
     "sharebert.pipelines.picture",
     "sharebert.pipelines.classifier_report",
+    "sharebert.pipelines.run",
     "sharebert.training.fingerprint",  # compress checks its inputs torch-free
     *DEPLOY_HELPERS,
 )

@@ -171,14 +171,15 @@ def run(args) -> int:
     started = process_start()  # --max-time bounds the whole command (an encoder teacher), from the process's start
     limits = _limits(args)
 
-    from ..pipelines.plan import is_classifier, precheck
+    from ..pipelines.plan import precheck
 
-    # every check that needs no model comes first, torch not imported yet (a bad --train or --out: < 2 s)
-    _, raw = precheck(
-        args.teacher, args.out, limits, args.train, args.data, args.overwrite, args.resume, args.eval_pairs
-    )
-    classifier = is_classifier(raw)
+    # every check that needs no model comes first, torch not imported yet (a bad --train or --out: < 2 s); the
+    # teacher's config.json is read there, once for the whole run (pipelines.run.Teacher)
+    compress_run = precheck(_options(args, limits))
+    classifier = compress_run.teacher.is_classifier
     _check_teacher_options(args, classifier)
+
+    from dataclasses import replace
 
     from sharebert_runtime.outdir import run_lock
 
@@ -187,43 +188,16 @@ def run(args) -> int:
     from ..training.callbacks import SignalCheckpoint, StopRequested
 
     eargs, task_args = _recipes(args, classifier)
+    compress_run.options = replace(compress_run.options, args=eargs, task_args=task_args)
     resume = "continue with the same command plus --resume"
     try:
         with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
+            compress_run.stopper = stopper
             if classifier:
-                r = compress_classifier(
-                    args.teacher,
-                    args.out,
-                    limits,
-                    eargs,
-                    task_args,
-                    task=args.task,
-                    train=args.train,
-                    overwrite=args.overwrite,
-                    resume=args.resume,
-                    stopper=stopper,
-                    vocab_size=args.vocab_size,
-                    web=args.web,
-                )
+                r = compress_classifier(compress_run)
             else:
-                r = compress(
-                    args.teacher,
-                    args.out,
-                    limits,
-                    eargs,
-                    train=args.train,
-                    data=args.data,
-                    overwrite=args.overwrite,
-                    resume=args.resume,
-                    eval_pairs=args.eval_pairs,
-                    budget=_budget(args, started),
-                    portable=args.portable,
-                    keep_work=args.keep_work,
-                    stopper=stopper,
-                    task=args.task,
-                    vocab_size=args.vocab_size,
-                    web=args.web,
-                )
+                compress_run.budget = _budget(args, started)
+                r = compress(compress_run)
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)
         return 128 + e.signum
@@ -234,6 +208,29 @@ def run(args) -> int:
     _print_result(r)
     print(f"report.md, report.json, report.png -> {args.out}")
     return 0
+
+
+def _options(args, limits: dict):
+    """What the user asked, as the run carries it (``pipelines.run.CompressOptions``); the distillation's recipes
+    (``_recipes``) are added once the checks have told an encoder from a classifier."""
+    from ..pipelines.run import CompressOptions
+
+    return CompressOptions(
+        teacher=args.teacher,
+        out=args.out,
+        limits=limits,
+        args=None,
+        task=args.task,
+        train=args.train,
+        data=args.data,
+        eval_pairs=args.eval_pairs,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        portable=args.portable,
+        keep_work=args.keep_work,
+        vocab_size=args.vocab_size,
+        web=args.web,
+    )
 
 
 def _budget(args, started: float):

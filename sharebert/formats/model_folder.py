@@ -181,9 +181,11 @@ def sharebert_fields(raw: dict, path: str | Path = "config.json") -> dict:
     return fields
 
 
-def shape_fields(model_dir: str | Path) -> dict:
-    """Only the shape fields of a model folder's config (for ``ModelShape``, torch-free)."""
-    fields = sharebert_fields(read_config(model_dir), Path(model_dir) / "config.json")
+def shape_fields(model_dir: str | Path, raw: dict | None = None) -> dict:
+    """Only the shape fields of a model folder's config (for ``ModelShape``, torch-free); ``raw``: its config.json
+    where the caller has read it already (``read_config``'s checks)."""
+    raw = read_config(model_dir) if raw is None else raw
+    fields = sharebert_fields(raw, Path(model_dir) / "config.json")
     return {k: v for k, v in fields.items() if k in CONFIG_FIELDS}
 
 
@@ -472,17 +474,18 @@ def check_has_tokenizer(model_dir: Path) -> None:
         )
 
 
-def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...] = ()):
+def load_tokenizer(model_dir: str | Path, vocab_size: int, needs: tuple[str, ...] = (), config=None):
     """The model folder's fast tokenizer; a clear error when it is missing, damaged, larger than a
     ``vocab_size`` model (ids past the embedding table) or lacks a special token the caller ``needs``
-    (``"pad"``, ``"mask"``, ``"cls"``, ``"sep"``)."""
+    (``"pad"``, ``"mask"``, ``"cls"``, ``"sep"``). ``config``: the model's transformers config where the caller has
+    it (``AutoTokenizer`` then does not read ``config.json`` again)."""
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
     check_has_tokenizer(model_dir)
     _check_tokenizer_files(model_dir)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, **({} if config is None else {"config": config}))
     except Exception as e:  # tokenizers raises its own Exception type for a damaged tokenizer.json
         raise ValueError(
             f"{model_dir / 'tokenizer.json'} cannot be read (the tokenizer files are damaged): {first_line(e)}"

@@ -211,26 +211,28 @@ def _dense_weights_file(folder: Path, layer: DenseLayer | None = None) -> Path:
     return weights
 
 
-def _hidden_size(model_dir: Path) -> int | None:
-    """``config.json``'s ``hidden_size`` when it is an integer (None when the file is missing or says none: it only
-    cross-checks widths here; model_folder refuses a bad one). An unreadable file is an error, never skipped."""
+def _hidden_size(model_dir: Path, config: dict | None = None) -> int | None:
+    """``config.json``'s ``hidden_size`` (``config``: the file, already read) when it is an integer (None when the
+    file is missing or says none: it only cross-checks widths here; model_folder refuses a bad one). An unreadable
+    file is an error, never skipped."""
     path = model_dir / "config.json"
-    if optional_file(path, "the model's config") is None:
+    if config is None and optional_file(path, "the model's config") is None:
         return None
-    size = read_json(path, "the model's config", JSON_BYTES)
+    size = read_json(path, "the model's config", JSON_BYTES) if config is None else config
     size = size.get("hidden_size") if isinstance(size, dict) else None
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
-def read_recipe(model_dir: str | Path) -> EmbeddingRecipe:
+def read_recipe(model_dir: str | Path, config: dict | None = None) -> EmbeddingRecipe:
     """The embedding recipe of ``model_dir``: its sentence-transformers files, or ``DEFAULT_RECIPE``
-    when it has no ``modules.json``. A malformed file is a one-line ``ValueError`` naming it."""
+    when it has no ``modules.json``. A malformed file is a one-line ``ValueError`` naming it. ``config``: the folder's
+    ``config.json`` where the caller has read it already (it is not read again)."""
     model_dir = Path(model_dir)
     modules_path = model_dir / "modules.json"
     if optional_file(modules_path, "the module list") is None:  # a FIFO, folder or device there is an error
         return DEFAULT_RECIPE
     chain = _module_chain(model_dir, modules_path)
-    hidden_size = _hidden_size(model_dir)
+    hidden_size = _hidden_size(model_dir, config)
     pooling = _pooling(model_dir, chain[1][1], hidden_size)
     dense = tuple(_dense(model_dir, folder) for kind, folder in chain if kind == "Dense")
     if dense and hidden_size is not None and dense[0].in_features != hidden_size:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .out_folder import publish_web
 from .report import probe, safetensor_params, web_sentence, weight_bytes, write_report
+from .run import CompressRun, Student
 from .teacher_pass import export_once, export_teacher, teacher_name
 
 
@@ -68,31 +69,25 @@ def classifier_verdict(teacher: float, student: float, baseline: dict | None, me
     return [f"Verdict: {said}: the student keeps {kept:.0%} of the teacher's gain over that baseline."]
 
 
-def classifier_report(
-    out: Path,
-    teacher: Path,
-    task_,
-    data_dir: Path,
-    cand,
-    overrides: dict,
-    phases: dict,
-    limits: dict,
-    limit: int | None,
-    progress: bool,
-    say,
-    vocab=None,
-    web: bool = False,
-) -> dict:
+def classifier_report(run: CompressRun, task_, data_dir: Path, student: Student, phases: dict) -> dict:
+    """Both artifacts exported and measured side by side (sizes, memory, speed, the task's dev metric on the first
+    ``task_args.max_eval_samples`` dev examples) -> the report; ``phases``: what each phase recorded."""
+    o, teacher, out, say = run.options, run.teacher.folder, run.out, run.say
+    limit, progress, web, vocab = o.task_args.max_eval_samples, o.progress, o.web, student.vocab
     say(
         "exporting the student (int8) and the teacher (the first quantization that keeps it), "
         "task text-classification ..."
     )
-    student = out / "student"
-    art = export_once(student, out / "artifact", "int8", progress, task="text-classification", allow_low_parity=True)
+    student_dir = out / "student"
+    art = export_once(
+        student_dir, out / "artifact", "int8", progress, task="text-classification", allow_low_parity=True
+    )
     if web:  # the same int8 graph, at the artifact's gate (a classifier's int8 is judged by its task metric, below)
         say("exporting the student for the web (--format web, int8) ...")
-        web_entry = publish_web(student, out, art, progress, "text-classification", allow_low_parity=True)
-    t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "text-classification", progress, say)
+        web_entry = publish_web(student_dir, out, art, progress, "text-classification", allow_low_parity=True)
+    t_art, t_quant, t_refused = export_teacher(
+        run.teacher, out / "teacher_artifact", "text-classification", progress, say
+    )
     metric, g, t = task_.main_metric, phases["general"], phases["task"]
     say(f"measuring memory, speed and {task_.name} dev {metric} ...")
     s_probe, t_probe = probe(art), probe(t_art)
@@ -113,10 +108,10 @@ def classifier_report(
             **t_probe,
         },
         "student": {
-            "folder": str(student),
-            "shape": cand.describe(),
-            "config": overrides,
-            "learned_params": safetensor_params(student),
+            "folder": str(student_dir),
+            "shape": student.cand.describe(),
+            "config": student.overrides,
+            "learned_params": safetensor_params(student_dir),
             "file_bytes": weight_bytes(art),
             "glue_dev_fp32": t[metric],
             "glue_dev": s_scores[metric],
@@ -142,7 +137,7 @@ def classifier_report(
                 "temperature",
             )
         },
-        "limits": {k: v for k, v in limits.items() if v is not None},
+        "limits": {k: v for k, v in o.limits.items() if v is not None},
         "quality": [{"label": f"{task_.folder} dev {metric} ({t['eval_samples']} examples)", "key": "glue_dev"}],
         "baseline": majority_baseline(task_, data_dir, limit),
     }

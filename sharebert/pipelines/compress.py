@@ -47,140 +47,111 @@ from .out_folder import (
 from .plan import (
     BUDGET_RECORD,
     BudgetTooSmall,
-    TimeBudget,
     available_sentences,
     embedding_shape,
-    is_classifier,
     measure_before_export,
     planned_steps,
-    precheck,
     student_overrides,
     student_vocabulary,
 )
 from .quality import UNTRAINED_SHARE, cached_quality_sentences, embedding_quality, quality_sentences, search_verdict
 from .report import probe, safetensor_params, web_sentence, weight_bytes, write_report
-from .teacher_pass import export_once, export_teacher, max_length, teacher_name
+from .run import CompressRun, Student
+from .teacher_pass import export_once, export_teacher, teacher_name
 
 
-def compress(
-    teacher,
-    out,
-    limits: dict,
-    args,
-    train=None,
-    data=None,
-    overwrite: bool = False,
-    resume: bool = False,
-    progress: bool = True,
-    eval_pairs=None,
-    stopper=None,
-    say=print,
-    eval_limit: int | None = None,
-    budget: TimeBudget | None = None,
-    portable: bool = True,
-    keep_work: bool = False,
-    task: str | None = None,
-    vocab_size: int | None = None,
-    web: bool = False,
-) -> dict:
+def compress(run: CompressRun) -> dict:
     """Run the steps of the module docstring for a sentence-embedding teacher (a classifier teacher:
-    ``compress_classifier``; ``task`` is refused here); returns the report (also written to ``out/report.json``).
+    ``compress_classifier``; ``--task`` is refused here); returns the report (also written to ``out/report.json``).
 
-    ``args``: ``EmbeddingArgs``; ``stopper``: a ``SignalCheckpoint`` (on SIGTERM/SIGINT the distillation saves a
-    checkpoint and the report says ``"stopped"``; run again with ``resume``); ``eval_pairs``: ``--eval-pairs FILE``
-    (:func:`read_eval_pairs`); ``eval_limit``: tests and the docs check only (:func:`embedding_quality`);
-    ``budget``: a :class:`TimeBudget` (``--max-time`` for the whole command; without, ``args.max_time`` is the
+    ``run``: from ``plan.precheck`` (every check that needs no model done, the teacher read once), with its
+    ``stopper`` (on SIGTERM/SIGINT the distillation saves a checkpoint and the report says ``"stopped"``; run again
+    with ``resume``) and ``budget`` (``--max-time`` for the whole command; without, ``args.max_time`` is the
     training's alone). The distillation runs in ``out/work`` (checkpoints, the teacher's vectors; removed when the
-    run finishes unless ``keep_work``); ``out/student`` receives the model alone (:func:`publish_student`),
-    ``portable`` (``portable.make_portable``) unless told otherwise. ``vocab_size``: cut the teacher's vocabulary to
-    this many tokens (``training.vocab``; without it, cut only when the teacher's does not fit ``limits``). ``web``:
-    also ``out/web``, the student as transformers.js loads it (``--web``)."""
-    from ..accounting.budget import student_for
-    from ..training.callbacks import latest_checkpoint, resume_from
-    from ..training.distill_teacher import check_encoder
-    from ..training.teacher import student_fields, teacher_tokenizer
+    run finishes unless ``keep_work``); ``out/student`` receives the model alone (:func:`publish_student`), portable
+    unless told otherwise; ``web``: also ``out/web``, the student as transformers.js loads it."""
+    from ..training.callbacks import latest_checkpoint
 
-    out, _ = precheck(teacher, out, limits, train, data, overwrite, resume, eval_pairs)  # nothing loaded or changed
-    raw = check_encoder(teacher)
-    if is_classifier(raw):  # the command sends a classifier to compress_classifier (which imports this module)
-        raise ValueError(f"{teacher} is a classifier: compress it with compress_classifier.compress_classifier")
-    if task is not None:
+    o, out, say, budget = run.options, run.out, run.say, run.budget
+    student = _embedding_student(run)
+    fp = fingerprint(run, student.overrides, f"embedding ({student.args.loss} loss)")
+    check_same_student(out, student.overrides, ("student", f"{WORK}/student"))  # first: it names each differing field
+    if o.resume:
+        check_same_run(out, fp)
+    student_dir = out / WORK / "student"
+    if o.resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
+        from ..training.callbacks import resume_from
+
+        resume_from(student_dir / "checkpoints", True, say=say, out=out)
+    cand, head = student.cand, student.head
+    say(
+        f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,}); it "
+        f"reads at most {student.args.seq_len} tokens, as the teacher does"
+    )
+    if budget is not None:
+        budget.after_sentences = quality_sentences(o.eval_pairs, o.max_eval_samples)
+        budget.cached_sentences = cached_quality_sentences(run.teacher, o.eval_pairs, o.max_eval_samples)
+        budget.record = out / WORK / BUDGET_RECORD
+        if o.resume and (checkpoint := latest_checkpoint(student_dir / "checkpoints")) is not None:
+            budget.carry(budget.record, checkpoint)  # the run it continues spent part of --max-time
+    threads = _measure_before_export(run, student)
+    fresh = not out.is_dir() or all(p.name == OutLock.NAME for p in out.iterdir())
+    report = _refused_leaves_nothing(
+        out, fresh, lambda: publish_over(out, fp, o.overwrite, o.resume, lambda: _compress(run, student, threads))
+    )
+    if not report.get("stopped") and not o.keep_work:
+        shutil.rmtree(out / WORK, ignore_errors=True)
+    return report
+
+
+def _embedding_student(run: CompressRun) -> Student:
+    """The checks an encoder teacher needs before any work (not a classifier, no ``--task``, a ``--data`` folder of
+    its tokens), then the student the limits pick, reading what its teacher reads."""
+    from ..accounting.budget import student_for
+    from ..training.teacher import student_fields
+
+    o, teacher = run.options, run.teacher
+    raw = teacher.check_encoder()
+    if teacher.is_classifier:  # the command sends a classifier to compress_classifier (which imports this module)
+        raise ValueError(f"{o.teacher} is a classifier: compress it with compress_classifier.compress_classifier")
+    if o.task is not None:
         raise ValueError(
-            f"--task is for a classifier teacher; {teacher} is an encoder "
+            f"--task is for a classifier teacher; {o.teacher} is an encoder "
             f"({', '.join(raw.get('architectures') or ['no architectures'])}): compress distils its "
             "sentence embeddings"
         )
-    t_tok = teacher_tokenizer(teacher)
-    if data is not None:  # refused before anything is written
+    if o.data is not None:  # refused before anything is written
         from ..training.distill_embedding_setup import check_data
 
-        check_data(data, train, t_tok, teacher)
-    vocab = student_vocabulary(teacher, t_tok, limits, args, train, data, vocab_size, say)
+        check_data(o.data, o.train, teacher.tokenizer, teacher.folder)
+    vocab = student_vocabulary(run)
     shape = {**embedding_shape(teacher), **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
-    cand, head = student_for(shape, limits)
-    overrides = {**student_overrides(cand), **student_fields(t_tok)}
-    args = replace(args, seq_len=overrides.get("max_position_embeddings", args.seq_len))  # reads what its teacher reads
-    fp = fingerprint(teacher, overrides, train, data, f"embedding ({args.loss} loss)")
-    check_same_student(out, overrides, ("student", f"{WORK}/student"))  # first: it names each field that differs
-    if resume:
-        check_same_run(out, fp)
-    student_dir = out / WORK / "student"
-    if resume and latest_checkpoint(student_dir / "checkpoints") is None:  # said in terms of --out, before any work
-        resume_from(student_dir / "checkpoints", True, say=say, out=out)
-    say(
-        f"student: {cand.describe()}, {cand.params + head:,} learned parameters (output projection {head:,}); it "
-        f"reads at most {args.seq_len} tokens, as the teacher does"
-    )
-    if budget is not None:
-        budget.after_sentences = quality_sentences(eval_pairs, eval_limit)
-        budget.cached_sentences = cached_quality_sentences(teacher, eval_pairs, eval_limit)
-        budget.record = out / WORK / BUDGET_RECORD
-        if resume and (checkpoint := latest_checkpoint(student_dir / "checkpoints")) is not None:
-            budget.carry(budget.record, checkpoint)  # the run it continues spent part of --max-time
+    cand, head = student_for(shape, o.limits)
+    overrides = {**student_overrides(cand), **student_fields(teacher.tokenizer)}
+    args = replace(o.args, seq_len=overrides.get("max_position_embeddings", o.args.seq_len))  # its teacher's length
+    return Student(cand, head, overrides, vocab, args)
+
+
+def _measure_before_export(run: CompressRun, student: Student):
+    """``plan.measure_before_export`` for this run: the training's threads callback (None: nothing fitted)."""
     from .teacher_pass import CACHE_CHOICE, teacher_cache
 
-    exported = (resume and (out / "teacher_artifact" / "manifest.json").is_file()) or (
+    o, teacher, out = run.options, run.teacher, run.out
+    exported = (o.resume and (out / "teacher_artifact" / "manifest.json").is_file()) or (
         teacher_cache(teacher, "feature-extraction") / CACHE_CHOICE
     ).is_file()
-    threads = measure_before_export(  # before any export or pass: a budget too small is refused here
-        teacher, t_tok, overrides, shape["vocab_size"], train, args, budget if data is None else None, exported, say
+    rows = embedding_shape(teacher)["vocab_size"] if student.vocab is None else student.vocab.table_rows
+    return measure_before_export(  # before any export or pass: a budget too small is refused here
+        teacher.folder,
+        teacher.tokenizer,
+        student.overrides,
+        rows,
+        o.train,
+        student.args,
+        run.budget if o.data is None else None,
+        exported,
+        run.say,
     )
-    fresh = not out.is_dir() or all(p.name == OutLock.NAME for p in out.iterdir())
-    report = _refused_leaves_nothing(
-        out,
-        fresh,
-        lambda: publish_over(
-            out,
-            fp,
-            overwrite,
-            resume,
-            lambda: _compress(
-                teacher,
-                out,
-                student_dir,
-                cand,
-                overrides,
-                limits,
-                args,
-                train,
-                data,
-                resume,
-                progress,
-                eval_pairs,
-                stopper,
-                say,
-                eval_limit,
-                budget,
-                portable,
-                vocab,
-                web=web,
-                threads=threads,
-            ),
-        ),
-    )
-    if not report.get("stopped") and not keep_work:
-        shutil.rmtree(out / WORK, ignore_errors=True)
-    return report
 
 
 def _refused_leaves_nothing(out: Path, fresh: bool, run) -> dict:
@@ -194,80 +165,68 @@ def _refused_leaves_nothing(out: Path, fresh: bool, run) -> dict:
         raise
 
 
-def _compress(
-    teacher,
-    out: Path,
-    student_dir: Path,
-    cand,
-    overrides: dict,
-    limits: dict,
-    args,
-    train,
-    data,
-    resume: bool,
-    progress: bool,
-    eval_pairs,
-    stopper,
-    say,
-    eval_limit=None,
-    budget=None,
-    portable: bool = True,
-    vocab=None,
-    threads=None,
-    web: bool = False,
-) -> dict:
+def _distil(run: CompressRun, student: Student, threads) -> dict:
+    """The distillation in ``out/work/student`` (``distill_embedding``), resumed from its checkpoints where there are
+    some; its metrics. ``threads``: ``training.threads.FitThreads`` (None: none)."""
     from ..training.distill_embedding import distill_embedding
 
+    o, folder = run.options, run.out / WORK / "student"
+    return distill_embedding(
+        run.teacher.folder,
+        "sharebert-tiny",
+        folder,
+        o.train,
+        student.args,
+        overrides=student.overrides,
+        overwrite=True,
+        resume=o.resume or (folder / "checkpoints").is_dir(),
+        progress=o.progress,
+        data=o.data,
+        score_sts=False,  # measured once, below, from the artifact
+        budget=run.budget if o.data is None else None,
+        callbacks=tuple(c for c in (*run.callbacks(), threads) if c is not None),
+        vocab=student.vocab,
+        teacher_artifact=run.out / "teacher_artifact",  # the teacher's pass runs there where it keeps the teacher
+    )
+
+
+def _compress(run: CompressRun, student: Student, threads) -> dict:
+    o, teacher, out, say, budget = run.options, run.teacher, run.out, run.say, run.budget
     started = budget.start if budget is not None else time.monotonic()
     # The teacher's artifact does not depend on the student: made first, its real cost (a refused quantization
     # is a whole export: ~50 s for MiniLM on a loaded 2-core machine) is spent before the plan, not guessed.
     say("exporting the teacher (the first quantization that keeps it) ...")
-    t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "feature-extraction", progress, say)
+    t_art, t_quant, t_refused = export_teacher(teacher, out / "teacher_artifact", "feature-extraction", o.progress, say)
     if budget is not None:
-        budget.exports = 1 + web  # the student's artifact, and its web folder
-    m = distill_embedding(
-        teacher,
-        "sharebert-tiny",
-        student_dir,
-        train,
-        args,
-        overrides=overrides,
-        overwrite=True,
-        resume=resume or (student_dir / "checkpoints").is_dir(),
-        progress=progress,
-        data=data,
-        score_sts=False,  # measured once, below, from the artifact
-        budget=budget if data is None else None,
-        callbacks=tuple(c for c in (stopper, threads) if c is not None),  # threads: training.threads.FitThreads
-        vocab=vocab,
-        teacher_artifact=t_art,  # the teacher's pass runs there where it keeps the teacher
-    )
-    if stopper is not None and stopper.received:
+        budget.exports = 1 + o.web  # the student's artifact, and its web folder
+    m = _distil(run, student, threads)
+    if run.stopped():
         return {"stopped": True, "steps": m["steps"]}
-    planned = planned_steps(budget, args)
+    planned = planned_steps(budget, student.args)
     if planned is not None and m["steps"] < UNTRAINED_SHARE * planned:
         say(
             f"training took {m['steps']:,} of the {planned:,} planned steps (they ran slower than the plan measured): "
             "the student may be untrained; the report's verdict says whether it is usable, and what budget would be"
         )
-    student_dir = publish_student(student_dir, out / "student", portable)
+    student_dir = publish_student(out / WORK / "student", out / "student", o.portable)
     say("exporting the student (int8) ...")
-    art = export_once(student_dir, out / "artifact", "int8", progress)
-    if web:
+    art = export_once(student_dir, out / "artifact", "int8", o.progress)
+    if o.web:
         say("exporting the student for the web (--format web, int8) ...")
-        web_entry = publish_web(student_dir, out, art, progress, "feature-extraction", allow_low_parity=False)
+        web_entry = publish_web(student_dir, out, art, o.progress, "feature-extraction", allow_low_parity=False)
     say("measuring memory and speed ...")
     s_probe, t_probe = probe(art), probe(t_art)
     from sharebert_runtime import Runtime
 
-    q = embedding_quality(teacher, Runtime(art).embed, eval_pairs, say, eval_limit)
+    q = embedding_quality(teacher, Runtime(art).embed, o.eval_pairs, say, o.max_eval_samples)
     s_manifest = json.loads((art / "manifest.json").read_text())
+    vocab = student.vocab
     report = {
         "teacher": {
-            "folder": str(teacher),
-            "name": teacher_name(teacher),
-            "learned_params": safetensor_params(Path(teacher)),
-            "file_bytes": weight_bytes(Path(teacher)),
+            "folder": str(o.teacher),
+            "name": teacher_name(teacher.folder),
+            "learned_params": safetensor_params(teacher.folder),
+            "file_bytes": weight_bytes(teacher.folder),
             "artifact_bytes": weight_bytes(t_art),
             "quantization": t_quant,
             "quantization_refused": t_refused,
@@ -276,8 +235,8 @@ def _compress(
         },
         "student": {
             "folder": str(student_dir),
-            "shape": cand.describe(),
-            "config": overrides,
+            "shape": student.cand.describe(),
+            "config": student.overrides,
             "learned_params": safetensor_params(student_dir),
             "file_bytes": weight_bytes(art),
             **{k: v["student"] for k, v in q["measures"].items()},
@@ -292,14 +251,14 @@ def _compress(
             },
             "train_word_strings": m.get("train_word_strings", 0),
         },
-        "limits": {k: v for k, v in limits.items() if v is not None},
+        "limits": {k: v for k, v in o.limits.items() if v is not None},
         "quality": [{"label": v["label"], "key": k} for k, v in q["measures"].items()],
         "calibration": q["calibration"],
     }
-    report["student"].update(portable=portable, max_seq_length=m["seq_len"])
-    if web:
+    report["student"].update(portable=o.portable, max_seq_length=m["seq_len"])
+    if o.web:
         report["student"]["web"] = web_entry
-    report["teacher"]["max_seq_length"] = max_length(teacher)
+    report["teacher"]["max_seq_length"] = teacher.max_length
     tr = report["training"]
     summary = (
         f"{_length_sentence(m['seq_len'], report['teacher']['max_seq_length'])} Distilled {tr['steps']} "
@@ -308,15 +267,15 @@ def _compress(
         "fp32; student figures: its int8 artifact through the torch-free runtime. "
         + calibration_sentence(q["calibration"])
         + (f" The student's {vocab.describe()}." if vocab is not None else "")
-        + (web_sentence(web_entry) if web else "")
+        + (web_sentence(web_entry) if o.web else "")
     )
     from ..formats.paths import packaged_search
 
     report["verdict"] = search_verdict(
         report,
-        args.batch_size,
+        student.args.batch_size,
         planned,
-        available_sentences(train, args) if data is None else None,
+        available_sentences(o.train, student.args) if o.data is None else None,
         time.monotonic() - started,
         len(packaged_search()[1]),
     )

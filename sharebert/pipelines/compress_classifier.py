@@ -34,7 +34,8 @@ from sharebert_runtime.outdir import read_json, write_json
 
 from .classifier_report import classifier_report
 from .out_folder import check_same_student, fingerprint, publish_over
-from .plan import precheck, student_overrides, student_vocabulary
+from .plan import student_overrides, student_vocabulary
+from .run import CompressRun, Student
 
 PHASES = "phases.json"
 TASK_WEIGHTS = dict(kl=1.0, hard=1.0, hidden=0.0, attention=0.0, embedding=0.0)  # logits alone: the teacher runs once
@@ -123,87 +124,34 @@ def _phases(out: Path) -> dict:
     return phases
 
 
-def compress_classifier(
-    teacher,
-    out,
-    limits: dict,
-    args,
-    task_args,
-    task: str | None = None,
-    train=None,
-    overwrite: bool = False,
-    resume: bool = False,
-    progress: bool = True,
-    stopper=None,
-    say=print,
-    vocab_size: int | None = None,
-    web: bool = False,
-) -> dict:
+def compress_classifier(run: CompressRun) -> dict:
     """The steps of the module docstring; returns the report (``out/report.json``), or ``{"stopped": True,
-    "phase", "steps"}`` after SIGINT/SIGTERM. ``args``: ``EmbeddingArgs`` (phase 1; its ``max_time`` bounds each
-    phase); ``task_args``: ``DistillArgs`` (phase 2; ``max_eval_samples`` also bounds the report's dev rows).
-    ``vocab_size``: cut the teacher's vocabulary to this many tokens (``training.vocab``, over the --train text and
-    the task's training text; without it, cut only when the teacher's does not fit ``limits``); both phases then
-    train the student on its own tokens. ``web``: also ``out/web``, the student as transformers.js loads it
-    (``--web``)."""
+    "phase", "steps"}`` after SIGINT/SIGTERM. ``run``: from ``plan.precheck`` (the teacher read once); of its options,
+    ``args``: ``EmbeddingArgs`` (phase 1; its ``max_time`` bounds each phase); ``task_args``: ``DistillArgs``
+    (phase 2; ``max_eval_samples`` also bounds the report's dev rows); ``vocab_size``: cut the teacher's vocabulary to
+    this many tokens (``training.vocab``, over the --train text and the task's training text; without it, cut only
+    when the teacher's does not fit the limits): both phases then train the student on its own tokens; ``web``: also
+    ``out/web``, the student as transformers.js loads it."""
     from sharebert_runtime.outdir import check_same_run
 
-    from ..accounting.budget import student_for
-    from ..formats.paths import data_path
     from ..training.callbacks import resume_from
-    from ..training.distill import check_cut_task
-    from ..training.distill_teacher import check_teacher_labels
-    from ..training.glue import task_file
-    from ..training.teacher import student_fields, teacher_config, teacher_shape, teacher_tokenizer
 
-    out, raw = precheck(teacher, out, limits, train, None, overwrite, resume)  # nothing loaded or changed before
-    task_ = classifier_task(teacher, raw, task)
-    check_teacher_labels(teacher, teacher_config(teacher), task_)
-    data_dir = data_path("glue", task_.folder)
-    for split in ("train", *task_.dev_splits):  # the task's files: found before any work
-        if not (data_dir / task_.file(split)).is_file():  # compress has no --data-dir: the data folder is the way
-            raise FileNotFoundError(
-                f"{task_.name}: a classifier's task distillation trains on the task's GLUE files, "
-                f"and {data_dir / task_.file(split)} is not there: set SHAREBERT_DATA to a folder "
-                f"holding glue/{task_.folder}/ (train.tsv and its dev files)"
-            )
-        task_file(task_, data_dir, split)
-    t_tok = teacher_tokenizer(teacher)
-    vocab = student_vocabulary(
-        teacher,
-        t_tok,
-        limits,
-        args,
-        train,
-        None,
-        vocab_size,
-        say,
-        task_.num_labels,
-        lambda: task_text(task_, data_dir, task_args.max_train_samples),
-    )
-    if vocab is not None:  # before any work: what a cut student cannot learn from
-        check_cut_task(replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS)), out / "teacher_logits")
-    shape = {**teacher_shape(teacher), **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
-    cand, head = student_for(shape, limits, num_labels=task_.num_labels)
-    overrides = {**student_overrides(cand), **student_fields(t_tok)}
+    o, teacher, out, say = run.options, run.teacher, run.out, run.say
+    task_ = classifier_task(teacher.folder, teacher.raw, o.task)
+    data_dir = _task_files(run, task_)
+    student = _classifier_student(run, task_, data_dir)
+    vocab = student.vocab
     cut = "" if vocab is None else f"; vocabulary cut to {len(vocab.kept)} tokens, table {vocab.table_rows} rows"
-    fp = fingerprint(
-        teacher, overrides, train, None, f"classifier: general, then task distillation on {task_.name}{cut}"
-    )
-    if resume:
+    fp = fingerprint(run, student.overrides, f"classifier: general, then task distillation on {task_.name}{cut}")
+    if o.resume:
         check_same_run(out, fp)
-    check_same_student(out, overrides, ("general", "student"))
+    check_same_student(out, student.overrides, ("general", "student"))
     phases, general = _phases(out), out / "general"
-    if resume and not phases and not (general.is_dir() and any(general.iterdir())):  # said in terms of --out,
+    if o.resume and not phases and not (general.is_dir() and any(general.iterdir())):  # said in terms of --out,
         resume_from(general / "checkpoints", True, say=say, out=out)  # before any work (a used general/: its own check)
-    budget = {
-        "max_time": args.max_time,
-        "max_steps": args.max_steps,  # what bounds each phase, and the task data
-        "augment": task_args.augment,
-    }
-    done = phases.get("task", {}).get("budget")
+    budget, done = _phase_budget(o), phases.get("task", {}).get("budget")
     if (
-        resume
+        o.resume
         and "general" in phases
         and done is not None
         and any(  # an unset option and 0 are alike
@@ -215,33 +163,56 @@ def compress_classifier(
             f"checkpoint to train on from, so {_budget(budget)} cannot continue it: start again with "
             "--overwrite (or resume with the run's own budget to make its report again)"
         )
+    cand, head = student.cand, student.head
     say(
         f"task {task_.name}; student: {cand.describe()}, {cand.params + head:,} learned parameters "
         f"(classifier {head:,})"
     )
-    return publish_over(
-        out,
-        fp,
-        overwrite,
-        resume,
-        lambda: _phases_then_report(
-            teacher,
-            out,
-            task_,
-            data_dir,
-            cand,
-            overrides,
-            limits,
-            args,
-            task_args,
-            train,
-            progress,
-            stopper,
-            say,
-            vocab,
-            web,
-        ),
-    )
+    return publish_over(out, fp, o.overwrite, o.resume, lambda: _phases_then_report(run, task_, data_dir, student))
+
+
+def _task_files(run: CompressRun, task_) -> Path:
+    """The task's GLUE folder, its files found and its labels the teacher's, before any work."""
+    from ..formats.paths import data_path
+    from ..training.distill_teacher import check_teacher_labels
+    from ..training.glue import task_file
+
+    check_teacher_labels(run.teacher.folder, run.teacher.config, task_)
+    data_dir = data_path("glue", task_.folder)
+    for split in ("train", *task_.dev_splits):
+        if not (data_dir / task_.file(split)).is_file():  # compress has no --data-dir: the data folder is the way
+            raise FileNotFoundError(
+                f"{task_.name}: a classifier's task distillation trains on the task's GLUE files, "
+                f"and {data_dir / task_.file(split)} is not there: set SHAREBERT_DATA to a folder "
+                f"holding glue/{task_.folder}/ (train.tsv and its dev files)"
+            )
+        task_file(task_, data_dir, split)
+    return data_dir
+
+
+def _classifier_student(run: CompressRun, task_, data_dir: Path) -> Student:
+    """The student the limits pick, its classifier counted, and its vocabulary (cut over the --train text and the
+    task's training text), checked before any work against what a cut student cannot learn from."""
+    from ..accounting.budget import student_for
+    from ..training.distill import check_cut_task
+    from ..training.teacher import student_fields
+
+    o, teacher = run.options, run.teacher
+    task_args = o.task_args
+    more = lambda: task_text(task_, data_dir, task_args.max_train_samples)  # noqa: E731
+    vocab = student_vocabulary(run, task_.num_labels, more)
+    if vocab is not None:  # before any work: what a cut student cannot learn from
+        check_cut_task(
+            replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS)), run.out / "teacher_logits"
+        )
+    shape = {**teacher.shape, **({"vocab_size": vocab.table_rows} if vocab is not None else {})}
+    cand, head = student_for(shape, o.limits, num_labels=task_.num_labels)
+    return Student(cand, head, {**student_overrides(cand), **student_fields(teacher.tokenizer)}, vocab, o.args)
+
+
+def _phase_budget(o) -> dict:
+    """What bounds each phase, and the task data: recorded with the task phase, compared on ``--resume``."""
+    return {"max_time": o.args.max_time, "max_steps": o.args.max_steps, "augment": o.task_args.augment}
 
 
 def task_text(task_, data_dir: Path, limit: int | None = None) -> list[str]:
@@ -252,48 +223,31 @@ def task_text(task_, data_dir: Path, limit: int | None = None) -> list[str]:
     return [*split.text_a, *(t for t in (split.text_b or ()) if t)]
 
 
-def _phases_then_report(
-    teacher,
-    out: Path,
-    task_,
-    data_dir: Path,
-    cand,
-    overrides: dict,
-    limits: dict,
-    args,
-    task_args,
-    train,
-    progress: bool,
-    stopper,
-    say,
-    vocab=None,
-    web: bool = False,
-) -> dict:
+def _phases_then_report(run: CompressRun, task_, data_dir: Path, student: Student) -> dict:
     from ..training.callbacks import WallClockLimit
     from ..training.distill import distill_glue
     from ..training.distill_embedding import distill_embedding
 
-    phases, general, student = _phases(out), out / "general", out / "student"
-    budget = {"max_time": args.max_time, "max_steps": args.max_steps, "augment": task_args.augment}
-    stopped = lambda: stopper is not None and stopper.received is not None  # noqa: E731
+    o, out, say, args, vocab = run.options, run.out, run.say, run.options.args, student.vocab
+    phases, general, student_dir = _phases(out), out / "general", out / "student"
     if "general" not in phases:
         say(f"phase 1/2, general distillation (the teacher's pooled states on unlabelled text) -> {general}")
         again = _resumable(general)
         m = distill_embedding(
-            teacher,
+            run.teacher.folder,
             "sharebert-tiny",
             general,
-            train,
+            o.train,
             args,
-            overrides=overrides,
+            overrides=student.overrides,
             overwrite=True,
             resume=again,
-            progress=progress,
-            callbacks=(stopper,) if stopper is not None else (),
+            progress=o.progress,
+            callbacks=run.callbacks(),
             score_sts=False,
             vocab=vocab,
         )
-        if stopped():
+        if run.stopped():
             return {"stopped": True, "phase": "general", "steps": m["steps"]}
         phases["general"] = {
             k: m[k]
@@ -312,44 +266,30 @@ def _phases_then_report(
         write_json(out / PHASES, phases)  # then the checkpoints go: a stop between the two leaves a resumable run
         shutil.rmtree(general / "checkpoints", ignore_errors=True)
     if "task" not in phases:
-        say(f"phase 2/2, task distillation on {task_.name} (soft targets and gold labels) -> {student}")
+        say(f"phase 2/2, task distillation on {task_.name} (soft targets and gold labels) -> {student_dir}")
         clock = WallClockLimit(args.max_time) if args.max_time else None
-        t_args = replace(task_args, weights=replace(task_args.weights, **TASK_WEIGHTS))
-        again = _resumable(student)
+        t_args = replace(o.task_args, weights=replace(o.task_args.weights, **TASK_WEIGHTS))
+        again = _resumable(student_dir)
         m = distill_glue(
-            teacher,
+            run.teacher.folder,
             str(general),
             task_.name,
-            student,
+            student_dir,
             data_dir,
             t_args,
             overwrite=True,
             resume=again,
             keep_checkpoints=True,
-            progress=progress,
+            progress=o.progress,
             cache_teacher=out / "teacher_logits",
             clock=clock,
-            callbacks=[c for c in (stopper, _evaluate_at_stop(stopper)) if c is not None],
+            callbacks=[c for c in (run.stopper, _evaluate_at_stop(run.stopper)) if c is not None],
             vocab=vocab,
             agreed_labels=True,
         )
-        if stopped():
+        if run.stopped():
             return {"stopped": True, "phase": "task", "steps": m["steps"]}
-        phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached), "budget": budget}
+        phases["task"] = {**m, "stopped_by_time": bool(clock and clock.reached), "budget": _phase_budget(o)}
         write_json(out / PHASES, phases)
-        shutil.rmtree(student / "checkpoints", ignore_errors=True)
-    return classifier_report(
-        out,
-        Path(teacher),
-        task_,
-        data_dir,
-        cand,
-        overrides,
-        phases,
-        limits,
-        task_args.max_eval_samples,
-        progress,
-        say,
-        vocab,
-        web,
-    )
+        shutil.rmtree(student_dir / "checkpoints", ignore_errors=True)
+    return classifier_report(run, task_, data_dir, student, phases)

@@ -21,6 +21,8 @@ from sharebert_runtime.outdir import (
     seal_out,
 )
 
+from .run import CompressRun
+
 REPORT = "report.json"
 
 
@@ -98,16 +100,16 @@ def stopped_run(out: Path) -> str | None:
     return f"a checkpoint at step {step}, {path.relative_to(out)}"
 
 
-def fingerprint(teacher, student: dict, train, data, objective: str) -> dict:
-    """What a ``--resume`` must find unchanged (``fingerprint.run_fingerprint``): the teacher's files, the
-    student's shape, the training data (``--train`` files, the ``--data`` manifest, or the default corpus's files)
-    and the objective."""
+def fingerprint(run: CompressRun, student: dict, objective: str) -> dict:
+    """What a ``--resume`` must find unchanged (``fingerprint.run_fingerprint``): the teacher's files (its
+    fingerprint, made once per run), the student's shape, the training data (``--train`` files, the ``--data``
+    manifest, or the default corpus's files) and the objective."""
     from ..training.distill_sentences import default_corpus
     from ..training.fingerprint import data_files, run_fingerprint
 
-    return run_fingerprint(
-        teacher, json.dumps(student, sort_keys=True), data_files(train, data, default_corpus()), objective
-    )
+    o, teacher = run.options, run.teacher
+    files = data_files(o.train, o.data, default_corpus())
+    return run_fingerprint(teacher.folder, json.dumps(student, sort_keys=True), files, objective, teacher.fingerprint)
 
 
 def start_out(out: Path, fp: dict, overwrite: bool, resume: bool) -> Path | None:

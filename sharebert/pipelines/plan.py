@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .out_folder import check_out
 from .quality import USEFUL_BATCH, read_eval_pairs
-from .teacher_pass import max_length
+from .run import CompressOptions, CompressRun, Teacher
 
 
 class TimeBudget:
@@ -219,11 +219,6 @@ def trained_steps(batch: int) -> int:
     return math.ceil(TRAINED_STEPS * USEFUL_BATCH / batch)
 
 
-def is_classifier(config: dict) -> bool:
-    """Whether a model folder's config dict names a sequence classifier (``...ForSequenceClassification``)."""
-    return any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or [])
-
-
 def check_train(train) -> None:
     """``--train`` files refused in one line before any model loads (torch-free): missing, not a regular file (a
     FIFO, a device), empty, binary, or a ``.tsv`` whose first line is no GLUE header."""
@@ -252,34 +247,32 @@ def check_train(train) -> None:
             )
 
 
-def precheck(
-    teacher, out, limits: dict, train=None, data=None, overwrite: bool = False, resume: bool = False, eval_pairs=None
-):
+def precheck(options: CompressOptions) -> CompressRun:
     """Every check that needs no model, torch-free and in well under 2 s, before anything is loaded or changed:
-    the teacher's config, a student under ``limits``, ``--out``, the ``--train`` and ``--eval-pairs`` files.
-    Returns ``(out, the teacher's config dict)``."""
+    the teacher's config (read here, once for the whole run: :class:`run.Teacher`), a student under the limits,
+    ``--out``, the ``--train`` and ``--eval-pairs`` files. Returns the run (``say``, ``stopper``, ``budget`` unset)."""
     from ..accounting.budget import student_for
-    from ..formats.model_folder import MODEL_TYPES, read_config, shape_fields
+    from ..formats.model_folder import MODEL_TYPES, shape_fields
 
-    raw = read_config(teacher, model_types=None)
+    teacher, o = Teacher.read(options.teacher), options
+    raw = teacher.raw
     if raw.get("model_type") in MODEL_TYPES:  # torch-free; another architecture: training.teacher (its budget later,
         labels = raw.get("id2label") if isinstance(raw.get("id2label"), dict) else {}  # a large vocabulary cut first)
-        shape = {**shape_fields(teacher), **({} if is_classifier(raw) else {"max_length": max_length(teacher)})}
-        num_labels = max(1, len(labels)) if is_classifier(raw) else None
+        classifier = teacher.is_classifier
+        shape = {**shape_fields(teacher.folder, raw), **({} if classifier else {"max_length": teacher.max_length})}
+        num_labels = max(1, len(labels)) if classifier else None
         try:
-            student_for(shape, limits, num_labels=num_labels)
+            student_for(shape, o.limits, num_labels=num_labels)
         except ValueError:
-            if not _cut_may_fit(shape, limits, num_labels):
+            if not _cut_may_fit(shape, o.limits, num_labels):
                 raise
     else:
-        from ..training.teacher import read_teacher
-
-        read_teacher(teacher)
-    out = check_out(out, teacher, train, overwrite, resume, data)
-    check_train(train)
-    if eval_pairs is not None:
-        read_eval_pairs(eval_pairs)
-    return out, raw
+        teacher.check_encoder()
+    out = check_out(o.out, o.teacher, o.train, o.overwrite, o.resume, o.data)
+    check_train(o.train)
+    if o.eval_pairs is not None:
+        read_eval_pairs(o.eval_pairs)
+    return CompressRun(options, teacher, out)
 
 
 def _cut_may_fit(shape: dict, limits: dict, num_labels: int | None = None) -> bool:
@@ -316,27 +309,18 @@ def student_overrides(cand) -> dict:
     return {"attention": "standard", **{k: cand.config[k] for k in STUDENT_FIELDS if k in cand.config}}
 
 
-def student_vocabulary(
-    teacher,
-    t_tok,
-    limits: dict,
-    args,
-    train,
-    data,
-    vocab_size: int | None,
-    say,
-    num_labels: int | None = None,
-    more_text=None,
-):
-    """The teacher's vocabulary cut for the student (``training.vocab.plan_vocabulary``), or None to keep it whole.
-    The cut keeps the tokens of the --train text (default corpus) and of ``more_text()`` (a classifier: its task's
-    training text); ``num_labels``: a classifier's, whose head the budget counts."""
+def student_vocabulary(run: CompressRun, num_labels: int | None = None, more_text=None):
+    """The teacher's vocabulary cut for the student (``training.vocab.plan_vocabulary``; ``--vocab-size``, else only
+    when the teacher's does not fit the limits), or None to keep it whole. The cut keeps the tokens of the --train
+    text (default corpus) and of ``more_text()`` (a classifier: its task's training text); ``num_labels``: a
+    classifier's, whose head the budget counts."""
     from ..training.distill_embedding import IN_MEMORY
     from ..training.distill_sentences import default_corpus, read_sentences
     from ..training.vocab import plan_vocabulary
 
-    if data is not None:
-        if vocab_size is not None:
+    o, teacher = run.options, run.teacher
+    if o.data is not None:
+        if o.vocab_size is not None:
             raise ValueError(
                 "--vocab-size cuts the vocabulary to the tokens of --train text; a --data folder holds the "
                 "teacher's token ids: give --train"
@@ -344,21 +328,17 @@ def student_vocabulary(
         return None
 
     def text():
-        sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)
+        sentences = read_sentences(o.train or default_corpus(), o.args.max_train_samples or IN_MEMORY)
         return [*sentences, *(more_text() if more_text is not None else ())]
 
-    from ..training.teacher import teacher_shape
-
-    shape = teacher_shape(teacher) if num_labels is not None else embedding_shape(teacher)  # an encoder: its positions
-    return plan_vocabulary(t_tok, shape, limits, budget_fit(num_labels), text, vocab_size, say)
+    shape = teacher.shape if num_labels is not None else embedding_shape(teacher)  # an encoder: its positions too
+    return plan_vocabulary(teacher.tokenizer, shape, o.limits, budget_fit(num_labels), text, o.vocab_size, run.say)
 
 
-def embedding_shape(teacher) -> dict:
-    """What ``budget.student_for`` reads of an encoder teacher (``teacher.teacher_shape``) and its maximum length
-    (:func:`max_length`): the student gets as many positions, so it reads what its teacher reads."""
-    from ..training.teacher import teacher_shape
-
-    return {**teacher_shape(teacher), "max_length": max_length(teacher)}
+def embedding_shape(teacher: Teacher) -> dict:
+    """What ``budget.student_for`` reads of an encoder teacher (:attr:`run.Teacher.shape`) and its maximum length
+    (:attr:`run.Teacher.max_length`): the student gets as many positions, so it reads what its teacher reads."""
+    return {**teacher.shape, "max_length": teacher.max_length}
 
 
 def planned_steps(budget, args) -> int | None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .teacher_pass import cached_teacher_vectors, max_length, teacher_vectors_key, vectors_path
+from .run import Teacher
+from .teacher_pass import cached_teacher_vectors, teacher_vectors_key, vectors_path
 
 # The verdict (:func:`search_verdict`). A student is usable for search when it gives the teacher's top-1 answer on
 # at least 9 of 10 of the package's search queries (32 of 35): a user who swaps teacher for student then sees the
@@ -157,13 +158,13 @@ def quality_sentences(eval_pairs=None, limit: int | None = None) -> int:
     return sum(map(len, quality_texts(eval_pairs, limit)))
 
 
-def cached_quality_sentences(teacher, eval_pairs=None, limit: int | None = None) -> int:
+def cached_quality_sentences(teacher: Teacher, eval_pairs=None, limit: int | None = None) -> int:
     """How many of :func:`quality_sentences` have the teacher's vectors in the cache already (for the plan)."""
     key = teacher_vectors_key(teacher)
     return sum(len(texts) for texts in quality_texts(eval_pairs, limit) if vectors_path(key, texts).is_file())
 
 
-def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit: int | None = None) -> dict:
+def embedding_quality(teacher: Teacher, student_embed, eval_pairs=None, say=print, limit: int | None = None) -> dict:
     """The embedding measures of the report, each named by what it was measured on (``{key: {"label", "teacher",
     "student"}}``; the student is ``student_embed`` (texts -> vectors: its int8 artifact's ``Runtime.embed``), the
     teacher its PyTorch fp32 model and recipe):
@@ -181,17 +182,13 @@ def embedding_quality(teacher, student_embed, eval_pairs=None, say=print, limit:
     import numpy as np
 
     from ..formats.paths import packaged_heldout
-    from ..formats.recipe import read_recipe
     from ..training.distill_embedding_model import load_encoder, recipe_head
     from ..training.distill_sentences import sts_available, sts_dev
     from ..training.metrics import cosine_spearman
     from ..training.sentence_vectors import encode
-    from ..training.teacher import teacher_tokenizer
 
-    recipe = read_recipe(teacher)
-    t_model, t_head = load_encoder(teacher), recipe_head(teacher, recipe)
-    t_tok = teacher_tokenizer(teacher)  # any encoder architecture
-    seq_len = max_length(teacher)
+    recipe, t_tok, seq_len = teacher.recipe, teacher.tokenizer, teacher.max_length  # any encoder architecture
+    t_model, t_head = load_encoder(teacher.folder), recipe_head(teacher.folder, recipe)
     cache_key = teacher_vectors_key(teacher)  # not "key": the loop below names each measure so
     t_vec = lambda texts: cached_teacher_vectors(  # noqa: E731
         cache_key, texts, lambda: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len)

@@ -1,7 +1,7 @@
 """The teacher's side of a compress run: its artifact at the first quantization that keeps it
 (:func:`export_teacher`, cached per teacher: :func:`teacher_cache`), any export done once (:func:`export_once`),
-its sentence vectors of the quality measures kept in the cache (:func:`cached_teacher_vectors`), the tokens it reads
-(:func:`max_length`) and its name for titles."""
+its sentence vectors of the quality measures kept in the cache (:func:`cached_teacher_vectors`) and its name for
+titles. The teacher is a :class:`run.Teacher`, read once per run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import read_json, write_json
+
+from .run import Teacher
 
 # The teacher's artifact in a compress report: the first of these whose outputs keep the teacher (TEACHER_COSINE).
 # Measured (docs/RESULTS.md): all-MiniLM-L6-v2's sentence embeddings at int8-dynamic 0.9866 mean cosine to fp32
@@ -41,7 +43,7 @@ def kept_cosine(manifest: dict) -> float:
     return min(cosine, parity.get("agreement", 1.0))
 
 
-def export_teacher(teacher, out: Path, task: str, progress: bool, say=print) -> tuple[Path, str, dict]:
+def export_teacher(teacher: Teacher, out: Path, task: str, progress: bool, say=print) -> tuple[Path, str, dict]:
     """The teacher's artifact in ``out`` at the first of :data:`TEACHER_QUANTIZATIONS` that keeps it within
     :data:`TEACHER_COSINE`: ``(artifact, quantization, {refused mode: why})``. The artifact a resumed run chose is
     kept (exported again only if the teacher changed since); else the one an earlier run of this teacher left in the
@@ -49,14 +51,14 @@ def export_teacher(teacher, out: Path, task: str, progress: bool, say=print) -> 
     manifest = Path(out) / "manifest.json"
     chosen = _verified_choice(Path(out), say) if manifest.is_file() else None
     if chosen in TEACHER_QUANTIZATIONS:
-        export_once(Path(teacher), Path(out), chosen, progress, task=task, allow_low_parity=True)
+        export_once(teacher.folder, Path(out), chosen, progress, task=task, allow_low_parity=True)
         if kept_cosine(read_json(manifest)) >= TEACHER_COSINE:
             return Path(out), chosen, {}
     cache = teacher_cache(teacher, task)
     if (hit := _from_cache(cache, Path(out), say)) is not None:
         say(f"the teacher's {hit[0]} artifact from the cache ({cache}), exported by an earlier run")
         return Path(out), *hit
-    mode, refused = _teacher_ladder(teacher, Path(out), task, progress, say)
+    mode, refused = _teacher_ladder(teacher.folder, Path(out), task, progress, say)
     _to_cache(cache, Path(out), mode, refused, say)
     return Path(out), mode, refused
 
@@ -100,23 +102,22 @@ def teacher_ladder(folder) -> tuple[str, ...]:
     return TEACHER_QUANTIZATIONS[1:] if weights > LARGE_TEACHER else TEACHER_QUANTIZATIONS
 
 
-def teacher_cache(teacher, task: str) -> Path:
+def teacher_cache(teacher: Teacher, task: str) -> Path:
     """The cache folder of a teacher's artifact (``paths.cache_dir``): keyed by the teacher's files
-    (``fingerprint.teacher_fingerprint``), the task, the quantization ladder and its bar, and the exporter's code,
+    (:attr:`run.Teacher.fingerprint`), the task, the quantization ladder and its bar, and the exporter's code,
     so a second ``compress`` of the same teacher skips its exports (on all-MiniLM-L6-v2, 2 cores: ~100 s, half of
     it the int8-dynamic export the bar refuses)."""
     import hashlib
 
     from .. import export
     from ..formats.paths import cache_dir
-    from ..training.fingerprint import teacher_fingerprint
 
     sources = sorted(Path(export.__file__).parent.glob("*.py"))
     key = json.dumps(
         [
-            teacher_fingerprint(teacher),
+            teacher.fingerprint,
             task,
-            teacher_ladder(teacher),
+            teacher_ladder(teacher.folder),
             TEACHER_COSINE,
             [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources],
         ]
@@ -173,7 +174,7 @@ def _to_cache(cache: Path, out: Path, mode: str, refused: dict, say) -> None:
         say(f"the teacher's artifact is not cached ({first_line(e)}); set SHAREBERT_CACHE to a writable folder")
 
 
-def export_once(
+def export_once(  # 7 parameters: export_model's own keywords (quantize, task, parity gate, format), passed through
     model_dir: Path,
     out: Path,
     quantize: str,
@@ -205,14 +206,12 @@ def export_once(
     return out
 
 
-def teacher_vectors_key(teacher) -> str:
-    """What the teacher's vectors of the quality measures depend on: its files (``fingerprint.teacher_fingerprint``:
+def teacher_vectors_key(teacher: Teacher) -> str:
+    """What the teacher's vectors of the quality measures depend on: its files (:attr:`run.Teacher.fingerprint`:
     weights, config, tokenizer, recipe and Dense modules) and the length it reads."""
     import hashlib
 
-    from ..training.fingerprint import teacher_fingerprint
-
-    return hashlib.sha256(json.dumps([teacher_fingerprint(teacher), max_length(teacher)]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([teacher.fingerprint, teacher.max_length]).encode()).hexdigest()
 
 
 def vectors_path(key: str, texts) -> Path:
@@ -252,16 +251,6 @@ def cached_teacher_vectors(key: str, texts, compute):
     except OSError:
         tmp.unlink(missing_ok=True)
     return vectors
-
-
-def max_length(model_dir) -> int:
-    """The tokens a model folder reads: its recipe's ``max_seq_length``, else its position embeddings; never more
-    than its position embeddings."""
-    from ..formats.model_folder import read_config
-    from ..formats.recipe import read_recipe
-
-    positions = int(read_config(model_dir, model_types=None).get("max_position_embeddings", 512))
-    return min(read_recipe(model_dir).max_seq_length or positions, positions)
 
 
 def teacher_name(teacher) -> str:

@@ -47,12 +47,13 @@ def data_files(train=None, data=None, default=()) -> list[Path]:
     return [f for f in resolve_sources(train or default) if isinstance(f, Path)]
 
 
-def run_fingerprint(teacher_dir, student, files, objective: str) -> dict:
+def run_fingerprint(teacher_dir, student, files, objective: str, teacher: list[str] | None = None) -> dict:
     """What a ``--resume`` must find unchanged (``outdir.check_same_run``): the teacher's files (weights, config,
-    tokenizer, recipe: :func:`teacher_fingerprint`, full sha256), the student (its name or shape), the training
-    files' bytes (``outdir.file_fingerprint``) and the objective."""
+    tokenizer, recipe: :func:`teacher_fingerprint`, full sha256; ``teacher``: that list where the caller has it
+    already), the student (its name or shape), the training files' bytes (``outdir.file_fingerprint``) and the
+    objective."""
     return {
-        "teacher": teacher_fingerprint(teacher_dir),
+        "teacher": teacher_fingerprint(teacher_dir) if teacher is None else teacher,
         "student": student,
         "data": [f"{Path(f).name}:{file_fingerprint(f)}" for f in files],
         "objective": objective,

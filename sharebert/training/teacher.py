@@ -47,10 +47,13 @@ def read_teacher(teacher_dir) -> dict:
     in one line for a decoder-only, encoder-decoder or non-text model."""
     from ..formats.model_folder import read_config
 
-    raw = read_config(teacher_dir, model_types=None)
+    return check_teacher(read_config(teacher_dir, model_types=None), Path(teacher_dir) / "config.json")
+
+
+def check_teacher(raw: dict, path: Path) -> dict:
+    """:func:`read_teacher`'s checks of a teacher's ``config.json`` already read (``raw``, from ``path``)."""
     kind = raw.get("model_type")
     archs = raw.get("architectures") or []
-    path = Path(teacher_dir) / "config.json"
     if raw.get("is_encoder_decoder"):
         raise ValueError(f"{path}: {kind!r} is an encoder-decoder model; sharebert needs {accepted()}")
     if raw.get("is_decoder") or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
@@ -65,22 +68,30 @@ def read_teacher(teacher_dir) -> dict:
     return raw
 
 
-def teacher_config(teacher_dir):
-    """The teacher's transformers config (``AutoConfig``; sharebert's registered), checked by :func:`read_teacher`."""
+def teacher_config(teacher_dir, raw: dict | None = None):
+    """The teacher's transformers config (``AutoConfig``; sharebert's registered), checked by :func:`read_teacher`;
+    built from ``raw`` (its ``config.json`` already read and checked: :func:`check_teacher`) where given, so a run
+    that read the folder once does not read it again."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     import sharebert.model.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
 
-    read_teacher(teacher_dir)
+    if raw is None:
+        read_teacher(teacher_dir)
     try:
-        return AutoConfig.from_pretrained(teacher_dir)
+        if raw is None:
+            return AutoConfig.from_pretrained(teacher_dir)
+        config = CONFIG_MAPPING[raw["model_type"]].from_dict(raw)  # what from_pretrained does with the file's dict
+        config.name_or_path = str(teacher_dir)
+        return config
     except Exception as e:  # ValueError / TypeError for a field out of range, OSError for a damaged file
         raise ValueError(f"{Path(teacher_dir) / 'config.json'} is not a valid model config: {first_line(e)}") from None
 
 
-def teacher_shape(teacher_dir) -> dict:
+def teacher_shape(teacher_dir, config=None) -> dict:
     """The fields the student's budget reads of the teacher (``budget.student_for``): vocabulary, width, depth."""
-    config = teacher_config(teacher_dir)
+    config = teacher_config(teacher_dir) if config is None else config
     return {k: int(getattr(config, k)) for k in ("vocab_size", "hidden_size", "num_hidden_layers")}
 
 
@@ -89,7 +100,7 @@ def teacher_tokenizer(teacher_dir, config=None, needs: tuple[str, ...] = ("pad",
     from ..formats.model_folder import load_tokenizer
 
     config = teacher_config(teacher_dir) if config is None else config
-    return load_tokenizer(teacher_dir, int(config.vocab_size), needs=needs)
+    return load_tokenizer(teacher_dir, int(config.vocab_size), needs=needs, config=config)
 
 
 def uses_token_types(tokenizer) -> bool:

@@ -198,11 +198,13 @@ def test_a_compress_leaves_the_teachers_artifact_and_quality_vectors_in_the_cach
     fixture's run started from a first run's cache (conftest's minilm_user_run, whose test checks what that run
     left): it took the teacher's artifact from there, without a ladder, and added its STS-B vectors."""
     from sharebert.pipelines.quality import cached_quality_sentences, quality_sentences
+    from sharebert.pipelines.run import Teacher
     from sharebert.pipelines.teacher_pass import teacher_cache
 
     monkeypatch.setenv("SHAREBERT_CACHE", str(compressed.parent / "cache"))
-    assert cached_quality_sentences(minilm_dir) == quality_sentences() > 3000  # STS-B's 3,000 included
-    assert (teacher_cache(minilm_dir, "feature-extraction") / "artifact" / "manifest.json").is_file()
+    teacher = Teacher.read(minilm_dir)
+    assert cached_quality_sentences(teacher) == quality_sentences() > 3000  # STS-B's 3,000 included
+    assert (teacher_cache(teacher, "feature-extraction") / "artifact" / "manifest.json").is_file()
     said = (compressed.parent / "said.txt").read_text()
     assert "the teacher's int8 artifact from the cache" in said and "does not keep it" not in said
 

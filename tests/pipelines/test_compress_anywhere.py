@@ -70,8 +70,9 @@ def test_the_student_has_the_positions_of_its_teachers_maximum_length(minilm_dir
     budget; without a length, 128."""
     from sharebert.accounting.budget import student_for
     from sharebert.pipelines.plan import embedding_shape
+    from sharebert.pipelines.run import Teacher
 
-    shape = embedding_shape(minilm_dir)
+    shape = embedding_shape(Teacher.read(minilm_dir))
     assert shape["max_length"] == 256
     long, head = student_for(shape, {"max_params": 5e6})
     short, _ = student_for({k: v for k, v in shape.items() if k != "max_length"}, {"max_params": 5e6})
@@ -86,6 +87,7 @@ def test_a_second_run_takes_the_teachers_artifact_from_the_cache(minilm_dir, tmp
     import shutil
 
     from sharebert.pipelines import teacher_pass as t
+    from sharebert.pipelines.run import Teacher
 
     monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
     exported = []
@@ -96,8 +98,9 @@ def test_a_second_run_takes_the_teachers_artifact_from_the_cache(minilm_dir, tmp
         return "int8", {"int8-dynamic": "mean cosine 0.9866 to PyTorch < 0.99"}
 
     monkeypatch.setattr(t, "_teacher_ladder", ladder)
-    teacher = tmp_path / "teacher"
-    shutil.copytree(minilm_dir, teacher)
+    folder = tmp_path / "teacher"
+    shutil.copytree(minilm_dir, folder)
+    teacher = Teacher.read(folder)  # as a run reads it, once
     first = t.export_teacher(teacher, tmp_path / "a" / "teacher_artifact", "feature-extraction", False, lambda _: None)
     said = []
     second = t.export_teacher(teacher, tmp_path / "b" / "teacher_artifact", "feature-extraction", False, said.append)
@@ -107,7 +110,8 @@ def test_a_second_run_takes_the_teachers_artifact_from_the_cache(minilm_dir, tmp
     (cache / t.CACHE_CHOICE).write_text("{not json")
     t.export_teacher(teacher, tmp_path / "c" / "teacher_artifact", "feature-extraction", False, lambda _: None)
     assert len(exported) == 2  # damaged: exported again, and cached again
-    (teacher / "config.json").write_text((teacher / "config.json").read_text() + " ")  # another file, another key
+    (folder / "config.json").write_text((folder / "config.json").read_text() + " ")  # another file, another key
+    teacher = Teacher.read(folder)  # the next run's
     assert t.teacher_cache(teacher, "feature-extraction") != cache
     t.export_teacher(teacher, tmp_path / "d" / "teacher_artifact", "feature-extraction", False, lambda _: None)
     assert len(exported) == 3
@@ -133,6 +137,7 @@ def test_a_teachers_artifact_that_fails_its_manifest_is_exported_again_never_use
     import shutil
 
     from sharebert.pipelines import teacher_pass as t
+    from sharebert.pipelines.run import Teacher
 
     exported = []
 
@@ -141,8 +146,8 @@ def test_a_teachers_artifact_that_fails_its_manifest_is_exported_again_never_use
         exported.append(teacher)
         return "int8", {}
 
-    teacher = tmp_path / "teacher"
-    shutil.copytree(minilm_dir, teacher)
+    shutil.copytree(minilm_dir, tmp_path / "teacher")
+    teacher = Teacher.read(tmp_path / "teacher")
     first = tmp_path / "a" / "teacher_artifact"
     with pytest.MonkeyPatch.context() as m:
         m.setattr(t, "_teacher_ladder", ladder)
@@ -285,6 +290,7 @@ def test_agreement_and_calibration_of_a_perturbed_teacher(minilm_dir, tmp_path, 
 
     from sharebert.formats.recipe import read_recipe
     from sharebert.pipelines.quality import embedding_quality
+    from sharebert.pipelines.run import Teacher
     from sharebert.training.distill_embedding_model import load_encoder, recipe_head
     from sharebert.training.sentence_vectors import encode
 
@@ -303,9 +309,9 @@ def test_agreement_and_calibration_of_a_perturbed_teacher(minilm_dir, tmp_path, 
         "different\nDogs run in the snow.\tTwo dogs run across a snowy field.\tsame\nRain flooded the "
         "city.\tChildren play football in the park.\tdifferent\n"
     )
-    same = embedding_quality(minilm_dir, student, pairs, say=lambda *_: None, limit=60)
+    same = embedding_quality(Teacher.read(minilm_dir), student, pairs, say=lambda *_: None, limit=60)
     noise["value"] = 0.05
-    noisy = embedding_quality(minilm_dir, student, pairs, say=lambda *_: None, limit=60)
+    noisy = embedding_quality(Teacher.read(minilm_dir), student, pairs, say=lambda *_: None, limit=60)
     assert set(same["measures"]) == {"agreement_cosine", "agreement_top1", "search_top1", "eval_pairs_spearman"}
     assert same["measures"]["agreement_cosine"]["student"] == pytest.approx(1.0, abs=1e-5)
     assert same["measures"]["agreement_top1"]["student"] == same["measures"]["search_top1"]["student"] == 1.0

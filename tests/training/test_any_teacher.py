@@ -256,9 +256,10 @@ def test_folders_that_are_no_encoder_teacher_get_one_line_errors(teachers, tmp_p
 @pytest.mark.slow
 def test_the_teachers_artifact_takes_the_first_quantization_that_keeps_it(teachers, tmp_path, monkeypatch):
     from sharebert.pipelines import teacher_pass as t
+    from sharebert.pipelines.run import Teacher
     from sharebert_runtime.outdir import read_json
 
-    folder, said = teachers["mpnet"]["embedding"], []
+    folder, said = Teacher.read(teachers["mpnet"]["embedding"]), []
     art, mode, refused = t.export_teacher(folder, tmp_path / "a", "feature-extraction", False, said.append)
     assert (mode, refused, said) == ("int8-dynamic", {}, [])
     monkeypatch.setattr(t, "TEACHER_COSINE", 0.99999)  # tighter than int8 compute and int8 storage keep it here
