@@ -394,6 +394,11 @@ class OutLock:
                 "wait for it to finish or choose another --out"
             ) from None
         self.f.seek(0)
+        held = self.f.read(64)
+        if held and not re.fullmatch(r"\d+\n?", held):  # what a run writes here is its PID: anything else is a user's
+            self.__exit__()
+            raise ValueError(f"{self.path} is a file of yours, not a run's lock (a process id): move it away")
+        self.f.seek(0)
         self.f.truncate()
         self.f.write(f"{os.getpid()}\n")
         self.f.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import pytest
@@ -85,3 +86,22 @@ def test_a_lock_file_that_is_no_regular_file_is_refused_and_left_alone(tmp_path,
         with OutLock(out, "compress"):
             pass
     assert "\n" not in str(refused.value) and outside.read_text() == "the user's own\n"
+
+
+@pytest.mark.parametrize("held", ["", "4242\n", "my notes\n"])
+def test_a_lock_file_of_the_users_own_is_kept_and_a_stale_pid_taken(tmp_path, held):
+    """A run writes its PID into `.lock` (a killed run's stays: the next run takes it); a `.lock` that holds anything
+    else is a file of the user's, which the run truncated: now refused in one line, the file as it was."""
+    from sharebert_runtime.outdir import OutLock
+
+    (tmp_path / ".lock").write_text(held)
+    if held.strip().isdigit() or not held:
+        with OutLock(tmp_path, "compress"):
+            assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n"
+        return
+    with pytest.raises(ValueError, match=r"\.lock is a file of yours, not a run's lock") as refused:
+        with OutLock(tmp_path, "compress"):
+            pass
+    assert "\n" not in str(refused.value) and (tmp_path / ".lock").read_text() == held
+    with open(tmp_path / ".lock") as f:  # the refusal left no lock held
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
