@@ -5,6 +5,7 @@ Spearman or the task's dev metric)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from sharebert_runtime import options as opt
 
@@ -217,7 +218,8 @@ def run(args) -> int:
         print(f"stopped at step {r['steps']}{phase} (checkpoint saved); {resume}")
         return 130
     _print_result(r)
-    print(f"report.md, report.json, report.png -> {args.out}")
+    written = [name for name in ("report.md", "report.json", "report.png") if Path(args.out, name).is_file()]
+    print(f"{', '.join(written)} -> {args.out}")  # no report.png where matplotlib is absent
     return 0
 
 
