@@ -71,18 +71,50 @@ SLOW_TESTS = {  # over 10 s each in a fast-tier run on 2 cores at load 7
 }
 
 
+# The longest files first. `make test`'s workers (`--dist loadfile`) take whole files in collection order, two at a
+# time, and tests/training/ is collected last: its long files (classifier compresses, torchrun, shards) ran on one
+# worker while the other sat idle for minutes (2026-11-29: load 1 of 2 for the run's last ~4 of 16 minutes). Longest
+# first lets the short files fill the end. Ranked by the summed per-test durations of that run; test_docs.py third, so
+# that it starts once test_compress.py has made the shared first MiniLM run its README block reuses.
+LONGEST_FIRST = (
+    "pipelines/test_compress.py",
+    "training/test_any_teacher_classifier.py",
+    "test_docs.py",
+    "training/test_any_teacher.py",
+    "training/test_pretrain.py",
+    "export/test_export.py",
+    "training/test_shards.py",
+    "training/test_depth_training.py",
+    "export/test_adversarial_export.py",
+    "training/test_distill.py",
+    "training/test_finetune.py",
+    "pipelines/test_compress_anywhere.py",
+    "export/test_real_model.py",
+    "deploy/test_untrusted.py",
+    "pipelines/test_compress_classifier.py",
+)
+
+
 def pytest_collection_modifyitems(items):
-    """The slow tier (above); and a test that takes ``optimum_onnx`` is marked ``optimum`` (``make test-optimum``
-    selects them), one marked ``optimum`` skipped, saying why, where the extra is not installed."""
+    """The slow tier (above); a test that takes ``optimum_onnx`` is marked ``optimum`` (``make test-optimum``
+    selects them), one marked ``optimum`` skipped, saying why, where the extra is not installed; the files of
+    :data:`LONGEST_FIRST` first (each file's tests in their order, the other files after in theirs)."""
     optimum = _optimum_installed()
+    rank = {file: i for i, file in enumerate(LONGEST_FIRST)}
+    order = {id(item): (rank.get(_file(item), len(rank)), i) for i, item in enumerate(items)}
+    items.sort(key=lambda item: order[id(item)])
     for item in items:
-        file = os.path.relpath(item.path, TESTS).replace(os.sep, "/")
+        file = _file(item)
         if file in SLOW_FILES or f"{file}::{item.originalname}" in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
         if "optimum_onnx" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.optimum)
         if not optimum and item.get_closest_marker("optimum"):
             item.add_marker(pytest.mark.skip(reason=OPTIMUM_ABSENT))
+
+
+def _file(item) -> str:
+    return os.path.relpath(item.path, TESTS).replace(os.sep, "/")
 
 
 @pytest.fixture(autouse=True)

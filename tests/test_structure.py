@@ -368,10 +368,12 @@ def test_the_layer_rules_catch_a_breach():
 
 
 def test_the_slow_tier_names_tests_that_exist():
-    from conftest import SLOW_FILES, SLOW_TESTS
+    from conftest import LONGEST_FIRST, SLOW_FILES, SLOW_TESTS
 
     tests = REPO / "tests"
-    assert all((tests / f).is_file() for f in SLOW_FILES), sorted(f for f in SLOW_FILES if not (tests / f).is_file())
+    named = SLOW_FILES | set(LONGEST_FIRST)
+    assert all((tests / f).is_file() for f in named), sorted(f for f in named if not (tests / f).is_file())
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
     for name in SLOW_TESTS:
         file, test = name.split("::")
         assert f"def {test}(" in (tests / file).read_text(encoding="utf-8"), name
