@@ -18,6 +18,7 @@ from sharebert_runtime.outdir import (
     made_by,
     mark_out,
     read_json,
+    read_mark,
     seal_out,
 )
 
@@ -78,8 +79,27 @@ def check_out(out, teacher, train, overwrite: bool, resume: bool, data=None) -> 
         stopped=stopped_run,
     )
     if overwrite and not resume:
+        check_stopped_aside(path, out)
         check_unlisted(path, out, "compress run")
     return path
+
+
+def check_stopped_aside(path: Path, given) -> None:
+    """An ``--overwrite`` killed while it moved the earlier result aside (kill -9, a power cut, before its own marker)
+    leaves some of the result's parts in ``.replaced``, the rest in place, the result's sealed marker unchanged: said
+    as such, with how to put them back, where every file there is one the marker lists and missing from its place."""
+    aside = path / ASIDE
+    listed = (read_mark(path) or {}).get("files")
+    if not isinstance(listed, dict) or not aside.is_dir() or aside.is_symlink():
+        return
+    inside = [f.relative_to(aside).as_posix() for f in aside.rglob("*") if not f.is_dir() or f.is_symlink()]
+    parts = sorted({name.split("/")[0] for name in inside})
+    # a moved part is gone from its place: a copy beside the original is the user's (check_unlisted names it)
+    if inside and all(name in listed for name in inside) and not any(os.path.lexists(path / p) for p in parts):
+        raise ValueError(
+            f"--out {given}: an --overwrite stopped while it set the earlier result aside ({', '.join(parts)} in "
+            f"{aside}): put them back (mv {aside}/* {path}/ && rmdir {aside}) and run again"
+        )
 
 
 def stopped_run(out: Path) -> str | None:

@@ -492,6 +492,30 @@ def test_overwrite_refuses_a_users_folder_named_like_the_aside_of_a_finished_res
     assert _snapshot(out) == before
 
 
+def test_an_overwrite_killed_while_setting_the_result_aside_says_so_and_how_to_put_it_back(minilm_dir, tmp_path):
+    """kill -9 while --overwrite moved the earlier result's parts into .replaced (before its own marker): the next
+    --overwrite named those parts as files the earlier run did not write. Now it says what happened and how to put
+    them back, nothing changed; put back as it says, the folder is the finished result again."""
+    import subprocess
+
+    out = _sealed(tmp_path / "result")
+    (out / ".replaced").mkdir()
+    for part in ("report.json", "student"):
+        os.replace(out / part, out / ".replaced" / part)
+    before = _snapshot(out)
+    with pytest.raises(ValueError, match=r"an --overwrite stopped while it set the earlier result aside") as refused:
+        _precheck_out(out, minilm_dir)
+    assert "\n" not in str(refused.value) and "report.json, student in" in str(refused.value)
+    assert _snapshot(out) == before
+    fix = str(refused.value).split("put them back (")[1].split(") and run again")[0]
+    subprocess.run(fix, shell=True, check=True)
+    assert _precheck_out(out, minilm_dir) == out
+    (out / ".replaced").mkdir()  # a copy of a part beside the part itself is the user's: named as such
+    (out / ".replaced" / "report.json").write_text((out / "report.json").read_text())
+    with pytest.raises(ValueError, match=r"did not write \(\.replaced/report\.json\)"):
+        _precheck_out(out, minilm_dir)
+
+
 def _checkpointed(folder: Path, command: str) -> Path:
     """A run stopped after its first checkpoint, as it leaves its folder: the marker written there (``mark_out``),
     a complete ``checkpoint-2`` (files and the completion marker the Trainer's callbacks write), no result."""
