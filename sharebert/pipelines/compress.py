@@ -55,7 +55,7 @@ from .plan import (
     student_vocabulary,
 )
 from .quality import UNTRAINED_SHARE, cached_quality_sentences, embedding_quality, quality_sentences, search_verdict
-from .report import probe, safetensor_params, web_sentence, weight_bytes, write_report
+from .report import probe, quality_source, safetensor_params, web_sentence, weight_bytes, write_report
 from .run import CompressRun, Student
 from .teacher_pass import export_once, export_teacher, teacher_name
 
@@ -218,7 +218,11 @@ def _compress(run: CompressRun, student: Student, threads) -> dict:
     s_probe, t_probe = probe(art), probe(t_art)
     from sharebert_runtime import Runtime
 
-    q = embedding_quality(teacher, Runtime(art).embed, o.eval_pairs, say, o.max_eval_samples)
+    from ..training.teacher_vectors import TeacherPass
+
+    t_pass = TeacherPass.of(teacher, teacher.max_length, t_art)  # the training's path: its artifact where it keeps it
+    q = embedding_quality(teacher, Runtime(art).embed, o.eval_pairs, say, o.max_eval_samples, t_pass)
+    t_pass.close()
     s_manifest = json.loads((art / "manifest.json").read_text())
     vocab = student.vocab
     report = {
@@ -230,6 +234,7 @@ def _compress(run: CompressRun, student: Student, threads) -> dict:
             "artifact_bytes": weight_bytes(t_art),
             "quantization": t_quant,
             "quantization_refused": t_refused,
+            "teacher_pass": q["teacher_pass"],
             **{k: v["teacher"] for k, v in q["measures"].items()},
             **t_probe,
         },
@@ -263,8 +268,8 @@ def _compress(run: CompressRun, student: Student, threads) -> dict:
     summary = (
         f"{_length_sentence(m['seq_len'], report['teacher']['max_seq_length'])} Distilled {tr['steps']} "
         f"steps ({tr['train_seconds']:.0f} s, {_texts(tr)} of at "
-        f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: PyTorch "
-        "fp32; student figures: its int8 artifact through the torch-free runtime. "
+        f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: "
+        f"{quality_source(report['teacher'])}; student figures: its int8 artifact through the torch-free runtime. "
         + calibration_sentence(q["calibration"])
         + (f" The student's {vocab.describe()}." if vocab is not None else "")
         + (web_sentence(web_entry) if o.web else "")

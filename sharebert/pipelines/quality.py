@@ -164,10 +164,15 @@ def cached_quality_sentences(teacher: Teacher, eval_pairs=None, limit: int | Non
     return sum(len(texts) for texts in quality_texts(eval_pairs, limit) if vectors_path(key, texts).is_file())
 
 
-def embedding_quality(teacher: Teacher, student_embed, eval_pairs=None, say=print, limit: int | None = None) -> dict:
+def embedding_quality(  # 6 parameters: the run's teacher and its pass, the student, the data, how it speaks
+    teacher: Teacher, student_embed, eval_pairs=None, say=print, limit: int | None = None, vectors=None
+) -> dict:
     """The embedding measures of the report, each named by what it was measured on (``{key: {"label", "teacher",
-    "student"}}``; the student is ``student_embed`` (texts -> vectors: its int8 artifact's ``Runtime.embed``), the
-    teacher its PyTorch fp32 model and recipe):
+    "student"}}``, and ``teacher_pass``: the path the teacher's vectors were computed on); the student is
+    ``student_embed`` (texts -> vectors: its int8 artifact's ``Runtime.embed``), the teacher ``vectors``: the run's
+    ``teacher_vectors.TeacherPass`` (its artifact through the torch-free runtime where the artifact keeps it, as the
+    training's pass; None: one made here without an artifact, the teacher in PyTorch fp32), its vectors kept in the
+    cache by the teacher's fingerprint (:func:`teacher_pass.cached_teacher_vectors`):
 
     - ``agreement_cosine`` / ``agreement_top1``: the student's mean cosine to the teacher's vector of the same
       sentence, and its top-1 neighbour agreement, on the held-out sentences shipped in the package
@@ -182,17 +187,13 @@ def embedding_quality(teacher: Teacher, student_embed, eval_pairs=None, say=prin
     import numpy as np
 
     from ..formats.paths import packaged_heldout
-    from ..training.distill_embedding_model import load_encoder, recipe_head
     from ..training.distill_sentences import sts_available, sts_dev
     from ..training.metrics import cosine_spearman
-    from ..training.sentence_vectors import encode
+    from ..training.teacher_vectors import TeacherPass
 
-    recipe, t_tok, seq_len = teacher.recipe, teacher.tokenizer, teacher.max_length  # any encoder architecture
-    t_model, t_head = load_encoder(teacher.folder), recipe_head(teacher.folder, recipe)
+    vectors = vectors if vectors is not None else TeacherPass.of(teacher, teacher.max_length)
     cache_key = teacher_vectors_key(teacher)  # not "key": the loop below names each measure so
-    t_vec = lambda texts: cached_teacher_vectors(  # noqa: E731
-        cache_key, texts, lambda: encode(t_model, t_tok, list(texts), recipe.pooling, t_head, seq_len)
-    )
+    t_vec = lambda texts: cached_teacher_vectors(cache_key, texts, lambda: distinct_vectors(vectors, texts))  # noqa: E731
     s_vec = lambda texts: np.stack(student_embed(list(texts)))  # noqa: E731
     held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
     held = held[: max(limit, 3)] if limit else held
@@ -249,7 +250,17 @@ def embedding_quality(teacher: Teacher, student_embed, eval_pairs=None, say=prin
                 "student": float(_cos(sa[top], sb[top]).mean()),
                 "measured_on": f"the {int(top.sum())} pairs of the gold's top quarter, {label}",
             }
-    return {"measures": rows, "calibration": calibration}
+    return {"measures": rows, "calibration": calibration, "teacher_pass": vectors.path}
+
+
+def distinct_vectors(vectors, texts):
+    """``vectors(texts)`` with each distinct text encoded once (STS-B dev repeats some of its sentences)."""
+    import numpy as np
+
+    distinct = list(dict.fromkeys(texts))
+    rows = vectors(distinct)
+    where = {text: i for i, text in enumerate(distinct)}
+    return np.asarray(rows)[[where[text] for text in texts]]
 
 
 def search_verdict(

@@ -75,7 +75,7 @@ def report_markdown(r: dict) -> str:
         f"teacher {name} (`{t['folder']}`) -> student {s['shape']} (`{s['folder']}`)",
         "",
         *([f"measured on {describe(r['cpu'])}", ""] if r.get("cpu") else []),
-        f"| | teacher ({t.get('quantization', 'int8-dynamic')} artifact; quality rows in PyTorch fp32) "
+        f"| | teacher ({t.get('quantization', 'int8-dynamic')} artifact; quality rows from {quality_source(t)}) "
         "| student (int8 artifact) "
         "| student / teacher |",
         "|---|---|---|---|",
@@ -92,6 +92,14 @@ def report_markdown(r: dict) -> str:
             for kind, v in calibration.items()
         ]
     return "\n".join(lines + ["", r["summary"], ""])
+
+
+def quality_source(teacher: dict) -> str:
+    """Where a report's teacher figures of its quality rows come from (``teacher_pass``: the pass's path; a report
+    written before the pass measured them has none: PyTorch fp32)."""
+    from ..training.teacher_vectors import PATH_WORDS
+
+    return PATH_WORDS.get(teacher.get("teacher_pass"), PATH_WORDS["torch"])
 
 
 def web_sentence(entry: dict) -> str:

@@ -25,6 +25,14 @@ ONNX_BATCH = 32  # texts per ONNX Runtime call (the runtime's default; calls als
 CHUNK = 4096  # texts handed to the runtime at once, in token-length order: one progress step
 
 
+# A pass's path (``TeacherPass.path``) in a report's words: where the teacher's figures of its quality rows come from.
+PATH_WORDS = {
+    "onnx": "its artifact through the torch-free runtime",
+    "torch": "PyTorch fp32",
+    "gpu": "PyTorch on the GPU",
+}
+
+
 def artifact_keeps(artifact) -> bool:
     """Whether the ONNX artifact in ``artifact`` keeps its model's sentence vectors, by its export's parity with
     PyTorch (``manifest.parity``, of the sentence vectors where recorded): a quantized artifact's mean cosine at or
@@ -59,17 +67,38 @@ class TeacherPass:
     (``"gpu"``, ``"onnx"`` or ``"torch"``) and ``batch`` is its texts per call (for a time estimate's padding).
 
     ``model``, ``head``, ``tokenizer``, ``pooling``: the teacher in PyTorch (on its device); ``artifact``: its ONNX
-    artifact, or None."""
+    artifact, or None. :meth:`of` makes one whose PyTorch model is loaded only where the pass runs there."""
 
     def __init__(self, model, head, tokenizer, pooling: str, seq_len: int, artifact=None):
         self.model, self.head, self.tokenizer, self.pooling, self.seq_len = model, head, tokenizer, pooling, seq_len
-        self.artifact, self._runtime = artifact, None
-        if model.device.type != "cpu":
+        self.artifact, self._runtime, self._load = artifact, None, None
+        if model is not None and model.device.type != "cpu":
             self.path, self.batch = "gpu", GPU_BATCH
         elif artifact is not None and artifact_keeps(artifact) and self._fits(artifact):
             self.path, self.batch = "onnx", ONNX_BATCH
         else:
             self.path, self.batch = "torch", TORCH_BATCH
+
+    @classmethod
+    def of(cls, teacher, seq_len: int, artifact=None) -> TeacherPass:
+        """The pass of a ``pipelines.run.Teacher`` (its folder, tokenizer and recipe): on the GPU where there is one,
+        else on ``artifact`` where it keeps the teacher, its PyTorch model (and Dense head) then never loaded; else
+        loaded on first use. A run whose vectors are all cached loads nothing."""
+        from .distill_teacher import training_device
+
+        device = training_device()
+        artifact = artifact if device == "cpu" else None
+        made = cls(None, None, teacher.tokenizer, teacher.recipe.pooling, seq_len, artifact)
+        if device != "cpu":
+            made.path, made.batch = "gpu", GPU_BATCH
+        made._load = lambda: _pytorch_teacher(teacher.folder, teacher.recipe, device)
+        return made
+
+    def _torch(self) -> tuple:
+        """``(model, head)`` in PyTorch, loaded now where :meth:`of` left it for later."""
+        if self.model is None:
+            self.model, self.head = self._load()
+        return self.model, self.head
 
     def _fits(self, artifact) -> bool:
         """The artifact reads as far as the pass truncates (a shorter one would cut what PyTorch reads)."""
@@ -103,12 +132,13 @@ class TeacherPass:
         if self.path != "onnx":
             from .sentence_vectors import encode
 
+            model, head = self._torch()
             return encode(
-                self.model,
+                model,
                 self.tokenizer,
                 sentences,
                 self.pooling,
-                self.head,
+                head,
                 seq_len=self.seq_len,
                 batch_size=self.batch,
                 desc=desc,
@@ -131,3 +161,11 @@ class TeacherPass:
             for j, row in zip(idx, rt.embed([sentences[j] for j in idx], normalize=False)):
                 out[j] = row
         return np.stack(out).astype(np.float32, copy=False)
+
+
+def _pytorch_teacher(folder, recipe, device: str) -> tuple:
+    """The teacher's backbone and Dense head (None without one) in PyTorch, on ``device``."""
+    from .distill_embedding_model import load_encoder, recipe_head
+
+    model, head = load_encoder(folder).to(device), recipe_head(folder, recipe)
+    return model, head.to(device) if head is not None else None

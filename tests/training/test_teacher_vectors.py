@@ -84,3 +84,55 @@ def test_without_a_keeping_artifact_the_pass_is_pytorchs(exported, tmp_path):
         assert slow.path == "torch" and slow.describe() == "PyTorch on the CPU"
         assert np.allclose(slow(texts[:8]), expected, atol=1e-6)
     assert not artifact_keeps(low) and not artifact_keeps(tmp_path / "missing")
+
+
+def _pair_bound(threshold: float) -> float:
+    """How far a pair's cosine can move when each of its two vectors is within cosine ``threshold`` of PyTorch's:
+    each turns by at most arccos(threshold), so the angle between them by twice that, and a cosine moves no more than
+    its angle (|cos x - cos y| <= |x - y|)."""
+    return 2 * float(np.arccos(threshold))
+
+
+def test_the_reports_teacher_figures_come_from_the_pass(exported, tmp_path, monkeypatch):
+    """``embedding_quality`` measures the teacher through the run's pass (its artifact: PyTorch's ``encode`` made to
+    fail proves nothing falls back to it, and the pass's PyTorch model is never loaded), and its figures are
+    PyTorch's within what the artifact's parity threshold allows: every pair's cosine and the calibration's mean
+    cosines within :func:`_pair_bound`, the Spearman row that of the pass's own pair cosines (Spearman is theirs alone;
+    a bound on it from the threshold would be vacuous at 20 pairs); NaN fails every comparison. A second run takes
+    every teacher vector from the cache: the pass is not called."""
+    from sharebert.pipelines import quality
+    from sharebert.pipelines.run import Teacher
+    from sharebert.training import sentence_vectors
+    from sharebert.training.metrics import cosine_spearman
+
+    folder, artifact, kwargs, texts = exported
+    monkeypatch.setenv("SHAREBERT_DATA", str(tmp_path / "empty"))  # no STS-B: the pairs below are the Spearman row
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"{a}\t{b}\t{i % 5}\n" for i, (a, b) in enumerate(zip(texts[:20], texts[20:40]))))
+    teacher = Teacher.read(folder)
+    student = TeacherPass(**kwargs, artifact=artifact)  # any student: its figures are not compared here
+
+    def measure(vectors):
+        return quality.embedding_quality(teacher, student, pairs, lambda *_: None, 40, vectors)
+
+    reference = measure(None)  # the teacher in PyTorch fp32, as the report measured it before the pass
+    a, b, gold = quality.read_eval_pairs(pairs)
+    pair_cosines = _cosine(*(TeacherPass.of(teacher, teacher.max_length)(t) for t in (a, b)))
+    monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "fresh"))
+    monkeypatch.setattr(sentence_vectors, "encode", lambda *a, **k: pytest.fail("the teacher fell back to PyTorch"))
+    on_artifact = TeacherPass.of(teacher, teacher.max_length, artifact)
+    ours = measure(on_artifact)
+    assert reference["teacher_pass"] == "torch" and ours["teacher_pass"] == "onnx"
+    assert on_artifact.model is None  # its PyTorch teacher never loaded
+    threshold = json.loads((artifact / "manifest.json").read_text())["parity"]["sentence_embedding"]["thresholds"]
+    bound = _pair_bound(threshold["cosine"])
+    assert set(ours["calibration"]) == set(reference["calibration"]) == {"related", "unrelated"}
+    for kind, row in reference["calibration"].items():
+        assert abs(ours["calibration"][kind]["teacher"] - row["teacher"]) <= bound, (kind, row, bound)
+    ours_a, ours_b = on_artifact(a), on_artifact(b)
+    assert np.isfinite(ours_a).all() and np.abs(_cosine(ours_a, ours_b) - pair_cosines).max() <= bound
+    assert ours["measures"]["eval_pairs_spearman"]["teacher"] == cosine_spearman(ours_a, ours_b, gold)
+    calls = []
+    again = TeacherPass.of(teacher, teacher.max_length, artifact)
+    monkeypatch.setattr(again, "_onnx", lambda *a: calls.append(a))
+    assert measure(again)["measures"] == ours["measures"] and calls == []  # every teacher vector from the cache
