@@ -33,11 +33,13 @@ def test_overview_shows_every_command_with_its_line_and_the_version(capsys):
     assert capsys.readouterr().out.strip() == f"sharebert {__version__}"
 
 
-# The overview, each command's --help and argument errors answer without torch (or transformers): each row runs
-# in a fresh interpreter, which fails when torch is in sys.modules after the command. The overview and the device
-# commands (sharebert_runtime) run as they are, on this workstation install; a library command's module imports
-# sharebert, which registers with transformers here, so it runs as on a device install (torch and transformers
-# blocked): its help and argument errors must not need them.
+# The overview, each command's --help and argument errors answer without torch (or transformers): every row runs
+# in one of two fresh interpreters, which fails a row when torch is in sys.modules after its command. The overview
+# and the device commands (sharebert_runtime) run as they are, on this workstation install; a library command's
+# module imports sharebert, which registers with transformers here, so it runs as on a device install (torch and
+# transformers blocked): its help and argument errors must not need them. The rows share an interpreter (two
+# processes, not one per row): a row that imported torch stays caught, since torch is checked after each row and
+# nothing takes it out of sys.modules again.
 FAST = {
     "": [["--help"], ["--no-such-option"]],
     "build": [
@@ -90,16 +92,21 @@ FAST = {
 }
 DEVICE = ("", "predict", "serve", "verify")
 PROBE = """
-import json, sys
+import contextlib, io, json, sys
 if sys.argv[2] == "block":
     sys.modules.update(torch=None, transformers=None)
 from sharebert_runtime.main import main
-try:
-    code = main(json.loads(sys.argv[1]))
-except SystemExit as e:
-    code = e.code
-heavy = sorted(m for m in ("torch", "transformers") if sys.modules.get(m) is not None)
-print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+    heavy = sorted(m for m in ("torch", "transformers") if sys.modules.get(m) is not None)
+    results.append({"argv": argv, "code": code, "heavy": heavy, "err": err.getvalue()})
+print(json.dumps(results))
 """
 
 
@@ -107,27 +114,38 @@ def test_fast_table_covers_every_command():
     assert set(FAST) == {"", *COMMANDS}
 
 
-@pytest.mark.parametrize("name", sorted(FAST))
-def test_help_and_argument_errors_answer_without_torch(name, tmp_path):
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory):
+    """Each row of ``FAST`` run by ``PROBE``: {command: [(argv, result)]}, the device commands' rows in one
+    interpreter as installed, the library commands' in another with torch and transformers blocked."""
     import json
     import subprocess
     import sys
 
-    (tmp_path / "full").mkdir()
-    (tmp_path / "full" / "notes.txt").write_text("mine")
-    for argv in FAST[name]:
-        argv = [a.format(tmp=tmp_path) for a in argv]
-        block = "free" if name in DEVICE else "block"
+    tmp = tmp_path_factory.mktemp("cli")
+    (tmp / "full").mkdir()
+    (tmp / "full" / "notes.txt").write_text("mine")
+    out = {}
+    for block, names in (("free", DEVICE), ("block", sorted(set(FAST) - set(DEVICE)))):
+        rows = [(name, [a.format(tmp=tmp) for a in argv]) for name in names for argv in FAST[name]]
         done = subprocess.run(
-            [sys.executable, "-c", PROBE, json.dumps(argv), block],
+            [sys.executable, "-c", PROBE, json.dumps([argv for _, argv in rows]), block],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=300,
             env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
         )
-        result = json.loads(done.stderr.strip().splitlines()[-1])
+        assert done.returncode == 0, done.stderr[-3000:]
+        for (name, argv), result in zip(rows, json.loads(done.stdout.strip().splitlines()[-1]), strict=True):
+            out.setdefault(name, []).append((argv, result))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(FAST))
+def test_help_and_argument_errors_answer_without_torch(name, answers):
+    for argv, result in answers[name]:
         help_asked = "--help" in argv
-        assert result["code"] == (0 if help_asked else 2), (argv, done.stderr)
+        assert result["code"] == (0 if help_asked else 2), (argv, result["err"])
         if not help_asked:
-            assert "error" in done.stderr, (argv, done.stderr)
+            assert "error" in result["err"], (argv, result["err"])
         assert result["heavy"] == [], (argv, result)
