@@ -5,35 +5,32 @@ perhaps with ``--augment``'s perturbed copies; the best dev checkpoint kept. Gen
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
-
-from sharebert_runtime.outdir import (
-    check_out_dir,
-    finite,
-)
 
 from ..formats.model_folder import load_config, load_tokenizer
 from ..formats.paths import data_path
 from .arguments import DistillArgs
 from .augment import augment, check_augment
-from .callbacks import (
-    MarkCheckpoints,
-    kept_result,
-    start_checkpoints,
-    write_results,
-)
+from .callbacks import MarkCheckpoints
 from .depth_table import check_depth_sampling
-from .distill_losses import _maps
-from .distill_run import _is_distill_out, _resume_same_data, _student_name, is_distill_out, start_run
-from .distill_teacher import WithTeacherLogits, check_teacher_labels, check_tokenizers, load_teacher, teacher_logits
+from .distill_losses import student_teacher_maps
+from .distill_run import DISTILL, check_same_data, student_name
+from .distill_teacher import (
+    WithTeacherLogits,
+    check_teacher_labels,
+    check_tokenizers,
+    load_teacher,
+    logits_cache,
+    teacher_logits,
+)
 from .distill_trainer import DistillTrainer
 from .encoded import encoded_task, evaluate_dev
 from .finetune import load_classifier, metrics_for, task_training_args
 from .fingerprint import run_fingerprint
 from .glue import GlueTask, get_task, task_file
+from .run_skeleton import best_step, open_run
 
 
 def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed: int):
@@ -64,7 +61,7 @@ def load_student(student: str, task: GlueTask, teacher_tok, teacher_config, seed
     return load_classifier(student, task), tokenizer
 
 
-def distill_glue(
+def distill_glue(  # its keywords are `sharebert distill`'s flags and compress's hooks (cache, clock, vocab)
     teacher_dir,
     student: str,
     task: str,
@@ -100,23 +97,19 @@ def distill_glue(
         check_cut_task(args, cache_teacher)
     from transformers import DataCollatorWithPadding
 
-    from .teacher import teacher_config, teacher_tokenizer
+    from .teacher import read_teacher, teacher_config, teacher_tokenizer
 
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
-    out = check_out_dir(
-        out,
-        "distillation result",
-        is_distill_out,
-        overwrite or resume,
-        legacy=_is_distill_out,
-        inputs=(teacher_dir, data_dir) + ((student,) if Path(student).exists() else ()),
-    )
+    inputs = (teacher_dir, data_dir) + ((student,) if Path(student).exists() else ())
+    run = open_run(DISTILL, out, inputs, overwrite or resume, keep_checkpoints)
+    out = run.out
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before any model loads
         task_file(task_, data_dir, split)
     data = {"augment": args.augment, "seed": args.seed}
-    start_from = _resume_same_data(out, resume, data)
-    t_config = teacher_config(teacher_dir)  # any encoder architecture (training.teacher)
+    if run.resume(resume) is not None:  # its checkpoint trained on these rows (--augment, --seed)
+        check_same_data(run.start_from, data)
+    t_config = teacher_config(teacher_dir, read_teacher(teacher_dir))  # any encoder (training.teacher), read once
     t_tok = teacher_tokenizer(teacher_dir, t_config)
     check_teacher_labels(teacher_dir, t_config, task_)
     if args.augment:  # before any model loads
@@ -128,7 +121,7 @@ def distill_glue(
     s_tok = t_tok if vocab is None else s_tok  # one tokenizer (the teacher's settings), or the student's own
     teacher = _task_teacher(teacher_dir, task_)
     w = args.weights
-    pairs, groups, projections = _maps(model, teacher, w, args.seed)
+    pairs, groups, projections = student_teacher_maps(model, teacher, w, args.seed)
 
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
     train, train_ds, dev_ds = encoded_task(
@@ -142,20 +135,17 @@ def distill_glue(
     main_dev = dev_ds[task_.dev_splits[0]]
     if args.augment:  # the row limit, now the examples are counted: before --out is made
         check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
-    start_run(
-        out,
-        start_from is not None,
-        run_fingerprint(teacher_dir, _student_name(student), [train.path], f"task distillation on {task_.name}"),
-    )
+    run.start(run_fingerprint(teacher_dir, student_name(student), [train.path], f"task distillation on {task_.name}"))
     if args.augment:  # one tokenizer (a cut refuses --augment): the teacher reads the same augmented rows
         train_ds = t_train_ds = augment(
             train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight, task_.is_regression, seed=args.seed
         )
     if cache_teacher is not None:
         variant = ",".join(f"{k}={v}" for k, v in data.items()) if args.augment else ""
+        cache = logits_cache(cache_teacher, teacher_dir, train.path, seq_len, len(t_train_ds), variant)
         train_ds = WithTeacherLogits(
             train_ds,
-            teacher_logits(teacher, teacher_dir, t_train_ds, train.path, seq_len, cache_teacher, progress, variant),
+            teacher_logits(teacher, t_train_ds, cache, progress),
             agreed=agreed_labels and not task_.is_regression,
         )
     teacher_metrics = evaluate_dev(teacher, t_dev_ds, task_, progress=progress)
@@ -190,19 +180,10 @@ def distill_glue(
     )
     for callback in (MarkCheckpoints(args.save_minutes, keep=1), *callbacks):
         trainer.add_callback(callback)
-    if (
-        kept := kept_result(
-            trainer,
-            start_from,
-            out,
-            expect=(task_.main_metric, "steps", "best_step", "teacher", "train_seconds", "train_samples"),
-        )
-    ) is not None:
+    expect = (task_.main_metric, "steps", "best_step", "teacher", "train_seconds", "train_samples")
+    if (kept := run.kept(trainer, expect)) is not None:
         return kept
-    start_checkpoints(out / "checkpoints", start_from)
-    result = trainer.train(resume_from_checkpoint=start_from)
-    best = trainer.state.best_model_checkpoint
-
+    result = run.train(trainer)
     metrics = {
         "task": task_.name,
         **evaluate_dev(trainer.model, dev_ds, task_, targs.per_device_eval_batch_size, progress),
@@ -212,7 +193,7 @@ def distill_glue(
         augment=args.augment,
         eval_samples=len(main_dev),
         steps=trainer.state.global_step,
-        best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
+        best_step=best_step(trainer),
         **trainer.trained(result),
         seed=args.seed,
         teacher=teacher_metrics,
@@ -222,8 +203,10 @@ def distill_glue(
         temperature=w.temperature,
         layer_map=[list(p) for p in pairs],
     )
-    _publish_student(trainer, s_tok, out, metrics, keep_checkpoints)
-    return finite(metrics)
+    if trainer.is_world_process_zero():  # the student alone: the projections live in the trainer
+        trainer.model.save_pretrained(str(out))
+        s_tok.save_pretrained(str(out))
+    return run.publish(trainer, metrics)
 
 
 def _task_teacher(teacher_dir, task_):
@@ -233,17 +216,6 @@ def _task_teacher(teacher_dir, task_):
         teacher.config.id2label = dict(enumerate(task_.label_names))
         teacher.config.label2id = {n: i for i, n in enumerate(task_.label_names)}
     return teacher
-
-
-def _publish_student(trainer, s_tok, out: Path, metrics: dict, keep_checkpoints: bool) -> None:
-    """On the main process: the student alone (the projections live in the trainer), its tokenizer and results
-    in ``out``; the checkpoints dropped unless kept."""
-    if trainer.is_world_process_zero():
-        trainer.model.save_pretrained(str(out))
-        s_tok.save_pretrained(str(out))
-        write_results(trainer, out, finite(metrics))
-        if not keep_checkpoints:
-            shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
 
 def check_cut_task(args: DistillArgs, cache_teacher) -> None:

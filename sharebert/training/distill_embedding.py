@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from sharebert_runtime.outdir import check_out_dir, finite
+from sharebert_runtime.outdir import finite
 
 from .arguments import EmbeddingArgs
 from .distill_embedding_budget import _budgeted_count
@@ -49,14 +49,15 @@ from .distill_embedding_setup import (
     check_cut,
     check_data,
 )
-from .distill_losses import _maps
-from .distill_run import TARGETS_FILE, _is_distill_out, _resume_from, check_same_data, is_distill_out, start_run
+from .distill_losses import student_teacher_maps
+from .distill_run import DISTILL, TARGETS_FILE, check_same_data
 from .distill_sentences import BlockDataset, SentenceDataset, _scorer, default_corpus, read_sentences, sts_available
 from .distill_teacher import (
     WithTeacherLogits,
     teacher_blocks,
 )
 from .fingerprint import data_files, run_fingerprint, teacher_fingerprint
+from .run_skeleton import open_run
 from .sentence_vectors import encode, encode_blocks
 
 HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
@@ -120,8 +121,6 @@ def distill_embedding(
     ``teacher_artifact``: the teacher's ONNX artifact, which its pass over the training sentences runs on where it
     keeps the teacher and no GPU is present (``teacher_vectors.TeacherPass``).
     """
-    from .callbacks import kept_result, start_checkpoints
-
     overrides = overrides or {}
     score_sts = score_sts and sts_available()  # STS-B is one more measure where the data folder has it
     _check_args(args, score_sts, eval_limit)
@@ -132,17 +131,15 @@ def distill_embedding(
         *(train or []),
         *([student] if student_folder else []),
     )
-    out = check_out_dir(
-        out, "distillation result", is_distill_out, overwrite or resume, inputs=inputs, legacy=_is_distill_out
-    )
-    start_from = _resume_from(out, resume)  # nothing to resume: said now, before any work
+    run = open_run(DISTILL, out, inputs, overwrite or resume)
+    out, start_from = run.out, run.resume(resume)  # nothing to resume: said now, before any work
     t = _read_teacher(teacher_dir)
     t.artifact = teacher_artifact
     manifest = check_data(data, train, t.tokenizer, teacher_dir)
     s_tok = t.tokenizer if vocab is None else check_cut(vocab, manifest, args.weights, student_folder)
     model = _new_student(student, overrides, args, t, vocab)
     t.model = load_encoder(teacher_dir)
-    pairs, groups, _ = _maps(model, t.model, args.weights, args.seed)
+    pairs, groups, _ = student_teacher_maps(model, t.model, args.weights, args.seed)
     t.head = recipe_head(teacher_dir, t.recipe)
     projections = EmbeddingProjections(model.config.hidden_size, t.model.config.hidden_size, t.width)
     init = _init_student(model, t, projections, args.init, student_folder, vocab)
@@ -171,16 +168,8 @@ def distill_embedding(
     trained_on = _trained_on(train_ds, sentences, manifest, seq_len, student, student_folder, overrides)
     if start_from is not None:  # before the teacher's pass: --resume on other text is refused, not trained on
         check_same_data(Path(start_from), trained_on)
-    start_run(
-        out,
-        start_from is not None,
-        run_fingerprint(
-            teacher_dir,
-            trained_on["student"],
-            data_files(train, data, default_corpus()),
-            f"embedding ({args.loss} loss)",
-        ),
-    )
+    files = data_files(train, data, default_corpus())
+    run.start(run_fingerprint(teacher_dir, trained_on["student"], files, f"embedding ({args.loss} loss)"))
     score = _scorer(score_sts, s_tok, t.recipe.pooling, seq_len, eval_limit, progress)
     metrics = _start_metrics(args, t, student, init, seq_len, len(train_ds), score_sts, eval_limit, data, vocab)
     if manifest is None and args.words:
@@ -210,13 +199,10 @@ def distill_embedding(
         packed=manifest is not None,
     )
     if (
-        kept := kept_result(
-            trainer, start_from, out, expect=(*metrics, "steps", "train_loss", "last_terms", "student_sts_spearman")
-        )
+        kept := run.kept(trainer, expect=(*metrics, "steps", "train_loss", "last_terms", "student_sts_spearman"))
     ) is not None:
         return kept
-    start_checkpoints(out / "checkpoints", start_from)
-    result = trainer.train(resume_from_checkpoint=start_from)
+    result = run.train(trainer)
     model = trainer.model.eval()
     metrics.update(steps=trainer.state.global_step, **trainer.trained(result), seed=args.seed)
     metrics["student_sts_spearman"] = score(model, projections.head, "student")

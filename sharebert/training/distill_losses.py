@@ -105,7 +105,7 @@ def hard_loss(logits, labels, regression: bool = False) -> torch.Tensor:
     return F.cross_entropy(logits.float()[keep], labels[keep])
 
 
-def distill_losses(
+def distill_losses(  # a loss, no workflow: a batch's outputs, mask and labels, and the map between the two models
     student_out,
     teacher_out,
     attention_mask,
@@ -162,7 +162,7 @@ def distill_losses(
     return parts
 
 
-def _maps(model, teacher, w: DistillWeights, seed: int):
+def student_teacher_maps(model, teacher, w: DistillWeights, seed: int):
     """The layer map, the head groups and the (freshly seeded) width projections between student and teacher."""
     from transformers import set_seed
 

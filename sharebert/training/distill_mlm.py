@@ -8,25 +8,16 @@ from pathlib import Path
 
 import torch
 
-from sharebert_runtime.outdir import (
-    check_out_dir,
-    finite,
-)
-
 from ..formats.model_folder import load_config, load_tokenizer
 from .arguments import DistillArgs
-from .callbacks import (
-    MarkCheckpoints,
-    kept_result,
-    start_checkpoints,
-    write_results,
-)
+from .callbacks import MarkCheckpoints
 from .depth_table import check_depth_sampling
-from .distill_losses import _maps
-from .distill_run import _is_distill_out, _resume_from, _student_name, is_distill_out, start_run
-from .distill_teacher import check_encoder, check_tokenizers, load_teacher, teacher_blocks, teacher_data
+from .distill_losses import student_teacher_maps
+from .distill_run import DISTILL, student_name
+from .distill_teacher import check_tokenizers, load_teacher, teacher_blocks, teacher_data
 from .distill_trainer import DistillTrainer, stream_training_args
 from .fingerprint import data_files, run_fingerprint
+from .run_skeleton import open_run
 
 
 def _mlm_student(student: str, t_tok, seed: int):
@@ -58,7 +49,7 @@ def _text_blocks(train, t_tok, seq_len: int, max_train_samples, progress: bool):
     return pack(ids, seq_len, cls_id=t_tok.cls_token_id, sep_id=t_tok.sep_token_id)[:max_train_samples]
 
 
-def distill_mlm(
+def distill_mlm(  # its keywords are `sharebert distill --objective mlm`'s flags
     teacher_dir,
     student: str,
     train,
@@ -79,25 +70,16 @@ def distill_mlm(
     args.weights.check_teaches()
     from .corpus import PackedDataset
 
-    out = check_out_dir(
-        out,
-        "distillation result",
-        is_distill_out,
-        overwrite or resume,
-        legacy=_is_distill_out,
-        inputs=(
-            teacher_dir,
-            *([data] if data is not None else []),
-            *(train or []),
-            *([student] if Path(student).exists() else []),
-        ),
-    )
-    start_from = _resume_from(out, resume)
-    from .teacher import teacher_config, teacher_tokenizer
+    inputs = (teacher_dir, *([data] if data is not None else []), *(train or []))
+    run = open_run(DISTILL, out, (*inputs, *([student] if Path(student).exists() else [])), overwrite or resume)
+    out = run.out
+    run.resume(resume)
+    from .teacher import read_teacher, teacher_config, teacher_tokenizer
 
-    t_config = teacher_config(teacher_dir)  # any encoder architecture (training.teacher)
+    raw = read_teacher(teacher_dir)  # any encoder architecture (training.teacher), read once
+    t_config = teacher_config(teacher_dir, raw)
     t_tok = teacher_tokenizer(teacher_dir, t_config, needs=("pad", "mask"))  # masking needs its mask token
-    archs = check_encoder(teacher_dir).get("architectures") or []
+    archs = raw.get("architectures") or []
     mlm_teacher = any(a.endswith("ForMaskedLM") for a in archs)
     if not mlm_teacher:  # an encoder without an MLM head (e.g. a sentence-transformers model): no soft targets
         args = replace(args, weights=replace(args.weights, kl=0.0))
@@ -114,18 +96,14 @@ def distill_mlm(
     manifest = teacher_data(data, t_tok, teacher_dir) if data is not None else None
     teacher = load_teacher(teacher_dir, head="mlm" if mlm_teacher else "encoder")
     w = args.weights
-    pairs, groups, projections = _maps(model, teacher, w, args.seed)
+    pairs, groups, projections = student_teacher_maps(model, teacher, w, args.seed)
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)
     if manifest is not None:
         blocks = teacher_blocks(data, manifest, t_tok, seq_len, args.max_train_samples)
     else:
         blocks = _text_blocks(train, t_tok, seq_len, args.max_train_samples, progress)
     train_ds = PackedDataset.for_objective(blocks, t_tok, "mlm", seed=args.seed)
-    start_run(
-        out,
-        start_from is not None,
-        run_fingerprint(teacher_dir, _student_name(student), data_files(train, data), "mlm"),
-    )
+    run.start(run_fingerprint(teacher_dir, student_name(student), data_files(train, data), "mlm"))
 
     targs = stream_training_args(out, args, progress)
     trainer = DistillTrainer(
@@ -142,12 +120,9 @@ def distill_mlm(
         progress=progress,
     )
     trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=2))
-    if (
-        kept := kept_result(trainer, start_from, out, expect=("steps", "train_loss", "train_seconds", "last_terms"))
-    ) is not None:
+    if (kept := run.kept(trainer, expect=("steps", "train_loss", "train_seconds", "last_terms"))) is not None:
         return kept
-    start_checkpoints(out / "checkpoints", start_from)
-    result = trainer.train(resume_from_checkpoint=start_from)
+    result = run.train(trainer)
     metrics = {
         "objective": "mlm",
         "steps": trainer.state.global_step,
@@ -163,5 +138,4 @@ def distill_mlm(
     if trainer.is_world_process_zero():
         trainer.model.save_pretrained(str(out))
         t_tok.save_pretrained(str(out))
-        write_results(trainer, out, finite(metrics))
-    return finite(metrics)
+    return run.publish(trainer, metrics)  # checkpoints kept: MarkCheckpoints keeps the two newest

@@ -6,16 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from sharebert_runtime.errors import first_line
-from sharebert_runtime.outdir import (
-    check_same_run,
-    made_by,
-    mark_out,
-    read_json,
-)
+from sharebert_runtime.outdir import read_json
 
-from .callbacks import (
-    resume_from,
-)
+from .run_skeleton import RunKind
 
 PROJECTIONS_FILE = "distill_projections.safetensors"
 TARGETS_FILE = "teacher_targets"  # an embedding distillation's teacher vectors: -<key>.npy in its --out
@@ -23,10 +16,9 @@ DATA_FILE = "distill_data.json"  # in each checkpoint: what it trained on (check
 
 
 COMMAND = "distill"  # the marker's command (``outdir.MARK``): a folder is a distillation's only when it says so
-is_distill_out = made_by(COMMAND)
 
 
-def _is_distill_out(path: Path) -> bool:
+def looks_like_distill_out(path: Path) -> bool:
     """A folder that looks like a distillation's (its result, its checkpoints, or the teacher's vectors), with or
     without this command's marker: ``check_out_dir``'s ``legacy``, which it asks only of a folder the marker does not
     vouch for (written by hand, by another tool, or copied): refused naming the marker, never replaced. No older
@@ -36,30 +28,12 @@ def _is_distill_out(path: Path) -> bool:
     )
 
 
-def _student_name(student: str) -> str:
+DISTILL = RunKind("distillation result", COMMAND, looks_like_distill_out)  # every distillation's --out
+
+
+def student_name(student: str) -> str:
+    """``--student`` as its fingerprint records it: a folder by its full path, a preset by its name."""
     return str(Path(student).resolve()) if Path(student).exists() else student
-
-
-def start_run(out: Path, resume: bool, fp: dict) -> None:
-    """Once every input is checked, before the first write: a ``--resume`` of another run refused (its
-    fingerprint), then ``out`` marked a distillation's."""
-    if resume:
-        check_same_run(out, fp)
-    mark_out(out, COMMAND, fp)
-
-
-def _resume_from(out: Path, resume: bool) -> str | None:
-    """The newest complete checkpoint under ``out/checkpoints`` with ``resume`` (``ValueError`` if none)."""
-    found = resume_from(out / "checkpoints", resume)
-    return str(found) if found else None
-
-
-def _resume_same_data(out: Path, resume: bool, data: dict) -> str | None:
-    """:func:`_resume_from`, its checkpoint refused when it trained on other ``data`` (:func:`check_same_data`)."""
-    start_from = _resume_from(out, resume)
-    if start_from is not None:
-        check_same_data(Path(start_from), data)
-    return start_from
 
 
 def check_same_data(checkpoint: Path, data: dict) -> None:

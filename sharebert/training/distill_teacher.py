@@ -47,9 +47,9 @@ def check_encoder(teacher_dir) -> dict:
 
 
 def check_teacher_labels(teacher_dir, config, task: GlueTask) -> None:
-    """The teacher must be a classifier (or regressor) over exactly the task's labels."""
-    raw = check_encoder(teacher_dir)
-    archs = raw.get("architectures") or []
+    """The teacher must be a classifier (or regressor) over exactly the task's labels: told by its ``config`` (its
+    transformers config, checked an encoder when it was made: :func:`~.teacher.teacher_config`), not read again."""
+    archs = config.architectures or []
     if not any(a.endswith("ForSequenceClassification") for a in archs):
         raise ValueError(
             f"{teacher_dir} is not a sequence classifier (architectures: {', '.join(archs) or 'none'}); "
@@ -99,24 +99,25 @@ def load_teacher(teacher_dir, head: str = "classifier"):
     return model.to(training_device()).eval()
 
 
-def teacher_logits(
-    teacher, teacher_dir, ds, split_path, seq_len: int, cache_dir=None, progress: bool = True, variant: str = ""
-):
-    """The teacher's logits on ``ds`` (N, labels); with ``cache_dir`` read from / written to
-    ``<cache_dir>/<key>.npy``, the key hashing the teacher's files (:func:`teacher_fingerprint`), the split file,
-    ``seq_len`` and ``variant`` (how the split was augmented; "" for none)."""
+def logits_cache(cache_dir, teacher_dir, split_path, seq_len: int, rows: int, variant: str = "") -> Path:
+    """Where the teacher's logits on a split are kept: ``<cache_dir>/<key>.npy``, the key hashing the teacher's files
+    (:func:`teacher_fingerprint`), the split file, ``seq_len``, the ``rows`` scored and ``variant`` (how the split
+    was augmented; "" for none)."""
+    parts = teacher_fingerprint(teacher_dir) + [sha256(Path(split_path)), str(seq_len), str(rows)]
+    parts += [variant] if variant else []
+    return Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
+
+
+def teacher_logits(teacher, ds, cache: Path | None = None, progress: bool = True):
+    """The teacher's logits on ``ds`` (N, labels); with ``cache`` (:func:`logits_cache`) read from / written to
+    that file."""
     import numpy as np
 
     from .encoded import predict_logits
 
-    if cache_dir is None:
+    if cache is None:
         return predict_logits(teacher, ds, progress=progress)
-    parts = (
-        teacher_fingerprint(teacher_dir)
-        + [sha256(Path(split_path)), str(seq_len), str(len(ds))]
-        + ([variant] if variant else [])
-    )
-    path = Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
+    path = cache
     if path.is_file():
         try:
             logits = np.load(path, allow_pickle=False)

@@ -35,7 +35,7 @@ class DistillTrainer(StopsAtMaxSteps, Trainer):
     ``progress``: the progress display (``show_progress``; None leaves the Trainer's own).
     """
 
-    def __init__(
+    def __init__(  # a Trainer's constructor: its keywords are transformers' (``kw``) and what the distillation adds
         self,
         *a,
         teacher,

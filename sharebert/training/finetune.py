@@ -18,26 +18,19 @@ from pathlib import Path
 import torch
 from transformers import Trainer
 
-from sharebert_runtime.outdir import OutLock, check_out_dir, check_same_run, finite, made_by, mark_out, rank
+from sharebert_runtime.outdir import OutLock, rank
 
 from ..formats.model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from ..formats.paths import data_path
 from .arguments import FinetuneArgs
-from .callbacks import (
-    FitsCheckpoint,
-    MarkCheckpoints,
-    StopsAtMaxSteps,
-    kept_result,
-    resume_from,
-    start_checkpoints,
-    write_results,
-)
+from .callbacks import FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps
 from .depth_table import check_depth_sampling
 from .encoded import encoded_task, evaluate_dev
 from .fingerprint import run_fingerprint
 from .glue import GlueTask, get_task, task_file
 from .log_lines import no_bars, show_progress
 from .metrics import predictions_from_logits, task_metrics
+from .run_skeleton import RunKind, TrainingRun, best_step, open_run
 
 
 class FinetuneTrainer(FitsCheckpoint, StopsAtMaxSteps, Trainer):
@@ -60,7 +53,6 @@ def load_classifier(model_dir: str | Path, task: GlueTask):
 
 
 COMMAND = "finetune"  # the marker's command (``outdir.MARK``): a folder is a fine-tuning result only when it says so
-_is_finetune_out = made_by(COMMAND)
 
 
 def _legacy(path: Path) -> bool:
@@ -72,7 +64,10 @@ def _legacy(path: Path) -> bool:
 
 def _unfinished(path: Path) -> bool:
     """A fine-tuning ``--out`` holding no result (a stopped or failed run's leftovers): a re-run may replace it."""
-    return path.is_dir() and _is_finetune_out(path) and not (path / "metrics.json").is_file()
+    return path.is_dir() and FINETUNE.is_ours(path) and not (path / "metrics.json").is_file()
+
+
+FINETUNE = RunKind("fine-tuning result", COMMAND, _legacy)
 
 
 def task_training_args(
@@ -136,7 +131,7 @@ def metrics_for(task: GlueTask):
     return compute_metrics
 
 
-def finetune(
+def finetune(  # its keywords are `sharebert finetune`'s flags
     model_dir: str | Path,
     task: str,
     out: str | Path,
@@ -157,14 +152,9 @@ def finetune(
     """
     task_ = get_task(task)
     data_dir = Path(data_dir) if data_dir is not None else data_path("glue", task_.folder)
-    out = check_out_dir(
-        out,
-        "fine-tuning result",
-        _is_finetune_out,
-        overwrite or resume or _unfinished(Path(out)),
-        inputs=(model_dir, data_dir),
-        legacy=_legacy,
-    )
+    replace = overwrite or resume or _unfinished(Path(out))
+    run = open_run(FINETUNE, out, (model_dir, data_dir), replace, keep_checkpoints)
+    out = run.out
     for split in ("train", *task_.dev_splits):  # a wrong --data-dir fails before the model loads
         task_file(task_, data_dir, split)
     rank0 = rank() == 0
@@ -172,26 +162,17 @@ def finetune(
     if rank0:
         out.mkdir(parents=True, exist_ok=True)
     try:
-        with OutLock(out, "finetune") if rank0 else contextlib.nullcontext():
+        with OutLock(out, COMMAND) if rank0 else contextlib.nullcontext():
             # under the lock: a run still saving there is never taken for an interrupted one (its checkpoint set aside)
-            start_from = resume_from(out / "checkpoints", resume)
-            return _finetune(model_dir, task_, out, data_dir, args, keep_checkpoints, progress, start_from)
+            run.resume(resume)
+            return _finetune(run, model_dir, task_, data_dir, args, progress)
     except (ValueError, FileNotFoundError):
         if created and rank0 and not (out / "checkpoints").exists():
             shutil.rmtree(out, ignore_errors=True)  # bad input found before training: leave no --out behind
         raise
 
 
-def _finetune(
-    model_dir,
-    task_,
-    out: Path,
-    data_dir: Path,
-    args: FinetuneArgs,
-    keep_checkpoints: bool,
-    progress: bool,
-    start_from: Path | None,
-) -> dict:
+def _finetune(run: TrainingRun, model_dir, task_: GlueTask, data_dir: Path, args: FinetuneArgs, progress: bool) -> dict:
     from transformers import DataCollatorWithPadding, set_seed
 
     config = load_config(model_dir)
@@ -208,11 +189,9 @@ def _finetune(
     main_dev = dev_ds[task_.dev_splits[0]]
     fp = run_fingerprint(model_dir, None, [task_file(task_, data_dir, "train")], f"fine-tuning on {task_.name}")
     fp = {"model": fp.pop("teacher"), **{k: v for k, v in fp.items() if k != "student"}}
-    if start_from is not None:  # the same model, data and task
-        check_same_run(out, fp)
-    mark_out(out, COMMAND, fp)
+    run.start(fp)  # a --resume: the same model, data and task
 
-    targs = task_training_args(args, out, task_, progress, save_only_model=False)  # optimizer state: --resume
+    targs = task_training_args(args, run.out, task_, progress, save_only_model=False)  # optimizer state: --resume
 
     trainer = FinetuneTrainer(
         model=model,
@@ -225,13 +204,9 @@ def _finetune(
     )
     show_progress(trainer, progress)
     trainer.add_callback(MarkCheckpoints(args.save_minutes, keep=1))
-    if (
-        kept := kept_result(trainer, start_from, out, expect=(task_.main_metric, "steps", "best_step", "train_seconds"))
-    ) is not None:
+    if (kept := run.kept(trainer, expect=(task_.main_metric, "steps", "best_step", "train_seconds"))) is not None:
         return kept
-    start_checkpoints(out / "checkpoints", start_from)
-    result = trainer.train(resume_from_checkpoint=str(start_from) if start_from else None)
-    best = trainer.state.best_model_checkpoint
+    result = run.train(trainer)
 
     metrics = {
         "task": task_.name,
@@ -241,17 +216,11 @@ def _finetune(
         train_samples=len(train_ds),
         eval_samples=len(main_dev),
         steps=trainer.state.global_step,
-        best_step=int(best.rsplit("-", 1)[1]) if best else trainer.state.global_step,
+        best_step=best_step(trainer),
         train_seconds=round(result.metrics.get("train_runtime", 0.0), 1),
         seed=args.seed,
     )
-    trainer.save_model(str(out))  # the main process writes; the others wait
+    trainer.save_model(str(run.out))  # the main process writes; the others wait
     if trainer.is_world_process_zero() and is_bert_folder(model_dir) and not args.convert_to_sharebert:
-        save_as_bert(
-            trainer.model, out
-        )  # BERT stays BERT: plain transformers loads it as BertForSequenceClassification
-    if trainer.is_world_process_zero():
-        write_results(trainer, out, metrics)
-        if not keep_checkpoints:
-            shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return finite(metrics)
+        save_as_bert(trainer.model, run.out)  # BERT stays BERT: transformers loads it as BertForSequenceClassification
+    return run.publish(trainer, metrics)

@@ -18,17 +18,18 @@ class _Stop(Exception):
     """Raised where the run's first work (the teacher's export) would begin."""
 
 
-def _teacher(root: Path, model_type: str) -> Path:
+def _teacher(root: Path, model_type: str, labels: dict | None = None) -> Path:
     """A small ``model_type`` encoder (transformers' own folder, no recipe) a ShareBERT student can be built for
     (hidden 256; a 2,500-row word table, which its layers' weights are generated from), beside its 1,000-token
-    tokenizer."""
+    tokenizer; with ``labels`` (``id2label`` and the rest), an untrained sequence classifier."""
     import transformers
     from tiny_teachers import ARCHITECTURES, TOKEN_TYPES, make_config, make_tokenizer
 
     _, _, kind, style = ARCHITECTURES[model_type]
     tokenizer = make_tokenizer(kind, style, model_type in TOKEN_TYPES)
     folder = root / model_type
-    transformers.AutoModel.from_config(make_config(model_type, tokenizer, **SHAPE)).save_pretrained(folder)
+    auto = transformers.AutoModelForSequenceClassification if labels else transformers.AutoModel
+    auto.from_config(make_config(model_type, tokenizer, **SHAPE, **(labels or {}))).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -78,6 +79,37 @@ def test_a_compress_run_reads_its_teachers_config_json_once(model_type, tmp_path
         flow.compress(run)
     assert len(opens) == 2, opens
     assert run.teacher.max_length == 128 and run.teacher.shape["hidden_size"] == 256  # what the one read said
+
+
+@pytest.mark.slow  # a tokenizer trained, a 2.5M-parameter classifier saved, compress's checks and student (~4 s)
+def test_a_classifier_compress_run_reads_its_teachers_config_json_once(tmp_path, monkeypatch):
+    """The classifier path, from the command's first check to its first work (the teacher's export, or the general
+    distillation): the task told, its labels checked against the teacher's and the student picked from the run's one
+    read, the file hashed once for the fingerprint; its label check opened the file again before."""
+    from sharebert.pipelines import teacher_pass
+    from sharebert.pipelines.compress_classifier import compress_classifier
+    from sharebert.pipelines.plan import precheck
+    from sharebert.training import distill_embedding
+    from sharebert.training.arguments import DistillArgs, EmbeddingArgs
+
+    labels = {"num_labels": 2, "id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
+    teacher = _teacher(tmp_path, "bert", labels)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
+
+    def first_work(*args, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(teacher_pass, "export_teacher", first_work)
+    monkeypatch.setattr(distill_embedding, "distill_embedding", first_work)
+    opens = _count_opens(monkeypatch, teacher / "config.json")
+    args, task_args = EmbeddingArgs(max_train_samples=64), DistillArgs(max_train_samples=64)
+    run = precheck(CompressOptions(teacher, tmp_path / "out", {"max_params": 2.5e6}, args, task_args, task="sst2"))
+    run.say = lambda *_: None
+    with pytest.raises(_Stop):
+        compress_classifier(run)
+    assert len(opens) == 2, opens
+    assert run.teacher.is_classifier and run.teacher.config.num_labels == 2
 
 
 def test_the_teachers_config_is_the_one_transformers_reads(tmp_path):
