@@ -51,7 +51,7 @@ from .distill_embedding_setup import (
 )
 from .distill_losses import student_teacher_maps
 from .distill_run import DISTILL, TARGETS_FILE, check_same_data
-from .distill_sentences import BlockDataset, SentenceDataset, _scorer, default_corpus, read_sentences, sts_available
+from .distill_sentences import BlockDataset, SentenceDataset, default_corpus, read_sentences, sts_available, sts_scorer
 from .distill_teacher import (
     WithTeacherLogits,
     teacher_blocks,
@@ -170,7 +170,7 @@ def distill_embedding(
         check_same_data(Path(start_from), trained_on)
     files = data_files(train, data, default_corpus())
     run.start(run_fingerprint(teacher_dir, trained_on["student"], files, f"embedding ({args.loss} loss)"))
-    score = _scorer(score_sts, s_tok, t.recipe.pooling, seq_len, eval_limit, progress)
+    score = sts_scorer(score_sts, s_tok, t.recipe.pooling, seq_len, eval_limit, progress)
     metrics = _start_metrics(args, t, student, init, seq_len, len(train_ds), score_sts, eval_limit, data, vocab)
     if manifest is None and args.words:
         metrics["train_word_strings"] = word_strings

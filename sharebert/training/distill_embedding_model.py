@@ -18,7 +18,7 @@ from ..model.modeling_sharebert import pool
 from .arguments import EMBEDDING_LOSSES, EmbeddingArgs
 from .distill_embedding_setup import _Teacher
 from .distill_losses import Projections, distill_losses, pairs_that_ran
-from .distill_sentences import _Collator
+from .distill_sentences import SentenceCollator
 from .distill_trainer import DistillTrainer, stream_training_args
 
 
@@ -201,7 +201,7 @@ def _embedding_trainer(
         args=targs,
         train_dataset=train_ds,
         processing_class=s_tok,
-        data_collator=_Collator(s_tok),
+        data_collator=SentenceCollator(s_tok),
         teacher=t.model,
         projections=projections,
         weights=args.weights,

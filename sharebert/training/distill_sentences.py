@@ -137,7 +137,7 @@ def sts_spearman(
     return cosine_spearman(a, b, split.labels)
 
 
-def _scorer(score_sts: bool, tokenizer, pooling: str, seq_len: int, eval_limit: int | None, progress: bool):
+def sts_scorer(score_sts: bool, tokenizer, pooling: str, seq_len: int, eval_limit: int | None, progress: bool):
     """``score(model, head, who, tok=tokenizer)``: the STS-B dev Spearman (:func:`sts_spearman`), None when
     the run does not score."""
 
@@ -149,7 +149,7 @@ def _scorer(score_sts: bool, tokenizer, pooling: str, seq_len: int, eval_limit: 
     return score
 
 
-class _Collator:
+class SentenceCollator:
     """Pads token fields (the teacher's tokenizer) and stacks the teacher's vectors."""
 
     def __init__(self, tokenizer):
