@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -169,7 +170,7 @@ class Interrupted(Exception):
 
 
 # -- prepare --------------------------------------------------------------------------------------
-def prepare(
+def prepare(  # 7: the public call, one keyword per `sharebert prepare` option, and the stop poll
     train,
     out,
     tokenizer="sharebert-tiny",
@@ -204,14 +205,29 @@ def prepare(
     out.mkdir(parents=True, exist_ok=True)
     try:
         with OutLock(out, "prepare"):
-            return _prepare_locked(out, tok, sources, workers, progress, stop)
+            return _prepare_locked(_Prepare(out, tok, sources, workers, progress, stop))
     except (ValueError, FileNotFoundError):
         if created and not (out / PROGRESS).exists():
             shutil.rmtree(out, ignore_errors=True)  # nothing of ours in it yet: leave no empty --out
         raise
 
 
-def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool, stop) -> dict:
+@dataclass
+class _Prepare:
+    """One :func:`prepare` as its steps read it: the folder, the tokenizer, the sources by split, the worker count,
+    progress bars or not, the stop poll; ``state`` (what ``.progress.json`` keeps) once read or made."""
+
+    out: Path
+    tok: object
+    sources: dict
+    workers: int
+    progress: bool
+    stop: Callable[[], int | None]
+    state: dict | None = None
+
+
+def _prepare_locked(job: _Prepare) -> dict:
+    out, tok, sources = job.out, job.tok, job.sources
     records = {split: [source_record(s) for s in srcs] for split, srcs in sources.items()}
     ident = {
         "format": FORMAT,
@@ -222,10 +238,10 @@ def _prepare_locked(out: Path, tok, sources: dict, workers: int, progress: bool,
     }
     if (out / MANIFEST).exists():
         return _same_prepared(out, ident)
-    state = _saved_state(out, ident)
+    state = job.state = _saved_state(out, ident)
     save_tokenizer(tok, out / "tokenizer")
     started = time.perf_counter()
-    _tokenize_sources(out, tok, sources, state, workers, progress, stop)
+    _tokenize_sources(job)
     for split in SPLITS:
         if sources[split] and sum(r["tokens"] for r in state["splits"][split]) == 0:
             raise ValueError(f"the {split} sources hold no text")
@@ -271,9 +287,10 @@ def _saved_state(out: Path, ident: dict) -> dict:
     return saved
 
 
-def _tokenize_sources(out: Path, tok, sources: dict, state: dict, workers: int, progress: bool, stop) -> None:
-    """Every source not yet finished in ``state``, tokenized into shards (by ``workers`` processes when more than
-    one); ``Interrupted`` when ``stop()`` names a signal."""
+def _tokenize_sources(job: _Prepare) -> None:
+    """Every source not yet finished in ``job.state``, tokenized into shards (by ``job.workers`` processes when more
+    than one); ``Interrupted`` when ``job.stop()`` names a signal."""
+    out, tok, sources, state, workers = job.out, job.tok, job.sources, job.state, job.workers
     dtype = np.dtype(state["dtype"])
     pool = None
     if workers > 1:  # spawn: fork may deadlock on locks held by threads (torch, tokenizers)
@@ -286,14 +303,14 @@ def _tokenize_sources(out: Path, tok, sources: dict, state: dict, workers: int, 
     if pool is None:
         _init_worker_here(tok, dtype)
     total = sum(len(v) for v in sources.values())
-    bar = progress_bar(desc="prepare", unit="B", unit_scale=True, progress=progress)
+    bar = progress_bar(desc="prepare", unit="B", unit_scale=True, progress=job.progress)
     try:
         for split in SPLITS:
             (out / split).mkdir(exist_ok=True)
             for i, src in enumerate(sources[split]):
                 if i in state["finished"][split]:
                     continue
-                _prepare_source(out, split, i, src, state, pool, workers, dtype, bar, stop)
+                _prepare_source(job, split, i, src, pool, bar)
     except _Stopped as s:
         done = sum(len(v) for v in state["finished"].values())
         raise Interrupted(s.signum, done, total) from None
@@ -312,8 +329,10 @@ def _init_worker_here(tok, dtype) -> None:
     _WORKER.update(tok=tok.backend_tokenizer, dtype=dtype)
 
 
-def _prepare_source(out, split, i, src, state, pool, workers, dtype, bar, stop) -> None:
-    """Tokenize source ``i`` of ``split`` from where its last saved shard ended, saving shards as they fill."""
+def _prepare_source(job: _Prepare, split: str, i: int, src, pool, bar) -> None:
+    """Tokenize source ``i`` of ``split`` from where its last saved shard ended, saving shards as they fill
+    (``pool``: the worker processes, None to tokenize here; ``bar``: the characters done)."""
+    out, state, workers, stop = job.out, job.state, job.workers, job.stop
     mine = [r for r in state["splits"][split] if r["source"] == i]
     lines_end = mine[-1]["lines_end"] if mine else 0
     buffer: list[np.ndarray] = []
