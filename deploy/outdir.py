@@ -57,7 +57,7 @@ def _inside(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
 
-def check_out_dir(
+def check_out_dir(  # 7: the one --out rule of every command; the keywords are where the commands differ
     out: str | Path,
     kind: str,
     owned: Callable[[Path], bool],

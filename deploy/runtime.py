@@ -102,7 +102,7 @@ class Runtime:
     max_batch_tokens = 2048  # padded tokens per ONNX Runtime call: bounds its (B, T, vocabulary) outputs
     group_by_length = True  # calls of texts of similar token lengths (False: calls in input order)
 
-    def __init__(
+    def __init__(  # 7: the public constructor: keywords with defaults, most of them `sharebert predict`'s options
         self,
         artifact_dir: str | Path,
         threads: int | None = None,

@@ -176,6 +176,7 @@ def _copy_(tensor: torch.Tensor, value: torch.Tensor):
             tensor.copy_(value)
 
 
+# Every forward() here and in attention.py, and ShareBertConfig.__init__, takes transformers' BERT keywords: its API.
 class ShareBertPreTrainedModel(PreTrainedModel):
     config_class = ShareBertConfig
     base_model_prefix = "sharebert"

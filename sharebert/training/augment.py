@@ -68,7 +68,7 @@ def nearest_words(
     return out
 
 
-def augment(
+def augment(  # 9: the split, copies and tables, then TinyBERT's augmentation knobs as keywords with its defaults
     ds: EncodedSplit,
     copies: int,
     tokenizer,

@@ -98,7 +98,7 @@ def _artifact_scorer(path, task, split, threads):
     return runtime.max_depth, score
 
 
-def depth_table(
+def depth_table(  # 8: the public call: `sharebert evaluate glue --depths`'s options as keywords
     model,
     task: str,
     depths,

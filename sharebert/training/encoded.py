@@ -44,7 +44,7 @@ def encode(split: GlueSplit, tokenizer, seq_len: int, chunk: int = 8192, progres
     return EncodedSplit(enc, list(split.labels))
 
 
-def encoded_task(
+def encoded_task(  # 7: the task's files and tokenizer, then the two --max-*-samples and progress, as keywords
     task: GlueTask,
     data_dir,
     tokenizer,
@@ -79,7 +79,7 @@ def _batches(ds: EncodedSplit, batch_size: int, pad_id: int, device, order):
 
 
 @torch.no_grad()
-def predict_logits(
+def predict_logits(  # 8: the model and split, then keywords with defaults (the noise: level, norm, seed)
     model,
     ds: EncodedSplit,
     batch_size: int = 64,
@@ -142,7 +142,7 @@ def label_map(model_config, task: GlueTask) -> np.ndarray:
     return np.array([task.label_names.index(m) for m in mapped])
 
 
-def evaluate_split(
+def evaluate_split(  # 9: predict_logits' keywords, passed through, and the task
     model,
     ds: EncodedSplit,
     task: GlueTask,

@@ -77,7 +77,7 @@ def evaluate_glue(
     return out
 
 
-def noise_robustness(
+def noise_robustness(  # 8: the public call: `sharebert evaluate noise`'s options as keywords, batch size, progress
     model_dir: str | Path,
     task: str,
     data_dir: str | Path | None = None,
@@ -275,7 +275,7 @@ def _candidate_ids(tokenizer, rows: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def word_analogy(
+def word_analogy(  # 7: the public call: `sharebert evaluate analogy`'s options as keywords, batch size, progress
     model,
     tokenizer,
     path: str | Path | None = None,

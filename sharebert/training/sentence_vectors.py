@@ -25,7 +25,7 @@ def encode_blocks(model, blocks, count: int, pooling: str, head=None, batch_size
 
 
 @torch.no_grad()
-def encode(
+def encode(  # 9: the encoder and its recipe, then SentenceTransformer.encode's keywords with defaults
     model,
     tokenizer,
     sentences: list[str],

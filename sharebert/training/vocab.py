@@ -236,7 +236,7 @@ def cut_vocabulary(tokenizer, sentences, size: int | None = None) -> CutVocabula
     )
 
 
-def plan_vocabulary(
+def plan_vocabulary(  # 7: compress's plan passes what it knows; training/ may not import pipelines.run's objects
     tokenizer, shape: dict, limits: dict, fits, sentences, size: int | None = None, say=print
 ) -> CutVocabulary | None:
     """The cut a compress run needs, or None: ``size`` forces one (``--vocab-size``); else the teacher's vocabulary
