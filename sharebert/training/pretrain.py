@@ -28,25 +28,13 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from sharebert_runtime.outdir import (
-    MARK,
-    OutLock,
-    check_out_dir,
-    check_same_run,
-    file_fingerprint,
-    made_by,
-    mark_out,
-    rank,
-    seal_out,
-    world_size,
-    write_json,
-)
+from sharebert_runtime.outdir import MARK, OutLock, file_fingerprint, rank, seal_out, world_size, write_json
 from sharebert_runtime.textlines import resolve_sources
 
 from ..accounting.curves import write_curves
@@ -63,7 +51,6 @@ from .callbacks import (
     WallClockLimit,
     any_rank,
     checkpoints,
-    kept_result,
     latest_checkpoint,
     mark_complete,
     remove_incomplete,
@@ -74,6 +61,7 @@ from .callbacks import (
 from .corpus import PackedDataset, char_tokenizer, encode_sources, pack, read_text, sniff_text
 from .depth_table import check_depth_sampling
 from .log_lines import no_bars, show_progress
+from .run_skeleton import RunKind, TrainingRun, open_run
 from .shards import MANIFEST, StreamBlocks, TokenStream, read_manifest, vocab_sha256
 
 LOSSES = "sharebert_losses.json"  # in each checkpoint: the run's loss sum so far, for metrics after a resume
@@ -300,12 +288,15 @@ def _looks_like_run(folder: Path) -> bool:
     return any((folder / name).exists() for name in RUN_FILES) or bool(checkpoints(folder))
 
 
-def _check_out(out: Path, a: PretrainArgs, inputs) -> None:
+PRETRAIN = RunKind("pretrain run", COMMAND, _looks_like_run, checkpoints="")  # its checkpoints: in --out itself
+
+
+def _check_out(out: Path, a: PretrainArgs, inputs) -> TrainingRun:
     """One-line errors for an unusable ``--out``, before any work; run once, before any rank writes. The folder is
     a pretrain run's only by its marker (``outdir.made_by``), never by the names of what it holds."""
-    check_out_dir(out, "pretrain run", made_by(COMMAND), overwrite=True, inputs=inputs, legacy=_looks_like_run)
+    run = open_run(PRETRAIN, out, inputs, replace=True)
     if a.resume:  # our own run (or an empty folder): --resume decides
-        return
+        return run
     done = checkpoints(out)
     if done:
         raise ValueError(f"{out} already holds checkpoints ({done[-1][1].name}); pass --resume or choose another --out")
@@ -313,6 +304,7 @@ def _check_out(out: Path, a: PretrainArgs, inputs) -> None:
         raise ValueError(f"{out} already holds a model; pass --resume to continue it or choose another --out")
     if out.is_dir() and any(p.name not in (OutLock.NAME, UNFINISHED, MARK) for p in out.iterdir()):
         raise ValueError(f"{out} already holds a pretrain run; pass --resume to continue it or choose another --out")
+    return run
 
 
 def _fingerprint(r: _Run) -> dict:
@@ -332,14 +324,12 @@ def _fingerprint(r: _Run) -> dict:
 def _mark(r: _Run) -> None:
     """Rank 0, once every rank checked ``--out`` and before the run's first write there: a ``--resume`` of
     another run refused (its fingerprint), then ``out`` marked this command's (sealed when the run finishes)."""
-    fp = _fingerprint(r)
-    if r.a.resume:
-        check_same_run(r.out, fp, restart="choose another --out")  # pretrain has no --overwrite
-    mark_out(r.out, COMMAND, fp)
+    r.run.start(_fingerprint(r), resume=r.a.resume, restart="choose another --out")  # pretrain has no --overwrite
 
 
-def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, train_sources, data) -> Path:
+def _prepare_model_dir(r: _Run) -> Path:
     """The folder to start from; with a preset, build it into ``out`` (unless resuming a built one)."""
+    a, out, model_dir, preset, vocab, data = r.a, r.out, r.model_dir, r.preset, r.vocab, r.data
     if model_dir is not None:
         return Path(model_dir)
     if (out / "config.json").is_file():
@@ -348,7 +338,7 @@ def _prepare_model_dir(a: PretrainArgs, out: Path, model_dir, preset, vocab, tra
 
     if a.char_level:  # a character tokenizer over the training text
         build_model(
-            preset, out, a.overrides, head="clm", seed=a.seed, tokenizer=char_tokenizer(read_text(train_sources))
+            preset, out, a.overrides, head="clm", seed=a.seed, tokenizer=char_tokenizer(read_text(r.train_sources))
         )
         return out
 
@@ -432,7 +422,7 @@ def _publish(trainer: Trainer, out: Path, as_bert: bool = False) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
-def pretrain(
+def pretrain(  # its keywords are `sharebert pretrain`'s inputs (the settings are ``args``) and a caller's callbacks
     train,
     out,
     model_dir=None,
@@ -471,12 +461,12 @@ def pretrain(
     inputs = [Path(p) for p in (model_dir, data) if p is not None] + [
         p for p in (*train_sources, *valid_sources) if not isinstance(p, str)
     ]
-    _check_out(out, a, inputs)
+    checked = _check_out(out, a, inputs)
     created = not out.exists()
     rank0 = rank() == 0
     with SignalCheckpoint() as stopper:
         run = _Run(
-            a, out, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper, callbacks or []
+            a, checked, model_dir, preset, vocab, train_sources, valid_sources, data, manifest, stopper, callbacks or []
         )
         try:
             if rank0:
@@ -513,10 +503,11 @@ def _sources(a: PretrainArgs, train, valid, data) -> tuple[dict | None, list, li
 @dataclass
 class _Run:
     """What one pretrain run is given, after the checks of :func:`pretrain`. ``training``: set once training
-    starts (a failure after that keeps ``out``)."""
+    starts (a failure after that keeps ``out``); ``seq_len``: set once the model is read; ``clock``: ``--max-time``'s
+    (empty without one), set with the trainer."""
 
     a: PretrainArgs
-    out: Path
+    run: TrainingRun
     model_dir: object
     preset: str | None
     vocab: object
@@ -527,6 +518,12 @@ class _Run:
     stopper: SignalCheckpoint
     callbacks: list
     training: bool = False
+    seq_len: int = 0
+    clock: list = field(default_factory=list)
+
+    @property
+    def out(self) -> Path:
+        return self.run.out
 
 
 def _run(r: _Run) -> dict:
@@ -543,16 +540,15 @@ def _run(r: _Run) -> dict:
         raise ValueError(
             f"seq_len {seq_len} exceeds the model's max_position_embeddings {config.max_position_embeddings}"
         )
+    r.seq_len = seq_len
     train_ds, eval_ds = _load_datasets(r, tokenizer, model_dir, seq_len)
     if a.objective == "mlm":  # the head runs only at masked positions in training: same loss, ~1/6 of its work
         model.config.mlm_logits_in_training = "masked"
-    trainer, clock = _make_trainer(r, model, tokenizer, train_ds, eval_ds, resume_from)
+    trainer = _make_trainer(r, model, tokenizer, train_ds, eval_ds)
     targs = trainer.args
     if (
-        kept := kept_result(
+        kept := r.run.kept(
             trainer,
-            resume_from,
-            out,
             expect=("status", "global_step", "train_loss", "param_sha256"),
             published=not (out / UNFINISHED).exists(),
             say=print if targs.should_save else lambda m: None,
@@ -563,7 +559,7 @@ def _run(r: _Run) -> dict:
     if targs.should_save:  # until the trained model is saved, out's model (a preset's, an earlier run's) is not it
         write_json(out / UNFINISHED, {"status": "training", "pid": os.getpid()})
     runtime, ev = _train(trainer, r.stopper, eval_ds, resume_from)
-    metrics = _metrics(trainer, r, clock, runtime, seq_len, train_ds, eval_ds, ev)
+    metrics = _metrics(trainer, r, runtime, train_ds, eval_ds, ev)
     if r.stopper.received is None:
         _publish(trainer, out, as_bert)
         if targs.should_save:
@@ -590,7 +586,8 @@ def _prepare(r: _Run):
             if probe.should_save:
                 remove_incomplete(r.out)
             resume_from = resume_checkpoint(r.out, say=print if probe.should_save else lambda m: None)
-        model_dir = _prepare_model_dir(r.a, r.out, r.model_dir, r.preset, r.vocab, r.train_sources, r.data)
+            r.run.start_from = resume_from
+        model_dir = _prepare_model_dir(r)
     return resume_from, model_dir
 
 
@@ -609,12 +606,12 @@ def _load_datasets(r: _Run, tokenizer, model_dir, seq_len: int):
     return _prepared_datasets(r.a, tokenizer, Path(r.data), r.manifest, seq_len)
 
 
-def _make_trainer(r: _Run, model, tokenizer, train_ds, eval_ds, resume_from):
+def _make_trainer(r: _Run, model, tokenizer, train_ds, eval_ds):
     """The trainer with its callbacks (masking epochs, logs, the signal stopper, ``--max-time``, checkpoint
-    marks), resumed from ``resume_from``; and the ``--max-time`` clock (a list: empty without one)."""
-    a, out = r.a, r.out
+    marks), resumed from the run's checkpoint; ``r.clock`` set to ``--max-time``'s (a list: empty without one)."""
+    a, out, resume_from = r.a, r.out, r.run.start_from
     targs = _training_args(a, out, has_eval=eval_ds is not None)
-    clock = [WallClockLimit(a.max_time)] if a.max_time else []
+    clock = r.clock = [WallClockLimit(a.max_time)] if a.max_time else []
     trainer = PretrainTrainer(
         model=model,
         args=targs,
@@ -639,7 +636,7 @@ def _make_trainer(r: _Run, model, tokenizer, train_ds, eval_ds, resume_from):
         print(
             f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {out}; starting from step 0"
         )
-    return trainer, clock
+    return trainer
 
 
 def _train(trainer, stopper, eval_ds, resume_from) -> tuple[float, dict | None]:
@@ -657,9 +654,9 @@ def _train(trainer, stopper, eval_ds, resume_from) -> tuple[float, dict | None]:
     return time.monotonic() - started, ev
 
 
-def _metrics(trainer, r: _Run, clock: list, runtime: float, seq_len: int, train_ds, eval_ds, ev) -> dict:
+def _metrics(trainer, r: _Run, runtime: float, train_ds, eval_ds, ev) -> dict:
     """The run's metrics (see :func:`pretrain`) but its checkpoint; ``param_sha256`` gathered from every rank."""
-    a, targs, step = r.a, trainer.args, trainer.state.global_step
+    a, targs, step, clock, seq_len = r.a, trainer.args, trainer.state.global_step, r.clock, r.seq_len
     interrupted = r.stopper.received is not None
     losses = trainer.run_losses()
     metrics = {
