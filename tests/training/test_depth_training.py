@@ -1,5 +1,6 @@
 """Depth at inference, training and evaluation side: --depth-sampling in finetune / pretrain / distill (real
-Trainer, few steps), DDP with layers skipped, `evaluate glue --depths` (PyTorch and artifact), bad input."""
+Trainer, few steps), DDP with layers skipped (under torchrun: test_pretrain.py's two-node test), `evaluate glue
+--depths` (PyTorch and artifact), bad input."""
 
 import json
 import os
@@ -151,49 +152,8 @@ def test_pretrain_bare_depth_sampling_means_min_1(tmp_path, depths_seen):
     assert metrics["args"]["depth_sampling"] == 1 and 0 < metrics["train_loss"] <= 20
 
 
-def test_torchrun_two_processes_with_depth_sampling(tmp_path):
-    """DDP with layers skipped: their biases and norms get no gradient (find_unused_parameters)."""
-    corpus = tmp_path / "c.txt"
-    with open(data_path("wikitext-2-raw", "wiki.valid.raw"), encoding="utf-8") as f:
-        corpus.write_text("".join(next(f) for _ in range(120)), encoding="utf-8")
-    out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "sharebert",
-        "pretrain",
-        "--preset",
-        "sharebert-tiny",
-        *SET,
-        "--train",
-        str(corpus),
-        "--out",
-        str(out),
-        "--max-steps",
-        "4",
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "32",
-        "--save-steps",
-        "100",
-        "--eval-steps",
-        "100",
-        "--no-progress",
-        "--depth-sampling",
-        "1",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["global_step"] == 4
-    assert metrics["param_sha256"][0] == metrics["param_sha256"][1]
-    assert _config(out)["train_min_depth"] == 1
+# torchrun with --depth-sampling (DDP with layers skipped needs find_unused_parameters): the two-node test of
+# tests/training/test_pretrain.py trains with it, one torchrun run for both.
 
 
 def _ddp_worker(rank, port, out):

@@ -475,8 +475,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_nodes_on_localhost_train_from_prepared_data(tmp_path, model_dir, data_dir):
+def test_two_nodes_on_localhost_train_from_prepared_data_with_depth_sampling(tmp_path, data_dir):
+    """Two torchrun nodes (one process each, gloo) train from prepared data with --depth-sampling: DDP with layers
+    skipped, whose biases and norms get no gradient in that step (find_unused_parameters), keeps identical replicas.
+    A 4-layer model of the data's tokenizer: a depth under 4 in either of the first 2 steps (15 of 16 draws) leaves
+    parameters without a gradient before the next step, which DDP refuses without find_unused_parameters."""
     out, port = tmp_path / "nodes", _free_port()
+    model_dir = tmp_path / "deep"
+    build_model("sharebert-tiny", model_dir, {**TINY, "num_hidden_layers": 4})
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     procs = [
         subprocess.Popen(
@@ -515,6 +521,8 @@ def test_two_nodes_on_localhost_train_from_prepared_data(tmp_path, model_dir, da
                 "--eval-samples",
                 "8",
                 "--no-progress",
+                "--depth-sampling",
+                "1",
             ],
             cwd=REPO,
             env=env,
@@ -530,6 +538,7 @@ def test_two_nodes_on_localhost_train_from_prepared_data(tmp_path, model_dir, da
     assert m["world_size"] == 2 and m["global_step"] == 3
     assert m["param_sha256"][0] == m["param_sha256"][1]  # identical replicas on both nodes
     assert sorted(_losses(out)) == [1, 2, 3]
+    assert json.loads((out / "config.json").read_text())["train_min_depth"] == 1
 
 
 class SignalInEval(TrainerCallback):
