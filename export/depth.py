@@ -30,6 +30,7 @@ Layers are found by the exporter's node-name scopes (``.../layers.{i}/...``; a t
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from onnx import TensorProto, helper
 
@@ -91,14 +92,14 @@ def wrap_layers(model) -> int:
     layer_of = _layer_of(g, dynamic)
     bodies = [[k for k in sorted(layer_of) if layer_of[k] == i] for i in range(N)]
     hidden = _embeddings(g, bodies, dynamic)  # the hidden states entering the current layer
-    outputs = {o.name for o in g.output}
     readers: dict[str, set[int]] = {}
     for k, n in enumerate(g.node):
         for name in node_inputs(n):
             readers.setdefault(name, set()).add(k)
+    wrapping = _Wrapping(g, N, dynamic, {o.name for o in g.output}, readers)
     ifs = _condition(0, f"{_IF}0_runs")
     for i in range(N):
-        gate, hidden = _gate_layer(g, i, N, bodies[i], hidden, dynamic, outputs, readers)
+        gate, hidden = _gate_layer(wrapping, i, bodies[i], hidden)
         ifs.append(gate)
     rest = [n for k, n in enumerate(g.node) if k not in layer_of]
     order = _topological(rest + ifs)
@@ -167,11 +168,22 @@ def _value(name: str):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
 
 
-def _gate_layer(
-    g, i: int, N: int, body: list[int], hidden: str, dynamic: set[str], outputs: set[str], readers: dict[str, set[int]]
-):
-    """Layer ``i``'s ``If`` node (its nodes in the then-branch; the else-branch passes ``hidden`` and the cache
-    through) and the hidden states it passes to the next layer."""
+@dataclass(frozen=True)
+class _Wrapping:
+    """What every layer's gating reads of the graph being wrapped: the graph, its layer count, the values that
+    depend on its inputs, its output names and which nodes read each value."""
+
+    g: object
+    N: int
+    dynamic: set[str]
+    outputs: set[str]
+    readers: dict[str, set[int]]
+
+
+def _gate_layer(w: _Wrapping, i: int, body: list[int], hidden: str):
+    """Layer ``i``'s ``If`` node (its nodes, ``body``, in the then-branch; the else-branch passes ``hidden`` and the
+    cache through) and the hidden states it passes to the next layer."""
+    g, N, dynamic, outputs, readers = w.g, w.N, w.dynamic, w.outputs, w.readers
     inside = {o for k in body for o in g.node[k].output}
     leaving = sorted({o for o in inside if o in outputs or any(r not in body for r in readers.get(o, ()))})
     passthrough = {o: PAST + o[len(PRESENT) :] if o.startswith(PRESENT) else hidden for o in leaving}

@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sharebert.formats.model_folder import check_has_tokenizer, read_config
 from sharebert_runtime import artifact
@@ -25,6 +26,9 @@ from sharebert_runtime.cpu import cpu_info, describe
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import check_out_dir, disk_full, read_json, write_json
 from sharebert_runtime.reference import KEY as REFERENCE
+
+if TYPE_CHECKING:
+    from .parity import Check
 
 WEIGHTS = ("compact", "materialized")
 MIN_OPSET, MAX_OPSET = 14, 20  # scaled_dot_product_attention needs 14; TorchScript exporter stops at 20
@@ -488,13 +492,14 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
     Raises ``ValueError``/``FileNotFoundError`` for bad input (nothing written) and
     :class:`ParityError` when an export's outputs are not finite or (fp32) differ from PyTorch by more than 1e-3.
     """
-    from .parity import read_sentences
+    from .parity import Check, read_sentences
 
     options = replace(options or ExportOptions(), **fields)
     model_dir, out_dir, o = _validate(model_dir, out_dir, options)
     sentences, labels = read_sentences(o.check_file, o.check_limit)
     model, tokenizer = load_model(model_dir, o.task)
     recipe = embedding_recipe(model_dir) if o.task == "feature-extraction" else None
+    check = Check(model, tokenizer, o.task, sentences, labels, _max_length(model, tokenizer, recipe))
     created = [p for p in (out_dir.parent, *out_dir.parent.parents) if not p.exists()]
     tmp = None
     try:
@@ -504,7 +509,7 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the published artifact from other users
-        manifest = _build(model, tokenizer, tmp, o, sentences, labels, recipe, trained_on_pairs(model_dir, o.task))
+        manifest = _build(_Export(check, o, tmp, recipe, trained_on_pairs(model_dir, o.task)))
         _publish(tmp, out_dir)
         _sweep_stale(out_dir)  # now that the new artifact is in place: an .old- one a killed export left
     except BaseException as e:
@@ -582,44 +587,132 @@ def _save_tokenizer(tokenizer, folder: Path, max_length: int) -> None:
         backend.save(str(path))
 
 
-def _build(
-    model, tokenizer, tmp: Path, o: ExportOptions, sentences: list[str], labels, recipe=None, pairs=None
-) -> dict:
-    """Write the artifact into ``tmp`` (graph, checks, tokenizer, config, RAM-int8 graphs, footprint, manifest).
+@dataclass(frozen=True)
+class _Export:
+    """What one export knows, handed to each of its steps: the PyTorch side of its parity checks (``parity.Check``:
+    the model, tokenizer, task, check sentences and the artifact's maximum length), the options, the folder being
+    written, the embedding recipe (``(EmbeddingRecipe, dense weights)`` of a feature-extraction export: its pooling
+    and Dense layers become the graph's ``sentence_embedding`` output, its ``max_seq_length`` bounds the maximum
+    length, the manifest's ``embedding`` entry records it) and a classifier's ``pairs``."""
 
-    ``recipe``: ``(EmbeddingRecipe, dense weights)`` of a feature-extraction export: its pooling and Dense
-    layers become the graph's ``sentence_embedding`` output, its ``max_seq_length`` the artifact's maximum
-    length, and the manifest's ``embedding`` entry records it (normalisation included)."""
+    check: Check
+    o: ExportOptions
+    tmp: Path
+    recipe: tuple | None = None
+    pairs: bool | None = None
+
+    @property
+    def model(self):
+        return self.check.model
+
+    @property
+    def tokenizer(self):
+        return self.check.tokenizer
+
+    @property
+    def max_length(self) -> int:
+        return self.check.max_length
+
+    @property
+    def path(self) -> Path:
+        return self.tmp / artifact.MODEL
+
+
+@dataclass
+class _Graph:
+    """``model.onnx`` as the export's first steps leave it and what they found on the way (the web format drops its
+    ``depth`` input afterwards)."""
+
+    inputs: list[str]
+    outputs: list[str]
+    proto: object
+    learned: int  # the learned parameters it holds, the recipe's Dense layers included
+    session_config: dict
+    folding: dict  # check_folding's figures
+    folded: dict | None  # what materialization folded (None: compact weights)
+    dtypes: dict
+    max_depth: int | None
+    depth_note: str | None
+    fusions: dict | None  # --optimize's
+
+
+def _build(job: _Export) -> dict:
+    """Write the artifact into ``job.tmp`` (graph, checks, tokenizer, config, RAM-int8 graphs, footprint, manifest)."""
     from sharebert.formats.bars import bar
 
-    config = model.config
-    max_length = _max_length(model, tokenizer, recipe)
-    learned = _learned_params(model, o.task)
-    path = tmp / "model.onnx"
-    scratch = Path(tempfile.mkdtemp(dir=tmp))
-    steps = bar(total=6, desc="export", progress=o.progress)
+    steps = bar(total=6, desc="export", progress=job.o.progress)
+    g = _graph(job, steps)
+
+    steps.set_postfix_str("parity")
+    parity, reference = _parity(job, g)
+    steps.update()
+
+    steps.set_postfix_str("tokenizer, config, ram-int8")
+    ram_int8 = _write_model_files(job)
+    steps.update()
+
+    steps.set_postfix_str("footprint")
+    footprint = _footprint(job, g)
+    steps.update()
+    steps.close()
+    ort_entry, web_entry = _convert(job, g, footprint)
+    manifest = _manifest(job, g, parity, footprint)
+    _add_extras(manifest, job, ram_int8, ort_entry)
+    if web_entry is not None:
+        manifest.update(model_format="web", web=web_entry)
+    if reference is not None:  # the artifact's own check on the device (`sharebert verify`)
+        from .parity import reference_thresholds
+
+        int8_ready = bool((manifest.get("ram_int8") or {}).get("weights"))
+        manifest[REFERENCE] = {**reference, "thresholds": reference_thresholds(job.o.quantize, int8_ready)}
+    _write_manifest(job.tmp, manifest)
+    if (manifest.get("ram_int8") or {}).get("weights"):  # RAM int8 on the finished folder, as the device loads it
+        from .ram_int8 import measure_ram_int8
+
+        labels = job.check.labels
+        check = replace(
+            job.check,
+            sentences=job.check.sentences[:RAM_INT8_CHECK_SENTENCES],
+            labels=labels[:RAM_INT8_CHECK_SENTENCES] if labels else None,
+        )
+        parity, at_export = measure_ram_int8(job.tmp, check, job.recipe)
+        manifest["ram_int8"]["parity"] = parity
+        if at_export is not None:
+            manifest[REFERENCE]["at_export_ram_int8"] = at_export
+        (job.tmp / artifact.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def _graph(job: _Export, steps) -> _Graph:
+    """The first three steps: the model to ONNX, its weights as asked, the folding check, the depth gating, the
+    sentence embedding's nodes and ``--optimize``'s fusions; ``model.onnx`` written as the checks read it."""
+    o, path = job.o, job.path
+    config = job.model.config
+    learned = _learned_params(job.model, o.task)
+    scratch = Path(tempfile.mkdtemp(dir=job.tmp))
 
     steps.set_postfix_str("torch -> onnx")
-    inputs, outputs, proto = _to_onnx(model, tokenizer, o, path, learned)
+    inputs, outputs, proto = _to_onnx(job, learned)
     steps.update()
 
     steps.set_postfix_str(f"{o.weights}, quantize={o.quantize}")
-    proto, folded = _store_weights(proto, path, o, tokenizer, max_length, scratch)
+    proto, folded = _store_weights(job, proto, scratch)
     session_config = dict(artifact.INT8_SESSION_CONFIG) if o.quantize == "int8" else {}
     steps.update()
 
     steps.set_postfix_str("folding check")
     folding = check_folding(path, session_config, scratch)
+    shutil.rmtree(scratch)
     from . import quantize as q
 
     dtypes = q.tensor_dtypes(proto)  # of the flat graph: the gated layers' ops sit in If branches below
     max_depth, depth_note = _gate_depth(proto, config)
-    if recipe is not None:  # after the depth gating: the pooling reads the final token states at any depth
+    if job.recipe is not None:  # after the depth gating: the pooling reads the final token states at any depth
         from .sentence_embedding import add_sentence_embedding
 
-        add_sentence_embedding(proto, *recipe, o.opset)
-        learned += sum(w.size + (0 if b is None else b.size) for w, b in recipe[1])
-    if max_depth or recipe is not None:
+        add_sentence_embedding(proto, *job.recipe, o.opset)
+        learned += sum(w.size + (0 if b is None else b.size) for w, b in job.recipe[1])
+    if max_depth or job.recipe is not None:
         import onnx
 
         onnx.save(proto, str(path))
@@ -629,92 +722,77 @@ def _build(
 
         fusions = fuse(path, config)
     steps.update()
-
-    steps.set_postfix_str("parity")
-    parity, reference = _parity(
-        model, tokenizer, path, session_config, o, sentences, labels, max_length, max_depth, recipe
+    return _Graph(
+        inputs=inputs,
+        outputs=outputs,
+        proto=proto,
+        learned=learned,
+        session_config=session_config,
+        folding=folding,
+        folded=folded,
+        dtypes=dtypes,
+        max_depth=max_depth,
+        depth_note=depth_note,
+        fusions=fusions,
     )
-    steps.update()
 
-    steps.set_postfix_str("tokenizer, config, ram-int8")
-    ram_int8 = _write_model_files(tmp, config, tokenizer, max_length, o)
-    steps.update()
 
-    steps.set_postfix_str("footprint")
-    shutil.rmtree(scratch)
-    footprint = _footprint(tmp, path, proto, config, o, session_config, learned, folding, folded)
-    steps.update()
-    steps.close()
+def _convert(job: _Export, g: _Graph, footprint: dict) -> tuple[dict | None, dict | None]:
+    """The ONNX graph checked and measured above turned into ``--format``'s (ORT format or transformers.js' onnx/
+    folder), ``footprint`` updated to the files now there: ``(ort entry, web entry)``, None for the one not asked."""
+    o, tmp = job.o, job.tmp
     ort_entry = web_entry = None
-    if o.format == "web":  # the ONNX graph checked and measured above becomes transformers.js' onnx/ folder
+    if o.format == "web":
         from .sentence_embedding import OUTPUT
         from .web_format import to_web_format
 
-        embedding = None if recipe is None else {**recipe[0].as_dict(), "output": OUTPUT}
-        about = {"task": o.task, "max_length": max_length, "embedding": embedding}
-        web_entry = to_web_format(tmp, session_config, o.quantize, tokenizer, sentences, max_length, about)
-        inputs = [i for i in inputs if i != artifact.DEPTH]
-        max_depth, depth_note = None, "transformers.js feeds no depth input"
-        footprint.update(
-            file_bytes=web_entry["model_bytes"],
-            bytes_per_learned_param=web_entry["model_bytes"] / learned,
-            artifact_bytes=_folder_bytes(tmp),
-        )
-    if o.format == "ort":  # the ONNX graph checked and measured above becomes the ORT-format graphs
+        embedding = None if job.recipe is None else {**job.recipe[0].as_dict(), "output": OUTPUT}
+        about = {"task": o.task, "max_length": job.max_length, "embedding": embedding}
+        web_entry = to_web_format(tmp, g.session_config, o.quantize, job.check, about)
+        g.inputs = [i for i in g.inputs if i != artifact.DEPTH]
+        g.max_depth, g.depth_note = None, "transformers.js feeds no depth input"
+    if o.format == "ort":
         from .ort_format import to_ort_format
 
-        ort_entry = to_ort_format(tmp, session_config, tokenizer, sentences, max_length)
+        ort_entry = to_ort_format(tmp, g.session_config, job.tokenizer, job.check.sentences, job.max_length)
+    entry = web_entry or ort_entry
+    if entry is not None:
         footprint.update(
-            file_bytes=ort_entry["model_bytes"],
-            bytes_per_learned_param=ort_entry["model_bytes"] / learned,
+            file_bytes=entry["model_bytes"],
+            bytes_per_learned_param=entry["model_bytes"] / g.learned,
             artifact_bytes=_folder_bytes(tmp),
         )
+    return ort_entry, web_entry
 
-    manifest = {
+
+def _manifest(job: _Export, g: _Graph, parity: dict, footprint: dict) -> dict:
+    """The manifest's entries every artifact has (``files`` filled in by :func:`_write_manifest`)."""
+    o, config = job.o, job.model.config
+    return {
         "format": artifact.FORMAT,
         "format_version": artifact.FORMAT_VERSION,
         "task": o.task,
         "model_type": config.model_type,
-        "inputs": list(inputs),
-        "outputs": list(outputs),
+        "inputs": list(g.inputs),
+        "outputs": list(g.outputs),
         **_labels(config, o.task),
-        "max_length": max_length,
+        "max_length": job.max_length,
         "opset": o.opset,
         "weights": o.weights,
         "quantization": o.quantize,
-        "session_config": session_config,
-        "learned_params": learned,
-        "max_depth": max_depth,
-        "depth_note": depth_note,
-        "special_tokens": _special_tokens(tokenizer),
+        "session_config": g.session_config,
+        "learned_params": g.learned,
+        "max_depth": g.max_depth,
+        "depth_note": g.depth_note,
+        "special_tokens": _special_tokens(job.tokenizer),
         "files": {},
         "versions": _versions(),
         "parity": parity,
         "cpu": cpu_info(),  # the machine of the parity and footprint figures
         "footprint": footprint,
-        "tensor_dtypes": dtypes,
-        "optimized": fusions,
+        "tensor_dtypes": g.dtypes,
+        "optimized": g.fusions,
     }
-    _add_extras(manifest, o.task, pairs, recipe, ram_int8, ort_entry)
-    if web_entry is not None:
-        manifest.update(model_format="web", web=web_entry)
-    if reference is not None:  # the artifact's own check on the device (`sharebert verify`)
-        from .parity import reference_thresholds
-
-        int8_ready = bool((manifest.get("ram_int8") or {}).get("weights"))
-        manifest[REFERENCE] = {**reference, "thresholds": reference_thresholds(o.quantize, int8_ready)}
-    _write_manifest(tmp, manifest)
-    if (manifest.get("ram_int8") or {}).get("weights"):  # RAM int8 on the finished folder, as the device loads it
-        from .ram_int8 import measure_ram_int8
-
-        parity, at_export = measure_ram_int8(
-            tmp, model, tokenizer, o.task, sentences[:RAM_INT8_CHECK_SENTENCES], labels, max_length, recipe
-        )
-        manifest["ram_int8"]["parity"] = parity
-        if at_export is not None:
-            manifest[REFERENCE]["at_export_ram_int8"] = at_export
-        (tmp / artifact.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return manifest
 
 
 def _max_length(model, tokenizer, recipe) -> int:
@@ -731,16 +809,17 @@ def _max_length(model, tokenizer, recipe) -> int:
     return max_length
 
 
-def _to_onnx(model, tokenizer, o: ExportOptions, path: Path, learned: int):
-    """The model exported to ``path`` and cleaned up (no initializer as input, one node per distinct constant):
+def _to_onnx(job: _Export, learned: int):
+    """The model exported to ``model.onnx`` and cleaned up (no initializer as input, one node per distinct constant):
     its inputs, outputs and proto. ``RuntimeError`` when the graph stores more numbers than the model learned."""
     import onnx
 
     from . import graph
     from .teacher import export_encoder, exports_here
 
+    model, o, path = job.model, job.o, job.path
     if exports_here(model.config):  # another encoder architecture: the inputs its tokenizer gives (export/teacher.py)
-        inputs, outputs = export_encoder(model, tokenizer, o.task, path, o.opset)
+        inputs, outputs = export_encoder(model, job.tokenizer, o.task, path, o.opset)
     else:
         inputs, outputs = export_graph(model, o.task, path, o.opset)
     proto = onnx.load(str(path))
@@ -755,14 +834,15 @@ def _to_onnx(model, tokenizer, o: ExportOptions, path: Path, learned: int):
     return inputs, outputs, proto
 
 
-def _store_weights(proto, path: Path, o: ExportOptions, tokenizer, max_length: int, scratch: Path):
-    """The graph at ``path`` with its weights as ``--weights`` and ``--quantize`` ask; returns the proto (re-read
-    after a quantizer that works on files) and what materialization folded (None: compact weights)."""
+def _store_weights(job: _Export, proto, scratch: Path):
+    """``model.onnx`` with its weights as ``--weights`` and ``--quantize`` ask; returns the proto (re-read after a
+    quantizer that works on files) and what materialization folded (None: compact weights)."""
     import onnx
 
     from . import graph
     from . import quantize as q
 
+    o, path = job.o, job.path
     folded = graph.materialize(proto, views=o.quantize.startswith("int8-")) if o.weights == "materialized" else None
     if o.quantize in ("int8", "fp16"):
         q.weight_only(proto, o.quantize)
@@ -773,7 +853,7 @@ def _store_weights(proto, path: Path, o: ExportOptions, tokenizer, max_length: i
         if o.quantize == "int8-dynamic":
             q.dynamic_int8(fp32, path)
         else:
-            q.static_int8(fp32, path, _calibration_feeds(tokenizer, o.calibration, max_length, fp32))
+            q.static_int8(fp32, path, _calibration_feeds(job.tokenizer, o.calibration, job.max_length, fp32))
         fp32.unlink()
         proto = onnx.load(str(path))
     return proto, folded
@@ -793,65 +873,39 @@ def _gate_depth(proto, config) -> tuple[int | None, str | None]:
     return max_depth, None if max_depth else "the model has fewer than two encoder layers"
 
 
-def _parity(
-    model,
-    tokenizer,
-    path: Path,
-    session_config: dict,
-    o: ExportOptions,
-    sentences,
-    labels,
-    max_length: int,
-    max_depth,
-    recipe,
-) -> dict:
+def _parity(job: _Export, g: _Graph) -> tuple[dict, dict | None]:
     """The export's parity with PyTorch (:func:`_checked`): at full depth, at depth 1 on the first sentences
     (the gating works as PyTorch's depth does), and of the sentence embedding; and the manifest's ``reference``
     (a few of the sentences and PyTorch's outputs on them, :func:`parity.reference_entry`), or None."""
     from .parity import check_parity, reference_entry
 
-    session = _session(path, session_config, threads=o.threads)
-    parity = _checked(
-        check_parity(model, tokenizer, session, o.task, sentences, labels, max_length, progress=o.progress), o
-    )
-    if max_depth:
-        parity["depth_1"] = _checked(
-            check_parity(
-                model,
-                tokenizer,
-                session,
-                o.task,
-                sentences[:DEPTH_CHECK_SENTENCES],
-                None,
-                max_length,
-                progress=False,
-                depth=1,
-            ),
-            o,
-            full_depth=False,
-        )
+    o, check, recipe = job.o, job.check, job.recipe
+    session = _session(job.path, g.session_config, threads=o.threads)
+    parity = _checked(check_parity(check, session, progress=o.progress), o)
+    if g.max_depth:
+        first = replace(check, sentences=check.sentences[:DEPTH_CHECK_SENTENCES], labels=None)
+        parity["depth_1"] = _checked(check_parity(first, session, progress=False, depth=1), o, full_depth=False)
     embedding = None
     if recipe is not None:
         from .sentence_embedding import OUTPUT, embedding_parity, reference
 
-        parity["sentence_embedding"] = _checked(
-            embedding_parity(model, tokenizer, session, *recipe, sentences, max_length), o
-        )
+        parity["sentence_embedding"] = _checked(embedding_parity(check, session, *recipe), o)
         embedding = (OUTPUT, lambda hidden, mask: reference(hidden, mask, *recipe))
-    return parity, reference_entry(model, tokenizer, session, o.task, sentences, max_length, embedding)
+    return parity, reference_entry(check, session, embedding)
 
 
-def _write_model_files(tmp: Path, config, tokenizer, max_length: int, o: ExportOptions):
+def _write_model_files(job: _Export):
     """The config (without ``auto_map``), the tokenizer and the RAM-int8 graphs; returns the RAM-int8 entry
     (None: not built)."""
     from .ram_int8 import build_int8_ram_graphs
     from .teacher import exports_here
 
+    tmp, config, o = job.tmp, job.model.config, job.o
     config.save_pretrained(tmp)
     saved = read_json(tmp / "config.json")
     if saved.pop("auto_map", None) is not None:  # a portable model's PyTorch code, which the artifact does not carry
         write_json(tmp / "config.json", saved)
-    _save_tokenizer(tokenizer, tmp, max_length)
+    _save_tokenizer(job.tokenizer, tmp, job.max_length)
     if not (tmp / "tokenizer.json").is_file():
         raise RuntimeError("the tokenizer did not write tokenizer.json")
     if o.weights == "compact" and o.format == "onnx" and not o.optimize and not exports_here(config):
@@ -863,30 +917,29 @@ def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _footprint(
-    tmp: Path, path: Path, proto, config, o: ExportOptions, session_config: dict, learned: int, folding: dict, folded
-) -> dict:
+def _footprint(job: _Export, g: _Graph) -> dict:
     """The graph's sizes, load and run figures (measured in a subprocess) and GFLOPs."""
     from . import graph
     from .footprint import measure
 
-    run = measure(path, session_config, o.shapes, o.threads, o.runs, vocab=int(config.vocab_size))
+    o, path, config = job.o, job.path, job.model.config
+    run = measure(path, g.session_config, o.shapes, o.threads, o.runs, vocab=int(config.vocab_size))
     file_bytes = path.stat().st_size
     batch, seq = (int(x) for x in o.shapes[0].lower().split("x"))
     footprint = {
         "file_bytes": file_bytes,
-        "artifact_bytes": _folder_bytes(tmp),
-        "learned_params": learned,
-        "bytes_per_learned_param": file_bytes / learned,
-        "initializer_bytes": {k: v["bytes"] for k, v in graph.stored_tensors(proto).items()},
-        "folded": folding["folded"],
-        "folding": folding,
+        "artifact_bytes": _folder_bytes(job.tmp),
+        "learned_params": g.learned,
+        "bytes_per_learned_param": file_bytes / g.learned,
+        "initializer_bytes": {k: v["bytes"] for k, v in graph.stored_tensors(g.proto).items()},
+        "folded": g.folding["folded"],
+        "folding": g.folding,
         **run,
         "gflops": _gflops(config, o.task, batch, seq),
         "gflops_shape": o.shapes[0],
     }
-    if folded is not None:
-        footprint["materialized"] = folded
+    if g.folded is not None:
+        footprint["materialized"] = g.folded
     return footprint
 
 
@@ -903,14 +956,14 @@ def _special_tokens(tokenizer) -> dict:
     return {k: int(v) for k, v in special.items() if v is not None}
 
 
-def _add_extras(manifest: dict, task: str, pairs, recipe, ram_int8, ort_entry) -> None:
+def _add_extras(manifest: dict, job: _Export, ram_int8, ort_entry) -> None:
     """The manifest entries only some artifacts have: pairs, embedding, RAM-int8 graphs, ORT format."""
-    if task == "text-classification":
-        manifest[artifact.PAIRS] = pairs
-    if recipe is not None:
+    if job.o.task == "text-classification":
+        manifest[artifact.PAIRS] = job.pairs
+    if job.recipe is not None:
         from .sentence_embedding import OUTPUT
 
-        manifest["embedding"] = {**recipe[0].as_dict(), "output": OUTPUT}
+        manifest["embedding"] = {**job.recipe[0].as_dict(), "output": OUTPUT}
         manifest["outputs"].append(OUTPUT)
     if ram_int8:  # {}: no computed weight large enough to hold as int8 (a very small model)
         manifest["ram_int8"] = ram_int8

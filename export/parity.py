@@ -14,6 +14,7 @@ SST-2) or a text file with one sentence per line. Figures, per task:
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,19 @@ THRESHOLDS = {
     "int8-static": {"top1": 0.85, "cosine": 0.98},
 }
 TOP1_FIGURES = ("top1_agreement", "agreement")  # the figure a task reports for its top-1 predictions
+
+
+@dataclass(frozen=True)
+class Check:
+    """The PyTorch side of a parity check, compared with any ONNX Runtime session (the export's graph, its RAM-int8
+    runtime): the model (eval) and its tokenizer, the task, the check sentences (and labels), the longest input."""
+
+    model: object
+    tokenizer: object
+    task: str
+    sentences: list[str]
+    labels: list | None = None
+    max_length: int = 128
 
 
 def below_thresholds(parity: dict, quantize: str) -> list[str]:
@@ -134,23 +148,14 @@ def _batches(tokenizer, sentences: list[str], order: list[int], max_length: int,
     return batches + ([batch] if batch else [])
 
 
-def check_parity(
-    model,
-    tokenizer,
-    session,
-    task: str,
-    sentences: list[str],
-    labels: list | None = None,
-    max_length: int = 128,
-    batch_size: int = 32,
-    progress: bool = True,
-    depth: int | None = None,
-) -> dict:
-    """Run ``model`` (torch, eval) and ``session`` (ONNX Runtime) on ``sentences``; return the figures.
+def check_parity(check: Check, session, batch_size: int = 32, progress: bool = True, depth: int | None = None) -> dict:
+    """Run ``check.model`` (torch, eval) and ``session`` (ONNX Runtime) on ``check.sentences``; return the figures.
 
     ``depth``: run both with only the first ``depth`` encoder layers (the session's ``depth`` input)."""
     from sharebert_runtime.artifact import model_feeds
 
+    model, tokenizer, task = check.model, check.tokenizer, check.task
+    sentences, max_length = check.sentences, check.max_length
     names = [i.name for i in session.get_inputs()]
     torch_names = [n for n in ("input_ids", "attention_mask", "token_type_ids", "position_ids") if n in names]
     output = session.get_outputs()[0].name
@@ -166,7 +171,7 @@ def check_parity(
             **model_feeds(session.get_inputs(), feeds["input_ids"], feeds["attention_mask"]),
             **{k: v for k, v in feeds.items() if k in names},
         }  # the tokenizer's own token_type_ids
-        ref, got = _both_outputs(model, session, feeds, torch_names, output, task, depth)
+        ref, got = _both_outputs(check, session, feeds, torch_names, output, depth)
         _compare(task, ref, got, feeds, tokenizer.mask_token_id, seen)
     cos = np.concatenate(seen["cosines"])
     diffs = seen["diffs"]
@@ -183,7 +188,7 @@ def check_parity(
         back = np.argsort(order)  # predictions in the sentences' own order, to match the labels
         report.update(
             _label_agreement(
-                np.concatenate(seen["torch"])[back], np.concatenate(seen["onnx"])[back], labels, model.config
+                np.concatenate(seen["torch"])[back], np.concatenate(seen["onnx"])[back], check.labels, model.config
             )
         )
     return report
@@ -196,15 +201,15 @@ def _output_width(config, task: str) -> int:
     return config.num_labels if task == "text-classification" else config.vocab_size
 
 
-def _both_outputs(model, session, feeds: dict, torch_names: list[str], output: str, task: str, depth: int | None):
+def _both_outputs(check: Check, session, feeds: dict, torch_names: list[str], output: str, depth: int | None):
     """``(torch's, ONNX Runtime's)`` fp32 outputs for ``feeds`` (``depth`` added to them when given)."""
     import torch
 
     from sharebert_runtime.artifact import DEPTH
 
     with torch.no_grad():
-        out = model(**{k: torch.from_numpy(feeds[k]) for k in torch_names}, **({"depth": depth} if depth else {}))
-    ref = (out.logits if task != "feature-extraction" else out.last_hidden_state).float().numpy()
+        out = check.model(**{k: torch.from_numpy(feeds[k]) for k in torch_names}, **({"depth": depth} if depth else {}))
+    ref = (out.logits if check.task != "feature-extraction" else out.last_hidden_state).float().numpy()
     if depth:
         feeds[DEPTH] = np.array(depth, dtype=np.int64)
     return ref, session.run([output], feeds)[0].astype(np.float32)
@@ -263,9 +268,7 @@ def reference_thresholds(quantize: str, ram_int8: bool) -> dict:
     return table
 
 
-def reference_entry(
-    model, tokenizer, session, task: str, sentences: list[str], max_length: int, embedding=None
-) -> dict | None:
+def reference_entry(check: Check, session, embedding=None) -> dict | None:
     """The manifest's ``reference`` (``sharebert_runtime.reference``, without its thresholds): the first check
     sentences that fit, as token ids and mask, PyTorch's outputs on them, and the exported graph's figures on them
     here (``at_export``); None when no sentence fits. ``embedding``: ``(graph output, f(token states, mask))``, the
@@ -275,6 +278,8 @@ def reference_entry(
     from sharebert_runtime import reference as ref
     from sharebert_runtime.artifact import model_feeds
 
+    model, tokenizer, task = check.model, check.tokenizer, check.task
+    sentences, max_length = check.sentences, check.max_length
     lengths = [len(x) for x in tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
     chosen = ref.choose(lengths, model.config.hidden_size if task == "feature-extraction" else 1)
     if not chosen:

@@ -468,13 +468,14 @@ class _Int8Session:
         return [o.numpy() for o in self.runtime.session.run_with_ort_values(names, values)]
 
 
-def measure_ram_int8(folder: Path, model, tokenizer, task: str, sentences, labels, max_length: int, recipe):
+def measure_ram_int8(folder: Path, check, recipe):
     """The finished artifact at ``folder`` loaded once as ``Runtime(folder, ram="int8")`` (weights quantized at load,
     dynamic-int8 activations), as a device loads it: ``(parity, at_export)``. ``parity``: against PyTorch on the
     export's check sentences, with the figures below the ``int8`` thresholds; ``ram="auto"`` holds the weights as
     int8 only where none is (``resolved_ram``): the activations' rounding, one scale for a whole batch, costs a small
     model nothing measurable and a 6-layer BERT ~1% cosine. ``at_export``: the figures on the manifest's stored
-    reference inputs (``sharebert verify --ram int8`` compares with them), None without a reference."""
+    reference inputs (``sharebert verify --ram int8`` compares with them), None without a reference. ``check``:
+    :class:`parity.Check` (the PyTorch side); ``recipe``: the embedding recipe and its Dense weights, or None."""
     from sharebert_runtime import Runtime
     from sharebert_runtime.reference import KEY, replay
 
@@ -482,12 +483,12 @@ def measure_ram_int8(folder: Path, model, tokenizer, task: str, sentences, label
 
     runtime = Runtime(folder, ram="int8", threads=1)
     session = _Int8Session(runtime)
-    parity = check_parity(model, tokenizer, session, task, sentences, labels, max_length, progress=False)
+    parity = check_parity(check, session, progress=False)
     below = below_thresholds(parity, "int8")
     if recipe is not None:
         from .sentence_embedding import embedding_parity
 
-        parity["sentence_embedding"] = embedding_parity(model, tokenizer, session, *recipe, sentences, max_length)
+        parity["sentence_embedding"] = embedding_parity(check, session, *recipe)
         below += [f"sentence_embedding {b}" for b in below_thresholds(parity["sentence_embedding"], "int8")]
     keep = ("sentences", "max_abs_diff", "cosine_min", "cosine_mean", "top1_agreement", "agreement")
     figures = {k: v for k, v in parity.items() if k in keep}

@@ -168,18 +168,10 @@ def reference(hidden: np.ndarray, mask: np.ndarray, recipe: EmbeddingRecipe, den
     return x
 
 
-def embedding_parity(
-    model,
-    tokenizer,
-    session,
-    recipe: EmbeddingRecipe,
-    dense_weights: list,
-    sentences: list[str],
-    max_length: int,
-    batch_size: int = 32,
-) -> dict:
+def embedding_parity(check, session, recipe: EmbeddingRecipe, dense_weights: list, batch_size: int = 32) -> dict:
     """The graph's ``sentence_embedding`` against the recipe applied to PyTorch's token states, normalised as
-    the recipe says: ``max_abs_diff``, ``cosine_mean`` and ``cosine_min`` over ``sentences``."""
+    the recipe says: ``max_abs_diff``, ``cosine_mean`` and ``cosine_min`` over the check's sentences
+    (``check``: :class:`parity.Check`)."""
     import torch
 
     from sharebert_runtime.artifact import model_feeds
@@ -187,16 +179,17 @@ def embedding_parity(
 
     from .parity import encode
 
+    sentences = check.sentences
     names = {i.name for i in session.get_inputs()}
     diffs, cosines = [], []
     for start in range(0, len(sentences), batch_size):
-        feeds = encode(tokenizer, sentences[start : start + batch_size], max_length)
+        feeds = encode(check.tokenizer, sentences[start : start + batch_size], check.max_length)
         feeds = {
             **model_feeds(session.get_inputs(), feeds["input_ids"], feeds["attention_mask"]),
             **{k: v for k, v in feeds.items() if k in names},
         }
         with torch.no_grad():
-            hidden = model(
+            hidden = check.model(
                 **{
                     k: torch.from_numpy(v)
                     for k, v in feeds.items()

@@ -77,7 +77,7 @@ def forward_inputs(model: torch.nn.Module, offered=("input_ids", "attention_mask
     return [n for n in offered if n in params]
 
 
-def export_onnx(
+def export_onnx(  # 9: the five every caller passes, then keyword options with defaults as torch.onnx.export has
     model: torch.nn.Module,
     feeds: dict[str, torch.Tensor],
     path: str | Path,

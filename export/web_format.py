@@ -148,11 +148,10 @@ def web_config(config: dict, quantize: str, sharebert: dict) -> dict:
     return config
 
 
-def to_web_format(
-    out_dir: Path, session_config: dict, quantize: str, tokenizer, sentences, max_length: int, sharebert: dict
-) -> dict:
+def to_web_format(out_dir: Path, session_config: dict, quantize: str, check, sharebert: dict) -> dict:
     """Turn the checked ONNX artifact being written in ``out_dir`` into a web folder: write ``onnx/<file>``,
-    check it gives ``model.onnx``'s outputs (within ``PARITY_TOLERANCE``, finite) on the first sentences, remove
+    check it gives ``model.onnx``'s outputs (within ``PARITY_TOLERANCE``, finite) on the first sentences of
+    ``check`` (:class:`parity.Check`: its tokenizer, sentences and maximum length), remove
     ``model.onnx``, rewrite ``config.json`` (:func:`web_config`, with ``sharebert``). Returns the manifest's
     ``web`` entry."""
     import numpy as np
@@ -185,9 +184,10 @@ def to_web_format(
         raise ArtifactError(f"the web graph's outputs differ from model.onnx's ({reference_names})")
     # each web output beside the model.onnx output it must equal (the unnormalised one: the recipe's output as is)
     pairs = [(n, n) for n in reference_names] + ([(normalized, raw)] if raw else [])
+    sentences = check.sentences
     worst, count = 0.0, min(len(sentences), PARITY_SENTENCES)
     for start in range(0, count, 4):
-        batch = encode(tokenizer, sentences[start : min(start + 4, count)], max_length)
+        batch = encode(check.tokenizer, sentences[start : min(start + 4, count)], check.max_length)
         ids, mask = batch["input_ids"], batch["attention_mask"]
         want = dict(zip(reference_names, reference.run(None, model_feeds(reference.get_inputs(), ids, mask))))
         got = dict(zip([o.name for o in web.get_outputs()], web.run(None, model_feeds(web.get_inputs(), ids, mask))))
