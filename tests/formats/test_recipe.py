@@ -221,7 +221,9 @@ def test_bad_dense_weights_are_refused_naming_the_file(recipe_folder, tmp_path, 
 
 def test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes(recipe_folder, tmp_path):
     """bfloat16 Dense weights (numpy alone cannot read them: `data type 'bfloat16' not understood`) read as
-    float32, in a fresh process where nothing registered bfloat16 with numpy."""
+    float32, in a fresh process where nothing registered bfloat16 with numpy. transformers is blocked there too:
+    the read goes through torch alone, and ``import sharebert`` skips its registration (transformers' import, most
+    of the process's start) without it."""
     import subprocess
     import sys
 
@@ -233,6 +235,7 @@ def test_bfloat16_dense_weights_are_read_in_a_process_without_ml_dtypes(recipe_f
     save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(path)).items()}, str(path))
     code = (
         "import sys; sys.modules['ml_dtypes'] = None; "  # nothing can register bfloat16 with numpy
+        "sys.modules['transformers'] = None; "  # nor need it: sharebert then imports no transformers to register
         "from sharebert.formats.recipe import read_dense_weights, read_recipe; "
         "w, b = read_dense_weights(sys.argv[1], read_recipe(sys.argv[1]).dense[0]); "
         "print(w.dtype, w.shape, b.dtype, sys.modules.get('ml_dtypes') is None)"
