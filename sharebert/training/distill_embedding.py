@@ -39,6 +39,7 @@ from .distill_embedding_model import (
 )
 from .distill_embedding_setup import (
     _check_args,
+    _EmbeddingRun,
     _init_student,
     _new_student,
     _read_teacher,
@@ -92,7 +93,7 @@ def _teacher_targets(vectors, teacher_dir, sentences, width: int, out: Path, pro
     return t
 
 
-def distill_embedding(
+def distill_embedding(  # 16 keywords: the public call, one per `sharebert distill-embedding` option and compress's
     teacher_dir,
     student: str,
     out,
@@ -157,47 +158,46 @@ def distill_embedding(
     from .teacher_vectors import TeacherPass
 
     t.vectors = TeacherPass(t.model, t.head, t.tokenizer, t.recipe.pooling, seq_len, t.artifact)
+    r = _EmbeddingRun(
+        args=args,
+        teacher=t,
+        student=student,
+        student_folder=student_folder,
+        overrides=overrides,
+        vocab=vocab,
+        out=out,
+        start_from=start_from,
+        progress=progress,
+        budget=budget,
+        callbacks=callbacks,
+        model=model,
+        s_tok=s_tok,
+        projections=projections,
+        seq_len=seq_len,
+    )
     if manifest is not None:
         sentences, train_ds = (
             None,
             BlockDataset(teacher_blocks(data, manifest, t.tokenizer, seq_len, args.max_train_samples)),
         )
     else:
-        sentences, word_strings = _training_sentences(train, args, budget, start_from, t, model, s_tok, seq_len)
+        sentences, word_strings = _training_sentences(r, train)
         train_ds = SentenceDataset(s_tok, sentences, seq_len)
-    trained_on = _trained_on(train_ds, sentences, manifest, seq_len, student, student_folder, overrides)
+    trained_on = _trained_on(r, train_ds, sentences, manifest)
     if start_from is not None:  # before the teacher's pass: --resume on other text is refused, not trained on
         check_same_data(Path(start_from), trained_on)
     files = data_files(train, data, default_corpus())
     run.start(run_fingerprint(teacher_dir, trained_on["student"], files, f"embedding ({args.loss} loss)"))
     score = sts_scorer(score_sts, s_tok, t.recipe.pooling, seq_len, eval_limit, progress)
-    metrics = _start_metrics(args, t, student, init, seq_len, len(train_ds), score_sts, eval_limit, data, vocab)
+    metrics = _start_metrics(r, init, len(train_ds), score_sts, eval_limit, data)
     if manifest is None and args.words:
         metrics["train_word_strings"] = word_strings
     metrics["teacher_sts_spearman"] = score(t.model, t.head, "teacher", t.tokenizer)
-    fit = _take_own_head(student, student_folder, model, t, projections, args.init, metrics)
-    train_ds = _teacher_vectors(
-        projections.head if fit else None, model, t, s_tok, sentences, train_ds, args.weights, seq_len, out, progress
-    )
+    fit = _take_own_head(r, metrics)
+    train_ds = _teacher_vectors(r, projections.head if fit else None, sentences, train_ds)
     t.vectors.close()  # the artifact's session, if the pass loaded one: its memory back before training
     metrics["start_sts_spearman"] = score(model, projections.head, "student at step 0")
-    trainer = _embedding_trainer(
-        model,
-        t,
-        s_tok,
-        train_ds,
-        projections,
-        pairs,
-        groups,
-        trained_on,
-        args,
-        out,
-        progress,
-        budget,
-        start_from,
-        callbacks,
-        packed=manifest is not None,
-    )
+    trainer = _embedding_trainer(r, train_ds, pairs, groups, trained_on, packed=manifest is not None)
     if (
         kept := run.kept(trainer, expect=(*metrics, "steps", "train_loss", "last_terms", "student_sts_spearman"))
     ) is not None:
@@ -207,67 +207,54 @@ def distill_embedding(
     metrics.update(steps=trainer.state.global_step, **trainer.trained(result), seed=args.seed)
     metrics["student_sts_spearman"] = score(model, projections.head, "student")
     if trainer.is_world_process_zero():
-        _save_result(trainer, model, projections.head, s_tok, out, t.recipe, seq_len, metrics)
+        _save_result(r, trainer, model, metrics)
     return finite(metrics)
 
 
-def _training_sentences(
-    train, args: EmbeddingArgs, budget, start_from, t: _Teacher, model, s_tok, seq_len: int
-) -> tuple[list[str], int]:
+def _training_sentences(r: _EmbeddingRun, train) -> tuple[list[str], int]:
     """The ``--train`` sentences (default: :func:`default_corpus`), at most ``IN_MEMORY`` unless
     ``--max-train-samples`` says, with ``args.words`` strings of the student's vocabulary words after each, and
     under a ``budget`` as many as its time allows; and how many of them are word strings."""
+    args = r.args
     sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY + 1)
     if not args.max_train_samples and len(sentences) > IN_MEMORY:  # refused now, not out of memory hours later
         raise ValueError(
             f"--train holds over {IN_MEMORY:,} sentences, and each is kept in memory with its "
             f"teacher vector: pass --max-train-samples N, or `sharebert prepare --tokenizer "
-            f"{t.dir}` the text and pass --data, which streams a corpus of any size"
+            f"{r.teacher.dir}` the text and pass --data, which streams a corpus of any size"
         )
     if args.words:
         from .corpus import vocabulary_words, with_word_strings
 
         real = set(sentences)
-        sentences = with_word_strings(sentences, vocabulary_words(s_tok), args.words, args.seed)
-    if budget is not None:  # the teacher's pass sized to the time (a resume: to the checkpoint's sentences)
-        sentences = sentences[
-            : _budgeted_count(budget, start_from, t.vectors, model, sentences, args.batch_size, s_tok)
-        ]
+        sentences = with_word_strings(sentences, vocabulary_words(r.s_tok), args.words, args.seed)
+    if r.budget is not None:  # the teacher's pass sized to the time (a resume: to the checkpoint's sentences)
+        sentences = sentences[: _budgeted_count(r, sentences)]
     return sentences, (sum(x not in real for x in sentences) if args.words else 0)
 
 
-def _take_own_head(
-    student: str, student_folder: bool, model, t: _Teacher, projections, init: str, metrics: dict
-) -> bool:
+def _take_own_head(r: _EmbeddingRun, metrics: dict) -> bool:
     """A student folder keeps its own output head (said in ``metrics``); otherwise the new head is fitted, on a
     resume too (the checkpoint then replaces it): the step-0 score is the run's, not a random head's. Whether
-    ``projections.head`` is to be fitted."""
-    own = student_head(student, model.config.hidden_size, t.width, t.recipe.pooling) if student_folder else None
+    ``r.projections.head`` is to be fitted."""
+    t, projections = r.teacher, r.projections
+    own = None
+    if r.student_folder:
+        own = student_head(r.student, r.model.config.hidden_size, t.width, t.recipe.pooling)
     if own is not None:  # moved to the training device with the other projections by the trainer
         projections.head = own
         metrics["head"] = "the student's own"
-    return projections.head is not None and init == "teacher" and own is None
+    return projections.head is not None and r.args.init == "teacher" and own is None
 
 
-def _teacher_vectors(
-    head: nn.Linear | None,
-    model,
-    t: _Teacher,
-    s_tok,
-    sentences,
-    train_ds,
-    weights,
-    seq_len: int,
-    out: Path,
-    progress: bool,
-):
+def _teacher_vectors(r: _EmbeddingRun, head: nn.Linear | None, sentences, train_ds):
     """The teacher's vectors the run needs before training; returns the training set (with the vectors where
     the teacher runs once). ``head``: the student's output projection to fit, None for none."""
     if sentences is None:  # --data: the teacher runs on each batch; the head is fitted on the first blocks
         if head is not None:
-            _fit_head_on_blocks(head, model, t, train_ds)
+            _fit_head_on_blocks(head, r.model, r.teacher, train_ds)
         return train_ds
-    return _fit_head_on_sentences(head, model, t, s_tok, sentences, train_ds, weights, seq_len, out, progress)
+    return _fit_head_on_sentences(r, head, sentences, train_ds)
 
 
 def _fit_head_on_blocks(head: nn.Linear, model, t: _Teacher, train_ds: BlockDataset) -> None:
@@ -280,26 +267,16 @@ def _fit_head_on_blocks(head: nn.Linear, model, t: _Teacher, train_ds: BlockData
     )
 
 
-def _fit_head_on_sentences(
-    head: nn.Linear | None,
-    model,
-    t: _Teacher,
-    s_tok,
-    sentences,
-    train_ds,
-    weights,
-    seq_len: int,
-    out: Path,
-    progress: bool,
-):
+def _fit_head_on_sentences(r: _EmbeddingRun, head: nn.Linear | None, sentences, train_ds):
     """The teacher's vectors of the sentences: the student's output ``head`` (None: no fit) fitted on the first
     ``HEAD_FIT``; without token-level terms every sentence's, kept with the training set, which is returned."""
+    t, weights = r.teacher, r.args.weights
     live = weights.hidden or weights.embedding or weights.attention  # the teacher runs on each batch
-    pooling = t.recipe.pooling
     if head is not None or not live:  # with live terms the vectors are only for the fit
         targets = _teacher_targets(
-            t.vectors, t.dir, sentences[:HEAD_FIT] if live else sentences, t.width, out, progress
+            t.vectors, t.dir, sentences[:HEAD_FIT] if live else sentences, t.width, r.out, r.progress
         )
     if head is not None:
-        fit_head(head, encode(model, s_tok, sentences[:HEAD_FIT], pooling, seq_len=seq_len), targets[:HEAD_FIT])
+        student = encode(r.model, r.s_tok, sentences[:HEAD_FIT], t.recipe.pooling, seq_len=r.seq_len)
+        fit_head(head, student, targets[:HEAD_FIT])
     return train_ds if live else WithTeacherLogits(train_ds, targets)

@@ -62,11 +62,12 @@ def _step_seconds(model, batch: dict, timed: int = 3) -> float:
     return (time.monotonic() - start) / timed * 1.3
 
 
-def _budgeted_count(budget, start_from, vectors, model, sentences, batch: int, student_tok) -> int:
-    """How many of ``sentences`` a run under ``budget`` (``plan.TimeBudget``) takes: a resumed run, its
-    checkpoint's count (its sentences must be the same); otherwise measured first, the teacher's rate on
-    ``RATE_SAMPLE`` sentences through its pass (``vectors``) and a student step (``student_tok``'s tokens:
-    :func:`_step_seconds`), then ``budget.plan`` (which prints the plan line)."""
+def _budgeted_count(r, sentences) -> int:
+    """How many of ``sentences`` a run (``distill_embedding_setup._EmbeddingRun``) under its ``budget``
+    (``plan.TimeBudget``) takes: a resumed run, its checkpoint's count (its sentences must be the same); otherwise
+    measured first, the teacher's rate on ``RATE_SAMPLE`` sentences through its pass and a student step (in the
+    student's tokens: :func:`_step_seconds`), then ``budget.plan`` (which prints the plan line)."""
+    start_from, vectors, model, batch = r.start_from, r.teacher.vectors, r.model, r.args.batch_size
 
     if start_from is not None:
         from sharebert_runtime.outdir import read_json
@@ -80,6 +81,6 @@ def _budgeted_count(budget, start_from, vectors, model, sentences, batch: int, s
         return saved if isinstance(saved, int) and saved > 0 else len(sentences)
     rate = _teacher_rate(vectors, sentences)
     spread = sentences[:: max(1, len(sentences) // batch)][:batch]  # lengths as a training batch draws them
-    enc = student_tok(spread, truncation=True, max_length=vectors.seq_len, padding=True, return_tensors="pt")
+    enc = r.s_tok(spread, truncation=True, max_length=vectors.seq_len, padding=True, return_tensors="pt")
     step = _step_seconds(model, {k: v.to(model.device) for k, v in enc.items()})
-    return budget.plan(len(sentences), rate, step, batch)
+    return r.budget.plan(len(sentences), rate, step, batch)

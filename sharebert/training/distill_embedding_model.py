@@ -15,8 +15,8 @@ from torch import nn
 from sharebert_runtime.outdir import finite
 
 from ..model.modeling_sharebert import pool
-from .arguments import EMBEDDING_LOSSES, EmbeddingArgs
-from .distill_embedding_setup import _Teacher
+from .arguments import EMBEDDING_LOSSES
+from .distill_embedding_setup import _EmbeddingRun
 from .distill_losses import Projections, distill_losses, pairs_that_ran
 from .distill_sentences import SentenceCollator
 from .distill_trainer import DistillTrainer, stream_training_args
@@ -168,63 +168,50 @@ class EmbeddingTrainer(DistillTrainer):
         return (total, out) if return_outputs else total
 
 
-def _embedding_trainer(
-    model,
-    t: _Teacher,
-    s_tok,
-    train_ds,
-    projections,
-    pairs,
-    groups,
-    trained_on: dict,
-    args: EmbeddingArgs,
-    out: Path,
-    progress: bool,
-    budget,
-    start_from,
-    callbacks,
-    packed: bool,
-):
+def _embedding_trainer(r: _EmbeddingRun, train_ds, pairs, groups, trained_on: dict, packed: bool):
     """The embedding trainer, bound by ``--max-time`` (under a ``budget``: what the budget leaves training) and
-    ``--max-steps``, marking its checkpoints. ``packed``: the training rows are --data's blocks, all one length."""
+    ``--max-steps``, marking its checkpoints. ``pairs``, ``groups``: the token-level terms' layer map
+    (``distill_losses.student_teacher_maps``). ``packed``: the training rows are --data's blocks, all one length."""
     from .callbacks import MarkCheckpoints, WallClockLimit
+
+    args, t, s_tok, budget = r.args, r.teacher, r.s_tok, r.budget
 
     # sentences of like length batched together: a batch costs its longest sentence times its size, and WikiText's
     # run from 8 to 60 tokens, so random batches are half padding
     grouped = {} if packed else {"train_sampling_strategy": "group_by_length"}
-    targs = stream_training_args(out, args, progress, remove_unused_columns=False, **grouped)
+    targs = stream_training_args(r.out, args, r.progress, remove_unused_columns=False, **grouped)
     clock = WallClockLimit(args.max_time) if args.max_time else None
     if budget is not None:  # training gets what the command's budget leaves (resumed: its checkpoint's seconds too)
         clock = WallClockLimit(budget.training_seconds())
     trainer = EmbeddingTrainer(
-        model=model,
+        model=r.model,
         args=targs,
         train_dataset=train_ds,
         processing_class=s_tok,
         data_collator=SentenceCollator(s_tok),
         teacher=t.model,
-        projections=projections,
+        projections=r.projections,
         weights=args.weights,
         pairs=pairs,
         groups=groups,
-        callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *callbacks],
+        callbacks=[MarkCheckpoints(args.save_minutes, keep=2), *r.callbacks],
         data=trained_on,
         pooling=t.recipe.pooling,
         loss=args.loss,
         teacher_head=t.head,
         limit=clock,
         max_steps=args.max_steps,
-        progress=progress,
+        progress=r.progress,
     )
     return trainer
 
 
-def _save_result(trainer, model, head, s_tok, out: Path, recipe, seq_len: int, metrics: dict) -> None:
-    """The student folder (:func:`save_student`), its log history, curves and metrics."""
+def _save_result(r: _EmbeddingRun, trainer, model, metrics: dict) -> None:
+    """The trained student ``model`` as a folder (:func:`save_student`), its log history, curves and metrics."""
     from .callbacks import write_results
 
-    save_student(model, head, s_tok, out, recipe, seq_len)
-    write_results(trainer, out, finite(metrics))
+    save_student(model, r.projections.head, r.s_tok, r.out, r.teacher.recipe, r.seq_len)
+    write_results(trainer, r.out, finite(metrics))
 
 
 def save_student(model, head, tokenizer, out: Path, teacher_recipe, seq_len: int) -> None:

@@ -95,6 +95,29 @@ class _Teacher:
         return self.recipe.dense[-1].out_features if self.recipe.dense else self.model.config.hidden_size
 
 
+@dataclass
+class _EmbeddingRun:
+    """One embedding distillation as its steps read it, passed instead of their parameter lists: the call's options
+    (``distill_embedding``'s keywords), the teacher, and what the run made before its training sentences (the
+    student, the tokenizer it reads, its projections onto the teacher, the length both read)."""
+
+    args: EmbeddingArgs
+    teacher: _Teacher
+    student: str  # a preset's name or a model folder
+    student_folder: bool
+    overrides: dict  # --set, shaping a preset
+    vocab: object  # a ``vocab.CutVocabulary`` the student speaks, or None (the teacher's tokens)
+    out: Path
+    start_from: str | None  # the checkpoint a --resume continues from
+    progress: bool
+    budget: object  # compress's ``plan.TimeBudget``, or None
+    callbacks: tuple
+    model: nn.Module  # the student
+    s_tok: object  # the student's tokenizer
+    projections: nn.Module  # ``EmbeddingProjections``
+    seq_len: int
+
+
 def _check_args(args: EmbeddingArgs, score_sts: bool, eval_limit: int | None) -> None:
     """``ValueError`` for an option no run can take, before anything is read or made."""
     if score_sts and eval_limit is not None and eval_limit < 2:
@@ -157,43 +180,31 @@ def _teacher_to_device(t: _Teacher) -> None:
         t.head.to(device)
 
 
-def _trained_on(
-    train_ds, sentences, manifest, seq_len: int, student: str, student_folder: bool, overrides: dict
-) -> dict:
+def _trained_on(r: _EmbeddingRun, train_ds, sentences, manifest) -> dict:
     """What the run trains on and from, kept with its checkpoints (``distill.check_same_data``)."""
     seen = (
-        "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{seq_len}"
+        "\n".join(sentences) if manifest is None else f"{json.dumps(manifest, sort_keys=True, default=str)}|{r.seq_len}"
     )
     return {
         "sentences": len(train_ds),
         "sentences_sha256": hashlib.sha256(f"{len(train_ds)}|{seen}".encode()).hexdigest()[:16],
-        "student": (str(Path(student).resolve()) if student_folder else student)
-        + "".join(f" --set {k}={v}" for k, v in sorted(overrides.items())),
+        "student": (str(Path(r.student).resolve()) if r.student_folder else r.student)
+        + "".join(f" --set {k}={v}" for k, v in sorted(r.overrides.items())),
     }
 
 
-def _start_metrics(
-    args: EmbeddingArgs,
-    t: _Teacher,
-    student: str,
-    init: dict,
-    seq_len: int,
-    examples: int,
-    score_sts: bool,
-    eval_limit: int | None,
-    data,
-    vocab,
-) -> dict:
+def _start_metrics(r: _EmbeddingRun, init: dict, examples: int, score_sts: bool, eval_limit: int | None, data) -> dict:
     """The metrics known before training: the recipe, the student, its start and the data."""
+    t, vocab = r.teacher, r.vocab
     return {
         "objective": "embedding",
-        "loss": args.loss,
+        "loss": r.args.loss,
         "pooling": t.recipe.pooling,
         "normalize": t.recipe.normalize,
         "teacher_dir": str(t.dir),
-        "student": student,
+        "student": r.student,
         **init,
-        "seq_len": seq_len,
+        "seq_len": r.seq_len,
         "train_sentences": examples,
         "sts_dev_pairs": len(sts_dev(eval_limit).labels) if score_sts else None,
         **({"train_data": str(data)} if data is not None else {}),
