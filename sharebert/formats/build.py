@@ -22,7 +22,7 @@ def config_for_vocab(preset: str, overrides: dict, tokenizer_size: int) -> Share
     return config
 
 
-def build_model(
+def build_model(  # 7: the public call: `sharebert build`'s options as keywords, and a tokenizer made by the caller
     preset: str,
     out: str | Path,
     overrides: dict | None = None,

@@ -387,6 +387,7 @@ class ShareBertModel(ShareBertPreTrainedModel):
             cache = DynamicCache()
         return cache if use_cache else None
 
+    # 8: forward's per-call values that every layer reads, passed on from forward's transformers keywords
     def _encode(self, x, mask, head_masks, generated, depth, cache, output_attentions, output_hidden_states):
         """``(x, hidden states or None, attentions or None)`` after the first ``depth`` layers and the final norm."""
         all_hidden, all_attn = ([x] if output_hidden_states else None), ([] if output_attentions else None)

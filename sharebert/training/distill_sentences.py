@@ -122,7 +122,7 @@ def sts_dev(limit: int | None = None):
     return read_split("stsb", data_path("glue", "STS-B"), "dev").head(limit)
 
 
-def sts_spearman(
+def sts_spearman(  # 7: sentence_vectors.encode's encoder, recipe and length, then the pairs' limit and progress
     model, tokenizer, pooling: str, head=None, seq_len: int = 128, limit: int | None = None, desc: str | None = None
 ) -> float:
     """Spearman correlation of cosine similarities with the gold scores on :func:`sts_dev` (first ``limit``

@@ -140,7 +140,7 @@ def training_batch(tok, sentences: list[str], batch: int, seq_len: int, vocab_si
     return enc
 
 
-def fit_student_threads(
+def fit_student_threads(  # 7: compress's plan passes what it knows; training/ may not import pipelines.run's objects
     overrides: dict, vocab_size: int, tok, sentences: list[str], batch: int, seq_len: int, say=print
 ) -> FitThreads | None:
     """:func:`fit_threads` on a fresh student of the run's shape (``sharebert-tiny`` with ``overrides``: its step costs
@@ -168,6 +168,7 @@ class FitThreads(TrainerCallback):
     both must be). ``changes``: ``(step, count)`` for each change of
     count. ``clock``, ``load`` and ``timer`` (:func:`step_seconds`'s signature) are the tests' seams."""
 
+    # 8: what fit_threads measured and where to say it, then the tests' seams (clock, load, timer)
     def __init__(self, batch, counts, seconds, chosen, say=print, clock=time.monotonic, load=_load, timer=None):
         self.batch, self.counts, self.say = batch, tuple(counts), say
         self.cpus, self.period = max(self.counts), PERIOD
