@@ -28,7 +28,7 @@ from .distill_teacher import (
 from .distill_trainer import DistillTrainer
 from .encoded import encoded_task, evaluate_dev
 from .finetune import load_classifier, metrics_for, task_training_args
-from .fingerprint import run_fingerprint
+from .fingerprint import run_fingerprint, teacher_fingerprint
 from .glue import GlueTask, get_task, task_file
 from .run_skeleton import best_step, open_run
 
@@ -119,7 +119,7 @@ def distill_glue(  # its keywords are `sharebert distill`'s flags and compress's
     model.config.train_min_depth = check_depth_sampling(args.depth_sampling, model.config.num_hidden_layers)
     check_tokenizers(speaks, s_tok, teacher_dir, student)
     s_tok = t_tok if vocab is None else s_tok  # one tokenizer (the teacher's settings), or the student's own
-    teacher = _task_teacher(teacher_dir, task_)
+    teacher = _task_teacher(teacher_dir, task_, t_config)
     w = args.weights
     pairs, groups, projections = student_teacher_maps(model, teacher, w, args.seed)
 
@@ -135,14 +135,19 @@ def distill_glue(  # its keywords are `sharebert distill`'s flags and compress's
     main_dev = dev_ds[task_.dev_splits[0]]
     if args.augment:  # the row limit, now the examples are counted: before --out is made
         check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
-    run.start(run_fingerprint(teacher_dir, student_name(student), [train.path], f"task distillation on {task_.name}"))
+    t_files = teacher_fingerprint(teacher_dir)  # hashed once: the run's fingerprint and the logits' cache key
+    run.start(
+        run_fingerprint(
+            teacher_dir, student_name(student), [train.path], f"task distillation on {task_.name}", teacher=t_files
+        )
+    )
     if args.augment:  # one tokenizer (a cut refuses --augment): the teacher reads the same augmented rows
         train_ds = t_train_ds = augment(
             train_ds, args.augment, t_tok, teacher.get_input_embeddings().weight, task_.is_regression, seed=args.seed
         )
     if cache_teacher is not None:
         variant = ",".join(f"{k}={v}" for k, v in data.items()) if args.augment else ""
-        cache = logits_cache(cache_teacher, teacher_dir, train.path, seq_len, len(t_train_ds), variant)
+        cache = logits_cache(cache_teacher, t_files, train.path, seq_len, len(t_train_ds), variant)
         train_ds = WithTeacherLogits(
             train_ds,
             teacher_logits(teacher, t_train_ds, cache, progress),
@@ -209,9 +214,10 @@ def distill_glue(  # its keywords are `sharebert distill`'s flags and compress's
     return run.publish(trainer, metrics)
 
 
-def _task_teacher(teacher_dir, task_):
-    """The teacher classifier, its generic LABEL_i names read as the task's labels, in order."""
-    teacher = load_teacher(teacher_dir)
+def _task_teacher(teacher_dir, task_, config):
+    """The teacher classifier (loaded with its ``config``, made once), its generic LABEL_i names read as the task's
+    labels, in order."""
+    teacher = load_teacher(teacher_dir, config=config)
     if not task_.is_regression:
         teacher.config.id2label = dict(enumerate(task_.label_names))
         teacher.config.label2id = {n: i for i, n in enumerate(task_.label_names)}

@@ -94,7 +94,7 @@ def distill_mlm(  # its keywords are `sharebert distill --objective mlm`'s flags
     if bool(train) == (data is not None):
         raise ValueError("--objective mlm needs --train text or --data DIR (from `sharebert prepare`), one of them")
     manifest = teacher_data(data, t_tok, teacher_dir) if data is not None else None
-    teacher = load_teacher(teacher_dir, head="mlm" if mlm_teacher else "encoder")
+    teacher = load_teacher(teacher_dir, head="mlm" if mlm_teacher else "encoder", config=t_config)
     w = args.weights
     pairs, groups, projections = student_teacher_maps(model, teacher, w, args.seed)
     seq_len = min(args.seq_len, model.config.max_position_embeddings, teacher.config.max_position_embeddings)

@@ -4,6 +4,7 @@ folder of its tokens."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from pathlib import Path
@@ -17,7 +18,6 @@ from sharebert_runtime.outdir import (
 )
 
 from .augment import IGNORE_LABEL
-from .fingerprint import teacher_fingerprint
 from .glue import GlueTask
 
 
@@ -75,9 +75,11 @@ def training_device() -> str:
     return f"cuda:{local_rank()}"
 
 
-def load_teacher(teacher_dir, head: str = "classifier"):
+def load_teacher(teacher_dir, head: str = "classifier", config=None):
     """The teacher through the transformers Auto classes (sharebert folders included): eval mode, no gradients.
     ``head``: ``classifier``, ``mlm`` or ``encoder`` (the backbone alone: hidden and attention terms only).
+    ``config``: its transformers config where the caller made it already (a copy is loaded with; the folder's
+    ``config.json`` is then not read again).
 
     On a CUDA device with bf16 support it is loaded in bf16 (the student's losses are computed in fp32).
     """
@@ -89,7 +91,8 @@ def load_teacher(teacher_dir, head: str = "classifier"):
     cuda = torch.cuda.is_available()
     dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
     try:
-        model = cls.from_pretrained(teacher_dir, dtype=dtype, attn_implementation="eager")
+        given = {} if config is None else {"config": copy.deepcopy(config)}
+        model = cls.from_pretrained(teacher_dir, dtype=dtype, attn_implementation="eager", **given)
     except (OSError, ValueError) as e:
         raise ValueError(f"--teacher {teacher_dir} cannot be loaded: {first_line(e)}") from None
     model.requires_grad_(False)
@@ -99,11 +102,11 @@ def load_teacher(teacher_dir, head: str = "classifier"):
     return model.to(training_device()).eval()
 
 
-def logits_cache(cache_dir, teacher_dir, split_path, seq_len: int, rows: int, variant: str = "") -> Path:
+def logits_cache(cache_dir, teacher: list[str], split_path, seq_len: int, rows: int, variant: str = "") -> Path:
     """Where the teacher's logits on a split are kept: ``<cache_dir>/<key>.npy``, the key hashing the teacher's files
-    (:func:`teacher_fingerprint`), the split file, ``seq_len``, the ``rows`` scored and ``variant`` (how the split
-    was augmented; "" for none)."""
-    parts = teacher_fingerprint(teacher_dir) + [sha256(Path(split_path)), str(seq_len), str(rows)]
+    (``teacher``: its ``fingerprint.teacher_fingerprint``, made once per run), the split file, ``seq_len``, the
+    ``rows`` scored and ``variant`` (how the split was augmented; "" for none)."""
+    parts = list(teacher) + [sha256(Path(split_path)), str(seq_len), str(rows)]
     parts += [variant] if variant else []
     return Path(cache_dir) / (hashlib.sha256("|".join(parts).encode()).hexdigest()[:24] + ".npy")
 
