@@ -50,8 +50,7 @@ def add_arguments(p):
         default=MAX_TIME,
         metavar="SECONDS",
         help=f"seconds for the whole command (default {MAX_TIME:g}): the teacher's pass, training, export "
-        "and measures, planned in one line before the first step; a classifier teacher: the training "
-        "time of each phase",
+        "and measures (a classifier teacher: both phases too), planned in one line before the first step",
     )
     p.add_argument(
         "--max-steps", type=opt.positive_int, help="stop after N optimizer steps (default: --max-time decides)"
@@ -60,7 +59,7 @@ def add_arguments(p):
         "--allow-untrained",
         action="store_true",
         help="run even when the plan leaves --max-time too few steps for a trained student (refused otherwise, "
-        "naming the smallest --max-time that would do; an encoder teacher)",
+        "naming the smallest --max-time that would do)",
     )
     p.add_argument(
         "--train",
@@ -204,12 +203,8 @@ def run(args) -> int:
     resume = "continue with the same command plus --resume"
     try:
         with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
-            compress_run.stopper = stopper
-            if classifier:
-                r = compress_classifier(compress_run)
-            else:
-                compress_run.budget = _budget(args, started)
-                r = compress(compress_run)
+            compress_run.stopper, compress_run.budget = stopper, _budget(args, started)
+            r = (compress_classifier if classifier else compress)(compress_run)
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)
         return 128 + e.signum

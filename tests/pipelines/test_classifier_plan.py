@@ -1,0 +1,128 @@
+"""A classifier compress's ``--max-time`` (pipelines/compress_classifier.ClassifierPlan): the whole command's seconds
+split between the teacher's export, the two phases and the end, a budget too small refused before any export naming
+the smallest that would do, and the task phase's clock ending where the end's costs begin. The arithmetic is asserted
+from the plan's own numbers, never a clock."""
+
+import pytest
+
+from sharebert.pipelines.compress_classifier import (
+    RUN_SECONDS,
+    TASK_SHARE,
+    ClassifierPlan,
+    _PhaseBudget,
+    _task_clock,
+    carry,
+)
+from sharebert.pipelines.plan import TimeBudget
+
+PLAN = ClassifierPlan(rate=10.0, step=0.5, batch=32, general_sentences=1000, task_texts=200, dev_rows=100, export=60.0)
+
+
+def test_the_end_and_the_task_pass_are_the_sentences_they_run_at_the_measured_rate():
+    b = TimeBudget
+    assert PLAN.end() == pytest.approx(b.EXPORT_SECONDS + 128 / 10 + 2 * b.PROBE_SECONDS + 1.3 * 100 / 10)
+    assert PLAN.task_pass() == pytest.approx((200 + 100) / 10)
+
+
+def test_what_the_export_and_the_end_leave_is_split_between_the_phases():
+    both = 600 - 60 - PLAN.end()
+    general, task, steps = PLAN.split(600)
+    assert task == pytest.approx(TASK_SHARE * both) and general + task == pytest.approx(both)
+    encoded = int(min(1000, max(4 * 32, 10 * general / 3)))  # the general phase's teacher pass: a third of its span
+    assert PLAN.general_pass(general) == encoded
+    assert steps == int(((general - encoded / 10) + (task - PLAN.task_pass())) / 0.5)
+    assert PLAN.split(PLAN.export + PLAN.end() - 5) == (0.0, 0.0, 0)  # nothing left: no steps, never negative
+    assert [PLAN.split(s)[2] for s in (200, 400, 800, 1600)] == sorted(PLAN.split(s)[2] for s in (200, 400, 800, 1600))
+
+
+@pytest.mark.parametrize("spent", [0.0, 37.0])
+def test_the_smallest_budget_named_is_the_least_whole_ten_seconds_that_plans_enough_steps(spent):
+    need = 400
+    smallest = PLAN.smallest(spent, need)
+    assert smallest % 10 == 0
+    assert PLAN.split(smallest - spent)[2] >= need > PLAN.split(smallest - 10 - spent)[2]
+
+
+def test_a_budget_too_small_is_refused_in_one_line_naming_the_smallest_and_a_sufficient_one_is_not():
+    need = 400
+    why = PLAN.refusal(300, 20.0, need)
+    assert why is not None and "\n" not in why
+    assert f"give --max-time {PLAN.smallest(20.0, need)} or more" in why
+    assert f"leaves {PLAN.split(280)[2]:,} steps of 32" in why and "the teacher's export ~60 s" in why
+    assert "--allow-untrained" in why and "--max-train-samples" in why
+    assert PLAN.refusal(PLAN.smallest(20.0, need), 20.0, need) is None
+
+
+def test_the_general_phase_ends_before_the_task_phase_and_the_end():
+    whole = TimeBudget(600, say=lambda line: None, start=0.0)
+    phase = _PhaseBudget(whole, later=250.0)
+    assert (phase.seconds, phase.start, phase.reserve()) == (600, 0.0, 250.0)
+    assert phase.min_steps is None  # the whole plan refused first; the phase only sizes itself
+
+
+def test_the_task_clock_is_set_when_training_begins_to_what_the_whole_budget_has_left_less_the_end():
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    class Left:
+        seconds = 300.0
+
+        def left(self):
+            return self.seconds
+
+    budget = Left()
+    clock = _task_clock(budget, end=40.0)
+    budget.seconds = 180.0  # the teacher's logits took 120 s before training began
+    state = TrainerState()
+    clock.on_train_begin(TrainingArguments(output_dir="unused", report_to=[]), state, TrainerControl())
+    assert clock.seconds == pytest.approx(clock.used() + 140.0, abs=0.5)
+    resumed = _task_clock(budget, end=40.0)  # a checkpoint that trained 30 s: its seconds count on top
+    assert type(resumed).__name__ == "WallClockLimit"  # checkpoints keep its state under that name
+    state.stateful_callbacks["WallClockLimit"] = {"attributes": {"used_seconds": 30.0}}
+    resumed.on_train_begin(TrainingArguments(output_dir="unused", report_to=[]), state, TrainerControl())
+    assert resumed.seconds == pytest.approx(30.0 + 140.0, abs=0.5)
+
+
+def test_a_resume_carries_the_seconds_its_run_spent_to_the_end_of_its_general_phase():
+    said = []
+    budget = TimeBudget(600, say=said.append, start=1000.0)
+    carry(budget, {"general": {"steps": 5, RUN_SECONDS: 240.0}})
+    assert budget.start == 760.0 and "240 s of --max-time 600 s were spent by the run it continues" in said[0]
+    for phases in ({}, {"general": {RUN_SECONDS: float("nan")}}, {"general": {RUN_SECONDS: "240"}}):
+        untouched = TimeBudget(600, say=said.append, start=1000.0)
+        carry(untouched, phases)  # nothing recorded, or not a count of seconds: nothing carried
+        assert untouched.start == 1000.0
+    finished = TimeBudget(600, say=said.append, start=1000.0)
+    carry(finished, {"general": {RUN_SECONDS: 240.0}, "task": {"steps": 5}})  # nothing left to train
+    assert finished.start == 1000.0 and len(said) == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(tmp_path_factory):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tiny_teachers import trained_classifier
+
+    return trained_classifier(tmp_path_factory.mktemp("plan"), "bert", steps=1)
+
+
+@pytest.mark.slow
+def test_a_classifier_budget_too_small_is_refused_before_any_export(tiny_classifier, tmp_path, capsys, monkeypatch):
+    """--max-time 20 cannot train a student here: refused in one line naming a larger whole-ten budget, nothing
+    exported, no out parts left, the teacher's artifact not cached."""
+    import re
+
+    from sharebert_runtime.main import main
+
+    monkeypatch.setenv("SHAREBERT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    argv = ["compress", str(tiny_classifier), "--out", str(out), "--max-time", "20", "--max-train-samples", "200"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "fewer than the" in err, err
+    named = int(re.search(r"give --max-time (\d+) or more", err).group(1))
+    assert named > 20 and named % 10 == 0
+    assert not (out / "teacher_artifact").exists() and not (out / "general").exists()
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("manifest.json"))
