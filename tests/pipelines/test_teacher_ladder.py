@@ -18,3 +18,16 @@ def test_a_large_teacher_skips_int8_dynamic_and_a_small_one_tries_it_first(tmp_p
     small, large = _folder(tmp_path / "small", LARGE_TEACHER), _folder(tmp_path / "large", LARGE_TEACHER + 1)
     assert teacher_ladder(small) == TEACHER_QUANTIZATIONS == ("int8-dynamic", "int8", "fp16", "none")
     assert teacher_ladder(large) == ("int8", "fp16", "none")
+
+
+def test_a_large_teachers_rung_measures_its_parity_on_fewer_sentences(tmp_path, monkeypatch):
+    """A teacher over LARGE_TEACHER, whose ladder starts at weight-only int8 (far above the bar on every teacher
+    measured), has each rung's parity measured on LARGE_TEACHER_CHECK sentences; a small one on TEACHER_CHECK."""
+    import sharebert.export as export
+    from sharebert.pipelines.teacher_pass import LARGE_TEACHER_CHECK, TEACHER_CHECK, export_rung
+
+    asked = []
+    monkeypatch.setattr(export, "export_model", lambda folder, out, **k: asked.append((folder.name, k["check_limit"])))
+    for name, size in (("small", LARGE_TEACHER), ("large", LARGE_TEACHER + 1)):
+        export_rung(_folder(tmp_path / name, size), tmp_path / "out", "feature-extraction", "int8")
+    assert asked == [("small", TEACHER_CHECK), ("large", LARGE_TEACHER_CHECK)] and LARGE_TEACHER_CHECK < TEACHER_CHECK
