@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -622,9 +623,12 @@ def atomic_output(path: str | Path, mode: str = "w"):
             return
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_partials(target)
-        fd, tmp = _locked_partial(target)
-        held = os.dup(fd)  # the lock lasts until the rename, after the file object closes fd
+        named = []  # the partial file's name, said before the file exists: a stop from then on removes it
+        held = None
         try:
+            fd = _locked_partial(target, named)
+            held = os.dup(fd)  # the lock lasts until the rename, after the file object closes fd
+            tmp = named[0]
             if st is not None:
                 os.fchmod(fd, stat.S_IMODE(st.st_mode))
             else:
@@ -637,28 +641,43 @@ def atomic_output(path: str | Path, mode: str = "w"):
                 os.fsync(f.fileno())
             os.replace(tmp, target)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            for name in named:
+                name.unlink(missing_ok=True)
             raise
         finally:
-            os.close(held)
+            if held is not None:
+                os.close(held)
+
+
+_PARTIAL_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"  # the 8 characters between a partial file's dots
+_RANDOM = random.SystemRandom()
 
 
 def _partial_name(target: Path) -> re.Pattern:
-    """The names :func:`tempfile.mkstemp` gives ``target``'s partial files (8 random characters in between)."""
+    """The names :func:`_locked_partial` gives ``target``'s partial files (8 random characters in between)."""
     return re.compile(rf"\.{re.escape(target.name)}\.[a-z0-9_]{{8}}\.partial")
 
 
-def _locked_partial(target: Path) -> tuple[int, Path]:
-    """A new partial file for ``target``, open and ``flock``-ed: ``(fd, path)``. Locked only after it was created,
-    so a cleaner may have taken it for stale in between: then it is gone from its name, and another is made."""
+def _locked_partial(target: Path, named: list) -> int:
+    """A new partial file for ``target``, open and ``flock``-ed: its fd, its path left alone in ``named``. The path
+    goes into ``named`` before the file is made (``O_EXCL``: never someone else's), so a stop that lands between
+    the file's creation and the caller's cleanup still finds it to remove. Locked only after it was created, so a
+    cleaner may have taken it for stale in between: then it is gone from its name, and another is made."""
     while True:
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+        name = target.parent / f".{target.name}.{''.join(_RANDOM.choices(_PARTIAL_CHARS, k=8))}.partial"
+        named.append(name)
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:  # another writer's: not ours to remove
+            named.pop()
+            continue
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             if os.stat(name, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                return fd, Path(name)
+                return fd
         except FileNotFoundError:
             pass
+        named.pop()  # a cleaner took it: gone already
         os.close(fd)
 
 

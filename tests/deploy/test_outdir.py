@@ -105,3 +105,23 @@ def test_a_lock_file_of_the_users_own_is_kept_and_a_stale_pid_taken(tmp_path, he
     assert "\n" not in str(refused.value) and (tmp_path / ".lock").read_text() == held
     with open(tmp_path / ".lock") as f:  # the refusal left no lock held
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_stop_right_after_the_partial_file_is_made_leaves_nothing_and_the_old_file(stop, tmp_path, monkeypatch):
+    """A signal that lands between the partial file's creation and the block that removes it (once a real SIGHUP
+    in tests/deploy/test_untrusted.py's race): here the flock that follows the creation raises, as a stop would."""
+    from sharebert_runtime import outdir
+
+    target = tmp_path / "out.json"
+    target.write_text("old")
+
+    def stopped(fd, op):
+        raise stop()
+
+    monkeypatch.setattr(outdir.fcntl, "flock", stopped)
+    with pytest.raises(stop):
+        with outdir.atomic_output(target) as f:
+            f.write("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    assert target.read_text() == "old"
