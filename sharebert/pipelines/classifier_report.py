@@ -74,10 +74,7 @@ def classifier_report(run: CompressRun, task_, data_dir: Path, student: Student,
     ``task_args.max_eval_samples`` dev examples) -> the report; ``phases``: what each phase recorded."""
     o, teacher, out, say = run.options, run.teacher.folder, run.out, run.say
     limit, progress, web, vocab = o.task_args.max_eval_samples, o.progress, o.web, student.vocab
-    say(
-        "exporting the student (int8) and the teacher (the first quantization that keeps it), "
-        "task text-classification ..."
-    )
+    say("exporting the student (int8), task text-classification ...")
     student_dir = out / "student"
     art = export_once(
         student_dir, out / "artifact", "int8", progress, task="text-classification", allow_low_parity=True
@@ -85,7 +82,7 @@ def classifier_report(run: CompressRun, task_, data_dir: Path, student: Student,
     if web:  # the same int8 graph, at the artifact's gate (a classifier's int8 is judged by its task metric, below)
         say("exporting the student for the web (--format web, int8) ...")
         web_entry = publish_web(student_dir, out, art, progress, "text-classification", allow_low_parity=True)
-    t_art, t_quant, t_refused = export_teacher(
+    t_art, t_quant, t_refused = export_teacher(  # made before the phases (compress_classifier): kept, not redone
         run.teacher, out / "teacher_artifact", "text-classification", progress, say
     )
     metric, g, t = task_.main_metric, phases["general"], phases["task"]

@@ -390,7 +390,7 @@ def _teacher_rate(teacher, sentences: list[str], seq_len: int) -> float:
     from ..training.distill_embedding_model import load_encoder
     from ..training.sentence_vectors import encode
 
-    encoder = load_encoder(teacher.folder)
+    encoder = load_encoder(teacher.folder, teacher.config)
     sample = sentences[:: max(1, len(sentences) // TIMED_SENTENCES)][:TIMED_SENTENCES]
     encode(encoder, teacher.tokenizer, sample[:4], "mean", None, seq_len)
     start = time.monotonic()
@@ -495,6 +495,7 @@ def _phases_then_report(run: CompressRun, task_, data_dir: Path, student: Studen
             score_sts=False,
             vocab=vocab,
             budget=_general_budget(run, plan),
+            run_teacher=run.teacher,  # its config, tokenizer, recipe and fingerprint: not read again
         )
         if run.stopped():
             return {"stopped": True, "phase": "general", "steps": m["steps"]}
@@ -537,9 +538,12 @@ def _phases_then_report(run: CompressRun, task_, data_dir: Path, student: Studen
             progress=o.progress,
             cache_teacher=out / "teacher_logits",
             clock=clock,
-            callbacks=[c for c in (*callbacks, _evaluate_at_stop(run.stopper)) if c is not None],
+            # not the threads callback: it times a backbone's step (last_hidden_state), and this student is a
+            # classifier; the count it chose holds
+            callbacks=[c for c in (*run.callbacks(), _evaluate_at_stop(run.stopper)) if c is not None],
             vocab=vocab,
             agreed_labels=True,
+            run_teacher=run.teacher,
         )
         if run.stopped():
             return {"stopped": True, "phase": "task", "steps": m["steps"]}
