@@ -117,19 +117,22 @@ def infer_task(config: dict, model_dir=None) -> str:
     return "feature-extraction"
 
 
-def load_model(model_dir: Path, task: str):
-    """``(model, tokenizer)`` in eval mode, through the transformers Auto classes.
+def load_model(model_dir: Path, task: str, config=None):
+    """``(model, tokenizer)`` in eval mode, through the transformers Auto classes; ``config``: the folder's
+    transformers config where the caller made it (a copy is loaded with), so ``config.json`` is not read again.
 
     Refuses weights that are unreadable, a head the checkpoint does not hold (it would be random) and a
     tokenizer larger than the model's vocabulary.
     """
+    import copy
+
     import transformers
 
     import sharebert.model.modeling_sharebert  # noqa: F401  (registers the models with the Auto classes)
     from sharebert.formats.model_folder import load_tokenizer
 
     try:
-        config = transformers.AutoConfig.from_pretrained(model_dir)
+        config = transformers.AutoConfig.from_pretrained(model_dir) if config is None else copy.deepcopy(config)
     except Exception as e:  # ValueError or TypeError for a field out of range
         raise ValueError(f"{model_dir / 'config.json'} is not a valid model config: {first_line(e)}") from None
     verbosity = transformers.logging.get_verbosity()
@@ -150,7 +153,8 @@ def load_model(model_dir: Path, task: str):
             + _task_hint(model_dir, model.config.to_dict(), task)
         )
     try:  # the training commands' check: a tokenizer that fits the vocabulary, with [MASK] for fill-mask
-        tokenizer = load_tokenizer(model_dir, int(model.config.vocab_size), ("mask",) if task == "fill-mask" else ())
+        needs = ("mask",) if task == "fill-mask" else ()
+        tokenizer = load_tokenizer(model_dir, int(model.config.vocab_size), needs, config=model.config)
     except ValueError:
         raise
     except Exception as e:  # OSError, or the tokenizers library's own error for a corrupt tokenizer.json
@@ -361,14 +365,16 @@ def _calibration_feeds(tokenizer, path, max_length: int, graph: Path) -> list[di
     ]
 
 
-def _validate(model_dir, out_dir, o: ExportOptions) -> tuple[Path, Path, ExportOptions]:
-    """Every check that needs no model loaded; returns the paths and the options with task and check file resolved."""
+def _validate(model_dir, out_dir, o: ExportOptions, run_teacher=None) -> tuple[Path, Path, ExportOptions]:
+    """Every check that needs no model loaded; returns the paths and the options with task and check file resolved.
+    ``run_teacher``: the folder as compress read it (:func:`export_model`)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    config = read_config(model_dir, model_types=None)  # also refuses an artifact given as --model
+    # read_config also refuses an artifact given as --model
+    config = read_config(model_dir, model_types=None) if run_teacher is None else run_teacher.raw
     if config.get("model_type") not in ("sharebert", "bert"):  # any encoder (export/teacher.py), named in one line
-        from sharebert.training.teacher import read_teacher
+        from sharebert.training.teacher import check_teacher
 
-        read_teacher(model_dir)
+        check_teacher(config, model_dir / "config.json")
     task = o.task or infer_task(config, model_dir)
     _check_task(model_dir, config, task)
     _check_modes(o, task)
@@ -466,38 +472,39 @@ def embedding_recipe(model_dir: Path):
     return recipe, [read_dense_weights(model_dir, layer) for layer in recipe.dense]
 
 
-def trained_on_pairs(model_dir: Path, task: str) -> bool | None:
+def trained_on_pairs(model_dir: Path, task: str, raw: dict | None = None) -> bool | None:
     """A text-classification model's ``pairs`` for the manifest: whether the GLUE task its folder records
     (``metrics.json`` of finetune / distill, else ``config.json``'s ``finetuning_task``) reads sentence pairs;
-    None when the folder does not say (deploy then decides by the input alone and says so)."""
+    None when the folder does not say (deploy then decides by the input alone and says so). ``raw``: its
+    ``config.json`` where the caller has read it."""
     from sharebert.training.glue import TASKS, recorded_task
 
     if task != "text-classification":
         return None
     glue, _ = recorded_task(model_dir)
     if glue is None:
-        name = (
-            str(read_config(model_dir, unfinished_ok=True, model_types=None).get("finetuning_task") or "")
-            .lower()
-            .replace("-", "")
-        )
+        raw = read_config(model_dir, unfinished_ok=True, model_types=None) if raw is None else raw
+        name = str(raw.get("finetuning_task") or "").lower().replace("-", "")
         glue = TASKS.get(name)
     return None if glue is None else glue.pairs
 
 
-def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fields) -> dict:
+def export_model(model_dir, out_dir, options: ExportOptions | None = None, run_teacher=None, **fields) -> dict:
     """Export ``model_dir`` to the artifact folder ``out_dir``; return its manifest.
 
     ``options`` (:class:`ExportOptions`), or its fields as keywords (``task="fill-mask"``, ...).
     Raises ``ValueError``/``FileNotFoundError`` for bad input (nothing written) and
     :class:`ParityError` when an export's outputs are not finite or (fp32) differ from PyTorch by more than 1e-3.
+    ``run_teacher``: ``model_dir`` as compress read it (``pipelines.run.Teacher``: its ``config.json`` read and checked
+    once, its transformers config), so the folder's ``config.json`` is not read again.
     """
     from .parity import Check, read_sentences
 
     options = replace(options or ExportOptions(), **fields)
-    model_dir, out_dir, o = _validate(model_dir, out_dir, options)
+    model_dir, out_dir, o = _validate(model_dir, out_dir, options, run_teacher)
     sentences, labels = read_sentences(o.check_file, o.check_limit)
-    model, tokenizer = load_model(model_dir, o.task)
+    raw, config = (None, None) if run_teacher is None else (run_teacher.raw, run_teacher.config)
+    model, tokenizer = load_model(model_dir, o.task, config)
     recipe = embedding_recipe(model_dir) if o.task == "feature-extraction" else None
     check = Check(model, tokenizer, o.task, sentences, labels, _max_length(model, tokenizer, recipe))
     created = [p for p in (out_dir.parent, *out_dir.parent.parents) if not p.exists()]
@@ -509,7 +516,7 @@ def export_model(model_dir, out_dir, options: ExportOptions | None = None, **fie
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the published artifact from other users
-        manifest = _build(_Export(check, o, tmp, recipe, trained_on_pairs(model_dir, o.task)))
+        manifest = _build(_Export(check, o, tmp, recipe, trained_on_pairs(model_dir, o.task, raw)))
         _publish(tmp, out_dir)
         _sweep_stale(out_dir)  # now that the new artifact is in place: an .old- one a killed export left
     except BaseException as e:

@@ -142,8 +142,7 @@ def _measure_before_export(run: CompressRun, student: Student):
     ).is_file()
     rows = embedding_shape(teacher)["vocab_size"] if student.vocab is None else student.vocab.table_rows
     return measure_before_export(  # before any export or pass: a budget too small is refused here
-        teacher.folder,
-        teacher.tokenizer,
+        teacher,
         student.overrides,
         rows,
         o.train,
@@ -187,6 +186,7 @@ def _distil(run: CompressRun, student: Student, threads) -> dict:
         callbacks=tuple(c for c in (*run.callbacks(), threads) if c is not None),
         vocab=student.vocab,
         teacher_artifact=run.out / "teacher_artifact",  # the teacher's pass runs there where it keeps the teacher
+        run_teacher=run.teacher,  # its config, tokenizer, recipe and fingerprint: not read again
     )
 
 

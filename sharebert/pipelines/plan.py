@@ -366,7 +366,7 @@ TEACHER_RUNGS = 2  # a first export is planned for two rungs: int8-dynamic is re
 TIMED_SENTENCES = 16  # the teacher's sentences timed before its export, after 4 untimed (~7 s at the issue's worst)
 
 
-def measure_before_export(teacher, t_tok, overrides: dict, rows: int, train, args, budget, exported: bool, say):
+def measure_before_export(teacher, overrides: dict, rows: int, train, args, budget, exported: bool, say):
     """Before the teacher's export or pass: torch's thread count fitted to the machine on the student's step
     (``training.threads``; kept where OMP_NUM_THREADS names one) and, under a ``budget`` that refuses too few steps
     whose teacher is not exported yet (``exported``: cached by an earlier run, or a resumed run's own), the plan made
@@ -374,7 +374,8 @@ def measure_before_export(teacher, t_tok, overrides: dict, rows: int, train, arg
     second from a timed PyTorch pass over :data:`TIMED_SENTENCES` of the training text, a student step at the chosen
     count (``rows``: its vocabulary's), and the export: :data:`TEACHER_RUNGS` rungs of ``EXPORT_SECONDS`` and
     :data:`EXPORT_SENTENCES` at that rate, plus the plan's own measure of the teacher (``RATE_SAMPLE`` sentences).
-    Returns the training's threads callback (``training.threads.FitThreads``; None: nothing fitted)."""
+    ``teacher``: the run's (``run.Teacher``: its tokenizer and config, read once). Returns the training's threads
+    callback (``training.threads.FitThreads``; None: nothing fitted)."""
     import time
 
     import torch
@@ -392,13 +393,14 @@ def measure_before_export(teacher, t_tok, overrides: dict, rows: int, train, arg
         return None
     sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)
     model = build_student("sharebert-tiny", overrides, rows)
+    t_tok = teacher.tokenizer
     batch = training_batch(t_tok, sentences, args.batch_size, args.seq_len, rows)
     fit = fit_threads(model, batch, say)
     if not estimate:
         return fit
     step = fit.reference if fit is not None else step_seconds(model, batch, torch.get_num_threads())
     del model
-    encoder = load_encoder(teacher)
+    encoder = load_encoder(teacher.folder, teacher.config)
     sample = sentences[:: max(1, len(sentences) // TIMED_SENTENCES)][:TIMED_SENTENCES]
     encode(encoder, t_tok, sample[:4], "mean", None, args.seq_len)  # the first pass's one-time costs are no rate
     start = time.monotonic()

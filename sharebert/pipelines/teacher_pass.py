@@ -63,15 +63,16 @@ def export_teacher(teacher: Teacher, out: Path, task: str, progress: bool, say=p
     if (hit := _from_cache(cache, Path(out), say)) is not None:
         say(f"the teacher's {hit[0]} artifact from the cache ({cache}), exported by an earlier run")
         return Path(out), *hit
-    mode, refused = _teacher_ladder(teacher.folder, Path(out), task, progress, say)
+    mode, refused = _teacher_ladder(teacher, Path(out), task, progress, say)
     _to_cache(cache, Path(out), mode, refused, say)
     return Path(out), mode, refused
 
 
-def export_rung(teacher, out: Path, task: str, mode: str, progress: bool = False) -> None:
+def export_rung(teacher, out: Path, task: str, mode: str, progress: bool = False, run_teacher=None) -> None:
     """One rung of the ladder: the teacher exported at ``--quantize mode`` into ``out``, its parity measured on
     :data:`TEACHER_CHECK` sentences (:data:`LARGE_TEACHER_CHECK` for a teacher over :data:`LARGE_TEACHER`) and recorded
-    rather than refused (the ladder judges it by :func:`kept_cosine`)."""
+    rather than refused (the ladder judges it by :func:`kept_cosine`). ``run_teacher``: the folder as the run read it
+    (:class:`run.Teacher`), so the export does not read its ``config.json`` again."""
     from ..export import export_model
 
     export_model(
@@ -84,16 +85,17 @@ def export_rung(teacher, out: Path, task: str, mode: str, progress: bool = False
         check_limit=LARGE_TEACHER_CHECK if top_weight_bytes(teacher) > LARGE_TEACHER else TEACHER_CHECK,
         runs=5,
         allow_low_parity=True,
+        run_teacher=run_teacher,
     )
 
 
-def _teacher_ladder(teacher, out: Path, task: str, progress: bool, say) -> tuple[str, dict]:
+def _teacher_ladder(teacher: Teacher, out: Path, task: str, progress: bool, say) -> tuple[str, dict]:
     """The first rung of the teacher's ladder (:func:`teacher_ladder`) that keeps it, exported into ``out``, and the
     refusals."""
     manifest, refused = out / "manifest.json", {}
-    for mode in teacher_ladder(teacher):
+    for mode in teacher_ladder(teacher.folder):
         try:
-            export_rung(teacher, out, task, mode, progress)
+            export_rung(teacher.folder, out, task, mode, progress, teacher)
         except ValueError as e:  # ParityError: outputs not finite
             refused[mode] = first_line(e)
             continue
@@ -103,7 +105,7 @@ def _teacher_ladder(teacher, out: Path, task: str, progress: bool, say) -> tuple
         refused[mode] = f"mean cosine {cosine:.4f} to PyTorch < {TEACHER_COSINE}"
         say(f"the teacher at --quantize {mode} does not keep it ({refused[mode]}); the next mode instead")
     raise ValueError(
-        f"no quantization keeps the teacher {teacher}: {'; '.join(f'{k}: {v}' for k, v in refused.items())}"
+        f"no quantization keeps the teacher {teacher.folder}: {'; '.join(f'{k}: {v}' for k, v in refused.items())}"
     )
 
 

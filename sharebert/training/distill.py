@@ -77,6 +77,7 @@ def distill_glue(  # its keywords are `sharebert distill`'s flags and compress's
     clock=None,
     vocab=None,
     agreed_labels: bool = False,
+    run_teacher=None,
 ) -> dict:
     """Distil ``teacher_dir`` (a classifier fine-tuned on ``task``) into ``student``; returns the metrics.
 
@@ -91,6 +92,8 @@ def distill_glue(  # its keywords are `sharebert distill`'s flags and compress's
     vocabulary): each example is encoded twice, the teacher's tokens for its logits and the student's for its input.
     ``agreed_labels`` (with ``cache_teacher``, a classification task): the gold-label loss only on the training
     examples the teacher labels right (``WithTeacherLogits``), so the student never learns against its teacher.
+    ``run_teacher``: the folder as compress read it (``pipelines.run.Teacher``: its config, tokenizer and
+    fingerprint), so it is not read or hashed again.
     """
     args.weights.check_teaches()
     if vocab is not None:
@@ -109,8 +112,12 @@ def distill_glue(  # its keywords are `sharebert distill`'s flags and compress's
     data = {"augment": args.augment, "seed": args.seed}
     if run.resume(resume) is not None:  # its checkpoint trained on these rows (--augment, --seed)
         check_same_data(run.start_from, data)
-    t_config = teacher_config(teacher_dir, read_teacher(teacher_dir))  # any encoder (training.teacher), read once
-    t_tok = teacher_tokenizer(teacher_dir, t_config)
+    if run_teacher is not None:  # compress's pipelines.run.Teacher: its config.json read and checked once
+        run_teacher.check_encoder()
+        t_config, t_tok = run_teacher.config, run_teacher.tokenizer
+    else:
+        t_config = teacher_config(teacher_dir, read_teacher(teacher_dir))  # any encoder (training.teacher), read once
+        t_tok = teacher_tokenizer(teacher_dir, t_config)
     check_teacher_labels(teacher_dir, t_config, task_)
     if args.augment:  # before any model loads
         check_augment(args.augment, t_tok, teacher_dir)
@@ -135,7 +142,8 @@ def distill_glue(  # its keywords are `sharebert distill`'s flags and compress's
     main_dev = dev_ds[task_.dev_splits[0]]
     if args.augment:  # the row limit, now the examples are counted: before --out is made
         check_augment(args.augment, t_tok, teacher_dir, len(train_ds))
-    t_files = teacher_fingerprint(teacher_dir)  # hashed once: the run's fingerprint and the logits' cache key
+    # hashed once: the run's fingerprint and the logits' cache key
+    t_files = teacher_fingerprint(teacher_dir) if run_teacher is None else run_teacher.fingerprint
     run.start(
         run_fingerprint(
             teacher_dir, student_name(student), [train.path], f"task distillation on {task_.name}", teacher=t_files

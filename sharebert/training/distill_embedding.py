@@ -65,12 +65,12 @@ HEAD_FIT = 4096  # sentences the output projection is fitted on at step 0
 IN_MEMORY = 1_000_000  # --train sentences held (with the teacher's vectors, ~2 GB) unless --max-train-samples says
 
 
-def _teacher_targets(vectors, teacher_dir, sentences, width: int, out: Path, progress: bool) -> np.ndarray:
+def _teacher_targets(vectors, files: list, sentences, width: int, out: Path, progress: bool) -> np.ndarray:
     """The teacher's sentence vectors ``(N, width)`` (``vectors``: a ``teacher_vectors.TeacherPass``), kept in ``out``
-    under a key of the teacher's files (:func:`~.distill.teacher_fingerprint`), the pass's length, pooling and the
-    sentences; a damaged file is recomputed."""
+    under a key of the teacher's files (``files``: its :func:`~.fingerprint.teacher_fingerprint`), the pass's length,
+    pooling and the sentences; a damaged file is recomputed."""
     seq_len, pooling = vectors.seq_len, vectors.pooling
-    key = hashlib.sha256("\n".join([*teacher_fingerprint(teacher_dir), str(seq_len), pooling, *sentences]).encode())
+    key = hashlib.sha256("\n".join([*files, str(seq_len), pooling, *sentences]).encode())
     path = out / f"{TARGETS_FILE}-{key.hexdigest()[:12]}.npy"
     if path.is_file():
         try:
@@ -93,7 +93,7 @@ def _teacher_targets(vectors, teacher_dir, sentences, width: int, out: Path, pro
     return t
 
 
-def distill_embedding(  # 16 keywords: the public call, one per `sharebert distill-embedding` option and compress's
+def distill_embedding(  # 17 keywords: the public call, one per `sharebert distill-embedding` option and compress's
     teacher_dir,
     student: str,
     out,
@@ -110,6 +110,7 @@ def distill_embedding(  # 16 keywords: the public call, one per `sharebert disti
     budget=None,
     vocab=None,
     teacher_artifact=None,
+    run_teacher=None,
 ) -> dict:
     """Distil ``teacher_dir``'s sentence embeddings into ``student`` (a preset shaped by ``overrides``, or a
     model folder) on ``train`` text (default: :func:`default_corpus`) or a prepared ``data`` folder.
@@ -120,7 +121,8 @@ def distill_embedding(  # 16 keywords: the public call, one per `sharebert disti
     seconds) and ``log_history.json``. Returns the metrics. ``vocab``: a ``vocab.CutVocabulary`` of the teacher's
     tokenizer, which the student then speaks (its table one row per kept token, started from the teacher's rows).
     ``teacher_artifact``: the teacher's ONNX artifact, which its pass over the training sentences runs on where it
-    keeps the teacher and no GPU is present (``teacher_vectors.TeacherPass``).
+    keeps the teacher and no GPU is present (``teacher_vectors.TeacherPass``). ``run_teacher``: the folder as
+    compress read it (``pipelines.run.Teacher``: its config, tokenizer, recipe and fingerprint), not read again.
     """
     overrides = overrides or {}
     score_sts = score_sts and sts_available()  # STS-B is one more measure where the data folder has it
@@ -134,12 +136,12 @@ def distill_embedding(  # 16 keywords: the public call, one per `sharebert disti
     )
     run = open_run(DISTILL, out, inputs, overwrite or resume)
     out, start_from = run.out, run.resume(resume)  # nothing to resume: said now, before any work
-    t = _read_teacher(teacher_dir)
+    t = _read_teacher(teacher_dir, run_teacher)
     t.artifact = teacher_artifact
     manifest = check_data(data, train, t.tokenizer, teacher_dir)
     s_tok = t.tokenizer if vocab is None else check_cut(vocab, manifest, args.weights, student_folder)
     model = _new_student(student, overrides, args, t, vocab)
-    t.model = load_encoder(teacher_dir)
+    t.model = load_encoder(teacher_dir, t.config)
     pairs, groups, _ = student_teacher_maps(model, t.model, args.weights, args.seed)
     t.head = recipe_head(teacher_dir, t.recipe)
     projections = EmbeddingProjections(model.config.hidden_size, t.model.config.hidden_size, t.width)
@@ -187,7 +189,10 @@ def distill_embedding(  # 16 keywords: the public call, one per `sharebert disti
     if start_from is not None:  # before the teacher's pass: --resume on other text is refused, not trained on
         check_same_data(Path(start_from), trained_on)
     files = data_files(train, data, default_corpus())
-    run.start(run_fingerprint(teacher_dir, trained_on["student"], files, f"embedding ({args.loss} loss)"))
+    t.files = t.files or teacher_fingerprint(teacher_dir)  # hashed once: the run's fingerprint and the vectors' key
+    run.start(
+        run_fingerprint(teacher_dir, trained_on["student"], files, f"embedding ({args.loss} loss)", teacher=t.files)
+    )
     score = sts_scorer(score_sts, s_tok, t.recipe.pooling, seq_len, eval_limit, progress)
     metrics = _start_metrics(r, init, len(train_ds), score_sts, eval_limit, data)
     if manifest is None and args.words:
@@ -274,7 +279,7 @@ def _fit_head_on_sentences(r: _EmbeddingRun, head: nn.Linear | None, sentences, 
     live = weights.hidden or weights.embedding or weights.attention  # the teacher runs on each batch
     if head is not None or not live:  # with live terms the vectors are only for the fit
         targets = _teacher_targets(
-            t.vectors, t.dir, sentences[:HEAD_FIT] if live else sentences, t.width, r.out, r.progress
+            t.vectors, t.files, sentences[:HEAD_FIT] if live else sentences, t.width, r.out, r.progress
         )
     if head is not None:
         student = encode(r.model, r.s_tok, sentences[:HEAD_FIT], t.recipe.pooling, seq_len=r.seq_len)

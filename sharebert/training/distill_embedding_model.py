@@ -82,17 +82,22 @@ def student_head(student_dir, in_features: int, out_features: int, pooling: str)
     return head
 
 
-def load_encoder(model_dir):
+def load_encoder(model_dir, config=None):
     """The backbone of any BERT-family or sharebert folder (``AutoModel``), eval mode, no gradients, eager
     attention (attention maps for the token-level terms), on the CPU (``distill_embedding`` moves it to the
-    GPU, where there is one, once the student is initialised from it)."""
+    GPU, where there is one, once the student is initialised from it). ``config``: its transformers config where the
+    run has read it (a copy is loaded with: from_pretrained sets its attention on the object), so the folder's
+    ``config.json`` is not read again."""
+    import copy
+
     from transformers import AutoModel
 
     import sharebert.model.modeling_sharebert  # noqa: F401  (registers the sharebert Auto classes)
     from sharebert_runtime.errors import first_line
 
     try:
-        model = AutoModel.from_pretrained(model_dir, attn_implementation="eager")
+        config = None if config is None else copy.deepcopy(config)
+        model = AutoModel.from_pretrained(model_dir, config=config, attn_implementation="eager")
     except (OSError, ValueError) as e:
         raise ValueError(f"--teacher {model_dir} cannot be loaded: {first_line(e)}") from None
     model.requires_grad_(False)

@@ -86,6 +86,7 @@ class _Teacher:
     tokenizer: object
     model: nn.Module | None = None
     head: nn.Module | None = None
+    files: list | None = None  # its files' hashes (``fingerprint.teacher_fingerprint``): made once, when first needed
     artifact: Path | None = None  # its ONNX artifact (compress exports one), for the pass over the training sentences
     vectors: object = None  # its pass (``teacher_vectors.TeacherPass``), once the run's length is known
 
@@ -131,20 +132,30 @@ def _check_args(args: EmbeddingArgs, score_sts: bool, eval_limit: int | None) ->
         raise ValueError(f"--init {args.init!r}: choose teacher or random")
 
 
-def _read_teacher(teacher_dir) -> _Teacher:
-    """The teacher folder's recipe, config and tokenizer (any encoder architecture: ``training.teacher``);
-    ``ValueError`` for a folder that is no encoder or pools in a way the loss does not."""
+def _read_teacher(teacher_dir, read=None) -> _Teacher:
+    """The teacher folder's recipe, config and tokenizer (any encoder architecture: ``training.teacher``), all taken
+    from ``read`` where the caller has read the folder (compress: its ``pipelines.run.Teacher``, whose
+    ``config.json`` is read and checked once and its files hashed once); ``ValueError`` for a folder that is no
+    encoder or pools in a way the loss does not."""
     from ..formats.recipe import read_recipe
     from .teacher import teacher_config, teacher_tokenizer
 
+    if read is not None:
+        read.check_encoder()
+        _check_pooling(read.recipe)
+        return _Teacher(teacher_dir, read.recipe, read.config, read.tokenizer, files=read.fingerprint)
     check_encoder(teacher_dir)
     recipe = read_recipe(teacher_dir)
+    _check_pooling(recipe)
+    config = teacher_config(teacher_dir)
+    return _Teacher(teacher_dir, recipe, config, teacher_tokenizer(teacher_dir, config))
+
+
+def _check_pooling(recipe) -> None:
     if recipe.pooling not in TORCH_POOLING:  # the loss pools the student in torch, as the teacher pools
         raise ValueError(
             f"the teacher pools by {recipe.pooling!r}; embedding distillation supports {', '.join(TORCH_POOLING)}"
         )
-    config = teacher_config(teacher_dir)
-    return _Teacher(teacher_dir, recipe, config, teacher_tokenizer(teacher_dir, config))
 
 
 def _new_student(student: str, overrides: dict, args: EmbeddingArgs, t: _Teacher, vocab):

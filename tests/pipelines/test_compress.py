@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from open_count import count_opens
 
 from sharebert.training.distill_embedding import HEAD_FIT
 from sharebert.training.distill_embedding_model import (
@@ -68,6 +69,7 @@ def compressed(minilm_dir, seed_minilm_cache, tmp_path_factory):
     said = io.StringIO()
     with pytest.MonkeyPatch.context() as env, contextlib.redirect_stdout(said):  # its own cache, beside it
         env.setenv("SHAREBERT_CACHE", str(out.parent / "cache"))
+        opens = count_opens(env, minilm_dir / "config.json")  # the whole run's, kept beside it
         rc = main(
             [
                 "compress",
@@ -92,6 +94,7 @@ def compressed(minilm_dir, seed_minilm_cache, tmp_path_factory):
             ]
         )
     (out.parent / "said.txt").write_text(said.getvalue())
+    (out.parent / "config_opens.json").write_text(json.dumps(opens))
     assert rc == 0, said.getvalue()[-2000:]
     return out
 
@@ -207,6 +210,13 @@ def test_a_compress_leaves_the_teachers_artifact_and_quality_vectors_in_the_cach
     assert (teacher_cache(teacher, "feature-extraction") / "artifact" / "manifest.json").is_file()
     said = (compressed.parent / "said.txt").read_text()
     assert "the teacher's int8 artifact from the cache" in said and "does not keep it" not in said
+
+
+def test_the_run_reads_its_teachers_config_json_once(compressed):
+    """The whole run (its artifact from the cache, the distillation, the student's export, the measures, the report)
+    opens the teacher's config.json twice: read once (``run.Teacher``: its checks, transformers config, tokenizer and
+    recipe, passed to the distillation) and hashed once for the fingerprint (the caches' keys, --resume's check)."""
+    assert json.loads((compressed.parent / "config_opens.json").read_text()) == ["os.open", "open"]
 
 
 def test_the_demos_search_answers_with_both_artifacts_and_counts_agreement(compressed, capsys):
@@ -1014,6 +1024,7 @@ def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_di
     from transformers import AutoTokenizer
 
     from sharebert.training.distill_embedding import _teacher_targets
+    from sharebert.training.fingerprint import teacher_fingerprint
     from sharebert.training.teacher_vectors import TeacherPass
 
     teacher_dir = tmp_path / "teacher"
@@ -1022,7 +1033,7 @@ def test_teacher_vectors_cache_follows_the_teacher_and_survives_damage(minilm_di
 
     def vectors():
         teacher = TeacherPass(load_encoder(teacher_dir), None, tok, "mean", 32)
-        return _teacher_targets(teacher, teacher_dir, SENTENCES[:4], 384, out, progress=False)
+        return _teacher_targets(teacher, teacher_fingerprint(teacher_dir), SENTENCES[:4], 384, out, progress=False)
 
     first = vectors()
     (cached,) = out.glob("teacher_targets-*.npy")

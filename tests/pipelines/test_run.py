@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import builtins
-import io
-import os
 from pathlib import Path
 
 import pytest
+from open_count import count_opens
 
 from sharebert.pipelines.run import CompressOptions, Teacher
 
@@ -34,24 +32,6 @@ def _teacher(root: Path, model_type: str, labels: dict | None = None) -> Path:
     return folder
 
 
-def _count_opens(monkeypatch, path: Path) -> list[str]:
-    """Every open of ``path`` from here on, by whichever call made it (``open``, ``io.open``, ``os.open``)."""
-    target, seen = os.path.realpath(path), []
-
-    def counting(name, original):
-        def wrapper(file, *args, **kwargs):
-            if isinstance(file, (str, bytes, os.PathLike)) and os.path.realpath(file) == target:
-                seen.append(name)
-            return original(file, *args, **kwargs)
-
-        return wrapper
-
-    monkeypatch.setattr(builtins, "open", counting("open", builtins.open))
-    monkeypatch.setattr(io, "open", counting("io.open", io.open))
-    monkeypatch.setattr(os, "open", counting("os.open", os.open))
-    return seen
-
-
 @pytest.mark.slow  # a tokenizer trained, a 2.5M-parameter teacher saved, compress's checks and student (~4 s)
 @pytest.mark.parametrize("model_type", ["bert", "distilbert"])  # sharebert's own reader, and any encoder's
 def test_a_compress_run_reads_its_teachers_config_json_once(model_type, tmp_path, monkeypatch):
@@ -71,7 +51,7 @@ def test_a_compress_run_reads_its_teachers_config_json_once(model_type, tmp_path
         raise _Stop
 
     monkeypatch.setattr(flow, "export_teacher", first_work)
-    opens = _count_opens(monkeypatch, teacher / "config.json")
+    opens = count_opens(monkeypatch, teacher / "config.json")
     options = CompressOptions(teacher, tmp_path / "out", {"max_params": 2.5e6}, EmbeddingArgs(max_train_samples=64))
     run = precheck(options)
     run.say = lambda *_: None
@@ -102,7 +82,7 @@ def test_a_classifier_compress_run_reads_its_teachers_config_json_once(tmp_path,
 
     monkeypatch.setattr(teacher_pass, "export_teacher", first_work)
     monkeypatch.setattr(distill_embedding, "distill_embedding", first_work)
-    opens = _count_opens(monkeypatch, teacher / "config.json")
+    opens = count_opens(monkeypatch, teacher / "config.json")
     args, task_args = EmbeddingArgs(max_train_samples=64), DistillArgs(max_train_samples=64)
     run = precheck(CompressOptions(teacher, tmp_path / "out", {"max_params": 2.5e6}, args, task_args, task="sst2"))
     run.say = lambda *_: None
