@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from sharebert_runtime.textlines import text_pieces
+from sharebert_runtime.token_ids import encode_lines
 
 from ..formats.bars import bar as progress_bar
 
@@ -193,16 +194,6 @@ def char_tokenizer(text: str, model_max_length: int = 256):
 def read_text(sources: Iterable[Path | str]) -> str:
     """All sources concatenated (newlines normalised to ``\\n``); used to build a character vocabulary."""
     return "".join(line for src in sources for line in iter_lines(src))
-
-
-def encode_lines(backend, lines: list[str], char_level: bool = False) -> np.ndarray:
-    """Token ids (int32) of ``lines`` with a ``tokenizers.Tokenizer``, no special tokens. Word level skips
-    blank lines and strips each line; character level keeps every character, newlines included."""
-    texts = lines if char_level else [t for t in (line.strip() for line in lines) if t]
-    if not texts:
-        return np.zeros(0, np.int32)
-    encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
-    return np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32)
 
 
 def encode_sources(

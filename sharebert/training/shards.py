@@ -23,7 +23,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,12 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
+from sharebert_runtime import token_ids
 from sharebert_runtime.errors import first_line
 from sharebert_runtime.outdir import OutLock, check_out_dir, read_json, write_json
 from sharebert_runtime.textlines import resolve_sources
 
 from ..formats.bars import bar as progress_bar
-from .corpus import encode_lines, iter_lines, sniff_text
+from .corpus import iter_lines, sniff_text
 
 FORMAT = "sharebert-tokens"
 VERSION = 1
@@ -115,37 +115,7 @@ def _checksum(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-# -- tokenizing in worker processes --------------------------------------------------------------
-_WORKER: dict = {}
-
-
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this worker when its parent dies, kill -9 included (Linux ``prctl``
-    ``PR_SET_PDEATHSIG``; elsewhere nothing): workers ignore SIGINT and SIGTERM, so nothing else would end them."""
-    import ctypes
-
-    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
-    if prctl is None:
-        return
-    prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def _init_worker(tokenizer_json: str, dtype: str, parent: int) -> None:
-    from tokenizers import Tokenizer
-
-    _die_with_parent(parent)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_IGN)  # the parent decides when to stop
-    _WORKER.update(tok=Tokenizer.from_str(tokenizer_json), dtype=np.dtype(dtype))
-
-
-def _encode_chunk(lines: list[str]) -> np.ndarray:
-    return encode_lines(_WORKER["tok"], lines).astype(_WORKER["dtype"])
-
-
+# -- tokenizing, here or in worker processes (sharebert_runtime.token_ids: a worker's import stays light) ----
 def _chunks(lines, skip: int):
     """``(n_lines, lines)`` chunks of about CHUNK_CHARS characters, after skipping ``skip`` lines."""
     for _ in zip(range(skip), lines):
@@ -297,11 +267,11 @@ def _tokenize_sources(job: _Prepare) -> None:
         pool = ProcessPoolExecutor(
             workers,
             multiprocessing.get_context("spawn"),
-            _init_worker,
+            token_ids.init_worker,
             (tok.backend_tokenizer.to_str(), dtype.name, os.getpid()),
         )
     if pool is None:
-        _init_worker_here(tok, dtype)
+        token_ids.use_here(tok.backend_tokenizer, dtype)
     total = sum(len(v) for v in sources.values())
     bar = progress_bar(desc="prepare", unit="B", unit_scale=True, progress=job.progress)
     try:
@@ -323,10 +293,6 @@ def _tokenize_sources(job: _Prepare) -> None:
 class _Stopped(Exception):
     def __init__(self, signum: int):
         self.signum = signum
-
-
-def _init_worker_here(tok, dtype) -> None:
-    _WORKER.update(tok=tok.backend_tokenizer, dtype=dtype)
 
 
 def _prepare_source(job: _Prepare, split: str, i: int, src, pool, bar) -> None:
@@ -360,7 +326,7 @@ def _prepare_source(job: _Prepare, split: str, i: int, src, pool, bar) -> None:
             flush()
             raise _Stopped(signum)
         chars = sum(map(len, chunk))
-        res = pool.submit(_encode_chunk, chunk) if pool is not None else _encode_chunk(chunk)
+        res = pool.submit(token_ids.encode_chunk, chunk) if pool is not None else token_ids.encode_chunk(chunk)
         pending.append((len(chunk), chars, res))
         while len(pending) > (2 * workers if pool is not None else 0):
             take()
