@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+from open_count import count_opens
 
 from sharebert_runtime.main import main
 
@@ -61,8 +62,9 @@ def classifier_run(tmp_path_factory):
         )
         == 0
     )
-    assert (
-        main(
+    with pytest.MonkeyPatch.context() as m:  # the whole run's opens of the teacher's config.json, kept beside it
+        opens = count_opens(m, root / "teacher" / "config.json")
+        rc = main(
             [
                 "compress",
                 str(root / "teacher"),
@@ -82,8 +84,8 @@ def classifier_run(tmp_path_factory):
                 "1",
             ]
         )
-        == 0
-    )
+    (root / "config_opens.json").write_text(json.dumps(opens))
+    assert rc == 0
     return root
 
 
@@ -140,6 +142,14 @@ def test_report_has_both_phases_and_the_budgeted_student(classifier_run):
     assert first == r["verdict"]["lines"][0] and first.startswith("Verdict: ")
     assert f"always answering '{r['baseline']['label']}' (the most frequent label there) " in first
     assert f"{r['baseline']['accuracy']:.4f}" in first and f"student {r['student']['glue_dev']:.4f}" in first
+
+
+def test_the_run_reads_its_teachers_config_json_once(classifier_run):
+    """The whole run (the teacher's export, both phases, the report) opens the teacher's config.json twice: read once
+    (``run.Teacher``: its checks, transformers config and tokenizer, passed to the export, the teacher's rate and both
+    distillations) and hashed once for the fingerprint (the caches' keys, --resume's checks); a whole run of
+    test_run.py's tiny BERT classifier opened it 15 times before."""
+    assert json.loads((classifier_run / "config_opens.json").read_text()) == ["os.open", "open"]
 
 
 def test_the_verdict_weighs_teacher_and_student_against_the_majority_baseline():
