@@ -12,6 +12,7 @@ from sharebert.formats.paths import data_path
 
 SHAPE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 VOCAB = 1000
+POOL = 20_000  # SST-2 training rows a classifier teacher picks its shortest from
 # model_type -> (config class, its extra fields, tokenizer kind, special tokens style)
 ARCHITECTURES = {
     "bert": ("BertConfig", {}, "wordpiece", "bert"),
@@ -213,7 +214,10 @@ def trained_classifier(root: Path, model_type: str, steps: int = 150) -> Path:
     """A ``model_type`` SST-2 classifier a ShareBERT student can be built for (hidden 256; a 2,500-row word table, the
     tokenizer's 1,000 tokens first: a ShareBERT generates its layers' weights from its table, and ~1,800 rows are the
     fewest that source them), trained ``steps`` steps on SST-2's training rows (a plain PyTorch loop), so its
-    predictions depend on the text."""
+    predictions depend on the text. It trains on the ``steps * 32`` shortest of the first :data:`POOL` rows (SST-2's
+    phrases, ~9 of RoBERTa's tokens a row against ~25 in file order): the 150 steps take about half the CPU (14 s
+    against 30 s at load ~10), and the teacher still answers both labels (RoBERTa's: 'positive' for 82% of the first
+    200 dev rows, as when it trained on the rows in file order)."""
     import torch
     import transformers
 
@@ -235,7 +239,7 @@ def trained_classifier(root: Path, model_type: str, steps: int = 150) -> Path:
         )
     )
     split = read_split(get_task("sst2"), data_path("glue", "SST-2"), "train")
-    texts, labels = list(split.text_a[: steps * 32]), list(split.labels[: steps * 32])
+    texts, labels = list(split.text_a[:POOL]), list(split.labels[:POOL])
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
     model.train()
     for rows in _length_batches(tokenizer, texts, steps):
@@ -251,12 +255,13 @@ def trained_classifier(root: Path, model_type: str, steps: int = 150) -> Path:
 
 
 def _length_batches(tokenizer, texts: list[str], steps: int):
-    """``steps`` batches of 32 row indices, each of rows of about one token length, in a fixed shuffled order: a
-    batch pads to its longest row, and SST-2's rows in file order padded 2.5x their tokens (the teacher's time)."""
+    """``steps`` batches of 32 indices of the shortest rows of ``texts``, each batch of rows of about one token
+    length, in a fixed shuffled order: a batch pads to its longest row, and SST-2's rows in file order padded 2.5x
+    their tokens (the teacher's time)."""
     import numpy as np
 
     lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=64)["input_ids"]]
-    batches = np.argsort(lengths, kind="stable").reshape(steps, 32)
+    batches = np.argsort(lengths, kind="stable")[: steps * 32].reshape(steps, 32)
     return batches[np.random.default_rng(0).permutation(steps)]
 
 
