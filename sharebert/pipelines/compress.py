@@ -141,16 +141,7 @@ def _measure_before_export(run: CompressRun, student: Student):
         teacher_cache(teacher, "feature-extraction") / CACHE_CHOICE
     ).is_file()
     rows = embedding_shape(teacher)["vocab_size"] if student.vocab is None else student.vocab.table_rows
-    return measure_before_export(  # before any export or pass: a budget too small is refused here
-        teacher,
-        student.overrides,
-        rows,
-        o.train,
-        student.args,
-        run.budget if o.data is None else None,
-        exported,
-        run.say,
-    )
+    return measure_before_export(run, student, rows, exported)  # a budget too small is refused there
 
 
 def _refused_leaves_nothing(out: Path, fresh: bool, run) -> dict:

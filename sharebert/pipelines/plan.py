@@ -366,7 +366,7 @@ TEACHER_RUNGS = 2  # a first export is planned for two rungs: int8-dynamic is re
 TIMED_SENTENCES = 16  # the teacher's sentences timed before its export, after 4 untimed (~7 s at the issue's worst)
 
 
-def measure_before_export(teacher, overrides: dict, rows: int, train, args, budget, exported: bool, say):
+def measure_before_export(run, student, rows: int, exported: bool):
     """Before the teacher's export or pass: torch's thread count fitted to the machine on the student's step
     (``training.threads``; kept where OMP_NUM_THREADS names one) and, under a ``budget`` that refuses too few steps
     whose teacher is not exported yet (``exported``: cached by an earlier run, or a resumed run's own), the plan made
@@ -374,8 +374,9 @@ def measure_before_export(teacher, overrides: dict, rows: int, train, args, budg
     second from a timed PyTorch pass over :data:`TIMED_SENTENCES` of the training text, a student step at the chosen
     count (``rows``: its vocabulary's), and the export: :data:`TEACHER_RUNGS` rungs of ``EXPORT_SECONDS`` and
     :data:`EXPORT_SENTENCES` at that rate, plus the plan's own measure of the teacher (``RATE_SAMPLE`` sentences).
-    ``teacher``: the run's (``run.Teacher``: its tokenizer and config, read once). Returns the training's threads
-    callback (``training.threads.FitThreads``; None: nothing fitted)."""
+    ``run``: the :class:`run.CompressRun` (its teacher read once, its --train, its budget: none for prepared
+    ``--data``, whose steps the plan does not count); ``student``: its :class:`run.Student`. Returns the training's
+    threads callback (``training.threads.FitThreads``; None: nothing fitted)."""
     import time
 
     import torch
@@ -388,11 +389,13 @@ def measure_before_export(teacher, overrides: dict, rows: int, train, args, budg
     from ..training.sentence_vectors import encode
     from ..training.threads import fit_threads, step_seconds, training_batch, user_threads
 
+    teacher, args, say = run.teacher, student.args, run.say
+    budget = run.budget if run.options.data is None else None
     estimate = budget is not None and budget.min_steps is not None and not exported  # else no refusal can come
     if not estimate and user_threads() is not None:
         return None
-    sentences = read_sentences(train or default_corpus(), args.max_train_samples or IN_MEMORY)
-    model = build_student("sharebert-tiny", overrides, rows)
+    sentences = read_sentences(run.options.train or default_corpus(), args.max_train_samples or IN_MEMORY)
+    model = build_student("sharebert-tiny", student.overrides, rows)
     t_tok = teacher.tokenizer
     batch = training_batch(t_tok, sentences, args.batch_size, args.seq_len, rows)
     fit = fit_threads(model, batch, say)
