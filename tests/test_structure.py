@@ -160,6 +160,7 @@ TORCH_FREE = (
     "sharebert_runtime.main",
     "sharebert.pipelines.compress",  # compress's modules: --help and its checks before any model loads
     "sharebert.pipelines.compress_classifier",
+    "sharebert.pipelines.classifier_plan",
     "sharebert.pipelines.plan",
     "sharebert.pipelines.out_folder",
     "sharebert.pipelines.teacher_pass",

@@ -1,17 +1,17 @@
-"""A classifier compress's ``--max-time`` (pipelines/compress_classifier.ClassifierPlan): the whole command's seconds
+"""A classifier compress's ``--max-time`` (pipelines/classifier_plan.ClassifierPlan): the whole command's seconds
 split between the teacher's export, the two phases and the end, a budget too small refused before any export naming
 the smallest that would do, and the task phase's clock ending where the end's costs begin. The arithmetic is asserted
 from the plan's own numbers, never a clock."""
 
 import pytest
 
-from sharebert.pipelines.compress_classifier import (
+from sharebert.pipelines.classifier_plan import (
     RUN_SECONDS,
     TASK_SHARE,
     ClassifierPlan,
-    _PhaseBudget,
-    _task_clock,
+    PhaseBudget,
     carry,
+    task_clock,
 )
 from sharebert.pipelines.plan import TimeBudget
 
@@ -55,7 +55,7 @@ def test_a_budget_too_small_is_refused_in_one_line_naming_the_smallest_and_a_suf
 
 def test_the_general_phase_ends_before_the_task_phase_and_the_end():
     whole = TimeBudget(600, say=lambda line: None, start=0.0)
-    phase = _PhaseBudget(whole, later=250.0)
+    phase = PhaseBudget(whole, later=250.0)
     assert (phase.seconds, phase.start, phase.reserve()) == (600, 0.0, 250.0)
     assert phase.min_steps is None  # the whole plan refused first; the phase only sizes itself
 
@@ -70,12 +70,12 @@ def test_the_task_clock_is_set_when_training_begins_to_what_the_whole_budget_has
             return self.seconds
 
     budget = Left()
-    clock = _task_clock(budget, end=40.0)
+    clock = task_clock(budget, end=40.0)
     budget.seconds = 180.0  # the teacher's logits took 120 s before training began
     state = TrainerState()
     clock.on_train_begin(TrainingArguments(output_dir="unused", report_to=[]), state, TrainerControl())
     assert clock.seconds == pytest.approx(clock.used() + 140.0, abs=0.5)
-    resumed = _task_clock(budget, end=40.0)  # a checkpoint that trained 30 s: its seconds count on top
+    resumed = task_clock(budget, end=40.0)  # a checkpoint that trained 30 s: its seconds count on top
     assert type(resumed).__name__ == "WallClockLimit"  # checkpoints keep its state under that name
     state.stateful_callbacks["WallClockLimit"] = {"attributes": {"used_seconds": 30.0}}
     resumed.on_train_begin(TrainingArguments(output_dir="unused", report_to=[]), state, TrainerControl())
