@@ -384,3 +384,31 @@ def test_a_task_the_outputs_cannot_serve_is_refused(artifact, tmp_path):
         with pytest.raises(contract.ArtifactError, match=f"task '{task}' .* does not fit the model's output"):
             Runtime(edited, ram="fp32", threads=1)
     assert len(Runtime(features, threads=1).embed("a text")[0]) == TINY["hidden_size"]
+
+
+def test_a_classifier_checked_on_more_sentences_than_ram_int8s_check_measures_both(tmp_path):
+    """The export's parity runs on every labelled check sentence asked for (300 of SST-2 dev); the RAM-int8 parity on
+    the first ``RAM_INT8_CHECK_SENTENCES`` with their own labels (it was handed all 300 labels and failed comparing
+    256 predictions with them)."""
+    import torch
+    import transformers
+    from tiny_teachers import make_config, make_tokenizer
+
+    from sharebert.export.exporter import RAM_INT8_CHECK_SENTENCES
+
+    tokenizer, clf = make_tokenizer("wordpiece", "bert", True), tmp_path / "bert"
+    torch.manual_seed(0)
+    transformers.AutoModelForSequenceClassification.from_config(
+        make_config("bert", tokenizer, hidden_size=64, intermediate_size=128, num_labels=2)
+    ).save_pretrained(clf)
+    tokenizer.save_pretrained(clf)
+    limit = RAM_INT8_CHECK_SENTENCES + 44
+    export_model(
+        clf, tmp_path / "a", task="text-classification", quantize="int8", check_limit=limit, runs=1, progress=False
+    )
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["parity"]["sentences"] == limit
+    assert "accuracy_torch" in manifest["parity"]  # SST-2 dev's labels were read and compared
+    ram = manifest["ram_int8"]["parity"]
+    assert ram["sentences"] == RAM_INT8_CHECK_SENTENCES
+    assert 0.0 <= ram["agreement"] <= 1.0
