@@ -54,7 +54,15 @@ from .plan import (
     student_overrides,
     student_vocabulary,
 )
-from .quality import UNTRAINED_SHARE, cached_quality_sentences, embedding_quality, quality_sentences, search_verdict
+from .quality import (
+    UNTRAINED_SHARE,
+    MeasureCount,
+    Spread,
+    cached_quality_sentences,
+    embedding_quality,
+    quality_sentences,
+    search_verdict,
+)
 from .report import probe, quality_source, safetensor_params, web_sentence, weight_bytes, write_report
 from .run import CompressRun, Student
 from .teacher_pass import export_once, export_teacher, teacher_name
@@ -91,6 +99,8 @@ def compress(run: CompressRun) -> dict:
     if budget is not None:
         budget.after_sentences = quality_sentences(o.eval_pairs, o.max_eval_samples)
         budget.cached_sentences = cached_quality_sentences(run.teacher, o.eval_pairs, o.max_eval_samples)
+        if o.max_eval_samples is None:  # the tests' first N is never sized again
+            budget.measures = MeasureCount(run.teacher, o.eval_pairs)
         budget.record = out / WORK / BUDGET_RECORD
         if o.resume and (checkpoint := latest_checkpoint(student_dir / "checkpoints")) is not None:
             budget.carry(budget.record, checkpoint)  # the run it continues spent part of --max-time
@@ -212,7 +222,9 @@ def _compress(run: CompressRun, student: Student, threads) -> dict:
     from ..training.teacher_vectors import TeacherPass
 
     t_pass = TeacherPass.of(teacher, teacher.max_length, t_art)  # the training's path: its artifact where it keeps it
-    q = embedding_quality(teacher, Runtime(art).embed, o.eval_pairs, say, o.max_eval_samples, t_pass)
+    rows = budget.measure_rows_now() if budget is not None else None  # the last work: sized to what is left
+    limit = Spread(rows) if rows is not None else o.max_eval_samples
+    q = embedding_quality(teacher, Runtime(art).embed, o.eval_pairs, say, limit, t_pass)
     t_pass.close()
     s_manifest = json.loads((art / "manifest.json").read_text())
     vocab = student.vocab

@@ -24,6 +24,10 @@ class TimeBudget:
     # A quality sentence through the student's int8 artifact, in teacher sentences (PyTorch fp32): the measures of a
     # run whose teacher vectors were cached (3,740 sentences) took ~50 s where the teacher ran 9 a second (load 9).
     STUDENT_SHARE = 0.15
+    # The quality measures' share of what the plan has after the end's other costs, when they cannot all be paid: the
+    # rest trains. Each sized list (held-out sentences, --eval-pairs', STS-B dev's pairs) keeps at least MEASURE_FLOOR
+    # rows: a Spearman on 100 pairs still tells 0.8 from 0.5 (its standard error ~0.05-0.1), on 20 it does not.
+    MEASURE_SHARE, MEASURE_FLOOR = 0.5, 100
 
     def __init__(self, seconds: float, after_sentences: int = 0, say=print, start: float | None = None):
         import time
@@ -40,6 +44,9 @@ class TimeBudget:
         self.teacher_export = 0.0  # seconds the teacher's export is estimated to take, while it is still to come
         self.trained_before = 0.0  # a resumed run: the training seconds its checkpoint already used (:meth:`carry`)
         self.record = None  # where :meth:`training_seconds` records the seconds spent before training (out/work)
+        # The measures' cost at each size (quality.MeasureCount: called with rows or None, its ``most``); None: they
+        # are after_sentences, never sized. measure_rows: the plan's sizing (None: all of them)
+        self.measures, self.measure_rows = None, None
 
     def left(self) -> float:
         import time
@@ -49,30 +56,88 @@ class TimeBudget:
     def reserve(self) -> float:
         """Seconds the steps after training take: ``exports`` exports (each its parity pass of 128 sentences through
         PyTorch; ``compress`` makes the teacher's before training, so one), two probes, the quality sentences through
-        the teacher (but those cached) and the student (:data:`STUDENT_SHARE` of its cost)."""
-        rate = self.rate or 50.0
+        the teacher (but those cached) and the student (:data:`STUDENT_SHARE` of its cost), as sized
+        (:attr:`measure_rows`)."""
+        return self._fixed() + self.measure_seconds(self.measure_rows)
+
+    def _rate(self) -> float:
+        """The teacher's sentences a second the end is counted at: the plan's, or 50 before any was measured (or when
+        the one measured is not a positive finite number)."""
+        return self.rate if _seconds(self.rate) > 0 else 50.0
+
+    def _fixed(self) -> float:
+        """The end's costs but the quality measures: the exports still to come with their parity passes, two probes."""
         return (
-            self.teacher_export
-            + self.exports * (self.EXPORT_SECONDS + 2 * 128 / rate)
-            + 2 * self.PROBE_SECONDS
-            + ((1 + self.STUDENT_SHARE) * self.after_sentences - self.cached_sentences) / rate
+            self.teacher_export + self.exports * (self.EXPORT_SECONDS + 2 * 128 / self._rate()) + 2 * self.PROBE_SECONDS
         )
+
+    def measure_seconds(self, rows: int | None = None) -> float:
+        """Seconds of the quality measures at ``rows`` rows of each sized list (None: all), at the plan's rate."""
+        full = rows is None or self.measures is None
+        sentences, cached = (self.after_sentences, self.cached_sentences) if full else self.measures(rows)
+        return max((1 + self.STUDENT_SHARE) * sentences - cached, 0.0) / self._rate()
+
+    def size_measures(self, room: float) -> int | None:
+        """The rows of each sized list whose measures take at most ``room`` seconds: None (all) when all of them fit
+        or nothing can be sized, else the most that fit (a bisection: the cost grows with the rows), at least
+        :data:`MEASURE_FLOOR` even when that does not fit (:meth:`measures_overrun` says so)."""
+        if self.measures is None or self.measure_seconds() <= room or self.measures.most <= self.MEASURE_FLOOR:
+            return None
+        low, high = self.MEASURE_FLOOR, self.measures.most  # low is the answer when even it does not fit
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self.measure_seconds(middle) <= room else (low, middle)
+        return low
+
+    def _measure_words(self, rows: int) -> str:
+        return (
+            f"the quality measures cut to {rows:,} evenly spaced rows of each list (held-out sentences, --eval-pairs, "
+            f"STS-B dev pairs; up to {self.measures.most:,}), ~{self.measure_seconds(rows):.0f} s where all of them "
+            f"take ~{self.measure_seconds():.0f} s: the budget"
+        )
+
+    def _fewest(self) -> str:
+        return ", the quality measures at their fewest" if self.measure_rows == self.MEASURE_FLOOR else ""
+
+    def measures_overrun(self, room: float) -> str:
+        """What the plan says when even :data:`MEASURE_FLOOR` rows take longer than ``room``; empty otherwise."""
+        if self.measure_rows is None or self.measure_rows > self.MEASURE_FLOOR:
+            return ""
+        over = self.measure_seconds(self.measure_rows) - max(room, 0.0)
+        if over <= 0:
+            return ""
+        return (
+            f"; even the fewest that still mean something ({self.MEASURE_FLOOR} rows) take ~{over:.0f} s more than "
+            "the budget has for them: the run will overrun --max-time by that much"
+        )
+
+    def measure_rows_now(self) -> int | None:
+        """The measures sized to what is left now, when they are the last work (after the exports and probes):
+        :attr:`measure_rows` set and said in one line when cut. None: all of them."""
+        left = self.left()
+        self.measure_rows = self.size_measures(left)
+        if self.measure_rows is not None:
+            cut, over = self._measure_words(self.measure_rows), self.measures_overrun(left)
+            self.say(f"{left:.0f} s of --max-time are left: {cut}{over}")
+        return self.measure_rows
 
     def plan(self, available: int, rate: float, step: float, batch: int) -> int:
         """How many of ``available`` sentences the teacher encodes (at ``rate`` a second), said with the plan."""
         self.rate = rate
-        reserve, spend = self.reserve(), self.left() - self.reserve()
         n, train = self._sized(available, rate, step, batch)
+        reserve, spend = self.reserve(), self.left() - self.reserve()
+        rate = self._rate()
+        sized = f"; {self._measure_words(self.measure_rows)}" if self.measure_rows is not None else ""
         self.say(
             f"plan for --max-time {self.seconds:.0f} s ({self.left():.0f} s left): the teacher's vectors for "
             f"{n:,} of {available:,} sentences (~{n / rate:.0f} s at {rate:.0f} sentences/s), then about "
             f"{train / step:,.0f} steps of {batch} in ~{train:.0f} s of training (~{step:.2f} s a step), then "
-            f"export, speed and quality (~{reserve:.0f} s)"
+            f"export, speed and quality (~{reserve:.0f} s){sized}"
         )
         if spend <= n / rate:
             self.say(
                 f"--max-time {self.seconds:.0f} s is less than exporting and measuring take here (~{reserve:.0f} s "
-                "after a short training): the run will overrun it; give more time, or --max-steps"
+                f"after a short training{self._fewest()}): the run will overrun it; give more time, or --max-steps"
             )
         return n
 
@@ -81,7 +146,8 @@ class TimeBudget:
         leaves, at most a third to the teacher's pass; sets :attr:`planned_steps`, refuses fewer than
         :attr:`min_steps` (:class:`BudgetTooSmall`)."""
         self.rate = rate
-        spend = self.left() - self.reserve()
+        self.measure_rows = self.size_measures(self.MEASURE_SHARE * (self.left() - self._fixed()))
+        spend, rate = self.left() - self.reserve(), self._rate()
         n = int(min(available, max(4 * batch, rate * max(spend, 0.0) / 3)))
         train = max(spend - n / rate, 1.0)
         self.planned_steps = int(train / step)
@@ -155,10 +221,12 @@ class TimeBudget:
         (a third of what the end leaves, at least ``4 * batch`` sentences, at most ``available``)."""
         import math
 
+        rows, self.measure_rows = self.measure_rows, None  # the smallest budget that measures everything
+        reserve, self.measure_rows = self.reserve(), rows
         spend = self.min_steps * step
         for _ in range(60):  # spend = training + the pass it sizes; the pass grows a third as fast: converges
             spend = self.min_steps * step + min(available, max(4 * batch, rate * spend / 3)) / rate
-        return 10 * math.ceil((self.seconds - self.left() + self.reserve() + spend) / 10)
+        return 10 * math.ceil((self.seconds - self.left() + reserve + spend) / 10)
 
     def _too_small(self, available: int, rate: float, step: float, batch: int, train: float) -> str:
         return (

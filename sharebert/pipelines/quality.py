@@ -4,6 +4,7 @@ the report's verdict (:func:`search_verdict`: usable for search or not, and the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from .run import Teacher
@@ -137,35 +138,109 @@ def _cos(a, b):
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
 
 
-def quality_texts(eval_pairs=None, limit: int | None = None) -> list[list[str]]:
-    """The lists of texts :func:`embedding_quality` encodes, each through teacher and student, in its order: the
-    held-out sentences, the search queries and corpus, ``--eval-pairs``' two sides, STS-B dev's two sides."""
-    from ..formats.paths import packaged_heldout, packaged_search
-    from ..training.distill_sentences import sts_available, sts_dev
+@dataclass(frozen=True)
+class Spread:
+    """The measures sized to ``--max-time`` (:meth:`plan.TimeBudget.measure_rows`): at most ``rows`` of each sized
+    list (the held-out sentences, ``--eval-pairs``' and STS-B dev's pairs), evenly spaced over it. Evenly spaced, not
+    the first ``rows``: STS-B dev is ordered by genre (625 captions, then 375 forum and 500 news pairs), so its first
+    200 pairs would all be captions, the easiest to score; spread, they keep the three genres' shares."""
+
+    rows: int
+
+
+def taken(total: int, limit) -> list[int]:
+    """The indices a measure keeps of a list of ``total``: all (``limit`` None), the first ``limit`` (an int: tests
+    and the docs check), or ``limit.rows`` evenly spaced (:class:`Spread`: the budget's sizing)."""
+    if isinstance(limit, Spread):
+        rows = max(1, limit.rows)
+        return list(range(total)) if rows >= total else [i * total // rows for i in range(rows)]
+    return list(range(total if limit is None else min(total, limit)))
+
+
+def which(kept: int, total: int, limit) -> str:
+    """A sized list in the report's words: ``all 1500``, ``the first 200 of 1500``, ``200 of 1500, evenly spaced:
+    sized to --max-time``."""
+    if kept >= total:
+        return f"all {total}"
+    if isinstance(limit, Spread):
+        return f"{kept} of {total}, evenly spaced: sized to --max-time"
+    return f"the first {kept} of {total}"
+
+
+def _held(limit) -> list[str]:
+    from ..formats.paths import packaged_heldout
 
     held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
-    texts = [held[: max(limit, 3)] if limit else held, *packaged_search()[1::-1]]
+    if isinstance(limit, int):
+        limit = max(limit, 3) if limit else None
+    return [held[i] for i in taken(len(held), limit)]
+
+
+def _pair_sets(eval_pairs, limit) -> list[tuple[str, str, list, list, list, str]]:
+    """``(key, what, a, b, gold, which)`` of ``--eval-pairs`` (all its pairs but under a :class:`Spread`) and STS-B
+    dev (where the data folder holds it), each cut by ``limit`` (:func:`taken`)."""
+    from ..training.distill_sentences import sts_available, sts_dev
+
+    sets = []
     if eval_pairs is not None:
-        texts += list(read_eval_pairs(eval_pairs)[:2])
+        a, b, gold = read_eval_pairs(eval_pairs)
+        sets.append(
+            ("eval_pairs_spearman", Path(eval_pairs).name, a, b, gold, limit if isinstance(limit, Spread) else None)
+        )
     if sts_available():
-        split = sts_dev(limit)
-        texts += [list(split.text_a), list(split.text_b)]
+        split = sts_dev()
+        sets.append(("sts_spearman", "STS-B dev", split.text_a, split.text_b, split.labels, limit))
+    out = []
+    for key, name, a, b, gold, cut in sets:
+        keep = taken(len(gold), cut)
+        a, b, kept = [a[i] for i in keep], [b[i] for i in keep], [gold[i] for i in keep]
+        out.append((key, name, a, b, kept, which(len(keep), len(gold), cut)))
+    return out
+
+
+def quality_texts(eval_pairs=None, limit=None) -> list[list[str]]:
+    """The lists of texts :func:`embedding_quality` encodes, each through teacher and student, in its order: the
+    held-out sentences, the search queries and corpus, ``--eval-pairs``' two sides, STS-B dev's two sides
+    (``limit``: :func:`taken`'s)."""
+    from ..formats.paths import packaged_search
+
+    texts = [_held(limit), *packaged_search()[1::-1]]
+    for _, _, a, b, _, _ in _pair_sets(eval_pairs, limit):
+        texts += [a, b]
     return texts
 
 
-def quality_sentences(eval_pairs=None, limit: int | None = None) -> int:
+def quality_sentences(eval_pairs=None, limit=None) -> int:
     """Sentences :func:`embedding_quality` encodes (each through teacher and student), for :class:`TimeBudget`."""
     return sum(map(len, quality_texts(eval_pairs, limit)))
 
 
-def cached_quality_sentences(teacher: Teacher, eval_pairs=None, limit: int | None = None) -> int:
+def cached_quality_sentences(teacher: Teacher, eval_pairs=None, limit=None) -> int:
     """How many of :func:`quality_sentences` have the teacher's vectors in the cache already (for the plan)."""
     key = teacher_vectors_key(teacher)
     return sum(len(texts) for texts in quality_texts(eval_pairs, limit) if vectors_path(key, texts).is_file())
 
 
+class MeasureCount:
+    """What the measures cost at each size, for ``plan.TimeBudget.measures``: called with ``rows`` (None: all), the
+    sentences they encode and those whose teacher vectors are cached already (as :func:`quality_sentences` and
+    :func:`cached_quality_sentences` of ``Spread(rows)`` count them, from the texts read once: the plan's bisection
+    asks a dozen sizes); ``most``: the longest sized list (no sizing above it)."""
+
+    def __init__(self, teacher: Teacher, eval_pairs=None):
+        texts = quality_texts(eval_pairs)
+        self.key, self.lists = teacher_vectors_key(teacher), texts
+        self.sized = [True, False, False, *([True] * (len(texts) - 3))]  # all but the search queries and corpus
+        self.most = max(len(t) for t, sized in zip(texts, self.sized) if sized)
+
+    def __call__(self, rows: int | None) -> tuple[int, int]:
+        limit = None if rows is None else Spread(rows)
+        kept = [[t[i] for i in taken(len(t), limit)] if sized else t for t, sized in zip(self.lists, self.sized)]
+        return sum(map(len, kept)), sum(len(t) for t in kept if vectors_path(self.key, t).is_file())
+
+
 def embedding_quality(  # 6 parameters: the run's teacher and its pass, the student, the data, how it speaks
-    teacher: Teacher, student_embed, eval_pairs=None, say=print, limit: int | None = None, vectors=None
+    teacher: Teacher, student_embed, eval_pairs=None, say=print, limit=None, vectors=None
 ) -> dict:
     """The embedding measures of the report, each named by what it was measured on (``{key: {"label", "teacher",
     "student"}}``, and ``teacher_pass``: the path the teacher's vectors were computed on); the student is
@@ -179,15 +254,17 @@ def embedding_quality(  # 6 parameters: the run's teacher and its pass, the stud
       (``paths.packaged_heldout``; never trained on by default);
     - ``eval_pairs_spearman``: Spearman of cosine with the gold of ``--eval-pairs`` (all its pairs);
     - ``sts_spearman``: STS-B dev Spearman on all 1,500 pairs, where the data folder holds STS-B;
+
+    ``limit`` a :class:`Spread` (``--max-time``'s sizing, :meth:`plan.TimeBudget.measure_rows`): each of the held-out
+    sentences, ``--eval-pairs`` and STS-B cut to ``rows`` evenly spaced, the search queries kept whole; each label
+    says it ("STS-B dev Spearman (200 of 1500, evenly spaced: sized to --max-time pairs)").
     - ``calibration``: mean cosine of related pairs (the gold's top quarter, of ``--eval-pairs`` or STS-B) and of
       unrelated ones (held-out sentences paired with others), for both: a threshold tuned on the teacher moves.
 
-    ``limit`` (tests and the docs check only; the command has none): the first ``limit`` STS-B pairs and held-out
-    sentences, said in the labels."""
+    ``limit`` an int (tests and the docs check only): the first ``limit`` STS-B pairs and held-out sentences, said in
+    the labels."""
     import numpy as np
 
-    from ..formats.paths import packaged_heldout
-    from ..training.distill_sentences import sts_available, sts_dev
     from ..training.metrics import cosine_spearman
     from ..training.teacher_vectors import TeacherPass
 
@@ -195,11 +272,11 @@ def embedding_quality(  # 6 parameters: the run's teacher and its pass, the stud
     cache_key = teacher_vectors_key(teacher)  # not "key": the loop below names each measure so
     t_vec = lambda texts: cached_teacher_vectors(cache_key, texts, lambda: distinct_vectors(vectors, texts))  # noqa: E731
     s_vec = lambda texts: np.stack(student_embed(list(texts)))  # noqa: E731
-    held = [line.strip() for line in packaged_heldout().read_text(encoding="utf-8").splitlines() if line.strip()]
-    held = held[: max(limit, 3)] if limit else held
+    held, every = _held(limit), len(_held(None))
     say(f"measuring the student's agreement with the teacher on {len(held)} held-out sentences ...")
     t_held, s_held = t_vec(held), s_vec(held)
-    where = f"{len(held)} held-out WikiText-2 sentences"
+    count = which(len(held), every, limit) if isinstance(limit, Spread) and len(held) < every else len(held)
+    where = f"{count} held-out WikiText-2 sentences"
     rows = {
         "agreement_cosine": {
             "label": f"mean cosine to the teacher's vector ({where})",
@@ -222,23 +299,14 @@ def embedding_quality(  # 6 parameters: the run's teacher and its pass, the stud
         }
     }
     pair_sets = []
-    if eval_pairs is not None:
-        a, b, gold = read_eval_pairs(eval_pairs)
-        pair_sets.append(
-            (
-                "eval_pairs_spearman",
-                f"Spearman of cosine with the gold of {Path(eval_pairs).name} ({len(gold)} pairs)",
-                a,
-                b,
-                gold,
-            )
+    for key, name, a, b, gold, kept in _pair_sets(eval_pairs, limit):
+        kept = f"{len(gold)}" if kept.startswith("all ") and key == "eval_pairs_spearman" else kept  # as before
+        label = (
+            f"STS-B dev Spearman ({kept} pairs)"
+            if key == "sts_spearman"
+            else (f"Spearman of cosine with the gold of {name} ({kept} pairs)")
         )
-    if sts_available():
-        split, every = sts_dev(limit), len(sts_dev().labels)
-        which = f"all {every}" if len(split.labels) == every else f"the first {len(split.labels)} of {every}"
-        pair_sets.append(
-            ("sts_spearman", f"STS-B dev Spearman ({which} pairs)", split.text_a, split.text_b, split.labels)
-        )
+        pair_sets.append((key, label, a, b, gold))
     for key, label, a, b, gold in pair_sets:
         say(f"measuring {label} ...")
         (ta, tb), (sa, sb) = (t_vec(a), t_vec(b)), (s_vec(a), s_vec(b))

@@ -190,3 +190,107 @@ def test_a_resumed_distillation_under_a_budget_continues_its_run_clock(tmp_path,
     clock = trainer_state(out / "checkpoints" / "checkpoint-6")["stateful_callbacks"]["WallClockLimit"]
     assert clock["attributes"]["used_seconds"] == 3.0
     assert 2.0 < clock["args"]["seconds"] <= 10_000 - before
+
+
+class _Measures:
+    """The quality measures' cost as quality.MeasureCount gives it, without the files: 600 held-out sentences, 140
+    search texts (never sized), STS-B dev's two sides of 1,500 and ``pairs`` --eval-pairs rows; none cached."""
+
+    def __init__(self, pairs=0):
+        self.pairs, self.most = pairs, 1500
+
+    def __call__(self, rows):
+        rows = 10**9 if rows is None else rows
+        return min(rows, 600) + 140 + 2 * min(rows, 1500) + 2 * min(rows, self.pairs), 0
+
+
+def _measured_budget(seconds, now, said, pairs=0, spent=20.0):
+    """An --allow-untrained budget (no refusal) whose measures can be sized; the end's exports and probes as compress
+    leaves them after the teacher's export (one export)."""
+    measures = _Measures(pairs)
+    b = TimeBudget(seconds, after_sentences=measures(None)[0], say=said.append, start=now - spent)
+    b.exports, b.measures = 1, measures
+    return b
+
+
+def test_a_budget_that_cannot_pay_for_every_measure_sizes_them_and_says_so(now):
+    """At 10 sentences/s all 3,740 quality sentences take 430 s (1.15x for the student's side): a 300 s budget gives
+    them at most MEASURE_SHARE of what the exports and probes leave, and the plan cuts every sized list to the most
+    rows that fit (the next row would not), says it, and keeps the rest for the pass and training."""
+    said = []
+    b = _measured_budget(300, now, said)
+    b.plan(**{**MEASURED, "rate": 10.0})
+    room = TimeBudget.MEASURE_SHARE * (
+        280 - (TimeBudget.EXPORT_SECONDS + 2 * 128 / 10.0 + 2 * TimeBudget.PROBE_SECONDS)
+    )
+    rows = b.measure_rows
+    assert TimeBudget.MEASURE_FLOOR < rows < 1500
+    assert b.measure_seconds(rows) <= room < b.measure_seconds(rows + 1)
+    assert b.measure_seconds(rows) == pytest.approx((1.15 * (min(rows, 600) + 140 + 2 * rows)) / 10.0)
+    assert b.reserve() == pytest.approx(25 + 25.6 + 16 + b.measure_seconds(rows))
+    assert f"the quality measures cut to {rows:,} evenly spaced rows of each list" in said[0]
+    assert f"all of them take ~{1.15 * 3740 / 10:.0f} s: the budget" in said[0] and len(said) == 1
+    assert b.planned_steps > 0  # the rest of the 300 s trains
+
+
+def test_a_budget_with_time_to_spare_measures_everything(now):
+    """The same measures at 50 sentences/s in a 600 s budget: all of them (86 s) fit their share; nothing is cut, the
+    plan line says no cut, and the reserve counts every sentence; at the end, with time left, still all."""
+    said = []
+    b = _measured_budget(600, now, said)
+    b.plan(**MEASURED)
+    assert b.measure_rows is None and "cut to" not in said[0]
+    assert b.reserve() == pytest.approx(25 + 2 * 128 / 50 + 16 + 1.15 * 3740 / 50)
+    assert b.measure_rows_now() is None and len(said) == 1
+
+
+def test_a_budget_already_spent_measures_the_floor_and_says_it_overruns(now):
+    """At the end, 10 s past --max-time: the measures keep their floor of MEASURE_FLOOR rows (fewer would mean
+    nothing) and the line says by how much the run overruns; a list shorter than the floor (--eval-pairs of 5 rows)
+    is kept whole."""
+    said = []
+    b = _measured_budget(60, now, said, pairs=5, spent=70.0)
+    b.rate = 10.0
+    assert b.measure_rows_now() == TimeBudget.MEASURE_FLOOR
+    cost = 1.15 * (100 + 140 + 200 + 10) / 10.0
+    assert b.measure_seconds(100) == pytest.approx(cost)
+    assert said == [
+        f"-10 s of --max-time are left: the quality measures cut to 100 evenly spaced rows of each list (held-out "
+        f"sentences, --eval-pairs, STS-B dev pairs; up to 1,500), ~{cost:.0f} s where all of them take "
+        f"~{1.15 * 3750 / 10:.0f} s: the budget; even the fewest that still mean something (100 rows) take "
+        f"~{cost:.0f} s more than the budget has for them: the run will overrun --max-time by that much"
+    ]
+
+
+@pytest.mark.parametrize("rate", [float("nan"), float("inf"), 0.0, -3.0])
+def test_a_rate_that_is_no_positive_finite_number_plans_at_the_default(now, rate):
+    """A teacher rate measured as NaN, infinite, zero or negative plans as before any was measured (50 a second):
+    finite figures, the measures sized as at 50, no division by zero."""
+    said, at_50 = [], _measured_budget(300, now, [])
+    at_50.plan(**MEASURED)
+    b = _measured_budget(300, now, said)
+    n = b.plan(**{**MEASURED, "rate": rate})
+    assert n == at_50.plan(**MEASURED) and b.measure_rows == at_50.measure_rows
+    assert b.reserve() == pytest.approx(at_50.reserve()) and "at 50 sentences/s" in said[0]
+
+
+def test_the_sized_measures_are_evenly_spaced_and_their_labels_say_so(tmp_path):
+    """quality.Spread keeps rows evenly spaced (STS-B dev is ordered by genre: its last pairs are news), the
+    --eval-pairs file shorter than the rows whole; the tests' int limit stays the first N."""
+    from sharebert.pipelines.quality import Spread, _pair_sets, quality_texts, taken, which
+
+    assert taken(1500, Spread(200)) == [i * 15 // 2 for i in range(200)]  # the last, 1,492: a news pair
+    assert taken(5, Spread(100)) == [0, 1, 2, 3, 4] and taken(1500, 3) == [0, 1, 2] and taken(4, None) == [0, 1, 2, 3]
+    assert which(200, 1500, Spread(200)) == "200 of 1500, evenly spaced: sized to --max-time"
+    assert which(200, 1500, 200) == "the first 200 of 1500" and which(1500, 1500, None) == "all 1500"
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"sentence {i}\tanother {i}\t{i % 2}\n" for i in range(5)))
+    texts = quality_texts(pairs, Spread(100))
+    assert [len(t) for t in texts[:5]] == [100, 35, 105, 5, 5]
+    sets = {key: (a, kept) for key, _, a, _, _, kept in _pair_sets(pairs, Spread(100))}
+    assert sets["eval_pairs_spearman"] == ([f"sentence {i}" for i in range(5)], "all 5")
+    if "sts_spearman" in sets:  # the data folder holds STS-B
+        assert (
+            len(sets["sts_spearman"][0]) == 100
+            and sets["sts_spearman"][1] == "100 of 1500, evenly spaced: sized to --max-time"
+        )
