@@ -157,14 +157,14 @@ def taken(total: int, limit) -> list[int]:
     return list(range(total if limit is None else min(total, limit)))
 
 
-def which(kept: int, total: int, limit) -> str:
-    """A sized list in the report's words: ``all 1500``, ``the first 200 of 1500``, ``200 of 1500, evenly spaced:
-    sized to --max-time``."""
+def which(kept: int, total: int, limit, noun: str = "pairs") -> str:
+    """A list as a label says it: ``all 1500 pairs``, ``the first 200 of 1500 pairs``, ``200 of 1500 pairs, evenly
+    spaced: sized to --max-time``."""
     if kept >= total:
-        return f"all {total}"
+        return f"all {total} {noun}"
     if isinstance(limit, Spread):
-        return f"{kept} of {total}, evenly spaced: sized to --max-time"
-    return f"the first {kept} of {total}"
+        return f"{kept} of {total} {noun}, evenly spaced: sized to --max-time"
+    return f"the first {kept} of {total} {noun}"
 
 
 def _held(limit) -> list[str]:
@@ -257,7 +257,7 @@ def embedding_quality(  # 6 parameters: the run's teacher and its pass, the stud
 
     ``limit`` a :class:`Spread` (``--max-time``'s sizing, :meth:`plan.TimeBudget.measure_rows`): each of the held-out
     sentences, ``--eval-pairs`` and STS-B cut to ``rows`` evenly spaced, the search queries kept whole; each label
-    says it ("STS-B dev Spearman (200 of 1500, evenly spaced: sized to --max-time pairs)").
+    says it ("STS-B dev Spearman (200 of 1500 pairs, evenly spaced: sized to --max-time)").
     - ``calibration``: mean cosine of related pairs (the gold's top quarter, of ``--eval-pairs`` or STS-B) and of
       unrelated ones (held-out sentences paired with others), for both: a threshold tuned on the teacher moves.
 
@@ -275,8 +275,9 @@ def embedding_quality(  # 6 parameters: the run's teacher and its pass, the stud
     held, every = _held(limit), len(_held(None))
     say(f"measuring the student's agreement with the teacher on {len(held)} held-out sentences ...")
     t_held, s_held = t_vec(held), s_vec(held)
-    count = which(len(held), every, limit) if isinstance(limit, Spread) and len(held) < every else len(held)
-    where = f"{count} held-out WikiText-2 sentences"
+    where = f"{len(held)} held-out WikiText-2 sentences"
+    if isinstance(limit, Spread) and len(held) < every:
+        where = which(len(held), every, limit, "held-out WikiText-2 sentences")
     rows = {
         "agreement_cosine": {
             "label": f"mean cosine to the teacher's vector ({where})",
@@ -300,11 +301,11 @@ def embedding_quality(  # 6 parameters: the run's teacher and its pass, the stud
     }
     pair_sets = []
     for key, name, a, b, gold, kept in _pair_sets(eval_pairs, limit):
-        kept = f"{len(gold)}" if kept.startswith("all ") and key == "eval_pairs_spearman" else kept  # as before
+        kept = f"{len(gold)} pairs" if kept.startswith("all ") and key == "eval_pairs_spearman" else kept  # as before
         label = (
-            f"STS-B dev Spearman ({kept} pairs)"
+            f"STS-B dev Spearman ({kept})"
             if key == "sts_spearman"
-            else (f"Spearman of cosine with the gold of {name} ({kept} pairs)")
+            else f"Spearman of cosine with the gold of {name} ({kept})"
         )
         pair_sets.append((key, label, a, b, gold))
     for key, label, a, b, gold in pair_sets:

@@ -281,16 +281,50 @@ def test_the_sized_measures_are_evenly_spaced_and_their_labels_say_so(tmp_path):
 
     assert taken(1500, Spread(200)) == [i * 15 // 2 for i in range(200)]  # the last, 1,492: a news pair
     assert taken(5, Spread(100)) == [0, 1, 2, 3, 4] and taken(1500, 3) == [0, 1, 2] and taken(4, None) == [0, 1, 2, 3]
-    assert which(200, 1500, Spread(200)) == "200 of 1500, evenly spaced: sized to --max-time"
-    assert which(200, 1500, 200) == "the first 200 of 1500" and which(1500, 1500, None) == "all 1500"
+    assert which(200, 1500, Spread(200)) == "200 of 1500 pairs, evenly spaced: sized to --max-time"
+    assert which(200, 1500, 200) == "the first 200 of 1500 pairs" and which(1500, 1500, None) == "all 1500 pairs"
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"sentence {i}\tanother {i}\t{i % 2}\n" for i in range(5)))
     texts = quality_texts(pairs, Spread(100))
     assert [len(t) for t in texts[:5]] == [100, 35, 105, 5, 5]
     sets = {key: (a, kept) for key, _, a, _, _, kept in _pair_sets(pairs, Spread(100))}
-    assert sets["eval_pairs_spearman"] == ([f"sentence {i}" for i in range(5)], "all 5")
+    assert sets["eval_pairs_spearman"] == ([f"sentence {i}" for i in range(5)], "all 5 pairs")
     if "sts_spearman" in sets:  # the data folder holds STS-B
         assert (
             len(sets["sts_spearman"][0]) == 100
-            and sets["sts_spearman"][1] == "100 of 1500, evenly spaced: sized to --max-time"
+            and sets["sts_spearman"][1] == "100 of 1500 pairs, evenly spaced: sized to --max-time"
         )
+
+
+def test_the_measures_cut_to_the_budget_are_computed_on_the_spread_rows(monkeypatch, tmp_path):
+    """embedding_quality under Spread(100): each sized list's 100 evenly spaced rows are what teacher and student
+    encode (no model: each text's vector a fixed random one, the student's the teacher's plus noise), the search
+    queries whole, and every label says the cut; the figures are finite."""
+    import math
+    import zlib
+
+    import numpy as np
+
+    from sharebert.pipelines import quality
+
+    def teacher(texts):
+        return np.stack([np.random.default_rng(zlib.crc32(t.encode())).normal(size=8) for t in texts])
+
+    teacher.path = "torch"
+    encoded = []
+    monkeypatch.setattr(quality, "teacher_vectors_key", lambda t: "key")
+    monkeypatch.setattr(quality, "cached_teacher_vectors", lambda key, texts, compute: compute())
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"sentence {i}\tanother {i % 7}\t{i % 5}\n" for i in range(300)))
+
+    def student(texts):
+        encoded.append(len(texts))
+        return list(teacher(texts) + 0.3 * np.random.default_rng(0).normal(size=(len(texts), 8)))
+
+    q = quality.embedding_quality(None, student, pairs, lambda line: None, quality.Spread(100), teacher)
+    labels = {key: row["label"] for key, row in q["measures"].items()}
+    assert "100 of 600 held-out WikiText-2 sentences, evenly spaced: sized to --max-time" in labels["agreement_cosine"]
+    assert labels["eval_pairs_spearman"].endswith("(100 of 300 pairs, evenly spaced: sized to --max-time)")
+    assert "(35 queries over 105 sentences)" in labels["search_top1"]
+    assert encoded[:5] == [100, 35, 105, 100, 100]
+    assert all(math.isfinite(row["student"]) and math.isfinite(row["teacher"]) for row in q["measures"].values())
