@@ -347,13 +347,14 @@ def search_verdict(
     usable = search is not None and search >= USABLE_SEARCH
     used = tr["train_sentences"] - tr.get("train_word_strings", 0)
     per_step = tr["train_seconds"] / steps if steps else None
-    untrained = not usable and planned is not None and steps < UNTRAINED_SHARE * planned
+    none_planned = planned == 0  # --allow-untrained with no time for a step: what it took was the floor's
+    untrained = not usable and planned is not None and (none_planned or steps < UNTRAINED_SHARE * planned)
     first = (
         f"Verdict: {'usable' if usable else 'NOT usable'} for search: the student gives the teacher's top-1 answer on "
         f"{round((search or 0) * queries)} of {queries} search queries (usable from {USABLE_SEARCH:.2f}, the "
         f"teacher's first result for 9 searches in 10); mean cosine to the teacher's vectors {cosine:.3f}."
     )
-    of_planned = f" of the {planned:,} planned" if planned is not None else ""
+    of_planned = f" of the {planned:,} planned" if planned else ""
     rate = f" ({per_step:.2f} s a step, measured)" if per_step else ""
     seen = f"{used:,} of the {available:,} sentences of its training text ({used / max(available, 1):.0%})"
     second = (
@@ -362,7 +363,9 @@ def search_verdict(
         + f": {steps * batch / max(tr['train_sentences'], 1):.1f} passes over them"
         + (" and their strings of vocabulary words." if tr.get("train_word_strings") else ".")
         + (
-            " Far fewer steps than planned (they ran slower than the plan measured): it is untrained."
+            " The budget left no time to train (--allow-untrained ran it anyway): it is untrained."
+            if untrained and none_planned
+            else " Far fewer steps than planned (they ran slower than the plan measured): it is untrained."
             if untrained
             else ""
         )

@@ -328,3 +328,18 @@ def test_the_measures_cut_to_the_budget_are_computed_on_the_spread_rows(monkeypa
     assert "(35 queries over 105 sentences)" in labels["search_top1"]
     assert encoded[:5] == [100, 35, 105, 100, 100]
     assert all(math.isfinite(row["student"]) and math.isfinite(row["teacher"]) for row in q["measures"].values())
+
+
+def test_a_run_whose_budget_planned_no_step_is_said_untrained():
+    """--allow-untrained at a --max-time the imports and the export spent: the plan had 0 steps, the floor's 1 step
+    ran; the verdict says untrained (it said '1 of the 0 planned steps' and not untrained)."""
+    from sharebert.pipelines.quality import search_verdict
+
+    training = {"steps": 1, "train_seconds": 6.9, "train_sentences": 128, "train_word_strings": 64}
+    r = {"student": {"search_top1": 14 / 35, "agreement_cosine": 0.17}, "training": training}
+    v = search_verdict(r, 32, planned=0, available=15000, elapsed=630.0, queries=35)
+    assert v["untrained"] and not v["usable_for_search"]
+    assert "It trained 1 steps of 32" in v["lines"][1] and "of the 0 planned" not in v["lines"][1]
+    assert v["lines"][1].endswith(
+        "The budget left no time to train (--allow-untrained ran it anyway): it is untrained."
+    )
