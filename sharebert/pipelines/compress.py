@@ -63,7 +63,16 @@ from .quality import (
     quality_sentences,
     search_verdict,
 )
-from .report import probe, quality_source, safetensor_params, web_sentence, weight_bytes, write_report
+from .report import (
+    PROBE_FEWEST,
+    PROBE_RUNS,
+    probe,
+    quality_source,
+    safetensor_params,
+    web_sentence,
+    weight_bytes,
+    write_report,
+)
 from .run import CompressRun, Student
 from .teacher_pass import export_once, export_teacher, teacher_name
 
@@ -215,8 +224,10 @@ def _compress(run: CompressRun, student: Student, threads) -> dict:
     if o.web:
         say("exporting the student for the web (--format web, int8) ...")
         web_entry = publish_web(student_dir, out, art, o.progress, "feature-extraction", allow_low_parity=False)
-    say("measuring memory and speed ...")
-    s_probe, t_probe = probe(art), probe(t_art)
+    runs = PROBE_FEWEST if budget is not None and budget.cut_probes() else PROBE_RUNS
+    cut = f" ({runs} timed runs, not {PROBE_RUNS}: the budget)" if runs != PROBE_RUNS else ""
+    say(f"measuring memory and speed{cut} ...")
+    s_probe, t_probe = probe(art, runs), probe(t_art, runs)
     from sharebert_runtime import Runtime
 
     from ..training.teacher_vectors import TeacherPass
@@ -274,6 +285,7 @@ def _compress(run: CompressRun, student: Student, threads) -> dict:
         f"most {tr['seq_len']} tokens, {tr['loss']} loss, initialised from the teacher). Teacher figures: "
         f"{quality_source(report['teacher'])}; student figures: its int8 artifact through the torch-free runtime. "
         + calibration_sentence(q["calibration"])
+        + (f" Speed: the median of {runs} timed runs, not {PROBE_RUNS}: --max-time." if runs != PROBE_RUNS else "")
         + (f" The student's {vocab.describe()}." if vocab is not None else "")
         + (web_sentence(web_entry) if o.web else "")
     )

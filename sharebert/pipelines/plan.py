@@ -111,6 +111,11 @@ class TimeBudget:
             "the budget has for them: the run will overrun --max-time by that much"
         )
 
+    def cut_probes(self) -> bool:
+        """Whether what is left, after the exports, is short of the two probes and every measure: then the probes
+        time fewer runs (``report.PROBE_FEWEST``) and the measures are sized (:meth:`measure_rows_now`)."""
+        return self.left() < 2 * self.PROBE_SECONDS + self.measure_seconds()
+
     def measure_rows_now(self) -> int | None:
         """The measures sized to what is left now, when they are the last work (after the exports and probes):
         :attr:`measure_rows` set and said in one line when cut. None: all of them."""

@@ -16,10 +16,15 @@ from .out_folder import REPORT
 from .picture import plot_report
 from .report_rows import rows, sides
 
+# Timed runs a length of each probe; PROBE_FEWEST where --max-time cannot pay for the end (plan.TimeBudget.cut_probes):
+# the timed runs are most of a probe's time (the teacher's 128-token ones above all: its 16-token p50 was 88-94 ms at
+# load 10-17), and a median of 10 still stands on 10 timings.
+PROBE_RUNS, PROBE_FEWEST = 30, 10
 
-def probe(artifact: Path, runs: int = 30) -> dict:
+
+def probe(artifact: Path, runs: int = PROBE_RUNS) -> dict:
     """Peak RSS at load, the time from the process's start to its first answer, and p50 of one sentence at 16 and
-    128 tokens (1 thread), in a fresh torch-free process (:mod:`sharebert_runtime.probe`)."""
+    128 tokens (1 thread, ``runs`` timed runs each), in a fresh torch-free process (:mod:`sharebert_runtime.probe`)."""
     proc = subprocess.run(
         [sys.executable, "-m", "sharebert_runtime.probe", str(artifact), str(runs), repr(time.time())],
         capture_output=True,
