@@ -2,7 +2,8 @@
 time against T + 10% (the budget a user gives is the one they wait), in a fresh process each (its own imports
 counted): ``first`` with an empty ``SHAREBERT_CACHE`` (the teacher's export inside T, or the budget refused before it),
 then ``cached`` with the cache the first run filled. Each line of the command is printed with the second it came at;
-then per run the plan lines, the exit, the wall time and its ratio to T, the steps, and the machine's load. Exits 1
+then per run the plan lines (with the end's measures and probes where --max-time cut them), the report's quality labels
+(what each measure ran on), the exit, the wall time and its ratio to T, the steps, and the machine's load. Exits 1
 when a run that was not refused went over T * 1.1. A benchmark, not a test: timings depend on the machine and its load.
 
     python benchmarks/compress_budget.py --teacher DIR --max-time 300 [--runs first cached] [--out runs/budget] \
@@ -22,7 +23,15 @@ import time
 from pathlib import Path
 
 LIMIT = 1.1
-SAID = ("plan for", "the teacher's artifact is not cached", "--resume:", "threads", "the teacher's ")
+SAID = (
+    "plan for",
+    "the teacher's artifact is not cached",
+    "--resume:",
+    "threads",
+    "the teacher's ",
+    "measuring memory",
+)
+SIZED = "s of --max-time are left: "  # the end's measures cut to what is left (plan.TimeBudget.measure_rows_now)
 
 
 def one_run(teacher: str, out: Path, max_time: float, cache: Path, rest: list[str]) -> dict:
@@ -45,13 +54,14 @@ def one_run(teacher: str, out: Path, max_time: float, cache: Path, rest: list[st
     wall = time.monotonic() - start
     err.seek(0)
     report = out / "report.json"
-    steps = json.loads(report.read_text())["training"]["steps"] if proc.returncode == 0 and report.is_file() else None
+    r = json.loads(report.read_text()) if proc.returncode == 0 and report.is_file() else None
     return {
         "exit": proc.returncode,
         "wall": wall,
         "ratio": wall / max_time,
-        "steps": steps,
-        "said": [line for line in lines if line.startswith(SAID)],
+        "steps": r["training"]["steps"] if r else None,
+        "measured": [q["label"] for q in r["quality"]] if r else [],  # each says what it was measured on
+        "said": [line for line in lines if line.startswith(SAID) or SIZED in line],
         "error": (err.read().strip().splitlines() or [""])[-1],
         "load": f"{load:.1f} -> {os.getloadavg()[0]:.1f}",
     }
@@ -72,6 +82,8 @@ def main() -> int:
             r = one_run(a.teacher, Path(a.out), a.max_time, Path(cache), a.rest)
             for line in r["said"]:
                 print(f"  {line}")
+            for label in r["measured"]:
+                print(f"  measured: {label}")
             refused = r["exit"] == 2
             print(
                 f"{kind}: exit {r['exit']}{' (refused)' if refused else ''}; wall {r['wall']:.0f} s for --max-time "
