@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .plan import EXPORT_SENTENCES, TEACHER_RUNGS, TIMED_SENTENCES, BudgetTooSmall, TimeBudget
+from .plan import EXPORT_SENTENCES, TEACHER_RUNGS, TIMED_SENTENCES, BudgetTooSmall, TimeBudget, _seconds
 from .run import CompressRun, Student
 
 # Of the seconds the plan leaves the two phases, the task distillation's (its teacher pass over the task's rows in it);
@@ -103,18 +103,26 @@ class PhaseBudget(TimeBudget):
     seconds, ending ``later`` seconds before its end (the task phase and the end's costs): its teacher pass and
     training are sized in what is left before that (``TimeBudget.plan``), never refused (the plan refused first)."""
 
-    def __init__(self, whole: TimeBudget, later: float):
+    def __init__(self, whole: TimeBudget, later: float, out: Path | None = None):
         super().__init__(whole.seconds, say=whole.say, start=whole.start)
-        self.later = later
+        self.later, self.out = later, out
+        self.trained_before = whole.trained_before  # a --resume's general checkpoint (:func:`carry`)
 
     def reserve(self) -> float:
         return self.later
 
+    def training_seconds(self) -> float:
+        """``TimeBudget``'s clock, the seconds spent before it recorded in ``out``'s :data:`CLOCK` (general)."""
+        if self.out is not None:
+            record_start(self.out, "general", self.seconds - self.left() - self.trained_before)
+        return super().training_seconds()
 
-def task_clock(budget: TimeBudget, end: float):
+
+def task_clock(budget: TimeBudget, end: float, out: Path | None = None):
     """The task phase's ``WallClockLimit``, its seconds set when training begins (after the teacher's logits): what
-    the whole budget has left less the ``end``'s costs, plus the training seconds a resumed checkpoint used. A
-    ``WallClockLimit`` itself (checkpoints keep its state under that class's name), its ``on_train_begin`` wrapped."""
+    the whole budget has left less the ``end``'s costs, plus the training seconds a resumed checkpoint used (the
+    seconds spent before them recorded in ``out``'s :data:`CLOCK`, for a ``--resume``). A ``WallClockLimit`` itself
+    (checkpoints keep its state under that class's name), its ``on_train_begin`` wrapped."""
     from ..training.callbacks import WallClockLimit
 
     clock = WallClockLimit(budget.left())
@@ -122,6 +130,8 @@ def task_clock(budget: TimeBudget, end: float):
 
     def on_train_begin(args, state, control, **kwargs):
         begin(args, state, control, **kwargs)
+        if out is not None:
+            record_start(out, "task", budget.seconds - budget.left() - clock.used())
         clock.seconds = clock.used() + max(1.0, budget.left() - end)
 
     clock.on_train_begin = on_train_begin
@@ -155,7 +165,7 @@ def plan_classifier(run: CompressRun, task_, data_dir: Path, student: Student, p
         0.0 if _teacher_exported(run) else TEACHER_RUNGS * (TimeBudget.EXPORT_SECONDS + EXPORT_SENTENCES / rate),
     )
     if o.resume:
-        carry(budget, phases)
+        carry(budget, phases, run.out)
     spent = budget.seconds - budget.left()
     if budget.min_steps is not None and not o.resume:
         why = plan.refusal(budget.seconds, spent, budget.min_steps)
@@ -175,20 +185,70 @@ def plan_classifier(run: CompressRun, task_, data_dir: Path, student: Student, p
 
 
 RUN_SECONDS = "run_seconds"  # in a phase's record: the seconds of --max-time the run had spent when the phase ended
+# in out: {phase: the seconds of --max-time its run had spent when the phase's training began, its own earlier training
+# (a checkpoint's) not counted}, written as each phase starts training, so that a --resume of a stopped one carries them
+CLOCK = "clock.json"
+PHASE_FOLDERS = {"general": "general", "task": "student"}
 
 
-def carry(budget: TimeBudget, phases: dict) -> None:
-    """A ``--resume`` under ``budget``: the seconds the run it continues had spent when its general phase ended
-    (recorded there, :data:`RUN_SECONDS`) count against this run's ``--max-time`` (the time between the two runs
-    does not), said in one line. A stopped general phase recorded nothing: its run's seconds are not carried."""
-    seconds = (phases.get("general") or {}).get(RUN_SECONDS)
-    if "task" in phases or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+def record_start(out: Path, phase: str, before: float) -> None:
+    """``out``'s :data:`CLOCK` with ``phase``'s seconds before its training (the other phase's entry kept)."""
+    from sharebert_runtime.outdir import write_json
+
+    write_json(out / CLOCK, {**_clock(out), phase: before})
+
+
+def _clock(out: Path) -> dict:
+    """``out``'s :data:`CLOCK` (``{}`` when missing or not a record: only the checkpoint's training then counts)."""
+    from sharebert_runtime.outdir import read_json
+
+    try:
+        saved = read_json(out / CLOCK)
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def carry(budget: TimeBudget, phases: dict, out: Path) -> None:
+    """A ``--resume`` under ``budget``: the seconds the run it continues spent count against this run's ``--max-time``
+    (the time between the two runs does not), as the embedding path's ``TimeBudget.carry`` counts them. A phase
+    stopped in training: the seconds before its training (:data:`CLOCK`) and those its checkpoint's
+    ``WallClockLimit`` kept (a general phase's go on in its clock: ``budget.trained_before``); a run stopped between
+    the phases: those to the end of its general phase (:data:`RUN_SECONDS`). Said in one line."""
+    from ..training.callbacks import latest_checkpoint
+
+    if "task" in phases:
+        return  # nothing left to train: the report only
+    phase = "task" if "general" in phases else "general"
+    checkpoint = latest_checkpoint(out / PHASE_FOLDERS[phase] / "checkpoints")
+    ended = _seconds((phases.get("general") or {}).get(RUN_SECONDS))
+    if checkpoint is None:
+        if ended:
+            budget.start -= ended
+            budget.say(
+                f"--resume: {ended:.0f} s of --max-time {budget.seconds:.0f} s were spent by the run it continues "
+                f"(to the end of its general phase); {budget.left():.0f} s are left"
+            )
         return
-    budget.start -= seconds
+    trained = _checkpoint_seconds(checkpoint)
+    before = _seconds(_clock(out).get(phase)) or ended
+    budget.start -= before + trained
+    if phase == "general":
+        budget.trained_before = trained
+    known = "" if before else " (it left no record of its time before training: only its training counted)"
     budget.say(
-        f"--resume: {seconds:.0f} s of --max-time {budget.seconds:.0f} s were spent by the run it continues (to the "
-        f"end of its general phase); {budget.left():.0f} s are left"
+        f"--resume: {before + trained:.0f} s of --max-time {budget.seconds:.0f} s were spent by the run it continues "
+        f"({before:.0f} s before its {phase} phase's training, {trained:.0f} s of that training){known}; "
+        f"{budget.left():.0f} s are left"
     )
+
+
+def _checkpoint_seconds(checkpoint: Path) -> float:
+    """The training seconds a checkpoint's ``WallClockLimit`` kept (0 when it kept none)."""
+    from ..training.callbacks import WallClockLimit, trainer_state
+
+    clock = (trainer_state(checkpoint).get("stateful_callbacks") or {}).get(WallClockLimit.__name__)
+    return _seconds(((clock or {}).get("attributes") or {}).get("used_seconds") if isinstance(clock, dict) else None)
 
 
 def _rows(task_, data_dir: Path, split: str, limit: int | None) -> int:
@@ -240,4 +300,4 @@ def general_budget(run: CompressRun, plan: ClassifierPlan | None) -> TimeBudget 
     if plan is None:
         return None
     _, task, _ = replace(plan, export=0.0).split(run.budget.left())
-    return PhaseBudget(run.budget, task + plan.end())
+    return PhaseBudget(run.budget, task + plan.end(), run.out)

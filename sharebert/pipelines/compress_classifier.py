@@ -295,7 +295,7 @@ def _phases_then_report(run: CompressRun, task_, data_dir: Path, student: Studen
     if "task" not in phases:
         say(f"phase 2/2, task distillation on {task_.name} (soft targets and gold labels) -> {student_dir}")
         if plan is not None:
-            clock = task_clock(run.budget, plan.end())
+            clock = task_clock(run.budget, plan.end(), out)
         else:
             clock = WallClockLimit(args.max_time) if args.max_time else None
         t_args = replace(o.task_args, weights=replace(o.task_args.weights, **TASK_WEIGHTS))
@@ -313,9 +313,8 @@ def _phases_then_report(run: CompressRun, task_, data_dir: Path, student: Studen
             progress=o.progress,
             cache_teacher=out / "teacher_logits",
             clock=clock,
-            # not the threads callback: it times a backbone's step (last_hidden_state), and this student is a
-            # classifier; the count it chose holds
-            callbacks=[c for c in (*run.callbacks(), _evaluate_at_stop(run.stopper)) if c is not None],
+            # the threads callback too: the load moves while this phase trains (it times the classifier's step)
+            callbacks=[c for c in (*run.callbacks(), threads, _evaluate_at_stop(run.stopper)) if c is not None],
             vocab=vocab,
             agreed_labels=True,
             run_teacher=run.teacher,

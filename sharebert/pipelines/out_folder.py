@@ -40,6 +40,7 @@ PARTS = (
     WEB,
     "teacher_logits",
     "phases.json",
+    "clock.json",  # classifier_plan.CLOCK: each phase's seconds before its training, for --resume
     REPORT,
     "report.md",
     "report.png",
@@ -104,8 +105,9 @@ def check_stopped_aside(path: Path, given) -> None:
 
 def stopped_run(out: Path) -> str | None:
     """What a compress run stopped before its report (Ctrl-C, SIGTERM, a kill after a periodic save) left for
-    ``--resume``, in words: its newest checkpoint (the distillation's, or a classifier's phase's); None for a
-    finished run or one stopped before its first checkpoint. Torch-free: names only (``--resume`` checks the rest)."""
+    ``--resume``, in words: its newest checkpoint (the distillation's, or a classifier's phase's), or a classifier's
+    phases recorded (stopped between its phases or in its report: no checkpoint then); None for a finished run or one
+    stopped before its first checkpoint. Torch-free: names only (``--resume`` checks the rest)."""
     if (out / REPORT).is_file():
         return None
     found = [
@@ -115,7 +117,7 @@ def stopped_run(out: Path) -> str | None:
         if p.name.removeprefix("checkpoint-").isdigit() and p.is_dir()
     ]
     if not found:
-        return None
+        return "its finished phases, phases.json" if (out / "phases.json").is_file() else None
     step, path = max(found)
     return f"a checkpoint at step {step}, {path.relative_to(out)}"
 

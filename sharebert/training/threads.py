@@ -88,7 +88,7 @@ def step_seconds(model, batch: dict, threads: int, warm: bool = False, give_up: 
     try:
         for _ in range(1 if warm else 3):
             start = time.monotonic()
-            model(**batch).last_hidden_state.float().pow(2).mean().backward()
+            _trained_output(model(**batch)).float().pow(2).mean().backward()
             times.append(UPDATE_SHARE * (time.monotonic() - start))
             if times[0] > give_up:
                 break
@@ -97,6 +97,13 @@ def step_seconds(model, batch: dict, threads: int, warm: bool = False, give_up: 
         torch.set_rng_state(rng)
     timed = times[1:] or times
     return sum(timed) / len(timed)
+
+
+def _trained_output(output):
+    """What a step's backward starts from: a backbone's ``last_hidden_state``, a classifier's ``logits`` (a classifier
+    has no ``last_hidden_state``: a task phase's student timed as a backbone failed with an internal error)."""
+    hidden = getattr(output, "last_hidden_state", None)
+    return hidden if hidden is not None else output.logits
 
 
 def measure(model, batch: dict, counts, known: dict | None = None, timer=None) -> dict[int, float]:

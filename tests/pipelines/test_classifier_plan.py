@@ -3,6 +3,8 @@ split between the teacher's export, the two phases and the end, a budget too sma
 the smallest that would do, and the task phase's clock ending where the end's costs begin. The arithmetic is asserted
 from the plan's own numbers, never a clock."""
 
+import json
+
 import pytest
 
 from sharebert.pipelines.classifier_plan import (
@@ -82,18 +84,100 @@ def test_the_task_clock_is_set_when_training_begins_to_what_the_whole_budget_has
     assert resumed.seconds == pytest.approx(30.0 + 140.0, abs=0.5)
 
 
-def test_a_resume_carries_the_seconds_its_run_spent_to_the_end_of_its_general_phase():
+def test_a_resume_carries_the_seconds_its_run_spent_to_the_end_of_its_general_phase(tmp_path):
     said = []
     budget = TimeBudget(600, say=said.append, start=1000.0)
-    carry(budget, {"general": {"steps": 5, RUN_SECONDS: 240.0}})
+    carry(budget, {"general": {"steps": 5, RUN_SECONDS: 240.0}}, tmp_path)
     assert budget.start == 760.0 and "240 s of --max-time 600 s were spent by the run it continues" in said[0]
     for phases in ({}, {"general": {RUN_SECONDS: float("nan")}}, {"general": {RUN_SECONDS: "240"}}):
         untouched = TimeBudget(600, say=said.append, start=1000.0)
-        carry(untouched, phases)  # nothing recorded, or not a count of seconds: nothing carried
+        carry(untouched, phases, tmp_path)  # nothing recorded, or not a count of seconds: nothing carried
         assert untouched.start == 1000.0
     finished = TimeBudget(600, say=said.append, start=1000.0)
-    carry(finished, {"general": {RUN_SECONDS: 240.0}, "task": {"steps": 5}})  # nothing left to train
+    carry(finished, {"general": {RUN_SECONDS: 240.0}, "task": {"steps": 5}}, tmp_path)  # nothing left to train
     assert finished.start == 1000.0 and len(said) == 1
+
+
+def _stopped_in_training(folder, step: int, trained: float):
+    """``folder/checkpoints/checkpoint-<step>`` as a stopped run leaves it: the trainer state transformers saves, its
+    ``WallClockLimit`` having trained ``trained`` seconds, and the completion marker."""
+    from transformers import TrainerState
+
+    from sharebert.training.callbacks import WallClockLimit, mark_complete
+
+    clock = WallClockLimit(1000.0)
+    clock._start, clock._end = 0.0, trained  # WallClockLimit.used(): the seconds between them
+    checkpoint = folder / "checkpoints" / f"checkpoint-{step}"
+    checkpoint.mkdir(parents=True)
+    TrainerState(global_step=step, stateful_callbacks={"WallClockLimit": clock.state()}).save_to_json(
+        str(checkpoint / "trainer_state.json")
+    )
+    mark_complete(checkpoint, step)
+
+
+@pytest.fixture
+def now(monkeypatch):
+    """time.monotonic() stands at 10,000 s for the test: the budgets' arithmetic, no clock read."""
+    import time
+
+    monkeypatch.setattr(time, "monotonic", lambda: 10_000.0)
+    return 10_000.0
+
+
+def test_a_resume_of_a_general_phase_stopped_in_training_carries_its_seconds_before_and_in_training(tmp_path, now):
+    """Issue 46: "--resume continues the run's clock". The run spent 100 s before its general phase's training (the
+    export, the pass: recorded when training began) and 150 s training (its checkpoint's clock): the resumed run starts
+    with 250 s of 600 gone, and its general phase's clock goes on from the 150 s to where its share ends."""
+    from sharebert.pipelines.classifier_plan import CLOCK
+
+    first = TimeBudget(600, say=lambda line: None, start=now - 100.0)
+    PhaseBudget(first, later=200.0, out=tmp_path).training_seconds()  # the first run's training begins
+    _stopped_in_training(tmp_path / "general", 5, trained=150.0)
+    said = []
+    resumed = TimeBudget(600, say=said.append)
+    carry(resumed, {}, tmp_path)
+    assert resumed.left() == pytest.approx(350.0) and resumed.trained_before == 150.0
+    assert "250 s of --max-time 600 s were spent by the run it continues (100 s before its general phase's" in said[0]
+    clock = PhaseBudget(resumed, later=200.0, out=tmp_path).training_seconds()
+    assert clock == pytest.approx(150.0 + 350.0 - 200.0)
+    assert json.loads((tmp_path / CLOCK).read_text())["general"] == pytest.approx(100.0)  # not 250: once
+
+
+def test_a_resume_of_a_task_phase_stopped_in_training_carries_the_whole_runs_seconds(tmp_path, now):
+    """The general phase ended at 240 s, the teacher's logits took 60 s more, the task phase trained 100 s: the resumed
+    run starts with 400 s gone (not the 240 s of the general phase alone), and the task clock goes on from its 100 s to
+    what is left less the end."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path / "unused"), report_to=[])
+    phases = {"general": {"steps": 5, RUN_SECONDS: 240.0}}
+    first = TimeBudget(600, say=lambda line: None, start=now - 300.0)
+    task_clock(first, end=40.0, out=tmp_path).on_train_begin(args, TrainerState(), TrainerControl())
+    _stopped_in_training(tmp_path / "student", 9, trained=100.0)
+    said = []
+    resumed = TimeBudget(600, say=said.append)
+    carry(resumed, phases, tmp_path)
+    assert resumed.left() == pytest.approx(200.0) and resumed.trained_before == 0.0
+    assert "400 s of --max-time 600 s were spent" in said[0] and "100 s of that training" in said[0]
+    state = TrainerState(stateful_callbacks={"WallClockLimit": {"attributes": {"used_seconds": 100.0}}})
+    clock = task_clock(resumed, end=40.0, out=tmp_path)
+    clock.on_train_begin(args, state, TrainerControl())
+    assert clock.seconds == pytest.approx(100.0 + 200.0 - 40.0)
+
+
+@pytest.mark.parametrize("record", ["{not json", "[1, 2]", None])
+def test_a_resume_whose_clock_record_is_unreadable_or_missing_counts_the_checkpoints_training_and_says_so(
+    tmp_path, record
+):
+    from sharebert.pipelines.classifier_plan import CLOCK
+
+    if record is not None:
+        (tmp_path / CLOCK).write_text(record)
+    _stopped_in_training(tmp_path / "general", 5, trained=150.0)
+    said = []
+    resumed = TimeBudget(600, say=said.append, start=1000.0)
+    carry(resumed, {}, tmp_path)
+    assert resumed.start == 850.0 and "left no record of its time before training" in said[0]
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +210,25 @@ def test_a_classifier_budget_too_small_is_refused_before_any_export(tiny_classif
     assert named > 20 and named % 10 == 0
     assert not (out / "teacher_artifact").exists() and not (out / "general").exists()
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("manifest.json"))
+
+
+def test_a_classifier_run_stopped_between_its_phases_run_again_is_told_to_resume(tmp_path):
+    """Ctrl-C after the general phase was recorded (its checkpoints removed) and before the task phase's first
+    checkpoint (its teacher logits): the same command again names --resume, which continues from phases.json; a
+    run with neither phases nor checkpoints names --overwrite alone."""
+    from sharebert.pipelines.out_folder import COMMAND, check_out
+    from sharebert_runtime.outdir import mark_out
+
+    teacher, out = tmp_path / "teacher", tmp_path / "out"
+    teacher.mkdir()
+    mark_out(out, COMMAND, {})
+    (out / "teacher_artifact").mkdir()
+    with pytest.raises(ValueError) as plain:
+        check_out(out, teacher, None, overwrite=False, resume=False)
+    assert "--resume" not in str(plain.value) and "pass --overwrite" in str(plain.value)
+    (out / "phases.json").write_text(json.dumps({"general": {"steps": 5, RUN_SECONDS: 240.0}}))
+    with pytest.raises(ValueError) as stopped:
+        check_out(out, teacher, None, overwrite=False, resume=False)
+    said = str(stopped.value)
+    assert "stopped before its end (its finished phases, phases.json): pass --resume to continue it" in said
+    assert check_out(out, teacher, None, overwrite=False, resume=True) == out

@@ -202,3 +202,22 @@ def test_a_remeasure_that_keeps_the_count_doubles_the_period_and_a_change_resets
     clock.now = th.PERIOD + 2 * th.PERIOD
     fit.on_step_end(None, _State(), None, model=object())
     assert fit.threads == 1 and fit.period == th.PERIOD and len(said) == 2
+
+
+def test_a_classifier_students_step_is_timed_and_remeasured_while_its_task_phase_trains(set_threads):
+    """The task phase's student is a classifier (logits, no last_hidden_state): FitThreads times its real step and,
+    the load having moved, measures every count again on it, said in one line (timed as a backbone, the planned
+    classifier compress stopped there with an internal error where OMP_NUM_THREADS was unset)."""
+    from sharebert import ShareBertConfig, ShareBertForSequenceClassification
+    from sharebert.model.shape import PRESETS
+
+    config = ShareBertConfig(**{**PRESETS["sharebert-tiny"], "embedding_size": 32, "vocab_size": 3000, "num_labels": 2})
+    model = ShareBertForSequenceClassification(config)
+    batch = {"input_ids": torch.randint(0, 3000, (4, 12)), "attention_mask": torch.ones(4, 12, dtype=torch.long)}
+    clock, said, load = _Clock(), [], [1.0]
+    fit = th.FitThreads(batch, (1, 2), {1: 0.3, 2: 0.2}, 2, said.append, clock=clock, load=lambda: load[0])
+    load[0], clock.now = 1.0 - th.LOAD_SHIFT, th.PERIOD + 100  # past any CHECKS x reference: a check is due
+    fit.on_step_end(None, _State(), None, model=model)
+    assert len(said) == 1 and said[0].startswith("threads at step 40 (the load moved to 0.0): ")
+    assert set_threads[-1] == fit.threads in (1, 2) and math.isfinite(fit.reference) and fit.reference > 0
+    assert all(p.grad is None for p in model.parameters())
