@@ -58,14 +58,94 @@ def export_teacher(teacher: Teacher, out: Path, task: str, progress: bool, say=p
     if chosen in TEACHER_QUANTIZATIONS:
         export_once(teacher.folder, Path(out), chosen, progress, task=task, allow_low_parity=True)
         if kept_cosine(read_json(manifest)) >= TEACHER_COSINE:
+            check_row_int8(Path(out), say)
             return Path(out), chosen, {}
     cache = teacher_cache(teacher, task)
     if (hit := _from_cache(cache, Path(out), say)) is not None:
         say(f"the teacher's {hit[0]} artifact from the cache ({cache}), exported by an earlier run")
+        check_row_int8(Path(out), say)
         return Path(out), *hit
     mode, refused = _teacher_ladder(teacher, Path(out), task, progress, say)
+    check_row_int8(Path(out), say)
     _to_cache(cache, Path(out), mode, refused, say)
     return Path(out), mode, refused
+
+
+def check_row_int8(artifact: Path, say=print) -> dict | None:
+    """The teacher's row-int8 graph (``export/teacher_int8.py``) written into ``artifact`` and checked, where the
+    teacher is at least ``teacher_int8.MIN_WIDTH`` wide and the artifact keeps it (``teacher_vectors.artifact_keeps``);
+    returns the record (``row_int8/parity.json``) or None. Kept as it is where its record is of this ``model.onnx``.
+
+    The check runs no PyTorch: the graph's vectors against the artifact's fp32 compute on the export's own check
+    sentences (:data:`LARGE_TEACHER_CHECK` of them), per sentence angle ``b``. The artifact's parity with PyTorch
+    gave its worst sentence angle ``a = arccos(cosine_min)``; an angle obeys the triangle inequality, so a sentence's
+    angle to PyTorch is at most ``a + b``: the recorded bound is the mean of ``cos(a + b)``, and the pass takes the
+    graph only where it holds :data:`TEACHER_COSINE`, the bar by which the ladder keeps a teacher at all."""
+    import numpy as np
+
+    from ..export.parity import read_sentences
+    from ..export.teacher_int8 import MIN_WIDTH, record_path, write_row_int8
+    from ..training.teacher_vectors import artifact_keeps, row_int8_keeps, row_int8_session
+
+    try:
+        manifest = read_json(artifact / "manifest.json")
+        width = int(read_json(artifact / "config.json").get("hidden_size") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if width < MIN_WIDTH or manifest.get("task") != "feature-extraction" or not artifact_keeps(artifact):
+        return None
+    if _recorded(artifact, manifest):
+        return read_json(record_path(artifact))
+    parity = manifest["parity"].get("sentence_embedding", manifest["parity"])
+    try:
+        sentences = read_sentences(manifest["parity"]["check_file"], LARGE_TEACHER_CHECK)[0]
+    except (OSError, ValueError, KeyError) as e:
+        say(f"the teacher's row-int8 graph is not checked ({first_line(e)}): its pass stays in fp32")
+        return None
+    if not write_row_int8(artifact):
+        return None
+    fp32, int8 = (_vectors(artifact, sentences, swap) for swap in (None, row_int8_session))
+    cosine = (fp32 * int8).sum(1) / (np.linalg.norm(fp32, axis=1) * np.linalg.norm(int8, axis=1))
+    angle = np.arccos(np.clip(cosine, -1.0, 1.0)) + np.arccos(min(1.0, float(parity["cosine_min"])))
+    bound = np.cos(np.minimum(angle, np.pi))
+    record = {
+        "sentences": len(sentences),
+        "cosine_mean": float(cosine.mean()),
+        "cosine_min": float(cosine.min()),
+        "artifact_cosine_min": float(parity["cosine_min"]),
+        "cosine_bound": float(bound.mean()) if np.isfinite(bound).all() else float("nan"),
+        "thresholds": {"cosine": TEACHER_COSINE},
+        "model_sha256": manifest["files"]["model.onnx"]["sha256"],
+    }
+    write_json(record_path(artifact), record)
+    kept = "its pass runs it" if row_int8_keeps(artifact) else f"< {TEACHER_COSINE}: its pass stays in fp32"
+    say(f"the teacher's row-int8 compute: mean cosine to PyTorch >= {record['cosine_bound']:.4f} (bound), {kept}")
+    return record
+
+
+def _recorded(artifact: Path, manifest: dict) -> bool:
+    """Whether ``artifact`` already holds a check of its row-int8 graph for this ``model.onnx`` (kept or refused)."""
+    from ..export.teacher_int8 import record_path
+
+    try:
+        return read_json(record_path(artifact))["model_sha256"] == manifest["files"]["model.onnx"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _vectors(artifact: Path, sentences: list[str], swap=None):
+    """The artifact's sentence vectors (before Normalize) of ``sentences`` on every usable core; ``swap(runtime)``
+    changes its session first (the row-int8 graph)."""
+    import numpy as np
+
+    from sharebert_runtime import Runtime
+
+    from ..training.teacher_vectors import usable_cores
+
+    runtime = Runtime(artifact, threads=usable_cores(), ram="fp32")
+    if swap is not None:
+        swap(runtime)
+    return np.stack(runtime.embed(sentences, normalize=False)).astype(np.float64)
 
 
 def export_rung(teacher, out: Path, task: str, mode: str, progress: bool = False, run_teacher=None) -> None:

@@ -6,6 +6,9 @@
   (``manifest.parity``) holds the artifact's own cosine threshold. The runtime orders the texts by token length and
   pads each call to its own longest text; its RAM mode is the artifact's ``auto`` (int8 only where
   ``manifest.ram_int8.parity`` holds);
+  and where the artifact carries a row-int8 graph (``export/teacher_int8.py``, a teacher 768 wide or more) whose
+  vectors keep the artifact's own by the bound ``pipelines.teacher_pass`` records (:func:`row_int8_keeps`), the
+  runtime's session runs that graph: int8 products, activations quantized per token;
 - else the teacher in PyTorch on the CPU, batches of texts of like length (the pass before this module).
 
 The vectors are the teacher's before its Normalize (the loss's ``mse`` reads them so). Measured side by side in
@@ -53,6 +56,39 @@ def artifact_keeps(artifact) -> bool:
         return False
 
 
+# The row-int8 graph beside an artifact's files (export/teacher_int8.py writes it) and its check's record
+# (pipelines.teacher_pass.check_row_int8 writes it): a folder, so model.onnx stays the artifact's one top-level graph
+ROW_INT8_GRAPH = ("row_int8", "model.onnx")
+ROW_INT8_RECORD = ("row_int8", "parity.json")
+
+
+def row_int8_keeps(artifact) -> bool:
+    """Whether ``artifact``'s row-int8 graph keeps the teacher: its record's bound on the mean cosine to PyTorch
+    (the artifact's parity composed with the graph's own cosine to the artifact's fp32 compute) at or above the
+    threshold recorded beside it, for this very ``model.onnx`` (its sha256 in the manifest); anything missing: no."""
+    from sharebert_runtime.outdir import read_json
+
+    try:
+        record = read_json(Path(artifact).joinpath(*ROW_INT8_RECORD))
+        model = read_json(Path(artifact) / "manifest.json")["files"]["model.onnx"]["sha256"]
+        fresh = record["model_sha256"] == model and Path(artifact).joinpath(*ROW_INT8_GRAPH).is_file()
+        return fresh and float(record["cosine_bound"]) >= float(record["thresholds"]["cosine"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def row_int8_session(runtime) -> None:
+    """``runtime`` (the artifact's, fp32 compute) made to run its row-int8 graph: same inputs and outputs, the
+    artifact's session options (its folded int8 storage), the tokenizer and calls unchanged. A runtime already in
+    RAM int8 (its own graphs, whose weights it binds as inputs) keeps its session."""
+    import onnxruntime as ort
+
+    if runtime.ram == "int8":
+        return
+    graph = runtime.path.joinpath(*ROW_INT8_GRAPH)
+    runtime.session = ort.InferenceSession(str(graph), runtime._options(), providers=["CPUExecutionProvider"])
+
+
 def usable_cores() -> int:
     """The CPUs this process may run on (its affinity), which the runtime's threads take."""
     try:
@@ -78,6 +114,7 @@ class TeacherPass:
             self.path, self.batch = "onnx", ONNX_BATCH
         else:
             self.path, self.batch = "torch", TORCH_BATCH
+        self.row_int8 = self.path == "onnx" and row_int8_keeps(artifact)
 
     @classmethod
     def of(cls, teacher, seq_len: int, artifact=None) -> TeacherPass:
@@ -90,7 +127,7 @@ class TeacherPass:
         artifact = artifact if device == "cpu" else None
         made = cls(None, None, teacher.tokenizer, teacher.recipe.pooling, seq_len, artifact)
         if device != "cpu":
-            made.path, made.batch = "gpu", GPU_BATCH
+            made.path, made.batch, made.row_int8 = "gpu", GPU_BATCH, False
         made._load = lambda: _pytorch_teacher(teacher.folder, teacher.recipe, device)
         return made
 
@@ -112,7 +149,8 @@ class TeacherPass:
     def describe(self) -> str:
         """The path in words, for the plan's and the pass's lines."""
         if self.path == "onnx":
-            return f"its ONNX artifact, {self.runtime().ram} in RAM, {usable_cores()} threads"
+            compute = "row-int8 compute" if self.row_int8 else f"{self.runtime().ram} in RAM"
+            return f"its ONNX artifact, {compute}, {usable_cores()} threads"
         return "PyTorch on the GPU" if self.path == "gpu" else "PyTorch on the CPU"
 
     def runtime(self):
@@ -125,6 +163,8 @@ class TeacherPass:
             # the loss of the int8-dynamic rung the ladder refuses; benchmarks/teacher_pass.md)
             self._runtime = Runtime(self.artifact, threads=usable_cores(), batch_size=ONNX_BATCH)
             self._runtime.max_length = min(self._runtime.max_length, self.seq_len)
+            if self.row_int8:
+                row_int8_session(self._runtime)
         return self._runtime
 
     def close(self) -> None:
