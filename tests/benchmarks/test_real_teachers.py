@@ -68,3 +68,29 @@ def test_the_check_refuses_positions_off_by_one(real_teachers, tiny_bert, tmp_pa
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(SystemExit, match="not .*'s function: least cosine"):
         real_teachers.check_recast(tiny_bert, folder, SENTENCES)
+
+
+def test_a_grown_bert_computes_the_original(real_teachers):
+    """grow (twice the width, twice the depth) keeps a BERT's function: a random BERT (hidden 32, 4 heads of 8, 2
+    layers, large weights) and its grown 64-wide, 4-layer copy give the same token vectors, twice side by side, and
+    so the same mean-pooled ones, padding masked. Tolerance: float32 rounding through 2 extra layers and a wider sum
+    (~1e-6 on values ~3); the inserted layers' LayerNorm eps (1e-12) is far below it."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=100, num_attention_heads=4, initializer_range=0.3)
+    small = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, intermediate_size=64, **shape)).eval()
+    big = BertModel(BertConfig(hidden_size=64, num_hidden_layers=4, intermediate_size=128, **shape)).eval()
+    missing, unexpected = big.load_state_dict(real_teachers.grow(small.state_dict(), small.config.to_dict()))
+    assert not missing and not unexpected
+    assert torch.count_nonzero(big.encoder.layer[1].attention.self.query.weight) > 0  # the inserted layer computes
+    ids, mask = torch.randint(0, 100, (3, 9)), torch.ones(3, 9, dtype=torch.long)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        a = small(input_ids=ids, attention_mask=mask).last_hidden_state
+        b = big(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert float(a.abs().max()) > 1  # the values are not all near zero, so the tolerance means something
+    assert float((b - torch.cat([a, a], -1)).abs().max()) < 1e-4  # NaN compares false
+    pooled = [(x * mask[..., None]).sum(1) / mask.sum(1, keepdim=True) for x in (a, b)]
+    assert torch.allclose(pooled[1], torch.cat([pooled[0], pooled[0]], -1), atol=1e-4)
