@@ -197,17 +197,21 @@ def run(args) -> int:
     from ..pipelines.compress import compress
     from ..pipelines.compress_classifier import compress_classifier
     from ..training.callbacks import SignalCheckpoint, StopRequested
+    from .finetune import stopped_on_nan
 
     eargs, task_args = _recipes(args, classifier)
     compress_run.options = replace(compress_run.options, args=eargs, task_args=task_args)
     resume = "continue with the same command plus --resume"
+    r = None
     try:
-        with SignalCheckpoint() as stopper, run_lock(args.out, "compress"):  # one run at a time per --out
-            compress_run.stopper, compress_run.budget = stopper, _budget(args, started)
+        with SignalCheckpoint() as stopper, run_lock(args.out, "compress"), stopped_on_nan("compress"):
+            compress_run.stopper, compress_run.budget = stopper, _budget(args, started)  # one run per --out at once
             r = (compress_classifier if classifier else compress)(compress_run)
     except StopRequested as e:
         print(f"{e}: stopped while scoring (the last checkpoint is kept); {resume}", file=sys.stderr)
         return 128 + e.signum
+    if r is None:
+        return 3  # stopped_on_nan said why
     if r.get("stopped"):
         phase = f" of the {r['phase']} phase" if "phase" in r else ""
         print(f"stopped at step {r['steps']}{phase} (checkpoint saved); {resume}")

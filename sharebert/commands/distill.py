@@ -138,8 +138,11 @@ OPTION_DEFAULTS = {"loss": EMBEDDING_LOSS}
 def run(args) -> int:
     from sharebert_runtime.outdir import run_lock
 
-    with run_lock(args.out, "distill"):  # one run at a time per --out (a killed run's lock goes with it)
+    from .finetune import stopped_on_nan
+
+    with run_lock(args.out, "distill"), stopped_on_nan("distill"):  # one run at a time per --out
         return _run(args)
+    return 3  # stopped_on_nan said why
 
 
 def _run(args) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 from sharebert_runtime import options as opt
 from sharebert_runtime.outdir import rank
 
@@ -93,6 +96,19 @@ def add_depth_sampling_argument(p) -> None:
     )
 
 
+@contextlib.contextmanager
+def stopped_on_nan(command: str):
+    """A run of ``finetune``, ``distill`` or ``compress`` stopped by a NaN or infinite loss (``NonFiniteLoss``): one
+    ``stopped:`` line naming the step and the last good checkpoint, and the body left (the caller exits 3, as
+    ``pretrain`` does); its ``--out`` keeps the run's checkpoints, never a model of NaN weights."""
+    from ..training.callbacks import NonFiniteLoss
+
+    try:
+        yield
+    except NonFiniteLoss as e:
+        print(f"sharebert {command}: stopped: {e}", file=sys.stderr)
+
+
 def run(args) -> int:
     from ..formats.model_folder import check_convert
 
@@ -102,16 +118,20 @@ def run(args) -> int:
     from .tables import format_table
 
     fargs = from_options(FinetuneArgs, args)
-    metrics = finetune(
-        args.model,
-        args.task,
-        args.out,
-        args.data_dir,
-        fargs,
-        overwrite=args.overwrite,
-        keep_checkpoints=args.keep_checkpoints,
-        resume=args.resume,
-    )
+    metrics = None
+    with stopped_on_nan("finetune"):
+        metrics = finetune(
+            args.model,
+            args.task,
+            args.out,
+            args.data_dir,
+            fargs,
+            overwrite=args.overwrite,
+            keep_checkpoints=args.keep_checkpoints,
+            resume=args.resume,
+        )
+    if metrics is None:
+        return 3  # stopped_on_nan said why
     if rank() == 0:  # one table under torchrun
         print(format_table(["metric", "value"], [[k, v] for k, v in metrics.items()]))
         print(f"best model and metrics.json -> {args.out}")

@@ -243,11 +243,45 @@ class MarkCheckpoints(TimedSaves):
         if own is not None and own.is_dir():
             state.best_model_checkpoint = str(own)
 
-    def on_save(self, args, state, control, **kwargs):
+    def on_save(self, args, state, control, model=None, **kwargs):
         super().on_save(args, state, control, **kwargs)
-        if state.is_world_process_zero:
+        # weights gone NaN/inf by the step's update (the loss is checked before it) are never marked: never resumed
+        if state.is_world_process_zero and (model is None or finite_weights(model)):
             mark_complete(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step)
             rotate(args.output_dir, self.keep, state.best_model_checkpoint)
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training stopped on a NaN/inf loss (or, at its end, on weights that are no longer finite: ``loss`` None);
+    ``step`` is the optimizer step that produced it."""
+
+    def __init__(self, step: int, loss: float | None, checkpoint: Path | None):
+        self.step, self.loss, self.checkpoint = step, loss, checkpoint
+        where = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was saved before it"
+        what = (
+            f"loss became {loss} at step {step}; training stopped before the update"
+            if loss is not None
+            else f"weights became NaN or inf by step {step}; nothing was published"
+        )
+        super().__init__(f"{what}, {where} (lower --lr, or check the data)")
+
+
+def finite_weights(model) -> bool:
+    """Whether every parameter of ``model`` is finite (one pass over them, no copy)."""
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+class StopsOnNonFiniteLoss:
+    """``Trainer`` mixin: a NaN or infinite training loss raises :class:`NonFiniteLoss` before the optimizer applies
+    it. Without it the Trainer's ``logging_nan_inf_filter`` hid the NaN (logged as the mean of the steps before) and
+    a fine-tuning or distillation at ``--lr 1e9`` published a model of NaN weights with exit 0."""
+
+    def training_step(self, *a, **kw):
+        loss = super().training_step(*a, **kw)
+        value = loss.item()
+        if any_rank(not math.isfinite(value), self.args.device):
+            raise NonFiniteLoss(self.state.global_step + 1, value, latest_checkpoint(self.args.output_dir))
+        return loss
 
 
 def save_checkpoint(trainer) -> None:

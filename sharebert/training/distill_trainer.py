@@ -18,6 +18,7 @@ from sharebert_runtime.outdir import (
 from .arguments import DistillArgs
 from .callbacks import (
     StopsAtMaxSteps,
+    StopsOnNonFiniteLoss,
     check_fits,
 )
 from .distill_losses import distill_losses, pairs_that_ran
@@ -25,8 +26,9 @@ from .distill_run import DATA_FILE, PROJECTIONS_FILE
 from .log_lines import no_bars, show_progress
 
 
-class DistillTrainer(StopsAtMaxSteps, Trainer):
-    """``Trainer`` whose ``compute_loss`` adds the distillation terms; the projections train alongside.
+class DistillTrainer(StopsOnNonFiniteLoss, StopsAtMaxSteps, Trainer):
+    """``Trainer`` whose ``compute_loss`` adds the distillation terms; the projections train alongside; a NaN loss
+    stops the run (``StopsOnNonFiniteLoss``).
 
     Checkpoints hold the student (``model.safetensors``) and the projections (``PROJECTIONS_FILE``),
     so ``--resume`` continues both; under torchrun the projections' gradients are averaged. ``data``: what the

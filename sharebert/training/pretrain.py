@@ -43,6 +43,7 @@ from ..model.shape import preset_fields
 from .arguments import PretrainArgs
 from .callbacks import (
     JsonlLogger,
+    NonFiniteLoss,  # its home is callbacks (finetune and distill stop on it too); commands.pretrain imports it here
     SignalCheckpoint,
     StopRequested,
     StopsAtMaxSteps,
@@ -68,18 +69,6 @@ LOSSES = "sharebert_losses.json"  # in each checkpoint: the run's loss sum so fa
 EVAL_BATCH = 8  # evaluation scores every position: (B, T, V) fp32 logits, ~125 MB per sequence-batch of 8 at V=30528
 RUN_FILES = ("log.jsonl", "metrics.json", "config.json")  # what a pretrain run's --out holds, by name
 COMMAND = "pretrain"  # the marker's command (``outdir.MARK``): a folder is a pretrain run only when it says so
-
-
-class NonFiniteLoss(RuntimeError):
-    """Training stopped on a NaN/inf loss; ``step`` is the optimizer step that produced it."""
-
-    def __init__(self, step: int, loss: float, checkpoint: Path | None):
-        self.step, self.loss, self.checkpoint = step, loss, checkpoint
-        where = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was saved before it"
-        super().__init__(
-            f"loss became {loss} at step {step}; training stopped before the update, {where} "
-            f"(lower --lr, or check the data)"
-        )
 
 
 class _MaskEpoch(TrainerCallback):

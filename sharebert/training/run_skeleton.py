@@ -27,7 +27,15 @@ from pathlib import Path
 
 from sharebert_runtime.outdir import check_out_dir, check_same_run, finite, made_by, mark_out
 
-from .callbacks import kept_result, resume_from, start_checkpoints, write_results
+from .callbacks import (
+    NonFiniteLoss,
+    finite_weights,
+    kept_result,
+    latest_checkpoint,
+    resume_from,
+    start_checkpoints,
+    write_results,
+)
 
 
 @dataclass(frozen=True)
@@ -79,9 +87,13 @@ class TrainingRun:
 
     def train(self, trainer):
         """A new run's folder cleared of an earlier run's checkpoints, then ``trainer.train`` from the resumed
-        checkpoint: its ``TrainOutput``."""
+        checkpoint: its ``TrainOutput``; :class:`~.callbacks.NonFiniteLoss` when the trained weights are NaN or
+        inf."""
         start_checkpoints(self.checkpoints, self.start_from)
-        return trainer.train(resume_from_checkpoint=str(self.start_from) if self.start_from else None)
+        result = trainer.train(resume_from_checkpoint=str(self.start_from) if self.start_from else None)
+        if not finite_weights(trainer.model):  # a last update that blew up with every loss finite: never published
+            raise NonFiniteLoss(trainer.state.global_step, None, latest_checkpoint(self.checkpoints))
+        return result
 
     def publish(self, trainer, metrics: dict) -> dict:
         """Once the command saved its model in ``out``: on the main process the results written and the marker
