@@ -60,10 +60,11 @@ class ClassifierPlan:
 
     def split(self, seconds: float) -> tuple[float, float, int]:
         """``(general phase's seconds, task phase's seconds, steps)`` of a run with ``seconds`` left before the
-        teacher's export: what the export and :meth:`end` leave, :data:`TASK_SHARE` of it to the task phase; the
-        steps both phases train in it once their teacher passes are done."""
+        teacher's export: what the export and :meth:`end` leave goes first to the task phase's teacher pass (it
+        cannot be cut short: a share smaller than it overran the budget by the difference), then :data:`TASK_SHARE`
+        of the rest to the task phase's training; the steps both phases train in it once their passes are done."""
         both = max(seconds - self.export - self.end(), 0.0)
-        task = TASK_SHARE * both
+        task = min(both, self.task_pass() + TASK_SHARE * max(both - self.task_pass(), 0.0))
         general = both - task
         train = max(general - self.general_pass(general) / self.rate, 0.0) + max(task - self.task_pass(), 0.0)
         return general, task, int(train / self.step)

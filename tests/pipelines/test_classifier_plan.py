@@ -29,12 +29,16 @@ def test_the_end_and_the_task_pass_are_the_sentences_they_run_at_the_measured_ra
 def test_what_the_export_and_the_end_leave_is_split_between_the_phases():
     both = 600 - 60 - PLAN.end()
     general, task, steps = PLAN.split(600)
-    assert task == pytest.approx(TASK_SHARE * both) and general + task == pytest.approx(both)
+    assert task == pytest.approx(PLAN.task_pass() + TASK_SHARE * (both - PLAN.task_pass()))  # its pass first
+    assert general + task == pytest.approx(both)
     encoded = int(min(1000, max(4 * 32, 10 * general / 3)))  # the general phase's teacher pass: a third of its span
     assert PLAN.general_pass(general) == encoded
     assert steps == int(((general - encoded / 10) + (task - PLAN.task_pass())) / 0.5)
     assert PLAN.split(PLAN.export + PLAN.end() - 5) == (0.0, 0.0, 0)  # nothing left: no steps, never negative
     assert [PLAN.split(s)[2] for s in (200, 400, 800, 1600)] == sorted(PLAN.split(s)[2] for s in (200, 400, 800, 1600))
+    slow = ClassifierPlan(14.0, 2.2, 32, general_sentences=1000, task_texts=1000, dev_rows=400, export=85.0)
+    general, task, _ = slow.split(243)  # the loaded box's real run: a pass of 1,400 texts ~100 s, 72 s to split
+    assert task == pytest.approx(243 - 85 - slow.end()) and general == 0.0  # never a share smaller than its pass
 
 
 @pytest.mark.parametrize("spent", [0.0, 37.0])
