@@ -179,13 +179,13 @@ def _finetune(run: TrainingRun, model_dir, task_: GlueTask, data_dir: Path, args
     check_depth_sampling(args.depth_sampling, config.num_hidden_layers)
     tokenizer = load_tokenizer(model_dir, config.vocab_size, needs=("pad",))
     seq_len = min(args.seq_len, config.max_position_embeddings)
-    set_seed(args.seed)
-    model = load_classifier(model_dir, task_)
-    model.config.train_min_depth = args.depth_sampling  # the option decides, whatever the folder held
-    # Read and validate every file before any training starts.
+    # Read and validate every file before the model loads: a bad row is one line, not under transformers' load report
     _, train_ds, dev_ds = encoded_task(
         task_, data_dir, tokenizer, seq_len, args.max_train_samples, args.max_eval_samples, progress
     )
+    set_seed(args.seed)
+    model = load_classifier(model_dir, task_)
+    model.config.train_min_depth = args.depth_sampling  # the option decides, whatever the folder held
     main_dev = dev_ds[task_.dev_splits[0]]
     fp = run_fingerprint(model_dir, None, [task_file(task_, data_dir, "train")], f"fine-tuning on {task_.name}")
     fp = {"model": fp.pop("teacher"), **{k: v for k, v in fp.items() if k != "student"}}

@@ -70,3 +70,24 @@ def test_a_checkpoint_of_non_finite_weights_is_never_marked_complete(tmp_path):
         torch.save(net.state_dict(), folder / "weights.pt")
         MarkCheckpoints().on_save(args, TrainerState(global_step=step), TrainerControl(), model=net)
     assert is_complete(tmp_path / "checkpoint-1") and not is_complete(tmp_path / "checkpoint-2")
+
+
+def test_a_binary_training_file_is_refused_before_any_model_loads(model, tmp_path, capsys, monkeypatch):
+    """The task's files are read before the model: under the command, transformers' load report of the fresh
+    classifier head (15 lines) no longer comes before the one error line, and no --out is left behind."""
+    import sharebert.training.finetune as finetune
+
+    def loaded(*a, **kw):
+        raise AssertionError("the model loaded before the training file was read")
+
+    monkeypatch.setattr(finetune, "load_classifier", loaded)
+    data = tmp_path / "glue"
+    data.mkdir()
+    (data / "train.tsv").write_bytes(bytes(range(128, 256)) * 8)
+    (data / "dev.tsv").write_text("sentence\tlabel\na fine film\t1\n")
+    out = tmp_path / "ft"
+    argv = ["finetune", "--model", str(model), "--task", "sst2", "--data-dir", str(data), "--out", str(out), *SMALL]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "train.tsv: not UTF-8 text" in err, err
+    assert not out.exists()
