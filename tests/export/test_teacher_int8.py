@@ -82,10 +82,11 @@ def test_each_product_is_x_times_w_within_its_rounding(stored_int8):
 @pytest.mark.slow  # a tiny MPNet teacher exported once: ~10 s of CPU
 def test_a_non_bert_teachers_pass_runs_its_checked_row_int8_graph(tmp_path, monkeypatch):
     """A tiny MPNet teacher's int8 artifact gets its row-int8 graph and check (its widths under the real floors, which
-    the test lowers); the pass then runs it (not the artifact's fp32 compute: the vectors differ) and its vectors keep
-    PyTorch's as the recorded bound says: each sentence's angle to PyTorch within the artifact's worst parity angle
-    plus its own to the fp32 compute (the triangle inequality the bound rests on), the mean cosine at or above the
-    teacher's bar. A record below the bar, or of another model.onnx, leaves the pass in fp32."""
+    the test lowers), every product int8 but the value projections; the pass then runs it (not the artifact's fp32
+    compute: the vectors differ) and its vectors keep PyTorch's as the recorded bound says: each sentence's angle to
+    PyTorch within the artifact's worst parity angle plus its own to the fp32 compute (the triangle inequality the
+    bound rests on), the mean cosine at or above the teacher's bar. A record below the bar, or of another model.onnx,
+    leaves the pass in fp32."""
     from tiny_teachers import build, training_text
 
     from sharebert.export import export_model
@@ -102,6 +103,13 @@ def test_a_non_bert_teachers_pass_runs_its_checked_row_int8_graph(tmp_path, monk
     monkeypatch.setattr(teacher_int8, "MIN_WEIGHT_NUMEL", 0)
     record = check_row_int8(artifact, say=lambda *_: None)
     assert record["cosine_bound"] >= TEACHER_COSINE, record
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(teacher_int8.graph_path(artifact))).graph.node]
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    # per layer: query, key, attention output and the FFN's two in int8; the value projection stays fp32
+    # (teacher_int8.value_products), beside the attention's two products of activations
+    assert ops.count("MatMulIntegerToFloat") == 5 * layers and ops.count("MatMul") == 3 * layers
     recipe, tokenizer, model = read_recipe(folder), teacher_tokenizer(folder), load_encoder(folder)
     kwargs = {"tokenizer": tokenizer, "pooling": recipe.pooling, "seq_len": 32}
     fast = TeacherPass(model, recipe_head(folder, recipe), **kwargs, artifact=artifact)
