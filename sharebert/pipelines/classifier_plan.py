@@ -182,6 +182,12 @@ def plan_classifier(run: CompressRun, task_, data_dir: Path, student: Student, p
         f"(~{plan.step:.2f} s a step, the teacher at {rate:.0f} sentences/s), then export and measures "
         f"(~{plan.end():.0f} s)"
     )
+    over = plan.export + plan.task_pass() + plan.end() - budget.left()
+    if over > 0:  # --allow-untrained (a refused plan never gets here): said, never a silent overrun
+        say(
+            f"--max-time {budget.seconds:.0f} s is less than the teacher's export, its logits and the end take here: "
+            f"the run will overrun it by ~{over:.0f} s; give more time, or fewer task rows with --max-train-samples"
+        )
     return plan, fit
 
 
