@@ -242,12 +242,18 @@ def test_a_budget_with_time_to_spare_measures_everything(now):
     assert b.measure_rows is None and "cut to" not in said[0]
     assert b.reserve() == pytest.approx(25 + 2 * 128 / 50 + 16 + 1.15 * 3740 / 50)
     assert b.measure_rows_now() is None and len(said) == 1 and not b.cut_probes()  # the probes time all their runs
+    late = _measured_budget(600, now, [], spent=600 - 16 - 1.15 * 3740 / 50 + 20)  # 20 s short, within END_SLACK
+    late.rate = 50.0
+    assert late.measure_rows_now() is None and not late.cut_probes()
+    later = _measured_budget(600, now, [], spent=600 - 1.15 * 3740 / 50 + 40)  # the measures 40 s short: cut
+    later.rate = 50.0
+    assert later.cut_probes() and 100 < later.measure_rows_now() < 1500
 
 
 def test_a_budget_already_spent_measures_the_floor_and_says_it_overruns(now):
-    """At the end, 10 s past --max-time: the measures keep their floor of MEASURE_FLOOR rows (fewer would mean
-    nothing) and the line says by how much the run overruns; a list shorter than the floor (--eval-pairs of 5 rows)
-    is kept whole."""
+    """At the end, 10 s past --max-time (more than its END_SLACK of 3 s): the measures keep their floor of
+    MEASURE_FLOOR rows (fewer would mean nothing) and the line says by how much the run overruns; a list shorter than
+    the floor (--eval-pairs of 5 rows) is kept whole."""
     said = []
     b = _measured_budget(60, now, said, pairs=5, spent=70.0)
     b.rate = 10.0
