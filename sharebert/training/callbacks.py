@@ -284,6 +284,20 @@ class StopsOnNonFiniteLoss:
         return loss
 
 
+class WarmupMayFillTheRun:
+    """``Trainer`` mixin: a run whose warmup is exactly as long as the run itself (``--max-steps 50`` at the default
+    ``--warmup-steps 50``, or an epochs' count equal to it) is all warmup. transformers' polynomial decay divides by
+    its decay steps, 0 then, at the last step's scheduler step: ZeroDivisionError after the whole run had trained.
+    Counting one step more than the run takes leaves every step's learning rate as it was (a warmup longer than
+    the run is warmup throughout)."""
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        a = self.args
+        if a.lr_scheduler_type == "polynomial" and a.get_warmup_steps(num_training_steps) >= num_training_steps:
+            num_training_steps += 1
+        return super().create_scheduler(num_training_steps, optimizer)
+
+
 def save_checkpoint(trainer) -> None:
     """A checkpoint of ``trainer``'s last complete step outside its loop (a signal during an evaluation), then the
     ``on_save`` callbacks, as the loop runs them after a save (the marker, the rotation). ``_save_checkpoint`` is

@@ -19,6 +19,7 @@ from .arguments import DistillArgs
 from .callbacks import (
     StopsAtMaxSteps,
     StopsOnNonFiniteLoss,
+    WarmupMayFillTheRun,
     check_fits,
 )
 from .distill_losses import distill_losses, pairs_that_ran
@@ -26,7 +27,7 @@ from .distill_run import DATA_FILE, PROJECTIONS_FILE
 from .log_lines import no_bars, show_progress
 
 
-class DistillTrainer(StopsOnNonFiniteLoss, StopsAtMaxSteps, Trainer):
+class DistillTrainer(StopsOnNonFiniteLoss, WarmupMayFillTheRun, StopsAtMaxSteps, Trainer):
     """``Trainer`` whose ``compute_loss`` adds the distillation terms; the projections train alongside; a NaN loss
     stops the run (``StopsOnNonFiniteLoss``).
 

@@ -23,7 +23,7 @@ from sharebert_runtime.outdir import OutLock, rank
 from ..formats.model_folder import is_bert_folder, load_config, load_model, load_tokenizer, save_as_bert
 from ..formats.paths import data_path
 from .arguments import FinetuneArgs
-from .callbacks import FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps, StopsOnNonFiniteLoss
+from .callbacks import FitsCheckpoint, MarkCheckpoints, StopsAtMaxSteps, StopsOnNonFiniteLoss, WarmupMayFillTheRun
 from .depth_table import check_depth_sampling
 from .encoded import encoded_task, evaluate_dev
 from .fingerprint import run_fingerprint
@@ -33,9 +33,9 @@ from .metrics import predictions_from_logits, task_metrics
 from .run_skeleton import RunKind, TrainingRun, best_step, open_run
 
 
-class FinetuneTrainer(FitsCheckpoint, StopsOnNonFiniteLoss, StopsAtMaxSteps, Trainer):
+class FinetuneTrainer(FitsCheckpoint, StopsOnNonFiniteLoss, WarmupMayFillTheRun, StopsAtMaxSteps, Trainer):
     """transformers' ``Trainer``; a run resumed at its ``--max-steps`` takes no step, a checkpoint of another
-    model is refused in one line, and a NaN loss stops the run."""
+    model is refused in one line, a NaN loss stops the run and a run that is all warmup ends."""
 
 
 def load_classifier(model_dir: str | Path, task: GlueTask):

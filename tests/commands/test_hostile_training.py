@@ -91,3 +91,13 @@ def test_a_binary_training_file_is_refused_before_any_model_loads(model, tmp_pat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "train.tsv: not UTF-8 text" in err, err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_run_that_is_all_warmup_ends(model, tmp_path, capsys):
+    """--max-steps equal to --warmup-steps (--max-steps 50 at the default warmup of 50): transformers' polynomial
+    decay divided by its 0 decay steps after the last step, an internal error once the whole run had trained."""
+    out = tmp_path / "ft"
+    argv = ["finetune", "--model", str(model), "--task", "sst2", "--out", str(out), *SMALL, "--warmup-steps", "6"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 6
