@@ -105,7 +105,13 @@ def _missing_extra(e: ModuleNotFoundError) -> str | None:
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors (a bad option value, a missing one) are one line: the message as a
-    ``ValueError``, printed by ``main`` like every other bad input (sub-commands' parsers are of this class too)."""
+    ``ValueError``, printed by ``main`` like every other bad input (sub-commands' parsers are of this class too).
+    No abbreviations: ``--max-step 3`` or ``--resum`` would silently act as ``--max-steps`` or ``--resume``, and a
+    flag added later could change what an abbreviation meant in a user's script."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise ValueError(f"{message} (see {self.prog} --help)")

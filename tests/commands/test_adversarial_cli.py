@@ -76,6 +76,20 @@ def _snapshot(path):
 FT = ["--max-steps", "1", "--max-train-samples", "8", "--max-eval-samples", "8"]
 CASES = [
     # (id, argv, message, paths that must be unchanged, path that must not be created)
+    (  # an abbreviation is not the flag it starts (argparse would take --max-step as --max-steps)
+        "flag-abbreviated",
+        ["build", "--preset", "sharebert-tiny", "--out", "{root}/new0", "--overwr"],
+        "unrecognized arguments: --overwr",
+        [],
+        "new0",
+    ),
+    (
+        "flag-abbreviated-subcommand",
+        ["evaluate", "wordsim", "--mod", "{root}/model"],
+        "--mod",
+        [],
+        None,
+    ),
     (
         "set-typo",
         ["build", "--preset", "sharebert-tiny", "--out", "{root}/new1", "--set", "num_hiden_layers=3"],
