@@ -102,7 +102,7 @@ def check_out_dir(  # 7: the one --out rule of every command; the keywords are w
         mine = owned(out)  # once: for a copied run it hashes a checkpoint
         if not mine and legacy is not None and legacy(out):
             if os.path.lexists(out / MARK):  # a marker there that does not match the folder: edited, copied, by hand
-                why = vouched(out, read_mark(out) or {}) or f"its {MARK} names another command"
+                why = _mismatch(out)
                 marker = f"whose {MARK} does not match what it holds ({why})"
             else:
                 marker = (
@@ -140,6 +140,14 @@ def _no_folder(path: Path) -> str:
 
 
 MARK = "sharebert_run.json"  # {"command", "fingerprint"}: the folder is that command's output (module docstring)
+
+
+def _mismatch(out: Path) -> str:
+    """Why the marker of ``out`` (present, checked by the caller) does not make it this command's folder."""
+    mark = read_mark(out)
+    if mark is None:
+        return f"its {MARK} cannot be read: empty, truncated, or not sharebert's JSON"
+    return vouched(out, mark) or f"its {MARK} says `sharebert {mark['command']}` wrote it"
 
 
 def read_mark(out: str | Path) -> dict | None:

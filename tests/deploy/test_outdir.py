@@ -125,3 +125,23 @@ def test_a_stop_right_after_the_partial_file_is_made_leaves_nothing_and_the_old_
             f.write("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
     assert target.read_text() == "old"
+
+
+@pytest.mark.parametrize(
+    "marker, says",
+    [
+        (b'{"command": "finet', "sharebert_run.json cannot be read"),  # truncated by a crash or a copy
+        (b'{"command": "distill", "fingerprint": {}, "files": {}}', "says `sharebert distill` wrote it"),
+    ],
+)
+def test_a_marker_that_makes_no_folder_of_this_command_is_refused_saying_why(marker, says, tmp_path):
+    from sharebert_runtime.outdir import MARK, check_out_dir, made_by
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / MARK).write_bytes(marker)
+    with pytest.raises(ValueError) as refused:
+        check_out_dir(out, "fine-tuning result", made_by("finetune"), legacy=lambda p: True)
+    assert says in str(refused.value) and "\n" not in str(refused.value), refused.value
+    assert (out / MARK).read_bytes() == marker and (out / "config.json").read_text() == "{}"
