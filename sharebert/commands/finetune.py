@@ -100,12 +100,14 @@ def add_depth_sampling_argument(p) -> None:
 def stopped_on_nan(command: str):
     """A run of ``finetune``, ``distill`` or ``compress`` stopped by a NaN or infinite loss (``NonFiniteLoss``): one
     ``stopped:`` line naming the step and the last good checkpoint, and the body left (the caller exits 3, as
-    ``pretrain`` does); its ``--out`` keeps the run's checkpoints, never a model of NaN weights."""
-    from ..training.callbacks import NonFiniteLoss
-
+    ``pretrain`` does); its ``--out`` keeps the run's checkpoints, never a model of NaN weights. Torch-free until a
+    loss was raised: the commands check their options before torch loads (a device install refuses them by name)."""
     try:
         yield
-    except NonFiniteLoss as e:
+    except Exception as e:
+        callbacks = sys.modules.get(f"{__package__.rpartition('.')[0]}.training.callbacks")  # raised there or not
+        if callbacks is None or not isinstance(e, callbacks.NonFiniteLoss):
+            raise
         print(f"sharebert {command}: stopped: {e}", file=sys.stderr)
 
 
