@@ -109,8 +109,14 @@ class PhaseBudget(TimeBudget):
         self.later, self.out = later, out
         self.trained_before = whole.trained_before  # a --resume's general checkpoint (:func:`carry`)
 
+    AFTER = "the task phase, the student's export and its scoring"
+
     def reserve(self) -> float:
         return self.later
+
+    def _warn_overrun(self, reserve: float) -> None:
+        """Nothing: a share too short to train in is the whole plan's to say (:class:`ClassifierPlan` warns when the
+        command cannot hold); the embedding path's line ("exporting and measuring") would name the wrong costs."""
 
     def training_seconds(self) -> float:
         """``TimeBudget``'s clock, the seconds spent before it recorded in ``out``'s :data:`CLOCK` (general)."""

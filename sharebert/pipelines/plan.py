@@ -32,6 +32,8 @@ class TimeBudget:
     # exports ran a few seconds over their estimate keeps every figure of the report.
     END_SLACK = 0.05
 
+    AFTER = "export, speed and quality"  # what follows training, as the plan's line says it
+
     def __init__(self, seconds: float, after_sentences: int = 0, say=print, start: float | None = None):
         import time
 
@@ -141,14 +143,17 @@ class TimeBudget:
             f"plan for --max-time {self.seconds:.0f} s ({self.left():.0f} s left): the teacher's vectors for "
             f"{n:,} of {available:,} sentences (~{n / rate:.0f} s at {rate:.0f} sentences/s), then about "
             f"{train / step:,.0f} steps of {batch} in ~{train:.0f} s of training (~{step:.2f} s a step), then "
-            f"export, speed and quality (~{reserve:.0f} s){sized}"
+            f"{self.AFTER} (~{reserve:.0f} s){sized}"
         )
         if spend <= n / rate:
-            self.say(
-                f"--max-time {self.seconds:.0f} s is less than exporting and measuring take here (~{reserve:.0f} s "
-                f"after a short training{self._fewest()}): the run will overrun it; give more time, or --max-steps"
-            )
+            self._warn_overrun(reserve)
         return n
+
+    def _warn_overrun(self, reserve: float) -> None:
+        self.say(
+            f"--max-time {self.seconds:.0f} s is less than exporting and measuring take here (~{reserve:.0f} s "
+            f"after a short training{self._fewest()}): the run will overrun it; give more time, or --max-steps"
+        )
 
     def _sized(self, available: int, rate: float, step: float, batch: int) -> tuple[int, float]:
         """``(sentences the teacher encodes, seconds of training)`` at these rates: what the end's :meth:`reserve`

@@ -66,6 +66,19 @@ def test_the_general_phase_ends_before_the_task_phase_and_the_end():
     assert phase.min_steps is None  # the whole plan refused first; the phase only sizes itself
 
 
+def test_a_general_phase_with_no_time_to_train_says_its_plan_and_no_embedding_overrun():
+    """Its share spent (the task phase and the end take what is left): the phase plans its fewest sentences and says
+    what follows it; the embedding path's "exporting and measuring ... will overrun" is not this run's to say (the
+    whole plan warns when the command cannot hold). The embedding path's budget still says it."""
+    for budget, after, overrun in (
+        (lambda say: PhaseBudget(TimeBudget(300, say=say, start=0.0), later=10_000.0), "the task phase", False),
+        (lambda say: TimeBudget(60, after_sentences=3600, say=say, start=0.0), "export, speed and quality", True),
+    ):
+        said = []
+        assert budget(said.append).plan(15000, rate=50.0, step=0.2, batch=32) == 4 * 32
+        assert after in said[0] and any("will overrun it" in line for line in said) is overrun, said
+
+
 def test_the_task_clock_is_set_when_training_begins_to_what_the_whole_budget_has_left_less_the_end():
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
