@@ -225,9 +225,12 @@ def encode_sources(
     return np.concatenate(parts)
 
 
-def pack(ids: np.ndarray, seq_len: int, cls_id: int | None = None, sep_id: int | None = None) -> torch.Tensor:
+def pack(
+    ids: np.ndarray, seq_len: int, cls_id: int | None = None, sep_id: int | None = None, what: str = "the corpus"
+) -> torch.Tensor:
     """Full sequences ``(N, seq_len)`` from a token stream; with ``cls_id``/``sep_id`` each is
-    ``[CLS] + (seq_len - 2) tokens + [SEP]``. The remainder that does not fill a sequence is dropped."""
+    ``[CLS] + (seq_len - 2) tokens + [SEP]``. The remainder that does not fill a sequence is dropped. ``what``: the
+    stream's name in the error for one too short (the validation part is cut from the corpus's end)."""
     wrap = cls_id is not None and sep_id is not None
     body = seq_len - 2 if wrap else seq_len
     if body < 1:
@@ -235,8 +238,7 @@ def pack(ids: np.ndarray, seq_len: int, cls_id: int | None = None, sep_id: int |
     n = ids.size // body
     if n == 0:
         raise ValueError(
-            f"the corpus has {ids.size} tokens, fewer than one sequence of {body}; "
-            f"give more text or a shorter --seq-len"
+            f"{what} has {ids.size} tokens, fewer than one sequence of {body}; give more text or a shorter --seq-len"
         )
     blocks = torch.from_numpy(ids[: n * body].astype(np.int64)).view(n, body)
     if wrap:

@@ -368,7 +368,12 @@ def _datasets(a: PretrainArgs, tokenizer, train_sources, valid_sources, seq_len:
     train = PackedDataset.for_objective(pack(ids, seq_len, **wrap), **lm)
     if valid_ids is None:
         return train, None
-    blocks = pack(valid_ids, seq_len, **wrap)[: a.max_eval_sequences]
+    held = (
+        "the validation text (--valid)"
+        if valid_sources
+        else f"the held-out end of --train (--valid-fraction {a.valid_fraction:g})"
+    )
+    blocks = pack(valid_ids, seq_len, **wrap, what=held)[: a.max_eval_sequences]
     return train, PackedDataset.for_objective(blocks, **lm, fixed=True)
 
 

@@ -211,3 +211,13 @@ def test_word_strings_follow_each_sentence_at_the_ratio_and_never_repeat_a_word(
     assert with_word_strings(sentences, words, 1.0, seed=3) != with_word_strings(sentences, words, 1.0, seed=4)
     assert with_word_strings(sentences, words, 0.0, seed=3) == sentences
     assert len(with_word_strings(sentences, words[:10], 1.0, seed=0)) < 110  # the words run out: no repeats
+
+
+def test_a_stream_too_short_for_one_sequence_is_named_in_the_error():
+    """pretrain packs the held-out end of --train apart from the rest: its error names it, not "the corpus" (four
+    short lines said "the corpus has 2 tokens" of a corpus of 19)."""
+    from sharebert.training.corpus import pack
+
+    assert pack(np.arange(12), 8, cls_id=101, sep_id=102).shape == (2, 8)
+    with pytest.raises(ValueError, match=r"^the held-out end has 2 tokens, fewer than one sequence of 6"):
+        pack(np.arange(2), 8, cls_id=101, sep_id=102, what="the held-out end")
