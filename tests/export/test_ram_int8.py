@@ -230,18 +230,10 @@ def test_a_dense_teachers_weights_come_from_small_generator_graphs_with_the_same
     """A dense teacher's weights are all made whole: the export cuts its generator into graphs of at most
     ``GENERATOR_BYTES`` of fp32 outputs (ONNX Runtime runs every node of a graph), each listed in the manifest, and
     the load quantizes exactly the same int8 weights as from one graph."""
-    import torch
-    import transformers
-    from tiny_teachers import make_config, make_tokenizer
 
     from sharebert.export import ram_int8
 
-    tokenizer, clf = make_tokenizer("wordpiece", "bert", True), tmp_path / "bert"  # weights of 64 x 64 and up
-    torch.manual_seed(0)
-    transformers.AutoModelForSequenceClassification.from_config(
-        make_config("bert", tokenizer, hidden_size=64, intermediate_size=128, num_labels=2)
-    ).save_pretrained(clf)
-    tokenizer.save_pretrained(clf)
+    clf = _tiny_bert_classifier(tmp_path / "bert")  # weights of 64 x 64 and up
     export_model(
         clf, tmp_path / "one", task="text-classification", quantize="int8", check_limit=8, runs=1, progress=False
     )
@@ -341,16 +333,8 @@ def test_a_square_generated_weight_without_the_layout_record_is_refused_for_ram_
     import shutil
 
     import onnx
-    import torch
-    import transformers
-    from tiny_teachers import make_config, make_tokenizer
 
-    tokenizer, clf = make_tokenizer("wordpiece", "bert", True), tmp_path / "bert"
-    torch.manual_seed(0)
-    transformers.AutoModelForSequenceClassification.from_config(
-        make_config("bert", tokenizer, hidden_size=64, intermediate_size=128, num_labels=2)
-    ).save_pretrained(clf)
-    tokenizer.save_pretrained(clf)
+    clf = _tiny_bert_classifier(tmp_path / "bert")  # weights of 64 x 64 and up
     artifact = tmp_path / "artifact"
     export_model(clf, artifact, task="text-classification", quantize="int8", check_limit=8, runs=1, progress=False)
     old = tmp_path / "old"
@@ -390,18 +374,10 @@ def test_a_classifier_checked_on_more_sentences_than_ram_int8s_check_measures_bo
     """The export's parity runs on every labelled check sentence asked for (300 of SST-2 dev); the RAM-int8 parity on
     the first ``RAM_INT8_CHECK_SENTENCES`` with their own labels (it was handed all 300 labels and failed comparing
     256 predictions with them)."""
-    import torch
-    import transformers
-    from tiny_teachers import make_config, make_tokenizer
 
     from sharebert.export.exporter import RAM_INT8_CHECK_SENTENCES
 
-    tokenizer, clf = make_tokenizer("wordpiece", "bert", True), tmp_path / "bert"
-    torch.manual_seed(0)
-    transformers.AutoModelForSequenceClassification.from_config(
-        make_config("bert", tokenizer, hidden_size=64, intermediate_size=128, num_labels=2)
-    ).save_pretrained(clf)
-    tokenizer.save_pretrained(clf)
+    clf = _tiny_bert_classifier(tmp_path / "bert")  # weights of 64 x 64 and up
     limit = RAM_INT8_CHECK_SENTENCES + 44
     export_model(
         clf, tmp_path / "a", task="text-classification", quantize="int8", check_limit=limit, runs=1, progress=False
@@ -412,3 +388,19 @@ def test_a_classifier_checked_on_more_sentences_than_ram_int8s_check_measures_bo
     ram = manifest["ram_int8"]["parity"]
     assert ram["sentences"] == RAM_INT8_CHECK_SENTENCES
     assert 0.0 <= ram["agreement"] <= 1.0
+
+
+def _tiny_bert_classifier(folder: Path) -> Path:
+    """A transformers BERT SST-2-shaped classifier (hidden 64: weights large enough for RAM-int8 graphs), seed 0,
+    with a real WordPiece tokenizer, saved in ``folder``."""
+    import torch
+    import transformers
+    from tiny_teachers import make_config, make_tokenizer
+
+    tokenizer = make_tokenizer("wordpiece", "bert", True)
+    torch.manual_seed(0)
+    transformers.AutoModelForSequenceClassification.from_config(
+        make_config("bert", tokenizer, hidden_size=64, intermediate_size=128, num_labels=2)
+    ).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
